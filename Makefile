@@ -1,0 +1,48 @@
+# Every target sets up what it needs on a fresh machine: a virtualenv in .venv and, for the tests,
+# a redis-server from apt when none is installed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export AGENTICSTATE_REQUIRE_REDIS ?= 1
+
+.PHONY: all setup test lint typecheck pytest demo docs bench clean redis-server
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
+	$(BIN)/python -m pip install --quiet -e ".[redis,cli,trio]" --group dev
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || bash scripts/install-redis.sh
+
+lint: setup
+	$(BIN)/ruff check agenticstate tests bench docs/examples
+	$(BIN)/ruff format --check agenticstate tests bench docs/examples
+
+typecheck: setup
+	$(BIN)/mypy
+
+pytest: setup redis-server
+	bash scripts/run-pytest.sh $(BIN)/python
+
+test: lint typecheck pytest
+
+demo: setup
+	$(BIN)/python -m agenticstate.demo
+
+docs: setup
+	$(BIN)/python -m pip install --quiet --group docs
+	$(BIN)/mkdocs build --strict
+
+bench: setup redis-server
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache

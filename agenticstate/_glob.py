@@ -1,0 +1,162 @@
+"""A glob matcher that agrees with Redis, for the memory and file backends.
+
+Redis matches `SCAN MATCH`, `KEYS` and `PSUBSCRIBE` patterns with `stringmatchlen` (`src/util.c`).
+This module is a faithful port of it, so a pattern selects the same keys on every backend:
+
+- `*` matches any run of bytes, `:` included; `?` matches exactly one byte;
+- `[abc]`, `[a-z]` (reversed ranges work too), `[^abc]` negation, `\\` escapes inside brackets;
+- `\\x` matches `x` literally; an unterminated `[` runs to the end of the pattern.
+
+Matching works on UTF-8 bytes, as Redis does: `?` matches one byte, not one character, and range
+bounds compare as signed C chars. `fnmatch` differs (`[!a]` negation, no escapes, per-character `?`),
+and translating to a regex by replacing `*` is wrong for escapes, so neither is used.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+__all__ = ["GlobMatcher", "compile_glob", "glob_match"]
+
+_STAR, _QUESTION, _OPEN, _CLOSE, _BACKSLASH, _CARET, _DASH = b"*?[]\\^-"
+_META = frozenset(b"*?[\\")
+
+
+def _signed(byte: int) -> int:
+    # Redis compares range bounds as `char`, which is signed on the platforms it runs on.
+    return byte - 256 if byte >= 128 else byte
+
+
+def _match(pat: bytes, p: int, plen: int, s: bytes, i: int, slen: int, skip: list[bool]) -> bool:
+    """Port of `stringmatchlen_impl`; `pat` ends with a NUL byte as C strings do."""
+    while plen and slen:
+        c = pat[p]
+        if c == _STAR:
+            while plen and pat[p + 1] == _STAR:
+                p += 1
+                plen -= 1
+            if plen == 1:
+                return True
+            while slen:
+                if _match(pat, p + 1, plen - 1, s, i, slen, skip):
+                    return True
+                if skip[0]:
+                    return False
+                i += 1
+                slen -= 1
+            # Nothing after this star matches anywhere in the rest of the string, so no earlier
+            # star can help by matching more: stop (this keeps the match polynomial).
+            skip[0] = True
+            return False
+        if c == _QUESTION:
+            i += 1
+            slen -= 1
+        elif c == _OPEN:
+            p += 1
+            plen -= 1
+            negate = pat[p] == _CARET
+            if negate:
+                p += 1
+                plen -= 1
+            matched = False
+            current = s[i]
+            while True:
+                if pat[p] == _BACKSLASH and plen >= 2:
+                    p += 1
+                    plen -= 1
+                    if pat[p] == current:
+                        matched = True
+                elif pat[p] == _CLOSE:
+                    break
+                elif plen == 0:
+                    p -= 1
+                    plen += 1
+                    break
+                elif plen >= 3 and pat[p + 1] == _DASH:
+                    start, end = _signed(pat[p]), _signed(pat[p + 2])
+                    if start > end:
+                        start, end = end, start
+                    p += 2
+                    plen -= 2
+                    if start <= _signed(current) <= end:
+                        matched = True
+                elif pat[p] == current:
+                    matched = True
+                p += 1
+                plen -= 1
+            if negate:
+                matched = not matched
+            if not matched:
+                return False
+            i += 1
+            slen -= 1
+        else:
+            if c == _BACKSLASH and plen >= 2:
+                p += 1
+                plen -= 1
+            if pat[p] != s[i]:
+                return False
+            i += 1
+            slen -= 1
+        p += 1
+        plen -= 1
+        if slen == 0:
+            while pat[p] == _STAR:
+                p += 1
+                plen -= 1
+            break
+    return plen == 0 and slen == 0
+
+
+class GlobMatcher:
+    """A compiled Redis glob pattern.
+
+    Attributes:
+        pattern: The pattern as given.
+        literal_prefix: The text every matching key starts with (the part of the pattern before
+            its first metacharacter), used to skip keys cheaply.
+        is_literal: Whether the pattern has no metacharacters at all (it matches one key).
+    """
+
+    __slots__ = ("_pat", "_plen", "is_literal", "literal_prefix", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        raw = pattern.encode("utf-8", "surrogatepass")
+        self._plen = len(raw)
+        self._pat = raw + b"\0"
+        prefix = bytearray()
+        position = 0
+        while position < len(raw):
+            byte = raw[position]
+            if byte == _BACKSLASH and position + 1 < len(raw):
+                prefix.append(raw[position + 1])
+                position += 2
+                continue
+            if byte in _META:
+                break
+            prefix.append(byte)
+            position += 1
+        self.is_literal = position >= len(raw)
+        self.literal_prefix = bytes(prefix).decode("utf-8", "ignore") if prefix else ""
+
+    def __repr__(self) -> str:
+        return f"GlobMatcher({self.pattern!r})"
+
+    def match(self, key: str) -> bool:
+        """Return whether `key` matches the pattern, exactly as Redis would decide."""
+        if self.literal_prefix and not key.startswith(self.literal_prefix):
+            return False
+        data = key.encode("utf-8", "surrogatepass")
+        return _match(self._pat, 0, self._plen, data, 0, len(data), [False])
+
+
+@lru_cache(maxsize=1024)
+def compile_glob(pattern: str) -> GlobMatcher:
+    """Return a (cached) `GlobMatcher` for `pattern`."""
+    return GlobMatcher(pattern)
+
+
+def glob_match(pattern: str, key: str) -> bool:
+    """Return whether `key` matches the Redis glob `pattern`."""
+    return compile_glob(pattern).match(key)

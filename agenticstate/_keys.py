@@ -1,0 +1,72 @@
+"""Key and pattern validation and the key layout helpers, in one place.
+
+A key is a non-empty `str` of at most `MAX_KEY_BYTES` bytes in UTF-8 with no control characters
+(Unicode category `Cc`) and no lone surrogates. Glob metacharacters (`*?[]^\\`) are allowed in keys:
+match them literally in a pattern by escaping them with a backslash (see `escape_glob`).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from agenticstate.exceptions import InvalidKeyError, InvalidPatternError
+
+__all__ = ["MAX_KEY_BYTES", "escape_glob", "validate_key", "validate_pattern"]
+
+MAX_KEY_BYTES = 1024
+"""The longest key (and pattern) accepted, in UTF-8 bytes."""
+
+_GLOB_SPECIAL = frozenset("*?[]\\^")
+
+
+def _problem(text: object, what: str) -> str | None:
+    if not isinstance(text, str):
+        return f"{what} must be a str, not {type(text).__name__}"
+    if not text:
+        return f"{what} must not be empty"
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{what} contains a lone surrogate and is not valid UTF-8"
+    if size > MAX_KEY_BYTES:
+        return f"{what} is {size} bytes in UTF-8; the maximum is {MAX_KEY_BYTES}"
+    # Most keys are short ASCII; checking `isprintable` first keeps the common case fast.
+    if not text.isprintable():
+        for position, char in enumerate(text):
+            if unicodedata.category(char) == "Cc":
+                return f"{what} contains control character {char!r} at position {position}"
+    return None
+
+
+def validate_key(key: object) -> str:
+    """Return `key` if it is a valid state key.
+
+    Raises:
+        InvalidKeyError: The key is not a str, is empty, too long, or has control characters.
+    """
+    problem = _problem(key, "key")
+    if problem is not None:
+        raise InvalidKeyError(problem)
+    return key  # type: ignore[return-value]  # _problem proved it is a str
+
+
+def validate_pattern(pattern: object) -> str:
+    """Return `pattern` if it is a valid glob pattern (same rules as keys).
+
+    Raises:
+        InvalidPatternError: The pattern is not a str, is empty, too long, or has control
+            characters.
+    """
+    problem = _problem(pattern, "pattern")
+    if problem is not None:
+        raise InvalidPatternError(problem)
+    return pattern  # type: ignore[return-value]  # _problem proved it is a str
+
+
+def escape_glob(text: str) -> str:
+    """Escape glob metacharacters so that `text` matches only itself.
+
+    >>> escape_glob("tenant[1]:*")
+    'tenant\\\\[1\\\\]:\\\\*'
+    """
+    return "".join("\\" + char if char in _GLOB_SPECIAL else char for char in text)

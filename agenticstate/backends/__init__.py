@@ -1,0 +1,71 @@
+"""Backends: where state lives, behind one contract (`Backend`).
+
+Construct one directly, or by URL with `open_backend`:
+
+```python
+open_backend("memory://")
+open_backend("file:///var/lib/app/state")          # FileBackend(base_path=...)
+open_backend("redis://localhost:6379/0")           # RedisBackend(url=...)
+```
+
+Schemes map to factories registered with `register_backend`; third-party backends register their
+own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
+from agenticstate.backends.memory import MemoryBackend
+from agenticstate.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from agenticstate.config import StateConfig
+
+__all__ = [
+    "Backend",
+    "Change",
+    "ChangeOp",
+    "Entry",
+    "MemoryBackend",
+    "open_backend",
+    "open_config_backend",
+    "register_backend",
+]
+
+
+_factories: dict[str, Callable[[str], Backend]] = {"memory": MemoryBackend.from_url}
+
+
+def register_backend(scheme: str, factory: Callable[[str], Backend]) -> None:
+    """Make `open_backend` build backends for URLs with `scheme` by calling `factory(url)`."""
+    _factories[scheme.lower()] = factory
+
+
+def open_backend(url: str) -> Backend:
+    """Build a backend from a URL: `memory://`, `file://PATH`, `redis://...`, `rediss://...`.
+
+    No connection is made and no file is touched until the backend is first used.
+
+    Raises:
+        ConfigurationError: The URL is malformed or its scheme is unknown.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(f"backend URL must look like scheme://..., not {url!r}")
+    scheme = urlsplit(url).scheme.lower()
+    factory = _factories.get(scheme)
+    if factory is None:
+        known = ", ".join(sorted(f"{name}://" for name in _factories))
+        raise ConfigurationError(f"unknown backend scheme {scheme!r}; known: {known}")
+    return factory(url)
+
+
+def open_config_backend(config: StateConfig) -> Backend:
+    """Build the backend a `StateConfig` describes."""
+    if config.backend == "memory":
+        return MemoryBackend(key_prefix=config.key_prefix)
+    raise ConfigurationError(f"the {config.backend!r} backend is not available in this build")

@@ -1,0 +1,296 @@
+"""The contract every backend implements: a versioned byte store with expiry, scans and events.
+
+`StateManager` does serialization, validation of values, callbacks and logging once, above every
+backend; a backend stores bytes. The contract test suite (`tests/contract/`) runs against every
+backend, and a backend is done when it passes all of it.
+
+The rules, which every backend follows exactly:
+
+- **Keys** are valid per `agenticstate._keys.validate_key`; an invalid key raises `InvalidKeyError`
+  and changes nothing. A backend's `key_prefix` namespaces its keys: keys are given and returned
+  without it, and no call can reach a key outside the prefix.
+- **Missing** means never written, deleted, or expired. A missing key reads as `None`, is not
+  listed by `scan`, and satisfies `expected_version=0`.
+- **Versions.** A key's first write gives it version 1, and every later write adds exactly one.
+  Deleting a key (or its expiry) removes its version with it: written again, it starts at 1.
+- **expected_version** on `set` and `delete`: `None` writes unconditionally; `0` requires that the
+  key is missing; `n > 0` requires that the key exists at version `n`. A mismatch raises
+  `ConflictError` (with `expected` and `actual`, 0 for missing) and changes nothing.
+- **TTL.** `ttl=None` stores the key with no expiry; a positive `timedelta` makes it expire that long
+  after the write. Every write states its TTL: writing a key again replaces its expiry. A TTL that
+  is not positive raises `InvalidArgumentError`. Expiry emits no change event.
+- **Atomic write-and-emit.** A write and its change event are one step: every subscriber whose
+  pattern matches the key sees the change exactly as it committed, with the old and new bytes and
+  the new version (for a delete, the version that was deleted), in commit order for each key.
+- **Globs** follow Redis (`agenticstate._glob`): `*`, `?`, `[...]`, `[^...]`, `\\` escapes; `*`
+  crosses `:`. An invalid pattern raises `InvalidPatternError`.
+- **Subscriptions** (`changes`) are active once the context manager has been entered: every change
+  committed after that is delivered. Each has a bounded buffer of `max_buffer` changes; a subscriber
+  that falls further behind receives what was buffered and then `SubscriptionClosedError` with
+  `reason="overflow"`, so it knows to re-read state. It is never dropped silently. When the backend
+  closes, iteration ends.
+- **Errors.** Storage failures raise `BackendError` subclasses; library exceptions (`OSError`, redis,
+  msgpack) never leak.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Self
+
+import anyio
+
+from agenticstate.exceptions import ConflictError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+    from contextlib import AbstractAsyncContextManager
+
+__all__ = [
+    "DEFAULT_MAX_BUFFER",
+    "DEFAULT_UPDATE_ATTEMPTS",
+    "Backend",
+    "Change",
+    "ChangeOp",
+    "Entry",
+    "check_expected_version",
+    "check_ttl",
+    "utcnow",
+]
+
+DEFAULT_MAX_BUFFER = 1000
+"""Changes a subscription buffers before it overflows."""
+DEFAULT_UPDATE_ATTEMPTS = 64
+"""Compare-and-set attempts `Backend.update` makes before it gives up with `ConflictError`."""
+
+
+def utcnow() -> datetime:
+    """Return the current time as an aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+class ChangeOp(StrEnum):
+    """What happened to a key."""
+
+    SET = "set"
+    """The key was written (created or replaced)."""
+    DELETE = "delete"
+    """The key was deleted."""
+    RESYNC = "resync"
+    """The key's state was re-read after a gap in delivery (a reconnect); `old` may be unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A stored value with its metadata.
+
+    Attributes:
+        key: The key, without the backend's prefix.
+        value: The stored bytes.
+        version: 1 after the first write, one more after each later write.
+        created_at: When the key was first written (since it was last missing).
+        updated_at: When it was last written.
+        expires_at: When it expires, or `None` for never.
+    """
+
+    key: str
+    value: bytes
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = None
+
+    def ttl(self, now: datetime | None = None) -> timedelta | None:
+        """Return the time left before expiry, or `None` if the key never expires."""
+        if self.expires_at is None:
+            return None
+        return max(self.expires_at - (now or utcnow()), timedelta(0))
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One committed change to one key, exactly as it happened.
+
+    Attributes:
+        key: The key, without the backend's prefix.
+        op: What happened.
+        old: The bytes before the change, or `None` if the key was missing (or, for `RESYNC`,
+            unknown).
+        new: The bytes after the change, or `None` after a delete.
+        version: The version written; for a delete, the version that was deleted.
+        timestamp: When the change committed.
+    """
+
+    key: str
+    op: ChangeOp
+    old: bytes | None
+    new: bytes | None
+    version: int
+    timestamp: datetime
+
+
+def check_ttl(ttl: timedelta | None) -> timedelta | None:
+    """Return `ttl` if it is `None` or a positive `timedelta`.
+
+    Raises:
+        InvalidArgumentError: `ttl` is not a timedelta, or is zero or negative.
+    """
+    if ttl is None:
+        return None
+    if not isinstance(ttl, timedelta):
+        raise InvalidArgumentError(f"ttl must be a timedelta or None, not {type(ttl).__name__}")
+    if ttl <= timedelta(0):
+        raise InvalidArgumentError(f"ttl must be positive, not {ttl}")
+    return ttl
+
+
+def check_expected_version(expected_version: int | None) -> int | None:
+    """Return `expected_version` if it is `None` or an int >= 0.
+
+    Raises:
+        InvalidArgumentError: It is negative or not an int.
+    """
+    if expected_version is None:
+        return None
+    if type(expected_version) is not int or expected_version < 0:
+        raise InvalidArgumentError(
+            f"expected_version must be an int >= 0 or None, not {expected_version!r}"
+        )
+    return expected_version
+
+
+def conflict(key: str, expected: int, actual: int) -> ConflictError:
+    """Build the `ConflictError` for a version mismatch on `key`."""
+    found = "missing" if actual == 0 else f"at version {actual}"
+    wanted = "missing" if expected == 0 else f"at version {expected}"
+    return ConflictError(
+        f"key {key!r} is {found}, expected {wanted}", key=key, expected=expected, actual=actual
+    )
+
+
+def backoff(attempt: int, *, base: float = 0.001, cap: float = 0.05) -> float:
+    """Return a full-jitter backoff delay, in seconds, for a retry after `attempt` failures."""
+    return random.uniform(0, min(cap, base * 2**attempt))  # noqa: S311  # jitter, not crypto
+
+
+class Backend(ABC):
+    """Async versioned byte store with expiry, glob scans and glob-pattern change events.
+
+    Use it as an async context manager, or call `open()` and `aclose()`. Every call also opens the
+    backend lazily, so `open()` is optional.
+    """
+
+    key_prefix: str = ""
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:  # noqa: B027  # optional hook: most backends open lazily
+        """Connect or load; idempotent. Backends that need no setup keep this no-op."""
+
+    @abstractmethod
+    async def get(self, key: str) -> Entry | None:
+        """Return the entry stored at `key`, or `None` if it is missing or expired."""
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        """Return the entries at `keys`, in order, `None` for each missing one.
+
+        Backends override this to read all keys in one round trip.
+        """
+        return [await self.get(key) for key in keys]
+
+    @abstractmethod
+    async def set(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        ttl: timedelta | None = None,
+        expected_version: int | None = None,
+    ) -> Change:
+        """Store `value` at `key`, bump its version and emit the change, atomically.
+
+        Raises:
+            ConflictError: `expected_version` does not match; nothing was written.
+        """
+
+    async def set_many(
+        self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
+    ) -> list[Change]:
+        """Store several values; each one is atomic, the batch is not a transaction.
+
+        Backends override this to write all keys in one round trip.
+        """
+        return [await self.set(key, value, ttl=ttl) for key, value in items]
+
+    @abstractmethod
+    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+        """Delete `key` and emit the change; return `None` if it was missing.
+
+        Raises:
+            ConflictError: `expected_version` does not match; nothing was deleted. A missing key
+                with `expected_version=0` is not a conflict: the call returns `None`.
+        """
+
+    async def update(
+        self,
+        key: str,
+        fn: Callable[[Entry | None], bytes],
+        *,
+        ttl: timedelta | None = None,
+        max_attempts: int = DEFAULT_UPDATE_ATTEMPTS,
+    ) -> Change:
+        """Replace the value at `key` with `fn(current_entry)`, atomically.
+
+        `fn` receives the current entry (`None` if missing) and returns the new bytes. It may run
+        more than once, so it must not have side effects; if it raises, nothing is written and the
+        exception propagates. This default is a compare-and-set loop over `get` and `set` with
+        jittered backoff; backends with a lock run `fn` under it instead.
+
+        Raises:
+            ConflictError: Every attempt lost a race (`max_attempts` of them).
+        """
+        for attempt in range(max_attempts):
+            entry = await self.get(key)
+            value = fn(entry)
+            try:
+                return await self.set(
+                    key, value, ttl=ttl, expected_version=entry.version if entry else 0
+                )
+            except ConflictError:
+                await anyio.sleep(backoff(attempt))
+        raise ConflictError(
+            f"update of {key!r} lost {max_attempts} races in a row; try again", key=key
+        )
+
+    @abstractmethod
+    def scan(self, pattern: str) -> AsyncIterator[str]:
+        """Yield every present key matching the Redis glob `pattern`, each once, in no order."""
+
+    @abstractmethod
+    def changes(
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+    ) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
+        """Subscribe to changes of keys matching `pattern`.
+
+        ```python
+        async with backend.changes("agent:*") as changes:
+            async for change in changes:
+                ...
+        ```
+        """
+
+    async def flush(self) -> None:  # noqa: B027  # optional hook: most backends have nothing to flush
+        """Make every acknowledged write durable now (file snapshot); no-op where not needed."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release connections and files; end every open subscription. Idempotent."""

@@ -1,0 +1,217 @@
+"""MemoryBackend: the in-process store for development and tests.
+
+Values are bytes produced by the serializer, so nothing a caller does to a dict after saving it,
+or after reading it, reaches the stored state. Every mutation runs to completion without awaiting,
+so on one event loop each call is atomic without a lock, and `update` runs its function inside
+that same step: concurrent updates never conflict, let alone lose anything.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import anyio.lowlevel
+
+from agenticstate._glob import compile_glob
+from agenticstate._keys import validate_key, validate_pattern
+from agenticstate.backends.base import (
+    DEFAULT_MAX_BUFFER,
+    DEFAULT_UPDATE_ATTEMPTS,
+    Backend,
+    Change,
+    ChangeOp,
+    Entry,
+    check_expected_version,
+    check_ttl,
+    conflict,
+    utcnow,
+)
+from agenticstate.events import ChangeFanout, ChangeStream
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+    from contextlib import AbstractAsyncContextManager
+    from datetime import datetime
+
+__all__ = ["MemoryBackend"]
+
+
+class MemoryBackend(Backend):
+    """Keep state in this process: fast, isolated, gone when the process exits.
+
+    Each instance is its own store. Use it for development and tests, or for state that need not
+    outlive the process; it is safe for many tasks on one event loop, not for several threads.
+
+    Args:
+        key_prefix: A namespace shown in `repr`; each instance is separate already.
+    """
+
+    def __init__(self, *, key_prefix: str = "") -> None:
+        self.key_prefix = key_prefix
+        self._data: dict[str, Entry] = {}
+        self._expiries: list[tuple[datetime, str]] = []
+        self._fanout = ChangeFanout()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"MemoryBackend(key_prefix={self.key_prefix!r}, keys={len(self._data)})"
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryBackend:
+        """Create a backend from `memory://` (any path or query is ignored)."""
+        return cls()
+
+    def _live(self, key: str, now: datetime) -> Entry | None:
+        entry = self._data.get(key)
+        if entry is not None and entry.expires_at is not None and entry.expires_at <= now:
+            del self._data[key]
+            return None
+        return entry
+
+    def _sweep(self, now: datetime) -> None:
+        # Drop expired keys in order of expiry, so memory stays bounded without a timer task.
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            expires_at, key = heapq.heappop(expiries)
+            entry = self._data.get(key)
+            if entry is not None and entry.expires_at == expires_at:
+                del self._data[key]
+
+    def _write(
+        self, key: str, value: bytes, ttl: timedelta | None, expected: int | None, now: datetime
+    ) -> Change:
+        current = self._live(key, now)
+        version = current.version if current is not None else 0
+        if expected is not None and expected != version:
+            raise conflict(key, expected, version)
+        expires_at = now + ttl if ttl is not None else None
+        self._data[key] = Entry(
+            key=key,
+            value=value,
+            version=version + 1,
+            created_at=current.created_at if current is not None else now,
+            updated_at=now,
+            expires_at=expires_at,
+        )
+        if expires_at is not None:
+            heapq.heappush(self._expiries, (expires_at, key))
+        change = Change(
+            key=key,
+            op=ChangeOp.SET,
+            old=current.value if current is not None else None,
+            new=value,
+            version=version + 1,
+            timestamp=now,
+        )
+        self._fanout.publish(change)
+        return change
+
+    async def get(self, key: str) -> Entry | None:
+        """Return the entry at `key`, or `None` if missing or expired."""
+        validate_key(key)
+        await anyio.lowlevel.checkpoint()
+        return self._live(key, utcnow())
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        """Return the entries at `keys`, in order."""
+        for key in keys:
+            validate_key(key)
+        await anyio.lowlevel.checkpoint()
+        now = utcnow()
+        return [self._live(key, now) for key in keys]
+
+    async def set(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        ttl: timedelta | None = None,
+        expected_version: int | None = None,
+    ) -> Change:
+        """Store `value` at `key`; see `Backend.set`."""
+        validate_key(key)
+        check_ttl(ttl)
+        check_expected_version(expected_version)
+        await anyio.lowlevel.checkpoint()
+        now = utcnow()
+        self._sweep(now)
+        return self._write(key, value, ttl, expected_version, now)
+
+    async def set_many(
+        self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
+    ) -> list[Change]:
+        """Store several values in one step."""
+        for key, _ in items:
+            validate_key(key)
+        check_ttl(ttl)
+        await anyio.lowlevel.checkpoint()
+        now = utcnow()
+        self._sweep(now)
+        return [self._write(key, value, ttl, None, now) for key, value in items]
+
+    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+        """Delete `key`; see `Backend.delete`."""
+        validate_key(key)
+        check_expected_version(expected_version)
+        await anyio.lowlevel.checkpoint()
+        now = utcnow()
+        current = self._live(key, now)
+        version = current.version if current is not None else 0
+        if expected_version is not None and expected_version != version:
+            raise conflict(key, expected_version, version)
+        if current is None:
+            return None
+        del self._data[key]
+        change = Change(
+            key=key, op=ChangeOp.DELETE, old=current.value, new=None, version=version, timestamp=now
+        )
+        self._fanout.publish(change)
+        return change
+
+    async def update(
+        self,
+        key: str,
+        fn: Callable[[Entry | None], bytes],
+        *,
+        ttl: timedelta | None = None,
+        max_attempts: int = DEFAULT_UPDATE_ATTEMPTS,
+    ) -> Change:
+        """Replace the value at `key` with `fn(entry)` in one step (no retries needed)."""
+        validate_key(key)
+        check_ttl(ttl)
+        await anyio.lowlevel.checkpoint()
+        now = utcnow()
+        self._sweep(now)
+        current = self._live(key, now)
+        value = fn(current)
+        return self._write(key, value, ttl, current.version if current else 0, now)
+
+    async def scan(self, pattern: str) -> AsyncIterator[str]:
+        """Yield the present keys matching `pattern`."""
+        matcher = compile_glob(validate_pattern(pattern))
+        await anyio.lowlevel.checkpoint()
+        now = utcnow()
+        if matcher.is_literal:
+            key = matcher.literal_prefix
+            found = [key] if self._live(key, now) is not None else []
+        else:
+            found = [
+                key
+                for key, entry in self._data.items()
+                if (entry.expires_at is None or entry.expires_at > now) and matcher.match(key)
+            ]
+        for key in found:
+            yield key
+
+    def changes(
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+    ) -> AbstractAsyncContextManager[ChangeStream]:
+        """Subscribe to changes of keys matching `pattern`; see `Backend.changes`."""
+        return self._fanout.subscribe(validate_pattern(pattern), max_buffer)
+
+    async def aclose(self) -> None:
+        """End every subscription; the data stays readable until the object is dropped."""
+        self._closed = True
+        self._fanout.close()

@@ -1,0 +1,116 @@
+"""StateConfig: how a StateManager stores state."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agenticstate.exceptions import ConfigurationError
+from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
+
+__all__ = ["StateConfig", "redact_url"]
+
+
+def redact_url(url: str) -> str:
+    """Return `url` with any password replaced by `***`, for logs and reprs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _as_ttl(value: object) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("ttl must be seconds or a timedelta, not a bool")
+    if isinstance(value, (int, float)):
+        value = timedelta(seconds=value)
+    if not isinstance(value, timedelta):
+        raise ValueError(f"ttl must be seconds or a timedelta, not {type(value).__name__}")
+    if value <= timedelta(0):
+        raise ValueError(f"ttl must be positive, not {value}")
+    return value
+
+
+class StateConfig(BaseModel):
+    """How a `StateManager` stores state.
+
+    ```python
+    StateConfig(backend="memory")
+    StateConfig(backend="file", file_path="./state/app_state.json", auto_save=True)
+    StateConfig(backend="redis", redis_url="redis://localhost:6379", key_prefix="agenticai:",
+                ttl=3600)
+    ```
+
+    Invalid values raise `ConfigurationError` (a `ValueError`). The Redis URL's password never
+    appears in `repr()` or logs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    backend: Literal["memory", "file", "redis"] = "memory"
+    """Where state lives: in this process, in a crash-safe local store, or in Redis."""
+    auto_save: bool = True
+    """File backend: rewrite the snapshot in the background every `save_interval` seconds (the log
+    makes every acknowledged write durable either way)."""
+    save_interval: float = Field(default=30.0, gt=0)
+    """Seconds between background snapshot rewrites when `auto_save` is on."""
+    file_path: Path | None = None
+    """File backend: the store's path (`./state/app_state.json`); defaults to `./state/state.json`."""
+    redis_url: str | None = Field(default=None, repr=False)
+    """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, or `unix://`."""
+    key_prefix: str = ""
+    """A namespace put before every key in the backend; keys are given and listed without it."""
+    ttl: timedelta | None = None
+    """Default time to live for every write, in seconds or as a timedelta; `None` never expires."""
+    format: Literal["msgpack", "json"] = "msgpack"
+    """How values are encoded: compact msgpack, or readable JSON."""
+    compression: bool = False
+    """Compress values larger than `compression_threshold` bytes with zlib."""
+    compression_threshold: int = Field(default=1024, ge=0)
+    """Smallest encoded value, in bytes, worth compressing."""
+    max_value_size: int = Field(default=DEFAULT_MAX_SIZE, gt=0)
+    """Largest encoded value accepted, in bytes."""
+    max_depth: int = Field(default=DEFAULT_MAX_DEPTH, gt=0, le=500)
+    """Deepest nesting of containers accepted in a value."""
+    subscriber_buffer: int = Field(default=1000, ge=1)
+    """Changes each subscription buffers before it overflows."""
+    update_max_attempts: int = Field(default=64, ge=1)
+    """Compare-and-set attempts `update` makes under contention before raising `ConflictError`."""
+    db: int = Field(default=0, ge=0)
+    """Redis backend: the database number, when the URL does not name one."""
+    connection_pool_size: int = Field(default=10, ge=1)
+    """Redis backend: the most connections held open."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in error['loc']) or 'config'}: {error['msg']}"
+                for error in exc.errors(include_url=False, include_input=False)
+            )
+            raise ConfigurationError(f"invalid StateConfig: {problems}") from None
+
+    @field_validator("ttl", mode="before")
+    @classmethod
+    def _check_ttl(cls, value: object) -> timedelta | None:
+        return _as_ttl(value)
+
+    def __repr_args__(self) -> Any:
+        yield from super().__repr_args__()
+        if self.redis_url is not None:
+            yield "redis_url", redact_url(self.redis_url)

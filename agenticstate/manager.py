@@ -1,0 +1,703 @@
+"""StateManager: save, read, update and watch state on any backend.
+
+```python
+state = StateManager(config=StateConfig(backend="memory"))
+await state.save("agent:researcher", {"status": "running", "progress": 0.45})
+await state.update("agent:researcher", {"progress": 0.75})         # deep merge, atomic
+await state.update("counter", lambda n: n + 1, default=0)            # read-modify-write, atomic
+state.subscribe("agent:*", on_change)                                # callback(key, old, new)
+async with state.watch("agent:*") as changes:                        # or an async iterator
+    async for change in changes: ...
+```
+
+The manager validates keys and values, serializes them (`agenticstate.serialization`), and turns
+the backend's byte-level changes into `StateChange`s for watchers and callbacks. It opens its
+backend lazily on first use; `async with StateManager(...)` opens it eagerly and closes it on exit.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta  # noqa: TC003  # pydantic needs them at runtime
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+
+import anyio
+import structlog
+from pydantic import BaseModel, ConfigDict
+
+from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._tasks import spawn_detached
+from agenticstate.backends import Backend, open_config_backend
+from agenticstate.backends.base import Change, Entry, check_expected_version
+from agenticstate.config import StateConfig, _as_ttl
+from agenticstate.events import StateChange
+from agenticstate.exceptions import (
+    BackendError,
+    ConfigurationError,
+    ConflictError,
+    InvalidArgumentError,
+    MergeError,
+    NotFoundError,
+    SubscriptionClosedError,
+)
+from agenticstate.serialization import Serializer
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import AsyncIterator, Awaitable, Iterable
+    from contextlib import AbstractAsyncContextManager
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+
+__all__ = ["DEFAULT", "StateCallback", "StateEntry", "StateManager", "StateStats", "Watch"]
+
+log = structlog.get_logger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+D = TypeVar("D")
+
+StateCallback = Callable[[str, Any, Any], "Awaitable[None] | None"]
+"""A subscription callback: `callback(key, old_value, new_value)`, sync or async."""
+
+
+class _Default:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
+"""Use the configured default (for `ttl`: `StateConfig.ttl`)."""
+_MISSING: Any = object()
+
+
+class StateEntry(BaseModel):
+    """A value with its metadata, as `StateManager.get_entry` returns it.
+
+    Attributes:
+        key: The key.
+        value: The stored value (or the validated model, with `model=`).
+        version: 1 after the first write, one more after each later write.
+        created_at: When the key was first written (UTC).
+        updated_at: When it was last written (UTC).
+        expires_at: When it expires (UTC), or `None` for never.
+        ttl: The time left before it expires, or `None` for never.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    key: str
+    value: Any
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None
+    ttl: timedelta | None
+
+
+class StateStats(BaseModel):
+    """Counters of what a `StateManager` has done since it was created."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backend: str
+    """The backend's class name."""
+    saves: int = 0
+    """Values written by `save` and `save_many`."""
+    reads: int = 0
+    """Keys read by `get`, `get_entry`, `get_many` and `exists`."""
+    updates: int = 0
+    """Successful `update` calls."""
+    deletes: int = 0
+    """Keys deleted."""
+    conflicts: int = 0
+    """Writes refused with `ConflictError`."""
+    events_delivered: int = 0
+    """Changes handed to callbacks."""
+    callback_errors: int = 0
+    """Callbacks that raised (logged, never failing the write)."""
+    overflows: int = 0
+    """Callback subscriptions that fell behind and were re-opened."""
+    subscriptions: int = 0
+    """Callbacks currently subscribed."""
+
+
+def deep_merge(base: dict[str, Any], partial: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge `partial` into `base` in place: nested dicts merge, everything else replaces."""
+    for key, value in partial.items():
+        current = base.get(key)
+        if isinstance(value, Mapping) and isinstance(current, dict):
+            base[key] = deep_merge(current, value)
+        else:
+            base[key] = value
+    return base
+
+
+class _Pump:
+    """Delivers one pattern's changes to its callbacks, in order, in one task."""
+
+    __slots__ = ("callbacks", "done", "pattern", "ready", "scope", "task")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.callbacks: list[StateCallback] = []
+        self.ready = anyio.Event()
+        self.done = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.task: asyncio.Task[None] | None = None
+
+
+class Watch:
+    """A live stream of `StateChange`s for keys matching a pattern.
+
+    Enter it to subscribe before you write, so nothing is missed:
+
+    ```python
+    async with state.watch("agent:*") as changes:
+        async for change in changes:
+            print(change.key, change.old_value, change.new_value)
+    ```
+
+    Iterating without `async with` subscribes on the first `__anext__`. Iteration ends when the
+    manager closes, and raises `SubscriptionClosedError(reason="overflow")` if the consumer falls
+    more than the buffer behind.
+    """
+
+    def __init__(self, manager: StateManager, pattern: str, max_buffer: int) -> None:
+        self._manager = manager
+        self._pattern = pattern
+        self._max_buffer = max_buffer
+        self._context: AbstractAsyncContextManager[AsyncIterator[Change]] | None = None
+        self._stream: AsyncIterator[Change] | None = None
+        self._implicit = False
+
+    def __repr__(self) -> str:
+        return f"Watch({self._pattern!r})"
+
+    async def __aenter__(self) -> Self:
+        if self._context is not None:
+            raise InvalidArgumentError("this watch is already open")
+        backend = await self._manager._opened_backend()
+        context = backend.changes(self._pattern, max_buffer=self._max_buffer)
+        self._stream = await context.__aenter__()
+        self._context = context
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
+        context, self._context, self._stream = self._context, None, None
+        if context is not None:
+            await context.__aexit__(exc_type, exc, tb)
+
+    async def aclose(self) -> None:
+        """Unsubscribe."""
+        await self.__aexit__()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> StateChange:
+        if self._stream is None:
+            if self._implicit:
+                raise StopAsyncIteration
+            self._implicit = True
+            await self.__aenter__()
+        assert self._stream is not None  # noqa: S101  # set by __aenter__
+        try:
+            change = await self._stream.__anext__()
+        except BaseException:
+            if self._implicit:
+                with anyio.CancelScope(shield=True):
+                    await self.__aexit__()
+            raise
+        return self._manager._state_change(change)
+
+
+class StateManager:
+    """Save, read, update, delete, list and watch state on a pluggable backend.
+
+    Args:
+        config: Which backend and how to encode values; defaults to `StateConfig()` (memory).
+        backend: A backend instance to use instead of building one from `config`. The manager
+            closes it on `aclose()` unless `close_backend=False`.
+        close_backend: Whether `aclose()` closes the backend too.
+
+    Use it directly (it opens its backend on first use) or as `async with StateManager(...)`.
+    """
+
+    def __init__(
+        self,
+        config: StateConfig | None = None,
+        *,
+        backend: Backend | None = None,
+        close_backend: bool = True,
+    ) -> None:
+        if config is not None and not isinstance(config, StateConfig):
+            raise ConfigurationError(f"config must be a StateConfig, not {type(config).__name__}")
+        self.config = config or StateConfig()
+        self.backend: Backend = backend if backend is not None else open_config_backend(self.config)
+        self.serializer = Serializer(
+            self.config.format,
+            compression=self.config.compression,
+            compression_threshold=self.config.compression_threshold,
+            max_size=self.config.max_value_size,
+            max_depth=self.config.max_depth,
+        )
+        self._close_backend = close_backend
+        self._is_open = False
+        self._closed = False
+        self._open_lock: anyio.Lock | None = None
+        self._pumps: dict[str, _Pump] = {}
+        self._pending: set[_Pump] = set()
+        self._task_group: TaskGroup | None = None
+        self._counters: dict[str, int] = dict.fromkeys(
+            ("saves", "reads", "updates", "deletes", "conflicts", "events_delivered",
+             "callback_errors", "overflows"),
+            0,
+        )
+
+    def __repr__(self) -> str:
+        return f"StateManager(backend={self.backend!r})"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task_group, self._task_group = self._task_group, None
+        try:
+            self._stop_pumps()
+            if task_group is not None:
+                await task_group.__aexit__(None, None, None)
+        finally:
+            await self.aclose()
+
+    async def open(self) -> None:
+        """Open the backend now (otherwise the first call does). Idempotent."""
+        await self._opened_backend()
+
+    async def _opened_backend(self) -> Backend:
+        backend = await self._ensure_open()
+        if self._pending:
+            await self._wait_pumps_ready()
+        return backend
+
+    async def _ensure_open(self) -> Backend:
+        if self._closed:
+            raise BackendError("this StateManager is closed")
+        if not self._is_open:
+            if self._open_lock is None:
+                self._open_lock = anyio.Lock()
+            async with self._open_lock:
+                if not self._is_open:
+                    await self.backend.open()
+                    self._is_open = True
+        return self.backend
+
+    async def _wait_pumps_ready(self) -> None:
+        # A callback subscribed just before a write must see that write: wait until every new
+        # pump's backend subscription is active (or has failed and logged why).
+        for pump in list(self._pending):
+            with anyio.fail_after(30):
+                await pump.ready.wait()
+            self._pending.discard(pump)
+
+    async def flush(self) -> None:
+        """Make every acknowledged write durable now (the file backend's snapshot)."""
+        backend = await self._opened_backend()
+        await backend.flush()
+
+    async def aclose(self) -> None:
+        """Stop subscriptions and close the backend. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_pumps()
+        with anyio.CancelScope(shield=True):
+            for pump in list(self._pumps.values()):
+                if pump.task is not None:
+                    with anyio.move_on_after(5):
+                        await pump.done.wait()
+            self._pumps.clear()
+            self._pending.clear()
+            if self._close_backend:
+                await self.backend.aclose()
+
+    # ---------------------------------------------------------------- reads
+
+    @overload
+    async def get(self, key: str, default: None = None, *, model: None = None) -> Any: ...
+    @overload
+    async def get(self, key: str, default: D, *, model: None = None) -> Any: ...
+    @overload
+    async def get(self, key: str, default: None = None, *, model: type[M]) -> M | None: ...
+    @overload
+    async def get(self, key: str, default: D, *, model: type[M]) -> M | D: ...
+
+    async def get(
+        self, key: str, default: object = None, *, model: type[BaseModel] | None = None
+    ) -> Any:
+        """Return the value at `key`, or `default` if it is missing or expired.
+
+        Args:
+            key: The key.
+            default: What to return when the key is missing.
+            model: A pydantic model to validate the stored value as.
+
+        Raises:
+            DecodeError: The stored bytes are corrupt or do not validate as `model`.
+        """
+        validate_key(key)
+        backend = await self._opened_backend()
+        entry = await backend.get(key)
+        self._counters["reads"] += 1
+        if entry is None:
+            return default
+        return self._decode(entry.value, model)
+
+    async def get_entry(
+        self, key: str, *, model: type[BaseModel] | None = None
+    ) -> StateEntry | None:
+        """Return the value at `key` with its version, timestamps and time to live, or `None`."""
+        validate_key(key)
+        backend = await self._opened_backend()
+        entry = await backend.get(key)
+        self._counters["reads"] += 1
+        return None if entry is None else self._state_entry(entry, model)
+
+    async def get_many(
+        self, keys: Iterable[str], *, model: type[BaseModel] | None = None
+    ) -> dict[str, Any]:
+        """Return `{key: value}` for every key in `keys` that exists, in one backend call."""
+        wanted = [validate_key(key) for key in keys]
+        backend = await self._opened_backend()
+        entries = await backend.get_many(wanted)
+        self._counters["reads"] += len(wanted)
+        return {
+            key: self._decode(entry.value, model)
+            for key, entry in zip(wanted, entries, strict=True)
+            if entry is not None
+        }
+
+    async def exists(self, key: str) -> bool:
+        """Return whether `key` is present (written and not deleted or expired)."""
+        validate_key(key)
+        backend = await self._opened_backend()
+        self._counters["reads"] += 1
+        return await backend.get(key) is not None
+
+    async def list_keys(self, pattern: str = "*") -> list[str]:
+        """Return the present keys matching the Redis glob `pattern`, sorted.
+
+        `*` matches anything (`:` included), `?` one character, `[abc]`/`[a-z]`/`[^a]` one of a
+        set; a backslash makes the next character literal (`list_keys("job\\*")`).
+        """
+        validate_pattern(pattern)
+        backend = await self._opened_backend()
+        return sorted({key async for key in backend.scan(pattern)})
+
+    # ---------------------------------------------------------------- writes
+
+    def _ttl(self, ttl: object) -> timedelta | None:
+        if ttl is DEFAULT:
+            return self.config.ttl
+        try:
+            return _as_ttl(ttl)
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+
+    async def save(
+        self,
+        key: str,
+        value: object,
+        *,
+        ttl: timedelta | float | None = DEFAULT,
+        expected_version: int | None = None,
+    ) -> int:
+        """Store `value` at `key` and return its new version.
+
+        Args:
+            key: The key.
+            value: A JSON-like value, datetime, date, UUID, bytes or pydantic model.
+            ttl: Seconds or a timedelta until it expires; `None` for never; by default the
+                configured `StateConfig.ttl`.
+            expected_version: Write only if the key is at this version (0: only if missing).
+
+        Raises:
+            SerializationError: The value cannot be stored; nothing was written.
+            ConflictError: `expected_version` did not match; nothing was written.
+        """
+        validate_key(key)
+        check_expected_version(expected_version)
+        life = self._ttl(ttl)
+        raw = self.serializer.dumps(value)
+        backend = await self._opened_backend()
+        change = await self._counted_write(
+            backend.set(key, raw, ttl=life, expected_version=expected_version)
+        )
+        self._counters["saves"] += 1
+        return change.version
+
+    async def save_many(
+        self, items: Mapping[str, object], *, ttl: timedelta | float | None = DEFAULT
+    ) -> dict[str, int]:
+        """Store several values in one backend call; return `{key: new_version}`.
+
+        Every value is validated and encoded before anything is written. Each write is atomic;
+        the batch is not a transaction.
+        """
+        life = self._ttl(ttl)
+        encoded = [(validate_key(key), self.serializer.dumps(value)) for key, value in items.items()]
+        backend = await self._opened_backend()
+        changes = await backend.set_many(encoded, ttl=life)
+        self._counters["saves"] += len(changes)
+        return {change.key: change.version for change in changes}
+
+    async def update(
+        self,
+        key: str,
+        change: Mapping[str, Any] | Callable[[Any], Any],
+        *,
+        default: object = _MISSING,
+        ttl: timedelta | float | None = DEFAULT,
+    ) -> Any:
+        """Change the value at `key` atomically and return the new value.
+
+        With a dict, deep-merge it into the stored dict (nested dicts merge, other values
+        replace). With a function, store `fn(current_value)`. Either way, concurrent updates from
+        any number of tasks or processes lose nothing. The function may run more than once under
+        contention, so it must not have side effects; it receives its own copy of the value.
+
+        Args:
+            key: The key.
+            change: A partial dict to merge, or a function from the old value to the new one.
+            default: The current value to assume when the key is missing; without it, a
+                missing key raises `NotFoundError`.
+            ttl: As for `save`.
+
+        Raises:
+            NotFoundError: The key is missing and no `default` was given.
+            MergeError: A dict was given but the stored value is not a dict.
+            ConflictError: The update lost `update_max_attempts` races in a row.
+        """
+        validate_key(key)
+        if isinstance(change, Mapping):
+            partial = change
+
+            def apply(current: Any) -> Any:
+                if not isinstance(current, dict):
+                    raise MergeError(
+                        f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
+                    )
+                return deep_merge(current, partial)
+
+        elif callable(change):
+            apply = change
+        else:
+            raise InvalidArgumentError(
+                f"update() takes a dict or a function, not {type(change).__name__}"
+            )
+        life = self._ttl(ttl)
+        result: list[Any] = []
+
+        def step(entry: Entry | None) -> bytes:
+            if entry is None:
+                if default is _MISSING:
+                    raise NotFoundError(f"no state at key {key!r}")
+                current = self.serializer.loads(self.serializer.dumps(default))
+            else:
+                current = self.serializer.loads(entry.value)
+            new = apply(current)
+            if inspect.isawaitable(new):
+                if inspect.iscoroutine(new):
+                    new.close()
+                raise InvalidArgumentError("update() functions must be synchronous")
+            raw = self.serializer.dumps(new)
+            result[:] = [new]
+            return raw
+
+        backend = await self._opened_backend()
+        await self._counted_write(
+            backend.update(key, step, ttl=life, max_attempts=self.config.update_max_attempts)
+        )
+        self._counters["updates"] += 1
+        return result[0]
+
+    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+        """Delete `key`; return whether it existed.
+
+        Raises:
+            ConflictError: `expected_version` did not match; nothing was deleted.
+        """
+        validate_key(key)
+        check_expected_version(expected_version)
+        backend = await self._opened_backend()
+        change = await self._counted_write(backend.delete(key, expected_version=expected_version))
+        if change is None:
+            return False
+        self._counters["deletes"] += 1
+        return True
+
+    async def _counted_write(self, call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except ConflictError:
+            self._counters["conflicts"] += 1
+            raise
+
+    # ---------------------------------------------------------------- subscriptions
+
+    def subscribe(self, pattern: str, callback: StateCallback) -> None:
+        """Call `callback(key, old_value, new_value)` for every change to keys matching `pattern`.
+
+        The callback may be sync or async. Callbacks for one pattern run one at a time, in commit
+        order for each key; one that raises is logged and counted, and never fails the write. A
+        write made after `subscribe()` returns is always delivered. Subscribing the same callback
+        to the same pattern twice has no further effect.
+
+        Under trio, enter the manager (`async with`) before subscribing callbacks.
+        """
+        validate_pattern(pattern)
+        if not callable(callback):
+            raise InvalidArgumentError(f"callback must be callable, not {type(callback).__name__}")
+        if self._closed:
+            raise BackendError("this StateManager is closed")
+        pump = self._pumps.get(pattern)
+        if pump is not None:
+            if callback not in pump.callbacks:
+                pump.callbacks.append(callback)
+            return
+        pump = _Pump(pattern)
+        pump.callbacks.append(callback)
+        if self._task_group is not None:
+            self._task_group.start_soon(self._run_pump, pump, name=f"agenticstate:{pattern}")
+        else:
+            pump.task = spawn_detached(lambda: self._run_pump(pump), name=f"agenticstate:{pattern}")
+        self._pumps[pattern] = pump
+        self._pending.add(pump)
+
+    def unsubscribe(self, pattern: str, callback: StateCallback) -> bool:
+        """Stop calling `callback` for `pattern`; return whether it was subscribed."""
+        pump = self._pumps.get(pattern)
+        if pump is None or callback not in pump.callbacks:
+            return False
+        pump.callbacks.remove(callback)
+        if not pump.callbacks:
+            del self._pumps[pattern]
+            self._pending.discard(pump)
+            pump.scope.cancel()
+        return True
+
+    def watch(self, pattern: str, *, max_buffer: int | None = None) -> Watch:
+        """Return a `Watch`: an async iterator (and context manager) of `StateChange`s."""
+        validate_pattern(pattern)
+        return Watch(self, pattern, max_buffer or self.config.subscriber_buffer)
+
+    def _stop_pumps(self) -> None:
+        for pump in self._pumps.values():
+            pump.scope.cancel()
+
+    async def _run_pump(self, pump: _Pump) -> None:
+        try:
+            with pump.scope:
+                await self._pump_changes(pump)
+        finally:
+            pump.ready.set()
+            pump.done.set()
+
+    async def _pump_changes(self, pump: _Pump) -> None:
+        failures = 0
+        while not self._closed:
+            try:
+                backend = await self._ensure_open()
+                async with backend.changes(
+                    pump.pattern, max_buffer=self.config.subscriber_buffer
+                ) as changes:
+                    pump.ready.set()
+                    failures = 0
+                    async for change in changes:
+                        await self._dispatch(pump, change)
+                return
+            except SubscriptionClosedError:
+                self._counters["overflows"] += 1
+                log.warning("subscription_reopened", pattern=pump.pattern, reason="overflow")
+            except BackendError as exc:
+                failures += 1
+                pump.ready.set()
+                log.warning(
+                    "subscription_failed", pattern=pump.pattern, error=type(exc).__name__,
+                    attempt=failures,
+                )
+                await anyio.sleep(min(0.05 * 2**failures, 5.0))
+
+    async def _dispatch(self, pump: _Pump, change: Change) -> None:
+        for callback in list(pump.callbacks):
+            try:
+                old = None if change.old is None else self.serializer.loads(change.old)
+                new = None if change.new is None else self.serializer.loads(change.new)
+                outcome = callback(change.key, old, new)
+                if inspect.isawaitable(outcome):
+                    await outcome
+                self._counters["events_delivered"] += 1
+            except Exception as exc:  # noqa: BLE001  # a callback must never break delivery
+                self._counters["callback_errors"] += 1
+                log.error(
+                    "subscriber_callback_failed",
+                    pattern=pump.pattern,
+                    key=change.key,
+                    callback=getattr(callback, "__qualname__", type(callback).__name__),
+                    error=type(exc).__name__,
+                )
+
+    # ---------------------------------------------------------------- helpers
+
+    def _decode(self, raw: bytes, model: type[BaseModel] | None) -> Any:
+        if model is None:
+            return self.serializer.loads(raw)
+        return self.serializer.load_model(raw, model)
+
+    def _state_entry(self, entry: Entry, model: type[BaseModel] | None) -> StateEntry:
+        return StateEntry(
+            key=entry.key,
+            value=self._decode(entry.value, model),
+            version=entry.version,
+            created_at=entry.created_at,
+            updated_at=entry.updated_at,
+            expires_at=entry.expires_at,
+            ttl=entry.ttl(),
+        )
+
+    def _state_change(self, change: Change) -> StateChange:
+        return StateChange.model_construct(
+            key=change.key,
+            old_value=None if change.old is None else self.serializer.loads(change.old),
+            new_value=None if change.new is None else self.serializer.loads(change.new),
+            version=change.version,
+            op=change.op,
+            timestamp=change.timestamp,
+        )
+
+    def stats(self) -> StateStats:
+        """Return counters of saves, reads, updates, conflicts, events and callback errors."""
+        return StateStats(
+            backend=type(self.backend).__name__,
+            subscriptions=sum(len(pump.callbacks) for pump in self._pumps.values()),
+            **self._counters,
+        )

@@ -1,0 +1,338 @@
+"""Values to bytes and back: the one module that imports msgpack and json.
+
+What can be stored: `dict` (str keys), `list`, `tuple` (read back as a list), `str`, `int` (64-bit),
+`float` (finite), `bool`, `None`, `datetime` (naive stays naive; aware stays aware with the same
+UTC offset), `date`, `UUID`, `bytes` (and `bytearray`/`memoryview`, read back as bytes), and
+pydantic models (stored as their JSON form; read them back with `model=`). `str` and `int`
+subclasses such as `StrEnum` and `IntEnum` are stored as their plain value.
+
+Everything else raises a `SerializationError` subclass naming where the problem is (`$.a[2]`)
+before anything is written. Nothing is ever pickled.
+
+Every encoded value starts with one header byte: the format (`msgpack` or `json`) and whether the
+payload is zlib-compressed. Values written in either format read back whatever the current setting.
+Decompression is bounded by `max_size`, so a compression bomb is refused, not inflated.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import zlib
+from datetime import date, datetime
+from typing import Any, Literal, TypeVar
+from uuid import UUID
+
+import msgpack
+from pydantic import BaseModel, ValidationError
+
+from agenticstate.exceptions import (
+    CycleError,
+    DecodeError,
+    InvalidArgumentError,
+    InvalidNumberError,
+    NonStringKeyError,
+    TooDeepError,
+    TooLargeError,
+    UnsupportedTypeError,
+)
+
+__all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "Format", "Serializer", "payload_format"]
+
+Format = Literal["msgpack", "json"]
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_MAX_SIZE = 16 * 1024 * 1024
+"""The largest encoded value accepted by default, in bytes (uncompressed)."""
+DEFAULT_MAX_DEPTH = 64
+"""The deepest nesting of containers accepted by default."""
+
+_MSGPACK, _JSON, _COMPRESSED = 0x01, 0x02, 0x80
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_EXT_DATETIME, _EXT_DATE, _EXT_UUID = 1, 2, 3
+_TAG_DATETIME, _TAG_DATE, _TAG_UUID, _TAG_BYTES, _TAG_MAP = "$dt", "$date", "$uuid", "$b64", "$map"
+_TAGS = frozenset({_TAG_DATETIME, _TAG_DATE, _TAG_UUID, _TAG_BYTES, _TAG_MAP})
+
+
+def _format_path(parts: list[str | int]) -> str:
+    out = ["$"]
+    for part in parts:
+        out.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return "".join(out)
+
+
+class _Encoder:
+    """Walks a value once: validates it and converts what the wire format needs.
+
+    Containers are copied only where something inside them changed, so a plain tree of dicts,
+    lists and scalars is validated without being rebuilt.
+    """
+
+    __slots__ = ("active", "for_json", "max_depth", "path")
+
+    def __init__(self, *, for_json: bool, max_depth: int) -> None:
+        self.for_json = for_json
+        self.max_depth = max_depth
+        self.path: list[str | int] = []
+        self.active: set[int] = set()
+
+    def special(self, value: datetime | date | UUID | bytes) -> object:
+        if isinstance(value, datetime):
+            text = value.isoformat()
+            return {_TAG_DATETIME: text} if self.for_json else msgpack.ExtType(
+                _EXT_DATETIME, text.encode()
+            )
+        if isinstance(value, date):
+            text = value.isoformat()
+            return {_TAG_DATE: text} if self.for_json else msgpack.ExtType(_EXT_DATE, text.encode())
+        if isinstance(value, UUID):
+            return {_TAG_UUID: str(value)} if self.for_json else msgpack.ExtType(
+                _EXT_UUID, value.bytes
+            )
+        return {_TAG_BYTES: base64.b64encode(value).decode("ascii")} if self.for_json else value
+
+    def walk(self, value: object, depth: int) -> object:  # noqa: C901, PLR0911, PLR0912
+        kind = type(value)
+        if kind is str or value is None or kind is bool:
+            return value
+        if kind is int:
+            if not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
+                raise InvalidNumberError("int does not fit in 64 bits", path=_format_path(self.path))
+            return value
+        if kind is float:
+            if not math.isfinite(value):  # type: ignore[arg-type]
+                raise InvalidNumberError(
+                    f"float {value!r} is not finite", path=_format_path(self.path)
+                )
+            return value
+        if kind is dict or kind is list or kind is tuple:
+            return self.container(value, depth)
+        if isinstance(value, BaseModel):
+            return self.walk(value.model_dump(mode="json"), depth)
+        if isinstance(value, bool):
+            return bool(value)
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, int):
+            return self.walk(int(value), depth)
+        if isinstance(value, float):
+            return self.walk(float(value), depth)
+        if isinstance(value, (datetime, date, UUID)):
+            return self.special(value)
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return self.special(bytes(value))
+        if isinstance(value, (dict, list, tuple)):
+            return self.container(value, depth)
+        raise UnsupportedTypeError(
+            f"cannot store a value of type {kind.__qualname__}", path=_format_path(self.path)
+        )
+
+    def container(self, value: object, depth: int) -> object:
+        if depth >= self.max_depth:
+            raise TooDeepError(
+                f"value is nested deeper than {self.max_depth} levels", path=_format_path(self.path)
+            )
+        marker = id(value)
+        if marker in self.active:
+            raise CycleError("value contains itself", path=_format_path(self.path))
+        self.active.add(marker)
+        try:
+            if isinstance(value, dict):
+                return self.mapping(value, depth + 1)
+            return self.sequence(value, depth + 1)  # type: ignore[arg-type]
+        finally:
+            self.active.discard(marker)
+
+    def mapping(self, value: dict[object, object], depth: int) -> object:
+        changed = type(value) is not dict
+        out: dict[str, object] = {}
+        path = self.path
+        for key, item in value.items():
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise NonStringKeyError(
+                        f"dict key {key!r} is a {type(key).__qualname__}, not a str",
+                        path=_format_path(path),
+                    )
+                key = str.__str__(key)  # noqa: PLW2901
+                changed = True
+            path.append(key)
+            converted = self.walk(item, depth)
+            path.pop()
+            changed = changed or converted is not item
+            out[key] = converted
+        if self.for_json and len(out) == 1 and next(iter(out)) in _TAGS:
+            # A user dict that looks like one of our tags is wrapped so it reads back as itself.
+            return {_TAG_MAP: [[key, item] for key, item in out.items()]}
+        return out if changed else value
+
+    def sequence(self, value: list[object] | tuple[object, ...], depth: int) -> object:
+        changed = type(value) is not list
+        out: list[object] = []
+        path = self.path
+        for index, item in enumerate(value):
+            path.append(index)
+            converted = self.walk(item, depth)
+            path.pop()
+            changed = changed or converted is not item
+            out.append(converted)
+        return out if changed else value
+
+
+def _ext_hook(code: int, data: bytes) -> object:
+    if code == _EXT_DATETIME:
+        return datetime.fromisoformat(data.decode())
+    if code == _EXT_DATE:
+        return date.fromisoformat(data.decode())
+    if code == _EXT_UUID:
+        return UUID(bytes=data)
+    raise DecodeError(f"unknown msgpack extension type {code}")
+
+
+def _json_hook(obj: dict[str, Any]) -> object:
+    if len(obj) != 1:
+        return obj
+    tag, payload = next(iter(obj.items()))
+    if tag == _TAG_DATETIME:
+        return datetime.fromisoformat(payload)
+    if tag == _TAG_DATE:
+        return date.fromisoformat(payload)
+    if tag == _TAG_UUID:
+        return UUID(payload)
+    if tag == _TAG_BYTES:
+        return base64.b64decode(payload, validate=True)
+    if tag == _TAG_MAP:
+        return {key: item for key, item in payload}
+    return obj
+
+
+def payload_format(raw: bytes) -> Format:
+    """Return the format an encoded value was written in.
+
+    Raises:
+        DecodeError: `raw` does not start with a valid header byte.
+    """
+    if not raw:
+        raise DecodeError("empty payload", path="")
+    kind = raw[0] & ~_COMPRESSED
+    if kind == _MSGPACK:
+        return "msgpack"
+    if kind == _JSON:
+        return "json"
+    raise DecodeError(f"unknown payload header 0x{raw[0]:02x}", path="")
+
+
+class Serializer:
+    """Encode values to bytes and decode them back.
+
+    Args:
+        format: `"msgpack"` (compact, fast; the default) or `"json"` (readable).
+        compression: Compress payloads larger than `compression_threshold` with zlib.
+        compression_threshold: Smallest payload, in bytes, worth compressing.
+        max_size: Largest value accepted, in bytes before compression; also bounds decompression.
+        max_depth: Deepest nesting of containers accepted.
+    """
+
+    __slots__ = ("compression", "compression_threshold", "format", "max_depth", "max_size")
+
+    def __init__(
+        self,
+        format: Format = "msgpack",  # noqa: A002  # the seed page's name for it
+        *,
+        compression: bool = False,
+        compression_threshold: int = 1024,
+        max_size: int = DEFAULT_MAX_SIZE,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+    ) -> None:
+        if format not in ("msgpack", "json"):
+            raise InvalidArgumentError(f"format must be 'msgpack' or 'json', not {format!r}")
+        if max_size <= 0 or max_depth <= 0 or compression_threshold < 0:
+            raise InvalidArgumentError("max_size, max_depth and compression_threshold must be > 0")
+        self.format: Format = format
+        self.compression = compression
+        self.compression_threshold = compression_threshold
+        self.max_size = max_size
+        self.max_depth = max_depth
+
+    def __repr__(self) -> str:
+        return f"Serializer(format={self.format!r}, compression={self.compression})"
+
+    def dumps(self, value: object) -> bytes:
+        """Encode `value`, validating all of it first.
+
+        Raises:
+            SerializationError: A subclass naming the path of the first unsupported part.
+        """
+        encoder = _Encoder(for_json=self.format == "json", max_depth=self.max_depth)
+        plain = encoder.walk(value, 0)
+        if self.format == "json":
+            body = json.dumps(
+                plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+            ).encode()
+            header = _JSON
+        else:
+            body = msgpack.packb(plain, use_bin_type=True)
+            header = _MSGPACK
+        if len(body) > self.max_size:
+            raise TooLargeError(
+                f"encoded value is {len(body)} bytes; the maximum is {self.max_size}", path="$"
+            )
+        if self.compression and len(body) > self.compression_threshold:
+            packed = zlib.compress(body, 6)
+            if len(packed) < len(body):
+                return bytes((header | _COMPRESSED,)) + packed
+        return bytes((header,)) + body
+
+    def loads(self, raw: bytes) -> Any:
+        """Decode bytes written by `dumps` (in either format).
+
+        Raises:
+            DecodeError: The bytes are corrupt, truncated, or inflate beyond `max_size`.
+        """
+        kind = payload_format(raw)
+        body = self._inflate(raw) if raw[0] & _COMPRESSED else memoryview(raw)[1:]
+        if len(body) > self.max_size:
+            raise DecodeError(f"stored value exceeds the maximum size of {self.max_size}", path="")
+        try:
+            if kind == "json":
+                return json.loads(bytes(body), object_hook=_json_hook)
+            return msgpack.unpackb(
+                body, raw=False, ext_hook=_ext_hook, strict_map_key=True, use_list=True
+            )
+        except DecodeError:
+            raise
+        except Exception as exc:
+            # msgpack, json, base64, uuid and datetime raise many types for corrupt input.
+            raise DecodeError(f"stored value is corrupt: {type(exc).__name__}", path="") from exc
+
+    def load_model(self, raw: bytes, model: type[M]) -> M:
+        """Decode bytes and validate them as `model`.
+
+        Raises:
+            DecodeError: The bytes are corrupt or do not validate as `model`.
+        """
+        value = self.loads(raw)
+        try:
+            return model.model_validate(value)
+        except ValidationError as exc:
+            raise DecodeError(
+                f"stored value does not validate as {model.__qualname__}: "
+                f"{exc.error_count()} error(s)",
+                path="",
+            ) from exc
+
+    def _inflate(self, raw: bytes) -> bytes:
+        inflater = zlib.decompressobj()
+        try:
+            body = inflater.decompress(memoryview(raw)[1:], self.max_size + 1)
+        except zlib.error as exc:
+            raise DecodeError("stored value is not valid zlib data", path="") from exc
+        if len(body) > self.max_size or inflater.unconsumed_tail:
+            raise DecodeError(
+                f"stored value inflates beyond the maximum size of {self.max_size}", path=""
+            )
+        if not inflater.eof:
+            raise DecodeError("stored value is truncated", path="")
+        return body
+
