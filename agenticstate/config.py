@@ -76,8 +76,9 @@ class StateConfig(BaseModel):
     """A namespace put before every key in the backend; keys are given and listed without it."""
     ttl: timedelta | None = None
     """Default time to live for every write, in seconds or as a timedelta; `None` never expires."""
-    format: Literal["msgpack", "json"] = "msgpack"
-    """How values are encoded: compact msgpack, or readable JSON."""
+    format: Literal["msgpack", "json"] | None = None
+    """How values are encoded: compact msgpack or readable JSON; by default the backend's
+    preference (JSON for a file store opened with `format="json"`), else msgpack."""
     compression: bool = False
     """Compress values larger than `compression_threshold` bytes with zlib."""
     compression_threshold: int = Field(default=1024, ge=0)

@@ -244,7 +244,7 @@ class StateManager:
         self.config = config or StateConfig()
         self.backend: Backend = backend if backend is not None else open_config_backend(self.config)
         self.serializer = Serializer(
-            self.config.format,
+            self.config.format or self.backend.preferred_format or "msgpack",
             compression=self.config.compression,
             compression_threshold=self.config.compression_threshold,
             max_size=self.config.max_value_size,

@@ -40,7 +40,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 import anyio
 
@@ -57,8 +57,10 @@ __all__ = [
     "Change",
     "ChangeOp",
     "Entry",
+    "backoff",
     "check_expected_version",
     "check_ttl",
+    "conflict",
     "utcnow",
 ]
 
@@ -185,6 +187,8 @@ class Backend(ABC):
     """
 
     key_prefix: str = ""
+    preferred_format: Literal["msgpack", "json"] | None = None
+    """The value encoding this backend would like (a JSON file store wants readable JSON)."""
 
     async def __aenter__(self) -> Self:
         await self.open()
