@@ -1,15 +1,15 @@
-"""A glob matcher that agrees with Redis, for the memory and file backends.
+r"""A glob matcher that agrees with Redis, for the memory and file backends.
 
 Redis matches `SCAN MATCH`, `KEYS` and `PSUBSCRIBE` patterns with `stringmatchlen` (`src/util.c`).
-This module is a faithful port of it, so a pattern selects the same keys on every backend:
+This module is a faithful port, so a pattern selects the same keys on every backend:
 
 - `*` matches any run of bytes, `:` included; `?` matches exactly one byte;
-- `[abc]`, `[a-z]` (reversed ranges work too), `[^abc]` negation, `\\` escapes inside brackets;
-- `\\x` matches `x` literally; an unterminated `[` runs to the end of the pattern.
+- `[abc]`, `[a-z]` (reversed ranges work too), `[^abc]` negation, `\` escapes inside brackets;
+- `\x` matches `x` literally; an unterminated `[` runs to the end of the pattern.
 
 Matching works on UTF-8 bytes, as Redis does: `?` matches one byte, not one character, and range
-bounds compare as signed C chars. `fnmatch` differs (`[!a]` negation, no escapes, per-character `?`),
-and translating to a regex by replacing `*` is wrong for escapes, so neither is used.
+bounds compare as signed C chars. `fnmatch` differs (`[!a]` negation, no escapes, `?` per
+character), and translating to a regex by replacing `*` is wrong for escapes, so neither is used.
 """
 
 from __future__ import annotations

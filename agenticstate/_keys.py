@@ -1,8 +1,8 @@
-"""Key and pattern validation and the key layout helpers, in one place.
+r"""Key and pattern validation and the key layout helpers, in one place.
 
 A key is a non-empty `str` of at most `MAX_KEY_BYTES` bytes in UTF-8 with no control characters
-(Unicode category `Cc`) and no lone surrogates. Glob metacharacters (`*?[]^\\`) are allowed in keys:
-match them literally in a pattern by escaping them with a backslash (see `escape_glob`).
+(Unicode category `Cc`) and no lone surrogates. Glob metacharacters (`*?[]^\`) are allowed in
+keys: match them literally in a pattern by escaping them with a backslash (see `escape_glob`).
 """
 
 from __future__ import annotations
@@ -64,9 +64,8 @@ def validate_pattern(pattern: object) -> str:
 
 
 def escape_glob(text: str) -> str:
-    """Escape glob metacharacters so that `text` matches only itself.
+    r"""Escape glob metacharacters so that `text` matches only itself.
 
-    >>> escape_glob("tenant[1]:*")
-    'tenant\\\\[1\\\\]:\\\\*'
+    `escape_glob("tenant[1]:*")` returns `tenant\[1\]:\*`.
     """
     return "".join("\\" + char if char in _GLOB_SPECIAL else char for char in text)

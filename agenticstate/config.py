@@ -69,7 +69,7 @@ class StateConfig(BaseModel):
     save_interval: float = Field(default=30.0, gt=0)
     """Seconds between background snapshot rewrites when `auto_save` is on."""
     file_path: Path | None = None
-    """File backend: the store's path (`./state/app_state.json`); defaults to `./state/state.json`."""
+    """File backend: the snapshot path (`./state/app_state.json`); default `./state/state.json`."""
     redis_url: str | None = Field(default=None, repr=False)
     """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, or `unix://`."""
     key_prefix: str = ""

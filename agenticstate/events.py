@@ -9,7 +9,7 @@ overflow policy everywhere in agenticstate: a slow subscriber is told, never sil
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from datetime import datetime  # noqa: TC003  # pydantic needs it at runtime
+from datetime import datetime  # pydantic needs it at runtime
 from typing import TYPE_CHECKING, Any
 
 import anyio

@@ -15,7 +15,7 @@ AgenticStateError
  │   ├─ BackendUnavailableError           cannot connect, connection lost
  │   ├─ BackendTimeoutError(TimeoutError)
  │   └─ WriteOutcomeUnknownError          the write may or may not have been applied
- ├─ SerializationError                    a value cannot be encoded, or stored bytes cannot be decoded
+ ├─ SerializationError                    a value cannot be encoded, or stored bytes decoded
  │   ├─ UnsupportedTypeError(TypeError)   sets, arbitrary objects, functions, ...
  │   ├─ NonStringKeyError(TypeError)      a dict key that is not a str
  │   ├─ InvalidNumberError(ValueError)    NaN, infinities, integers beyond 64 bits
@@ -93,7 +93,7 @@ class MissingDependencyError(AgenticStateError, ImportError):
 
     def __init__(self, package: str, extra: str) -> None:
         super().__init__(
-            f"{package!r} is not installed; install it with: pip install \"agenticstate[{extra}]\""
+            f'{package!r} is not installed; install it with: pip install "agenticstate[{extra}]"'
         )
         self.package = package
         self.extra = extra

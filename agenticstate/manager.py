@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta  # noqa: TC003  # pydantic needs them at runtime
+from datetime import datetime, timedelta  # pydantic needs them at runtime
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
@@ -57,6 +57,7 @@ log = structlog.get_logger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 D = TypeVar("D")
+T = TypeVar("T")
 
 StateCallback = Callable[[str, Any, Any], "Awaitable[None] | None"]
 """A subscription callback: `callback(key, old_value, new_value)`, sync or async."""
@@ -258,8 +259,16 @@ class StateManager:
         self._pending: set[_Pump] = set()
         self._task_group: TaskGroup | None = None
         self._counters: dict[str, int] = dict.fromkeys(
-            ("saves", "reads", "updates", "deletes", "conflicts", "events_delivered",
-             "callback_errors", "overflows"),
+            (
+                "saves",
+                "reads",
+                "updates",
+                "deletes",
+                "conflicts",
+                "events_delivered",
+                "callback_errors",
+                "overflows",
+            ),
             0,
         )
 
@@ -404,10 +413,10 @@ class StateManager:
         return await backend.get(key) is not None
 
     async def list_keys(self, pattern: str = "*") -> list[str]:
-        """Return the present keys matching the Redis glob `pattern`, sorted.
+        r"""Return the present keys matching the Redis glob `pattern`, sorted.
 
         `*` matches anything (`:` included), `?` one character, `[abc]`/`[a-z]`/`[^a]` one of a
-        set; a backslash makes the next character literal (`list_keys("job\\*")`).
+        set; a backslash makes the next character literal (`list_keys(r"job\*")`).
         """
         validate_pattern(pattern)
         backend = await self._opened_backend()
@@ -464,7 +473,9 @@ class StateManager:
         the batch is not a transaction.
         """
         life = self._ttl(ttl)
-        encoded = [(validate_key(key), self.serializer.dumps(value)) for key, value in items.items()]
+        encoded = [
+            (validate_key(key), self.serializer.dumps(value)) for key, value in items.items()
+        ]
         backend = await self._opened_backend()
         changes = await backend.set_many(encoded, ttl=life)
         self._counters["saves"] += len(changes)
@@ -498,15 +509,18 @@ class StateManager:
             ConflictError: The update lost `update_max_attempts` races in a row.
         """
         validate_key(key)
+        apply: Callable[[Any], Any]
         if isinstance(change, Mapping):
             partial = change
 
-            def apply(current: Any) -> Any:
+            def merge(current: Any) -> Any:
                 if not isinstance(current, dict):
                     raise MergeError(
                         f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
                     )
                 return deep_merge(current, partial)
+
+            apply = merge
 
         elif callable(change):
             apply = change
@@ -555,7 +569,7 @@ class StateManager:
         self._counters["deletes"] += 1
         return True
 
-    async def _counted_write(self, call: Awaitable[Any]) -> Any:
+    async def _counted_write(self, call: Awaitable[T]) -> T:
         try:
             return await call
         except ConflictError:
@@ -642,7 +656,9 @@ class StateManager:
                 failures += 1
                 pump.ready.set()
                 log.warning(
-                    "subscription_failed", pattern=pump.pattern, error=type(exc).__name__,
+                    "subscription_failed",
+                    pattern=pump.pattern,
+                    error=type(exc).__name__,
                     attempt=failures,
                 )
                 await anyio.sleep(min(0.05 * 2**failures, 5.0))

@@ -58,7 +58,7 @@ _TAGS = frozenset({_TAG_DATETIME, _TAG_DATE, _TAG_UUID, _TAG_BYTES, _TAG_MAP})
 def _format_path(parts: list[str | int]) -> str:
     out = ["$"]
     for part in parts:
-        out.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+        out.append(f"[{part}]" if isinstance(part, int) else f".{part}")  # noqa: PERF401
     return "".join(out)
 
 
@@ -80,25 +80,31 @@ class _Encoder:
     def special(self, value: datetime | date | UUID | bytes) -> object:
         if isinstance(value, datetime):
             text = value.isoformat()
-            return {_TAG_DATETIME: text} if self.for_json else msgpack.ExtType(
-                _EXT_DATETIME, text.encode()
+            return (
+                {_TAG_DATETIME: text}
+                if self.for_json
+                else msgpack.ExtType(_EXT_DATETIME, text.encode())
             )
         if isinstance(value, date):
             text = value.isoformat()
             return {_TAG_DATE: text} if self.for_json else msgpack.ExtType(_EXT_DATE, text.encode())
         if isinstance(value, UUID):
-            return {_TAG_UUID: str(value)} if self.for_json else msgpack.ExtType(
-                _EXT_UUID, value.bytes
+            return (
+                {_TAG_UUID: str(value)}
+                if self.for_json
+                else msgpack.ExtType(_EXT_UUID, value.bytes)
             )
         return {_TAG_BYTES: base64.b64encode(value).decode("ascii")} if self.for_json else value
 
-    def walk(self, value: object, depth: int) -> object:  # noqa: C901, PLR0911, PLR0912
+    def walk(self, value: object, depth: int) -> object:
         kind = type(value)
         if kind is str or value is None or kind is bool:
             return value
         if kind is int:
             if not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
-                raise InvalidNumberError("int does not fit in 64 bits", path=_format_path(self.path))
+                raise InvalidNumberError(
+                    "int does not fit in 64 bits", path=_format_path(self.path)
+                )
             return value
         if kind is float:
             if not math.isfinite(value):  # type: ignore[arg-type]
@@ -155,7 +161,7 @@ class _Encoder:
                         f"dict key {key!r} is a {type(key).__qualname__}, not a str",
                         path=_format_path(path),
                     )
-                key = str.__str__(key)  # noqa: PLW2901
+                key = str.__str__(key)
                 changed = True
             path.append(key)
             converted = self.walk(item, depth)
@@ -203,7 +209,7 @@ def _json_hook(obj: dict[str, Any]) -> object:
     if tag == _TAG_BYTES:
         return base64.b64decode(payload, validate=True)
     if tag == _TAG_MAP:
-        return {key: item for key, item in payload}
+        return dict(payload)
     return obj
 
 
@@ -335,4 +341,3 @@ class Serializer:
         if not inflater.eof:
             raise DecodeError("stored value is truncated", path="")
         return body
-

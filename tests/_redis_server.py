@@ -12,7 +12,10 @@ import socket
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def free_port() -> int:
@@ -51,13 +54,20 @@ class RedisServer:
         self.process = subprocess.Popen(
             [
                 binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--unixsocket", str(self.socket_path),
-                "--unixsocketperm", "700",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.directory),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--unixsocket",
+                str(self.socket_path),
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
                 *self.extra_args,
             ],
             stdout=subprocess.PIPE,
@@ -67,7 +77,8 @@ class RedisServer:
         output: list[bytes] = []
 
         def read() -> None:
-            assert self.process is not None and self.process.stdout is not None
+            assert self.process is not None
+            assert self.process.stdout is not None
             for line in self.process.stdout:
                 output.append(line)
                 if b"Ready to accept connections" in line:

@@ -1,4 +1,4 @@
-"""The contract every backend implements: a versioned byte store with expiry, scans and events.
+r"""The contract every backend implements: a versioned byte store with expiry, scans and events.
 
 `StateManager` does serialization, validation of values, callbacks and logging once, above every
 backend; a backend stores bytes. The contract test suite (`tests/contract/`) runs against every
@@ -16,21 +16,21 @@ The rules, which every backend follows exactly:
 - **expected_version** on `set` and `delete`: `None` writes unconditionally; `0` requires that the
   key is missing; `n > 0` requires that the key exists at version `n`. A mismatch raises
   `ConflictError` (with `expected` and `actual`, 0 for missing) and changes nothing.
-- **TTL.** `ttl=None` stores the key with no expiry; a positive `timedelta` makes it expire that long
-  after the write. Every write states its TTL: writing a key again replaces its expiry. A TTL that
-  is not positive raises `InvalidArgumentError`. Expiry emits no change event.
+- **TTL.** `ttl=None` stores the key with no expiry; a positive `timedelta` makes it expire that
+  long after the write. Every write states its TTL: writing a key again replaces its expiry. A
+  TTL that is not positive raises `InvalidArgumentError`. Expiry emits no change event.
 - **Atomic write-and-emit.** A write and its change event are one step: every subscriber whose
   pattern matches the key sees the change exactly as it committed, with the old and new bytes and
   the new version (for a delete, the version that was deleted), in commit order for each key.
-- **Globs** follow Redis (`agenticstate._glob`): `*`, `?`, `[...]`, `[^...]`, `\\` escapes; `*`
-  crosses `:`. An invalid pattern raises `InvalidPatternError`.
+- **Globs** follow Redis (`agenticstate._glob`): `*`, `?`, `[...]`, `[^...]`, `\` escapes;
+  `*` crosses `:`. An invalid pattern raises `InvalidPatternError`.
 - **Subscriptions** (`changes`) are active once the context manager has been entered: every change
   committed after that is delivered. Each has a bounded buffer of `max_buffer` changes; a subscriber
   that falls further behind receives what was buffered and then `SubscriptionClosedError` with
   `reason="overflow"`, so it knows to re-read state. It is never dropped silently. When the backend
   closes, iteration ends.
-- **Errors.** Storage failures raise `BackendError` subclasses; library exceptions (`OSError`, redis,
-  msgpack) never leak.
+- **Errors.** Storage failures raise `BackendError` subclasses; library exceptions (`OSError`,
+  redis, msgpack) never leak.
 """
 
 from __future__ import annotations

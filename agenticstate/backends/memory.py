@@ -9,7 +9,6 @@ that same step: concurrent updates never conflict, let alone lose anything.
 from __future__ import annotations
 
 import heapq
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import anyio.lowlevel
@@ -33,7 +32,7 @@ from agenticstate.events import ChangeFanout, ChangeStream
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
     from contextlib import AbstractAsyncContextManager
-    from datetime import datetime
+    from datetime import datetime, timedelta
 
 __all__ = ["MemoryBackend"]
 

@@ -1,5 +1,8 @@
-"""The six managers built on `StateManager`: agents, workflows, orchestration, knowledge, tools,
-speech. Each stores pydantic records through a `StateManager`, so each works on every backend."""
+"""The six managers built on `StateManager`.
+
+Agents, workflows, orchestration, knowledge, tools and speech: each stores pydantic records
+through a `StateManager`, so each works on every backend.
+"""
 
 from __future__ import annotations
 
