@@ -104,9 +104,13 @@ async def test_slow_subscriber_is_told_it_overflowed(backend: Backend) -> None:
         for i in range(20):
             await backend.set(f"flood:{i}", b"x")
         received: list[Change] = []
-        with anyio.fail_after(5), pytest.raises(SubscriptionClosedError) as caught:
+
+        async def drain() -> None:
             async for change in changes:
                 received.append(change)
+
+        with anyio.fail_after(5), pytest.raises(SubscriptionClosedError) as caught:
+            await drain()
     assert caught.value.reason == "overflow"
     assert [c.key for c in received] == [f"flood:{i}" for i in range(len(received))]
     assert 1 <= len(received) < 20
