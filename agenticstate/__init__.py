@@ -49,7 +49,15 @@ from agenticstate.exceptions import (
     UnsupportedTypeError,
     WriteOutcomeUnknownError,
 )
-from agenticstate.manager import DEFAULT, StateCallback, StateEntry, StateManager, StateStats, Watch
+from agenticstate.manager import (
+    DEFAULT,
+    OverflowCallback,
+    StateCallback,
+    StateEntry,
+    StateManager,
+    StateStats,
+    Watch,
+)
 from agenticstate.serialization import Serializer
 
 try:
@@ -81,6 +89,7 @@ __all__ = [
     "MissingDependencyError",
     "NonStringKeyError",
     "NotFoundError",
+    "OverflowCallback",
     "RetryExhaustedError",
     "SerializationError",
     "Serializer",

@@ -51,7 +51,15 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-__all__ = ["DEFAULT", "StateCallback", "StateEntry", "StateManager", "StateStats", "Watch"]
+__all__ = [
+    "DEFAULT",
+    "OverflowCallback",
+    "StateCallback",
+    "StateEntry",
+    "StateManager",
+    "StateStats",
+    "Watch",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +69,8 @@ T = TypeVar("T")
 
 StateCallback = Callable[[str, Any, Any], "Awaitable[None] | None"]
 """A subscription callback: `callback(key, old_value, new_value)`, sync or async."""
+OverflowCallback = Callable[[str], "Awaitable[None] | None"]
+"""Called with the pattern when a callback subscription fell behind and changes were missed."""
 
 
 class _Default:
@@ -144,7 +154,7 @@ class _Pump:
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
-        self.callbacks: list[StateCallback] = []
+        self.callbacks: dict[StateCallback, OverflowCallback | None] = {}
         self.ready = anyio.Event()
         self.done = anyio.Event()
         self.scope = anyio.CancelScope()
@@ -578,13 +588,25 @@ class StateManager:
 
     # ---------------------------------------------------------------- subscriptions
 
-    def subscribe(self, pattern: str, callback: StateCallback) -> None:
+    def subscribe(
+        self,
+        pattern: str,
+        callback: StateCallback,
+        *,
+        on_overflow: OverflowCallback | None = None,
+    ) -> None:
         """Call `callback(key, old_value, new_value)` for every change to keys matching `pattern`.
 
         The callback may be sync or async. Callbacks for one pattern run one at a time, in commit
         order for each key; one that raises is logged and counted, and never fails the write. A
         write made after `subscribe()` returns is always delivered. Subscribing the same callback
         to the same pattern twice has no further effect.
+
+        If the callbacks fall more than `StateConfig.subscriber_buffer` changes behind, the
+        changes beyond the buffer are missed: the manager logs `subscription_reopened`, counts it
+        in `stats().overflows`, calls `on_overflow(pattern)` (sync or async) so the application
+        can re-read the state it needs, and subscribes again. Writes made after that are
+        delivered as usual.
 
         Under trio, enter the manager (`async with`) before subscribing callbacks.
         """
@@ -593,13 +615,14 @@ class StateManager:
             raise InvalidArgumentError(f"callback must be callable, not {type(callback).__name__}")
         if self._closed:
             raise BackendError("this StateManager is closed")
+        if on_overflow is not None and not callable(on_overflow):
+            raise InvalidArgumentError("on_overflow must be callable")
         pump = self._pumps.get(pattern)
         if pump is not None:
-            if callback not in pump.callbacks:
-                pump.callbacks.append(callback)
+            pump.callbacks.setdefault(callback, on_overflow)
             return
         pump = _Pump(pattern)
-        pump.callbacks.append(callback)
+        pump.callbacks[callback] = on_overflow
         if self._task_group is not None:
             self._task_group.start_soon(self._run_pump, pump, name=f"agenticstate:{pattern}")
         else:
@@ -612,7 +635,7 @@ class StateManager:
         pump = self._pumps.get(pattern)
         if pump is None or callback not in pump.callbacks:
             return False
-        pump.callbacks.remove(callback)
+        del pump.callbacks[callback]
         if not pump.callbacks:
             del self._pumps[pattern]
             self._pending.discard(pump)
@@ -652,6 +675,10 @@ class StateManager:
             except SubscriptionClosedError:
                 self._counters["overflows"] += 1
                 log.warning("subscription_reopened", pattern=pump.pattern, reason="overflow")
+                # Writes from now on wait until the pump has subscribed again, so none is missed.
+                pump.ready = anyio.Event()
+                self._pending.add(pump)
+                await self._notify_overflow(pump)
             except BackendError as exc:
                 failures += 1
                 pump.ready.set()
@@ -662,6 +689,16 @@ class StateManager:
                     attempt=failures,
                 )
                 await anyio.sleep(min(0.05 * 2**failures, 5.0))
+
+    async def _notify_overflow(self, pump: _Pump) -> None:
+        for handler in [h for h in pump.callbacks.values() if h is not None]:
+            try:
+                outcome = handler(pump.pattern)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception as exc:  # noqa: BLE001  # a handler must never stop the pump
+                self._counters["callback_errors"] += 1
+                log.error("overflow_handler_failed", pattern=pump.pattern, error=type(exc).__name__)
 
     async def _dispatch(self, pump: _Pump, change: Change) -> None:
         for callback in list(pump.callbacks):

@@ -33,6 +33,7 @@ class RedisServer:
     port: int = field(default_factory=free_port)
     extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
+    reader: threading.Thread | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -77,15 +78,17 @@ class RedisServer:
         output: list[bytes] = []
 
         def read() -> None:
-            assert self.process is not None
-            assert self.process.stdout is not None
-            for line in self.process.stdout:
-                output.append(line)
-                if b"Ready to accept connections" in line:
-                    ready.set()
+            assert process.stdout is not None
+            with process.stdout:
+                for line in process.stdout:
+                    output.append(line)
+                    if b"Ready to accept connections" in line:
+                        ready.set()
             ready.set()  # the process ended: stop waiting
 
-        threading.Thread(target=read, daemon=True).start()
+        process = self.process
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
         if not ready.wait(timeout) or self.process.poll() is not None:
             self.stop()
             raise RuntimeError("redis-server did not start:\n" + b"".join(output).decode())
@@ -98,7 +101,10 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.reader is not None:
+            self.reader.join(10)
         self.process = None
+        self.reader = None
 
     def restart(self) -> None:
         self.stop()
