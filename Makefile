@@ -39,7 +39,7 @@ demo: setup
 
 docs: setup
 	$(BIN)/python -m pip install --quiet --group docs
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup redis-server
 	$(BIN)/python -m bench

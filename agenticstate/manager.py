@@ -302,11 +302,10 @@ class StateManager:
     ) -> None:
         task_group, self._task_group = self._task_group, None
         try:
-            self._stop_pumps()
+            await self.aclose()
+        finally:
             if task_group is not None:
                 await task_group.__aexit__(None, None, None)
-        finally:
-            await self.aclose()
 
     async def open(self) -> None:
         """Open the backend now (otherwise the first call does). Idempotent."""
@@ -344,20 +343,28 @@ class StateManager:
         await backend.flush()
 
     async def aclose(self) -> None:
-        """Stop subscriptions and close the backend. Idempotent."""
+        """Close the backend and stop subscriptions. Idempotent.
+
+        When the manager owns its backend, callbacks first receive every change committed before
+        the close (for up to 5 seconds); otherwise they stop at once.
+        """
         if self._closed:
             return
         self._closed = True
-        self._stop_pumps()
         with anyio.CancelScope(shield=True):
-            for pump in list(self._pumps.values()):
-                if pump.task is not None:
-                    with anyio.move_on_after(5):
+            if self._close_backend:
+                # Closing the backend ends each subscription after its buffered changes, so the
+                # pumps deliver what was committed and then finish by themselves.
+                await self.backend.aclose()
+                with anyio.move_on_after(5):
+                    for pump in list(self._pumps.values()):
                         await pump.done.wait()
+            self._stop_pumps()
+            with anyio.move_on_after(5):
+                for pump in list(self._pumps.values()):
+                    await pump.done.wait()
             self._pumps.clear()
             self._pending.clear()
-            if self._close_backend:
-                await self.backend.aclose()
 
     # ---------------------------------------------------------------- reads
 
