@@ -47,6 +47,7 @@ from agenticstate.exceptions import (
     TooDeepError,
     TooLargeError,
     UnsupportedTypeError,
+    WorkflowCancelledError,
     WriteOutcomeUnknownError,
 )
 from agenticstate.manager import (
@@ -58,6 +59,20 @@ from agenticstate.manager import (
     StateStats,
     Watch,
 )
+from agenticstate.managers import (
+    AgentCheckpoint,
+    AgentRecoveryManager,
+    AgentSnapshot,
+    AgentStateStore,
+    RecoveryEvent,
+    RecoveryRecord,
+    StepState,
+    StepStatus,
+    WorkflowCheckpoint,
+    WorkflowState,
+    WorkflowStateManager,
+    WorkflowStatus,
+)
 from agenticstate.serialization import Serializer
 
 try:
@@ -67,6 +82,10 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 
 __all__ = [
     "DEFAULT",
+    "AgentCheckpoint",
+    "AgentRecoveryManager",
+    "AgentSnapshot",
+    "AgentStateStore",
     "AgenticStateError",
     "Backend",
     "BackendError",
@@ -90,6 +109,8 @@ __all__ = [
     "NonStringKeyError",
     "NotFoundError",
     "OverflowCallback",
+    "RecoveryEvent",
+    "RecoveryRecord",
     "RetryExhaustedError",
     "SerializationError",
     "Serializer",
@@ -99,11 +120,18 @@ __all__ = [
     "StateEntry",
     "StateManager",
     "StateStats",
+    "StepState",
+    "StepStatus",
     "SubscriptionClosedError",
     "TooDeepError",
     "TooLargeError",
     "UnsupportedTypeError",
     "Watch",
+    "WorkflowCancelledError",
+    "WorkflowCheckpoint",
+    "WorkflowState",
+    "WorkflowStateManager",
+    "WorkflowStatus",
     "WriteOutcomeUnknownError",
     "__version__",
     "open_backend",

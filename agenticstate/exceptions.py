@@ -26,6 +26,7 @@ AgenticStateError
  ├─ NotFoundError(LookupError)            the key/agent/workflow/task/session does not exist
  ├─ ConflictError                         version mismatch, duplicate id, lost a claim
  ├─ InvalidTransitionError                a state machine refused the move
+ │   └─ WorkflowCancelledError            the workflow was cancelled; its runner stops
  ├─ RetryExhaustedError                   a task or tool call gave up
  └─ SubscriptionClosedError               the subscription was closed or overflowed
 ```
@@ -57,6 +58,7 @@ __all__ = [
     "TooDeepError",
     "TooLargeError",
     "UnsupportedTypeError",
+    "WorkflowCancelledError",
     "WriteOutcomeUnknownError",
 ]
 
@@ -192,6 +194,21 @@ class ConflictError(AgenticStateError):
 
 class InvalidTransitionError(AgenticStateError):
     """A state machine refused a move; nothing was changed."""
+
+
+class WorkflowCancelledError(InvalidTransitionError):
+    """The workflow was cancelled: its runner gets this at the next step boundary.
+
+    Attributes:
+        workflow_id: The workflow.
+        reason: The reason given to `cancel()`, if any.
+    """
+
+    def __init__(self, workflow_id: str, reason: str | None = None) -> None:
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"workflow {workflow_id!r} was cancelled{detail}")
+        self.workflow_id = workflow_id
+        self.reason = reason
 
 
 class RetryExhaustedError(AgenticStateError):

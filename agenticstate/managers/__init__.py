@@ -6,4 +6,42 @@ through a `StateManager`, so each works on every backend.
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from agenticstate.managers._base import StateManagerBase
+from agenticstate.managers.agents import (
+    AgentCheckpoint,
+    AgentRecoveryManager,
+    AgentSnapshot,
+    AgentStateStore,
+    RecoverableAgent,
+    RecoveryEvent,
+    RecoveryHook,
+    RecoveryRecord,
+)
+from agenticstate.managers.workflows import (
+    StepState,
+    StepStatus,
+    WorkflowCheckpoint,
+    WorkflowState,
+    WorkflowStateManager,
+    WorkflowStatus,
+    WorkflowStep,
+)
+
+__all__ = [
+    "AgentCheckpoint",
+    "AgentRecoveryManager",
+    "AgentSnapshot",
+    "AgentStateStore",
+    "RecoverableAgent",
+    "RecoveryEvent",
+    "RecoveryHook",
+    "RecoveryRecord",
+    "StateManagerBase",
+    "StepState",
+    "StepStatus",
+    "WorkflowCheckpoint",
+    "WorkflowState",
+    "WorkflowStateManager",
+    "WorkflowStatus",
+    "WorkflowStep",
+]

@@ -1,0 +1,163 @@
+"""What every manager shares: a StateManager, the seed's `persistence=` shorthand, key helpers."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+
+import structlog
+from pydantic import BaseModel
+
+from agenticstate._keys import escape_glob
+from agenticstate.config import StateConfig
+from agenticstate.exceptions import ConfigurationError, InvalidArgumentError
+from agenticstate.manager import StateManager
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["DEFAULT_REDIS_URL", "Persistence", "StateManagerBase", "sort_time", "utcnow"]
+
+M = TypeVar("M", bound=BaseModel)
+
+Persistence = Literal["memory", "file", "redis"]
+
+DEFAULT_REDIS_URL = "redis://localhost:6379"
+"""The Redis URL `persistence="redis"` uses when none is given (or `AGENTICSTATE_REDIS_URL`)."""
+
+
+def utcnow() -> datetime:
+    """Return the current time as an aware UTC datetime (the default for generated timestamps)."""
+    return datetime.now(UTC)
+
+
+def sort_time(value: datetime) -> float:
+    """Return a sortable instant for naive (local time) and aware datetimes alike.
+
+    Records keep the tz-awareness they were given, so one list may hold both; comparing them
+    directly raises `TypeError`, their POSIX timestamps never do.
+    """
+    return value.timestamp()
+
+
+def build_state_manager(
+    *,
+    state_manager: StateManager | None,
+    persistence: Persistence | None,
+    redis_url: str | None,
+    base_path: str | Path | None,
+    key_prefix: str,
+) -> StateManager:
+    """Return `state_manager`, or one built from the seed page's shorthand arguments."""
+    if state_manager is not None:
+        if persistence is not None or redis_url is not None or base_path is not None:
+            raise ConfigurationError(
+                "pass either state_manager= or persistence=/redis_url=/base_path=, not both"
+            )
+        if not isinstance(state_manager, StateManager):
+            raise ConfigurationError(
+                f"state_manager must be a StateManager, not {type(state_manager).__name__}"
+            )
+        return state_manager
+    kind = persistence or "memory"
+    if kind == "memory":
+        return StateManager(StateConfig(backend="memory", key_prefix=key_prefix))
+    if kind == "file":
+        path = Path(base_path) if base_path is not None else Path("./state")
+        return StateManager(
+            StateConfig(backend="file", file_path=path / "state.json", key_prefix=key_prefix)
+        )
+    if kind == "redis":
+        url = redis_url or os.environ.get("AGENTICSTATE_REDIS_URL") or DEFAULT_REDIS_URL
+        return StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=key_prefix))
+    raise ConfigurationError(
+        f"persistence must be 'memory', 'file' or 'redis', not {persistence!r}"
+    )
+
+
+def key_part(value: str, what: str) -> str:
+    """Check an id used inside a key: a non-empty str without `{`, `}` or control characters."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"{what} must be a non-empty str, not {value!r}")
+    if "{" in value or "}" in value:
+        # Ids sit inside a `{...}` hash tag so one record's keys share a Redis Cluster slot.
+        raise InvalidArgumentError(f"{what} must not contain '{{' or '}}': {value!r}")
+    return value
+
+
+def glob_part(value: str) -> str:
+    """Escape an id for use inside a glob pattern."""
+    return escape_glob(value)
+
+
+async def maybe_await(value: object) -> Any:
+    """Await `value` if it is awaitable (sync or async callbacks and hooks)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class StateManagerBase:
+    """Base of the six managers: owns or borrows a `StateManager`.
+
+    Args:
+        state_manager: The StateManager to store records in. Managers built from the shorthand
+            own theirs and close it on `aclose()`; one passed in is left open.
+        persistence: The seed page's shorthand: `"memory"` (default), `"file"` or `"redis"`.
+        redis_url: With `persistence="redis"`: the URL (default `AGENTICSTATE_REDIS_URL`, else
+            `redis://localhost:6379`).
+        base_path: With `persistence="file"`: the directory of the store (default `./state`).
+        key_prefix: With the shorthand: a namespace before every key.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_manager: StateManager | None = None,
+        persistence: Persistence | None = None,
+        redis_url: str | None = None,
+        base_path: str | Path | None = None,
+        key_prefix: str = "",
+    ) -> None:
+        self._owns_state = state_manager is None
+        self.state = build_state_manager(
+            state_manager=state_manager,
+            persistence=persistence,
+            redis_url=redis_url,
+            base_path=base_path,
+            key_prefix=key_prefix,
+        )
+        self.log = structlog.get_logger(type(self).__module__).bind(manager=type(self).__name__)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(state={self.state!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the StateManager if this manager created it."""
+        if self._owns_state:
+            await self.state.aclose()
+
+    async def _load(self, key: str, model: type[M]) -> M | None:
+        value: M | None = await self.state.get(key, model=model)
+        return value
+
+    async def _load_many(self, pattern: str, model: type[M]) -> list[M]:
+        keys = await self.state.list_keys(pattern)
+        if not keys:
+            return []
+        found = await self.state.get_many(keys, model=model)
+        return [found[key] for key in keys if key in found]

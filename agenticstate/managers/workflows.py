@@ -1,0 +1,581 @@
+"""Workflow execution state: a state machine, step progress, checkpoints, pause and resume.
+
+```python
+workflow_state = WorkflowStateManager(persistence="redis", checkpoint_interval=5)
+await workflow_state.create(WorkflowState(workflow_id="research", total_steps=10))
+async with workflow_state.step("research", 1, "collect") as step:   # waits while paused
+    step.result = {"documents": 150}
+await workflow_state.pause("research")          # from any process
+await workflow_state.resume("research")
+```
+
+Every change is one atomic read-modify-write on the workflow's record (compare-and-set on its
+version), so step updates from several processes never lose each other and an illegal move raises
+`InvalidTransitionError` without changing anything.
+
+Key layout (the id sits in a `{...}` hash tag, so one workflow's keys share a Redis Cluster slot):
+`workflows:{<workflow_id>}:state`, `workflows:{<workflow_id>}:checkpoints:<checkpoint_id>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from contextlib import asynccontextmanager
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from agenticstate.exceptions import (
+    ConflictError,
+    InvalidArgumentError,
+    InvalidTransitionError,
+    NotFoundError,
+    WorkflowCancelledError,
+)
+from agenticstate.managers._base import (
+    StateManagerBase,
+    glob_part,
+    key_part,
+    sort_time,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+    from agenticstate.manager import StateManager
+    from agenticstate.managers._base import Persistence
+
+__all__ = [
+    "StepState",
+    "StepStatus",
+    "WorkflowCheckpoint",
+    "WorkflowState",
+    "WorkflowStateManager",
+    "WorkflowStatus",
+    "WorkflowStep",
+]
+
+
+class WorkflowStatus(StrEnum):
+    """Where a workflow is in its life."""
+
+    PENDING = "pending"
+    """Created, not started."""
+    RUNNING = "running"
+    """Steps are being executed."""
+    PAUSED = "paused"
+    """The runner waits at the next step boundary until resumed or cancelled."""
+    COMPLETED = "completed"
+    """Finished successfully (terminal)."""
+    FAILED = "failed"
+    """Stopped by an error; `resume_from` a checkpoint runs it again."""
+    CANCELLED = "cancelled"
+    """Stopped on request (terminal)."""
+
+
+TRANSITIONS: dict[WorkflowStatus, frozenset[WorkflowStatus]] = {
+    WorkflowStatus.PENDING: frozenset(
+        {WorkflowStatus.RUNNING, WorkflowStatus.PAUSED, WorkflowStatus.CANCELLED}
+    ),
+    WorkflowStatus.RUNNING: frozenset(
+        {
+            WorkflowStatus.PAUSED,
+            WorkflowStatus.COMPLETED,
+            WorkflowStatus.FAILED,
+            WorkflowStatus.CANCELLED,
+        }
+    ),
+    WorkflowStatus.PAUSED: frozenset(
+        {WorkflowStatus.RUNNING, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED}
+    ),
+    WorkflowStatus.FAILED: frozenset({WorkflowStatus.RUNNING, WorkflowStatus.CANCELLED}),
+    WorkflowStatus.COMPLETED: frozenset(),
+    WorkflowStatus.CANCELLED: frozenset(),
+}
+"""The legal moves. FAILED -> RUNNING happens through `resume_from` (a retry)."""
+
+
+class StepStatus(StrEnum):
+    """The state of one step."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class StepState(BaseModel):
+    """One step's outcome, as `update_step` records it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_number: int = Field(ge=1)
+    """1-based position in the workflow."""
+    name: str = ""
+    status: StepStatus = StepStatus.COMPLETED
+    result: Any = None
+    duration_ms: float | None = None
+    error: str | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+class WorkflowState(BaseModel):
+    """A workflow's execution state."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workflow_id: str
+    status: WorkflowStatus = WorkflowStatus.PENDING
+    total_steps: int = Field(default=0, ge=0)
+    current_step: int = Field(default=0, ge=0)
+    """The highest step number completed (or skipped) so far."""
+    context: dict[str, Any] = Field(default_factory=dict)
+    """Data the steps share; restored by `resume_from`."""
+    steps: dict[int, StepState] = Field(default_factory=dict)
+    """Every step recorded, by step number."""
+    name: str | None = None
+    error: str | None = None
+    cancel_reason: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether no further move is possible."""
+        return not TRANSITIONS[self.status]
+
+
+class WorkflowCheckpoint(BaseModel):
+    """A saved point a workflow can resume from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workflow_id: str
+    checkpoint_id: str
+    step: int = Field(ge=0)
+    """The `current_step` to resume at."""
+    state: Any = None
+    """The workflow's state at that point (a `WorkflowState` dump when written automatically)."""
+    context: dict[str, Any] = Field(default_factory=dict)
+    """The context to restore."""
+    timestamp: datetime = Field(default_factory=utcnow)
+    automatic: bool = False
+    """Whether `update_step` wrote it (every `checkpoint_interval` steps)."""
+
+
+class WorkflowStep:
+    """The handle `WorkflowStateManager.step()` yields: set `result` (and `context` changes)."""
+
+    __slots__ = ("context_update", "name", "result", "step_number")
+
+    def __init__(self, step_number: int, name: str) -> None:
+        self.step_number = step_number
+        self.name = name
+        self.result: Any = None
+        self.context_update: dict[str, Any] = {}
+
+
+class WorkflowStateManager(StateManagerBase):
+    """Track workflows: create, step, checkpoint, pause, resume, cancel, complete, fail.
+
+    Args:
+        state_manager: Where to store records (or use the shorthand below).
+        persistence: `"memory"`, `"file"` or `"redis"` (the seed page's shorthand).
+        redis_url: With `persistence="redis"`.
+        base_path: With `persistence="file"`.
+        key_prefix: With the shorthand: a namespace before every key.
+        checkpoint_interval: `update_step` writes a checkpoint by itself every this many steps
+            (0 turns that off).
+        max_checkpoints: Keep at most this many checkpoints per workflow (the newest).
+    """
+
+    def __init__(
+        self,
+        *,
+        state_manager: StateManager | None = None,
+        persistence: Persistence | None = None,
+        redis_url: str | None = None,
+        base_path: str | Path | None = None,
+        key_prefix: str = "",
+        checkpoint_interval: int = 5,
+        max_checkpoints: int | None = None,
+    ) -> None:
+        if type(checkpoint_interval) is not int or checkpoint_interval < 0:
+            raise InvalidArgumentError("checkpoint_interval must be an int >= 0")
+        if max_checkpoints is not None and (
+            type(max_checkpoints) is not int or max_checkpoints < 1
+        ):
+            raise InvalidArgumentError("max_checkpoints must be an int >= 1 or None")
+        super().__init__(
+            state_manager=state_manager,
+            persistence=persistence,
+            redis_url=redis_url,
+            base_path=base_path,
+            key_prefix=key_prefix,
+        )
+        self.checkpoint_interval = checkpoint_interval
+        self.max_checkpoints = max_checkpoints
+
+    # keys
+
+    @staticmethod
+    def _key(workflow_id: str) -> str:
+        return f"workflows:{{{key_part(workflow_id, 'workflow_id')}}}:state"
+
+    @staticmethod
+    def _checkpoint_key(workflow_id: str, checkpoint_id: str) -> str:
+        return f"workflows:{{{key_part(workflow_id, 'workflow_id')}}}:checkpoints:{checkpoint_id}"
+
+    @staticmethod
+    def _checkpoint_pattern(workflow_id: str) -> str:
+        return f"workflows:{{{glob_part(key_part(workflow_id, 'workflow_id'))}}}:checkpoints:*"
+
+    # reads
+
+    async def get(self, workflow_id: str) -> WorkflowState | None:
+        """Return the workflow's state, or None."""
+        return await self._load(self._key(workflow_id), WorkflowState)
+
+    async def require(self, workflow_id: str) -> WorkflowState:
+        """Return the workflow's state.
+
+        Raises:
+            NotFoundError: No such workflow.
+        """
+        state = await self.get(workflow_id)
+        if state is None:
+            raise NotFoundError(f"no workflow {workflow_id!r}")
+        return state
+
+    async def get_status(self, workflow_id: str) -> WorkflowStatus:
+        """Return the workflow's status.
+
+        Raises:
+            NotFoundError: No such workflow.
+        """
+        return (await self.require(workflow_id)).status
+
+    async def list_workflows(self) -> list[WorkflowState]:
+        """Return every workflow, by id."""
+        found = await self._load_many("workflows:{*}:state", WorkflowState)
+        return sorted(found, key=lambda workflow: workflow.workflow_id)
+
+    # the state machine
+
+    async def create(self, state: WorkflowState) -> WorkflowState:
+        """Store a new workflow.
+
+        Raises:
+            ConflictError: A workflow with this id exists already.
+        """
+        if not isinstance(state, WorkflowState):
+            raise InvalidArgumentError("create takes a WorkflowState")
+        try:
+            await self.state.save(self._key(state.workflow_id), state, expected_version=0)
+        except ConflictError:
+            raise ConflictError(
+                f"workflow {state.workflow_id!r} exists already", key=self._key(state.workflow_id)
+            ) from None
+        return state
+
+    async def _change(
+        self, workflow_id: str, fn: Callable[[WorkflowState], WorkflowState]
+    ) -> WorkflowState:
+        def apply(current: Any) -> Any:
+            before = WorkflowState.model_validate(current)
+            after = fn(before)
+            return after.model_copy(update={"updated_at": utcnow()})
+
+        try:
+            value = await self.state.update(self._key(workflow_id), apply)
+        except NotFoundError:
+            raise NotFoundError(f"no workflow {workflow_id!r}") from None
+        return WorkflowState.model_validate(value)
+
+    @staticmethod
+    def _move(state: WorkflowState, target: WorkflowStatus, **changes: Any) -> WorkflowState:
+        if target not in TRANSITIONS[state.status]:
+            raise InvalidTransitionError(
+                f"workflow {state.workflow_id!r} cannot go from {state.status.value} "
+                f"to {target.value}"
+            )
+        if target is WorkflowStatus.RUNNING and state.started_at is None:
+            changes.setdefault("started_at", utcnow())
+        if not TRANSITIONS[target]:
+            changes.setdefault("finished_at", utcnow())
+        return state.model_copy(update={"status": target, **changes})
+
+    async def start(self, workflow_id: str) -> WorkflowState:
+        """Move a pending workflow to running."""
+        return await self._change(workflow_id, lambda s: self._move(s, WorkflowStatus.RUNNING))
+
+    async def pause(self, workflow_id: str) -> WorkflowState:
+        """Ask the runner to stop at the next step boundary (any process may call this)."""
+        return await self._change(workflow_id, lambda s: self._move(s, WorkflowStatus.PAUSED))
+
+    async def resume(self, workflow_id: str) -> WorkflowState:
+        """Let a paused workflow's runner continue."""
+
+        def resume(state: WorkflowState) -> WorkflowState:
+            if state.status is not WorkflowStatus.PAUSED:
+                raise InvalidTransitionError(
+                    f"workflow {workflow_id!r} is {state.status.value}, not paused"
+                )
+            return self._move(state, WorkflowStatus.RUNNING)
+
+        return await self._change(workflow_id, resume)
+
+    async def cancel(self, workflow_id: str, reason: str | None = None) -> WorkflowState:
+        """Cancel the workflow; its runner gets `WorkflowCancelledError` at the next boundary."""
+        return await self._change(
+            workflow_id, lambda s: self._move(s, WorkflowStatus.CANCELLED, cancel_reason=reason)
+        )
+
+    async def complete(self, workflow_id: str, *, result: Any = None) -> WorkflowState:
+        """Mark the workflow completed (optionally storing `result` in its context)."""
+
+        def complete(state: WorkflowState) -> WorkflowState:
+            context = {**state.context, "result": result} if result is not None else state.context
+            return self._move(state, WorkflowStatus.COMPLETED, context=context)
+
+        return await self._change(workflow_id, complete)
+
+    async def fail(self, workflow_id: str, error: str) -> WorkflowState:
+        """Mark the workflow failed with an error description."""
+        return await self._change(
+            workflow_id, lambda s: self._move(s, WorkflowStatus.FAILED, error=error)
+        )
+
+    async def update_step(self, workflow_id: str, step: StepState) -> WorkflowState:
+        """Record a step's state.
+
+        A pending workflow starts running. A completed or skipped step advances `current_step`
+        to its number (never backwards). Every `checkpoint_interval` steps a checkpoint is written
+        automatically. Steps may be recorded while paused (one in flight when the pause came);
+        not once the workflow is completed, failed or cancelled.
+
+        Raises:
+            NotFoundError: No such workflow.
+            InvalidTransitionError: The workflow is finished.
+        """
+        if not isinstance(step, StepState):
+            raise InvalidArgumentError("update_step takes a StepState")
+        before_step: list[int] = []
+
+        def record(state: WorkflowState) -> WorkflowState:
+            before_step[:] = [state.current_step]
+            if state.status is WorkflowStatus.PENDING:
+                state = self._move(state, WorkflowStatus.RUNNING)
+            elif state.status is WorkflowStatus.CANCELLED:
+                raise WorkflowCancelledError(workflow_id, state.cancel_reason)
+            elif state.status not in (WorkflowStatus.RUNNING, WorkflowStatus.PAUSED):
+                raise InvalidTransitionError(
+                    f"workflow {workflow_id!r} is {state.status.value}; no more steps"
+                )
+            current = state.current_step
+            if step.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
+                current = max(current, step.step_number)
+            return state.model_copy(
+                update={"steps": {**state.steps, step.step_number: step}, "current_step": current}
+            )
+
+        after = await self._change(workflow_id, record)
+        interval = self.checkpoint_interval
+        if interval and after.current_step // interval > before_step[0] // interval:
+            await self.checkpoint(
+                WorkflowCheckpoint(
+                    workflow_id=workflow_id,
+                    checkpoint_id=f"auto-step-{after.current_step}",
+                    step=after.current_step,
+                    state=after.model_dump(mode="json"),
+                    context=after.context,
+                    automatic=True,
+                )
+            )
+        return after
+
+    async def update_context(self, workflow_id: str, changes: dict[str, Any]) -> WorkflowState:
+        """Merge `changes` into the workflow's context, atomically."""
+        return await self._change(
+            workflow_id, lambda s: s.model_copy(update={"context": {**s.context, **changes}})
+        )
+
+    # checkpoints
+
+    async def checkpoint(self, checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
+        """Store a checkpoint (replacing one with the same id)."""
+        if not isinstance(checkpoint, WorkflowCheckpoint):
+            raise InvalidArgumentError("checkpoint takes a WorkflowCheckpoint")
+        await self.require(checkpoint.workflow_id)
+        key = self._checkpoint_key(checkpoint.workflow_id, checkpoint.checkpoint_id)
+        await self.state.save(key, checkpoint)
+        if self.max_checkpoints is not None:
+            for old in (await self.list_checkpoints(checkpoint.workflow_id))[
+                self.max_checkpoints :
+            ]:
+                await self.state.delete(self._checkpoint_key(old.workflow_id, old.checkpoint_id))
+        return checkpoint
+
+    async def get_checkpoint(
+        self, workflow_id: str, checkpoint_id: str
+    ) -> WorkflowCheckpoint | None:
+        """Return one checkpoint, or None."""
+        return await self._load(
+            self._checkpoint_key(workflow_id, checkpoint_id), WorkflowCheckpoint
+        )
+
+    async def list_checkpoints(self, workflow_id: str) -> list[WorkflowCheckpoint]:
+        """Return the workflow's checkpoints, newest first (by time, then step)."""
+        found = await self._load_many(self._checkpoint_pattern(workflow_id), WorkflowCheckpoint)
+        found.sort(key=lambda c: (sort_time(c.timestamp), c.step), reverse=True)
+        return found
+
+    async def get_latest_checkpoint(self, workflow_id: str) -> WorkflowCheckpoint | None:
+        """Return the newest checkpoint, or None."""
+        found = await self.list_checkpoints(workflow_id)
+        return found[0] if found else None
+
+    async def resume_from(self, workflow_id: str, checkpoint_id: str = "latest") -> WorkflowState:
+        """Restore the workflow's step and context from a checkpoint.
+
+        Steps recorded after the checkpoint are dropped (they will run again). A failed workflow
+        becomes running again; a paused one stays paused.
+
+        Raises:
+            NotFoundError: No such workflow or checkpoint.
+            InvalidTransitionError: The workflow is completed or cancelled.
+        """
+        if checkpoint_id == "latest":
+            checkpoint = await self.get_latest_checkpoint(workflow_id)
+        else:
+            checkpoint = await self.get_checkpoint(workflow_id, checkpoint_id)
+        if checkpoint is None:
+            raise NotFoundError(f"no checkpoint {checkpoint_id!r} for workflow {workflow_id!r}")
+
+        def restore(state: WorkflowState) -> WorkflowState:
+            if state.status in (WorkflowStatus.COMPLETED, WorkflowStatus.CANCELLED):
+                raise InvalidTransitionError(
+                    f"workflow {workflow_id!r} is {state.status.value}; it cannot resume"
+                )
+            if state.status is WorkflowStatus.FAILED:
+                state = self._move(state, WorkflowStatus.RUNNING, error=None)
+            kept = {n: s for n, s in state.steps.items() if n <= checkpoint.step}
+            return state.model_copy(
+                update={
+                    "current_step": checkpoint.step,
+                    "context": dict(checkpoint.context),
+                    "steps": kept,
+                }
+            )
+
+        return await self._change(workflow_id, restore)
+
+    # cooperative pause
+
+    async def wait_if_paused(self, workflow_id: str) -> WorkflowState:
+        """Return at once unless the workflow is paused; then wait until it is resumed.
+
+        Waits on change events (no polling), so a pause or resume from any process that shares
+        the backend is seen.
+
+        Raises:
+            WorkflowCancelledError: The workflow is (or gets) cancelled.
+            NotFoundError: No such workflow.
+        """
+        state = await self.require(workflow_id)
+        if state.status is not WorkflowStatus.PAUSED:
+            return self._check_not_cancelled(state)
+        self.log.info("workflow_waiting", workflow_id=workflow_id)
+        async with self.state.watch(self._key(workflow_id)) as changes:
+            # Re-read after subscribing: a resume between the first read and the subscription
+            # would otherwise be missed.
+            state = await self.require(workflow_id)
+            while state.status is WorkflowStatus.PAUSED:
+                change = await changes.__anext__()
+                if change.new_value is None:
+                    raise NotFoundError(f"workflow {workflow_id!r} was deleted")
+                state = WorkflowState.model_validate(change.new_value)
+        self.log.info("workflow_continuing", workflow_id=workflow_id, status=state.status.value)
+        return self._check_not_cancelled(state)
+
+    @staticmethod
+    def _check_not_cancelled(state: WorkflowState) -> WorkflowState:
+        if state.status is WorkflowStatus.CANCELLED:
+            raise WorkflowCancelledError(state.workflow_id, state.cancel_reason)
+        return state
+
+    @asynccontextmanager
+    async def step(
+        self, workflow_id: str, step_number: int, name: str = ""
+    ) -> AsyncIterator[WorkflowStep]:
+        """Run one step: wait while paused, record it running, then completed or failed.
+
+        ```python
+        async with workflow_state.step("research", 3, "analyze") as step:
+            step.result = await analyze()
+        ```
+
+        On an exception the step is recorded failed (with the exception type) and the exception
+        propagates; the workflow itself is not failed, so the caller decides.
+
+        Raises:
+            WorkflowCancelledError: The workflow was cancelled (checked before the step starts).
+        """
+        await self.wait_if_paused(workflow_id)
+        handle = WorkflowStep(step_number, name)
+        started = utcnow()
+        clock = time.perf_counter()
+        await self.update_step(
+            workflow_id,
+            StepState(
+                step_number=step_number, name=name, status=StepStatus.RUNNING, started_at=started
+            ),
+        )
+        try:
+            yield handle
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True), contextlib.suppress(InvalidTransitionError):
+                await self.update_step(
+                    workflow_id,
+                    StepState(
+                        step_number=step_number,
+                        name=name,
+                        status=StepStatus.FAILED,
+                        error=type(exc).__name__,
+                        started_at=started,
+                        completed_at=utcnow(),
+                        duration_ms=(time.perf_counter() - clock) * 1000,
+                    ),
+                )
+            raise
+        if handle.context_update:
+            await self.update_context(workflow_id, handle.context_update)
+        await self.update_step(
+            workflow_id,
+            StepState(
+                step_number=step_number,
+                name=name,
+                status=StepStatus.COMPLETED,
+                result=handle.result,
+                started_at=started,
+                completed_at=utcnow(),
+                duration_ms=(time.perf_counter() - clock) * 1000,
+            ),
+        )
+
+    async def delete(self, workflow_id: str) -> bool:
+        """Delete the workflow and its checkpoints; return whether it existed."""
+        for checkpoint in await self.list_checkpoints(workflow_id):
+            await self.state.delete(self._checkpoint_key(workflow_id, checkpoint.checkpoint_id))
+        return await self.state.delete(self._key(workflow_id))
