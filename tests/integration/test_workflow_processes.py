@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import agenticstate
-
 from agenticstate import (
     StateConfig,
     StateManager,
