@@ -1,0 +1,154 @@
+"""KnowledgeStateManager on every backend: progress, increments, sources, the overview."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import pytest
+
+from agenticstate import (
+    IndexingProgress,
+    IndexingStatus,
+    InvalidArgumentError,
+    KnowledgeStateManager,
+    NotFoundError,
+    SourceState,
+    StateManager,
+    SyncStatus,
+)
+
+
+@pytest.fixture
+def kb_state(state: StateManager) -> KnowledgeStateManager:
+    return KnowledgeStateManager(state_manager=state)
+
+
+async def test_seed_knowledge_examples(kb_state: KnowledgeStateManager) -> None:
+    """The seed page's indexing, source and overview examples, as written."""
+    progress = IndexingProgress(
+        knowledge_base_id="company_docs",
+        status=IndexingStatus.IN_PROGRESS,
+        total_documents=1000,
+        processed_documents=450,
+        failed_documents=5,
+        started_at=datetime.now(),  # noqa: DTZ005  # the seed page's own call
+    )
+    await kb_state.update_indexing_progress(progress)
+    current = await kb_state.get_indexing_progress("company_docs")
+    assert current is not None
+    assert (current.processed_documents, current.total_documents, current.failed_documents) == (
+        450,
+        1000,
+        5,
+    )
+    assert current.started_at == progress.started_at
+
+    source_state = SourceState(
+        source_id="confluence_docs",
+        knowledge_base_id="company_docs",
+        sync_status=SyncStatus.SYNCING,
+        last_sync=datetime.now() - timedelta(hours=1),  # noqa: DTZ005
+        documents_synced=250,
+        documents_pending=50,
+    )
+    await kb_state.update_source_state(source_state)
+    sources = await kb_state.get_sources("company_docs")
+    assert [(s.source_id, s.sync_status) for s in sources] == [
+        ("confluence_docs", SyncStatus.SYNCING)
+    ]
+
+    kb_overview = await kb_state.get_knowledge_base_state("company_docs")
+    assert kb_overview.total_documents == 450  # indexing processed more than the source synced
+    assert kb_overview.documents_pending == 50
+    assert kb_overview.last_updated is not None
+    assert kb_overview.sync_status is SyncStatus.SYNCING
+    assert kb_overview.storage_size_mb == 0.0
+
+
+async def test_parallel_increments_lose_nothing(kb_state: KnowledgeStateManager) -> None:
+    """20 concurrent indexers x 25 increments: counts are exact and the run completes."""
+    await kb_state.update_indexing_progress(
+        IndexingProgress(knowledge_base_id="kb", total_documents=500)
+    )
+
+    async def indexer(n: int) -> None:
+        for i in range(25):
+            failed = 1 if (n + i) % 10 == 0 else 0
+            await kb_state.increment_progress(
+                "kb", processed=1 - failed, failed=failed, embeddings=3, bytes_indexed=1024
+            )
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(indexer, n)
+    progress = await kb_state.get_indexing_progress("kb")
+    assert progress is not None
+    assert progress.processed_documents + progress.failed_documents == 500
+    assert progress.failed_documents == 50
+    assert progress.embeddings_generated == 1500
+    assert progress.status is IndexingStatus.COMPLETED
+    assert progress.completed_at is not None
+    assert len(progress.samples) <= 120
+
+
+async def test_estimate_from_samples(kb_state: KnowledgeStateManager) -> None:
+    """Throughput and ETA come from the progress history."""
+    await kb_state.update_indexing_progress(
+        IndexingProgress(knowledge_base_id="kb", total_documents=100)
+    )
+    empty = await kb_state.estimate("kb")
+    assert empty.documents_per_second is None
+    assert empty.eta is None
+    for _ in range(3):
+        await kb_state.increment_progress("kb", processed=10)
+        await anyio.sleep(0.02)  # samples need time between them to give a rate
+    estimate = await kb_state.estimate("kb")
+    assert estimate.documents_per_second is not None
+    assert estimate.documents_per_second > 0
+    assert estimate.remaining_documents == 70
+    assert estimate.eta is not None
+    assert estimate.percent == pytest.approx(0.3)
+
+
+async def test_overview_aggregates_sources(kb_state: KnowledgeStateManager) -> None:
+    """Documents, embeddings and storage add up over sources; the worst sync status wins."""
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    for n, status in enumerate([SyncStatus.SYNCED, SyncStatus.FAILED, SyncStatus.SYNCING]):
+        await kb_state.update_source_state(
+            SourceState(
+                source_id=f"s{n}",
+                knowledge_base_id="kb",
+                sync_status=status,
+                last_sync=when + timedelta(hours=n),
+                documents_synced=100,
+                embeddings_count=400,
+                storage_bytes=1024 * 1024,
+            )
+        )
+    overview = await kb_state.get_knowledge_base_state("kb")
+    assert overview.total_documents == 300
+    assert overview.total_embeddings == 1200
+    assert overview.storage_size_mb == 3.0
+    assert overview.sync_status is SyncStatus.FAILED
+    assert overview.last_updated == when + timedelta(hours=2)
+    assert overview.indexing_status is None
+    assert await kb_state.list_knowledge_bases() == ["kb"]
+    assert await kb_state.remove_source("kb", "s1") is True
+    assert (await kb_state.get_knowledge_base_state("kb")).sync_status is SyncStatus.SYNCING
+
+
+async def test_errors(kb_state: KnowledgeStateManager) -> None:
+    """Unknown knowledge bases raise NotFoundError; negative increments are refused."""
+    with pytest.raises(NotFoundError):
+        await kb_state.get_knowledge_base_state("nope")
+    with pytest.raises(NotFoundError):
+        await kb_state.increment_progress("nope", processed=1)
+    with pytest.raises(NotFoundError):
+        await kb_state.estimate("nope")
+    await kb_state.update_indexing_progress(IndexingProgress(knowledge_base_id="kb"))
+    with pytest.raises(InvalidArgumentError):
+        await kb_state.increment_progress("kb", processed=-1)
+    progress = await kb_state.get_indexing_progress("kb")
+    assert progress is not None
+    assert progress.processed_documents == 0
