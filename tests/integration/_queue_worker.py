@@ -1,0 +1,84 @@
+"""Separate processes for the queue and indexing tests.
+
+python -m tests.integration._queue_worker worker URL PREFIX NAME
+    claim tasks until told to stop (stdin closes); print "done TASK" after each completion
+python -m tests.integration._queue_worker reaper URL PREFIX
+    put expired leases back every 50 ms until stdin closes
+python -m tests.integration._queue_worker indexer URL PREFIX COUNT
+    add COUNT processed documents (and every 7th a failure) one increment at a time
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+
+import anyio
+
+from agenticstate import KnowledgeStateManager, OrchestrationStateManager, StateConfig, StateManager
+
+TEAM = "crew"
+LEASE = timedelta(milliseconds=600)
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def until_stdin_closes(scope: anyio.CancelScope) -> None:
+    await anyio.to_thread.run_sync(sys.stdin.read)
+    scope.cancel()
+
+
+async def worker(orch: OrchestrationStateManager, name: str) -> None:
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(until_stdin_closes, scope)
+            while True:
+                claim = await orch.claim_task(TEAM, name, lease=LEASE)
+                if claim is None:
+                    await anyio.sleep(0.01)  # an idle worker polls the queue
+                    continue
+                await anyio.sleep(0.002)  # the work
+                await orch.complete_task(
+                    TEAM, claim.task_id, {"by": name}, lease_token=claim.lease_token
+                )
+                say(f"done {claim.task_id}")
+
+
+async def reaper(orch: OrchestrationStateManager) -> None:
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(until_stdin_closes, scope)
+            while True:
+                for task_id in await orch.reap_expired(TEAM):
+                    say(f"reaped {task_id}")
+                await anyio.sleep(0.05)  # the reaper's period
+
+
+async def indexer(kb: KnowledgeStateManager, count: int) -> None:
+    for i in range(count):
+        failed = 1 if i % 7 == 0 else 0
+        await kb.increment_progress("kb", processed=1 - failed, failed=failed, embeddings=2)
+    say("indexed")
+
+
+async def main(mode: str, url: str, prefix: str, arg: str = "") -> None:
+    state = StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=prefix))
+    try:
+        if mode == "worker":
+            await worker(OrchestrationStateManager(state_manager=state), arg)
+        elif mode == "reaper":
+            await reaper(OrchestrationStateManager(state_manager=state))
+        elif mode == "indexer":
+            await indexer(KnowledgeStateManager(state_manager=state), int(arg))
+        else:
+            raise SystemExit(f"unknown mode {mode}")
+    finally:
+        await state.aclose()
+
+
+if __name__ == "__main__":
+    args = [*sys.argv[1:], ""]
+    anyio.run(main, args[0], args[1], args[2], args[3])

@@ -1,0 +1,178 @@
+"""The task queue and indexing counts across real processes on Redis, with workers killed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+
+import agenticstate
+from agenticstate import (
+    IndexingProgress,
+    KnowledgeStateManager,
+    OrchestrationStateManager,
+    StateConfig,
+    StateManager,
+    TeamState,
+)
+from tests.conftest import unique_prefix
+from tests.integration._queue_worker import TEAM
+
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.skipif(
+        not hasattr(agenticstate, "RedisBackend"), reason="the Redis backend is not merged yet"
+    ),
+]
+
+ROOT = Path(__file__).parent.parent.parent
+TASKS = 1000
+
+
+class Proc:
+    """A worker process whose stdout lines are collected by a thread as they arrive."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration._queue_worker", *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout:
+            for line in self.process.stdout:
+                with self.changed:
+                    self.lines.append(line.strip())
+                    self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait_lines(self, count: int, timeout: float = 60) -> bool:
+        """Wait until the process printed `count` lines (False on timeout or exit)."""
+        with self.changed:
+            self.changed.wait_for(
+                lambda: len(self.lines) >= count or self.process.poll() is not None, timeout
+            )
+            return len(self.lines) >= count
+
+    def stop(self) -> None:
+        """Ask it to stop (close stdin) and wait."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=30)
+        self.reader.join(10)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.reader.join(10)
+
+
+async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
+    """4 worker processes x 250 tasks, one SIGKILLed every so often, a reaper running:
+    every task completed, none lost, none held by two workers at once."""
+    prefix = unique_prefix()
+    config = StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
+    async with StateManager(config) as state:
+        orch = OrchestrationStateManager(state_manager=state)
+        await orch.create_team(TeamState(team_id=TEAM))
+        for n in range(TASKS):
+            await orch.enqueue_task(TEAM, {"id": f"t{n:04d}"})
+
+    rng = random.Random(7)
+    reaper = Proc("reaper", redis_url, prefix)
+    workers = {f"w{n}": Proc("worker", redis_url, prefix, f"w{n}") for n in range(4)}
+    killed: list[Proc] = []
+    try:
+        for generation in range(4, 10):
+            # Let a random worker complete another 25 tasks, then SIGKILL it mid-stream.
+            victim_name = rng.choice(sorted(workers))
+            victim = workers.pop(victim_name)
+            if not victim.wait_lines(len(victim.lines) + 25, timeout=30):
+                workers[victim_name] = victim  # the queue ran dry before the kill
+                break
+            victim.kill()
+            killed.append(victim)
+            workers[f"w{generation}"] = Proc("worker", redis_url, prefix, f"w{generation}")
+
+        async with (
+            StateManager(config) as state,
+            state.watch(f"teams:{{{TEAM}}}:tasks:*") as changes,
+        ):
+            orch = OrchestrationStateManager(state_manager=state)
+            completed = {task.task_id for task in (await orch.get_queue_status(TEAM)).completed}
+            with anyio.fail_after(120):
+                async for change in changes:
+                    if len(completed) == TASKS:  # all were done before the watch began
+                        break
+                    if change.new_value and change.new_value["status"] == "completed":
+                        completed.add(change.key.rsplit(":", 1)[1])
+                    if len(completed) == TASKS:
+                        break
+            queue = await orch.get_queue_status(TEAM)
+    finally:
+        for proc in workers.values():
+            proc.stop()
+        reaper.stop()
+    kills = len(killed)
+    finished = killed
+
+    assert kills >= 3
+    assert len(queue.completed) == TASKS
+    assert queue.pending == queue.in_progress == queue.dead_letter == []
+    completions = Counter(
+        line.split()[1] for p in [*workers.values(), *finished] for line in p.lines
+    )
+    # Every task completed; a task completed twice would mean two workers held it at once
+    # (the lease token makes a late completion fail instead).
+    assert set(completions) <= {f"t{n:04d}" for n in range(TASKS)}
+    assert max(completions.values()) == 1
+    results = {task.task_id: task.result["by"] for task in queue.completed}
+    for task_id, count in completions.items():
+        assert count == 1
+        assert task_id in results
+
+
+async def test_four_indexer_processes_count_exactly(redis_url: str) -> None:
+    """4 indexer processes x 150 increments: processed and failed totals are exact."""
+    prefix = unique_prefix()
+    config = StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
+    async with StateManager(config) as state:
+        kb = KnowledgeStateManager(state_manager=state)
+        await kb.update_indexing_progress(
+            IndexingProgress(knowledge_base_id="kb", total_documents=600)
+        )
+    procs = [Proc("indexer", redis_url, prefix, "150") for _ in range(4)]
+    for proc in procs:
+        proc.process.wait(timeout=120)
+        proc.reader.join(10)
+        assert proc.lines == ["indexed"]
+        assert proc.process.stdin is not None
+        proc.process.stdin.close()
+    async with StateManager(config) as state:
+        progress = await KnowledgeStateManager(state_manager=state).get_indexing_progress("kb")
+    assert progress is not None
+    failed_each = len([i for i in range(150) if i % 7 == 0])
+    assert progress.failed_documents == 4 * failed_each
+    assert progress.processed_documents == 4 * (150 - failed_each)
+    assert progress.embeddings_generated == 2 * 600
