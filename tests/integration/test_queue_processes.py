@@ -122,13 +122,10 @@ async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
             orch = OrchestrationStateManager(state_manager=state)
             completed = {task.task_id for task in (await orch.get_queue_status(TEAM)).completed}
             with anyio.fail_after(120):
-                async for change in changes:
-                    if len(completed) == TASKS:  # all were done before the watch began
-                        break
+                while len(completed) < TASKS:
+                    change = await changes.__anext__()
                     if change.new_value and change.new_value["status"] == "completed":
                         completed.add(change.key.rsplit(":", 1)[1])
-                    if len(completed) == TASKS:
-                        break
             queue = await orch.get_queue_status(TEAM)
     finally:
         for proc in workers.values():
