@@ -1,0 +1,413 @@
+"""Speech sessions: lifecycle, speech-to-text and text-to-speech state, conversation turns.
+
+```python
+speech_state = SpeechStateManager(persistence="redis")
+session_id = await speech_state.create_session(session_type="voice_conversation",
+                                               streaming_mode=StreamingMode.BIDIRECTIONAL)
+await speech_state.update_session_status(session_id=session_id, status=AudioSessionStatus.ACTIVE)
+await speech_state.update_stt_state(STTState(session_id=session_id, interim_transcript="Hel"))
+await speech_state.append_turn(session_id, "user", "Hello")
+await speech_state.end_session(session_id=session_id, reason="user_ended")
+```
+
+STT and TTS updates are single writes of small records (no read-modify-write), so interim
+transcripts can stream at high frequency. Conversation turns are appended atomically, so turns
+from several writers are never lost. An ended session's keys expire after `ended_session_ttl`.
+
+Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
+slot): `speech:{<session_id>}:session`, `:stt`, `:tts`, `:conversation`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import uuid4
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agenticstate.exceptions import (
+    InvalidArgumentError,
+    InvalidTransitionError,
+    NotFoundError,
+)
+from agenticstate.managers._base import StateManagerBase, key_part, utcnow
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from agenticstate.manager import StateManager
+    from agenticstate.managers._base import Persistence
+
+__all__ = [
+    "AudioSession",
+    "AudioSessionStatus",
+    "STTState",
+    "SpeechStateManager",
+    "StreamingMode",
+    "TTSState",
+    "TranscriptionStatus",
+    "VoiceConversationState",
+]
+
+
+class AudioSessionStatus(StrEnum):
+    """Where a speech session is."""
+
+    INITIALIZING = "initializing"
+    """Created, audio not flowing yet."""
+    ACTIVE = "active"
+    PAUSED = "paused"
+    ERROR = "error"
+    """Something failed; the session may become active again or end."""
+    ENDED = "ended"
+    """Finished (terminal); its keys expire after `ended_session_ttl`."""
+
+
+SESSION_TRANSITIONS: dict[AudioSessionStatus, frozenset[AudioSessionStatus]] = {
+    AudioSessionStatus.INITIALIZING: frozenset(
+        {AudioSessionStatus.ACTIVE, AudioSessionStatus.ERROR, AudioSessionStatus.ENDED}
+    ),
+    AudioSessionStatus.ACTIVE: frozenset(
+        {AudioSessionStatus.PAUSED, AudioSessionStatus.ERROR, AudioSessionStatus.ENDED}
+    ),
+    AudioSessionStatus.PAUSED: frozenset(
+        {AudioSessionStatus.ACTIVE, AudioSessionStatus.ERROR, AudioSessionStatus.ENDED}
+    ),
+    AudioSessionStatus.ERROR: frozenset({AudioSessionStatus.ACTIVE, AudioSessionStatus.ENDED}),
+    AudioSessionStatus.ENDED: frozenset(),
+}
+"""The legal moves between session statuses."""
+
+
+class StreamingMode(StrEnum):
+    """Which directions audio streams in."""
+
+    BATCH = "batch"
+    """Whole utterances, no streaming."""
+    STT_ONLY = "stt_only"
+    """Streaming speech-to-text only."""
+    TTS_ONLY = "tts_only"
+    """Streaming text-to-speech only."""
+    BIDIRECTIONAL = "bidirectional"
+    """Both at once (a live voice conversation)."""
+
+
+class TranscriptionStatus(StrEnum):
+    """Where speech-to-text is."""
+
+    IDLE = "idle"
+    LISTENING = "listening"
+    TRANSCRIBING = "transcribing"
+    COMPLETED = "completed"
+    ERROR = "error"
+
+
+class AudioSession(BaseModel):
+    """A speech session."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    session_type: str = "voice_conversation"
+    streaming_mode: StreamingMode = StreamingMode.BIDIRECTIONAL
+    status: AudioSessionStatus = AudioSessionStatus.INITIALIZING
+    config: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+
+
+class STTState(BaseModel):
+    """Speech-to-text progress."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    status: TranscriptionStatus = TranscriptionStatus.IDLE
+    audio_received_bytes: int = Field(default=0, ge=0)
+    transcription_progress: float = Field(default=0.0, ge=0.0, le=1.0)
+    interim_transcript: str = ""
+    final_transcript: str = ""
+    language: str | None = None
+    confidence: float | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class TTSState(BaseModel):
+    """Text-to-speech progress."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    text_queue: list[str] = Field(default_factory=list)
+    current_text: str | None = None
+    audio_generated_bytes: int = Field(default=0, ge=0)
+    audio_played_bytes: int = Field(default=0, ge=0)
+    is_speaking: bool = False
+    voice: str | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class VoiceConversationState(BaseModel):
+    """The conversation in a session: turns so far, who speaks, the latest STT and TTS state."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    turn_count: int = Field(default=0, ge=0)
+    current_speaker: str | None = None
+    stt_state: STTState | None = None
+    tts_state: TTSState | None = None
+    transcript: list[dict[str, Any]] = Field(default_factory=list)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _enum(kind: type[E], value: str) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        known = ", ".join(member.value for member in kind)
+        raise InvalidArgumentError(f"{value!r} is not a {kind.__name__} ({known})") from None
+
+
+class SpeechStateManager(StateManagerBase):
+    """Speech sessions and their STT, TTS and conversation state.
+
+    Args:
+        state_manager: Where to store records (or use the shorthand below).
+        persistence: `"memory"`, `"file"` or `"redis"` (the seed page's shorthand).
+        redis_url: With `persistence="redis"`.
+        base_path: With `persistence="file"`.
+        key_prefix: With the shorthand: a namespace before every key.
+        ended_session_ttl: How long an ended session's state is kept.
+        session_ttl: A time to live for live sessions, renewed by every write to them (None:
+            live sessions never expire).
+    """
+
+    def __init__(
+        self,
+        *,
+        state_manager: StateManager | None = None,
+        persistence: Persistence | None = None,
+        redis_url: str | None = None,
+        base_path: str | Path | None = None,
+        key_prefix: str = "",
+        ended_session_ttl: timedelta = timedelta(hours=1),
+        session_ttl: timedelta | None = None,
+    ) -> None:
+        for name, value in (("ended_session_ttl", ended_session_ttl), ("session_ttl", session_ttl)):
+            if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+                raise InvalidArgumentError(f"{name} must be a positive timedelta")
+        super().__init__(
+            state_manager=state_manager,
+            persistence=persistence,
+            redis_url=redis_url,
+            base_path=base_path,
+            key_prefix=key_prefix,
+        )
+        self.ended_session_ttl = ended_session_ttl
+        self.session_ttl = session_ttl
+
+    @staticmethod
+    def _key(session_id: str, part: str) -> str:
+        return f"speech:{{{key_part(session_id, 'session_id')}}}:{part}"
+
+    # sessions
+
+    async def create_session(
+        self,
+        session_type: str = "voice_conversation",
+        streaming_mode: StreamingMode | str = StreamingMode.BIDIRECTIONAL,
+        config: dict[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+    ) -> str:
+        """Create a session and return its id."""
+        session = AudioSession(
+            session_id=session_id or uuid4().hex,
+            session_type=session_type,
+            streaming_mode=_enum(StreamingMode, streaming_mode),
+            config=config or {},
+        )
+        await self.state.save(
+            self._key(session.session_id, "session"),
+            session,
+            ttl=self.session_ttl,
+            expected_version=0,
+        )
+        return session.session_id
+
+    async def get_session(self, session_id: str) -> AudioSession | None:
+        """Return the session, or None (also once an ended session has expired)."""
+        return await self._load(self._key(session_id, "session"), AudioSession)
+
+    async def update_session_status(
+        self, session_id: str, status: AudioSessionStatus | str
+    ) -> AudioSession:
+        """Move the session to `status` (legal moves only; see `SESSION_TRANSITIONS`).
+
+        Raises:
+            NotFoundError: No such session.
+            InvalidTransitionError: The move is not allowed; nothing changed.
+        """
+        target = _enum(AudioSessionStatus, status)
+        if target is AudioSessionStatus.ENDED:
+            return await self.end_session(session_id)
+
+        def move(current: Any) -> Any:
+            session = AudioSession.model_validate(current)
+            if target not in SESSION_TRANSITIONS[session.status]:
+                raise InvalidTransitionError(
+                    f"session {session_id!r} cannot go from {session.status.value} "
+                    f"to {target.value}"
+                )
+            return session.model_copy(update={"status": target, "updated_at": utcnow()})
+
+        return AudioSession.model_validate(await self._update(session_id, "session", move))
+
+    async def end_session(self, session_id: str, reason: str | None = None) -> AudioSession:
+        """End the session; its state expires after `ended_session_ttl`.
+
+        Raises:
+            NotFoundError: No such session.
+            InvalidTransitionError: It has ended already.
+        """
+
+        def end(current: Any) -> Any:
+            session = AudioSession.model_validate(current)
+            if session.status is AudioSessionStatus.ENDED:
+                raise InvalidTransitionError(f"session {session_id!r} has ended already")
+            now = utcnow()
+            return session.model_copy(
+                update={
+                    "status": AudioSessionStatus.ENDED,
+                    "ended_at": now,
+                    "updated_at": now,
+                    "end_reason": reason,
+                }
+            )
+
+        ended = AudioSession.model_validate(
+            await self._update(session_id, "session", end, ttl=self.ended_session_ttl)
+        )
+        for part, model in (
+            ("stt", STTState),
+            ("tts", TTSState),
+            ("conversation", VoiceConversationState),
+        ):
+            value = await self._load(self._key(session_id, part), model)
+            if value is not None:
+                await self.state.save(
+                    self._key(session_id, part), value, ttl=self.ended_session_ttl
+                )
+        self.log.info("speech_session_ended", session_id=session_id, reason=reason)
+        return ended
+
+    async def list_sessions(self, *, active_only: bool = True) -> list[AudioSession]:
+        """Return sessions (by default those not ended), oldest first."""
+        found = await self._load_many("speech:{*}:session", AudioSession)
+        if active_only:
+            found = [s for s in found if s.status is not AudioSessionStatus.ENDED]
+        return sorted(found, key=lambda s: (s.created_at.timestamp(), s.session_id))
+
+    async def list_active_sessions(self) -> list[AudioSession]:
+        """Return the sessions that have not ended."""
+        return await self.list_sessions(active_only=True)
+
+    async def _update(
+        self, session_id: str, part: str, fn: Any, *, ttl: timedelta | None = None
+    ) -> Any:
+        try:
+            return await self.state.update(
+                self._key(session_id, part), fn, ttl=ttl if ttl is not None else self.session_ttl
+            )
+        except NotFoundError:
+            raise NotFoundError(f"no speech session {session_id!r}") from None
+
+    # STT and TTS
+
+    async def update_stt_state(self, stt_state: STTState) -> STTState:
+        """Store the session's speech-to-text state (one write: fit for interim transcripts)."""
+        if not isinstance(stt_state, STTState):
+            raise InvalidArgumentError("update_stt_state takes an STTState")
+        await self.state.save(
+            self._key(stt_state.session_id, "stt"), stt_state, ttl=self.session_ttl
+        )
+        return stt_state
+
+    async def get_stt_state(self, session_id: str) -> STTState | None:
+        """Return the session's speech-to-text state, or None."""
+        return await self._load(self._key(session_id, "stt"), STTState)
+
+    async def update_tts_state(self, tts_state: TTSState) -> TTSState:
+        """Store the session's text-to-speech state (one write)."""
+        if not isinstance(tts_state, TTSState):
+            raise InvalidArgumentError("update_tts_state takes a TTSState")
+        await self.state.save(
+            self._key(tts_state.session_id, "tts"), tts_state, ttl=self.session_ttl
+        )
+        return tts_state
+
+    async def get_tts_state(self, session_id: str) -> TTSState | None:
+        """Return the session's text-to-speech state, or None."""
+        return await self._load(self._key(session_id, "tts"), TTSState)
+
+    # the conversation
+
+    async def update_conversation_state(
+        self, conversation_state: VoiceConversationState
+    ) -> VoiceConversationState:
+        """Store the conversation state as given (replacing it)."""
+        if not isinstance(conversation_state, VoiceConversationState):
+            raise InvalidArgumentError("update_conversation_state takes a VoiceConversationState")
+        await self.state.save(
+            self._key(conversation_state.session_id, "conversation"),
+            conversation_state,
+            ttl=self.session_ttl,
+        )
+        return conversation_state
+
+    async def get_conversation_state(self, session_id: str) -> VoiceConversationState | None:
+        """Return the conversation state, or None."""
+        return await self._load(self._key(session_id, "conversation"), VoiceConversationState)
+
+    async def append_turn(
+        self, session_id: str, role: str, content: str, **extra: Any
+    ) -> VoiceConversationState:
+        """Append a turn to the transcript atomically (concurrent appends are all kept).
+
+        Raises:
+            NotFoundError: No such session.
+            InvalidTransitionError: The session has ended.
+        """
+        session = await self.get_session(session_id)
+        if session is None:
+            raise NotFoundError(f"no speech session {session_id!r}")
+        if session.status is AudioSessionStatus.ENDED:
+            raise InvalidTransitionError(f"session {session_id!r} has ended")
+        turn = {"role": role, "content": content, "at": utcnow().isoformat(), **extra}
+
+        def append(current: Any) -> Any:
+            conversation = VoiceConversationState.model_validate(current)
+            return conversation.model_copy(
+                update={
+                    "transcript": [*conversation.transcript, turn],
+                    "turn_count": conversation.turn_count + 1,
+                    "current_speaker": role,
+                    "updated_at": utcnow(),
+                }
+            )
+
+        value = await self.state.update(
+            self._key(session_id, "conversation"),
+            append,
+            default={"session_id": session_id},
+            ttl=self.session_ttl,
+        )
+        return VoiceConversationState.model_validate(value)

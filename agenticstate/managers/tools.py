@@ -1,0 +1,746 @@
+"""Tool execution state: history, a result cache with single-flight, retries, statistics.
+
+```python
+tool_state = ToolStateManager(persistence="redis", cache_results=True, cache_ttl=3600)
+await tool_state.start_execution(ToolExecution(execution_id="e1", tool_name="search_web", ...))
+await tool_state.complete_execution(execution_id="e1", result={...}, duration_ms=1500)
+result = await tool_state.cached_call("search_web", {"query": "AI news"}, search)
+stats = await tool_state.get_tool_stats("search_web")
+```
+
+Key layout (the tool name sits in a `{...}` hash tag, so one tool's keys share a Redis Cluster
+slot):
+
+| Record | Key |
+| --- | --- |
+| `ToolExecution` | `tools:{<tool>}:executions:<execution_id>` |
+| execution id -> tool | `tools:execution-ids:<execution_id>` |
+| `ToolCacheEntry` | `tools:{<tool>}:cache:<parameters_hash>` |
+| single-flight lock | `tools:{<tool>}:flight:<parameters_hash>` |
+| `RetryState` | `tools:retries:<execution_id>` |
+| statistics | `tools:{<tool>}:stats` |
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import date, datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import UUID, uuid4
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from agenticstate.exceptions import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    RetryExhaustedError,
+    UnsupportedTypeError,
+)
+from agenticstate.managers._base import (
+    StateManagerBase,
+    glob_part,
+    key_part,
+    sort_time,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from agenticstate.manager import StateManager
+    from agenticstate.managers._base import Persistence
+
+__all__ = [
+    "RetryState",
+    "ToolCacheEntry",
+    "ToolExecution",
+    "ToolExecutionStatus",
+    "ToolStateManager",
+    "ToolStats",
+    "hash_parameters",
+]
+
+T = TypeVar("T")
+
+DURATION_WINDOW = 512
+"""Durations kept per tool for the p95 (the average covers every execution)."""
+
+
+def _canonical(value: Any, path: str = "$") -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgumentError(f"parameter at {path} is not a finite number")
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidArgumentError(f"parameter keys must be str, found {key!r} at {path}")
+            out[key] = _canonical(item, f"{path}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_canonical(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        items = [_canonical(item, f"{path}[]") for item in value]
+        return {"$set": sorted(items, key=lambda item: json.dumps(item, sort_keys=True))}
+    if isinstance(value, datetime):
+        return {"$dt": value.isoformat()}
+    if isinstance(value, date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, UUID):
+        return {"$uuid": str(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"$b64": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, BaseModel):
+        return _canonical(value.model_dump(mode="json"), path)
+    raise UnsupportedTypeError(f"cannot hash a parameter of type {type(value).__name__}", path=path)
+
+
+def hash_parameters(parameters: Mapping[str, Any]) -> str:
+    """Return the canonical SHA-256 hash of tool parameters (hex).
+
+    Equal parameters hash equal however they were built: dict key order does not matter,
+    integral floats hash like ints (`1.0` like `1`, as JSON would), tuples like lists, sets by
+    their sorted members; nested values, datetimes, dates, UUIDs, bytes and pydantic models are
+    handled. NaN and infinities are refused.
+
+    Raises:
+        InvalidArgumentError: A key is not a str, or a number is not finite.
+        UnsupportedTypeError: A value has a type that cannot be hashed canonically.
+    """
+    canonical = _canonical(parameters)
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ToolExecutionStatus(StrEnum):
+    """Where a tool execution is."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ToolExecution(BaseModel):
+    """One call of a tool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    execution_id: str = Field(default_factory=lambda: uuid4().hex)
+    tool_name: str
+    status: ToolExecutionStatus = ToolExecutionStatus.RUNNING
+    started_at: datetime = Field(default_factory=utcnow)
+    completed_at: datetime | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    result: Any = None
+    error: str | None = None
+    duration_ms: float | None = None
+    cached: bool = False
+    """Whether the result came from the cache."""
+
+
+class ToolCacheEntry(BaseModel):
+    """A cached tool result."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tool_name: str
+    parameters_hash: str
+    """`hash_parameters(parameters)`; `get_cached_result` looks entries up by it."""
+    result: Any = None
+    created_at: datetime = Field(default_factory=utcnow)
+    ttl: int | None = None
+    """Seconds to keep it; None uses the manager's `cache_ttl`."""
+
+
+class RetryState(BaseModel):
+    """A failing execution's retry schedule.
+
+    Timestamps the library computes here are naive local time, like `datetime.now()`, so the
+    seed page's `retry.next_retry_at <= datetime.now()` works; ones you pass keep their
+    tz-awareness.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    execution_id: str
+    attempts: int = Field(default=0, ge=0)
+    max_attempts: int = Field(default=3, ge=1)
+    last_error: str | None = None
+    next_retry_at: datetime | None = None
+    backoff_factor: float = Field(default=2.0, ge=1.0)
+    base_delay: float = Field(default=1.0, ge=0)
+    """Seconds before the first retry."""
+    max_delay: float = Field(default=300.0, ge=0)
+    """The longest wait between attempts, in seconds."""
+    tool_name: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every attempt has been used."""
+        return self.attempts >= self.max_attempts
+
+
+class ToolStats(BaseModel):
+    """A tool's counters and rates."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tool_name: str
+    total_executions: int = 0
+    successful_executions: int = 0
+    failed_executions: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    total_duration_ms: float = 0.0
+    recent_durations_ms: list[float] = Field(default_factory=list)
+    """The last `DURATION_WINDOW` durations, for the p95."""
+    last_execution_at: datetime | None = None
+
+    @property
+    def success_rate(self) -> float:
+        """Successful executions / finished executions (0.0 when none)."""
+        finished = self.successful_executions + self.failed_executions
+        return self.successful_executions / finished if finished else 0.0
+
+    @property
+    def error_rate(self) -> float:
+        """Failed executions / finished executions (0.0 when none)."""
+        finished = self.successful_executions + self.failed_executions
+        return self.failed_executions / finished if finished else 0.0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Cache hits / cache lookups (0.0 when none)."""
+        lookups = self.cache_hits + self.cache_misses
+        return self.cache_hits / lookups if lookups else 0.0
+
+    @property
+    def avg_duration_ms(self) -> float:
+        """The mean duration of every finished execution with a duration."""
+        timed = self.successful_executions + self.failed_executions
+        return self.total_duration_ms / timed if timed else 0.0
+
+    @property
+    def p95_duration_ms(self) -> float:
+        """The 95th percentile of the recent durations (nearest rank)."""
+        if not self.recent_durations_ms:
+            return 0.0
+        ordered = sorted(self.recent_durations_ms)
+        return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def _naive_now() -> datetime:
+    return datetime.now()  # noqa: DTZ005  # see RetryState: the seed compares with naive now()
+
+
+class _Flight:
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class ToolStateManager(StateManagerBase):
+    """Tool executions, a result cache, retry schedules and per-tool statistics.
+
+    Args:
+        state_manager: Where to store records (or use the shorthand below).
+        persistence: `"memory"`, `"file"` or `"redis"` (the seed page's shorthand).
+        redis_url: With `persistence="redis"`.
+        base_path: With `persistence="file"`.
+        key_prefix: With the shorthand: a namespace before every key.
+        cache_results: Whether results are cached at all.
+        cache_ttl: Seconds a cached result lives (unless its entry says otherwise).
+        history_limit: Executions kept per tool (the oldest go first).
+        flight_timeout: How long a single-flight lock lasts if its holder dies, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_manager: StateManager | None = None,
+        persistence: Persistence | None = None,
+        redis_url: str | None = None,
+        base_path: str | Path | None = None,
+        key_prefix: str = "",
+        cache_results: bool = True,
+        cache_ttl: float = 3600,
+        history_limit: int = 1000,
+        flight_timeout: float = 60,
+    ) -> None:
+        if not cache_ttl > 0 or not flight_timeout > 0:
+            raise InvalidArgumentError("cache_ttl and flight_timeout must be positive")
+        if type(history_limit) is not int or history_limit < 1:
+            raise InvalidArgumentError("history_limit must be an int >= 1")
+        super().__init__(
+            state_manager=state_manager,
+            persistence=persistence,
+            redis_url=redis_url,
+            base_path=base_path,
+            key_prefix=key_prefix,
+        )
+        self.cache_results = cache_results
+        self.cache_ttl = cache_ttl
+        self.history_limit = history_limit
+        self.flight_timeout = flight_timeout
+        self._flights: dict[str, _Flight] = {}
+        self._owner = uuid4().hex
+
+    # keys
+
+    @staticmethod
+    def _tool(tool_name: str) -> str:
+        return f"tools:{{{key_part(tool_name, 'tool_name')}}}"
+
+    def _execution_key(self, tool_name: str, execution_id: str) -> str:
+        return f"{self._tool(tool_name)}:executions:{key_part(execution_id, 'execution_id')}"
+
+    @staticmethod
+    def _index_key(execution_id: str) -> str:
+        return f"tools:execution-ids:{key_part(execution_id, 'execution_id')}"
+
+    def _cache_key(self, tool_name: str, parameters_hash: str) -> str:
+        return f"{self._tool(tool_name)}:cache:{key_part(parameters_hash, 'parameters_hash')}"
+
+    def _flight_key(self, tool_name: str, parameters_hash: str) -> str:
+        return f"{self._tool(tool_name)}:flight:{parameters_hash}"
+
+    def _stats_key(self, tool_name: str) -> str:
+        return f"{self._tool(tool_name)}:stats"
+
+    @staticmethod
+    def _retry_key(execution_id: str) -> str:
+        return f"tools:retries:{key_part(execution_id, 'execution_id')}"
+
+    # executions
+
+    async def start_execution(self, execution: ToolExecution) -> ToolExecution:
+        """Record that an execution started.
+
+        Raises:
+            ConflictError: An execution with this id exists already.
+        """
+        if not isinstance(execution, ToolExecution):
+            raise InvalidArgumentError("start_execution takes a ToolExecution")
+        key = self._execution_key(execution.tool_name, execution.execution_id)
+        try:
+            await self.state.save(
+                self._index_key(execution.execution_id), execution.tool_name, expected_version=0
+            )
+        except ConflictError:
+            raise ConflictError(f"execution {execution.execution_id!r} exists already") from None
+        await self.state.save(key, execution)
+        await self._prune_history(execution.tool_name)
+        return execution
+
+    async def get_execution(self, execution_id: str) -> ToolExecution | None:
+        """Return one execution, or None."""
+        tool_name = await self.state.get(self._index_key(execution_id))
+        if tool_name is None:
+            return None
+        return await self._load(self._execution_key(tool_name, execution_id), ToolExecution)
+
+    async def _finish(self, execution_id: str, changes: dict[str, Any]) -> ToolExecution:
+        tool_name = await self.state.get(self._index_key(execution_id))
+        if tool_name is None:
+            raise NotFoundError(f"no execution {execution_id!r}")
+        before: list[ToolExecution] = []
+
+        def finish(current: Any) -> Any:
+            execution = ToolExecution.model_validate(current)
+            if execution.status not in (ToolExecutionStatus.RUNNING, ToolExecutionStatus.PENDING):
+                raise ConflictError(
+                    f"execution {execution_id!r} is {execution.status.value} already"
+                )
+            before[:] = [execution]
+            duration = changes.get("duration_ms")
+            if duration is None:
+                elapsed = sort_time(utcnow()) - sort_time(execution.started_at)
+                changes["duration_ms"] = max(0.0, elapsed * 1000)
+            return execution.model_copy(update={**changes, "completed_at": utcnow()})
+
+        try:
+            value = await self.state.update(self._execution_key(tool_name, execution_id), finish)
+        except NotFoundError:
+            raise NotFoundError(f"no execution {execution_id!r}") from None
+        execution = ToolExecution.model_validate(value)
+        await self._count(
+            tool_name,
+            ok=execution.status is ToolExecutionStatus.COMPLETED,
+            duration_ms=execution.duration_ms,
+        )
+        return execution
+
+    async def complete_execution(
+        self, execution_id: str, result: Any = None, duration_ms: float | None = None
+    ) -> ToolExecution:
+        """Record an execution's result (the duration is measured if not given).
+
+        Raises:
+            NotFoundError: No such execution.
+            ConflictError: It finished already.
+        """
+        return await self._finish(
+            execution_id,
+            {"status": ToolExecutionStatus.COMPLETED, "result": result, "duration_ms": duration_ms},
+        )
+
+    async def fail_execution(
+        self, execution_id: str, error: str, duration_ms: float | None = None
+    ) -> ToolExecution:
+        """Record that an execution failed.
+
+        Raises:
+            NotFoundError: No such execution.
+            ConflictError: It finished already.
+        """
+        return await self._finish(
+            execution_id,
+            {"status": ToolExecutionStatus.FAILED, "error": error, "duration_ms": duration_ms},
+        )
+
+    async def get_execution_history(
+        self, tool_name: str, limit: int | None = 100
+    ) -> list[ToolExecution]:
+        """Return a tool's executions, newest first."""
+        pattern = f"tools:{{{glob_part(key_part(tool_name, 'tool_name'))}}}:executions:*"
+        found = await self._load_many(pattern, ToolExecution)
+        found.sort(key=lambda e: sort_time(e.started_at), reverse=True)
+        return found[:limit] if limit is not None else found
+
+    async def _prune_history(self, tool_name: str) -> None:
+        pattern = f"tools:{{{glob_part(tool_name)}}}:executions:*"
+        keys = await self.state.list_keys(pattern)
+        # Prune in batches once the history is 10% over its limit, not on every start.
+        if len(keys) <= self.history_limit + max(1, self.history_limit // 10):
+            return
+        history = await self.get_execution_history(tool_name, limit=None)
+        for execution in history[self.history_limit :]:
+            await self.state.delete(self._execution_key(tool_name, execution.execution_id))
+            await self.state.delete(self._index_key(execution.execution_id))
+
+    # statistics
+
+    async def _count(
+        self,
+        tool_name: str,
+        *,
+        ok: bool | None = None,
+        duration_ms: float | None = None,
+        hit: bool | None = None,
+    ) -> None:
+        def count(current: Any) -> Any:
+            stats = ToolStats.model_validate(current)
+            changes: dict[str, Any] = {}
+            if ok is not None:
+                changes["total_executions"] = stats.total_executions + 1
+                field = "successful_executions" if ok else "failed_executions"
+                changes[field] = getattr(stats, field) + 1
+                changes["last_execution_at"] = utcnow()
+                changes["total_duration_ms"] = stats.total_duration_ms + (duration_ms or 0.0)
+                if duration_ms is not None:
+                    recent = [*stats.recent_durations_ms, duration_ms]
+                    changes["recent_durations_ms"] = recent[-DURATION_WINDOW:]
+            if hit is not None:
+                field = "cache_hits" if hit else "cache_misses"
+                changes[field] = getattr(stats, field) + 1
+            return stats.model_copy(update=changes)
+
+        await self.state.update(self._stats_key(tool_name), count, default={"tool_name": tool_name})
+
+    async def get_tool_stats(self, tool_name: str) -> ToolStats:
+        """Return a tool's statistics (zeros for a tool never used)."""
+        stats = await self._load(self._stats_key(tool_name), ToolStats)
+        return stats or ToolStats(tool_name=tool_name)
+
+    # the cache
+
+    async def cache_result(self, entry: ToolCacheEntry) -> ToolCacheEntry | None:
+        """Store a result in the cache (no-op, returning None, when caching is off)."""
+        if not isinstance(entry, ToolCacheEntry):
+            raise InvalidArgumentError("cache_result takes a ToolCacheEntry")
+        if not self.cache_results:
+            return None
+        ttl = entry.ttl if entry.ttl is not None else self.cache_ttl
+        await self.state.save(
+            self._cache_key(entry.tool_name, entry.parameters_hash), entry, ttl=ttl
+        )
+        return entry
+
+    async def get_cached_result(
+        self, tool_name: str, parameters: Mapping[str, Any]
+    ) -> ToolCacheEntry | None:
+        """Return the cached entry for these parameters, or None (counted as a hit or a miss)."""
+        if not self.cache_results:
+            return None
+        entry = await self._load(
+            self._cache_key(tool_name, hash_parameters(parameters)), ToolCacheEntry
+        )
+        await self._count(tool_name, hit=entry is not None)
+        return entry
+
+    async def invalidate_cache(
+        self, tool_name: str, parameters: Mapping[str, Any] | None = None
+    ) -> int:
+        """Drop one cached result (for `parameters`) or all of a tool's; return how many."""
+        if parameters is not None:
+            return int(
+                await self.state.delete(self._cache_key(tool_name, hash_parameters(parameters)))
+            )
+        pattern = f"tools:{{{glob_part(key_part(tool_name, 'tool_name'))}}}:cache:*"
+        dropped = 0
+        for key in await self.state.list_keys(pattern):
+            dropped += await self.state.delete(key)
+        return dropped
+
+    async def cached_call(
+        self,
+        tool_name: str,
+        parameters: Mapping[str, Any],
+        fn: Callable[[], Awaitable[T]],
+        *,
+        ttl: float | None = None,
+    ) -> T:
+        """Return the cached result, or run `fn()` once and cache what it returns.
+
+        Single-flight: concurrent identical calls (same tool, same parameter hash) run `fn` once;
+        the others wait for its result. In one process they wait on an event; across processes
+        they take a lock key with compare-and-set and the others watch the cache key for the
+        result (if the holder dies, its lock expires after `flight_timeout` and another caller
+        runs `fn`). Each run is recorded as an execution; waiters count as cache hits.
+
+        Raises:
+            Exception: Whatever `fn` raised (also in the callers waiting in this process).
+        """
+        digest = hash_parameters(parameters)
+        cached = await self.get_cached_result(tool_name, parameters)
+        if cached is not None:
+            return cached.result  # type: ignore[no-any-return]
+        if not self.cache_results:
+            return await self._execute(tool_name, parameters, fn)
+        flight_id = f"{tool_name}\x00{digest}"
+        flight = self._flights.get(flight_id)
+        if flight is not None:
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            await self._count(tool_name, hit=True)
+            return flight.result  # type: ignore[no-any-return]
+        flight = self._flights[flight_id] = _Flight()
+        try:
+            flight.result = await self._fly(tool_name, parameters, digest, fn, ttl)
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            del self._flights[flight_id]
+            flight.done.set()
+        return flight.result  # type: ignore[no-any-return]
+
+    async def _fly(
+        self,
+        tool_name: str,
+        parameters: Mapping[str, Any],
+        digest: str,
+        fn: Callable[[], Awaitable[T]],
+        ttl: float | None,
+    ) -> T:
+        lock = self._flight_key(tool_name, digest)
+        cache = self._cache_key(tool_name, digest)
+        while True:
+            async with self.state.watch(cache) as changes:
+                try:
+                    await self.state.save(
+                        lock, self._owner, ttl=self.flight_timeout, expected_version=0
+                    )
+                except ConflictError:
+                    # Another process is computing it: wait for its result to be cached (or
+                    # for its lock to run out, then try again ourselves).
+                    entry = await self._load(cache, ToolCacheEntry)
+                    if entry is not None:
+                        await self._count(tool_name, hit=True)
+                        return entry.result  # type: ignore[no-any-return]
+                    with anyio.move_on_after(self.flight_timeout):
+                        async for change in changes:
+                            if change.new_value is not None:
+                                await self._count(tool_name, hit=True)
+                                return ToolCacheEntry.model_validate(change.new_value).result  # type: ignore[no-any-return]
+                    continue
+            try:
+                result = await self._execute(tool_name, parameters, fn)
+                await self.cache_result(
+                    ToolCacheEntry(
+                        tool_name=tool_name,
+                        parameters_hash=digest,
+                        result=result,
+                        ttl=int(ttl) if ttl is not None else None,
+                    )
+                )
+                return result
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.state.delete(lock)
+
+    async def _execute(
+        self, tool_name: str, parameters: Mapping[str, Any], fn: Callable[[], Awaitable[T]]
+    ) -> T:
+        execution = await self.start_execution(
+            ToolExecution(tool_name=tool_name, parameters=dict(parameters))
+        )
+        clock = time.perf_counter()
+        try:
+            result = await fn()
+        except Exception as exc:
+            await self.fail_execution(
+                execution.execution_id, type(exc).__name__, (time.perf_counter() - clock) * 1000
+            )
+            raise
+        await self.complete_execution(
+            execution.execution_id, result, (time.perf_counter() - clock) * 1000
+        )
+        return result
+
+    # retries
+
+    async def update_retry_state(self, retry: RetryState) -> RetryState:
+        """Store a retry schedule (replacing the one for the same execution)."""
+        if not isinstance(retry, RetryState):
+            raise InvalidArgumentError("update_retry_state takes a RetryState")
+        await self.state.save(self._retry_key(retry.execution_id), retry)
+        return retry
+
+    async def get_retry_state(self, execution_id: str) -> RetryState | None:
+        """Return an execution's retry schedule, or None."""
+        return await self._load(self._retry_key(execution_id), RetryState)
+
+    async def clear_retry_state(self, execution_id: str) -> bool:
+        """Forget an execution's retry schedule; return whether there was one."""
+        return await self.state.delete(self._retry_key(execution_id))
+
+    async def get_pending_retries(
+        self, *, due_only: bool = True, now: datetime | None = None
+    ) -> list[RetryState]:
+        """Return retry schedules with attempts left, ordered by `next_retry_at`.
+
+        Args:
+            due_only: Only those whose `next_retry_at` has come (naive and aware timestamps are
+                compared as instants).
+            now: The moment to compare with (default: now).
+        """
+        moment = sort_time(now) if now is not None else time.time()
+        found = await self._load_many("tools:retries:*", RetryState)
+        pending = [
+            retry
+            for retry in found
+            if not retry.exhausted
+            and (
+                not due_only
+                or retry.next_retry_at is None
+                or sort_time(retry.next_retry_at) <= moment
+            )
+        ]
+        return sorted(
+            pending,
+            key=lambda r: sort_time(r.next_retry_at) if r.next_retry_at is not None else 0.0,
+        )
+
+    @staticmethod
+    def next_delay(retry: RetryState, *, jitter: bool = True) -> float:
+        """Return the wait, in seconds, before the next attempt after `retry.attempts` failures.
+
+        Exponential: `base_delay * backoff_factor ** (attempts - 1)`, capped at `max_delay`, with
+        "equal jitter" (a uniform draw between half and all of it) so retrying callers spread out.
+        """
+        delay = min(
+            retry.max_delay, retry.base_delay * retry.backoff_factor ** max(0, retry.attempts - 1)
+        )
+        if jitter:
+            delay = random.uniform(delay / 2, delay)  # noqa: S311  # jitter, not crypto
+        return delay
+
+    async def run_with_retries(
+        self,
+        execution_id: str,
+        tool_name: str,
+        parameters: Mapping[str, Any],
+        fn: Callable[[], Awaitable[T]],
+        *,
+        max_attempts: int = 3,
+        backoff_factor: float = 2.0,
+        base_delay: float = 1.0,
+        max_delay: float = 300.0,
+        jitter: bool = True,
+    ) -> T:
+        """Run `fn()` until it succeeds, waiting with exponential backoff between attempts.
+
+        The schedule is stored under `execution_id` after every failure, so a restarted process
+        calling this again continues it: it waits for the stored `next_retry_at` and counts the
+        attempts already made. Success clears the schedule; each attempt is recorded as an
+        execution of the tool.
+
+        Raises:
+            RetryExhaustedError: Every attempt failed (from the last exception).
+        """
+        retry = await self.get_retry_state(execution_id) or RetryState(
+            execution_id=execution_id,
+            max_attempts=max_attempts,
+            backoff_factor=backoff_factor,
+            base_delay=base_delay,
+            max_delay=max_delay,
+            tool_name=tool_name,
+            parameters=dict(parameters),
+        )
+        while True:
+            if retry.exhausted:
+                raise RetryExhaustedError(
+                    f"execution {execution_id!r} failed {retry.attempts} times: {retry.last_error}"
+                )
+            if retry.next_retry_at is not None:
+                wait = sort_time(retry.next_retry_at) - time.time()
+                if wait > 0:
+                    await anyio.sleep(wait)  # the backoff itself
+            try:
+                result = await self._execute(tool_name, parameters, fn)
+            except Exception as exc:
+                attempts = retry.attempts + 1
+                retry = retry.model_copy(
+                    update={"attempts": attempts, "last_error": type(exc).__name__}
+                )
+                delay = self.next_delay(retry, jitter=jitter)
+                retry = retry.model_copy(
+                    update={"next_retry_at": _naive_now() + timedelta(seconds=delay)}
+                )
+                await self.update_retry_state(retry)
+                self.log.warning(
+                    "tool_retry_scheduled",
+                    tool=tool_name,
+                    execution_id=execution_id,
+                    attempt=attempts,
+                    delay=round(delay, 3),
+                )
+                if retry.exhausted:
+                    raise RetryExhaustedError(
+                        f"execution {execution_id!r} failed {attempts} times"
+                    ) from exc
+                continue
+            await self.clear_retry_state(execution_id)
+            return result
