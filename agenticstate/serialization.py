@@ -3,7 +3,8 @@
 What can be stored: `dict` (str keys), `list`, `tuple` (read back as a list), `str`, `int` (64-bit),
 `float` (finite), `bool`, `None`, `datetime` (naive stays naive; aware stays aware with the same
 UTC offset), `date`, `UUID`, `bytes` (and `bytearray`/`memoryview`, read back as bytes), and
-pydantic models (stored as their JSON form; read them back with `model=`). `str` and `int`
+pydantic models (stored as their JSON form; read them back with `model=`), and `...` (the
+`Ellipsis` placeholder the documentation's examples use). `str` and `int`
 subclasses such as `StrEnum` and `IntEnum` are stored as their plain value.
 
 Everything else raises a `SerializationError` subclass naming where the problem is (`$.a[2]`)
@@ -26,6 +27,7 @@ from uuid import UUID
 
 import msgpack
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from agenticstate.exceptions import (
     CycleError,
@@ -50,9 +52,10 @@ DEFAULT_MAX_DEPTH = 64
 
 _MSGPACK, _JSON, _COMPRESSED = 0x01, 0x02, 0x80
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
-_EXT_DATETIME, _EXT_DATE, _EXT_UUID = 1, 2, 3
+_EXT_DATETIME, _EXT_DATE, _EXT_UUID, _EXT_ELLIPSIS = 1, 2, 3, 4
 _TAG_DATETIME, _TAG_DATE, _TAG_UUID, _TAG_BYTES, _TAG_MAP = "$dt", "$date", "$uuid", "$b64", "$map"
-_TAGS = frozenset({_TAG_DATETIME, _TAG_DATE, _TAG_UUID, _TAG_BYTES, _TAG_MAP})
+_TAG_ELLIPSIS = "$..."
+_TAGS = frozenset({_TAG_DATETIME, _TAG_DATE, _TAG_UUID, _TAG_BYTES, _TAG_MAP, _TAG_ELLIPSIS})
 
 
 def _format_path(parts: list[str | int]) -> str:
@@ -115,7 +118,15 @@ class _Encoder:
         if kind is dict or kind is list or kind is tuple:
             return self.container(value, depth)
         if isinstance(value, BaseModel):
-            return self.walk(value.model_dump(mode="json"), depth)
+            try:
+                dumped = value.model_dump(mode="json")
+            except PydanticSerializationError:
+                # A field holds something JSON mode cannot render: walk the Python form, which
+                # this encoder either stores or refuses with a path.
+                dumped = value.model_dump(mode="python")
+            return self.walk(dumped, depth)
+        if value is Ellipsis:
+            return {_TAG_ELLIPSIS: 0} if self.for_json else msgpack.ExtType(_EXT_ELLIPSIS, b"")
         if isinstance(value, bool):
             return bool(value)
         if isinstance(value, str):
@@ -193,6 +204,8 @@ def _ext_hook(code: int, data: bytes) -> object:
         return date.fromisoformat(data.decode())
     if code == _EXT_UUID:
         return UUID(bytes=data)
+    if code == _EXT_ELLIPSIS:
+        return Ellipsis
     raise DecodeError(f"unknown msgpack extension type {code}")
 
 
@@ -210,6 +223,8 @@ def _json_hook(obj: dict[str, Any]) -> object:
         return base64.b64decode(payload, validate=True)
     if tag == _TAG_MAP:
         return dict(payload)
+    if tag == _TAG_ELLIPSIS:
+        return Ellipsis
     return obj
 
 

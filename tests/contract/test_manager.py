@@ -55,6 +55,7 @@ VALUES: list[tuple[str, Any]] = [
     ("tag_lookalike", {"$dt": "not a date"}),
     ("map_lookalike", {"$map": [["a", 1]]}),
     ("dollar_keys", {"$dt": 1, "$uuid": 2}),
+    ("ellipsis", {"results": [...]}),
 ]
 
 

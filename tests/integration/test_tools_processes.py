@@ -1,0 +1,64 @@
+"""Single-flight across real processes on Redis: 4 processes x 25 identical calls, one run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agenticstate
+from agenticstate import StateConfig, StateManager, ToolStateManager
+from tests.conftest import unique_prefix
+
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.skipif(
+        not hasattr(agenticstate, "RedisBackend"), reason="the Redis backend is not merged yet"
+    ),
+]
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+async def test_identical_calls_from_four_processes_run_the_tool_once(redis_url: str) -> None:
+    """100 identical cached_calls spread over 4 processes run the tool exactly once."""
+    prefix = unique_prefix()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.integration._flight_worker", redis_url, prefix, "25"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        for _ in range(4)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:  # start them all at once
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        runs = 0
+        for proc in procs:
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            runs += int(out.strip().split()[-1])
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert runs == 1
+    async with StateManager(
+        StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
+    ) as sm:
+        stats = await ToolStateManager(state_manager=sm).get_tool_stats("oracle")
+    assert stats.total_executions == 1
+    assert stats.cache_hits + stats.cache_misses >= 100

@@ -1,0 +1,165 @@
+"""SpeechStateManager on every backend: sessions, STT/TTS state, turns, ending and expiry."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import pytest
+
+from agenticstate import (
+    AudioSessionStatus,
+    InvalidArgumentError,
+    InvalidTransitionError,
+    NotFoundError,
+    SpeechStateManager,
+    StateManager,
+    StreamingMode,
+    STTState,
+    TranscriptionStatus,
+    TTSState,
+    VoiceConversationState,
+)
+
+
+@pytest.fixture
+def speech(state: StateManager) -> SpeechStateManager:
+    return SpeechStateManager(state_manager=state)
+
+
+async def test_seed_speech_examples(speech: SpeechStateManager) -> None:
+    """The seed page's session, STT, TTS and conversation examples, as written."""
+    speech_state = speech
+    session_id = await speech_state.create_session(
+        session_type="voice_conversation",
+        streaming_mode=StreamingMode.BIDIRECTIONAL,
+        config={"stt_provider": "openai", "tts_provider": "elevenlabs", "language": "en-US"},
+    )
+    await speech_state.update_session_status(
+        session_id=session_id, status=AudioSessionStatus.ACTIVE
+    )
+
+    stt_state = STTState(
+        session_id=session_id,
+        status=TranscriptionStatus.TRANSCRIBING,
+        audio_received_bytes=45000,
+        transcription_progress=0.6,
+        interim_transcript="Hello, I would like to...",
+    )
+    await speech_state.update_stt_state(stt_state)
+    current_stt = await speech_state.get_stt_state(session_id)
+    assert current_stt is not None
+    assert f"{current_stt.transcription_progress:.0%}" == "60%"
+    assert current_stt.interim_transcript == "Hello, I would like to..."
+
+    tts_state = TTSState(
+        session_id=session_id,
+        text_queue=["Hello! How can I help you today?"],
+        audio_generated_bytes=12000,
+        audio_played_bytes=8000,
+        is_speaking=True,
+    )
+    await speech_state.update_tts_state(tts_state)
+    current_tts = await speech_state.get_tts_state(session_id)
+    assert current_tts is not None
+    assert current_tts.is_speaking
+
+    conversation_state = VoiceConversationState(
+        session_id=session_id,
+        turn_count=5,
+        current_speaker="user",
+        stt_state=stt_state,
+        tts_state=tts_state,
+        transcript=[
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi! How can I help?"},
+        ],
+    )
+    await speech_state.update_conversation_state(conversation_state)
+    assert await speech_state.get_conversation_state(session_id) == conversation_state
+
+    await speech_state.end_session(session_id=session_id, reason="user_ended")
+    session = await speech_state.get_session(session_id)
+    assert session is not None
+    assert (session.status, session.end_reason) == (AudioSessionStatus.ENDED, "user_ended")
+    assert await speech_state.list_active_sessions() == []
+
+
+async def test_status_transitions_are_validated(speech: SpeechStateManager) -> None:
+    """Illegal moves raise InvalidTransitionError and change nothing; ENDED is terminal."""
+    session_id = await speech.create_session()
+    with pytest.raises(InvalidTransitionError):
+        await speech.update_session_status(session_id, AudioSessionStatus.PAUSED)
+    await speech.update_session_status(session_id, "active")
+    await speech.update_session_status(session_id, AudioSessionStatus.PAUSED)
+    await speech.update_session_status(session_id, AudioSessionStatus.ACTIVE)
+    await speech.update_session_status(session_id, AudioSessionStatus.ENDED)
+    for status in AudioSessionStatus:
+        with pytest.raises(InvalidTransitionError):
+            await speech.update_session_status(session_id, status)
+    with pytest.raises(InvalidArgumentError):
+        await speech.update_session_status(session_id, "singing")
+    with pytest.raises(NotFoundError):
+        await speech.update_session_status("nope", AudioSessionStatus.ACTIVE)
+
+
+async def test_turns_appended_concurrently_are_all_kept(speech: SpeechStateManager) -> None:
+    """40 turns appended at once from many tasks: all 40 are in the transcript."""
+    session_id = await speech.create_session()
+
+    async def speak(n: int) -> None:
+        await speech.append_turn(session_id, "user" if n % 2 else "assistant", f"turn {n}")
+
+    async with anyio.create_task_group() as tg:
+        for n in range(40):
+            tg.start_soon(speak, n)
+    conversation = await speech.get_conversation_state(session_id)
+    assert conversation is not None
+    assert conversation.turn_count == 40
+    assert sorted(turn["content"] for turn in conversation.transcript) == sorted(
+        f"turn {n}" for n in range(40)
+    )
+    await speech.end_session(session_id)
+    with pytest.raises(InvalidTransitionError):
+        await speech.append_turn(session_id, "user", "too late")
+
+
+async def test_ended_session_expires(state: StateManager) -> None:
+    """An ended session's state is gone after ended_session_ttl."""
+    speech = SpeechStateManager(state_manager=state, ended_session_ttl=timedelta(milliseconds=200))
+    session_id = await speech.create_session()
+    await speech.update_stt_state(STTState(session_id=session_id, interim_transcript="hi"))
+    await speech.append_turn(session_id, "user", "hi")
+    await speech.end_session(session_id, "done")
+    assert await speech.get_session(session_id) is not None
+    await anyio.sleep(0.35)  # wall-clock expiry: wait for the time itself
+    assert await speech.get_session(session_id) is None
+    assert await speech.get_stt_state(session_id) is None
+    assert await speech.get_conversation_state(session_id) is None
+    assert await state.list_keys("speech:*") == []
+
+
+async def test_list_active_sessions(speech: SpeechStateManager) -> None:
+    """Active listing excludes ended sessions; the full listing includes them."""
+    first = await speech.create_session(session_id="a")
+    await speech.create_session(session_id="b", streaming_mode="stt_only")
+    await speech.end_session(first)
+    assert [s.session_id for s in await speech.list_active_sessions()] == ["b"]
+    assert {s.session_id for s in await speech.list_sessions(active_only=False)} == {"a", "b"}
+    with pytest.raises(InvalidArgumentError):
+        await speech.create_session(streaming_mode="sideways")
+
+
+async def test_high_frequency_interim_updates(speech: SpeechStateManager) -> None:
+    """500 interim updates to one session: the last one wins, every one is a single write."""
+    session_id = await speech.create_session()
+    for n in range(500):
+        await speech.update_stt_state(
+            STTState(session_id=session_id, interim_transcript=f"word {n}", audio_received_bytes=n)
+        )
+    stt = await speech.get_stt_state(session_id)
+    assert stt is not None
+    assert stt.interim_transcript == "word 499"
+    entry = await speech.state.get_entry(f"speech:{{{session_id}}}:stt")
+    assert entry is not None
+    assert entry.version == 500

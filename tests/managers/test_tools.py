@@ -1,0 +1,361 @@
+"""ToolStateManager on every backend: executions, cache, single-flight, retries, stats."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import anyio
+import pytest
+
+from agenticstate import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    RetryExhaustedError,
+    RetryState,
+    StateManager,
+    ToolCacheEntry,
+    ToolExecution,
+    ToolExecutionStatus,
+    ToolStateManager,
+    UnsupportedTypeError,
+    hash_parameters,
+)
+
+
+@pytest.fixture
+def tools(state: StateManager) -> ToolStateManager:
+    return ToolStateManager(state_manager=state, cache_results=True, cache_ttl=3600)
+
+
+async def test_seed_execution_example(tools: ToolStateManager) -> None:
+    """The seed page's execution tracking example, as written."""
+    execution = ToolExecution(
+        execution_id="exec_001",
+        tool_name="search_web",
+        status=ToolExecutionStatus.RUNNING,
+        started_at=datetime.now(),  # noqa: DTZ005  # the seed page's own call
+        parameters={"query": "AI news"},
+    )
+    await tools.start_execution(execution)
+    await tools.complete_execution(
+        execution_id="exec_001", result={"results": [...]}, duration_ms=1500
+    )
+    history = await tools.get_execution_history(tool_name="search_web", limit=100)
+    assert [(e.execution_id, e.status, e.duration_ms) for e in history] == [
+        ("exec_001", ToolExecutionStatus.COMPLETED, 1500)
+    ]
+    assert history[0].result == {"results": [...]}
+    assert history[0].started_at.tzinfo is None
+
+
+async def test_history_is_newest_first_limited_and_bounded(state: StateManager) -> None:
+    """History lists newest first, honours limit, and keeps at most history_limit (+10%)."""
+    tools = ToolStateManager(state_manager=state, history_limit=10)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    for n in range(25):
+        await tools.start_execution(
+            ToolExecution(
+                execution_id=f"e{n}", tool_name="t", started_at=base + timedelta(seconds=n)
+            )
+        )
+    history = await tools.get_execution_history("t", limit=None)
+    assert len(history) <= 11
+    assert [e.execution_id for e in history[:3]] == ["e24", "e23", "e22"]
+    assert [e.execution_id for e in await tools.get_execution_history("t", limit=2)] == [
+        "e24",
+        "e23",
+    ]
+
+
+async def test_execution_errors(tools: ToolStateManager) -> None:
+    """Duplicate ids conflict; unknown ids raise NotFoundError; finishing twice conflicts."""
+    await tools.start_execution(ToolExecution(execution_id="e", tool_name="t"))
+    with pytest.raises(ConflictError):
+        await tools.start_execution(ToolExecution(execution_id="e", tool_name="t"))
+    with pytest.raises(NotFoundError):
+        await tools.complete_execution("nope", {})
+    await tools.fail_execution("e", "TimeoutError")
+    with pytest.raises(ConflictError):
+        await tools.complete_execution("e", {})
+    execution = await tools.get_execution("e")
+    assert execution is not None
+    assert execution.status is ToolExecutionStatus.FAILED
+    assert execution.duration_ms is not None
+
+
+def test_hash_parameters_is_canonical() -> None:
+    """Key order, int/float, tuples and sets do not change the hash; values do."""
+    base = hash_parameters({"q": "ai", "n": 1, "opts": {"a": [1, 2], "b": None}})
+    assert base == hash_parameters({"opts": {"b": None, "a": (1, 2)}, "n": 1.0, "q": "ai"})
+    assert base != hash_parameters({"q": "ai", "n": 2, "opts": {"a": [1, 2], "b": None}})
+    assert base != hash_parameters({"q": "ai", "n": 1, "opts": {"a": [2, 1], "b": None}})
+    assert hash_parameters({"s": {3, 1, 2}}) == hash_parameters({"s": {2, 3, 1}})
+    assert hash_parameters({"x": 1.5}) != hash_parameters({"x": 1})
+    assert hash_parameters({"x": "1"}) != hash_parameters({"x": 1})
+    special = {"d": date(2026, 1, 1), "u": UUID(int=5), "b": b"\x00", "t": datetime(2026, 1, 1)}  # noqa: DTZ001
+    assert hash_parameters(special) == hash_parameters(dict(reversed(list(special.items()))))
+    assert len(base) == 64
+    with pytest.raises(InvalidArgumentError):
+        hash_parameters({"x": float("nan")})
+    with pytest.raises(UnsupportedTypeError):
+        hash_parameters({"x": object()})
+
+
+async def test_seed_cache_example(tools: ToolStateManager) -> None:
+    """The seed page's caching example: an entry with a made-up hash is not found by parameters."""
+    cache_entry = ToolCacheEntry(
+        tool_name="search_web",
+        parameters_hash="abc123",
+        result={"results": [...]},
+        created_at=datetime.now(),  # noqa: DTZ005
+        ttl=3600,
+    )
+    await tools.cache_result(cache_entry)
+    cached = await tools.get_cached_result(tool_name="search_web", parameters={"query": "AI news"})
+    assert cached is None
+    real = ToolCacheEntry(
+        tool_name="search_web",
+        parameters_hash=hash_parameters({"query": "AI news"}),
+        result={"results": [1]},
+    )
+    await tools.cache_result(real)
+    cached = await tools.get_cached_result(tool_name="search_web", parameters={"query": "AI news"})
+    assert cached is not None
+    assert cached.result == {"results": [1]}
+    stats = await tools.get_tool_stats("search_web")
+    assert (stats.cache_hits, stats.cache_misses) == (1, 1)
+    assert stats.cache_hit_rate == 0.5
+
+
+async def test_cache_ttl_and_invalidation(tools: ToolStateManager) -> None:
+    """Entries expire after their ttl and can be invalidated one by one or all at once."""
+    for n in range(3):
+        await tools.cache_result(
+            ToolCacheEntry(tool_name="t", parameters_hash=hash_parameters({"n": n}), result=n)
+        )
+    await tools.cache_result(
+        ToolCacheEntry(tool_name="t", parameters_hash=hash_parameters({"n": 9}), result=9, ttl=1)
+    )
+    assert await tools.invalidate_cache("t", {"n": 0}) == 1
+    assert await tools.get_cached_result("t", {"n": 0}) is None
+    assert await tools.invalidate_cache("t") == 3
+    assert await tools.get_cached_result("t", {"n": 1}) is None
+
+
+async def test_cache_disabled(state: StateManager) -> None:
+    """With cache_results=False nothing is cached and cached_call always runs the tool."""
+    tools = ToolStateManager(state_manager=state, cache_results=False)
+    calls = 0
+
+    async def run() -> int:
+        nonlocal calls
+        calls += 1
+        return calls
+
+    assert await tools.cache_result(ToolCacheEntry(tool_name="t", parameters_hash="h")) is None
+    assert await tools.cached_call("t", {"q": 1}, run) == 1
+    assert await tools.cached_call("t", {"q": 1}, run) == 2
+
+
+async def test_single_flight_runs_once_for_100_concurrent_calls(tools: ToolStateManager) -> None:
+    """100 concurrent identical cached_calls run the tool once; all get its result."""
+    calls = 0
+    release = anyio.Event()
+
+    async def search() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return {"hits": 42}
+
+    results: list[Any] = []
+
+    async def caller() -> None:
+        results.append(await tools.cached_call("search_web", {"query": "AI"}, search))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(caller)
+            await anyio.wait_all_tasks_blocked()
+            release.set()
+    assert calls == 1
+    assert results == [{"hits": 42}] * 100
+    assert await tools.cached_call("search_web", {"query": "AI"}, search) == {"hits": 42}
+    assert calls == 1
+    stats = await tools.get_tool_stats("search_web")
+    assert stats.total_executions == 1
+    assert stats.cache_hits >= 100
+
+
+async def test_single_flight_shares_failures_and_releases_lock(tools: ToolStateManager) -> None:
+    """If the one run fails, every waiter gets the error, and the next call runs again."""
+    attempts = 0
+    release = anyio.Event()
+
+    async def flaky() -> str:
+        nonlocal attempts
+        attempts += 1
+        await release.wait()
+        if attempts == 1:
+            raise ConnectionError("down")
+        return "ok"
+
+    errors: list[BaseException] = []
+
+    async def caller() -> None:
+        try:
+            await tools.cached_call("t", {"x": 1}, flaky)
+        except ConnectionError as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(caller)
+            await anyio.wait_all_tasks_blocked()
+            release.set()
+    assert len(errors) == 5
+    assert await tools.cached_call("t", {"x": 1}, flaky) == "ok"
+    assert attempts == 2
+    assert await tools.state.list_keys("tools:{t}:flight:*") == []
+
+
+async def test_seed_retry_example_with_naive_datetimes(tools: ToolStateManager) -> None:
+    """The seed page's retry example: naive next_retry_at compares with datetime.now()."""
+    retry_state = RetryState(
+        execution_id="exec_002",
+        attempts=2,
+        max_attempts=5,
+        last_error="Connection timeout",
+        next_retry_at=datetime.now() + timedelta(seconds=30),  # noqa: DTZ005
+        backoff_factor=2.0,
+    )
+    await tools.update_retry_state(retry_state)
+    due_now = await tools.get_pending_retries()
+    assert due_now == []
+    pending_retries = await tools.get_pending_retries(due_only=False)
+    retried = []
+    for retry in pending_retries:
+        if retry.next_retry_at <= datetime.now():  # type: ignore[operator]  # noqa: DTZ005
+            retried.append(retry)
+    assert [r.execution_id for r in pending_retries] == ["exec_002"]
+    assert retried == []
+    later = datetime.now() + timedelta(minutes=1)  # noqa: DTZ005
+    assert [r.execution_id for r in await tools.get_pending_retries(now=later)] == ["exec_002"]
+
+
+async def test_pending_retries_ordered_and_exhausted_excluded(tools: ToolStateManager) -> None:
+    """Due retries come ordered by next_retry_at (naive and aware mixed); exhausted ones don't."""
+    past = datetime.now(UTC) - timedelta(minutes=10)
+    await tools.update_retry_state(
+        RetryState(execution_id="b", next_retry_at=past + timedelta(minutes=2))
+    )
+    await tools.update_retry_state(
+        RetryState(execution_id="a", next_retry_at=datetime.now() - timedelta(minutes=9))  # noqa: DTZ005
+    )
+    await tools.update_retry_state(RetryState(execution_id="c", next_retry_at=past))
+    await tools.update_retry_state(RetryState(execution_id="dead", attempts=3, max_attempts=3))
+    assert [r.execution_id for r in await tools.get_pending_retries()] == ["c", "a", "b"]
+
+
+async def test_run_with_retries_backs_off_and_persists(tools: ToolStateManager) -> None:
+    """A flaky call is retried with backoff; its schedule is stored between attempts."""
+    calls = 0
+    seen: list[RetryState | None] = []
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        seen.append(await tools.get_retry_state("job-1"))
+        if calls < 3:
+            raise TimeoutError("slow upstream")
+        return "done"
+
+    result = await tools.run_with_retries(
+        "job-1", "fetch", {"url": "x"}, flaky, max_attempts=4, base_delay=0.01, backoff_factor=2.0
+    )
+    assert result == "done"
+    assert calls == 3
+    assert seen[0] is None
+    assert seen[1] is not None
+    assert (seen[1].attempts, seen[1].last_error) == (1, "TimeoutError")
+    assert seen[1].next_retry_at is not None
+    assert seen[1].next_retry_at.tzinfo is None
+    assert seen[2] is not None
+    assert seen[2].attempts == 2
+    assert await tools.get_retry_state("job-1") is None
+    stats = await tools.get_tool_stats("fetch")
+    assert (stats.total_executions, stats.successful_executions, stats.failed_executions) == (
+        3,
+        1,
+        2,
+    )
+
+
+async def test_run_with_retries_resumes_a_stored_schedule(tools: ToolStateManager) -> None:
+    """A restarted caller continues the stored schedule and gives up at max_attempts."""
+    await tools.update_retry_state(
+        RetryState(execution_id="job-2", attempts=2, max_attempts=3, base_delay=0.01)
+    )
+
+    async def broken() -> str:
+        raise ValueError("still broken")
+
+    with pytest.raises(RetryExhaustedError) as caught:
+        await tools.run_with_retries("job-2", "fetch", {}, broken, base_delay=0.01)
+    assert isinstance(caught.value.__cause__, ValueError)
+    state = await tools.get_retry_state("job-2")
+    assert state is not None
+    assert state.attempts == 3
+    assert state.exhausted
+    with pytest.raises(RetryExhaustedError):
+        await tools.run_with_retries("job-2", "fetch", {}, broken)
+
+
+def test_next_delay_grows_exponentially_with_jitter() -> None:
+    """Delays double per attempt, are capped, and jitter stays within half to all of it."""
+    retry = RetryState(execution_id="x", base_delay=1.0, backoff_factor=2.0, max_delay=5.0)
+    exact = [
+        ToolStateManager.next_delay(retry.model_copy(update={"attempts": n}), jitter=False)
+        for n in range(1, 6)
+    ]
+    assert exact == [1.0, 2.0, 4.0, 5.0, 5.0]
+    for _ in range(50):
+        jittered = ToolStateManager.next_delay(retry.model_copy(update={"attempts": 3}))
+        assert 2.0 <= jittered <= 4.0
+
+
+async def test_stats_rates_and_p95(tools: ToolStateManager) -> None:
+    """Success, error and cache-hit rates, average and p95 duration add up."""
+    for n in range(20):
+        await tools.start_execution(ToolExecution(execution_id=f"s{n}", tool_name="calc"))
+        if n < 15:
+            await tools.complete_execution(f"s{n}", n, duration_ms=float(n + 1))
+        else:
+            await tools.fail_execution(f"s{n}", "Boom", duration_ms=100.0)
+    stats = await tools.get_tool_stats("calc")
+    assert stats.total_executions == 20
+    assert stats.success_rate == 0.75
+    assert stats.error_rate == 0.25
+    assert stats.avg_duration_ms == pytest.approx((sum(range(1, 16)) + 500) / 20)
+    assert stats.p95_duration_ms == 100.0
+    empty = await tools.get_tool_stats("never")
+    assert (empty.total_executions, empty.success_rate, empty.p95_duration_ms) == (0, 0.0, 0.0)
+
+
+async def test_concurrent_stats_updates_lose_nothing(tools: ToolStateManager) -> None:
+    """30 tasks finishing executions at once: the counts are exact."""
+
+    async def one(n: int) -> None:
+        await tools.start_execution(ToolExecution(execution_id=f"c{n}", tool_name="par"))
+        await tools.complete_execution(f"c{n}", n, duration_ms=1.0)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(30):
+            tg.start_soon(one, n)
+    stats = await tools.get_tool_stats("par")
+    assert (stats.total_executions, stats.successful_executions) == (30, 30)
