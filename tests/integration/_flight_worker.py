@@ -1,4 +1,6 @@
-"""A process making identical cached_calls: `python -m tests.integration._flight_worker URL PREFIX N`.
+"""A process making identical cached_calls.
+
+Run as `python -m tests.integration._flight_worker URL PREFIX N`.
 
 It waits for a line on stdin (the start signal), makes N concurrent identical calls, and prints
 how many times it ran the tool itself.
