@@ -492,11 +492,12 @@ class ToolStateManager(StateManagerBase):
         """Return the cached entry for these parameters, or None (counted as a hit or a miss)."""
         if not self.cache_results:
             return None
-        entry = await self._load(
-            self._cache_key(tool_name, hash_parameters(parameters)), ToolCacheEntry
-        )
+        entry = await self._lookup(tool_name, hash_parameters(parameters))
         await self._count(tool_name, hit=entry is not None)
         return entry
+
+    async def _lookup(self, tool_name: str, digest: str) -> ToolCacheEntry | None:
+        return await self._load(self._cache_key(tool_name, digest), ToolCacheEntry)
 
     async def invalidate_cache(
         self, tool_name: str, parameters: Mapping[str, Any] | None = None
@@ -522,6 +523,9 @@ class ToolStateManager(StateManagerBase):
     ) -> T:
         """Return the cached result, or run `fn()` once and cache what it returns.
 
+        Each call counts once in the statistics: a cache hit when it is served from the cache or
+        by another caller's run, a miss when it runs the tool.
+
         Single-flight: concurrent identical calls (same tool, same parameter hash) run `fn` once;
         the others wait for its result. In one process they wait on an event; across processes
         they take a lock key with compare-and-set and the others watch the cache key for the
@@ -532,11 +536,14 @@ class ToolStateManager(StateManagerBase):
             Exception: Whatever `fn` raised (also in the callers waiting in this process).
         """
         digest = hash_parameters(parameters)
-        cached = await self.get_cached_result(tool_name, parameters)
-        if cached is not None:
-            return cached.result  # type: ignore[no-any-return]
         if not self.cache_results:
             return await self._execute(tool_name, parameters, fn)
+        # Each call counts once: a hit if served from the cache or another caller's run, a miss
+        # if it runs the tool itself.
+        cached = await self._lookup(tool_name, digest)
+        if cached is not None:
+            await self._count(tool_name, hit=True)
+            return cached.result  # type: ignore[no-any-return]
         flight_id = f"{tool_name}\x00{digest}"
         flight = self._flights.get(flight_id)
         if flight is not None:
@@ -586,6 +593,7 @@ class ToolStateManager(StateManagerBase):
                                 return ToolCacheEntry.model_validate(change.new_value).result  # type: ignore[no-any-return]
                     continue
             try:
+                await self._count(tool_name, hit=False)
                 result = await self._execute(tool_name, parameters, fn)
                 await self.cache_result(
                     ToolCacheEntry(

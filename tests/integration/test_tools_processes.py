@@ -61,4 +61,4 @@ async def test_identical_calls_from_four_processes_run_the_tool_once(redis_url: 
     ) as sm:
         stats = await ToolStateManager(state_manager=sm).get_tool_stats("oracle")
     assert stats.total_executions == 1
-    assert stats.cache_hits + stats.cache_misses >= 100
+    assert (stats.cache_misses, stats.cache_hits) == (1, 99)
