@@ -18,6 +18,7 @@ from agenticstate.backends import (
     ChangeOp,
     Entry,
     MemoryBackend,
+    RedisBackend,
     open_backend,
     register_backend,
 )
@@ -152,6 +153,7 @@ __all__ = [
     "OverflowCallback",
     "RecoveryEvent",
     "RecoveryRecord",
+    "RedisBackend",
     "RetryExhaustedError",
     "RetryState",
     "STTState",

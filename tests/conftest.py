@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agenticstate import MemoryBackend, StateConfig, StateManager
+from agenticstate import MemoryBackend, RedisBackend, StateConfig, StateManager
 from tests._redis_server import RedisServer, require_redis
 
 if TYPE_CHECKING:
@@ -48,8 +48,15 @@ async def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield backend
 
 
+@asynccontextmanager
+async def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    url = request.getfixturevalue("redis_url")
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        yield backend
+
+
 # Each backend module adds its maker here; the contract suite runs against every one.
-BACKEND_MAKERS: dict[str, BackendMaker] = {"memory": _memory}
+BACKEND_MAKERS: dict[str, BackendMaker] = {"memory": _memory, "redis": _redis}
 REDIS_BACKENDS = {"redis"}
 
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import agenticstate
 from tests.conftest import unique_prefix
 
 if TYPE_CHECKING:
@@ -24,15 +23,7 @@ logger = logging.getLogger(__name__)
 @pytest.fixture(
     params=[
         "memory",
-        pytest.param(
-            "redis",
-            marks=[
-                pytest.mark.redis,
-                pytest.mark.skipif(
-                    not hasattr(agenticstate, "RedisBackend"), reason="Redis backend not merged"
-                ),
-            ],
-        ),
+        pytest.param("redis", marks=pytest.mark.redis),
     ]
 )
 def persistence(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Persistence:

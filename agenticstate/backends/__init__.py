@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
 from agenticstate.backends.memory import MemoryBackend
+from agenticstate.backends.redis import RedisBackend
 from agenticstate.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -32,13 +33,19 @@ __all__ = [
     "ChangeOp",
     "Entry",
     "MemoryBackend",
+    "RedisBackend",
     "open_backend",
     "open_config_backend",
     "register_backend",
 ]
 
 
-_factories: dict[str, Callable[[str], Backend]] = {"memory": MemoryBackend.from_url}
+_factories: dict[str, Callable[[str], Backend]] = {
+    "memory": MemoryBackend.from_url,
+    "redis": RedisBackend.from_url,
+    "rediss": RedisBackend.from_url,
+    "unix": RedisBackend.from_url,
+}
 
 
 def register_backend(scheme: str, factory: Callable[[str], Backend]) -> None:
@@ -68,4 +75,11 @@ def open_config_backend(config: StateConfig) -> Backend:
     """Build the backend a `StateConfig` describes."""
     if config.backend == "memory":
         return MemoryBackend(key_prefix=config.key_prefix)
+    if config.backend == "redis":
+        return RedisBackend(
+            url=config.redis_url or "redis://localhost:6379",
+            db=config.db if config.db else None,
+            key_prefix=config.key_prefix,
+            connection_pool_size=config.connection_pool_size,
+        )
     raise ConfigurationError(f"the {config.backend!r} backend is not available in this build")

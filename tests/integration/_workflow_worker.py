@@ -1,7 +1,8 @@
 """A separate process for the workflow tests: `python -m tests.integration._workflow_worker MODE`.
 
 Modes:
-    run       create the workflow and run 20 steps, honouring pause/resume (prints JSON events)
+    run       create the workflow and run 20 steps, honouring pause/resume (prints JSON events);
+              after step 5 it holds until a line arrives on stdin
     pause     pause the workflow and exit
     resume    resume the workflow and exit
     crashy    create and run 20 steps, printing "done N" after each acknowledged step
@@ -39,13 +40,17 @@ def manager(url: str, prefix: str) -> WorkflowStateManager:
     return WorkflowStateManager(state_manager=state, checkpoint_interval=3)
 
 
-async def run_steps(workflows: WorkflowStateManager, first: int) -> None:
+async def run_steps(workflows: WorkflowStateManager, first: int, hold_after: int = 0) -> None:
     for number in range(first, STEPS + 1):
         async with workflows.step(WORKFLOW, number, f"step-{number}") as step:
             await anyio.sleep(0.005)  # the step's work
             step.result = number
             step.context_update = {f"r{number}": number * number}
         emit("done", step=number)
+        if number == hold_after:
+            # Hold here until the test says go, so the pause is sure to land mid-workflow.
+            emit("holding", step=number)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
     await workflows.complete(WORKFLOW)
     emit("completed")
 
@@ -61,7 +66,7 @@ async def main(mode: str, url: str, prefix: str) -> None:
         if mode in ("run", "crashy"):
             await workflows.create(WorkflowState(workflow_id=WORKFLOW, total_steps=STEPS))
             emit("created")
-            await run_steps(workflows, 1)
+            await run_steps(workflows, 1, hold_after=5 if mode == "run" else 0)
         elif mode == "pause":
             await workflows.pause(WORKFLOW)
             emit("paused")

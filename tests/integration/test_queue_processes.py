@@ -14,7 +14,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-import agenticstate
 from agenticstate import (
     IndexingProgress,
     KnowledgeStateManager,
@@ -26,12 +25,7 @@ from agenticstate import (
 from tests.conftest import unique_prefix
 from tests.integration._queue_worker import TEAM
 
-pytestmark = [
-    pytest.mark.redis,
-    pytest.mark.skipif(
-        not hasattr(agenticstate, "RedisBackend"), reason="the Redis backend is not merged yet"
-    ),
-]
+pytestmark = pytest.mark.redis
 
 ROOT = Path(__file__).parent.parent.parent
 TASKS = 1000

@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import agenticstate
 from agenticstate import StateConfig, StateManager, ToolStateManager
 from tests.conftest import unique_prefix
 
-pytestmark = [
-    pytest.mark.redis,
-    pytest.mark.skipif(
-        not hasattr(agenticstate, "RedisBackend"), reason="the Redis backend is not merged yet"
-    ),
-]
+pytestmark = pytest.mark.redis
 
 ROOT = Path(__file__).parent.parent.parent
 

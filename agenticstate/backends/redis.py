@@ -1,0 +1,684 @@
+"""RedisBackend: shared state across processes and machines, with change events over pub/sub.
+
+Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 65-byte ASCII
+header (version, created, updated and expiry times in milliseconds) followed by the value bytes,
+so `get` is one GET and `get_many` one MGET. Each change is published on the channel
+`__agenticstate__:{key_prefix}{key}`; a subscription is one PSUBSCRIBE on
+`__agenticstate__:` + the escaped prefix + the pattern, so Redis itself matches the glob, with
+the same rules as `SCAN MATCH`.
+
+Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
+NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL
+and PUBLISHes the change with the exact old and new bytes, all in one atomic step. Clock
+readings come from the server (`TIME`), so every client agrees on timestamps and expiry.
+
+Delivery. Redis pub/sub is at-most-once: a message published while a subscriber is
+disconnected is lost. One pub/sub connection per backend serves all its subscriptions. When it
+drops (or Redis restarts), the backend reconnects by itself with backoff, subscribes again, then
+**resyncs**: it scans the keys each pattern matches, compares their versions with the last
+version it delivered for each key, and emits a `RESYNC` change (old value unknown, `None`) for
+every key that is new, changed, or gone (`new=None`). Events that arrive older than what was
+already delivered are dropped by version. So a subscriber may miss intermediate values during
+an outage, but never stays on a stale final state.
+
+Faults. Reads and scans are retried (bounded, with backoff) when the connection fails or times
+out, then raise `BackendUnavailableError` or `BackendTimeoutError`. Writes are never retried
+blindly: a write that fails before it is sent raises `BackendUnavailableError`; one whose reply
+was lost raises `WriteOutcomeUnknownError` (read the key's version to find out what happened).
+redis-py's own exceptions never leak.
+
+This backend uses redis-py's asyncio client: it runs under asyncio, not trio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from agenticstate._keys import escape_glob, validate_key, validate_pattern
+from agenticstate.backends.base import (
+    DEFAULT_MAX_BUFFER,
+    Backend,
+    Change,
+    ChangeOp,
+    Entry,
+    backoff,
+    check_expected_version,
+    check_ttl,
+    conflict,
+)
+from agenticstate.config import redact_url
+from agenticstate.events import ChangeFanout, ChangeStream
+from agenticstate.exceptions import (
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ConfigurationError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    WriteOutcomeUnknownError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+
+    import redis.asyncio as aioredis
+
+__all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
+
+log = structlog.get_logger(__name__)
+
+CHANNEL_NAMESPACE = "__agenticstate__:"
+"""What every change channel starts with (before the key prefix)."""
+
+_HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
+
+# KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
+# Returns {1, version, old-or-false, now} or {0, actual version} on a version conflict.
+_SET_SCRIPT = """
+local cur = redis.call('GET', KEYS[1])
+local ver = 0
+local created = nil
+local old = false
+if cur then
+  ver = tonumber(string.sub(cur, 1, 20))
+  created = string.sub(cur, 21, 35)
+  old = string.sub(cur, 66)
+end
+local expected = tonumber(ARGV[3])
+if expected >= 0 and expected ~= ver then
+  return {0, ver}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowstr = string.format('%015d', now)
+if not created then created = nowstr end
+local ttl = tonumber(ARGV[2])
+local expires = 0
+if ttl > 0 then expires = now + ttl end
+ver = ver + 1
+local verstr = string.format('%020d', ver)
+local record = verstr .. created .. nowstr .. string.format('%015d', expires) .. ARGV[1]
+if ttl > 0 then
+  redis.call('SET', KEYS[1], record, 'PX', ttl)
+else
+  redis.call('SET', KEYS[1], record)
+end
+local oldpart = '0'
+if old then oldpart = '1' .. string.format('%010d', #old) .. old end
+redis.call('PUBLISH', ARGV[4], 'S' .. verstr .. nowstr .. oldpart .. ARGV[1])
+return {1, ver, old, now}
+"""
+
+# KEYS[1] the key; ARGV: expected version (-1 = any), channel.
+# Returns {1, version, old, now}, {2} when missing, or {0, actual version} on a conflict.
+_DELETE_SCRIPT = """
+local cur = redis.call('GET', KEYS[1])
+local ver = 0
+if cur then ver = tonumber(string.sub(cur, 1, 20)) end
+local expected = tonumber(ARGV[1])
+if expected >= 0 and expected ~= ver then
+  return {0, ver}
+end
+if not cur then return {2} end
+local old = string.sub(cur, 66)
+redis.call('DEL', KEYS[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local verstr = string.format('%020d', ver)
+redis.call('PUBLISH', ARGV[2], 'D' .. verstr .. string.format('%015d', now) .. '1'
+  .. string.format('%010d', #old) .. old)
+return {1, ver, old, now}
+"""
+
+
+def _ms(value: int) -> datetime:
+    return datetime.fromtimestamp(value / 1000, UTC)
+
+
+def _entry(key: str, raw: bytes) -> Entry:
+    if len(raw) < _HEADER:
+        raise BackendError(f"the record at {key!r} is not an agenticstate record")
+    try:
+        version = int(raw[0:20])
+        created = int(raw[20:35])
+        updated = int(raw[35:50])
+        expires = int(raw[50:65])
+    except ValueError:
+        raise BackendError(f"the record at {key!r} is not an agenticstate record") from None
+    return Entry(
+        key=key,
+        value=raw[_HEADER:],
+        version=version,
+        created_at=_ms(created),
+        updated_at=_ms(updated),
+        expires_at=_ms(expires) if expires else None,
+    )
+
+
+def _parse_message(key: str, data: bytes) -> Change:
+    """Decode a published change: op, version, timestamp, optional old, new."""
+    op = ChangeOp.SET if data[:1] == b"S" else ChangeOp.DELETE
+    version = int(data[1:21])
+    stamp = int(data[21:36])
+    position = 36
+    old: bytes | None = None
+    if data[position : position + 1] == b"1":
+        size = int(data[position + 1 : position + 11])
+        old = data[position + 11 : position + 11 + size]
+        position += 11 + size
+    else:
+        position += 1
+    new = data[position:] if op is ChangeOp.SET else None
+    return Change(key=key, op=op, old=old, new=new, version=version, timestamp=_ms(stamp))
+
+
+def _ttl_ms(ttl: timedelta | None) -> int:
+    return 0 if ttl is None else max(1, math.ceil(ttl.total_seconds() * 1000))
+
+
+class _Group:
+    """The local subscribers of one PSUBSCRIBE pattern, and the versions delivered to them."""
+
+    __slots__ = ("confirmed", "fanout", "pattern", "requested", "users", "versions")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.fanout = ChangeFanout()
+        self.users = 0
+        self.versions: dict[str, int] = {}
+        self.confirmed = asyncio.Event()
+        self.requested = False  # PSUBSCRIBE sent on the current connection
+
+    def deliver(self, change: Change) -> None:
+        known = self.versions.get(change.key)
+        if change.op is ChangeOp.DELETE:
+            if known is not None and change.version < known:
+                return  # a resync already moved past this
+            self.versions.pop(change.key, None)
+        else:
+            if known is not None and change.version <= known:
+                return  # already delivered (a resync overlapped the live stream)
+            self.versions[change.key] = change.version
+        self.fanout.publish(change)
+
+
+class RedisBackend(Backend):
+    """Keep state in Redis, shared by every process that uses the same server and prefix.
+
+    Args:
+        url: `redis://[user:password@]host:port/db`, `rediss://...` for TLS, or `unix:///path`.
+        db: The database, when the URL names none.
+        key_prefix: Put before every key (and every change channel); keys are given and listed
+            without it, so two prefixes on one server never see each other's keys.
+        connection_pool_size: The most connections held open (the pub/sub one is separate).
+        socket_timeout: Seconds to wait for a reply before `BackendTimeoutError`.
+        connect_timeout: Seconds to wait for a connection.
+        read_retries: Times a read or scan is retried after a connection failure or timeout.
+        client: Use this `redis.asyncio.Redis` instead of creating one (it is not closed).
+        **client_options: Passed to `redis.asyncio.Redis.from_url` (TLS files, for example:
+            `ssl_ca_certs=...`, `ssl_certfile=...`, `ssl_keyfile=...`).
+
+    Raises:
+        MissingDependencyError: redis-py is not installed (`pip install "agenticstate[redis]"`).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://localhost:6379",
+        db: int | None = None,
+        key_prefix: str = "",
+        connection_pool_size: int = 10,
+        *,
+        socket_timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        read_retries: int = 3,
+        client: aioredis.Redis | None = None,
+        **client_options: Any,
+    ) -> None:
+        try:
+            import redis.asyncio  # noqa: F401  # optional dependency
+        except ImportError:
+            raise MissingDependencyError("redis", "redis") from None
+        if not isinstance(url, str) or "://" not in url:
+            raise ConfigurationError("url must look like redis://host:port/db")
+        if not isinstance(key_prefix, str):
+            raise ConfigurationError("key_prefix must be a str")
+        if connection_pool_size < 1 or read_retries < 0:
+            raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
+        self.url = url
+        self.db = db
+        self.key_prefix = key_prefix
+        self.connection_pool_size = connection_pool_size
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self.read_retries = read_retries
+        self._client_options = client_options
+        self._client: aioredis.Redis | None = client
+        self._owns_client = client is None
+        self._set: Any = None
+        self._delete: Any = None
+        self._channel_prefix = f"{CHANNEL_NAMESPACE}{key_prefix}"
+        self._groups: dict[str, _Group] = {}
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._resync_pending = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RedisBackend(url={redact_url(self.url)!r}, key_prefix={self.key_prefix!r})"
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisBackend:
+        """Create a backend from `redis://`, `rediss://` or `unix://` (`?key_prefix=` allowed)."""
+        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        prefix = query.pop("key_prefix", options.pop("key_prefix", ""))
+        cleaned = urlunsplit(parts._replace(query=urlencode(query)))
+        return cls(url=cleaned, key_prefix=prefix, **options)
+
+    # connections
+
+    def _make_client(self) -> aioredis.Redis:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        options: dict[str, Any] = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            "max_connections": self.connection_pool_size,
+            # Callers beyond the pool size wait for a connection instead of failing.
+            "timeout": self.socket_timeout,
+            **self._client_options,
+        }
+        if self.db is not None:
+            options["db"] = self.db
+        try:
+            pool = aioredis.BlockingConnectionPool.from_url(self.url, **options)
+            # Retries are ours to decide: never resend a write whose outcome is unknown.
+            return aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"invalid Redis URL {redact_url(self.url)!r}: {exc}") from None
+
+    async def open(self) -> None:
+        """Create the client and load the scripts (no connection is made until first use)."""
+        if self._closed:
+            raise BackendError("this RedisBackend is closed")
+        if self._client is None:
+            self._client = self._make_client()
+        if self._set is None:
+            self._set = self._client.register_script(_SET_SCRIPT)
+            self._delete = self._client.register_script(_DELETE_SCRIPT)
+
+    async def _redis(self) -> aioredis.Redis:
+        if self._client is None or self._set is None:
+            await self.open()
+        assert self._client is not None  # noqa: S101  # set by open()
+        return self._client
+
+    def _k(self, key: str) -> str:
+        return self.key_prefix + validate_key(key)
+
+    @staticmethod
+    def _channel(name: str) -> str:
+        # `name` is the prefixed Redis key, so the channel is the namespace plus that.
+        return CHANNEL_NAMESPACE + name
+
+    @contextlib.contextmanager
+    def _translate(self, *, write_key: str | None = None) -> Iterator[None]:
+        """Turn redis-py exceptions into ours, in one place."""
+        from redis import exceptions as rexc
+
+        try:
+            yield
+        except rexc.AuthenticationError as exc:
+            raise BackendUnavailableError(
+                f"Redis refused the credentials for {redact_url(self.url)}"
+            ) from exc
+        except (TimeoutError, rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            before_send = _failed_to_connect(exc)
+            if write_key is not None and not before_send:
+                raise WriteOutcomeUnknownError(
+                    write_key,
+                    f"the connection to Redis failed during the write to {write_key!r}; "
+                    "it may or may not have been applied",
+                ) from exc
+            if isinstance(exc, (rexc.TimeoutError, asyncio.TimeoutError, TimeoutError)):
+                raise BackendTimeoutError(
+                    f"Redis at {redact_url(self.url)} did not answer in time"
+                ) from exc
+            raise BackendUnavailableError(
+                f"cannot reach Redis at {redact_url(self.url)}: {type(exc).__name__}"
+            ) from exc
+        except rexc.RedisError as exc:
+            raise BackendError(f"Redis error: {type(exc).__name__}: {exc}") from exc
+
+    async def _read(self, call: Callable[[aioredis.Redis], Awaitable[Any]]) -> Any:
+        """Run an idempotent call, retrying connection failures and timeouts a bounded time."""
+        attempt = 0
+        while True:
+            client = await self._redis()
+            try:
+                with self._translate():
+                    return await call(client)
+            except (BackendUnavailableError, BackendTimeoutError):
+                if attempt >= self.read_retries or self._closed:
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
+                attempt += 1
+
+    # the contract
+
+    async def get(self, key: str) -> Entry | None:
+        """Return the entry at `key`, or `None` if missing or expired (one GET)."""
+        name = self._k(key)
+        raw = await self._read(lambda r: r.get(name))
+        return None if raw is None else _entry(key, raw)
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        """Return the entries at `keys`, in order (one MGET)."""
+        if not keys:
+            return []
+        names = [self._k(key) for key in keys]
+        raws = await self._read(lambda r: r.mget(names))
+        return [
+            None if raw is None else _entry(key, raw) for key, raw in zip(keys, raws, strict=True)
+        ]
+
+    async def set(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        ttl: timedelta | None = None,
+        expected_version: int | None = None,
+    ) -> Change:
+        """Store `value` at `key` in one atomic script; see `Backend.set`."""
+        name = self._k(key)
+        check_ttl(ttl)
+        check_expected_version(expected_version)
+        await self._redis()
+        expected = -1 if expected_version is None else expected_version
+        with self._translate(write_key=key):
+            reply = await self._set(
+                keys=[name], args=[value, _ttl_ms(ttl), expected, self._channel(name)]
+            )
+        return self._set_change(key, value, reply, expected_version)
+
+    def _set_change(self, key: str, value: bytes, reply: list[Any], expected: int | None) -> Change:
+        if reply[0] == 0:
+            raise conflict(key, expected if expected is not None else -1, int(reply[1]))
+        old = reply[2] if reply[2] else None
+        return Change(
+            key=key,
+            op=ChangeOp.SET,
+            old=old,
+            new=value,
+            version=int(reply[1]),
+            timestamp=_ms(int(reply[3])),
+        )
+
+    async def set_many(
+        self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
+    ) -> list[Change]:
+        """Store several values in one round trip (a pipeline of scripts; each atomic)."""
+        check_ttl(ttl)
+        if not items:
+            return []
+        names = [self._k(key) for key, _ in items]
+        client = await self._redis()
+        life = _ttl_ms(ttl)
+        with self._translate(write_key=items[0][0]):
+            async with client.pipeline(transaction=False) as pipe:
+                for name, (_, value) in zip(names, items, strict=True):
+                    await self._set(
+                        keys=[name], args=[value, life, -1, self._channel(name)], client=pipe
+                    )
+                replies = await pipe.execute()
+        return [
+            self._set_change(key, value, reply, None)
+            for (key, value), reply in zip(items, replies, strict=True)
+        ]
+
+    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+        """Delete `key` in one atomic script; see `Backend.delete`."""
+        name = self._k(key)
+        check_expected_version(expected_version)
+        await self._redis()
+        expected = -1 if expected_version is None else expected_version
+        with self._translate(write_key=key):
+            reply = await self._delete(keys=[name], args=[expected, self._channel(name)])
+        if reply[0] == 0:
+            raise conflict(key, expected, int(reply[1]))
+        if reply[0] == 2:
+            return None
+        return Change(
+            key=key,
+            op=ChangeOp.DELETE,
+            old=reply[2],
+            new=None,
+            version=int(reply[1]),
+            timestamp=_ms(int(reply[3])),
+        )
+
+    async def scan(self, pattern: str) -> AsyncIterator[str]:
+        """Yield the keys matching `pattern` with SCAN (never KEYS), without the prefix."""
+        match = escape_glob(self.key_prefix) + validate_pattern(pattern)
+        cut = len(self.key_prefix.encode())
+        seen: set[bytes] = set()
+        cursor: Any = 0
+        while True:
+            cursor, batch = await self._read(partial(_scan_page, cursor=cursor, match=match))
+            for raw in batch:
+                if raw not in seen:
+                    seen.add(raw)
+                    yield raw[cut:].decode("utf-8", "surrogateescape")
+            if int(cursor) == 0:
+                return
+
+    # subscriptions
+
+    def changes(
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+    ) -> contextlib.AbstractAsyncContextManager[ChangeStream]:
+        """Subscribe to changes of keys matching `pattern` (from every process)."""
+        return self._changes(validate_pattern(pattern), max_buffer)
+
+    @asynccontextmanager
+    async def _changes(self, pattern: str, max_buffer: int) -> AsyncIterator[ChangeStream]:
+        if type(max_buffer) is not int or max_buffer < 1:
+            raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
+        await self._redis()
+        group = self._groups.get(pattern)
+        if group is None:
+            group = self._groups[pattern] = _Group(pattern)
+        group.users += 1
+        try:
+            async with group.fanout.subscribe("*", max_buffer) as stream:
+                await self._ensure_subscribed(group)
+                yield stream
+        finally:
+            group.users -= 1
+            if group.users == 0 and self._groups.get(pattern) is group:
+                del self._groups[pattern]
+                await self._unsubscribe(group)
+
+    def _redis_pattern(self, pattern: str) -> str:
+        return escape_glob(self._channel_prefix) + pattern
+
+    def _user_pattern(self, raw: bytes) -> str:
+        return raw.decode("utf-8", "surrogateescape")[len(escape_glob(self._channel_prefix)) :]
+
+    async def _ensure_subscribed(self, group: _Group) -> None:
+        if self._closed:
+            group.fanout.close()
+            return
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read_changes(), name="agenticstate-redis-pubsub"
+            )
+        elif self._pubsub is not None:
+            await self._request(group)
+        try:
+            await asyncio.wait_for(
+                group.confirmed.wait(), self.connect_timeout + self.socket_timeout
+            )
+        except TimeoutError:
+            raise BackendUnavailableError(
+                f"could not subscribe to {group.pattern!r} on {redact_url(self.url)}"
+            ) from None
+
+    async def _request(self, group: _Group) -> None:
+        if group.requested or self._pubsub is None:
+            return
+        group.requested = True
+        with contextlib.suppress(Exception):  # a failure shows up in the reader, which retries
+            await self._pubsub.psubscribe(self._redis_pattern(group.pattern))
+
+    async def _unsubscribe(self, group: _Group) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.punsubscribe(self._redis_pattern(group.pattern))
+
+    async def _read_changes(self) -> None:
+        """The one reader of the pub/sub connection: dispatch, reconnect, resync."""
+        failures = 0
+        while not self._closed:
+            try:
+                if self._pubsub is None:
+                    client = await self._redis()
+                    self._pubsub = client.pubsub(ignore_subscribe_messages=False)
+                    await self._pubsub.connect()
+                    for group in list(self._groups.values()):
+                        await self._request(group)
+                message = await self._pubsub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                kind = message["type"]
+                if kind == "pmessage":
+                    self._dispatch(message)
+                elif kind == "psubscribe":
+                    confirmed = self._groups.get(self._user_pattern(message["channel"]))
+                    if confirmed is not None:
+                        confirmed.confirmed.set()
+                    if self._resync_pending and all(
+                        g.confirmed.is_set() for g in self._groups.values()
+                    ):
+                        # Every pattern listens again: now re-read what the gap may have hidden.
+                        self._resync_pending = False
+                        await self._resync()
+                    failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001  # any failure: reconnect, then resync
+                failures += 1
+                log.warning(
+                    "pubsub_reconnecting",
+                    url=redact_url(self.url),
+                    error=type(exc).__name__,
+                    attempt=failures,
+                )
+                await self._drop_pubsub()
+                for group in self._groups.values():
+                    group.requested = False
+                    group.confirmed.clear()
+                self._resync_pending = True
+                await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        group = self._groups.get(self._user_pattern(message["pattern"]))
+        if group is None:
+            return
+        channel: bytes = message["channel"]
+        cut = len(self._channel_prefix.encode())
+        key = channel[cut:].decode("utf-8", "surrogateescape")
+        group.deliver(_parse_message(key, message["data"]))
+
+    async def _resync(self) -> None:
+        """After a gap, re-read every subscribed pattern's keys and emit what changed."""
+        for group in list(self._groups.values()):
+            keys = [key async for key in self.scan(group.pattern)]
+            entries = await self.get_many(keys)
+            present: set[str] = set()
+            now = datetime.now(UTC)
+            for key, entry in zip(keys, entries, strict=True):
+                if entry is None:
+                    continue
+                present.add(key)
+                if group.versions.get(key) == entry.version:
+                    continue
+                group.versions[key] = entry.version
+                group.fanout.publish(
+                    Change(
+                        key=key,
+                        op=ChangeOp.RESYNC,
+                        old=None,
+                        new=entry.value,
+                        version=entry.version,
+                        timestamp=entry.updated_at,
+                    )
+                )
+            for key in [k for k in group.versions if k not in present]:
+                version = group.versions.pop(key)
+                group.fanout.publish(
+                    Change(
+                        key=key,
+                        op=ChangeOp.RESYNC,
+                        old=None,
+                        new=None,
+                        version=version,
+                        timestamp=now,
+                    )
+                )
+            log.info("pubsub_resynced", pattern=group.pattern, keys=len(keys))
+
+    async def _drop_pubsub(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def aclose(self) -> None:
+        """End subscriptions, close the pub/sub connection and (if created here) the client."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in self._groups.values():
+            group.fanout.close()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        await self._drop_pubsub()
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            with contextlib.suppress(Exception):
+                await client.aclose(close_connection_pool=True)
+
+
+async def _scan_page(client: aioredis.Redis, *, cursor: Any, match: str) -> Any:
+    return await client.scan(cursor=cursor, match=match, count=1000)
+
+
+def _failed_to_connect(exc: BaseException) -> bool:
+    """Whether a connection error happened before anything was sent (so nothing was applied)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, (ConnectionRefusedError, FileNotFoundError)):
+            return True
+        text = str(cause)
+        if "Error connecting" in text or "connecting to" in text or "Connection refused" in text:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
