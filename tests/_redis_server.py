@@ -32,6 +32,7 @@ class RedisServer:
     directory: Path
     port: int = field(default_factory=free_port)
     extra_args: tuple[str, ...] = ()
+    tls_files: tuple[Path, Path, Path] | None = None  # (cert, key, ca): serve TLS on `port`
     process: subprocess.Popen[bytes] | None = None
     reader: threading.Thread | None = None
 
@@ -45,18 +46,24 @@ class RedisServer:
 
     @property
     def tcp_url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        scheme = "rediss" if self.tls_files else "redis"
+        return f"{scheme}://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 20.0) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (make test installs it)")
         self.directory.mkdir(parents=True, exist_ok=True)
+        ports = ["--port", str(self.port)]
+        if self.tls_files is not None:
+            cert, key, ca = self.tls_files
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert)]
+            ports += ["--tls-key-file", str(key), "--tls-ca-cert-file", str(ca)]
+            ports += ["--tls-auth-clients", "no"]
         self.process = subprocess.Popen(
             [
                 binary,
-                "--port",
-                str(self.port),
+                *ports,
                 "--bind",
                 "127.0.0.1",
                 "--unixsocket",
@@ -113,3 +120,25 @@ class RedisServer:
 
 def require_redis() -> bool:
     return os.environ.get("AGENTICSTATE_REQUIRE_REDIS") == "1"
+
+
+def make_test_ca(directory: Path) -> tuple[Path, Path, Path]:
+    """Create a throwaway CA and a server certificate for 127.0.0.1 with openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise FileNotFoundError("openssl is not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_crt = directory / "ca.key", directory / "ca.crt"
+    key, csr, crt = directory / "server.key", directory / "server.csr", directory / "server.crt"
+    ext = directory / "ext.cnf"
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    new_key = ["-newkey", "rsa:2048", "-nodes", "-keyout"]
+    run("req", "-x509", *new_key, str(ca_key), "-out", str(ca_crt), "-days", "1", "-subj", "/CN=ca")
+    run("req", *new_key, str(key), "-out", str(csr), "-subj", "/CN=localhost")
+    signing = ["-CA", str(ca_crt), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "1"]
+    run("x509", "-req", "-in", str(csr), *signing, "-out", str(crt), "-extfile", str(ext))
+    return crt, key, ca_crt

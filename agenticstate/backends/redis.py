@@ -353,7 +353,7 @@ class RedisBackend(Backend):
                     f"the connection to Redis failed during the write to {write_key!r}; "
                     "it may or may not have been applied",
                 ) from exc
-            if isinstance(exc, (rexc.TimeoutError, asyncio.TimeoutError, TimeoutError)):
+            if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
                 raise BackendTimeoutError(
                     f"Redis at {redact_url(self.url)} did not answer in time"
                 ) from exc
@@ -671,14 +671,35 @@ async def _scan_page(client: aioredis.Redis, *, cursor: Any, match: str) -> Any:
     return await client.scan(cursor=cursor, match=match, count=1000)
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _chain_has(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    return any(isinstance(link, kinds) for link in _chain(exc))
+
+
+_CONNECT_FRAMES = frozenset({"connect", "_connect", "on_connect", "on_connect_check_health"})
+
+
 def _failed_to_connect(exc: BaseException) -> bool:
-    """Whether a connection error happened before anything was sent (so nothing was applied)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, (ConnectionRefusedError, FileNotFoundError)):
+    """Whether the failure happened while connecting, before any command was sent.
+
+    redis-py raises the same exception types for a failed connect and for a lost reply, so the
+    traceback decides: a failure inside the connection's connect step sent nothing.
+    """
+    for link in _chain(exc):
+        if isinstance(link, (ConnectionRefusedError, FileNotFoundError)):
             return True
-        text = str(cause)
-        if "Error connecting" in text or "connecting to" in text or "Connection refused" in text:
-            return True
-        cause = cause.__cause__ or cause.__context__
+        frame = link.__traceback__
+        while frame is not None:
+            code = frame.tb_frame.f_code
+            if code.co_name in _CONNECT_FRAMES and "redis" in code.co_filename:
+                return True
+            frame = frame.tb_next
     return False
