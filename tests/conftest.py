@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agenticstate import MemoryBackend, RedisBackend, StateConfig, StateManager
+from agenticstate import FileBackend, MemoryBackend, RedisBackend, StateConfig, StateManager
 from tests._redis_server import RedisServer, require_redis
 
 if TYPE_CHECKING:
@@ -55,8 +55,14 @@ async def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         yield backend
 
 
+@asynccontextmanager
+async def _file(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    async with FileBackend(base_path=tmp_path / "store") as backend:
+        yield backend
+
+
 # Each backend module adds its maker here; the contract suite runs against every one.
-BACKEND_MAKERS: dict[str, BackendMaker] = {"memory": _memory, "redis": _redis}
+BACKEND_MAKERS: dict[str, BackendMaker] = {"memory": _memory, "file": _file, "redis": _redis}
 REDIS_BACKENDS = {"redis"}
 
 

@@ -14,10 +14,12 @@ own.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
+from agenticstate.backends.file import FileBackend
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.redis import RedisBackend
 from agenticstate.exceptions import ConfigurationError
@@ -32,6 +34,7 @@ __all__ = [
     "Change",
     "ChangeOp",
     "Entry",
+    "FileBackend",
     "MemoryBackend",
     "RedisBackend",
     "open_backend",
@@ -42,6 +45,7 @@ __all__ = [
 
 _factories: dict[str, Callable[[str], Backend]] = {
     "memory": MemoryBackend.from_url,
+    "file": FileBackend.from_url,
     "redis": RedisBackend.from_url,
     "rediss": RedisBackend.from_url,
     "unix": RedisBackend.from_url,
@@ -75,6 +79,17 @@ def open_config_backend(config: StateConfig) -> Backend:
     """Build the backend a `StateConfig` describes."""
     if config.backend == "memory":
         return MemoryBackend(key_prefix=config.key_prefix)
+    if config.backend == "file":
+        path = Path(config.file_path) if config.file_path is not None else Path("state/state.json")
+        return FileBackend(
+            base_path=path.parent,
+            file_name=path.name,
+            format=config.format or "json",
+            compression=config.compression,
+            key_prefix=config.key_prefix,
+            auto_save=config.auto_save,
+            save_interval=config.save_interval,
+        )
     if config.backend == "redis":
         return RedisBackend(
             url=config.redis_url or "redis://localhost:6379",

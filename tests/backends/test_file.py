@@ -1,0 +1,315 @@
+"""What only the file backend promises: crash safety, one owner, readable snapshots."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+import agenticstate.backends.file as file_module
+from agenticstate import BackendError, FileBackend, StateConfig, StateManager
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+def spawn_writer(directory: Path, start: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.backends._file_writer", str(directory), str(start)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+async def read_all(directory: Path) -> dict[str, bytes]:
+    async with FileBackend(base_path=directory, format="msgpack") as backend:
+        keys = [key async for key in backend.scan("*")]
+        entries = await backend.get_many(keys)
+        return {key: entry.value for key, entry in zip(keys, entries, strict=True) if entry}
+
+
+async def test_state_survives_close_and_reopen(tmp_path: Path) -> None:
+    """Values, versions, timestamps and TTLs read back after the store is closed and reopened."""
+    async with FileBackend(base_path=tmp_path) as backend:
+        await backend.set("a", b"1")
+        await backend.set("a", b"2")
+        await backend.set("gone", b"x")
+        await backend.delete("gone")
+        first = await backend.get("a")
+    async with FileBackend(base_path=tmp_path) as backend:
+        again = await backend.get("a")
+        assert await backend.get("gone") is None
+        assert again == first
+        change = await backend.set("a", b"3")
+        assert change.version == 3
+
+
+async def test_killed_writers_never_tear_or_lose_acknowledged_writes(tmp_path: Path) -> None:
+    """A writer SIGKILLed 100 times mid-stream: every key reads as its last acknowledged value or
+    a later one, and nothing is ever unreadable."""
+    rng = random.Random(20261122)
+    acked: dict[str, int] = {}
+    start = 0
+    for _ in range(100):
+        writer = spawn_writer(tmp_path, start)
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "open"
+        for _ in range(rng.randint(0, 40)):
+            line = writer.stdout.readline()
+            if not line:
+                break
+            n = int(line.split()[1])
+            acked[f"k{n % 10}"] = n
+        writer.send_signal(signal.SIGKILL)  # somewhere in the middle of the next write
+        # Acknowledgements already in the pipe came before the kill: they count too.
+        for line in writer.stdout:
+            n = int(line.split()[1])
+            acked[f"k{n % 10}"] = n
+        writer.wait(timeout=10)
+        writer.stdout.close()
+        stored = await read_all(tmp_path)
+        for key, n in acked.items():
+            assert key in stored, key
+            assert int(stored[key]) >= n, (key, stored[key], n)  # never older than acknowledged
+        start = max((int(v) for v in stored.values()), default=-1) + 1
+    assert len(acked) == 10
+
+
+async def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path: Path) -> None:
+    """Garbage or a half record at the end of the log is dropped; everything before it stays."""
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        backend.compact_bytes = 1 << 40  # keep everything in the log
+        await backend.set("a", b"1")
+        await backend.set("b", b"2")
+        backend._snapshot = _no_snapshot  # type: ignore[method-assign]  # crash before close
+    log_path = tmp_path / "state.json.log"
+    size = log_path.stat().st_size
+    assert size > 0
+    with log_path.open("ab") as handle:
+        handle.write(b"\x00\x00\x01\x00garbage-half-record")
+    with capture_logs() as logs:
+        async with FileBackend(base_path=tmp_path) as backend:
+            assert (await backend.get("a")) is not None
+            entry = await backend.get("b")
+            assert entry is not None
+            assert entry.value == b"2"
+    assert any(event["event"] == "file_store_torn_tail" for event in logs)
+
+
+async def _no_snapshot() -> None:
+    return None
+
+
+async def test_corrupt_record_stops_replay_there(tmp_path: Path) -> None:
+    """A record whose checksum does not match ends the replay: nothing after it is trusted."""
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        await backend.set("a", b"first")
+        backend._snapshot = _no_snapshot  # type: ignore[method-assign]
+    log_path = tmp_path / "state.json.log"
+    good = log_path.read_bytes()
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        backend._snapshot = _no_snapshot  # type: ignore[method-assign]
+        await backend.set("a", b"second")
+    data = bytearray(log_path.read_bytes())
+    data[len(good) + 12] ^= 0xFF  # flip a byte inside the second record
+    log_path.write_bytes(bytes(data))
+    async with FileBackend(base_path=tmp_path) as backend:
+        entry = await backend.get("a")
+        assert entry is not None
+        assert entry.value == b"first"
+
+
+async def test_stray_temp_files_are_removed(tmp_path: Path) -> None:
+    """A temporary snapshot left by an interrupted write is removed on open."""
+    stray = tmp_path / "state.json.4242.tmp"
+    stray.write_text("half a snapshot")
+    async with FileBackend(base_path=tmp_path):
+        pass
+    assert not stray.exists()
+
+
+async def test_second_process_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    """While a process owns the store, another opener gets BackendError naming its pid."""
+    writer = spawn_writer(tmp_path, 0)
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "open"
+        with pytest.raises(BackendError, match=f"process {writer.pid}"):
+            await FileBackend(base_path=tmp_path, format="msgpack").open()
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=10)
+        assert writer.stdout is not None
+        writer.stdout.close()
+    # The killed holder's lock died with it: the store can be taken over.
+    stored = await read_all(tmp_path)
+    assert all(int(value) >= 0 for value in stored.values())
+
+
+async def test_same_process_cannot_open_twice(tmp_path: Path) -> None:
+    """Two backends on one store in one process conflict too."""
+    async with FileBackend(base_path=tmp_path):
+        with pytest.raises(BackendError, match="in use"):
+            await FileBackend(base_path=tmp_path).open()
+
+
+@pytest.mark.parametrize("key", ["../../etc/passwd", "/abs/path", "..", ".", "a/../../b", "ü/../x"])
+async def test_keys_never_become_paths(tmp_path: Path, key: str) -> None:
+    """Hostile keys are stored inside the store's files; nothing is written anywhere else."""
+    store = tmp_path / "deep" / "store"
+    async with FileBackend(base_path=store) as backend:
+        await backend.set(key, b"x")
+        await backend.flush()
+        entry = await backend.get(key)
+        assert entry is not None
+    outside = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))  # noqa: ASYNC240
+    assert outside == sorted(
+        [
+            "deep",
+            "deep/store",
+            "deep/store/state.json",
+            "deep/store/state.json.log",
+            "deep/store/state.json.lock",
+        ]
+    )
+
+
+async def test_disk_full_raises_and_keeps_the_previous_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An injected ENOSPC on fsync raises BackendError; the old value stays, also after reopen."""
+    async with FileBackend(base_path=tmp_path) as backend:
+        await backend.set("k", b"old")
+
+        def full(fd: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(file_module, "_fsync", full)
+        with pytest.raises(BackendError, match="disk is full"):
+            await backend.set("k", b"new")
+        entry = await backend.get("k")
+        assert entry is not None
+        assert (entry.value, entry.version) == (b"old", 1)
+        monkeypatch.undo()
+        change = await backend.set("k", b"newer")
+        assert change.version == 2
+    async with FileBackend(base_path=tmp_path) as backend:
+        entry = await backend.get("k")
+        assert entry is not None
+        assert entry.value == b"newer"
+
+
+async def test_io_error_on_write_is_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An injected EIO while appending raises BackendError and changes nothing."""
+    async with FileBackend(base_path=tmp_path) as backend:
+        await backend.set("k", b"old")
+
+        def broken(fd: int, data: bytes) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(file_module, "_write_all", broken)
+        with pytest.raises(BackendError):
+            await backend.set("k", b"new")
+        monkeypatch.undo()
+        entry = await backend.get("k")
+        assert entry is not None
+        assert entry.value == b"old"
+
+
+async def test_json_snapshot_is_readable(tmp_path: Path) -> None:
+    """With format="json" the snapshot is plain JSON showing the values themselves."""
+    config = StateConfig(
+        backend="file", file_path=tmp_path / "state" / "app_state.json", auto_save=True
+    )
+    async with StateManager(config=config) as state:
+        await state.save("agent:researcher", {"status": "running", "progress": 0.45})
+    snapshot = json.loads((tmp_path / "state" / "app_state.json").read_text())
+    item = snapshot["entries"]["agent:researcher"]
+    assert item["json"] == {"status": "running", "progress": 0.45}
+    assert item["version"] == 1
+    async with StateManager(config=config) as state:
+        assert await state.get("agent:researcher") == {"status": "running", "progress": 0.45}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "compression"), [("msgpack", False), ("msgpack", True), ("json", True)]
+)
+async def test_formats_and_compression_round_trip(
+    tmp_path: Path, fmt: Any, compression: bool
+) -> None:
+    """msgpack and compressed snapshots read back exactly; they are not plain JSON."""
+    value = b"\x01" + b"abc" * 400
+    async with FileBackend(base_path=tmp_path, format=fmt, compression=compression) as backend:
+        await backend.set("k", value)
+    raw = (tmp_path / f"state.{fmt}").read_bytes()  # a test reading a file
+    if compression:
+        assert zlib.decompress(raw)
+    else:
+        with pytest.raises(ValueError, match=r"."):
+            json.loads(raw)
+    async with FileBackend(base_path=tmp_path, format=fmt, compression=compression) as backend:
+        entry = await backend.get("k")
+        assert entry is not None
+        assert entry.value == value
+
+
+async def test_corrupt_snapshot_refuses_to_open(tmp_path: Path) -> None:
+    """A damaged snapshot is a typed error, never a silent fresh start."""
+    (tmp_path / "state.json").write_text("{not json")
+    with pytest.raises(BackendError, match="corrupt"):
+        await FileBackend(base_path=tmp_path).open()
+
+
+async def test_durability_none_persists_on_close(tmp_path: Path) -> None:
+    """Without fsync, writes still persist across a clean close."""
+    async with (
+        FileBackend(base_path=tmp_path, format="msgpack", durability="none") as backend,
+        anyio.create_task_group() as tg,
+    ):
+        for n in range(50):
+            tg.start_soon(backend.set, f"k{n}", b"v")
+    assert len(await read_all(tmp_path)) == 50
+
+
+async def test_concurrent_writers_share_fsyncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50 concurrent durable writes need far fewer than 50 fsyncs (group commit)."""
+    calls = 0
+    real = file_module._fsync
+
+    def counting(fd: int) -> None:
+        nonlocal calls
+        calls += 1
+        real(fd)
+
+    async with FileBackend(base_path=tmp_path, format="msgpack", auto_save=False) as backend:
+        monkeypatch.setattr(file_module, "_fsync", counting)
+        async with anyio.create_task_group() as tg:
+            for n in range(50):
+                tg.start_soon(backend.set, f"k{n}", b"v")
+        monkeypatch.undo()
+    assert 1 <= calls <= 10
+    assert len(await read_all(tmp_path)) == 50
+
+
+async def test_bad_options_are_refused(tmp_path: Path) -> None:
+    """Unknown formats, durability modes and file names raise ConfigurationError."""
+    from agenticstate import ConfigurationError
+
+    for options in ({"format": "xml"}, {"durability": "maybe"}, {"file_name": "../x"}):
+        with pytest.raises(ConfigurationError):
+            FileBackend(base_path=tmp_path, **options)  # type: ignore[arg-type]
