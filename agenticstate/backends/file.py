@@ -175,9 +175,10 @@ class _Record:
 class _Batch:
     """Writes that will be made durable together, by one fsync."""
 
-    __slots__ = ("done", "error", "overlay", "records")
+    __slots__ = ("applied", "done", "error", "overlay", "records")
 
     def __init__(self) -> None:
+        self.applied = False
         self.records: list[_Record] = []
         self.overlay: dict[str, Entry | None] = {}
         self.done = anyio.Event()
@@ -573,21 +574,26 @@ class FileBackend(Backend):
         batch = self._open_batch
         assert self._flush_lock is not None  # noqa: S101  # set by open()
         while not batch.done.is_set():
-            async with self._flush_lock:
-                if batch.done.is_set():
-                    break
-                if self._log_fd is None:
-                    batch.error = BackendError("the store was closed before the write was saved")
-                    batch.done.set()
-                    break
-                # Whatever gathered while the previous batch synced goes in this one fsync.
-                self._open_batch = _Batch()
-                self._flushing = batch
-                try:
-                    await self._write_batch(batch)
-                finally:
+            flushing = self._flushing
+            if flushing is not None:
+                # Another writer is syncing the previous batch: ours gathers meanwhile.
+                await flushing.done.wait()
+                continue
+            # Nobody is syncing: lead. Whatever gathered so far goes in this one fsync.
+            self._open_batch = _Batch()
+            self._flushing = batch
+            try:
+                async with self._flush_lock:
+                    if self._log_fd is None:
+                        batch.error = BackendError(
+                            "the store was closed before the write was saved"
+                        )
+                    else:
+                        await self._write_batch(batch)
+            finally:
+                if self._flushing is batch:
                     self._flushing = None
-                    batch.done.set()
+                batch.done.set()
         if batch.error is not None:
             raise BackendError(f"the write was not saved: {batch.error}") from batch.error
 
@@ -609,7 +615,7 @@ class FileBackend(Backend):
             else:
                 self._store(record.entry)
             self._fanout.publish(record.change)
-        self._flushing = None  # applied: its records are committed state now
+        batch.applied = True
         if self._should_snapshot():
             with contextlib.suppress(BackendError):
                 await self._snapshot()
@@ -755,7 +761,13 @@ class FileBackend(Backend):
         await anyio.to_thread.run_sync(self._write_snapshot, document, lsn)
 
     def _lsn_committed(self) -> int:
-        pending = [r.lsn for b in (self._open_batch, self._flushing) if b for r in b.records]
+        # Records applied to the committed state are in the snapshot; staged ones are not.
+        pending = [
+            record.lsn
+            for batch in (self._open_batch, self._flushing)
+            if batch is not None and not batch.applied
+            for record in batch.records
+        ]
         return min(pending) - 1 if pending else self._lsn
 
     def _snapshot_document(self) -> dict[str, Any]:

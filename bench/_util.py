@@ -1,0 +1,93 @@
+"""Shared helpers for the benchmarks: timing, a redis-server, machine facts, markdown output."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> str:
+    """One line describing the machine the figures come from."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    )
+
+
+async def rate(operation: Callable[[int], Awaitable[object]], count: int) -> float:
+    """Run `operation(i)` for i in range(count) one after another; return operations per second."""
+    start = time.perf_counter()
+    for i in range(count):
+        await operation(i)
+    return count / (time.perf_counter() - start)
+
+
+def sync_rate(operation: Callable[[int], object], count: int) -> float:
+    """The same for a blocking operation."""
+    start = time.perf_counter()
+    for i in range(count):
+        operation(i)
+    return count / (time.perf_counter() - start)
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(share * len(ordered)) - 1))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """Start a throwaway redis-server on loopback TCP and yield its URL."""
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from tests._redis_server import RedisServer  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as directory:
+        server = RedisServer(Path(directory))
+        server.start()
+        try:
+            yield server.tcp_url
+        finally:
+            server.stop()
+
+
+def table(title: str, header: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    """Render a markdown section."""
+    lines = [f"### {title}", "", f"Machine: {machine()}", ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join(" --- " for _ in header) + "|")
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    if notes:
+        lines.append("")
+        lines.extend(f"- {note}" for note in notes)
+    return "\n".join(lines) + "\n"
+
+
+def publish(name: str, text: str) -> None:
+    """Print a result and keep a copy in bench/results/NAME.md."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.md").write_text(text, encoding="utf-8")
