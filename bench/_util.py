@@ -8,9 +8,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -62,7 +65,7 @@ def median(values: list[float]) -> float:
 def redis_server() -> Iterator[str]:
     """Start a throwaway redis-server on loopback TCP and yield its URL."""
     sys.path.insert(0, str(Path(__file__).parent.parent))
-    from tests._redis_server import RedisServer  # noqa: PLC0415
+    from tests._redis_server import RedisServer
 
     with tempfile.TemporaryDirectory() as directory:
         server = RedisServer(Path(directory))
