@@ -271,6 +271,8 @@ class RedisBackend(Backend):
         self._reader: asyncio.Task[None] | None = None
         self._resync_pending = False
         self._closed = False
+        # Callers beyond the pool size wait here for a connection instead of failing.
+        self._slots = asyncio.Semaphore(connection_pool_size)
 
     def __repr__(self) -> str:
         return f"RedisBackend(url={redact_url(self.url)!r}, key_prefix={self.key_prefix!r})"
@@ -294,17 +296,19 @@ class RedisBackend(Backend):
         from redis.backoff import NoBackoff
 
         options: dict[str, Any] = {
-            "socket_timeout": self.socket_timeout,
+            # Reply timeouts are enforced around each call with asyncio.timeout (cheap);
+            # redis-py's own socket timeout starts a task per read.
+            "socket_timeout": None,
             "socket_connect_timeout": self.connect_timeout,
-            "max_connections": self.connection_pool_size,
-            # Callers beyond the pool size wait for a connection instead of failing.
-            "timeout": self.socket_timeout,
+            # Commands are limited to connection_pool_size at once by our semaphore; the pool
+            # keeps room for the pub/sub connection on top.
+            "max_connections": self.connection_pool_size + 2,
             **self._client_options,
         }
         if self.db is not None:
             options["db"] = self.db
         try:
-            pool = aioredis.BlockingConnectionPool.from_url(self.url, **options)
+            pool = aioredis.ConnectionPool.from_url(self.url, **options)
             # Retries are ours to decide: never resend a write whose outcome is unknown.
             return aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
         except (ValueError, TypeError) as exc:
@@ -369,8 +373,10 @@ class RedisBackend(Backend):
         while True:
             client = await self._redis()
             try:
-                with self._translate():
-                    return await call(client)
+                async with self._slots:
+                    with self._translate():
+                        async with asyncio.timeout(self.socket_timeout):
+                            return await call(client)
             except (BackendUnavailableError, BackendTimeoutError):
                 if attempt >= self.read_retries or self._closed:
                     raise
@@ -409,10 +415,12 @@ class RedisBackend(Backend):
         check_expected_version(expected_version)
         await self._redis()
         expected = -1 if expected_version is None else expected_version
-        with self._translate(write_key=key):
-            reply = await self._set(
-                keys=[name], args=[value, _ttl_ms(ttl), expected, self._channel(name)]
-            )
+        async with self._slots:
+            with self._translate(write_key=key):
+                async with asyncio.timeout(self.socket_timeout):
+                    reply = await self._set(
+                        keys=[name], args=[value, _ttl_ms(ttl), expected, self._channel(name)]
+                    )
         return self._set_change(key, value, reply, expected_version)
 
     def _set_change(self, key: str, value: bytes, reply: list[Any], expected: int | None) -> Change:
@@ -438,13 +446,28 @@ class RedisBackend(Backend):
         names = [self._k(key) for key, _ in items]
         client = await self._redis()
         life = _ttl_ms(ttl)
-        with self._translate(write_key=items[0][0]):
-            async with client.pipeline(transaction=False) as pipe:
-                for name, (_, value) in zip(names, items, strict=True):
-                    await self._set(
-                        keys=[name], args=[value, life, -1, self._channel(name)], client=pipe
-                    )
-                replies = await pipe.execute()
+        from redis.exceptions import NoScriptError  # optional dependency
+
+        async with self._slots:
+            with self._translate(write_key=items[0][0]):
+                async with asyncio.timeout(self.socket_timeout):
+                    # EVALSHA straight into the pipeline: redis-py's script helper would first
+                    # ask SCRIPT EXISTS, an extra round trip on every batch.
+                    async with client.pipeline(transaction=False) as pipe:
+                        for name, (_, value) in zip(names, items, strict=True):
+                            pipe.evalsha(
+                                self._set.sha, 1, name, value, life, -1, self._channel(name)
+                            )
+                        replies = await pipe.execute(raise_on_error=False)
+                    for index, reply in enumerate(replies):
+                        if isinstance(reply, NoScriptError):
+                            # Not run (the server lost its scripts): safe to run again.
+                            name, value = names[index], items[index][1]
+                            replies[index] = await self._set(
+                                keys=[name], args=[value, life, -1, self._channel(name)]
+                            )
+                        elif isinstance(reply, Exception):
+                            raise reply
         return [
             self._set_change(key, value, reply, None)
             for (key, value), reply in zip(items, replies, strict=True)
@@ -456,8 +479,10 @@ class RedisBackend(Backend):
         check_expected_version(expected_version)
         await self._redis()
         expected = -1 if expected_version is None else expected_version
-        with self._translate(write_key=key):
-            reply = await self._delete(keys=[name], args=[expected, self._channel(name)])
+        async with self._slots:
+            with self._translate(write_key=key):
+                async with asyncio.timeout(self.socket_timeout):
+                    reply = await self._delete(keys=[name], args=[expected, self._channel(name)])
         if reply[0] == 0:
             raise conflict(key, expected, int(reply[1]))
         if reply[0] == 2:

@@ -242,8 +242,15 @@ async def test_scripts_reload_after_script_flush(redis_url: str) -> None:
             admin.script_flush()
         finally:
             admin.close()
-        change = await backend.set("k", b"2")
-        assert change.version == 2
+        changes = await backend.set_many([("k", b"2"), ("other", b"x")])
+        assert [change.version for change in changes] == [2, 1]
+        admin = sync_redis.Redis.from_url(redis_url)
+        try:
+            admin.script_flush()
+        finally:
+            admin.close()
+        change = await backend.set("k", b"3")
+        assert change.version == 3
         assert (await backend.delete("k")) is not None
 
 
