@@ -11,12 +11,15 @@ import unicodedata
 
 from agenticstate.exceptions import InvalidKeyError, InvalidPatternError
 
-__all__ = ["MAX_KEY_BYTES", "escape_glob", "validate_key", "validate_pattern"]
+__all__ = ["MAX_KEY_BYTES", "RESERVED_PREFIX", "escape_glob", "validate_key", "validate_pattern"]
 
 MAX_KEY_BYTES = 1024
 """The longest key (and pattern) accepted, in UTF-8 bytes."""
 
 _GLOB_SPECIAL = frozenset("*?[]\\^")
+
+RESERVED_PREFIX = "__agenticstate"
+"""Keys may not start with this: the Redis backend keeps its own keys and channels there."""
 
 
 def _problem(text: object, what: str) -> str | None:
@@ -30,6 +33,8 @@ def _problem(text: object, what: str) -> str | None:
         return f"{what} contains a lone surrogate and is not valid UTF-8"
     if size > MAX_KEY_BYTES:
         return f"{what} is {size} bytes in UTF-8; the maximum is {MAX_KEY_BYTES}"
+    if what == "key" and text.startswith(RESERVED_PREFIX):
+        return f"keys starting with {RESERVED_PREFIX!r} are reserved for agenticstate itself"
     # Most keys are short ASCII; checking `isprintable` first keeps the common case fast.
     if not text.isprintable():
         for position, char in enumerate(text):

@@ -593,6 +593,31 @@ class StateManager:
             self._counters["conflicts"] += 1
             raise
 
+    # ---------------------------------------------------------------- sorted indexes
+
+    async def index_add(self, index: str, members: Mapping[str, float]) -> int:
+        """Add members with scores to a sorted index; return how many were new.
+
+        Re-adding a member moves it. Sorted indexes live beside the keys, in a namespace of
+        their own (never returned by `get` or `list_keys`, never announced to subscribers).
+        Redis keeps them as sorted sets.
+        """
+        validate_key(index)
+        backend = await self._opened_backend()
+        return await backend.index_add(index, members)
+
+    async def index_remove(self, index: str, members: Iterable[str]) -> int:
+        """Remove members from a sorted index; return how many were there."""
+        validate_key(index)
+        backend = await self._opened_backend()
+        return await backend.index_remove(index, list(members))
+
+    async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
+        """Return up to `limit` members with scores, lowest score first (ties by member)."""
+        validate_key(index)
+        backend = await self._opened_backend()
+        return await backend.index_range(index, limit=limit)
+
     # ---------------------------------------------------------------- subscriptions
 
     def subscribe(

@@ -29,6 +29,11 @@ The rules, which every backend follows exactly:
   that falls further behind receives what was buffered and then `SubscriptionClosedError` with
   `reason="overflow"`, so it knows to re-read state. It is never dropped silently. When the backend
   closes, iteration ends.
+- **Sorted indexes** (`index_add`, `index_remove`, `index_range`) are named sets of members with
+  float scores, read in ascending score order (ties by member), in a namespace of their own: they
+  are never returned by `get`, listed by `scan` or announced as changes. Each call is atomic;
+  Redis keeps them as sorted sets, the other backends in memory (the file backend logs them).
+  Managers use them where a scan of keys would not scale (a task queue's pending tasks).
 - **Errors.** Storage failures raise `BackendError` subclasses; library exceptions (`OSError`,
   redis, msgpack) never leak.
 """
@@ -44,10 +49,11 @@ from typing import TYPE_CHECKING, Literal, Self
 
 import anyio
 
+from agenticstate._keys import validate_key
 from agenticstate.exceptions import ConflictError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
 
 __all__ = [
@@ -59,6 +65,8 @@ __all__ = [
     "Entry",
     "backoff",
     "check_expected_version",
+    "check_index_members",
+    "check_limit",
     "check_ttl",
     "conflict",
     "utcnow",
@@ -148,6 +156,34 @@ def check_ttl(ttl: timedelta | None) -> timedelta | None:
     if ttl <= timedelta(0):
         raise InvalidArgumentError(f"ttl must be positive, not {ttl}")
     return ttl
+
+
+def check_index_members(members: Mapping[str, float]) -> dict[str, float]:
+    """Validate index members (each a valid key-like str) and scores (finite numbers).
+
+    Raises:
+        InvalidArgumentError: A member or score is invalid.
+    """
+    checked: dict[str, float] = {}
+    for member, score in members.items():
+        validate_key(member)
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or score != score:
+            raise InvalidArgumentError(f"index score for {member!r} must be a number")
+        if score in (float("inf"), float("-inf")):
+            raise InvalidArgumentError(f"index score for {member!r} must be finite")
+        checked[member] = float(score)
+    return checked
+
+
+def check_limit(limit: int | None) -> int | None:
+    """Return `limit` if it is None or an int >= 0.
+
+    Raises:
+        InvalidArgumentError: It is negative or not an int.
+    """
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise InvalidArgumentError(f"limit must be an int >= 0 or None, not {limit!r}")
+    return limit
 
 
 def check_expected_version(expected_version: int | None) -> int | None:
@@ -291,6 +327,22 @@ class Backend(ABC):
                 ...
         ```
         """
+
+    @abstractmethod
+    async def index_add(self, index: str, members: Mapping[str, float]) -> int:
+        """Add members with their scores to a sorted index (re-adding moves them).
+
+        Returns:
+            How many members were not in the index before.
+        """
+
+    @abstractmethod
+    async def index_remove(self, index: str, members: Sequence[str]) -> int:
+        """Remove members from a sorted index; return how many were there."""
+
+    @abstractmethod
+    async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
+        """Return up to `limit` members with their scores, lowest score first (ties by member)."""
 
     async def flush(self) -> None:  # noqa: B027  # optional hook: most backends have nothing to flush
         """Make every acknowledged write durable now (file snapshot); no-op where not needed."""

@@ -62,6 +62,7 @@ import structlog
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate.backends._index import SortedIndex
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -70,6 +71,8 @@ from agenticstate.backends.base import (
     ChangeOp,
     Entry,
     check_expected_version,
+    check_index_members,
+    check_limit,
     check_ttl,
     conflict,
 )
@@ -83,7 +86,7 @@ from agenticstate.exceptions import (
 from agenticstate.serialization import payload_format
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 
 __all__ = ["Durability", "FileBackend", "FileFormat"]
 
@@ -172,6 +175,31 @@ class _Record:
         ]
 
 
+class _IndexRecord:
+    """One staged change to a sorted index: members added (with scores) or removed."""
+
+    __slots__ = ("added", "index", "lsn", "members", "result")
+
+    def __init__(self, lsn: int, index: str, members: dict[str, float] | list[str]) -> None:
+        self.lsn = lsn
+        self.index = index
+        self.members = members
+        self.added = isinstance(members, dict)
+        self.result = 0
+
+    def payload(self) -> list[Any]:
+        return [
+            self.lsn,
+            "ia" if self.added else "ir",
+            self.index,
+            self.members,
+            0,
+            None,
+            None,
+            None,
+        ]
+
+
 class _Batch:
     """Writes that will be made durable together, by one fsync."""
 
@@ -179,7 +207,7 @@ class _Batch:
 
     def __init__(self) -> None:
         self.applied = False
-        self.records: list[_Record] = []
+        self.records: list[_Record | _IndexRecord] = []
         self.overlay: dict[str, Entry | None] = {}
         self.done = anyio.Event()
         self.error: BaseException | None = None
@@ -238,6 +266,7 @@ class FileBackend(Backend):
         self._data: dict[str, Entry] = {}
         self._expiries: list[tuple[datetime, str]] = []
         self._fanout = ChangeFanout()
+        self._indexes: dict[str, SortedIndex] = {}
         self._open_lock: anyio.Lock | None = None
         self._flush_lock: anyio.Lock | None = None
         self._is_open = False
@@ -344,6 +373,8 @@ class FileBackend(Backend):
                 entry = self._entry_from_snapshot(key, item)
                 if entry.expires_at is None or entry.expires_at > now:
                     self._store(entry)
+            for name, members in document.get("indexes", {}).items():
+                self._apply_index(name, {str(m): float(s) for m, s in members.items()})
         except (ValueError, KeyError, TypeError, zlib.error, msgpack.UnpackException) as exc:
             # Snapshots are replaced atomically, so this is damage, not a crash: refuse to
             # guess rather than silently start from nothing.
@@ -426,6 +457,9 @@ class FileBackend(Backend):
 
     def _apply_logged(self, fields: list[Any], now: datetime) -> None:
         _, op, key, value, version, created, updated, expires = fields
+        if op in ("ia", "ir"):
+            self._apply_index(key, value)
+            return
         if op == "d":
             self._data.pop(key, None)
             return
@@ -610,6 +644,9 @@ class FileBackend(Backend):
             self._fail_pending(exc)
             return
         for record in batch.records:
+            if isinstance(record, _IndexRecord):
+                record.result = self._apply_index(record.index, record.members)
+                continue
             if record.entry is None:
                 self._data.pop(record.key, None)
             else:
@@ -627,7 +664,18 @@ class FileBackend(Backend):
         pending.done.set()
         log.error("file_store_write_failed", path=str(self.log_path), error=type(exc).__name__)
 
-    def _encode_record(self, record: _Record) -> bytes:
+    def _apply_index(self, index: str, members: dict[str, float] | list[str]) -> int:
+        if isinstance(members, dict):
+            return self._indexes.setdefault(index, SortedIndex()).add(members)
+        found = self._indexes.get(index)
+        if found is None:
+            return 0
+        removed = found.remove(members)
+        if not found:
+            del self._indexes[index]
+        return removed
+
+    def _encode_record(self, record: _Record | _IndexRecord) -> bytes:
         payload: bytes = msgpack.packb(record.payload(), use_bin_type=True)
         flags = 0
         if self.compression and len(payload) > 256:
@@ -730,6 +778,39 @@ class FileBackend(Backend):
         await self._commit()
         return record.change
 
+    # sorted indexes
+
+    async def index_add(self, index: str, members: Mapping[str, float]) -> int:
+        """Add members to a sorted index, durably; see `Backend.index_add`."""
+        validate_key(index)
+        checked = check_index_members(members)
+        await self._ready()
+        return await self._stage_index(index, checked)
+
+    async def index_remove(self, index: str, members: Sequence[str]) -> int:
+        """Remove members from a sorted index, durably; see `Backend.index_remove`."""
+        validate_key(index)
+        await self._ready()
+        return await self._stage_index(index, [validate_key(member) for member in members])
+
+    async def _stage_index(self, index: str, members: dict[str, float] | list[str]) -> int:
+        if self._failed is not None:
+            raise BackendError(self._failed)
+        self._lsn += 1
+        record = _IndexRecord(self._lsn, index, members)
+        self._open_batch.records.append(record)
+        await self._commit()
+        return record.result
+
+    async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
+        """Read a sorted index, lowest score first; see `Backend.index_range`."""
+        validate_key(index)
+        check_limit(limit)
+        await self._ready()
+        await anyio.lowlevel.checkpoint()
+        found = self._indexes.get(index)
+        return found.range(limit) if found is not None else []
+
     # subscriptions
 
     def changes(
@@ -791,7 +872,13 @@ class FileBackend(Backend):
             else:
                 item["value"] = entry.value
             entries[key] = item
-        return {"magic": _SNAPSHOT_MAGIC, "format_version": _SNAPSHOT_VERSION, "entries": entries}
+        indexes = {name: index.items() for name, index in self._indexes.items()}
+        return {
+            "magic": _SNAPSHOT_MAGIC,
+            "format_version": _SNAPSHOT_VERSION,
+            "entries": entries,
+            "indexes": indexes,
+        }
 
     def _write_snapshot(self, document: dict[str, Any], lsn: int) -> None:
         document["lsn"] = lsn

@@ -15,6 +15,7 @@ import anyio.lowlevel
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate.backends._index import SortedIndex
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -23,6 +24,8 @@ from agenticstate.backends.base import (
     ChangeOp,
     Entry,
     check_expected_version,
+    check_index_members,
+    check_limit,
     check_ttl,
     conflict,
     utcnow,
@@ -30,7 +33,7 @@ from agenticstate.backends.base import (
 from agenticstate.events import ChangeFanout, ChangeStream
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
     from datetime import datetime, timedelta
 
@@ -52,6 +55,7 @@ class MemoryBackend(Backend):
         self._data: dict[str, Entry] = {}
         self._expiries: list[tuple[datetime, str]] = []
         self._fanout = ChangeFanout()
+        self._indexes: dict[str, SortedIndex] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -203,6 +207,33 @@ class MemoryBackend(Backend):
             ]
         for key in found:
             yield key
+
+    async def index_add(self, index: str, members: Mapping[str, float]) -> int:
+        """Add members to a sorted index; see `Backend.index_add`."""
+        validate_key(index)
+        checked = check_index_members(members)
+        await anyio.lowlevel.checkpoint()
+        return self._indexes.setdefault(index, SortedIndex()).add(checked)
+
+    async def index_remove(self, index: str, members: Sequence[str]) -> int:
+        """Remove members from a sorted index; see `Backend.index_remove`."""
+        validate_key(index)
+        await anyio.lowlevel.checkpoint()
+        found = self._indexes.get(index)
+        if found is None:
+            return 0
+        removed = found.remove(members)
+        if not found:
+            del self._indexes[index]
+        return removed
+
+    async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
+        """Read a sorted index, lowest score first; see `Backend.index_range`."""
+        validate_key(index)
+        check_limit(limit)
+        await anyio.lowlevel.checkpoint()
+        found = self._indexes.get(index)
+        return found.range(limit) if found is not None else []
 
     def changes(
         self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER

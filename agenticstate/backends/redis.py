@@ -51,6 +51,8 @@ from agenticstate.backends.base import (
     Entry,
     backoff,
     check_expected_version,
+    check_index_members,
+    check_limit,
     check_ttl,
     conflict,
 )
@@ -67,7 +69,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
     import redis.asyncio as aioredis
 
@@ -77,6 +79,8 @@ log = structlog.get_logger(__name__)
 
 CHANNEL_NAMESPACE = "__agenticstate__:"
 """What every change channel starts with (before the key prefix)."""
+INDEX_NAMESPACE = "__agenticstate_idx__:"
+"""What every sorted index's Redis key starts with (before the key prefix)."""
 
 _HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
 
@@ -505,11 +509,51 @@ class RedisBackend(Backend):
         while True:
             cursor, batch = await self._read(partial(_scan_page, cursor=cursor, match=match))
             for raw in batch:
+                if raw.startswith(b"__agenticstate"):
+                    continue  # our own index keys, visible to SCAN when the prefix is empty
                 if raw not in seen:
                     seen.add(raw)
                     yield raw[cut:].decode("utf-8", "surrogateescape")
             if int(cursor) == 0:
                 return
+
+    # sorted indexes (Redis sorted sets)
+
+    def _index_key(self, index: str) -> str:
+        return f"{INDEX_NAMESPACE}{self.key_prefix}{validate_key(index)}"
+
+    async def index_add(self, index: str, members: Mapping[str, float]) -> int:
+        """ZADD members to a sorted index; see `Backend.index_add`."""
+        name = self._index_key(index)
+        checked = check_index_members(members)
+        if not checked:
+            return 0
+        client = await self._redis()
+        async with self._slots:
+            with self._translate(write_key=index):
+                async with asyncio.timeout(self.socket_timeout):
+                    return int(await client.zadd(name, checked) or 0)
+
+    async def index_remove(self, index: str, members: Sequence[str]) -> int:
+        """ZREM members from a sorted index; see `Backend.index_remove`."""
+        name = self._index_key(index)
+        wanted = [validate_key(member) for member in members]
+        if not wanted:
+            return 0
+        client = await self._redis()
+        async with self._slots:
+            with self._translate(write_key=index):
+                async with asyncio.timeout(self.socket_timeout):
+                    return int(await client.zrem(name, *wanted))
+
+    async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
+        """ZRANGE a sorted index, lowest score first; see `Backend.index_range`."""
+        name = self._index_key(index)
+        if check_limit(limit) == 0:
+            return []
+        stop = -1 if limit is None else limit - 1
+        raw = await self._read(partial(_range_page, name=name, stop=stop))
+        return [(member.decode(), float(score)) for member, score in raw]
 
     # subscriptions
 
@@ -690,6 +734,10 @@ class RedisBackend(Backend):
         if client is not None and self._owns_client:
             with contextlib.suppress(Exception):
                 await client.aclose(close_connection_pool=True)
+
+
+async def _range_page(client: aioredis.Redis, *, name: str, stop: int) -> Any:
+    return await client.zrange(name, 0, stop, withscores=True)
 
 
 async def _scan_page(client: aioredis.Redis, *, cursor: Any, match: str) -> Any:

@@ -13,9 +13,10 @@ The hot state is kept in small records, never in one team document rewritten on 
 each agent and each task has its own record, and every change to one is an atomic
 compare-and-set on its version. The task record is the single source of truth: a task is
 assigned when the compare-and-set that moves it from pending to in progress succeeds, so two
-workers (in any processes) can never hold it at once. Pending tasks also have a small marker key
-whose name sorts by priority and then by enqueue order, so a worker finds the next task from key
-names alone; markers are hints, re-created by `reap_expired` if a crash lost one.
+workers (in any processes) can never hold it at once. Pending task ids are also kept in a sorted
+index (a Redis sorted set) scored by priority and then enqueue order, so a worker reads the next
+candidates in one call; the index is a hint, tidied when stale and restored by `reap_expired` if
+a crash left a pending task out of it.
 
 Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Redis Cluster slot):
 
@@ -24,7 +25,7 @@ Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Red
 | team metadata | `teams:{<team_id>}:team` |
 | `AgentCoordinationState` | `teams:{<team_id>}:agents:<agent_id>` |
 | `TaskItem` | `teams:{<team_id>}:tasks:<task_id>` |
-| pending marker | `teams:{<team_id>}:pending:<priority rank>:<sequence>:<task_id>` |
+| pending index (sorted) | `teams:{<team_id>}:pending`, score = rank x 10^15 + sequence |
 | enqueue sequence | `teams:{<team_id>}:sequence` |
 """
 
@@ -280,9 +281,13 @@ class OrchestrationStateManager(StateManagerBase):
     def _task_key(self, team_id: str, task_id: str) -> str:
         return f"{self._base(team_id)}:tasks:{key_part(task_id, 'task_id')}"
 
-    def _marker_key(self, team_id: str, task: TaskItem) -> str:
-        order = f"{task.priority.rank}:{task.sequence:020d}"
-        return f"{self._base(team_id)}:pending:{order}:{task.task_id}"
+    def _pending(self, team_id: str) -> str:
+        return f"{self._base(team_id)}:pending"
+
+    @staticmethod
+    def _order(task: TaskItem) -> dict[str, float]:
+        # Priority first, then enqueue order: exact in a float up to 2**53.
+        return {task.task_id: task.priority.rank * 1e15 + task.sequence}
 
     @staticmethod
     def _glob(team_id: str, kind: str) -> str:
@@ -445,7 +450,7 @@ class OrchestrationStateManager(StateManagerBase):
             await self.state.save(self._task_key(team_id, item.task_id), item, expected_version=0)
         except ConflictError:
             raise ConflictError(f"task {item.task_id!r} is in team {team_id!r} already") from None
-        await self.state.save(self._marker_key(team_id, item), item.task_id)
+        await self.state.index_add(self._pending(team_id), self._order(item))
         return item
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
@@ -498,7 +503,7 @@ class OrchestrationStateManager(StateManagerBase):
         """
         key_part(agent_id, "agent_id")
         task = await self._change_task(team_id, task_id, lambda t: self._take(t, agent_id, None))
-        await self.state.delete(self._marker_key(team_id, task))
+        await self.state.index_remove(self._pending(team_id), [task.task_id])
         await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
         return task
 
@@ -529,52 +534,63 @@ class OrchestrationStateManager(StateManagerBase):
             agent = await self._load(self._agent_key(team_id, agent_id), AgentCoordinationState)
             if agent is not None:
                 capabilities = set(agent.capabilities)
-        markers = await self.state.list_keys(self._glob(team_id, "pending"))
+        pending = self._pending(team_id)
         skipped: set[str] = set()
         contended = False
-        while markers:
-            marker = markers[0]
-            if contended:
-                # After losing a race, spread over the next few candidates of the same priority
-                # instead of all racing for the head again: every round some worker wins, so
-                # nobody livelocks, and priorities never invert.
-                rank = marker.split(":pending:", 1)[1].split(":", 1)[0]
-                window = [m for m in markers[:4] if m.split(":pending:", 1)[1].startswith(rank)]
-                marker = random.choice(window)  # noqa: S311  # load spreading, not security
-            markers.remove(marker)
-            task_id = marker.rsplit(":", 1)[1]
-            if task_id in skipped:
-                continue
-            task = await self._load(self._task_key(team_id, task_id), TaskItem)
-            if task is None or task.status is not TaskStatus.PENDING:
-                # A stale hint (the task was taken or finished): tidy it away.
-                await self.state.delete(marker)
-                continue
-            if (
-                task.capability is not None
-                and capabilities is not None
-                and task.capability not in capabilities
-            ):
-                skipped.add(task_id)
-                continue
-            try:
-                taken = await self._change_task(
-                    team_id, task_id, lambda t: self._take(t, agent_id, lease)
+        page = 16
+        while True:
+            candidates = [
+                (task_id, score)
+                for task_id, score in await self.state.index_range(pending, limit=page)
+                if task_id not in skipped
+            ]
+            if not candidates:
+                return None
+            while candidates:
+                task_id, score = candidates[0]
+                if contended:
+                    # After losing a race, spread over the next few candidates of the same
+                    # priority instead of all racing for the head again: every round some
+                    # worker wins, so nobody livelocks, and priorities never invert.
+                    rank = score // 1e15
+                    window = [c for c in candidates[:4] if c[1] // 1e15 == rank]
+                    task_id, score = random.choice(window)  # noqa: S311  # load spreading
+                candidates.remove((task_id, score))
+                key = self._task_key(team_id, task_id)
+                entry = await self.state.get_entry(key, model=TaskItem)
+                task: TaskItem | None = entry.value if entry is not None else None
+                if entry is None or task is None or task.status is not TaskStatus.PENDING:
+                    # A stale entry (the task was taken or finished): tidy it away.
+                    await self.state.index_remove(pending, [task_id])
+                    continue
+                if (
+                    task.capability is not None
+                    and capabilities is not None
+                    and task.capability not in capabilities
+                ):
+                    skipped.add(task_id)
+                    continue
+                taken = self._take(task, agent_id, lease).model_copy(
+                    update={"updated_at": utcnow()}
                 )
-            except ConflictError:
-                contended = True
-                continue  # another worker won this one
-            await self.state.delete(marker)
-            await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
-            assert taken.lease_token is not None  # noqa: S101  # set by _take
-            assert taken.lease_expires_at is not None  # noqa: S101
-            return TaskClaim(
-                team_id=team_id,
-                task=taken,
-                lease_token=taken.lease_token,
-                lease_expires_at=taken.lease_expires_at,
-            )
-        return None
+                try:
+                    # Compare-and-set on the version just read: one round trip, and only one
+                    # claimer can win it.
+                    await self.state.save(key, taken, expected_version=entry.version)
+                except ConflictError:
+                    contended = True
+                    continue  # another worker won this one
+                await self.state.index_remove(pending, [task_id])
+                await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
+                assert taken.lease_token is not None  # noqa: S101  # set by _take
+                assert taken.lease_expires_at is not None  # noqa: S101
+                return TaskClaim(
+                    team_id=team_id,
+                    task=taken,
+                    lease_token=taken.lease_token,
+                    lease_expires_at=taken.lease_expires_at,
+                )
+            page *= 2  # every candidate on this page was skipped or lost: look further
 
     @staticmethod
     def _check_holder(task: TaskItem, lease_token: str | None, agent_id: str | None) -> None:
@@ -681,7 +697,7 @@ class OrchestrationStateManager(StateManagerBase):
         before = await self.get_task(team_id, task_id)
         task = await self._change_task(team_id, task_id, fail)
         if task.status is TaskStatus.PENDING:
-            await self.state.save(self._marker_key(team_id, task), task.task_id)
+            await self.state.index_add(self._pending(team_id), self._order(task))
         if before.assigned_to is not None:
             await self._set_agent_if_member(team_id, before.assigned_to, AgentStatus.IDLE, None)
         self.log.info(
@@ -693,7 +709,9 @@ class OrchestrationStateManager(StateManagerBase):
         return task
 
     async def reap_expired(self, team_id: str) -> list[str]:
-        """Put tasks whose lease expired back to pending (their holder died); restore lost markers.
+        """Put tasks whose lease expired back to pending; restore lost index entries.
+
+        A lease expires when its holder died (or stopped heartbeating).
 
         Run it every `sync_interval` or so from any process; concurrent reapers are safe.
 
@@ -702,14 +720,11 @@ class OrchestrationStateManager(StateManagerBase):
         """
         now = utcnow()
         tasks = await self._load_many(self._glob(team_id, "tasks"), TaskItem)
-        markers = {
-            key.rsplit(":", 1)[1]
-            for key in await self.state.list_keys(self._glob(team_id, "pending"))
-        }
+        indexed = {task_id for task_id, _ in await self.state.index_range(self._pending(team_id))}
         requeued: list[str] = []
         for task in tasks:
-            if task.status is TaskStatus.PENDING and task.task_id not in markers:
-                await self.state.save(self._marker_key(team_id, task), task.task_id)
+            if task.status is TaskStatus.PENDING and task.task_id not in indexed:
+                await self.state.index_add(self._pending(team_id), self._order(task))
                 continue
             expires = task.lease_expires_at
             if task.status is not TaskStatus.IN_PROGRESS or expires is None or expires > now:
@@ -733,7 +748,7 @@ class OrchestrationStateManager(StateManagerBase):
                 back = await self._change_task(team_id, task.task_id, release)
             except InvalidTransitionError:
                 continue
-            await self.state.save(self._marker_key(team_id, back), back.task_id)
+            await self.state.index_add(self._pending(team_id), self._order(back))
             if task.assigned_to is not None:
                 await self._set_agent_if_member(team_id, task.assigned_to, AgentStatus.IDLE, None)
             requeued.append(task.task_id)

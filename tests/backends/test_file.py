@@ -313,3 +313,16 @@ async def test_bad_options_are_refused(tmp_path: Path) -> None:
     for options in ({"format": "xml"}, {"durability": "maybe"}, {"file_name": "../x"}):
         with pytest.raises(ConfigurationError):
             FileBackend(base_path=tmp_path, **options)  # type: ignore[arg-type]
+
+
+async def test_indexes_survive_reopen_from_log_and_snapshot(tmp_path: Path) -> None:
+    """Sorted indexes come back after a crash (from the log) and after a clean close (snapshot)."""
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        await backend.index_add("q", {"a": 2, "b": 1, "c": 3})
+        await backend.index_remove("q", ["c"])
+        backend._snapshot = _no_snapshot  # type: ignore[method-assign]  # crash: log only
+    async with FileBackend(base_path=tmp_path) as backend:
+        assert await backend.index_range("q") == [("b", 1.0), ("a", 2.0)]
+        await backend.index_add("q", {"d": 0})
+    async with FileBackend(base_path=tmp_path) as backend:
+        assert [m for m, _ in await backend.index_range("q")] == ["d", "b", "a"]

@@ -205,11 +205,10 @@ async def test_heartbeat_extends_lease(orch: OrchestrationStateManager) -> None:
     assert await orch.reap_expired("research_team") == []
 
 
-async def test_lost_marker_is_restored_by_reaper(orch: OrchestrationStateManager) -> None:
-    """If a pending task's marker is lost, the reaper puts it back so the task can be claimed."""
+async def test_lost_index_entry_is_restored_by_reaper(orch: OrchestrationStateManager) -> None:
+    """If a pending task drops out of the index, the reaper puts it back so it can be claimed."""
     await orch.enqueue_task("research_team", {"id": "t"})
-    for key in await orch.state.list_keys("teams:*:pending:*"):
-        await orch.state.delete(key)
+    await orch.state.index_remove("teams:{research_team}:pending", ["t"])
     assert await orch.claim_task("research_team", "w") is None
     await orch.reap_expired("research_team")
     claim = await orch.claim_task("research_team", "w")
