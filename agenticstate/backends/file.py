@@ -43,7 +43,6 @@ import base64
 import contextlib
 import errno
 import fcntl
-import heapq
 import json
 import os
 import struct
@@ -62,7 +61,7 @@ import structlog
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
-from agenticstate.backends._index import SortedIndex
+from agenticstate.backends._local import LocalStore
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -263,10 +262,8 @@ class FileBackend(Backend):
         self.snapshot_path = self.base_path / name
         self.log_path = self.base_path / f"{name}.log"
         self.lock_path = self.base_path / f"{name}.lock"
-        self._data: dict[str, Entry] = {}
-        self._expiries: list[tuple[datetime, str]] = []
+        self._local = LocalStore()
         self._fanout = ChangeFanout()
-        self._indexes: dict[str, SortedIndex] = {}
         self._open_lock: anyio.Lock | None = None
         self._flush_lock: anyio.Lock | None = None
         self._is_open = False
@@ -372,7 +369,7 @@ class FileBackend(Backend):
             for key, item in document["entries"].items():
                 entry = self._entry_from_snapshot(key, item)
                 if entry.expires_at is None or entry.expires_at > now:
-                    self._store(entry)
+                    self._local.store(entry)
             for name, members in document.get("indexes", {}).items():
                 self._apply_index(name, {str(m): float(s) for m, s in members.items()})
         except (ValueError, KeyError, TypeError, zlib.error, msgpack.UnpackException) as exc:
@@ -461,7 +458,7 @@ class FileBackend(Backend):
             self._apply_index(key, value)
             return
         if op == "d":
-            self._data.pop(key, None)
+            self._local.drop(key)
             return
         created_at, updated_at = _from_ms(created), _from_ms(updated)
         assert created_at is not None  # noqa: S101
@@ -475,14 +472,9 @@ class FileBackend(Backend):
             expires_at=_from_ms(expires),
         )
         if entry.expires_at is not None and entry.expires_at <= now:
-            self._data.pop(key, None)
+            self._local.drop(key)
         else:
-            self._store(entry)
-
-    def _store(self, entry: Entry) -> None:
-        self._data[entry.key] = entry
-        if entry.expires_at is not None:
-            heapq.heappush(self._expiries, (entry.expires_at, entry.key))
+            self._local.store(entry)
 
     # reading
 
@@ -490,26 +482,12 @@ class FileBackend(Backend):
         if not self._is_open:
             await self.open()
 
-    def _live(self, key: str, now: datetime) -> Entry | None:
-        entry = self._data.get(key)
-        if entry is not None and entry.expires_at is not None and entry.expires_at <= now:
-            return None
-        return entry
-
-    def _sweep(self, now: datetime) -> None:
-        expiries = self._expiries
-        while expiries and expiries[0][0] <= now:
-            expires_at, key = heapq.heappop(expiries)
-            entry = self._data.get(key)
-            if entry is not None and entry.expires_at == expires_at:
-                del self._data[key]
-
     async def get(self, key: str) -> Entry | None:
         """Return the entry at `key`, or `None` if missing or expired."""
         validate_key(key)
         await self._ready()
         await anyio.lowlevel.checkpoint()
-        return self._live(key, _now())
+        return self._local.live(key, _now())
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         """Return the entries at `keys`, in order."""
@@ -518,7 +496,7 @@ class FileBackend(Backend):
         await self._ready()
         await anyio.lowlevel.checkpoint()
         now = _now()
-        return [self._live(key, now) for key in keys]
+        return [self._local.live(key, now) for key in keys]
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the present keys matching `pattern`."""
@@ -526,12 +504,7 @@ class FileBackend(Backend):
         await self._ready()
         await anyio.lowlevel.checkpoint()
         now = _now()
-        found = [
-            key
-            for key, entry in self._data.items()
-            if (entry.expires_at is None or entry.expires_at > now) and matcher.match(key)
-        ]
-        for key in found:
+        for key in self._local.matching(matcher, now):
             yield key
 
     # writing
@@ -548,7 +521,7 @@ class FileBackend(Backend):
                 ):
                     return None
                 return staged
-        return self._live(key, now)
+        return self._local.live(key, now)
 
     def _stage(
         self,
@@ -648,9 +621,9 @@ class FileBackend(Backend):
                 record.result = self._apply_index(record.index, record.members)
                 continue
             if record.entry is None:
-                self._data.pop(record.key, None)
+                self._local.drop(record.key)
             else:
-                self._store(record.entry)
+                self._local.store(record.entry)
             self._fanout.publish(record.change)
         batch.applied = True
         if self._should_snapshot():
@@ -666,14 +639,8 @@ class FileBackend(Backend):
 
     def _apply_index(self, index: str, members: dict[str, float] | list[str]) -> int:
         if isinstance(members, dict):
-            return self._indexes.setdefault(index, SortedIndex()).add(members)
-        found = self._indexes.get(index)
-        if found is None:
-            return 0
-        removed = found.remove(members)
-        if not found:
-            del self._indexes[index]
-        return removed
+            return self._local.index_add(index, members)
+        return self._local.index_remove(index, members)
 
     def _encode_record(self, record: _Record | _IndexRecord) -> bytes:
         payload: bytes = msgpack.packb(record.payload(), use_bin_type=True)
@@ -726,7 +693,7 @@ class FileBackend(Backend):
         check_expected_version(expected_version)
         await self._ready()
         now = _now()
-        self._sweep(now)
+        self._local.sweep(now)
         record = self._stage(key, value, ttl, expected_version, now)
         assert record is not None  # noqa: S101  # a set always stages a record
         await self._commit()
@@ -808,8 +775,7 @@ class FileBackend(Backend):
         check_limit(limit)
         await self._ready()
         await anyio.lowlevel.checkpoint()
-        found = self._indexes.get(index)
-        return found.range(limit) if found is not None else []
+        return self._local.index_range(index, limit)
 
     # subscriptions
 
@@ -854,7 +820,7 @@ class FileBackend(Backend):
     def _snapshot_document(self) -> dict[str, Any]:
         now = _now()
         entries: dict[str, Any] = {}
-        for key, entry in self._data.items():
+        for key, entry in self._local.data.items():
             if entry.expires_at is not None and entry.expires_at <= now:
                 continue
             item: dict[str, Any] = {
@@ -872,7 +838,7 @@ class FileBackend(Backend):
             else:
                 item["value"] = entry.value
             entries[key] = item
-        indexes = {name: index.items() for name, index in self._indexes.items()}
+        indexes = {name: index.items() for name, index in self._local.indexes.items()}
         return {
             "magic": _SNAPSHOT_MAGIC,
             "format_version": _SNAPSHOT_VERSION,

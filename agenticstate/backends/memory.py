@@ -8,14 +8,13 @@ that same step: concurrent updates never conflict, let alone lose anything.
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING
 
 import anyio.lowlevel
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
-from agenticstate.backends._index import SortedIndex
+from agenticstate.backends._local import LocalStore
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -52,54 +51,36 @@ class MemoryBackend(Backend):
 
     def __init__(self, *, key_prefix: str = "") -> None:
         self.key_prefix = key_prefix
-        self._data: dict[str, Entry] = {}
-        self._expiries: list[tuple[datetime, str]] = []
+        self._local = LocalStore()
         self._fanout = ChangeFanout()
-        self._indexes: dict[str, SortedIndex] = {}
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"MemoryBackend(key_prefix={self.key_prefix!r}, keys={len(self._data)})"
+        return f"MemoryBackend(key_prefix={self.key_prefix!r}, keys={len(self._local.data)})"
 
     @classmethod
     def from_url(cls, url: str) -> MemoryBackend:
         """Create a backend from `memory://` (any path or query is ignored)."""
         return cls()
 
-    def _live(self, key: str, now: datetime) -> Entry | None:
-        entry = self._data.get(key)
-        if entry is not None and entry.expires_at is not None and entry.expires_at <= now:
-            del self._data[key]
-            return None
-        return entry
-
-    def _sweep(self, now: datetime) -> None:
-        # Drop expired keys in order of expiry, so memory stays bounded without a timer task.
-        expiries = self._expiries
-        while expiries and expiries[0][0] <= now:
-            expires_at, key = heapq.heappop(expiries)
-            entry = self._data.get(key)
-            if entry is not None and entry.expires_at == expires_at:
-                del self._data[key]
-
     def _write(
         self, key: str, value: bytes, ttl: timedelta | None, expected: int | None, now: datetime
     ) -> Change:
-        current = self._live(key, now)
+        current = self._local.live(key, now)
         version = current.version if current is not None else 0
         if expected is not None and expected != version:
             raise conflict(key, expected, version)
         expires_at = now + ttl if ttl is not None else None
-        self._data[key] = Entry(
-            key=key,
-            value=value,
-            version=version + 1,
-            created_at=current.created_at if current is not None else now,
-            updated_at=now,
-            expires_at=expires_at,
+        self._local.store(
+            Entry(
+                key=key,
+                value=value,
+                version=version + 1,
+                created_at=current.created_at if current is not None else now,
+                updated_at=now,
+                expires_at=expires_at,
+            )
         )
-        if expires_at is not None:
-            heapq.heappush(self._expiries, (expires_at, key))
         change = Change(
             key=key,
             op=ChangeOp.SET,
@@ -115,7 +96,7 @@ class MemoryBackend(Backend):
         """Return the entry at `key`, or `None` if missing or expired."""
         validate_key(key)
         await anyio.lowlevel.checkpoint()
-        return self._live(key, utcnow())
+        return self._local.live(key, utcnow())
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         """Return the entries at `keys`, in order."""
@@ -123,7 +104,7 @@ class MemoryBackend(Backend):
             validate_key(key)
         await anyio.lowlevel.checkpoint()
         now = utcnow()
-        return [self._live(key, now) for key in keys]
+        return [self._local.live(key, now) for key in keys]
 
     async def set(
         self,
@@ -139,7 +120,7 @@ class MemoryBackend(Backend):
         check_expected_version(expected_version)
         await anyio.lowlevel.checkpoint()
         now = utcnow()
-        self._sweep(now)
+        self._local.sweep(now)
         return self._write(key, value, ttl, expected_version, now)
 
     async def set_many(
@@ -151,7 +132,7 @@ class MemoryBackend(Backend):
         check_ttl(ttl)
         await anyio.lowlevel.checkpoint()
         now = utcnow()
-        self._sweep(now)
+        self._local.sweep(now)
         return [self._write(key, value, ttl, None, now) for key, value in items]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
@@ -160,13 +141,13 @@ class MemoryBackend(Backend):
         check_expected_version(expected_version)
         await anyio.lowlevel.checkpoint()
         now = utcnow()
-        current = self._live(key, now)
+        current = self._local.live(key, now)
         version = current.version if current is not None else 0
         if expected_version is not None and expected_version != version:
             raise conflict(key, expected_version, version)
         if current is None:
             return None
-        del self._data[key]
+        self._local.drop(key)
         change = Change(
             key=key, op=ChangeOp.DELETE, old=current.value, new=None, version=version, timestamp=now
         )
@@ -186,8 +167,8 @@ class MemoryBackend(Backend):
         check_ttl(ttl)
         await anyio.lowlevel.checkpoint()
         now = utcnow()
-        self._sweep(now)
-        current = self._live(key, now)
+        self._local.sweep(now)
+        current = self._local.live(key, now)
         value = fn(current)
         return self._write(key, value, ttl, current.version if current else 0, now)
 
@@ -196,16 +177,7 @@ class MemoryBackend(Backend):
         matcher = compile_glob(validate_pattern(pattern))
         await anyio.lowlevel.checkpoint()
         now = utcnow()
-        if matcher.is_literal:
-            key = matcher.literal_prefix
-            found = [key] if self._live(key, now) is not None else []
-        else:
-            found = [
-                key
-                for key, entry in self._data.items()
-                if (entry.expires_at is None or entry.expires_at > now) and matcher.match(key)
-            ]
-        for key in found:
+        for key in self._local.matching(matcher, now):
             yield key
 
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
@@ -213,27 +185,20 @@ class MemoryBackend(Backend):
         validate_key(index)
         checked = check_index_members(members)
         await anyio.lowlevel.checkpoint()
-        return self._indexes.setdefault(index, SortedIndex()).add(checked)
+        return self._local.index_add(index, checked)
 
     async def index_remove(self, index: str, members: Sequence[str]) -> int:
         """Remove members from a sorted index; see `Backend.index_remove`."""
         validate_key(index)
         await anyio.lowlevel.checkpoint()
-        found = self._indexes.get(index)
-        if found is None:
-            return 0
-        removed = found.remove(members)
-        if not found:
-            del self._indexes[index]
-        return removed
+        return self._local.index_remove(index, members)
 
     async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
         """Read a sorted index, lowest score first; see `Backend.index_range`."""
         validate_key(index)
         check_limit(limit)
         await anyio.lowlevel.checkpoint()
-        found = self._indexes.get(index)
-        return found.range(limit) if found is not None else []
+        return self._local.index_range(index, limit)
 
     def changes(
         self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER

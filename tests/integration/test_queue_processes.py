@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +17,7 @@ from agenticstate import (
     StateManager,
     TeamState,
 )
+from tests._procs import LineProcess
 from tests.conftest import unique_prefix
 from tests.integration._queue_worker import TEAM
 
@@ -31,55 +27,8 @@ ROOT = Path(__file__).parent.parent.parent
 TASKS = 1000
 
 
-class Proc:
-    """A worker process whose stdout lines are collected by a thread as they arrive."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration._queue_worker", *args],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        with self.process.stdout:
-            for line in self.process.stdout:
-                with self.changed:
-                    self.lines.append(line.strip())
-                    self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    def wait_lines(self, count: int, timeout: float = 60) -> bool:
-        """Wait until the process printed `count` lines (False on timeout or exit)."""
-        with self.changed:
-            self.changed.wait_for(
-                lambda: len(self.lines) >= count or self.process.poll() is not None, timeout
-            )
-            return len(self.lines) >= count
-
-    def stop(self) -> None:
-        """Ask it to stop (close stdin) and wait."""
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.process.wait(timeout=30)
-        self.reader.join(10)
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.reader.join(10)
+def Proc(*args: str) -> LineProcess:  # noqa: N802  # reads like the class it makes
+    return LineProcess("tests.integration._queue_worker", *args)
 
 
 async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
@@ -96,7 +45,7 @@ async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
     rng = random.Random(7)
     reaper = Proc("reaper", redis_url, prefix)
     workers = {f"w{n}": Proc("worker", redis_url, prefix, f"w{n}") for n in range(4)}
-    killed: list[Proc] = []
+    killed: list[LineProcess] = []
     try:
         for generation in range(4, 10):
             # Let a random worker complete another 25 tasks, then SIGKILL it mid-stream.
@@ -155,11 +104,8 @@ async def test_four_indexer_processes_count_exactly(redis_url: str) -> None:
         )
     procs = [Proc("indexer", redis_url, prefix, "150") for _ in range(4)]
     for proc in procs:
-        proc.process.wait(timeout=120)
-        proc.reader.join(10)
-        assert proc.lines == ["indexed"]
-        assert proc.process.stdin is not None
-        proc.process.stdin.close()
+        assert proc.wait_until(lambda lines: "indexed" in lines, timeout=120), proc.close()
+        proc.stop()
     async with StateManager(config) as state:
         progress = await KnowledgeStateManager(state_manager=state).get_indexing_progress("kb")
     assert progress is not None

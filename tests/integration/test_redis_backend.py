@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +20,7 @@ from agenticstate import (
     StateManager,
     WriteOutcomeUnknownError,
 )
+from tests._procs import LineProcess
 from tests._redis_server import RedisServer, make_test_ca
 from tests.conftest import unique_prefix
 
@@ -35,50 +32,8 @@ pytestmark = pytest.mark.redis
 ROOT = Path(__file__).parent.parent.parent
 
 
-class Worker:
-    """A child process whose stdout lines are read by a thread as they arrive."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration._redis_worker", *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        with self.process.stdout:
-            for line in self.process.stdout:
-                with self.changed:
-                    self.lines.append(line.rstrip("\n"))
-                    self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    def wait_until(self, predicate: Any, timeout: float = 60) -> bool:
-        with self.changed:
-            return bool(
-                self.changed.wait_for(
-                    lambda: predicate(self.lines) or self.process.poll() is not None, timeout
-                )
-                and predicate(self.lines)
-            )
-
-    def close(self) -> str:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=30)
-        self.reader.join(10)
-        assert self.process.stderr is not None
-        with self.process.stderr:
-            return self.process.stderr.read()
+def Worker(*args: str) -> LineProcess:  # noqa: N802  # reads like the class it makes
+    return LineProcess("tests.integration._redis_worker", *args)
 
 
 @pytest.fixture
