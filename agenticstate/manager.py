@@ -311,6 +311,12 @@ class StateManager:
         """Open the backend now (otherwise the first call does). Idempotent."""
         await self._opened_backend()
 
+    def _ready_backend(self) -> Backend | None:
+        # The hot path: open, not closed, no subscription still starting. Saves an await.
+        if self._is_open and not self._pending and not self._closed:
+            return self.backend
+        return None
+
     async def _opened_backend(self) -> Backend:
         backend = await self._ensure_open()
         if self._pending:
@@ -391,7 +397,7 @@ class StateManager:
             DecodeError: The stored bytes are corrupt or do not validate as `model`.
         """
         validate_key(key)
-        backend = await self._opened_backend()
+        backend = self._ready_backend() or await self._opened_backend()
         entry = await backend.get(key)
         self._counters["reads"] += 1
         if entry is None:
@@ -474,10 +480,12 @@ class StateManager:
         check_expected_version(expected_version)
         life = self._ttl(ttl)
         raw = self.serializer.dumps(value)
-        backend = await self._opened_backend()
-        change = await self._counted_write(
-            backend.set(key, raw, ttl=life, expected_version=expected_version)
-        )
+        backend = self._ready_backend() or await self._opened_backend()
+        try:
+            change = await backend.set(key, raw, ttl=life, expected_version=expected_version)
+        except ConflictError:
+            self._counters["conflicts"] += 1
+            raise
         self._counters["saves"] += 1
         return change.version
 

@@ -82,44 +82,67 @@ CHANNEL_NAMESPACE = "__agenticstate__:"
 INDEX_NAMESPACE = "__agenticstate_idx__:"
 """What every sorted index's Redis key starts with (before the key prefix)."""
 
+_SET_MANY_CHUNK = 500  # keys per set_many script call
 _HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
 
-# KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
+# One write: check the version, store header + value, apply the TTL, publish old and new.
 # Returns {1, version, old-or-false, now} or {0, actual version} on a version conflict.
-_SET_SCRIPT = """
-local cur = redis.call('GET', KEYS[1])
-local ver = 0
-local created = nil
-local old = false
-if cur then
-  ver = tonumber(string.sub(cur, 1, 20))
-  created = string.sub(cur, 21, 35)
-  old = string.sub(cur, 66)
-end
-local expected = tonumber(ARGV[3])
-if expected >= 0 and expected ~= ver then
-  return {0, ver}
+_WRITE_FUNCTION = """
+local function write(key, value, ttl, expected, channel, now)
+  local cur = redis.call('GET', key)
+  local ver = 0
+  local created = nil
+  local old = false
+  if cur then
+    ver = tonumber(string.sub(cur, 1, 20))
+    created = string.sub(cur, 21, 35)
+    old = string.sub(cur, 66)
+  end
+  if expected >= 0 and expected ~= ver then
+    return {0, ver}
+  end
+  local nowstr = string.format('%015d', now)
+  if not created then created = nowstr end
+  local expires = 0
+  if ttl > 0 then expires = now + ttl end
+  ver = ver + 1
+  local verstr = string.format('%020d', ver)
+  local record = verstr .. created .. nowstr .. string.format('%015d', expires) .. value
+  if ttl > 0 then
+    redis.call('SET', key, record, 'PX', ttl)
+  else
+    redis.call('SET', key, record)
+  end
+  local oldpart = '0'
+  if old then oldpart = '1' .. string.format('%010d', #old) .. old end
+  redis.call('PUBLISH', channel, 'S' .. verstr .. nowstr .. oldpart .. value)
+  return {1, ver, old, now}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nowstr = string.format('%015d', now)
-if not created then created = nowstr end
-local ttl = tonumber(ARGV[2])
-local expires = 0
-if ttl > 0 then expires = now + ttl end
-ver = ver + 1
-local verstr = string.format('%020d', ver)
-local record = verstr .. created .. nowstr .. string.format('%015d', expires) .. ARGV[1]
-if ttl > 0 then
-  redis.call('SET', KEYS[1], record, 'PX', ttl)
-else
-  redis.call('SET', KEYS[1], record)
-end
-local oldpart = '0'
-if old then oldpart = '1' .. string.format('%010d', #old) .. old end
-redis.call('PUBLISH', ARGV[4], 'S' .. verstr .. nowstr .. oldpart .. ARGV[1])
-return {1, ver, old, now}
 """
+
+# KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
+_SET_SCRIPT = (
+    _WRITE_FUNCTION
+    + """
+return write(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], now)
+"""
+)
+
+# KEYS: the keys; ARGV: ttl ms, then a value and a channel per key. Each write is unconditional;
+# the reply is each write's reply, in order.
+_SET_MANY_SCRIPT = (
+    _WRITE_FUNCTION
+    + """
+local ttl = tonumber(ARGV[1])
+local replies = {}
+for i = 1, #KEYS do
+  replies[i] = write(KEYS[i], ARGV[2 * i], ttl, -1, ARGV[2 * i + 1], now)
+end
+return replies
+"""
+)
 
 # KEYS[1] the key; ARGV: expected version (-1 = any), channel.
 # Returns {1, version, old, now}, {2} when missing, or {0, actual version} on a conflict.
@@ -268,6 +291,7 @@ class RedisBackend(Backend):
         self._client: aioredis.Redis | None = client
         self._owns_client = client is None
         self._set: Any = None
+        self._set_many: Any = None
         self._delete: Any = None
         self._channel_prefix = f"{CHANNEL_NAMESPACE}{key_prefix}"
         self._groups: dict[str, _Group] = {}
@@ -326,6 +350,7 @@ class RedisBackend(Backend):
             self._client = self._make_client()
         if self._set is None:
             self._set = self._client.register_script(_SET_SCRIPT)
+            self._set_many = self._client.register_script(_SET_MANY_SCRIPT)
             self._delete = self._client.register_script(_DELETE_SCRIPT)
 
     async def _redis(self) -> aioredis.Redis:
@@ -417,15 +442,35 @@ class RedisBackend(Backend):
         name = self._k(key)
         check_ttl(ttl)
         check_expected_version(expected_version)
-        await self._redis()
+        client = await self._redis()
         expected = -1 if expected_version is None else expected_version
         async with self._slots:
             with self._translate(write_key=key):
                 async with asyncio.timeout(self.socket_timeout):
-                    reply = await self._set(
-                        keys=[name], args=[value, _ttl_ms(ttl), expected, self._channel(name)]
+                    reply = await self._run_script(
+                        client,
+                        self._set,
+                        _SET_SCRIPT,
+                        name,
+                        value,
+                        _ttl_ms(ttl),
+                        expected,
+                        self._channel(name),
                     )
         return self._set_change(key, value, reply, expected_version)
+
+    @staticmethod
+    async def _run_script(
+        client: aioredis.Redis, script: Any, source: str, name: str, *args: Any
+    ) -> Any:
+        """EVALSHA a one-key script; after NOSCRIPT (it did not run) load it and run it once."""
+        from redis.exceptions import NoScriptError  # optional dependency
+
+        try:
+            return await client.evalsha(script.sha, 1, name, *args)
+        except NoScriptError:
+            await client.script_load(source)
+            return await client.evalsha(script.sha, 1, name, *args)
 
     def _set_change(self, key: str, value: bytes, reply: list[Any], expected: int | None) -> Change:
         if reply[0] == 0:
@@ -448,30 +493,22 @@ class RedisBackend(Backend):
         if not items:
             return []
         names = [self._k(key) for key, _ in items]
-        client = await self._redis()
+        await self._redis()
         life = _ttl_ms(ttl)
-        from redis.exceptions import NoScriptError  # optional dependency
-
+        replies: list[Any] = []
         async with self._slots:
             with self._translate(write_key=items[0][0]):
                 async with asyncio.timeout(self.socket_timeout):
-                    # EVALSHA straight into the pipeline: redis-py's script helper would first
-                    # ask SCRIPT EXISTS, an extra round trip on every batch.
-                    async with client.pipeline(transaction=False) as pipe:
-                        for name, (_, value) in zip(names, items, strict=True):
-                            pipe.evalsha(
-                                self._set.sha, 1, name, value, life, -1, self._channel(name)
-                            )
-                        replies = await pipe.execute(raise_on_error=False)
-                    for index, reply in enumerate(replies):
-                        if isinstance(reply, NoScriptError):
-                            # Not run (the server lost its scripts): safe to run again.
-                            name, value = names[index], items[index][1]
-                            replies[index] = await self._set(
-                                keys=[name], args=[value, life, -1, self._channel(name)]
-                            )
-                        elif isinstance(reply, Exception):
-                            raise reply
+                    # One script call per chunk: one round trip, and Redis is never blocked
+                    # for long. (Every key in a call must share a slot once Cluster arrives.)
+                    for start in range(0, len(items), _SET_MANY_CHUNK):
+                        chunk = names[start : start + _SET_MANY_CHUNK]
+                        args: list[Any] = [life]
+                        for name, (_, value) in zip(
+                            chunk, items[start : start + len(chunk)], strict=True
+                        ):
+                            args += [value, self._channel(name)]
+                        replies += await self._set_many(keys=chunk, args=args)
         return [
             self._set_change(key, value, reply, None)
             for (key, value), reply in zip(items, replies, strict=True)
@@ -481,12 +518,14 @@ class RedisBackend(Backend):
         """Delete `key` in one atomic script; see `Backend.delete`."""
         name = self._k(key)
         check_expected_version(expected_version)
-        await self._redis()
+        client = await self._redis()
         expected = -1 if expected_version is None else expected_version
         async with self._slots:
             with self._translate(write_key=key):
                 async with asyncio.timeout(self.socket_timeout):
-                    reply = await self._delete(keys=[name], args=[expected, self._channel(name)])
+                    reply = await self._run_script(
+                        client, self._delete, _DELETE_SCRIPT, name, expected, self._channel(name)
+                    )
         if reply[0] == 0:
             raise conflict(key, expected, int(reply[1]))
         if reply[0] == 2:
