@@ -169,7 +169,7 @@ class Watch:
     ```python
     async with state.watch("agent:*") as changes:
         async for change in changes:
-            print(change.key, change.old_value, change.new_value)
+            handle(change.key, change.old_value, change.new_value)
     ```
 
     Iterating without `async with` subscribes on the first `__anext__`. Iteration ends when the
