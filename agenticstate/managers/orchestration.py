@@ -315,8 +315,20 @@ class OrchestrationStateManager(StateManagerBase):
                 raise InvalidArgumentError(f"agent key {agent_id!r} != agent_id {agent.agent_id!r}")
             await self.state.save(self._agent_key(team.team_id, agent_id), agent)
         queue = team.task_queue
-        for task in [*queue.pending, *queue.in_progress, *queue.completed, *queue.dead_letter]:
+        for task in queue.pending:
             await self.enqueue_task(team.team_id, task)
+        # Tasks already under way or finished keep their status (and stay out of the queue).
+        for status, tasks in (
+            (TaskStatus.IN_PROGRESS, queue.in_progress),
+            (TaskStatus.COMPLETED, queue.completed),
+            (TaskStatus.DEAD_LETTER, queue.dead_letter),
+        ):
+            for task in tasks:
+                await self.state.save(
+                    self._task_key(team.team_id, task.task_id),
+                    task.model_copy(update={"status": status}),
+                    expected_version=0,
+                )
         return await self.get_team(team.team_id)
 
     async def _require_team(self, team_id: str) -> _TeamRecord:

@@ -248,3 +248,28 @@ async def test_bad_tasks_are_refused(orch: OrchestrationStateManager) -> None:
         with pytest.raises(InvalidArgumentError):
             await orch.enqueue_task("research_team", task)
     assert (await orch.get_queue_status("research_team")).pending == []
+
+
+async def test_create_team_keeps_the_status_of_given_tasks(state: StateManager) -> None:
+    """Tasks passed in a TeamState's queue keep their list's status; only pending ones queue."""
+    from agenticstate import TaskItem
+
+    orch = OrchestrationStateManager(state_manager=state)
+    await orch.create_team(
+        TeamState(
+            team_id="t",
+            task_queue=TaskQueueState(
+                pending=[TaskItem(task_id="p")],
+                in_progress=[TaskItem(task_id="i", assigned_to="a")],
+                completed=[TaskItem(task_id="c", result=1)],
+            ),
+        )
+    )
+    queue = await orch.get_queue_status("t")
+    assert [t.task_id for t in queue.pending] == ["p"]
+    assert [t.task_id for t in queue.in_progress] == ["i"]
+    assert [(t.task_id, t.result) for t in queue.completed] == [("c", 1)]
+    claim = await orch.claim_task("t", "a")
+    assert claim is not None
+    assert claim.task_id == "p"
+    assert await orch.claim_task("t", "a") is None
