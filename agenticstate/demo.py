@@ -102,4 +102,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    from agenticstate.cli import configure_logging
+
+    configure_logging()
     anyio.run(main)

@@ -83,3 +83,17 @@ async def test_closed_manager_refuses_calls() -> None:
     await state.aclose()
     with pytest.raises(BackendError):
         await state.get("k")
+
+
+def test_redis_urls_keep_their_form() -> None:
+    """from_url keeps unix:///path intact and takes key_prefix from the query string."""
+    from agenticstate import RedisBackend
+
+    plain = RedisBackend.from_url("unix:///tmp/redis.sock")
+    assert (plain.url, plain.key_prefix) == ("unix:///tmp/redis.sock", "")
+    prefixed = RedisBackend.from_url("unix:///tmp/redis.sock?key_prefix=app:&db=2")
+    assert (prefixed.url, prefixed.key_prefix) == ("unix:///tmp/redis.sock?db=2", "app:")
+    tcp = open_backend("redis://:pw@127.0.0.1:6380/1", key_prefix="t:")
+    assert isinstance(tcp, RedisBackend)
+    assert tcp.key_prefix == "t:"
+    assert "pw" not in repr(tcp)

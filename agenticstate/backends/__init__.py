@@ -15,7 +15,7 @@ own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-_factories: dict[str, Callable[[str], Backend]] = {
+_factories: dict[str, Callable[..., Backend]] = {
     "memory": MemoryBackend.from_url,
     "file": FileBackend.from_url,
     "redis": RedisBackend.from_url,
@@ -52,12 +52,12 @@ _factories: dict[str, Callable[[str], Backend]] = {
 }
 
 
-def register_backend(scheme: str, factory: Callable[[str], Backend]) -> None:
-    """Make `open_backend` build backends for URLs with `scheme` by calling `factory(url)`."""
+def register_backend(scheme: str, factory: Callable[..., Backend]) -> None:
+    """Make `open_backend` call `factory(url, **options)` for URLs with `scheme`."""
     _factories[scheme.lower()] = factory
 
 
-def open_backend(url: str) -> Backend:
+def open_backend(url: str, **options: Any) -> Backend:
     """Build a backend from a URL: `memory://`, `file://PATH`, `redis://...`, `rediss://...`.
 
     No connection is made and no file is touched until the backend is first used.
@@ -72,7 +72,7 @@ def open_backend(url: str) -> Backend:
     if factory is None:
         known = ", ".join(sorted(f"{name}://" for name in _factories))
         raise ConfigurationError(f"unknown backend scheme {scheme!r}; known: {known}")
-    return factory(url)
+    return factory(url, **options)
 
 
 def open_config_backend(config: StateConfig) -> Backend:

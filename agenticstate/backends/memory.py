@@ -8,7 +8,7 @@ that same step: concurrent updates never conflict, let alone lose anything.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio.lowlevel
 
@@ -59,9 +59,9 @@ class MemoryBackend(Backend):
         return f"MemoryBackend(key_prefix={self.key_prefix!r}, keys={len(self._local.data)})"
 
     @classmethod
-    def from_url(cls, url: str) -> MemoryBackend:
+    def from_url(cls, url: str, **options: Any) -> MemoryBackend:
         """Create a backend from `memory://` (any path or query is ignored)."""
-        return cls()
+        return cls(**options)
 
     def _write(
         self, key: str, value: bytes, ttl: timedelta | None, expected: int | None, now: datetime

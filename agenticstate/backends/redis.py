@@ -308,12 +308,16 @@ class RedisBackend(Backend):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         """Create a backend from `redis://`, `rediss://` or `unix://` (`?key_prefix=` allowed)."""
-        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+        from urllib.parse import parse_qsl, urlencode, urlsplit
 
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         prefix = query.pop("key_prefix", options.pop("key_prefix", ""))
-        cleaned = urlunsplit(parts._replace(query=urlencode(query)))
+        cleaned = url
+        if parts.query:
+            # Rebuild by hand: urlunsplit drops the `//` of `unix:///path`.
+            rest = f"?{urlencode(query)}" if query else ""
+            cleaned = f"{parts.scheme}://{parts.netloc}{parts.path}{rest}"
         return cls(url=cleaned, key_prefix=prefix, **options)
 
     # connections

@@ -1,0 +1,342 @@
+"""The `agenticstate` command: look at and change state from a shell.
+
+```console
+agenticstate --url file://./state keys 'agent:*'
+agenticstate --url redis://localhost:6379/0 --prefix agenticai: get agent:researcher
+agenticstate set agent:researcher '{"status": "idle"}' --ttl 3600
+agenticstate watch 'agent:*'
+agenticstate inspect workflows
+agenticstate demo
+```
+
+The store comes from `--url` (or `AGENTICSTATE_URL`, else `file://./state`): `memory://`,
+`file://DIR`, `redis://...`, `rediss://...`, `unix://...`. `--json` prints machine-readable output.
+
+Exit codes: 0 success, 1 the key or record was not found, 2 bad usage or input, 3 the backend
+failed (unreachable, in use by another process, corrupt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import sys
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any, NoReturn
+from uuid import UUID
+
+import anyio
+import structlog
+
+from agenticstate.backends import open_backend
+from agenticstate.exceptions import (
+    AgenticStateError,
+    BackendError,
+    ConfigurationError,
+    InvalidArgumentError,
+    NotFoundError,
+    SerializationError,
+)
+from agenticstate.manager import StateManager
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["configure_logging", "main"]
+
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_BACKEND = 0, 1, 2, 3
+
+
+class _CommandError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, bytes):
+        return {"$base64": base64.b64encode(value).decode()}
+    if value is Ellipsis:
+        return "..."
+    raise TypeError(f"cannot show {type(value).__name__}")
+
+
+def _dump(value: Any, *, pretty: bool = False) -> str:
+    return json.dumps(value, default=_plain, ensure_ascii=False, indent=2 if pretty else None)
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(row.get(column, "")) for column in columns] for row in rows]
+    widths = [max(len(column), *(len(c[i]) for c in cells)) for i, column in enumerate(columns)]
+    lines = ["  ".join(column.ljust(widths[i]) for i, column in enumerate(columns)).rstrip()]
+    lines.append("  ".join("-" * width for width in widths))
+    lines.extend(
+        "  ".join(c[i].ljust(widths[i]) for i in range(len(columns))).rstrip() for c in cells
+    )
+    return "\n".join(lines)
+
+
+def _manager(args: argparse.Namespace) -> StateManager:
+    url = args.url or os.environ.get("AGENTICSTATE_URL") or "file://./state"
+    try:
+        backend = open_backend(url, key_prefix=args.prefix)
+    except ConfigurationError as exc:
+        raise _CommandError(str(exc), EXIT_USAGE) from None
+    return StateManager(backend=backend)
+
+
+async def _keys(state: StateManager, args: argparse.Namespace) -> int:
+    keys = await state.list_keys(args.pattern)
+    if args.json:
+        _out(_dump(keys))
+    else:
+        for key in keys:
+            _out(key)
+    return EXIT_OK
+
+
+async def _get(state: StateManager, args: argparse.Namespace) -> int:
+    entry = await state.get_entry(args.key)
+    if entry is None:
+        raise _CommandError(f"no state at key {args.key!r}", EXIT_NOT_FOUND)
+    if args.json:
+        _out(_dump(entry.model_dump()))
+    else:
+        _out(_dump(entry.value, pretty=True))
+        ttl = f", expires in {entry.ttl}" if entry.ttl is not None else ""
+        _out(f"(version {entry.version}, updated {entry.updated_at.isoformat()}{ttl})")
+    return EXIT_OK
+
+
+async def _set(state: StateManager, args: argparse.Namespace) -> int:
+    try:
+        value = json.loads(args.value)
+    except json.JSONDecodeError as exc:
+        raise _CommandError(
+            f"VALUE is not valid JSON: {exc.msg} (column {exc.colno})", EXIT_USAGE
+        ) from None
+    version = await state.save(args.key, value, ttl=args.ttl)
+    _out(
+        _dump({"key": args.key, "version": version})
+        if args.json
+        else f"saved {args.key} (version {version})"
+    )
+    return EXIT_OK
+
+
+async def _delete(state: StateManager, args: argparse.Namespace) -> int:
+    if not await state.delete(args.key):
+        raise _CommandError(f"no state at key {args.key!r}", EXIT_NOT_FOUND)
+    _out(_dump({"key": args.key, "deleted": True}) if args.json else f"deleted {args.key}")
+    return EXIT_OK
+
+
+async def _watch(state: StateManager, args: argparse.Namespace) -> int:
+    seen = 0
+    async with state.watch(args.pattern) as changes:
+        # On stderr, once subscribed: from here on no change is missed.
+        sys.stderr.write(f"watching {args.pattern!r} (Ctrl-C to stop)\n")
+        sys.stderr.flush()
+        async for change in changes:
+            if args.json:
+                _out(_dump(change.model_dump()))
+            else:
+                _out(
+                    f"{change.timestamp.isoformat()}  {change.op.value:<6} {change.key}  "
+                    f"v{change.version}  {_dump(change.old_value)} -> {_dump(change.new_value)}"
+                )
+            seen += 1
+            if args.count and seen >= args.count:
+                break
+    return EXIT_OK
+
+
+async def _inspect(state: StateManager, args: argparse.Namespace) -> int:
+    from agenticstate.managers import (  # only this command needs them
+        OrchestrationStateManager,
+        SpeechStateManager,
+        ToolStateManager,
+        WorkflowStateManager,
+    )
+
+    rows: list[dict[str, Any]]
+    if args.what == "workflows":
+        workflows = WorkflowStateManager(state_manager=state)
+        found = await workflows.list_workflows()
+        rows = []
+        for workflow in found:
+            checkpoints = await workflows.list_checkpoints(workflow.workflow_id)
+            rows.append(
+                {
+                    "workflow": workflow.workflow_id,
+                    "status": workflow.status.value,
+                    "step": f"{workflow.current_step}/{workflow.total_steps}",
+                    "checkpoints": len(checkpoints),
+                    "latest checkpoint": checkpoints[0].checkpoint_id if checkpoints else "-",
+                }
+            )
+        columns = ["workflow", "status", "step", "checkpoints", "latest checkpoint"]
+    elif args.what == "teams":
+        orch = OrchestrationStateManager(state_manager=state)
+        rows = []
+        for team_id in await orch.list_teams():
+            team = await orch.get_team(team_id)
+            queue = team.task_queue
+            rows.append(
+                {
+                    "team": team_id,
+                    "agents": ", ".join(
+                        f"{a.agent_id}:{a.status.value}" for a in team.agents.values()
+                    ),
+                    "pending": len(queue.pending),
+                    "in progress": len(queue.in_progress),
+                    "completed": len(queue.completed),
+                    "dead letter": len(queue.dead_letter),
+                }
+            )
+        columns = ["team", "agents", "pending", "in progress", "completed", "dead letter"]
+    elif args.what == "tools":
+        tools = ToolStateManager(state_manager=state)
+        names = sorted(
+            {
+                key.split("}", 1)[0][len("tools:{") :]
+                for key in await state.list_keys("tools:{*}:stats")
+            }
+        )
+        pending = await tools.get_pending_retries(due_only=False)
+        rows = []
+        for name in names:
+            stats = await tools.get_tool_stats(name)
+            rows.append(
+                {
+                    "tool": name,
+                    "runs": stats.total_executions,
+                    "success": f"{stats.success_rate:.0%}",
+                    "cache hits": f"{stats.cache_hit_rate:.0%}",
+                    "avg ms": f"{stats.avg_duration_ms:.1f}",
+                    "p95 ms": f"{stats.p95_duration_ms:.1f}",
+                    "pending retries": sum(1 for r in pending if r.tool_name == name),
+                }
+            )
+        columns = ["tool", "runs", "success", "cache hits", "avg ms", "p95 ms", "pending retries"]
+    else:
+        speech = SpeechStateManager(state_manager=state)
+        rows = [
+            {
+                "session": session.session_id,
+                "type": session.session_type,
+                "mode": session.streaming_mode.value,
+                "status": session.status.value,
+                "created": session.created_at.isoformat(timespec="seconds"),
+            }
+            for session in await speech.list_sessions(active_only=False)
+        ]
+        columns = ["session", "type", "mode", "status", "created"]
+    _out(_dump(rows) if args.json else _table(rows, columns))
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agenticstate", description="Look at and change agenticstate state."
+    )
+    parser.add_argument(
+        "--url", help="memory://, file://DIR, redis://..., rediss://..., unix://..."
+    )
+    parser.add_argument("--prefix", default="", help="the key prefix (namespace) to work in")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    commands = parser.add_subparsers(dest="command", required=True)
+    keys = commands.add_parser("keys", help="list keys matching a Redis glob")
+    keys.add_argument("pattern", nargs="?", default="*")
+    get = commands.add_parser("get", help="show a key's value and version")
+    get.add_argument("key")
+    put = commands.add_parser("set", help="store a JSON value")
+    put.add_argument("key")
+    put.add_argument("value", help="a JSON document")
+    put.add_argument("--ttl", type=float, default=None, help="seconds until it expires")
+    delete = commands.add_parser("delete", help="delete a key")
+    delete.add_argument("key")
+    watch = commands.add_parser("watch", help="stream changes (old -> new) until Ctrl-C")
+    watch.add_argument("pattern")
+    watch.add_argument("--count", type=int, default=0, help="stop after this many changes")
+    inspect = commands.add_parser("inspect", help="summaries of the managers' records")
+    inspect.add_argument("what", choices=["workflows", "teams", "tools", "speech"])
+    commands.add_parser("demo", help="run the demo job on the file backend")
+    return parser
+
+
+_COMMANDS = {
+    "keys": _keys,
+    "get": _get,
+    "set": _set,
+    "delete": _delete,
+    "watch": _watch,
+    "inspect": _inspect,
+}
+
+
+async def _run(args: argparse.Namespace) -> int:
+    async with _manager(args) as state:
+        return await _COMMANDS[args.command](state, args)
+
+
+def configure_logging() -> None:
+    """Send warnings and worse to stderr, never mixed into the output a script reads.
+
+    The library never configures logging; the command and the demo are applications, so they do.
+    """
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    sys.stderr.write(f"agenticstate: {message}\n")
+    raise SystemExit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the command line."""
+    args = _parser().parse_args(argv)
+    configure_logging()
+    if args.command == "demo":
+        from agenticstate import demo  # only this command needs it
+
+        anyio.run(demo.main)
+        return
+    try:
+        code = anyio.run(_run, args)
+    except _CommandError as exc:
+        _fail(str(exc), exc.code)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (InvalidArgumentError, SerializationError) as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except NotFoundError as exc:
+        _fail(str(exc), EXIT_NOT_FOUND)
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except BackendError as exc:
+        _fail(f"{exc} ({type(exc).__name__})", EXIT_BACKEND)
+    except AgenticStateError as exc:
+        _fail(f"{exc} ({type(exc).__name__})", EXIT_BACKEND)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()
