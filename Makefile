@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 
 export AGENTICSTATE_REQUIRE_REDIS ?= 1
 
-.PHONY: all setup test lint typecheck pytest demo docs bench clean redis-server
+.PHONY: all setup test lint typecheck pytest demo docs docs-check bench clean redis-server
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install --quiet -e ".[redis,cli,trio]" --group dev
+	$(BIN)/python -m pip install --quiet -e ".[redis,cli,trio]" --group dev --group docs
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -32,13 +32,15 @@ typecheck: setup
 pytest: setup redis-server
 	bash scripts/run-pytest.sh $(BIN)/python
 
-test: lint typecheck pytest
+test: lint typecheck docs-check pytest
 
 demo: setup
 	$(BIN)/python -m agenticstate.demo
 
+docs-check: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site-check
+
 docs: setup
-	$(BIN)/python -m pip install --quiet --group docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup redis-server
