@@ -44,6 +44,7 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup redis-server
+	$(BIN)/python -m pip install --quiet --group bench
 	$(BIN)/python -m bench
 
 clean:
