@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
 
 RESULTS = Path(__file__).parent / "results"
+CHARTS = Path(__file__).parent.parent / "docs" / "benchmarks"
 
 
 def machine() -> str:
@@ -88,9 +89,48 @@ def table(title: str, header: list[str], rows: list[list[str]], notes: list[str]
     return "\n".join(lines) + "\n"
 
 
-def publish(name: str, text: str) -> None:
-    """Print a result and keep a copy in bench/results/NAME.md."""
+def ratio_of(cell: str) -> float | None:
+    """The number before the `x` in a ratio cell ("0.74x raw SET" -> 0.74), if any."""
+    head = cell.split("x", 1)[0].strip()
+    try:
+        return float(head)
+    except ValueError:
+        return None
+
+
+def chart(name: str, title: str, bars: list[tuple[str, float]]) -> Path | None:
+    """Draw the ratios as a horizontal bar chart in docs/benchmarks/NAME.png (needs matplotlib)."""
+    try:
+        import matplotlib as mpl
+
+        mpl.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    CHARTS.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(8, 0.45 * len(bars) + 1.2))
+    labels = [label for label, _ in bars]
+    values = [value for _, value in bars]
+    colors = ["#3f51b5" if value >= 1 else "#9fa8da" for value in values]
+    axes.barh(labels, values, color=colors)
+    axes.axvline(1.0, color="black", linewidth=1)
+    axes.invert_yaxis()
+    axes.set_xlabel("ratio to the baseline (1.0 = as fast)")
+    axes.set_title(title)
+    for position, value in enumerate(values):
+        axes.text(value, position, f" {value:.2f}x", va="center", fontsize=8)
+    figure.tight_layout()
+    path = CHARTS / f"{name}.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def publish(name: str, text: str, bars: list[tuple[str, float]] | None = None) -> None:
+    """Print a result, keep it in bench/results/NAME.md, and chart its ratios."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(text, encoding="utf-8")
+    if bars:
+        chart(name, text.splitlines()[0].lstrip("# "), bars)

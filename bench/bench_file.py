@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 
 from agenticstate import FileBackend, StateManager
-from bench._util import publish, rate, sync_rate, table
+from bench._util import publish, rate, ratio_of, sync_rate, table
 
 VALUE = {"status": "running", "task": "analyze_data", "progress": 0.45, "notes": "x" * 120}
 SEQUENTIAL = 500
@@ -61,7 +61,7 @@ def peer_sequential(directory: Path) -> float | None:
     return sync_rate(lambda i: peer.save(f"agent:{i % 50}", VALUE), SEQUENTIAL)
 
 
-async def run() -> str:
+async def run() -> tuple[str, list[tuple[str, float]]]:
     with tempfile.TemporaryDirectory(dir=".") as root:
         base = Path(root)
         record_size = 150
@@ -98,16 +98,19 @@ async def run() -> str:
         "agenticaiframework's FileBackend rewrites one JSON file per key and never fsyncs, so "
         "its figure is not durable; a crash can lose or tear its writes.",
     ]
-    return table(
+    bars = [(f"{row[0]} x{row[1]}", ratio_of(row[3]) or 0.0) for row in rows]
+    text = table(
         "File backend: durable saves per second",
         ["store", "writers", "saves/s", "vs fsync loop"],
         rows,
         notes,
     )
+    return text, bars
 
 
 def main() -> None:
-    publish("file", anyio.run(run))
+    text, bars = anyio.run(run)
+    publish("file", text, bars)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from agenticstate import (
     TeamState,
     ToolStateManager,
 )
-from bench._util import publish, rate, redis_server, table
+from bench._util import publish, rate, ratio_of, redis_server, table
 
 ROOT = Path(__file__).parent.parent
 
@@ -115,7 +115,7 @@ async def speech_rate(url: str, sessions: int = 100, updates: int = 50) -> float
         return sessions * updates / (time.perf_counter() - start)
 
 
-def run() -> str:
+def run() -> tuple[str, list[tuple[str, float]]]:
     with redis_server() as url:
         one = anyio.run(queue_rate, url, 1, 1000)
         four = anyio.run(queue_rate, url, 4, 2000)
@@ -153,11 +153,13 @@ def run() -> str:
         "100 sessions at 50 interim updates/s each need 5,000 updates/s: "
         + ("kept up on this run." if speech >= 5000 else "NOT kept up by one process on this run."),
     ]
-    return table("Managers on Redis", ["workload", "agenticstate", "ratio"], rows, notes)
+    bars = [(row[0], value) for row in rows if (value := ratio_of(row[2])) is not None]
+    return table("Managers on Redis", ["workload", "agenticstate", "ratio"], rows, notes), bars
 
 
 def main() -> None:
-    publish("managers", run())
+    text, bars = run()
+    publish("managers", text, bars)
 
 
 if __name__ == "__main__":

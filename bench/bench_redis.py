@@ -15,7 +15,16 @@ import anyio
 import redis.asyncio as aioredis
 
 from agenticstate import RedisBackend, StateConfig, StateManager
-from bench._util import median, percentile, publish, rate, redis_server, sync_rate, table
+from bench._util import (
+    median,
+    percentile,
+    publish,
+    rate,
+    ratio_of,
+    redis_server,
+    sync_rate,
+    table,
+)
 
 N = 3000
 BATCH = 100
@@ -137,7 +146,7 @@ async def latency(url: str, per_second: int = 1000, seconds: float = 3.0) -> lis
     return [delay * 1000 for delay in json.loads(out.strip().splitlines()[-1])]
 
 
-def run() -> str:
+def run() -> tuple[str, list[tuple[str, float]]]:
     with redis_server() as url:
         rows = anyio.run(measure, url)
         peer_rates = peer(url)
@@ -182,16 +191,19 @@ def run() -> str:
             for name, ok in targets.items()
         ),
     ]
-    return table(
+    bars = [(row[0], ratio_of(row[3]) or 0.0) for row in table_rows]
+    text = table(
         "Redis backend: operations per second",
         ["operation", "agenticstate ops/s", "baseline ops/s", "ratio"],
         table_rows,
         notes,
     )
+    return text, bars
 
 
 def main() -> None:
-    publish("redis", run())
+    text, bars = run()
+    publish("redis", text, bars)
 
 
 if __name__ == "__main__":
