@@ -139,4 +139,5 @@ def test_demo_command(tmp_path: Path) -> None:
     """`agenticstate demo` runs the demo job."""
     result = cli("demo", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "processed 12 documents in all (1 runs)" in result.stdout
+    assert "agenticstate demo, run 1" in result.stdout
+    assert "queue: 6 completed" in result.stdout
