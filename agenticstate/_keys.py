@@ -49,6 +49,16 @@ def validate_key(key: object) -> str:
     Raises:
         InvalidKeyError: The key is not a str, is empty, too long, or has control characters.
     """
+    # The common case in a few C calls: printable ASCII is one byte a character, and no
+    # printable character is a control character.
+    if (
+        type(key) is str
+        and 0 < len(key) <= MAX_KEY_BYTES
+        and key.isascii()
+        and key.isprintable()
+        and not key.startswith(RESERVED_PREFIX)
+    ):
+        return key
     problem = _problem(key, "key")
     if problem is not None:
         raise InvalidKeyError(problem)

@@ -22,7 +22,7 @@ import json
 import math
 import zlib
 from datetime import date, datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import UUID
 
 import msgpack
@@ -39,6 +39,9 @@ from agenticstate.exceptions import (
     TooLargeError,
     UnsupportedTypeError,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "Format", "Serializer", "payload_format"]
 
@@ -197,6 +200,43 @@ class _Encoder:
         return out if changed else value
 
 
+def _is_plain(value: object, depth: int, max_depth: int, for_json: bool) -> bool:
+    """Whether `value` can be packed as it is: the common case, checked without building a path.
+
+    True only for exact dicts (str keys), lists, str, bool, None, 64-bit ints and finite floats,
+    nested at most `max_depth` deep. Anything else (a cycle included, which exceeds the depth)
+    returns False, and the full walk then converts it or raises an error naming the path.
+    """
+    if depth >= max_depth:
+        return False
+    if type(value) is dict:
+        if for_json and len(value) == 1 and next(iter(value)) in _TAGS:
+            return False  # a user dict that looks like a tag must be wrapped
+        items: Iterable[object] = value.values()
+        for key in value:
+            if type(key) is not str:
+                return False
+    elif type(value) is list:
+        items = value
+    else:
+        return False
+    for item in items:
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is float:
+            if item - item != 0.0:  # type: ignore[operator]  # inf - inf and nan - nan are nan
+                return False
+        elif kind is int:
+            if not _INT_MIN <= item <= _INT_MAX:  # type: ignore[operator]
+                return False
+        elif not (kind is dict or kind is list) or not _is_plain(
+            item, depth + 1, max_depth, for_json
+        ):
+            return False
+    return True
+
+
 def _ext_hook(code: int, data: bytes) -> object:
     if code == _EXT_DATETIME:
         return datetime.fromisoformat(data.decode())
@@ -285,9 +325,12 @@ class Serializer:
         Raises:
             SerializationError: A subclass naming the path of the first unsupported part.
         """
-        encoder = _Encoder(for_json=self.format == "json", max_depth=self.max_depth)
-        plain = encoder.walk(value, 0)
-        if self.format == "json":
+        for_json = self.format == "json"
+        if _is_plain(value, 0, self.max_depth, for_json):
+            plain = value
+        else:
+            plain = _Encoder(for_json=for_json, max_depth=self.max_depth).walk(value, 0)
+        if for_json:
             body = json.dumps(
                 plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")
             ).encode()

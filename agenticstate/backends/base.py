@@ -69,6 +69,8 @@ __all__ = [
     "check_limit",
     "check_ttl",
     "conflict",
+    "new_change",
+    "new_entry",
     "utcnow",
 ]
 
@@ -141,6 +143,61 @@ class Change:
     new: bytes | None
     version: int
     timestamp: datetime
+
+
+# Hot-path constructors. A frozen dataclass's `__init__` sets each field through
+# `object.__setattr__`; writing the slots directly builds the same object in a third of the time.
+_new = object.__new__
+
+
+def _slot_setters(cls: type, names: str) -> list[Callable[[object, object], None]]:
+    return [vars(cls)[name].__set__ for name in names.split()]
+
+
+_set_key, _set_value, _set_version, _set_created, _set_updated, _set_expires = _slot_setters(
+    Entry, "key value version created_at updated_at expires_at"
+)
+_set_change_key, _set_op, _set_old, _set_new, _set_change_version, _set_timestamp = _slot_setters(
+    Change, "key op old new version timestamp"
+)
+
+
+def new_entry(
+    key: str,
+    value: bytes,
+    version: int,
+    created_at: datetime,
+    updated_at: datetime,
+    expires_at: datetime | None,
+) -> Entry:
+    """Build an `Entry` (equal to `Entry(...)` with the same fields), fast."""
+    entry: Entry = _new(Entry)
+    _set_key(entry, key)
+    _set_value(entry, value)
+    _set_version(entry, version)
+    _set_created(entry, created_at)
+    _set_updated(entry, updated_at)
+    _set_expires(entry, expires_at)
+    return entry
+
+
+def new_change(
+    key: str,
+    op: ChangeOp,
+    old: bytes | None,
+    new: bytes | None,
+    version: int,
+    timestamp: datetime,
+) -> Change:
+    """Build a `Change` (equal to `Change(...)` with the same fields), fast."""
+    change: Change = _new(Change)
+    _set_change_key(change, key)
+    _set_op(change, op)
+    _set_old(change, old)
+    _set_new(change, new)
+    _set_change_version(change, version)
+    _set_timestamp(change, timestamp)
+    return change
 
 
 def check_ttl(ttl: timedelta | None) -> timedelta | None:

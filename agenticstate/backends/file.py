@@ -16,21 +16,24 @@ there; stray temporary files from an interrupted snapshot are removed. Because t
 records the last sequence number it contains, a crash between writing a snapshot and emptying
 the log replays nothing twice.
 
-Group commit. Concurrent writers share fsyncs: while one batch of records is being written and
-synced (in a worker thread, one hop per batch), new writes gather in the next batch. A write is
-visible to readers (and emitted to subscribers) once its batch is durable; compare-and-set and
-`update` see writes still waiting in a batch, so versions stay exact. If a batch fails (disk
-full, I/O error), the log is cut back to where it was, every write in that batch and the next
-fails with `BackendError`, and the previous values stay in place.
+Group commit. Each open store has one I/O thread that owns its files. The event loop only
+stages writes and encodes them; the thread appends and fsyncs, one batch at a time, and reports
+back. While it syncs one batch, new writes gather in the next, so concurrent writers share
+fsyncs, and a batch is one log frame (one checksum) because all of its writes are acknowledged
+together. A write is visible to readers (and emitted to subscribers) once its batch is durable;
+compare-and-set and `update` see writes still waiting in a batch, so versions stay exact. If a
+batch fails (disk full, I/O error), the log is cut back to where it was, every write in that
+batch and the next fails with `BackendError`, and the previous values stay in place.
 
 Durability modes: `"fsync"` (the default: every acknowledged write is on disk) or `"none"`
-(records go to the operating system without fsync: fast, and a process crash loses nothing, but
-a power loss may lose the last writes).
+(records are written to the operating system on the event loop, without fsync: fast, and a
+process crash loses nothing, but a power loss may lose the last writes).
 
 Snapshots are rewritten every `save_interval` seconds when `auto_save` is on (and whenever the
-log grows past `compact_bytes`), on `flush()`, and on `aclose()`. With `format="json"` the
-snapshot is readable JSON with JSON values embedded as JSON; `"msgpack"` is compact;
-`compression=True` compresses the snapshot and large log records.
+log grows past `compact_bytes`), on `flush()`, and on `aclose()`. The I/O thread builds and
+writes them from a copy of the entries, so the event loop only pauses to copy a dict. With
+`format="json"` the snapshot is readable JSON with JSON values embedded as JSON; `"msgpack"` is
+compact; `compression=True` compresses the snapshot and large log records.
 
 One owner. A second process opening the same store gets `BackendError` naming the holder's pid.
 A lock left by a killed process is released by the operating system with the process, so the
@@ -45,17 +48,22 @@ import errno
 import fcntl
 import json
 import os
+import queue
 import struct
+import threading
 import time
 import zlib
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import msgpack
 import structlog
 
@@ -74,6 +82,8 @@ from agenticstate.backends.base import (
     check_limit,
     check_ttl,
     conflict,
+    new_change,
+    new_entry,
 )
 from agenticstate.events import ChangeFanout, ChangeStream
 from agenticstate.exceptions import (
@@ -99,6 +109,7 @@ _COMPRESSED = 0x01
 _SNAPSHOT_MAGIC = "agenticstate-snapshot"
 _SNAPSHOT_VERSION = 1
 _MISSING = object()
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 def _ms(moment: datetime | None) -> int | None:
@@ -112,6 +123,12 @@ def _from_ms(value: int | None) -> datetime | None:
 def _now() -> datetime:
     # Millisecond precision, like every timestamp the store persists.
     return datetime.fromtimestamp(round(time.time() * 1000) / 1000, UTC)
+
+
+def _clock() -> tuple[datetime, int]:
+    """Now, as a datetime and in epoch milliseconds (the log's form), the same instant."""
+    ms = round(time.time() * 1000)
+    return datetime.fromtimestamp(ms / 1000, UTC), ms
 
 
 # The low-level I/O, in small functions so that tests can inject faults (ENOSPC, EIO).
@@ -150,28 +167,27 @@ def _translate(action: str) -> Iterator[None]:
 class _Record:
     """One staged write: what the log gets, and the change it makes."""
 
-    __slots__ = ("change", "entry", "key", "lsn")
+    __slots__ = ("change", "entry", "key", "lsn", "stamps")
 
-    def __init__(self, lsn: int, key: str, entry: Entry | None, change: Change) -> None:
+    def __init__(
+        self,
+        lsn: int,
+        key: str,
+        entry: Entry | None,
+        change: Change,
+        stamps: tuple[int | None, int | None, int | None],
+    ) -> None:
         self.lsn = lsn
         self.key = key
         self.entry = entry  # None for a delete
         self.change = change
+        self.stamps = stamps  # created, updated, expires: the entry's times in epoch ms
 
     def payload(self) -> list[Any]:
         entry = self.entry
         if entry is None:
             return [self.lsn, "d", self.key, None, self.change.version, None, None, None]
-        return [
-            self.lsn,
-            "s",
-            self.key,
-            entry.value,
-            entry.version,
-            _ms(entry.created_at),
-            _ms(entry.updated_at),
-            _ms(entry.expires_at),
-        ]
+        return [self.lsn, "s", self.key, entry.value, entry.version, *self.stamps]
 
 
 class _IndexRecord:
@@ -199,8 +215,12 @@ class _IndexRecord:
         ]
 
 
-class _Batch:
-    """Writes that will be made durable together, by one fsync."""
+class _Job:
+    """Work for the I/O thread: a batch of writes made durable by one fsync, or a snapshot.
+
+    A batch's writers wait on `done`; `overlay` holds its staged entries by key, so that reads
+    for compare-and-set see them before they are applied.
+    """
 
     __slots__ = ("applied", "done", "error", "overlay", "records")
 
@@ -210,6 +230,49 @@ class _Batch:
         self.overlay: dict[str, Entry | None] = {}
         self.done = anyio.Event()
         self.error: BaseException | None = None
+
+
+class _IOThread:
+    """A store's I/O thread: runs blocking jobs one at a time, in order, and reports each back.
+
+    One long-lived thread instead of a worker-pool hop per batch: on a busy event loop a hop
+    costs more than the fsync it waits for. Each job's outcome (`None` or the exception) is
+    passed to its callback on the event loop that started the thread.
+    """
+
+    __slots__ = ("_jobs", "_thread", "_token")
+
+    def __init__(self, name: str) -> None:
+        self._token = anyio.lowlevel.current_token()
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], object], Callable[[BaseException | None], object]] | None
+        ] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, job: Callable[[], object], callback: Callable[[BaseException | None], object]
+    ) -> None:
+        """Queue `job`; `callback(error)` runs on the event loop when it has finished."""
+        self._jobs.put((job, callback))
+
+    def _run(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, callback = item
+            error: BaseException | None = None
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001  # handed to the callback, never lost
+                error = exc
+            try:
+                anyio.from_thread.run_sync(callback, error, token=self._token)
+            except RuntimeError:
+                return  # the event loop has gone: nobody is left to tell
+
+    async def aclose(self) -> None:
+        """Let the queued jobs finish, then stop the thread."""
+        self._jobs.put(None)
+        await anyio.to_thread.run_sync(self._thread.join)
 
 
 class FileBackend(Backend):
@@ -265,18 +328,20 @@ class FileBackend(Backend):
         self._local = LocalStore()
         self._fanout = ChangeFanout()
         self._open_lock: anyio.Lock | None = None
-        self._flush_lock: anyio.Lock | None = None
         self._is_open = False
         self._closed = False
         self._failed: str | None = None
         self._lock_fd: int | None = None
         self._log_fd: int | None = None
         self._log_size = 0
-        self._lsn = 0
+        self._lsn = 0  # the last sequence number given to a staged record
+        self._applied_lsn = 0  # the last one applied (durable and visible)
         self._snapshot_lsn = 0
         self._last_snapshot = time.monotonic()
-        self._open_batch = _Batch()
-        self._flushing: _Batch | None = None
+        self._io: _IOThread | None = None
+        self._open_batch = _Job()  # gathering writes
+        self._in_flight: _Job | None = None  # the one job the I/O thread is running
+        self._snapshot_job: _Job | None = None  # a snapshot waiting for the I/O thread
 
     def __repr__(self) -> str:
         return f"FileBackend(base_path={str(self.base_path)!r}, format={self.format!r})"
@@ -300,10 +365,12 @@ class FileBackend(Backend):
             raise BackendError("this FileBackend is closed")
         if self._open_lock is None:
             self._open_lock = anyio.Lock()
-            self._flush_lock = anyio.Lock()
         async with self._open_lock:
             if not self._is_open:
                 await anyio.to_thread.run_sync(self._open_sync)
+                self._applied_lsn = self._lsn
+                self._open_batch = _Job()
+                self._io = _IOThread(f"agenticstate-file:{self.snapshot_path.name}")
                 self._is_open = True
 
     def _open_sync(self) -> None:
@@ -419,16 +486,17 @@ class FileBackend(Backend):
             if len(body) < length or length == 0 or zlib.crc32(body) != crc:
                 break
             try:
-                fields = self._decode_record(body)
+                records = self._decode_frame(body)
             except (ValueError, TypeError, zlib.error, msgpack.UnpackException):
                 break
             offset += _RECORD.size + length
-            lsn = int(fields[0])
-            if lsn <= self._snapshot_lsn:
-                continue  # already in the snapshot (a crash between snapshot and log reset)
-            self._lsn = max(self._lsn, lsn)
-            self._apply_logged(fields, now)
-            replayed += 1
+            for fields in records:
+                lsn = int(fields[0])
+                if lsn <= self._snapshot_lsn:
+                    continue  # already in the snapshot (a crash between snapshot and log reset)
+                self._lsn = max(self._lsn, lsn)
+                self._apply_logged(fields, now)
+                replayed += 1
         if offset < len(data):
             log.warning(
                 "file_store_torn_tail",
@@ -443,14 +511,18 @@ class FileBackend(Backend):
         if replayed:
             log.info("file_store_replayed", path=str(self.log_path), records=replayed)
 
-    def _decode_record(self, body: bytes) -> list[Any]:
+    def _decode_frame(self, body: bytes) -> list[list[Any]]:
+        """The records of one log frame: a batch, or (in stores written before 0.2) one record."""
         flags, payload = body[0], body[1:]
         if flags & _COMPRESSED:
             payload = zlib.decompress(payload)
         fields = msgpack.unpackb(payload, raw=False)
-        if not isinstance(fields, list) or len(fields) != 8:
+        if not isinstance(fields, list) or not fields:
+            raise ValueError("bad frame")
+        records = fields if isinstance(fields[0], list) else [fields]
+        if any(not isinstance(record, list) or len(record) != 8 for record in records):
             raise ValueError("bad record")
-        return fields
+        return records
 
     def _apply_logged(self, fields: list[Any], now: datetime) -> None:
         _, op, key, value, version, created, updated, expires = fields
@@ -481,6 +553,8 @@ class FileBackend(Backend):
     async def _ready(self) -> None:
         if not self._is_open:
             await self.open()
+        if self._closed:
+            raise BackendError("this FileBackend is closed")
 
     async def get(self, key: str) -> Entry | None:
         """Return the entry at `key`, or `None` if missing or expired."""
@@ -511,7 +585,7 @@ class FileBackend(Backend):
 
     def _current(self, key: str, now: datetime) -> Entry | None:
         """The newest state of `key`, counting writes still waiting in a batch."""
-        for batch in (self._open_batch, self._flushing):
+        for batch in (self._open_batch, self._in_flight):
             if batch is not None and key in batch.overlay:
                 staged = batch.overlay[key]
                 if (
@@ -529,110 +603,108 @@ class FileBackend(Backend):
         value: bytes | None,
         ttl: timedelta | None,
         expected: int | None,
-        now: datetime,
+        clock: tuple[datetime, int],
         *,
         current: Any = _MISSING,
     ) -> _Record | None:
         if self._failed is not None:
             raise BackendError(self._failed)
+        now, now_ms = clock
         if current is _MISSING:
             current = self._current(key, now)
         version = current.version if current is not None else 0
         if expected is not None and expected != version:
             raise conflict(key, expected, version)
+        stamps: tuple[int | None, int | None, int | None] = (None, None, None)
         if value is None:
             if current is None:
                 return None
-            change = Change(
-                key=key,
-                op=ChangeOp.DELETE,
-                old=current.value,
-                new=None,
-                version=version,
-                timestamp=now,
-            )
+            change = new_change(key, ChangeOp.DELETE, current.value, None, version, now)
             entry = None
         else:
-            entry = Entry(
-                key=key,
-                value=value,
-                version=version + 1,
-                created_at=current.created_at if current is not None else now,
-                updated_at=now,
-                expires_at=now + ttl if ttl is not None else None,
-            )
-            change = Change(
-                key=key,
-                op=ChangeOp.SET,
-                old=current.value if current is not None else None,
-                new=value,
-                version=version + 1,
-                timestamp=now,
-            )
+            if current is None:
+                old, created, created_ms = None, now, now_ms
+            else:
+                old, created = current.value, current.created_at
+                created_ms = round(created.timestamp() * 1000)
+            if ttl is None:
+                expires, expires_ms = None, None
+            else:
+                expires = now + ttl
+                expires_ms = now_ms + round(ttl / _MILLISECOND)
+            entry = new_entry(key, value, version + 1, created, now, expires)
+            change = new_change(key, ChangeOp.SET, old, value, version + 1, now)
+            stamps = (created_ms, now_ms, expires_ms)
         self._lsn += 1
-        record = _Record(self._lsn, key, entry, change)
+        record = _Record(self._lsn, key, entry, change, stamps)
         batch = self._open_batch
         batch.records.append(record)
         batch.overlay[key] = entry
         return record
 
-    async def _commit(self) -> None:
-        """Wait until the batch holding our staged records is durable (leading it if free)."""
-        batch = self._open_batch
-        assert self._flush_lock is not None  # noqa: S101  # set by open()
-        while not batch.done.is_set():
-            flushing = self._flushing
-            if flushing is not None:
-                # Another writer is syncing the previous batch: ours gathers meanwhile.
-                await flushing.done.wait()
-                continue
-            # Nobody is syncing: lead. Whatever gathered so far goes in this one fsync.
-            self._open_batch = _Batch()
-            self._flushing = batch
-            try:
-                async with self._flush_lock:
-                    if self._log_fd is None:
-                        batch.error = BackendError(
-                            "the store was closed before the write was saved"
-                        )
-                    else:
-                        await self._write_batch(batch)
-            finally:
-                if self._flushing is batch:
-                    self._flushing = None
-                batch.done.set()
+    async def _commit(self, batch: _Job) -> None:
+        """Wait until `batch`, holding our staged records, is durable."""
+        self._pump()
+        await batch.done.wait()
         if batch.error is not None:
             raise BackendError(f"the write was not saved: {batch.error}") from batch.error
 
-    async def _write_batch(self, batch: _Batch) -> None:
-        blob = b"".join(self._encode_record(record) for record in batch.records)
-        try:
-            with anyio.CancelScope(shield=True):
-                if self.durability == "fsync":
-                    await anyio.to_thread.run_sync(self._append, blob)
-                else:
-                    self._append(blob)
-        except Exception as exc:  # noqa: BLE001  # any failure fails the batch, never silently
-            batch.error = exc
-            self._fail_pending(exc)
+    def _pump(self) -> None:
+        """Give the I/O thread its next job if it is idle: a wanted snapshot, else the open batch.
+
+        Runs on the event loop, after staging and whenever a job finishes, so the thread is
+        never idle while writes wait and no task has to lead a batch.
+        """
+        if self._in_flight is not None or self._io is None:
             return
-        for record in batch.records:
-            if isinstance(record, _IndexRecord):
-                record.result = self._apply_index(record.index, record.members)
-                continue
-            if record.entry is None:
-                self._local.drop(record.key)
-            else:
-                self._local.store(record.entry)
-            self._fanout.publish(record.change)
-        batch.applied = True
-        if self._should_snapshot():
-            with contextlib.suppress(BackendError):
-                await self._snapshot()
+        if self._snapshot_job is not None:
+            self._start_snapshot(self._snapshot_job)
+            return
+        batch = self._open_batch
+        if not batch.records:
+            return
+        self._open_batch = _Job()
+        self._in_flight = batch
+        frame = self._encode_frame(batch.records)
+        if self.durability == "none":
+            # No fsync to wait for: the write goes to the operating system right here.
+            error: BaseException | None = None
+            try:
+                self._append(frame)
+            except Exception as exc:  # noqa: BLE001  # any failure fails the batch
+                error = exc
+            self._batch_written(batch, error)
+        else:
+            self._io.submit(partial(self._append, frame), partial(self._batch_written, batch))
+
+    def _batch_written(self, batch: _Job, error: BaseException | None) -> None:
+        """Apply a batch the I/O thread has made durable, or fail it (on the event loop)."""
+        self._in_flight = None
+        try:
+            if error is not None:
+                batch.error = error
+                self._fail_pending(error)
+                return
+            for record in batch.records:
+                if isinstance(record, _IndexRecord):
+                    record.result = self._apply_index(record.index, record.members)
+                    continue
+                if record.entry is None:
+                    self._local.drop(record.key)
+                else:
+                    self._local.store(record.entry)
+                self._fanout.publish(record.change)
+            self._applied_lsn = batch.records[-1].lsn
+            batch.applied = True
+            if self._snapshot_job is None and self._should_snapshot():
+                self._snapshot_job = _Job()
+        finally:
+            batch.done.set()
+            self._pump()
 
     def _fail_pending(self, exc: BaseException) -> None:
         # Writes staged after the failed batch may build on it: fail them too.
-        pending, self._open_batch = self._open_batch, _Batch()
+        pending, self._open_batch = self._open_batch, _Job()
         pending.error = exc
         pending.done.set()
         log.error("file_store_write_failed", path=str(self.log_path), error=type(exc).__name__)
@@ -642,8 +714,9 @@ class FileBackend(Backend):
             return self._local.index_add(index, members)
         return self._local.index_remove(index, members)
 
-    def _encode_record(self, record: _Record | _IndexRecord) -> bytes:
-        payload: bytes = msgpack.packb(record.payload(), use_bin_type=True)
+    def _encode_frame(self, records: list[_Record | _IndexRecord]) -> bytes:
+        """One log frame for a batch: its records are acknowledged together, so one checksum."""
+        payload: bytes = msgpack.packb([record.payload() for record in records], use_bin_type=True)
         flags = 0
         if self.compression and len(payload) > 256:
             packed = zlib.compress(payload, 1)
@@ -652,13 +725,14 @@ class FileBackend(Backend):
         body = bytes((flags,)) + payload
         return _RECORD.pack(len(body), zlib.crc32(body)) + body
 
-    def _append(self, blob: bytes) -> None:
+    def _append(self, frame: bytes) -> None:
+        """Append a frame to the log and sync it (in the I/O thread, or inline without fsync)."""
         fd = self._log_fd
         assert fd is not None  # noqa: S101  # set by open()
         start = self._log_size
         try:
             with _translate(f"append to the log {self.log_path}"):
-                _write_all(fd, blob)
+                _write_all(fd, frame)
                 if self.durability == "fsync":
                     _fsync(fd)
         except BackendError:
@@ -672,7 +746,7 @@ class FileBackend(Backend):
                     "reopen the store"
                 )
             raise
-        self._log_size = start + len(blob)
+        self._log_size = start + len(frame)
 
     def _should_snapshot(self) -> bool:
         if self._log_size >= self.compact_bytes:
@@ -689,14 +763,17 @@ class FileBackend(Backend):
     ) -> Change:
         """Store `value` at `key` durably; see `Backend.set`."""
         validate_key(key)
-        check_ttl(ttl)
-        check_expected_version(expected_version)
-        await self._ready()
-        now = _now()
-        self._local.sweep(now)
-        record = self._stage(key, value, ttl, expected_version, now)
+        if ttl is not None:
+            check_ttl(ttl)
+        if expected_version is not None:
+            check_expected_version(expected_version)
+        if not self._is_open or self._closed:
+            await self._ready()
+        clock = _clock()
+        self._local.sweep(clock[0])
+        record = self._stage(key, value, ttl, expected_version, clock)
         assert record is not None  # noqa: S101  # a set always stages a record
-        await self._commit()
+        await self._commit(self._open_batch)
         return record.change
 
     async def set_many(
@@ -707,9 +784,10 @@ class FileBackend(Backend):
             validate_key(key)
         check_ttl(ttl)
         await self._ready()
-        now = _now()
-        records = [self._stage(key, value, ttl, None, now) for key, value in items]
-        await self._commit()
+        clock = _clock()
+        records = [self._stage(key, value, ttl, None, clock) for key, value in items]
+        if records:
+            await self._commit(self._open_batch)
         return [record.change for record in records if record is not None]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
@@ -717,10 +795,10 @@ class FileBackend(Backend):
         validate_key(key)
         check_expected_version(expected_version)
         await self._ready()
-        record = self._stage(key, None, None, expected_version, _now())
+        record = self._stage(key, None, None, expected_version, _clock())
         if record is None:
             return None
-        await self._commit()
+        await self._commit(self._open_batch)
         return record.change
 
     async def update(
@@ -735,14 +813,14 @@ class FileBackend(Backend):
         validate_key(key)
         check_ttl(ttl)
         await self._ready()
-        now = _now()
-        current = self._current(key, now)
+        clock = _clock()
+        current = self._current(key, clock[0])
         value = fn(current)
         record = self._stage(
-            key, value, ttl, current.version if current else 0, now, current=current
+            key, value, ttl, current.version if current else 0, clock, current=current
         )
         assert record is not None  # noqa: S101
-        await self._commit()
+        await self._commit(self._open_batch)
         return record.change
 
     # sorted indexes
@@ -766,7 +844,7 @@ class FileBackend(Backend):
         self._lsn += 1
         record = _IndexRecord(self._lsn, index, members)
         self._open_batch.records.append(record)
-        await self._commit()
+        await self._commit(self._open_batch)
         return record.result
 
     async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
@@ -796,31 +874,57 @@ class FileBackend(Backend):
     # snapshots and closing
 
     async def flush(self) -> None:
-        """Write a snapshot of every acknowledged write now and empty the log."""
+        """Write a snapshot of every acknowledged write now and empty the log.
+
+        Raises:
+            BackendError: The snapshot could not be written; the log still holds every write.
+        """
         await self._ready()
-        assert self._flush_lock is not None  # noqa: S101
-        async with self._flush_lock:
-            await self._snapshot()
+        job = self._request_snapshot()
+        await job.done.wait()
+        if job.error is not None:
+            raise BackendError(f"the snapshot was not written: {job.error}") from job.error
 
-    async def _snapshot(self) -> None:
-        document = self._snapshot_document()
-        lsn = self._lsn_committed()
-        await anyio.to_thread.run_sync(self._write_snapshot, document, lsn)
+    def _request_snapshot(self) -> _Job:
+        """The snapshot job that will run next (joining one already waiting)."""
+        job = self._snapshot_job
+        if job is None:
+            job = self._snapshot_job = _Job()
+            self._pump()
+        return job
 
-    def _lsn_committed(self) -> int:
-        # Records applied to the committed state are in the snapshot; staged ones are not.
-        pending = [
-            record.lsn
-            for batch in (self._open_batch, self._flushing)
-            if batch is not None and not batch.applied
-            for record in batch.records
-        ]
-        return min(pending) - 1 if pending else self._lsn
+    def _start_snapshot(self, job: _Job) -> None:
+        # Nothing is in flight, so the applied state is exactly the log's records up to
+        # `_applied_lsn`. Entries are immutable: a shallow copy is a consistent snapshot, and
+        # the I/O thread builds the document from it while writes go on.
+        self._snapshot_job = None
+        self._in_flight = job
+        entries = dict(self._local.data)
+        indexes = {name: index.items() for name, index in self._local.indexes.items()}
+        assert self._io is not None  # noqa: S101  # _pump checked
+        self._io.submit(
+            partial(self._write_snapshot, entries, indexes, self._applied_lsn),
+            partial(self._snapshot_written, job),
+        )
 
-    def _snapshot_document(self) -> dict[str, Any]:
+    def _snapshot_written(self, job: _Job, error: BaseException | None) -> None:
+        self._in_flight = None
+        if error is not None:
+            job.error = error
+            log.warning(
+                "file_store_snapshot_failed",
+                path=str(self.snapshot_path),
+                error=type(error).__name__,
+            )
+        job.done.set()
+        self._pump()
+
+    def _snapshot_document(
+        self, entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int
+    ) -> dict[str, Any]:
         now = _now()
-        entries: dict[str, Any] = {}
-        for key, entry in self._local.data.items():
+        items: dict[str, Any] = {}
+        for key, entry in entries.items():
             if entry.expires_at is not None and entry.expires_at <= now:
                 continue
             item: dict[str, Any] = {
@@ -837,17 +941,20 @@ class FileBackend(Backend):
                     item["base64"] = base64.b64encode(entry.value).decode("ascii")
             else:
                 item["value"] = entry.value
-            entries[key] = item
-        indexes = {name: index.items() for name, index in self._local.indexes.items()}
+            items[key] = item
         return {
             "magic": _SNAPSHOT_MAGIC,
             "format_version": _SNAPSHOT_VERSION,
-            "entries": entries,
+            "lsn": lsn,
+            "entries": items,
             "indexes": indexes,
         }
 
-    def _write_snapshot(self, document: dict[str, Any], lsn: int) -> None:
-        document["lsn"] = lsn
+    def _write_snapshot(
+        self, entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int
+    ) -> None:
+        """Replace the snapshot atomically and empty the log (in the I/O thread)."""
+        document = self._snapshot_document(entries, indexes, lsn)
         if self.format == "json":
             data = json.dumps(document, ensure_ascii=False, indent=1).encode()
         else:
@@ -865,34 +972,43 @@ class FileBackend(Backend):
             os.replace(temp, self.snapshot_path)
             _fsync_directory(self.base_path)
             self._snapshot_lsn = lsn
-            # Records up to `lsn` are in the snapshot now; later ones stay (none while we hold
-            # the flush lock, since only the lock holder appends).
+            # Every record in the log is in the snapshot: this thread writes the log, and no
+            # batch runs while a snapshot does.
             if self._log_fd is not None:
                 os.ftruncate(self._log_fd, 0)
                 if self.durability == "fsync":
                     _fsync(self._log_fd)
                 self._log_size = 0
         self._last_snapshot = time.monotonic()
-        log.debug(
-            "file_store_snapshot", path=str(self.snapshot_path), entries=len(document["entries"])
-        )
+        log.debug("file_store_snapshot", path=str(self.snapshot_path), entries=len(entries))
 
     async def aclose(self) -> None:
-        """Write a final snapshot, end subscriptions and release the store. Idempotent."""
+        """Finish staged writes, write a final snapshot and release the store. Idempotent.
+
+        Subscriptions end at once; writes already staged are still made durable, and new ones
+        are refused with `BackendError`.
+        """
         if self._closed:
             return
         self._closed = True
         self._fanout.close()
         if not self._is_open:
             return
-        assert self._flush_lock is not None  # noqa: S101
         with anyio.CancelScope(shield=True):
-            async with self._flush_lock:
-                try:
-                    if self._failed is None:
-                        await self._snapshot()
-                finally:
-                    await anyio.to_thread.run_sync(self._close_files)
+            # New writes are refused now; the ones already staged still complete.
+            while self._in_flight is not None or self._open_batch.records:
+                waiting = self._in_flight or self._open_batch
+                self._pump()
+                await waiting.done.wait()
+            try:
+                if self._failed is None:
+                    job = self._request_snapshot()
+                    await job.done.wait()
+            finally:
+                io, self._io = self._io, None
+                if io is not None:
+                    await io.aclose()
+                self._close_files()
 
     def _close_files(self) -> None:
         fd, self._log_fd = self._log_fd, None

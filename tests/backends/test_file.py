@@ -94,7 +94,7 @@ async def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path: Path) -> None
         backend.compact_bytes = 1 << 40  # keep everything in the log
         await backend.set("a", b"1")
         await backend.set("b", b"2")
-        backend._snapshot = _no_snapshot  # type: ignore[method-assign]  # crash before close
+        backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]  # crash before close
     log_path = tmp_path / "state.json.log"
     size = log_path.stat().st_size
     assert size > 0
@@ -109,19 +109,19 @@ async def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path: Path) -> None
     assert any(event["event"] == "file_store_torn_tail" for event in logs)
 
 
-async def _no_snapshot() -> None:
-    return None
+def _no_snapshot(*args: object) -> None:
+    """Stands in for the snapshot writer: closing then leaves the log as a crash would."""
 
 
 async def test_corrupt_record_stops_replay_there(tmp_path: Path) -> None:
     """A record whose checksum does not match ends the replay: nothing after it is trusted."""
     async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
         await backend.set("a", b"first")
-        backend._snapshot = _no_snapshot  # type: ignore[method-assign]
+        backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]
     log_path = tmp_path / "state.json.log"
     good = log_path.read_bytes()
     async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
-        backend._snapshot = _no_snapshot  # type: ignore[method-assign]
+        backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]
         await backend.set("a", b"second")
     data = bytearray(log_path.read_bytes())
     data[len(good) + 12] ^= 0xFF  # flip a byte inside the second record
@@ -320,7 +320,7 @@ async def test_indexes_survive_reopen_from_log_and_snapshot(tmp_path: Path) -> N
     async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
         await backend.index_add("q", {"a": 2, "b": 1, "c": 3})
         await backend.index_remove("q", ["c"])
-        backend._snapshot = _no_snapshot  # type: ignore[method-assign]  # crash: log only
+        backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]  # crash: log only
     async with FileBackend(base_path=tmp_path) as backend:
         assert await backend.index_range("q") == [("b", 1.0), ("a", 2.0)]
         await backend.index_add("q", {"d": 0})
