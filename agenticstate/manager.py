@@ -477,8 +477,9 @@ class StateManager:
             ConflictError: `expected_version` did not match; nothing was written.
         """
         validate_key(key)
-        check_expected_version(expected_version)
-        life = self._ttl(ttl)
+        if expected_version is not None:
+            check_expected_version(expected_version)
+        life = self.config.ttl if ttl is DEFAULT else self._ttl(ttl)
         raw = self.serializer.dumps(value)
         backend = self._ready_backend() or await self._opened_backend()
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
 import zlib
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -43,7 +44,14 @@ from agenticstate.exceptions import (
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_SIZE", "Format", "Serializer", "payload_format"]
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_SIZE",
+    "Format",
+    "Serializer",
+    "pack",
+    "payload_format",
+]
 
 Format = Literal["msgpack", "json"]
 M = TypeVar("M", bound=BaseModel)
@@ -200,6 +208,23 @@ class _Encoder:
         return out if changed else value
 
 
+_THREAD = threading.local()
+
+
+def pack(value: object) -> bytes:
+    """`msgpack.packb(value, use_bin_type=True)` with a reused packer (one per thread).
+
+    Building a `Packer` costs as much as packing a small value; a packer is not thread-safe,
+    so each thread keeps its own. Nothing here calls back into Python, so it cannot re-enter.
+    """
+    try:
+        packer = _THREAD.packer
+    except AttributeError:
+        packer = _THREAD.packer = msgpack.Packer(use_bin_type=True)
+    packed: bytes = packer.pack(value)
+    return packed
+
+
 def _is_plain(value: object, depth: int, max_depth: int, for_json: bool) -> bool:
     """Whether `value` can be packed as it is: the common case, checked without building a path.
 
@@ -336,7 +361,7 @@ class Serializer:
             ).encode()
             header = _JSON
         else:
-            body = msgpack.packb(plain, use_bin_type=True)
+            body = pack(plain)
             header = _MSGPACK
         if len(body) > self.max_size:
             raise TooLargeError(

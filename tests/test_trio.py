@@ -1,14 +1,17 @@
-"""The core, the memory backend and subscriptions run under trio as well as asyncio."""
+"""The core, the memory and file backends and subscriptions run under trio as well as asyncio."""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
 from agenticstate import ConfigurationError, StateConfig, StateManager
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def test_core_runs_under_trio() -> None:
@@ -62,3 +65,26 @@ def test_callbacks_outside_async_with_need_asyncio_under_trio() -> None:
         await state.aclose()
 
     anyio.run(main, backend="trio")
+
+
+def test_file_backend_runs_under_trio(tmp_path: Path) -> None:
+    """The file backend (its fsync agent, group commit and snapshots) works on trio."""
+    pytest.importorskip("trio")
+    results: dict[str, Any] = {}
+
+    async def main() -> None:
+        config = StateConfig(backend="file", file_path=tmp_path / "state.json")
+        async with StateManager(config) as state, state.watch("n") as changes:
+            async with anyio.create_task_group() as tg:
+                for _ in range(50):
+                    tg.start_soon(partial(state.update, "n", lambda n: n + 1, default=0))
+            with anyio.fail_after(5):
+                first = await changes.__anext__()
+            await state.save("agent:1", {"status": "idle"})
+            results["first"] = (first.key, first.new_value)
+        async with StateManager(config) as state:
+            results["n"] = await state.get("n")
+            results["agent"] = await state.get("agent:1")
+
+    anyio.run(main, backend="trio")
+    assert results == {"first": ("n", 1), "n": 50, "agent": {"status": "idle"}}

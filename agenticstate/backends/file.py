@@ -48,20 +48,19 @@ import errno
 import fcntl
 import json
 import os
-import queue
 import struct
-import threading
+import subprocess
+import sys
 import time
 import zlib
+from collections import deque
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import anyio
-import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import msgpack
@@ -69,6 +68,7 @@ import structlog
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
 from agenticstate.backends._local import LocalStore
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -92,7 +92,7 @@ from agenticstate.exceptions import (
     DecodeError,
     InvalidArgumentError,
 )
-from agenticstate.serialization import payload_format
+from agenticstate.serialization import pack, payload_format
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -110,6 +110,7 @@ _SNAPSHOT_MAGIC = "agenticstate-snapshot"
 _SNAPSHOT_VERSION = 1
 _MISSING = object()
 _MILLISECOND = timedelta(milliseconds=1)
+_FRAME_RECORDS = 16
 
 
 def _ms(moment: datetime | None) -> int | None:
@@ -125,10 +126,22 @@ def _now() -> datetime:
     return datetime.fromtimestamp(round(time.time() * 1000) / 1000, UTC)
 
 
-def _clock() -> tuple[datetime, int]:
-    """Now, as a datetime and in epoch milliseconds (the log's form), the same instant."""
-    ms = round(time.time() * 1000)
-    return datetime.fromtimestamp(ms / 1000, UTC), ms
+class _Clock:
+    """Now, as a datetime and in epoch milliseconds (the log's form), the same instant.
+
+    Busy stores write many times a millisecond: the datetime is built once per millisecond.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[datetime, int] = (datetime.fromtimestamp(0, UTC), 0)
+
+    def __call__(self) -> tuple[datetime, int]:
+        ms = round(time.time() * 1000)
+        if ms != self._last[1]:
+            self._last = (datetime.fromtimestamp(ms / 1000, UTC), ms)
+        return self._last
 
 
 # The low-level I/O, in small functions so that tests can inject faults (ENOSPC, EIO).
@@ -153,21 +166,32 @@ def _fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def _call_now(callback: Callable[[], object]) -> None:
+    callback()
+
+
+def _describe_errno(code: int, action: str) -> str:
+    detail = "the disk is full" if code == errno.ENOSPC else errno.errorcode.get(code, str(code))
+    return f"could not {action}: {detail}"
+
+
 @contextlib.contextmanager
 def _translate(action: str) -> Iterator[None]:
     """Turn OSError into BackendError, in one place."""
     try:
         yield
     except OSError as exc:
-        reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-        detail = "the disk is full" if exc.errno == errno.ENOSPC else f"{reason}"
-        raise BackendError(f"could not {action}: {detail}") from exc
+        if exc.errno is None:
+            raise BackendError(f"could not {action}: {type(exc).__name__}") from exc
+        raise BackendError(_describe_errno(exc.errno, action)) from exc
 
 
 class _Record:
     """One staged write: what the log gets, and the change it makes."""
 
-    __slots__ = ("change", "entry", "key", "lsn", "stamps")
+    __slots__ = ("batch", "change", "entry", "key", "lsn", "stamps")
+
+    batch: _Job  # the batch it was staged in (set by `_add_to_batch`)
 
     def __init__(
         self,
@@ -193,7 +217,9 @@ class _Record:
 class _IndexRecord:
     """One staged change to a sorted index: members added (with scores) or removed."""
 
-    __slots__ = ("added", "index", "lsn", "members", "result")
+    __slots__ = ("added", "batch", "index", "lsn", "members", "result")
+
+    batch: _Job
 
     def __init__(self, lsn: int, index: str, members: dict[str, float] | list[str]) -> None:
         self.lsn = lsn
@@ -216,63 +242,69 @@ class _IndexRecord:
 
 
 class _Job:
-    """Work for the I/O thread: a batch of writes made durable by one fsync, or a snapshot.
+    """A batch of writes appended as one log frame, or a snapshot; its writers wait on `done`.
 
-    A batch's writers wait on `done`; `overlay` holds its staged entries by key, so that reads
-    for compare-and-set see them before they are applied.
+    `seq` and `start` are set when a batch's frame is appended: its fsync request number and
+    where the frame begins in the log.
     """
 
-    __slots__ = ("applied", "done", "error", "overlay", "records")
+    __slots__ = ("done", "error", "records", "seq", "start")
 
-    def __init__(self) -> None:
-        self.applied = False
+    def __init__(self, event: Callable[[], EventLike] = anyio.Event) -> None:
         self.records: list[_Record | _IndexRecord] = []
-        self.overlay: dict[str, Entry | None] = {}
-        self.done = anyio.Event()
+        self.done = event()
         self.error: BaseException | None = None
+        self.seq = 0
+        self.start = 0
 
 
-class _IOThread:
-    """A store's I/O thread: runs blocking jobs one at a time, in order, and reports each back.
+_ACK = struct.Struct("<QI")  # the last request number an fsync covered, errno (0: success)
 
-    One long-lived thread instead of a worker-pool hop per batch: on a busy event loop a hop
-    costs more than the fsync it waits for. Each job's outcome (`None` or the exception) is
-    passed to its callback on the event loop that started the thread.
-    """
 
-    __slots__ = ("_jobs", "_thread", "_token")
+class _FsyncAgent:
+    """The process that fsyncs a store's log on request (see `_fsync_agent`)."""
 
-    def __init__(self, name: str) -> None:
-        self._token = anyio.lowlevel.current_token()
-        self._jobs: queue.SimpleQueue[
-            tuple[Callable[[], object], Callable[[BaseException | None], object]] | None
-        ] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+    __slots__ = ("acks", "process", "requests")
 
-    def submit(
-        self, job: Callable[[], object], callback: Callable[[BaseException | None], object]
-    ) -> None:
-        """Queue `job`; `callback(error)` runs on the event loop when it has finished."""
-        self._jobs.put((job, callback))
+    def __init__(self, script: Path, log_fd: int) -> None:
+        request_read, self.requests = os.pipe()
+        self.acks, ack_write = os.pipe()
+        try:
+            self.process = subprocess.Popen(  # noqa: S603  # our own script, no shell
+                [sys.executable, "-I", "-S", str(script)]
+                + [str(fd) for fd in (log_fd, request_read, ack_write)],
+                pass_fds=(log_fd, request_read, ack_write),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except BaseException:
+            for fd in (self.requests, self.acks):
+                os.close(fd)
+            raise
+        finally:
+            os.close(request_read)
+            os.close(ack_write)
+        os.set_blocking(self.acks, False)
 
-    def _run(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            job, callback = item
-            error: BaseException | None = None
-            try:
-                job()
-            except Exception as exc:  # noqa: BLE001  # handed to the callback, never lost
-                error = exc
-            try:
-                anyio.from_thread.run_sync(callback, error, token=self._token)
-            except RuntimeError:
-                return  # the event loop has gone: nobody is left to tell
+    def request(self, seq: int) -> None:
+        """Ask for an fsync covering every frame appended so far (answered on `acks`)."""
+        os.write(self.requests, seq.to_bytes(8, "little"))
 
-    async def aclose(self) -> None:
-        """Let the queued jobs finish, then stop the thread."""
-        self._jobs.put(None)
-        await anyio.to_thread.run_sync(self._thread.join)
+    def stop(self) -> None:
+        """Close the request pipe: the agent answers what it has read and exits."""
+        with contextlib.suppress(OSError):
+            os.close(self.requests)
+
+    def wait(self) -> None:
+        """Reap the process and close the acknowledgement pipe (blocking)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        with contextlib.suppress(OSError):
+            os.close(self.acks)
 
 
 class FileBackend(Backend):
@@ -338,10 +370,21 @@ class FileBackend(Backend):
         self._applied_lsn = 0  # the last one applied (durable and visible)
         self._snapshot_lsn = 0
         self._last_snapshot = time.monotonic()
-        self._io: _IOThread | None = None
+        self._agent: _FsyncAgent | None = None
+        self._ack_reader: object = None  # the task reading the agent's answers
+        self._ack_reader_done: anyio.Event | None = None
+        self._seq = 0  # the last fsync request number
+        self._new_event: Callable[[], EventLike] = anyio.Event
+        self._clock = _Clock()
         self._open_batch = _Job()  # gathering writes
-        self._in_flight: _Job | None = None  # the one job the I/O thread is running
-        self._snapshot_job: _Job | None = None  # a snapshot waiting for the I/O thread
+        self._staged: dict[str, _Record] = {}  # the newest staged write per key, not yet applied
+        self._call_soon: Callable[[Callable[[], object]], object] = _call_now
+        self._unacked: deque[_Job] = deque()  # appended, waiting for their fsync, in order
+        self._snapshot_job: _Job | None = None  # a wanted snapshot: appends pause until it ran
+        self._snapshot_lock: anyio.Lock | None = None
+        self._counters = {"batches": 0, "fsyncs": 0, "snapshots": 0}
+
+    _agent_script = Path(__file__).with_name("_fsync_agent.py")
 
     def __repr__(self) -> str:
         return f"FileBackend(base_path={str(self.base_path)!r}, format={self.format!r})"
@@ -365,12 +408,19 @@ class FileBackend(Backend):
             raise BackendError("this FileBackend is closed")
         if self._open_lock is None:
             self._open_lock = anyio.Lock()
+            self._snapshot_lock = anyio.Lock()
         async with self._open_lock:
             if not self._is_open:
                 await anyio.to_thread.run_sync(self._open_sync)
                 self._applied_lsn = self._lsn
-                self._open_batch = _Job()
-                self._io = _IOThread(f"agenticstate-file:{self.snapshot_path.name}")
+                self._new_event = event_factory()
+                self._call_soon = soon_scheduler()
+                self._open_batch = _Job(self._new_event)
+                if self._agent is not None:
+                    self._ack_reader_done = anyio.Event()
+                    self._ack_reader = spawn_service(
+                        self._read_acks, name=f"agenticstate-fsync:{self.log_path}"
+                    )
                 self._is_open = True
 
     def _open_sync(self) -> None:
@@ -383,8 +433,17 @@ class FileBackend(Backend):
                 log.info("file_store_removed_temp", path=str(stray))
             self._load_snapshot()
             self._replay_log()
+            if self.durability == "fsync":
+                assert self._log_fd is not None  # noqa: S101  # opened by _replay_log
+                try:
+                    self._agent = _FsyncAgent(self._agent_script, self._log_fd)
+                except OSError as exc:
+                    raise BackendError(
+                        f"could not start the fsync agent process ({exc.strerror}), which "
+                        'durability="fsync" needs; durability="none" runs without it'
+                    ) from exc
         except BaseException:
-            self._release_lock()
+            self._close_files()
             raise
 
     def _take_lock(self) -> None:
@@ -584,18 +643,14 @@ class FileBackend(Backend):
     # writing
 
     def _current(self, key: str, now: datetime) -> Entry | None:
-        """The newest state of `key`, counting writes still waiting in a batch."""
-        for batch in (self._open_batch, self._in_flight):
-            if batch is not None and key in batch.overlay:
-                staged = batch.overlay[key]
-                if (
-                    staged is not None
-                    and staged.expires_at is not None
-                    and staged.expires_at <= now
-                ):
-                    return None
-                return staged
-        return self._local.live(key, now)
+        """The newest state of `key`, counting writes staged but not yet durable."""
+        record = self._staged.get(key)
+        if record is None:
+            return self._local.live(key, now)
+        staged = record.entry
+        if staged is not None and staged.expires_at is not None and staged.expires_at <= now:
+            return None
+        return staged
 
     def _stage(
         self,
@@ -637,77 +692,186 @@ class FileBackend(Backend):
             stamps = (created_ms, now_ms, expires_ms)
         self._lsn += 1
         record = _Record(self._lsn, key, entry, change, stamps)
-        batch = self._open_batch
-        batch.records.append(record)
-        batch.overlay[key] = entry
+        self._staged[key] = record
+        self._add_to_batch(record)
         return record
 
+    def _add_to_batch(self, record: _Record | _IndexRecord) -> None:
+        batch = record.batch = self._open_batch
+        records = batch.records
+        records.append(record)
+        if len(records) == 1:
+            # Everything staged until the event loop gets round to this goes in one frame.
+            self._call_soon(self._seal)
+        elif len(records) >= _FRAME_RECORDS:
+            self._seal()
+
     async def _commit(self, batch: _Job) -> None:
-        """Wait until `batch`, holding our staged records, is durable."""
-        self._pump()
-        await batch.done.wait()
+        """Wait until `batch`, holding our staged records, is durable.
+
+        Wait on the batch a record was staged in (`record.batch`), never on `_open_batch`
+        after staging: staging may have sealed it (a full frame) and opened the next.
+        """
+        if self._snapshot_job is not None:
+            await self._snapshot_if_idle()
+        if batch.done.is_set():
+            await anyio.lowlevel.checkpoint()  # a write always yields, even when done at once
+        else:
+            await batch.done.wait()
         if batch.error is not None:
             raise BackendError(f"the write was not saved: {batch.error}") from batch.error
 
-    def _pump(self) -> None:
-        """Give the I/O thread its next job if it is idle: a wanted snapshot, else the open batch.
+    def _seal(self) -> None:
+        """Append the open batch to the log as one frame and ask the agent to sync it.
 
-        Runs on the event loop, after staging and whenever a job finishes, so the thread is
-        never idle while writes wait and no task has to lead a batch.
+        Scheduled on the event loop by the first write staged in a batch, so every write staged
+        in the meantime shares the frame. The agent syncs whatever was appended while its last
+        fsync ran in one fsync, so the loop never waits for the disk to go on appending, and
+        concurrent writers share fsyncs. Nothing is appended while a snapshot is wanted; the
+        snapshot seals what gathered when it is done.
         """
-        if self._in_flight is not None or self._io is None:
-            return
-        if self._snapshot_job is not None:
-            self._start_snapshot(self._snapshot_job)
-            return
         batch = self._open_batch
-        if not batch.records:
+        if not batch.records or self._snapshot_job is not None:
             return
-        self._open_batch = _Job()
-        self._in_flight = batch
-        frame = self._encode_frame(batch.records)
-        if self.durability == "none":
-            # No fsync to wait for: the write goes to the operating system right here.
-            error: BaseException | None = None
-            try:
-                self._append(frame)
-            except Exception as exc:  # noqa: BLE001  # any failure fails the batch
-                error = exc
-            self._batch_written(batch, error)
-        else:
-            self._io.submit(partial(self._append, frame), partial(self._batch_written, batch))
-
-    def _batch_written(self, batch: _Job, error: BaseException | None) -> None:
-        """Apply a batch the I/O thread has made durable, or fail it (on the event loop)."""
-        self._in_flight = None
+        self._open_batch = _Job(self._new_event)
+        batch.start = self._log_size
         try:
-            if error is not None:
-                batch.error = error
-                self._fail_pending(error)
-                return
-            for record in batch.records:
-                if isinstance(record, _IndexRecord):
-                    record.result = self._apply_index(record.index, record.members)
-                    continue
-                if record.entry is None:
-                    self._local.drop(record.key)
-                else:
-                    self._local.store(record.entry)
-                self._fanout.publish(record.change)
-            self._applied_lsn = batch.records[-1].lsn
-            batch.applied = True
-            if self._snapshot_job is None and self._should_snapshot():
-                self._snapshot_job = _Job()
-        finally:
-            batch.done.set()
-            self._pump()
+            self._append(self._encode_frame(batch.records))
+        except BackendError as exc:
+            self._fail(batch, exc)
+            return
+        self._counters["batches"] += 1
+        if self._agent is None:  # durability="none": nothing more to wait for
+            self._apply(batch)
+            return
+        self._seq += 1
+        batch.seq = self._seq
+        self._unacked.append(batch)
+        try:
+            self._agent.request(self._seq)
+        except OSError as exc:
+            self._lose_agent(f"the fsync agent is gone ({exc.strerror})")
 
-    def _fail_pending(self, exc: BaseException) -> None:
-        # Writes staged after the failed batch may build on it: fail them too.
-        pending, self._open_batch = self._open_batch, _Job()
-        pending.error = exc
-        pending.done.set()
-        log.error("file_store_write_failed", path=str(self.log_path), error=type(exc).__name__)
+    async def _read_acks(self) -> None:
+        """Complete batches as the agent reports their fsyncs (the store's one service task)."""
+        agent, done = self._agent, self._ack_reader_done
+        assert agent is not None  # noqa: S101
+        assert done is not None  # noqa: S101
+        pending = b""
+        try:
+            while True:
+                await anyio.wait_readable(agent.acks)
+                try:
+                    data = os.read(agent.acks, 65536)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    if not self._closed or self._unacked:
+                        self._lose_agent("the fsync agent exited")
+                    return
+                pending += data
+                usable = len(pending) - len(pending) % _ACK.size
+                for offset in range(0, usable, _ACK.size):
+                    self._acked(*_ACK.unpack_from(pending, offset))
+                pending = pending[usable:]
+                if self._snapshot_job is not None:
+                    await self._snapshot_if_idle()
+        except Exception as exc:  # a service task must not raise: fail the writes, loudly
+            log.exception("file_store_ack_reader_failed", path=str(self.log_path))
+            self._lose_agent(f"reading fsync results failed ({type(exc).__name__})")
+        finally:
+            done.set()
+
+    def _acked(self, seq: int, code: int) -> None:
+        """Apply the batches an fsync covered, or fail them and cut them from the log."""
+        self._counters["fsyncs"] += 1
+        unacked = self._unacked
+        if code == 0:
+            while unacked and unacked[0].seq <= seq:
+                self._apply(unacked.popleft())
+            return
+        if not unacked or unacked[0].seq > seq:
+            return  # about batches that already failed
+        error = BackendError(_describe_errno(code, f"sync the log {self.log_path}"))
+        # Every batch still waiting was appended after the failed ones and goes with them: the
+        # log is cut back to where the first of them began.
+        self._fail(unacked[0], error)
+
+    def _apply(self, batch: _Job) -> None:
+        """Make a durable batch visible: store its entries, announce its changes, wake it."""
+        for record in batch.records:
+            if isinstance(record, _IndexRecord):
+                record.result = self._apply_index(record.index, record.members)
+                continue
+            if record.entry is None:
+                self._local.drop(record.key)
+            else:
+                self._local.store(record.entry)
+            if self._staged.get(record.key) is record:
+                del self._staged[record.key]
+            self._fanout.publish(record.change)
+        self._applied_lsn = batch.records[-1].lsn
+        if self._snapshot_job is None and self._should_snapshot():
+            self._snapshot_job = _Job(self._new_event)
+        batch.done.set()
+
+    def _fail(self, first: _Job, error: BackendError) -> None:
+        """Fail `first` and every batch after it (they may build on it); keep the log clean.
+
+        Batches appended before `first` are not affected: their fsyncs are still to come.
+        """
+        unacked = self._unacked
+        failed = [first]
+        if first in unacked:
+            while unacked[-1] is not first:
+                failed.append(unacked.pop())
+            unacked.pop()
+        self._truncate_log(first.start)
+        pending, self._open_batch = self._open_batch, _Job(self._new_event)
+        failed.append(pending)
+        for job in failed:
+            job.error = error
+            job.done.set()
+        self._restage()
+        log.error("file_store_write_failed", path=str(self.log_path), error=str(error))
+
+    def _lose_agent(self, reason: str) -> None:
+        """The agent cannot answer any more: fail what waits and refuse new writes."""
+        self._failed = f"{reason}; reopen the store"
+        error = BackendError(self._failed)
+        if self._unacked:
+            self._truncate_log(self._unacked[0].start)
+        for job in [*self._unacked, self._open_batch]:
+            job.error = error
+            job.done.set()
+        self._unacked.clear()
+        self._open_batch = _Job(self._new_event)
+        self._restage()
+
+    def _restage(self) -> None:
+        """Rebuild the staged view from the batches that still wait, after some failed."""
+        self._staged = {
+            record.key: record
+            for job in self._unacked
+            for record in job.records
+            if isinstance(record, _Record)
+        }
+
+    def _truncate_log(self, size: int) -> None:
+        """Cut the log back to `size` bytes so that no failed record can be replayed later."""
+        fd = self._log_fd
+        if fd is None or self._log_size <= size:
+            return
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError:
+            self._failed = (
+                f"the log {self.log_path} could not be repaired after a failed write; "
+                "reopen the store"
+            )
+        else:
+            self._log_size = size
 
     def _apply_index(self, index: str, members: dict[str, float] | list[str]) -> int:
         if isinstance(members, dict):
@@ -716,7 +880,7 @@ class FileBackend(Backend):
 
     def _encode_frame(self, records: list[_Record | _IndexRecord]) -> bytes:
         """One log frame for a batch: its records are acknowledged together, so one checksum."""
-        payload: bytes = msgpack.packb([record.payload() for record in records], use_bin_type=True)
+        payload = pack([record.payload() for record in records])
         flags = 0
         if self.compression and len(payload) > 256:
             packed = zlib.compress(payload, 1)
@@ -726,25 +890,16 @@ class FileBackend(Backend):
         return _RECORD.pack(len(body), zlib.crc32(body)) + body
 
     def _append(self, frame: bytes) -> None:
-        """Append a frame to the log and sync it (in the I/O thread, or inline without fsync)."""
+        """Append a frame to the log (the page cache; the agent makes it durable)."""
         fd = self._log_fd
         assert fd is not None  # noqa: S101  # set by open()
         start = self._log_size
         try:
             with _translate(f"append to the log {self.log_path}"):
                 _write_all(fd, frame)
-                if self.durability == "fsync":
-                    _fsync(fd)
         except BackendError:
-            # Cut the log back so that no unacknowledged record can be replayed later.
-            try:
-                os.ftruncate(fd, start)
-                os.fsync(fd)
-            except OSError:
-                self._failed = (
-                    f"the log {self.log_path} could not be repaired after a failed write; "
-                    "reopen the store"
-                )
+            self._log_size = start + len(frame)  # at most: the cut below finds what is there
+            self._truncate_log(start)
             raise
         self._log_size = start + len(frame)
 
@@ -769,11 +924,18 @@ class FileBackend(Backend):
             check_expected_version(expected_version)
         if not self._is_open or self._closed:
             await self._ready()
-        clock = _clock()
-        self._local.sweep(clock[0])
+        clock = self._clock()
+        if self._local.expiries:
+            self._local.sweep(clock[0])
         record = self._stage(key, value, ttl, expected_version, clock)
         assert record is not None  # noqa: S101  # a set always stages a record
-        await self._commit(self._open_batch)
+        batch = record.batch
+        if self._snapshot_job is None and not batch.done.is_set():
+            # The hot path of `_commit`, without its frame.
+            await batch.done.wait()
+            if batch.error is None:
+                return record.change
+        await self._commit(batch)
         return record.change
 
     async def set_many(
@@ -784,10 +946,11 @@ class FileBackend(Backend):
             validate_key(key)
         check_ttl(ttl)
         await self._ready()
-        clock = _clock()
+        clock = self._clock()
         records = [self._stage(key, value, ttl, None, clock) for key, value in items]
-        if records:
-            await self._commit(self._open_batch)
+        # Large batches span frames: every frame must be durable (dict keeps them in order).
+        for batch in {record.batch: None for record in records if record is not None}:
+            await self._commit(batch)
         return [record.change for record in records if record is not None]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
@@ -795,10 +958,10 @@ class FileBackend(Backend):
         validate_key(key)
         check_expected_version(expected_version)
         await self._ready()
-        record = self._stage(key, None, None, expected_version, _clock())
+        record = self._stage(key, None, None, expected_version, self._clock())
         if record is None:
             return None
-        await self._commit(self._open_batch)
+        await self._commit(record.batch)
         return record.change
 
     async def update(
@@ -813,14 +976,14 @@ class FileBackend(Backend):
         validate_key(key)
         check_ttl(ttl)
         await self._ready()
-        clock = _clock()
+        clock = self._clock()
         current = self._current(key, clock[0])
         value = fn(current)
         record = self._stage(
             key, value, ttl, current.version if current else 0, clock, current=current
         )
         assert record is not None  # noqa: S101
-        await self._commit(self._open_batch)
+        await self._commit(record.batch)
         return record.change
 
     # sorted indexes
@@ -843,8 +1006,8 @@ class FileBackend(Backend):
             raise BackendError(self._failed)
         self._lsn += 1
         record = _IndexRecord(self._lsn, index, members)
-        self._open_batch.records.append(record)
-        await self._commit(self._open_batch)
+        self._add_to_batch(record)
+        await self._commit(record.batch)
         return record.result
 
     async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
@@ -881,43 +1044,59 @@ class FileBackend(Backend):
         """
         await self._ready()
         job = self._request_snapshot()
-        await job.done.wait()
+        while not job.done.is_set():
+            if self._unacked:
+                await self._unacked[-1].done.wait()
+            else:
+                await self._snapshot_if_idle()
+                if not job.done.is_set():
+                    await job.done.wait()
         if job.error is not None:
             raise BackendError(f"the snapshot was not written: {job.error}") from job.error
 
     def _request_snapshot(self) -> _Job:
-        """The snapshot job that will run next (joining one already waiting)."""
+        """The snapshot wanted next; appends pause until it is written."""
         job = self._snapshot_job
         if job is None:
-            job = self._snapshot_job = _Job()
-            self._pump()
+            job = self._snapshot_job = _Job(self._new_event)
         return job
 
-    def _start_snapshot(self, job: _Job) -> None:
-        # Nothing is in flight, so the applied state is exactly the log's records up to
-        # `_applied_lsn`. Entries are immutable: a shallow copy is a consistent snapshot, and
-        # the I/O thread builds the document from it while writes go on.
-        self._snapshot_job = None
-        self._in_flight = job
-        entries = dict(self._local.data)
-        indexes = {name: index.items() for name, index in self._local.indexes.items()}
-        assert self._io is not None  # noqa: S101  # _pump checked
-        self._io.submit(
-            partial(self._write_snapshot, entries, indexes, self._applied_lsn),
-            partial(self._snapshot_written, job),
-        )
+    async def _snapshot_if_idle(self) -> None:
+        """Write the wanted snapshot if no batch waits for its fsync (any task may do this).
 
-    def _snapshot_written(self, job: _Job, error: BaseException | None) -> None:
-        self._in_flight = None
-        if error is not None:
-            job.error = error
-            log.warning(
-                "file_store_snapshot_failed",
-                path=str(self.snapshot_path),
-                error=type(error).__name__,
-            )
-        job.done.set()
-        self._pump()
+        Appends pause while a snapshot is wanted, so the log then holds exactly the applied
+        state; the snapshot replaces it and the log is emptied. Writes staged meanwhile are
+        appended after it.
+        """
+        job = self._snapshot_job
+        lock = self._snapshot_lock
+        if job is None or self._unacked or lock is None or lock.locked():
+            return
+        with anyio.CancelScope(shield=True):
+            async with lock:
+                if self._snapshot_job is not job or self._unacked:
+                    return
+                # Entries are immutable: a shallow copy is a consistent snapshot, and a worker
+                # thread builds the document from it while the loop goes on.
+                entries = dict(self._local.data)
+                indexes = {name: index.items() for name, index in self._local.indexes.items()}
+                try:
+                    await anyio.to_thread.run_sync(
+                        self._write_snapshot, entries, indexes, self._applied_lsn
+                    )
+                except Exception as exc:  # noqa: BLE001  # reported to flush(); the log is intact
+                    job.error = exc
+                    log.warning(
+                        "file_store_snapshot_failed",
+                        path=str(self.snapshot_path),
+                        error=type(exc).__name__,
+                    )
+                else:
+                    self._counters["snapshots"] += 1
+                finally:
+                    self._snapshot_job = None
+                    job.done.set()
+                    self._seal()
 
     def _snapshot_document(
         self, entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int
@@ -982,6 +1161,10 @@ class FileBackend(Backend):
         self._last_snapshot = time.monotonic()
         log.debug("file_store_snapshot", path=str(self.snapshot_path), entries=len(entries))
 
+    def stats(self) -> dict[str, int]:
+        """Counters since the store was opened: `batches` appended, `fsyncs`, `snapshots`."""
+        return dict(self._counters)
+
     async def aclose(self) -> None:
         """Finish staged writes, write a final snapshot and release the store. Idempotent.
 
@@ -995,19 +1178,27 @@ class FileBackend(Backend):
         if not self._is_open:
             return
         with anyio.CancelScope(shield=True):
-            # New writes are refused now; the ones already staged still complete.
-            while self._in_flight is not None or self._open_batch.records:
-                waiting = self._in_flight or self._open_batch
-                self._pump()
-                await waiting.done.wait()
             try:
+                # Every staged write is appended and synced, then the final snapshot replaces
+                # the log.
+                while self._failed is None and (self._unacked or self._open_batch.records):
+                    if self._snapshot_job is not None and not self._unacked:
+                        await self._snapshot_if_idle()
+                        continue
+                    batch = self._open_batch
+                    self._seal()
+                    await (self._unacked[-1] if self._unacked else batch).done.wait()
                 if self._failed is None:
-                    job = self._request_snapshot()
-                    await job.done.wait()
+                    self._request_snapshot()
+                    await self._snapshot_if_idle()
             finally:
-                io, self._io = self._io, None
-                if io is not None:
-                    await io.aclose()
+                agent = self._agent
+                if agent is not None:
+                    agent.stop()
+                    if self._ack_reader_done is not None:
+                        await self._ack_reader_done.wait()
+                    await anyio.to_thread.run_sync(agent.wait)
+                    self._agent = None
                 self._close_files()
 
     def _close_files(self) -> None:

@@ -1,7 +1,9 @@
 """A writer process for the crash tests: `python -m tests.backends._file_writer DIR START`.
 
-It writes `k{n % 10}` = n for n = START, START+1, ... forever (fsync durability), printing
-"ack n" after each write is acknowledged, until it is killed.
+Four concurrent tasks write `k{n % 40}` = n for n = START, START+1, ... (task `w` takes the n
+with `n % 4 == w`, so each key has one writer and its values only grow), with fsync durability,
+printing "ack n" after each write is acknowledged, until the process is killed. Concurrent
+writers share log frames and fsyncs, so kills land inside multi-write batches too.
 """
 
 from __future__ import annotations
@@ -12,18 +14,26 @@ import anyio
 
 from agenticstate import FileBackend
 
+WRITERS = 4
+
 
 async def main(directory: str, start: str) -> None:
     backend = FileBackend(base_path=directory, format="msgpack")
     await backend.open()
     sys.stdout.write("open\n")
     sys.stdout.flush()
-    n = int(start)
-    while True:
-        await backend.set(f"k{n % 10}", str(n).encode())
-        sys.stdout.write(f"ack {n}\n")
-        sys.stdout.flush()
-        n += 1
+
+    async def writer(first: int) -> None:
+        n = first
+        while True:
+            await backend.set(f"k{n % 40}", str(n).encode())
+            sys.stdout.write(f"ack {n}\n")
+            sys.stdout.flush()
+            n += WRITERS
+
+    async with anyio.create_task_group() as tg:
+        for w in range(WRITERS):
+            tg.start_soon(writer, int(start) + w)
 
 
 if __name__ == "__main__":

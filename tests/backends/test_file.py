@@ -6,12 +6,13 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -19,6 +20,11 @@ from structlog.testing import capture_logs
 
 import agenticstate.backends.file as file_module
 from agenticstate import BackendError, FileBackend, StateConfig, StateManager
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from agenticstate.backends import Entry
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -58,8 +64,8 @@ async def test_state_survives_close_and_reopen(tmp_path: Path) -> None:
 
 
 async def test_killed_writers_never_tear_or_lose_acknowledged_writes(tmp_path: Path) -> None:
-    """A writer SIGKILLed 100 times mid-stream: every key reads as its last acknowledged value or
-    a later one, and nothing is ever unreadable."""
+    """A process of four concurrent writers SIGKILLed 100 times mid-stream: every key reads as its
+    last acknowledged value or a later one, and nothing is ever unreadable."""
     rng = random.Random(20261122)
     acked: dict[str, int] = {}
     start = 0
@@ -67,17 +73,17 @@ async def test_killed_writers_never_tear_or_lose_acknowledged_writes(tmp_path: P
         writer = spawn_writer(tmp_path, start)
         assert writer.stdout is not None
         assert writer.stdout.readline().strip() == "open"
-        for _ in range(rng.randint(0, 40)):
+        for _ in range(rng.randint(0, 120)):
             line = writer.stdout.readline()
             if not line:
                 break
             n = int(line.split()[1])
-            acked[f"k{n % 10}"] = n
+            acked[f"k{n % 40}"] = n
         writer.send_signal(signal.SIGKILL)  # somewhere in the middle of the next write
         # Acknowledgements already in the pipe came before the kill: they count too.
         for line in writer.stdout:
             n = int(line.split()[1])
-            acked[f"k{n % 10}"] = n
+            acked[f"k{n % 40}"] = n
         writer.wait(timeout=10)
         writer.stdout.close()
         stored = await read_all(tmp_path)
@@ -85,7 +91,7 @@ async def test_killed_writers_never_tear_or_lose_acknowledged_writes(tmp_path: P
             assert key in stored, key
             assert int(stored[key]) >= n, (key, stored[key], n)  # never older than acknowledged
         start = max((int(v) for v in stored.values()), default=-1) + 1
-    assert len(acked) == 10
+    assert len(acked) == 40
 
 
 async def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path: Path) -> None:
@@ -109,7 +115,7 @@ async def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path: Path) -> None
     assert any(event["event"] == "file_store_torn_tail" for event in logs)
 
 
-def _no_snapshot(*args: object) -> None:
+def _no_snapshot(entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int) -> None:
     """Stands in for the snapshot writer: closing then leaves the log as a crash would."""
 
 
@@ -187,29 +193,61 @@ async def test_keys_never_become_paths(tmp_path: Path, key: str) -> None:
     )
 
 
-async def test_disk_full_raises_and_keeps_the_previous_value(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+FAILING_AGENT = Path(__file__).with_name("_failing_fsync_agent.py")
+
+
+@pytest.mark.parametrize(("name", "message"), [("ENOSPC", "disk is full"), ("EIO", "EIO")])
+async def test_failed_fsync_raises_and_keeps_the_previous_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, message: str
 ) -> None:
-    """An injected ENOSPC on fsync raises BackendError; the old value stays, also after reopen."""
+    """An fsync that fails (injected: full disk, I/O error) raises a typed error naming it; the
+    old value stays, later writes work, and the failed write never comes back after reopen."""
     async with FileBackend(base_path=tmp_path) as backend:
         await backend.set("k", b"old")
-
-        def full(fd: int) -> None:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(file_module, "_fsync", full)
-        with pytest.raises(BackendError, match="disk is full"):
+    monkeypatch.setattr(FileBackend, "_agent_script", FAILING_AGENT)
+    monkeypatch.setenv("AGENTICSTATE_TEST_FSYNC_ERRNO", name)
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        with pytest.raises(BackendError, match=message):
             await backend.set("k", b"new")
         entry = await backend.get("k")
         assert entry is not None
         assert (entry.value, entry.version) == (b"old", 1)
-        monkeypatch.undo()
         change = await backend.set("k", b"newer")
         assert change.version == 2
+        backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]  # keep the log
+    monkeypatch.undo()
     async with FileBackend(base_path=tmp_path) as backend:
         entry = await backend.get("k")
         assert entry is not None
-        assert entry.value == b"newer"
+        assert (entry.value, entry.version) == (b"newer", 2)
+
+
+async def test_failed_fsync_fails_every_write_queued_behind_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes staged while a failing fsync ran fail with it (they may build on it); none of them
+    is applied, and the store keeps working."""
+    monkeypatch.setattr(FileBackend, "_agent_script", FAILING_AGENT)
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        results: list[object] = []
+
+        async def write(n: int) -> None:
+            try:
+                results.append(await backend.update(f"k{n % 3}", lambda e: b"%d" % n))
+            except BackendError as exc:
+                results.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(30):
+                tg.start_soon(write, n)
+        failed = [r for r in results if isinstance(r, BackendError)]
+        assert failed  # the first batch at least
+        assert len(results) == 30
+        entries = [await backend.get(key) for key in ("k0", "k1", "k2")]
+        versions = {entry.key: entry.version for entry in entries if entry is not None}
+        saved = [r for r in results if not isinstance(r, BackendError)]
+        # Versions count exactly the writes that succeeded: failed ones left no trace.
+        assert sum(versions.values()) == len(saved)
 
 
 async def test_io_error_on_write_is_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,12 +259,85 @@ async def test_io_error_on_write_is_typed(tmp_path: Path, monkeypatch: pytest.Mo
             raise OSError(errno.EIO, "Input/output error")
 
         monkeypatch.setattr(file_module, "_write_all", broken)
-        with pytest.raises(BackendError):
+        with pytest.raises(BackendError, match="EIO"):
             await backend.set("k", b"new")
         monkeypatch.undo()
         entry = await backend.get("k")
         assert entry is not None
         assert entry.value == b"old"
+        assert (await backend.set("k", b"again")).version == 2
+
+
+async def test_killed_fsync_agent_fails_writes_and_loses_nothing_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """If the fsync agent dies, waiting and later writes fail with a clear error, and what was
+    acknowledged before reads back after reopening."""
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        await backend.set("k", b"kept")
+        agent = backend._agent
+        assert agent is not None
+        agent.process.kill()
+
+        async def write_until_refused() -> None:
+            while True:  # the first write may be appended before the agent's death is noticed
+                await backend.set("k", b"lost")
+
+        with anyio.fail_after(10), pytest.raises(BackendError, match="fsync agent"):
+            await write_until_refused()
+        with pytest.raises(BackendError, match="reopen"):
+            await backend.set("other", b"x")
+    async with FileBackend(base_path=tmp_path) as backend:
+        entry = await backend.get("k")
+        assert entry is not None
+        assert entry.value == b"kept"
+        assert await backend.get("other") is None
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs: a real filesystem that really fills up (needs root, as CI has)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    mount, umount = shutil.which("mount"), shutil.which("umount")
+    if os.geteuid() != 0 or mount is None or umount is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    subprocess.run([mount, "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run([umount, "-l", str(mount_point)], check=True)
+
+
+async def test_real_full_disk_raises_and_keeps_acknowledged_writes(tiny_disk: Path) -> None:
+    """On a filesystem that runs out of space, writes fail with "disk is full", every value
+    acknowledged before stays readable (also after reopening), and writing works again once
+    space is freed."""
+    ballast = tiny_disk / "ballast"
+    acked: dict[str, bytes] = {}
+    async with FileBackend(base_path=tiny_disk / "store", auto_save=False) as backend:
+        ballast.write_bytes(b"\0" * 300_000)
+
+        async def fill() -> None:
+            for n in range(10_000):
+                value = b"%06d" % n * 200
+                await backend.set(f"k{n % 20}", value)
+                acked[f"k{n % 20}"] = value
+
+        with pytest.raises(BackendError, match="disk is full"):
+            await fill()
+        for key, value in acked.items():
+            entry = await backend.get(key)
+            assert entry is not None
+            assert entry.value == value
+        ballast.unlink()
+        await backend.set("after", b"space again")
+        acked["after"] = b"space again"
+    async with FileBackend(base_path=tiny_disk / "store") as backend:
+        for key, value in acked.items():
+            entry = await backend.get(key)
+            assert entry is not None
+            assert entry.value == value
 
 
 async def test_json_snapshot_is_readable(tmp_path: Path) -> None:
@@ -284,25 +395,15 @@ async def test_durability_none_persists_on_close(tmp_path: Path) -> None:
     assert len(await read_all(tmp_path)) == 50
 
 
-async def test_concurrent_writers_share_fsyncs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_concurrent_writers_share_fsyncs(tmp_path: Path) -> None:
     """50 concurrent durable writes need far fewer than 50 fsyncs (group commit)."""
-    calls = 0
-    real = file_module._fsync
-
-    def counting(fd: int) -> None:
-        nonlocal calls
-        calls += 1
-        real(fd)
-
     async with FileBackend(base_path=tmp_path, format="msgpack", auto_save=False) as backend:
-        monkeypatch.setattr(file_module, "_fsync", counting)
         async with anyio.create_task_group() as tg:
             for n in range(50):
                 tg.start_soon(backend.set, f"k{n}", b"v")
-        monkeypatch.undo()
-    assert 1 <= calls <= 10
+        stats = backend.stats()
+    assert 1 <= stats["fsyncs"] <= 10
+    assert stats["batches"] <= 10
     assert len(await read_all(tmp_path)) == 50
 
 
@@ -326,3 +427,57 @@ async def test_indexes_survive_reopen_from_log_and_snapshot(tmp_path: Path) -> N
         await backend.index_add("q", {"d": 0})
     async with FileBackend(base_path=tmp_path) as backend:
         assert [m for m, _ in await backend.index_range("q")] == ["d", "b", "a"]
+
+
+async def test_cancelling_one_waiter_leaves_the_others_waiting(tmp_path: Path) -> None:
+    """Writers share one wait per batch; cancelling one of them neither wakes nor fails the
+    others, and the cancelled write's outcome is simply not reported to it."""
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        results: dict[int, int] = {}
+
+        async def write(n: int) -> None:
+            results[n] = (await backend.set(f"k{n}", b"v")).version
+
+        async with anyio.create_task_group() as tg:
+            for n in range(20):
+                tg.start_soon(write, n)
+            async with anyio.create_task_group() as victim:
+                victim.start_soon(write, 99)
+                await anyio.lowlevel.checkpoint()  # it is staged and waiting now
+                victim.cancel_scope.cancel()
+        assert results == dict.fromkeys(range(20), 1)
+
+
+async def test_many_waiters_and_cancellation_on_the_shared_event() -> None:
+    """The asyncio event behind batches wakes every waiter once set, and a waiter cancelled
+    while others wait does not take them down with it."""
+    from agenticstate._tasks import event_factory
+
+    event = event_factory()()
+    woken: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await event.wait()
+        woken.append(n)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(5):
+            tg.start_soon(waiter, n)
+        async with anyio.create_task_group() as victim:
+            victim.start_soon(waiter, 99)
+            await anyio.lowlevel.checkpoint()
+            victim.cancel_scope.cancel()
+        await anyio.lowlevel.checkpoint()
+        assert woken == []
+        event.set()
+    assert sorted(woken) == [0, 1, 2, 3, 4]
+
+
+async def test_a_large_batch_spans_frames_and_all_of_it_is_durable(tmp_path: Path) -> None:
+    """set_many with more writes than fit one frame returns once every frame is synced."""
+    async with FileBackend(base_path=tmp_path, format="msgpack", auto_save=False) as backend:
+        changes = await backend.set_many([(f"k{n}", b"%d" % n) for n in range(100)])
+        assert [change.version for change in changes] == [1] * 100
+        assert backend.stats()["batches"] >= 100 // file_module._FRAME_RECORDS
+        backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]  # log only
+    assert len(await read_all(tmp_path)) == 100
