@@ -328,3 +328,21 @@ async def test_seed_core_examples_on_redis(redis_url: str) -> None:
         None,
     ]
     await state_manager.aclose()
+
+
+async def test_more_callers_than_connections_wait_their_turn(redis_url: str) -> None:
+    """With connection_pool_size=2, 50 concurrent writes all succeed on two connections, and
+    writes cancelled while waiting or mid-command leave the backend working."""
+    prefix = unique_prefix()
+    async with RedisBackend(url=redis_url, key_prefix=prefix, connection_pool_size=2) as backend:
+        async with anyio.create_task_group() as tg:
+            for n in range(50):
+                tg.start_soon(backend.set, f"k{n}", b"v")
+        async with anyio.create_task_group() as tg:
+            for n in range(20):
+                tg.start_soon(backend.set, f"cancelled{n}", b"v")
+            await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+        assert (await backend.set("after", b"v")).version == 1
+        assert len([key async for key in backend.scan("k*")]) == 50
+        assert backend._connections.taken <= 2
