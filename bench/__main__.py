@@ -21,9 +21,10 @@ Written by `make bench` (`python -m bench`) on {when}, on: {machine}.
 
 agenticstate and its baselines are measured in the same run: raw redis-py (asyncio, hiredis)
 doing the nearest equivalent, an fsync-per-write loop, and the peer package `agenticaiframework`.
-Ratios above 1 mean agenticstate is faster. On a 2-core machine the benchmark shares the cores
-with `redis-server`, and single ratios move by about ±0.1 between runs. What the figures mean,
-and which targets they miss, is on [Reading the figures](reading.md).
+Ratios above 1 mean agenticstate is faster. Each benchmark runs in interleaved rounds and takes
+every ratio within a round (the machine's speed drifts between rounds); tables show the median
+and the range. What the figures mean, and which targets they miss, is on
+[Reading the figures](reading.md).
 
 """
 
