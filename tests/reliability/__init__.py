@@ -1,0 +1,1 @@
+"""Reliability and security suite: model-based, fault, linearizability, bad input, security."""
