@@ -24,6 +24,7 @@ from agenticstate.backends import (
     register_backend,
 )
 from agenticstate.config import StateConfig
+from agenticstate.encryption import Encryption
 from agenticstate.events import StateChange
 from agenticstate.exceptions import (
     AgenticStateError,
@@ -34,6 +35,7 @@ from agenticstate.exceptions import (
     ConflictError,
     CycleError,
     DecodeError,
+    DecryptionError,
     InvalidArgumentError,
     InvalidKeyError,
     InvalidNumberError,
@@ -134,6 +136,8 @@ __all__ = [
     "ConflictError",
     "CycleError",
     "DecodeError",
+    "DecryptionError",
+    "Encryption",
     "Entry",
     "FileBackend",
     "IndexingEstimate",

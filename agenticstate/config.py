@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agenticstate.encryption import Encryption  # pydantic needs it at runtime
 from agenticstate.exceptions import ConfigurationError
 from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
 
@@ -59,7 +60,9 @@ class StateConfig(BaseModel):
     appears in `repr()` or logs.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_default=True, arbitrary_types_allowed=True
+    )
 
     backend: Literal["memory", "file", "redis"] = "memory"
     """Where state lives: in this process, in a crash-safe local store, or in Redis."""
@@ -95,6 +98,8 @@ class StateConfig(BaseModel):
     """Redis backend: the database number, when the URL does not name one."""
     connection_pool_size: int = Field(default=10, ge=1)
     """Redis backend: the most connections held open."""
+    encryption: Encryption | None = None
+    """Encrypt values at rest (AES-GCM, bound to each value's key): see `Encryption`."""
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -23,6 +23,7 @@ AgenticStateError
  │   ├─ TooDeepError(ValueError)          nesting beyond the configured depth
  │   ├─ TooLargeError(ValueError)         encoded value beyond the configured size
  │   └─ DecodeError                       stored bytes are corrupt, truncated or invalid
+ │       └─ DecryptionError               an encrypted value failed authentication
  ├─ NotFoundError(LookupError)            the key/agent/workflow/task/session does not exist
  ├─ ConflictError                         version mismatch, duplicate id, lost a claim
  ├─ InvalidTransitionError                a state machine refused the move
@@ -43,6 +44,7 @@ __all__ = [
     "ConflictError",
     "CycleError",
     "DecodeError",
+    "DecryptionError",
     "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidNumberError",
@@ -163,6 +165,14 @@ class TooLargeError(SerializationError, ValueError):
 
 class DecodeError(SerializationError):
     """Stored bytes are corrupt, truncated, oversized when decompressed, or fail validation."""
+
+
+class DecryptionError(DecodeError):
+    """An encrypted value failed authentication, names an unknown key, or was stored in plain.
+
+    Raised instead of returning a value that was altered, moved from another key or namespace,
+    or encrypted with a key the keyring does not hold (see `agenticstate.Encryption`).
+    """
 
 
 class NotFoundError(AgenticStateError, LookupError):

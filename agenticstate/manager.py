@@ -31,11 +31,13 @@ from agenticstate._tasks import spawn_detached
 from agenticstate.backends import Backend, open_config_backend
 from agenticstate.backends.base import Change, Entry, check_expected_version
 from agenticstate.config import StateConfig, _as_ttl
+from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.events import StateChange
 from agenticstate.exceptions import (
     BackendError,
     ConfigurationError,
     ConflictError,
+    DecryptionError,
     InvalidArgumentError,
     MergeError,
     NotFoundError,
@@ -83,6 +85,7 @@ class _Default:
 DEFAULT: Any = _Default()
 """Use the configured default (for `ttl`: `StateConfig.ttl`)."""
 _MISSING: Any = object()
+_ENCRYPTED = bytes((ENCRYPTED_HEADER,))
 
 
 class StateEntry(BaseModel):
@@ -261,6 +264,7 @@ class StateManager:
             max_size=self.config.max_value_size,
             max_depth=self.config.max_depth,
         )
+        self._encryption = self.config.encryption
         self._close_backend = close_backend
         self._is_open = False
         self._closed = False
@@ -402,7 +406,7 @@ class StateManager:
         self._counters["reads"] += 1
         if entry is None:
             return default
-        return self._decode(entry.value, model)
+        return self._decode(key, entry.value, model)
 
     async def get_entry(
         self, key: str, *, model: type[BaseModel] | None = None
@@ -423,7 +427,7 @@ class StateManager:
         entries = await backend.get_many(wanted)
         self._counters["reads"] += len(wanted)
         return {
-            key: self._decode(entry.value, model)
+            key: self._decode(key, entry.value, model)
             for key, entry in zip(wanted, entries, strict=True)
             if entry is not None
         }
@@ -481,6 +485,8 @@ class StateManager:
             check_expected_version(expected_version)
         life = self.config.ttl if ttl is DEFAULT else self._ttl(ttl)
         raw = self.serializer.dumps(value)
+        if self._encryption is not None:
+            raw = self._encryption.encrypt(self.backend.key_prefix, key, raw)
         backend = self._ready_backend() or await self._opened_backend()
         try:
             change = await backend.set(key, raw, ttl=life, expected_version=expected_version)
@@ -499,9 +505,7 @@ class StateManager:
         the batch is not a transaction.
         """
         life = self._ttl(ttl)
-        encoded = [
-            (validate_key(key), self.serializer.dumps(value)) for key, value in items.items()
-        ]
+        encoded = [(validate_key(key), self._encode(key, value)) for key, value in items.items()]
         backend = await self._opened_backend()
         changes = await backend.set_many(encoded, ttl=life)
         self._counters["saves"] += len(changes)
@@ -563,13 +567,13 @@ class StateManager:
                     raise NotFoundError(f"no state at key {key!r}")
                 current = self.serializer.loads(self.serializer.dumps(default))
             else:
-                current = self.serializer.loads(entry.value)
+                current = self._decode(key, entry.value, None)
             new = apply(current)
             if inspect.isawaitable(new):
                 if inspect.iscoroutine(new):
                     new.close()
                 raise InvalidArgumentError("update() functions must be synchronous")
-            raw = self.serializer.dumps(new)
+            raw = self._encode(key, new)
             result[:] = [new]
             return raw
 
@@ -594,6 +598,48 @@ class StateManager:
             return False
         self._counters["deletes"] += 1
         return True
+
+    async def reencrypt(self, pattern: str = "*") -> int:
+        """Rewrite the values matching `pattern` that are not under the current encryption key.
+
+        The step that lets an old key be dropped from the keyring after a rotation (see
+        `Encryption`). Each rewrite is a compare-and-set on the version: a value written
+        meanwhile is read again (it is usually under the current key already). Rewrites keep
+        the value and its remaining time to live, bump the version and emit a change like any
+        write. Values stored in plain (read with `allow_plaintext=True`) are encrypted too.
+
+        Returns:
+            How many values were rewritten.
+
+        Raises:
+            ConfigurationError: The manager has no `StateConfig(encryption=...)`.
+            DecryptionError: A value is under a key the keyring lacks, or was altered.
+        """
+        encryption = self._encryption
+        if encryption is None:
+            raise ConfigurationError("reencrypt() needs StateConfig(encryption=...)")
+        validate_pattern(pattern)
+        backend = await self._opened_backend()
+        namespace = backend.key_prefix
+        rewritten = 0
+        for key in sorted({key async for key in backend.scan(pattern)}):
+            while True:
+                entry = await backend.get(key)
+                if entry is None or encryption.key_id_of(entry.value) == encryption.current:
+                    break
+                life = entry.ttl()
+                if life is not None and life <= timedelta(0):
+                    break  # expiring this instant: nothing to keep
+                raw = encryption.encrypt(
+                    namespace, key, encryption.decrypt(namespace, key, entry.value)
+                )
+                try:
+                    await backend.set(key, raw, ttl=life, expected_version=entry.version)
+                except ConflictError:
+                    continue
+                rewritten += 1
+                break
+        return rewritten
 
     async def _counted_write(self, call: Awaitable[T]) -> T:
         try:
@@ -744,8 +790,8 @@ class StateManager:
     async def _dispatch(self, pump: _Pump, change: Change) -> None:
         for callback in list(pump.callbacks):
             try:
-                old = None if change.old is None else self.serializer.loads(change.old)
-                new = None if change.new is None else self.serializer.loads(change.new)
+                old = None if change.old is None else self._decode(change.key, change.old, None)
+                new = None if change.new is None else self._decode(change.key, change.new, None)
                 outcome = callback(change.key, old, new)
                 if inspect.isawaitable(outcome):
                     await outcome
@@ -762,7 +808,21 @@ class StateManager:
 
     # ---------------------------------------------------------------- helpers
 
-    def _decode(self, raw: bytes, model: type[BaseModel] | None) -> Any:
+    def _encode(self, key: str, value: object) -> bytes:
+        raw = self.serializer.dumps(value)
+        if self._encryption is None:
+            return raw
+        return self._encryption.encrypt(self.backend.key_prefix, key, raw)
+
+    def _decode(self, key: str, raw: bytes, model: type[BaseModel] | None) -> Any:
+        if self._encryption is not None:
+            raw = self._encryption.decrypt(self.backend.key_prefix, key, raw)
+        elif raw[:1] == _ENCRYPTED:
+            raise DecryptionError(
+                f"the value at {key!r} is encrypted; open the store with its keys "
+                "(StateConfig(encryption=...))",
+                path="",
+            )
         if model is None:
             return self.serializer.loads(raw)
         return self.serializer.load_model(raw, model)
@@ -770,7 +830,7 @@ class StateManager:
     def _state_entry(self, entry: Entry, model: type[BaseModel] | None) -> StateEntry:
         return StateEntry(
             key=entry.key,
-            value=self._decode(entry.value, model),
+            value=self._decode(entry.key, entry.value, model),
             version=entry.version,
             created_at=entry.created_at,
             updated_at=entry.updated_at,
@@ -781,8 +841,8 @@ class StateManager:
     def _state_change(self, change: Change) -> StateChange:
         return StateChange.model_construct(
             key=change.key,
-            old_value=None if change.old is None else self.serializer.loads(change.old),
-            new_value=None if change.new is None else self.serializer.loads(change.new),
+            old_value=None if change.old is None else self._decode(change.key, change.old, None),
+            new_value=None if change.new is None else self._decode(change.key, change.new, None),
             version=change.version,
             op=change.op,
             timestamp=change.timestamp,
