@@ -1,0 +1,365 @@
+"""Linearizability of reads, writes, compare-and-set and update on Redis, across processes.
+
+Four worker processes make mixed calls on three keys at once; every call is recorded with its
+invocation and response times (one monotonic clock for the whole host) and its result. Each
+key's history must be linearizable against a versioned register (`_linearizability`): the
+Wing-Gong search with Lowe's memoization. The checker itself is tested first on hand-made
+histories, linearizable and not.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from agenticstate import StateConfig, StateManager
+from tests._procs import LineProcess
+from tests.conftest import unique_prefix
+from tests.reliability._linearizability import (
+    MISSING,
+    Operation,
+    State,
+    check,
+    partition_by_key,
+    step,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+PROCESSES = 4
+CALLS_PER_PROCESS = 500
+KEYS = ("a", "b", "c")
+
+
+def op(
+    kind: str,
+    invoke: int,
+    response: int | None,
+    result: object = None,
+    *,
+    value: str | None = None,
+    expected: int | None = None,
+    process: int = 0,
+) -> Operation:
+    return Operation(
+        process=process,
+        key="k",
+        kind=kind,  # type: ignore[arg-type]
+        invoke=invoke,
+        response=response,
+        value=value,
+        expected=expected,
+        result=result,
+    )
+
+
+# ---------------------------------------------------------------- the checker on known histories
+
+
+def test_sequential_history_is_linearizable() -> None:
+    """One process writing, reading, compare-and-setting and updating in turn is accepted."""
+    history = [
+        op("read", 0, 1, (0, None)),
+        op("cas", 2, 3, 1, value="a", expected=0),
+        op("write", 4, 5, 2, value="b"),
+        op("cas", 6, 7, ("conflict", 2), value="x", expected=1),
+        op("update", 8, 9, "b", value="c"),
+        op("read", 10, 11, (3, "c")),
+    ]
+    assert check(history).ok
+
+
+def test_overlapping_calls_may_take_effect_in_either_order() -> None:
+    """A read overlapping a write may see the old or the new value; both are accepted."""
+    write = op("write", 0, 10, 1, value="a", process=1)
+    assert check([write, op("read", 2, 4, (0, None))]).ok
+    assert check([write, op("read", 2, 4, (1, "a"))]).ok
+    # Overlapping reads, one seeing the new value and one the old: the old one went first.
+    new_old = [write, op("read", 1, 5, (1, "a"), process=2), op("read", 2, 6, (0, None))]
+    assert check(new_old).ok
+    # But not when the one that saw the new value returned before the other began.
+    assert not check([write, op("read", 1, 3, (1, "a"), process=2), op("read", 4, 6, (0, None))]).ok
+
+
+def test_stale_read_after_a_completed_write_is_rejected() -> None:
+    """A read that starts after a write returned must see it: the old value is rejected."""
+    history = [op("write", 0, 1, 1, value="a", process=1), op("read", 2, 3, (0, None))]
+    verdict = check(history)
+    assert not verdict.ok
+    assert verdict.stuck is not None
+    assert verdict.stuck.kind == "read"
+
+
+def test_new_then_old_in_real_time_order_is_rejected() -> None:
+    """Once a read returned the new value, a later read may not return the old one."""
+    history = [
+        op("write", 0, 100, 1, value="a", process=1),
+        op("read", 10, 20, (1, "a"), process=2),
+        op("read", 30, 40, (0, None), process=3),
+    ]
+    assert not check(history).ok
+
+
+def test_two_compare_and_sets_on_one_version_cannot_both_win() -> None:
+    """Two overlapping cas calls expecting the same version: only one may succeed."""
+    one = op("cas", 0, 10, 1, value="a", expected=0, process=1)
+    two = op("cas", 1, 11, 1, value="b", expected=0, process=2)
+    assert not check([one, two]).ok
+    loser = replace(two, result=("conflict", 1))
+    assert check([one, loser]).ok
+
+
+def test_lost_update_is_rejected() -> None:
+    """Two updates that both replaced the same value lost one of them."""
+    base = op("write", 0, 1, 1, value="a")
+    one = op("update", 2, 10, "a", value="b", process=1)
+    two = op("update", 3, 11, "a", value="c", process=2)
+    assert not check([base, one, two]).ok
+    assert check([base, one, replace(two, result="b")]).ok
+
+
+def test_value_nobody_wrote_is_rejected() -> None:
+    """A read returning a value no call wrote (or a wrong version) is rejected."""
+    write = op("write", 0, 1, 1, value="a")
+    assert not check([write, op("read", 2, 3, (1, "zz"))]).ok
+    assert not check([write, op("read", 2, 3, (2, "a"))]).ok
+    assert not check([op("write", 0, 1, 2, value="a")]).ok  # skipped a version
+
+
+def test_unknown_outcome_may_or_may_not_have_taken_effect() -> None:
+    """A write with no response may show up at any later time, or never."""
+    lost = op("write", 0, None, value="a", process=1)
+    assert check([lost, op("read", 5, 6, (0, None))]).ok
+    assert check([lost, op("read", 5, 6, (1, "a"))]).ok
+    # Once seen, it cannot be unseen.
+    seen = [lost, op("read", 5, 6, (1, "a")), op("read", 7, 8, (0, None))]
+    assert not check(seen).ok
+    # It cannot take effect before it was invoked.
+    assert not check([op("read", 0, 1, (1, "a")), replace(lost, invoke=2)]).ok
+
+
+def test_checker_rejects_responses_before_invocations() -> None:
+    """A malformed history is an error, not a verdict."""
+    with pytest.raises(ValueError, match="responds before"):
+        check([op("read", 5, 4, (0, None))])
+
+
+def generated_history(count: int, seed: int, *, width: int = 40) -> list[Operation]:
+    """A linearizable history by construction: calls take effect at increasing instants.
+
+    Each call's interval spans its instant by up to `width` on either side, so neighbours
+    overlap; processes are assigned so that no process has two calls at once.
+    """
+    rng = random.Random(seed)
+    state: State = MISSING
+    ops: list[Operation] = []
+    free_at: list[int] = []  # when each process's last call responded
+    for n in range(count):
+        instant = 10 * (n + 1)
+        kind = rng.choice(["read", "write", "cas", "update"])
+        call = op(kind, instant - rng.randint(0, width), instant + rng.randint(0, width))
+        call = replace(call, value=f"v{n}", expected=rng.choice([state[0], max(state[0] - 1, 0)]))
+        version, current = state
+        result: Any
+        if kind == "read":
+            result = state
+        elif kind == "write":
+            result = version + 1
+        elif kind == "cas":
+            result = version + 1 if call.expected == version else ("conflict", version)
+        else:
+            result = current
+        call = replace(call, result=result)
+        fits, state = step(state, call)
+        assert fits
+        process = next((p for p, t in enumerate(free_at) if t < call.invoke), len(free_at))
+        free_at[process:process] = [] if process < len(free_at) else [0]
+        free_at[process] = call.response or 0
+        ops.append(replace(call, process=process))
+    return ops
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_generated_linearizable_histories_are_accepted(seed: int) -> None:
+    """Histories linearizable by construction (1000 calls, heavy overlap) are accepted fast."""
+    history = generated_history(1000, seed)
+    started = time.perf_counter()
+    verdict = check(history)
+    assert verdict.ok, verdict
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_generated_history_with_one_stale_read_is_rejected(seed: int) -> None:
+    """One read made to return the state from before a write that had completed before the
+    read began is rejected (versions only grow, so no order can explain it)."""
+    history = generated_history(1000, seed)
+    before: list[State] = []  # the state each call found, in the order they took effect
+    state: State = MISSING
+    for call in history:
+        before.append(state)
+        state = step(state, call)[1]
+    stale_reads: list[tuple[int, State]] = []
+    for index, read in enumerate(history):
+        if read.kind != "read":
+            continue
+        for earlier, write in enumerate(history[:index]):
+            changed = step(before[earlier], write)[1] != before[earlier]
+            if changed and write.response is not None and write.response < read.invoke:
+                stale_reads.append((index, before[earlier]))
+    index, stale = random.Random(seed).choice(stale_reads)
+    corrupted = [*history[:index], replace(history[index], result=stale), *history[index + 1 :]]
+    assert check(history).ok
+    assert not check(corrupted).ok
+
+
+# ---------------------------------------------------------------- Redis, four processes
+
+
+def LinWorker(*args: str) -> LineProcess:  # noqa: N802  # reads like the class it makes
+    return LineProcess("tests.reliability._lin_worker", *args)
+
+
+def parse(line: str) -> Operation | None:
+    """One worker line as an operation; None for calls the library says had no effect."""
+    record = json.loads(line)
+    status = record["status"]
+    if status == "failed" or (record["kind"] == "read" and status != "ok"):
+        return None
+    result = record["result"]
+    if isinstance(result, list):
+        result = tuple(result)
+    return Operation(
+        process=record["p"],
+        key=record["k"],
+        kind=record["kind"],
+        invoke=record["t0"],
+        response=None if status == "unknown" else record["t1"],
+        value=record["value"],
+        expected=record["expected"],
+        result=result,
+    )
+
+
+def final_reads(url: str, prefix: str) -> list[Operation]:
+    """Read every key once more after the workers ended, as one more process."""
+
+    async def read() -> list[Operation]:
+        config = StateConfig(backend="redis", redis_url=url, key_prefix=prefix)
+        reads: list[Operation] = []
+        async with StateManager(config) as state:
+            for key in KEYS:
+                invoke = time.monotonic_ns()
+                entry = await state.get_entry(key)
+                result = (0, None) if entry is None else (entry.version, entry.value["id"])
+                reads.append(
+                    Operation(PROCESSES, key, "read", invoke, time.monotonic_ns(), result=result)
+                )
+        return reads
+
+    return anyio.run(read)
+
+
+@pytest.mark.redis
+def test_four_processes_reads_and_compare_and_set_are_linearizable(
+    redis_url: str, record_property: Callable[[str, object], None]
+) -> None:
+    """4 processes x 500 mixed calls (read, write, cas, update) on 3 keys: every key's
+    history is linearizable."""
+    prefix = unique_prefix()
+    started = time.monotonic()
+    workers = [
+        LinWorker(redis_url, prefix, str(p), str(CALLS_PER_PROCESS), str(1000 + p), *KEYS)
+        for p in range(PROCESSES)
+    ]
+    try:
+        for worker in workers:
+            assert worker.wait_until(lambda lines: "ready" in lines, timeout=30), worker.close()
+        for worker in workers:
+            assert worker.process.stdin is not None
+            worker.process.stdin.write("go\n")
+            worker.process.stdin.flush()
+        for worker in workers:
+            assert worker.wait_until(lambda lines: "done" in lines, timeout=60), worker.close()
+        for worker in workers:
+            worker.stop()
+        ran = time.monotonic() - started
+    finally:
+        errors = [worker.close() for worker in workers]
+    assert all(worker.process.returncode == 0 for worker in workers), errors
+    lines = [line for worker in workers for line in worker.lines if line.startswith("{")]
+    assert len(lines) == PROCESSES * CALLS_PER_PROCESS
+    statuses = [json.loads(line)["status"] for line in lines]
+    history = [call for call in map(parse, lines) if call is not None]
+    history += final_reads(redis_url, prefix)
+
+    started = time.perf_counter()
+    verdicts = {key: check(calls) for key, calls in partition_by_key(history).items()}
+    took = time.perf_counter() - started
+    figures: dict[str, Any] = {
+        "operations": len(history),
+        "histories": len(verdicts),
+        "per_key": {key: v.operations for key, v in sorted(verdicts.items())},
+        "explored": sum(v.explored for v in verdicts.values()),
+        "check_seconds": round(took, 3),
+        "workers_seconds": round(ran, 1),
+        "conflicts": statuses.count("conflict"),
+        "unknown": statuses.count("unknown"),
+        "failed": statuses.count("failed"),
+        "overlapping_pairs": overlapping_pairs(history),
+    }
+    record_property("figures", figures)
+    sys.stdout.write(f"linearizability figures: {json.dumps(figures)}\n")
+    bad = {key: v.stuck for key, v in verdicts.items() if not v.ok}
+    assert not bad, bad
+    assert set(verdicts) == set(KEYS)
+    assert figures["conflicts"] > 0  # the cas calls really raced
+    assert took < 20
+    # The same history with one read made stale is rejected: the check has teeth on real data.
+    index, stale = stale_read(history)
+    corrupted = [*history[:index], replace(history[index], result=stale), *history[index + 1 :]]
+    assert not check(partition_by_key(corrupted)[history[index].key]).ok
+
+
+def stale_read(history: list[Operation]) -> tuple[int, State]:
+    """A read, and a real earlier state of its key that it certainly cannot have seen: the
+    one just before a write (or successful cas) that returned before the read began.
+
+    There are no deletes, so each version of a key was written once, by one call.
+    """
+    written = {
+        (call.key, call.result): call.value
+        for call in history
+        if call.kind in ("write", "cas") and isinstance(call.result, int)
+    }
+    for index, read in enumerate(history):
+        if read.kind != "read" or read.response is None:
+            continue
+        for write in history:
+            done = write.response is not None and write.response < read.invoke
+            if done and write.key == read.key and (write.key, write.result) in written:
+                earlier = (write.key, int(write.result) - 1)  # type: ignore[call-overload]
+                if earlier in written:
+                    return index, (earlier[1], written[earlier])
+    raise AssertionError("no read followed two completed writes")
+
+
+def overlapping_pairs(history: list[Operation]) -> int:
+    """How many pairs of calls on one key ran at the same time (the concurrency checked)."""
+    pairs = 0
+    for calls in partition_by_key(history).values():
+        spans = sorted((c.invoke, c.response or 2**63) for c in calls)
+        open_ends: list[int] = []
+        for start, end in spans:
+            open_ends = [e for e in open_ends if e > start]
+            pairs += len(open_ends)
+            open_ends.append(end)
+    return pairs
