@@ -1,10 +1,10 @@
 """A worker process for the linearizability test: mixed calls on a few keys, one line each.
 
-python -m tests.reliability._lin_worker URL PREFIX PROCESS COUNT SEED KEY...
+python -m tests.reliability._lin_worker URL PREFIX PROCESS COUNT SEED TIMEOUT KEY...
 
-Connects, prints "ready", waits for a line on stdin (so every worker starts at once), then makes
-COUNT calls on the KEYs through a StateManager over RedisBackend and prints one JSON line per
-call as it completes, then "done":
+Connects (with `socket_timeout=TIMEOUT` seconds), prints "ready", waits for a line on stdin (so
+every worker starts at once), then makes COUNT calls on the KEYs through a StateManager over
+RedisBackend and prints one JSON line per call as it completes, then "done":
 
     {"p": 0, "k": "a", "kind": "cas", "value": "p0-7", "expected": 3,
      "t0": <monotonic ns at invocation>, "t1": <monotonic ns at response>,
@@ -34,6 +34,7 @@ from agenticstate import (
     BackendTimeoutError,
     BackendUnavailableError,
     ConflictError,
+    RedisBackend,
     StateConfig,
     StateManager,
     WriteOutcomeUnknownError,
@@ -75,12 +76,22 @@ async def call(
         return "failed", None
 
 
-async def main(url: str, prefix: str, process: int, count: int, seed: int, keys: list[str]) -> None:
+async def main(
+    url: str,
+    prefix: str,
+    process: int,
+    count: int,
+    seed: int,
+    socket_timeout: float,
+    keys: list[str],
+) -> None:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     rng = random.Random(seed)
     known = dict.fromkeys(keys, 0)  # the last version this process saw for each key
-    config = StateConfig(backend="redis", redis_url=url, key_prefix=prefix)
-    async with StateManager(config) as state:
+    backend = RedisBackend(
+        url=url, key_prefix=prefix, socket_timeout=socket_timeout, connect_timeout=socket_timeout
+    )
+    async with StateManager(StateConfig(), backend=backend) as state:
         await state.get("warm-up")  # connect before the start line
         say("ready")
         await anyio.to_thread.run_sync(sys.stdin.readline)
@@ -105,5 +116,5 @@ async def main(url: str, prefix: str, process: int, count: int, seed: int, keys:
 
 
 if __name__ == "__main__":
-    url, prefix, process, count, seed, *keys = sys.argv[1:]
-    anyio.run(main, url, prefix, int(process), int(count), int(seed), keys)
+    url, prefix, process, count, seed, timeout, *keys = sys.argv[1:]
+    anyio.run(main, url, prefix, int(process), int(count), int(seed), float(timeout), keys)

@@ -44,13 +44,17 @@ import contextlib
 import random
 import socket
 import struct
+import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
     from types import TracebackType
 
-__all__ = ["FaultProxy", "Faults", "ProxyStats"]
+__all__ = ["FaultProxy", "Faults", "ProxyStats", "ProxyThread"]
+
+T = TypeVar("T")
 
 _CHUNK = 65536
 
@@ -327,3 +331,54 @@ class FaultProxy:
             pass
         finally:
             self._close(link)
+
+
+class ProxyThread:
+    """A `FaultProxy` on an event loop of its own, in a thread: for tests that are not async
+    (the proxied clients are other processes).
+
+    ```python
+    with ProxyThread("127.0.0.1", server.port, faults=Faults(drop=0.01)) as proxy:
+        run_workers(proxy.url)
+    ```
+    """
+
+    def __init__(self, host: str, upstream_port: int, *, faults: Faults, seed: int = 0) -> None:
+        self.proxy = FaultProxy(host, upstream_port, seed=seed)
+        self.proxy.set_faults(faults)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The proxy's redis:// URL."""
+        return self.proxy.url
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        self._run(self.proxy.start())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self._run(self.proxy.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def set_faults(self, faults: Faults) -> None:
+        """Switch faults (from the test's thread)."""
+        self._loop.call_soon_threadsafe(self.proxy.set_faults, faults)
+
+    def sever(self) -> int:
+        """`FaultProxy.sever`, from the test's thread."""
+        return self._run(self.proxy.sever())
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)

@@ -27,8 +27,8 @@ from agenticstate import (
     StateManager,
     WriteOutcomeUnknownError,
 )
-from tests._redis_server import RedisServer, require_redis
 from tests.conftest import unique_prefix
+from tests.reliability._fault_server import running_server
 from tests.reliability._fault_workload import Budgets, FaultWorkload, KeyState, View
 from tests.reliability._proxy import FaultProxy, Faults
 
@@ -36,12 +36,15 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
 
+    from tests._redis_server import RedisServer
+
 pytestmark = pytest.mark.redis
 
 SOCKET_TIMEOUT = 0.2
 READ_RETRIES = 2
 MARGIN = 0.1
-"""What a failing call may take beyond its documented time (event loop scheduling)."""
+"""How late each timed wait in a call (a timeout, a backoff) may end: event loop scheduling on a
+busy 2-core machine shared with other test runs. The worst lateness measured is reported."""
 BUDGETS = Budgets(SOCKET_TIMEOUT, READ_RETRIES, MARGIN)
 POOL = 8  # more connections than workers: no call ever waits for a connection
 
@@ -69,17 +72,8 @@ ROUNDS: list[tuple[str, Faults, int]] = [  # name, faults, calls per worker
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of the test's own, on loopback TCP (behind the proxy) and a unix socket."""
-    own = RedisServer(tmp_path / "redis")
-    try:
-        own.start()
-    except (FileNotFoundError, RuntimeError) as exc:
-        if require_redis():
-            pytest.fail(f"AGENTICSTATE_REQUIRE_REDIS=1 but no redis-server: {exc}")
-        pytest.skip(f"no redis-server: {exc}")
-    try:
+    with running_server(tmp_path / "redis") as own:
         yield own
-    finally:
-        own.stop()
 
 
 @pytest.fixture
@@ -181,6 +175,14 @@ async def test_workload_through_faulty_proxy_matches_model(
     view = View()
     stale_same_version: set[tuple[int, str]] = set()
     round_seconds: dict[str, float] = {}
+    worst_lag = 0.0
+
+    async def measure_lag() -> None:
+        nonlocal worst_lag
+        while True:
+            before = time.monotonic()
+            await anyio.sleep(0.01)
+            worst_lag = max(worst_lag, time.monotonic() - before - 0.01)
 
     async def settle(number: int) -> None:
         await quiesce(proxy, admin)
@@ -193,13 +195,16 @@ async def test_workload_through_faulty_proxy_matches_model(
         # The subscriber must converge. A key it holds at the server's version but with another
         # value was deleted and written again while it was disconnected: see
         # test_subscriber_converges_after_delete_and_rewrite_while_disconnected.
-        with anyio.fail_after(20):
+        with anyio.move_on_after(20):
             await view.wait_until(lambda seen: not differences(seen, expected)[1])
-        stale_same_version.update((number, key) for key in differences(view.states, expected)[0])
+        stale, other = differences(view.states, expected)
+        assert not other, {key: (view.states.get(key), expected.get(key)) for key in other}
+        stale_same_version.update((number, key) for key in stale)
 
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(view.follow, watcher)
+            group.start_soon(measure_lag)
             with anyio.fail_after(10):
                 await view.ready.wait()
             await warm_up(state, POOL)
@@ -233,14 +238,16 @@ async def test_workload_through_faulty_proxy_matches_model(
         "faults_injected": proxy.stats.injected(),
         "failed_calls": len(workload.timings),
         "worst_seconds_by_call_and_error": by_error,
-        "worst_over_budget": {
+        "worst_over_documented_time": {
             "call": worst.kind,
             "error": worst.error,
             "seconds": round(worst.seconds, 3),
-            "budget": round(worst.budget, 3),
+            "documented": round(worst.budget, 3),
             "over": round(worst.over, 3),
+            "allowed": round(worst.limit, 3),
         },
         "socket_timeout": SOCKET_TIMEOUT,
+        "event_loop_worst_lag": round(worst_lag, 3),
         "doubts_resolved": dict(workload.resolved),
         "subscriber_events": dict(view.events),
         "subscriber_stale_at_same_version": sorted(stale_same_version),
@@ -249,7 +256,7 @@ async def test_workload_through_faulty_proxy_matches_model(
     }
     report("faults", figures, record_property)
     assert not workload.violations, workload.violations[:20]
-    late = [t for t in workload.timings if t.over > MARGIN]
+    late = [t for t in workload.timings if t.seconds > t.limit]
     assert not late, late[:10]
     # The faults really happened, and each kind of outcome was met.
     assert proxy.stats.dropped
@@ -278,7 +285,7 @@ async def test_reply_lost_after_the_server_ran_the_write_is_unknown_and_applied_
         started = time.monotonic()
         with pytest.raises(WriteOutcomeUnknownError):
             await state.save("k", {"n": 0}, expected_version=0)
-        assert time.monotonic() - started < SOCKET_TIMEOUT + MARGIN
+        assert time.monotonic() - started < BUDGETS.limit("save")
         proxy.set_faults(Faults())
         entry = await healthy.get_entry("k")
         assert entry is not None
@@ -289,7 +296,7 @@ async def test_reply_lost_after_the_server_ran_the_write_is_unknown_and_applied_
         started = time.monotonic()
         with pytest.raises(WriteOutcomeUnknownError):
             await state.update("k", lambda v: {"n": v["n"] + 1})
-        assert time.monotonic() - started < SOCKET_TIMEOUT + MARGIN
+        assert time.monotonic() - started < BUDGETS.limit("save")
         # A write whose reply was cut ran once, never twice.
         entry = await healthy.get_entry("k")
         assert entry is not None
@@ -310,7 +317,7 @@ async def test_request_dropped_before_the_server_is_unknown_and_not_applied(
         started = time.monotonic()
         with pytest.raises(WriteOutcomeUnknownError):
             await state.save("k", "v")
-        assert time.monotonic() - started < SOCKET_TIMEOUT + MARGIN
+        assert time.monotonic() - started < BUDGETS.limit("save")
         proxy.set_faults(Faults())
         assert await state.save("k", "after") == 1
     assert await healthy.get("k") == "after"
@@ -332,11 +339,11 @@ async def test_write_on_a_refused_reconnect_is_unavailable_and_not_applied(
         started = time.monotonic()
         with pytest.raises(BackendUnavailableError):
             await state.get("k")
-        assert time.monotonic() - started < BUDGETS.of("get") + MARGIN
+        assert time.monotonic() - started < BUDGETS.limit("get")
         started = time.monotonic()
         with pytest.raises(BackendUnavailableError):
             await state.save("k", "v")
-        assert time.monotonic() - started < SOCKET_TIMEOUT + MARGIN
+        assert time.monotonic() - started < BUDGETS.limit("save")
         proxy.set_faults(Faults())
     assert await healthy.get_entry("k") is None
     await healthy.aclose()
@@ -362,18 +369,21 @@ async def test_blackhole_on_a_held_connection_times_out_within_budget(
             started = time.monotonic()
             with pytest.raises(error):
                 await (state.get("k") if kind == "get" else state.save("k", "v"))
-            assert time.monotonic() - started < BUDGETS.of(kind) + MARGIN, kind
+            assert time.monotonic() - started < BUDGETS.limit(kind), kind
         await proxy.sever()
         proxy.set_faults(Faults())
     assert await healthy.get_entry("k") is None
     await healthy.aclose()
 
 
-# ---------------------------------------------------------------- bugs found (xfail, strict)
+# ---------------------------------------------------------------- bugs found
+# Each fails today (an AssertionError: strict xfail, so the suite stays green and a fix turns
+# it into XPASS, which fails until the marker is removed).
 
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="BUG: a command that opens a new pool connection waits for the handshake with no "
     "timeout (RedisBackend._execute calls _Connections.take outside asyncio.timeout)",
 )
@@ -391,7 +401,7 @@ async def test_first_call_to_a_server_that_never_answers_raises_in_time(
             # move_on_after: so that the test ends either way
             with anyio.move_on_after(BUDGETS.of(kind) + 2), pytest.raises(BackendTimeoutError):
                 await call
-            assert time.monotonic() - started < BUDGETS.of(kind) + MARGIN, kind
+            assert time.monotonic() - started < BUDGETS.limit(kind), kind
     finally:
         proxy.set_faults(Faults())
         await proxy.sever()
@@ -400,6 +410,42 @@ async def test_first_call_to_a_server_that_never_answers_raises_in_time(
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
+    reason="BUG: the wait for one of the connection_pool_size connections is not bounded by "
+    "socket_timeout (RedisBackend._execute: connections.take is outside asyncio.timeout): "
+    "with k callers per connection and a server that stopped answering, the last one fails "
+    "after k x socket_timeout",
+)
+async def test_calls_queued_for_a_connection_fail_within_their_timeout(proxy: FaultProxy) -> None:
+    """8 writes at once over 2 connections to a server that stopped answering: each fails
+    within socket_timeout, not after the writes queued ahead of it have timed out too."""
+    backend = proxied(proxy, unique_prefix(), pool=2)
+    seconds: list[float] = []
+
+    async def write(n: int) -> None:
+        started = time.monotonic()
+        with pytest.raises((WriteOutcomeUnknownError, BackendTimeoutError)):
+            await backend.set(f"k{n}", b"v")
+        seconds.append(time.monotonic() - started)
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(backend.get, "warm-up")
+            group.start_soon(backend.get, "warm-up")
+        proxy.set_faults(Faults(blackhole=True))
+        async with anyio.create_task_group() as group:
+            for n in range(8):
+                group.start_soon(write, n)
+    finally:
+        await proxy.sever()
+        proxy.set_faults(Faults())
+        await backend.aclose()
+    assert max(seconds) < BUDGETS.limit("save"), sorted(seconds)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
     reason="BUG: RedisBackend._changes awaits _unsubscribe (PUNSUBSCRIBE on a pub/sub "
     "connection still in its handshake) with no timeout after _ensure_subscribed gave up",
 )
@@ -417,7 +463,7 @@ async def test_subscribing_to_a_server_that_never_answers_raises_in_time(
         with anyio.move_on_after(budget + 2), pytest.raises(BackendUnavailableError):
             async with backend.changes("*"):
                 pass
-        assert time.monotonic() - started < budget + MARGIN
+        assert time.monotonic() - started < budget + 2 * MARGIN
     finally:
         proxy.set_faults(Faults())
         await proxy.sever()
@@ -427,6 +473,7 @@ async def test_subscribing_to_a_server_that_never_answers_raises_in_time(
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="BUG: RedisBackend resync compares versions only (_resync: versions.get(key) == "
     "entry.version); a key deleted and written again meanwhile restarts at the same version",
 )
@@ -466,6 +513,7 @@ async def test_subscriber_converges_after_delete_and_rewrite_while_disconnected(
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="BUG: the pub/sub reader never checks that its connection is alive "
     "(get_message(timeout=1.0) just returns None on a half-open connection), so it never "
     "reconnects or resyncs",

@@ -22,6 +22,7 @@ import pytest
 from agenticstate import StateConfig, StateManager
 from tests._procs import LineProcess
 from tests.conftest import unique_prefix
+from tests.reliability._fault_server import running_server
 from tests.reliability._linearizability import (
     MISSING,
     Operation,
@@ -30,13 +31,19 @@ from tests.reliability._linearizability import (
     partition_by_key,
     step,
 )
+from tests.reliability._proxy import Faults, ProxyThread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 PROCESSES = 4
 CALLS_PER_PROCESS = 500
+FAULTY_CALLS_PER_PROCESS = 250
 KEYS = ("a", "b", "c")
+LIN_FAULTS = Faults(
+    latency=(0.0, 0.005), stall=0.02, stall_delay=0.3, drop=0.01, reset_reply=0.01, refuse=0.05
+)
 
 
 def op(
@@ -268,16 +275,11 @@ def final_reads(url: str, prefix: str) -> list[Operation]:
     return anyio.run(read)
 
 
-@pytest.mark.redis
-def test_four_processes_reads_and_compare_and_set_are_linearizable(
-    redis_url: str, record_property: Callable[[str, object], None]
-) -> None:
-    """4 processes x 500 mixed calls (read, write, cas, update) on 3 keys: every key's
-    history is linearizable."""
-    prefix = unique_prefix()
+def run_workers(url: str, prefix: str, calls: int, timeout: float) -> tuple[list[str], float]:
+    """Run the worker processes, all starting at once; return their call lines and seconds."""
     started = time.monotonic()
     workers = [
-        LinWorker(redis_url, prefix, str(p), str(CALLS_PER_PROCESS), str(1000 + p), *KEYS)
+        LinWorker(url, prefix, str(p), str(calls), str(1000 + p), str(timeout), *KEYS)
         for p in range(PROCESSES)
     ]
     try:
@@ -291,16 +293,24 @@ def test_four_processes_reads_and_compare_and_set_are_linearizable(
             assert worker.wait_until(lambda lines: "done" in lines, timeout=60), worker.close()
         for worker in workers:
             worker.stop()
-        ran = time.monotonic() - started
     finally:
         errors = [worker.close() for worker in workers]
     assert all(worker.process.returncode == 0 for worker in workers), errors
     lines = [line for worker in workers for line in worker.lines if line.startswith("{")]
-    assert len(lines) == PROCESSES * CALLS_PER_PROCESS
-    statuses = [json.loads(line)["status"] for line in lines]
-    history = [call for call in map(parse, lines) if call is not None]
-    history += final_reads(redis_url, prefix)
+    assert len(lines) == PROCESSES * calls
+    return lines, time.monotonic() - started
 
+
+def check_histories(
+    name: str,
+    lines: list[str],
+    final: list[Operation],
+    ran: float,
+    record_property: Callable[[str, object], None],
+) -> dict[str, Any]:
+    """Check every key's history (the workers' calls, then `final`); report the figures."""
+    statuses = [json.loads(line)["status"] for line in lines]
+    history = [call for call in map(parse, lines) if call is not None] + final
     started = time.perf_counter()
     verdicts = {key: check(calls) for key, calls in partition_by_key(history).items()}
     took = time.perf_counter() - started
@@ -308,6 +318,7 @@ def test_four_processes_reads_and_compare_and_set_are_linearizable(
         "operations": len(history),
         "histories": len(verdicts),
         "per_key": {key: v.operations for key, v in sorted(verdicts.items())},
+        "pending": sum(call.response is None for call in history),
         "explored": sum(v.explored for v in verdicts.values()),
         "check_seconds": round(took, 3),
         "workers_seconds": round(ran, 1),
@@ -317,7 +328,7 @@ def test_four_processes_reads_and_compare_and_set_are_linearizable(
         "overlapping_pairs": overlapping_pairs(history),
     }
     record_property("figures", figures)
-    sys.stdout.write(f"linearizability figures: {json.dumps(figures)}\n")
+    sys.stdout.write(f"{name} figures: {json.dumps(figures)}\n")
     bad = {key: v.stuck for key, v in verdicts.items() if not v.ok}
     assert not bad, bad
     assert set(verdicts) == set(KEYS)
@@ -327,6 +338,36 @@ def test_four_processes_reads_and_compare_and_set_are_linearizable(
     index, stale = stale_read(history)
     corrupted = [*history[:index], replace(history[index], result=stale), *history[index + 1 :]]
     assert not check(partition_by_key(corrupted)[history[index].key]).ok
+    return figures
+
+
+@pytest.mark.redis
+def test_four_processes_reads_and_compare_and_set_are_linearizable(
+    redis_url: str, record_property: Callable[[str, object], None]
+) -> None:
+    """4 processes x 500 mixed calls (read, write, cas, update) on 3 keys: every key's
+    history is linearizable."""
+    prefix = unique_prefix()
+    lines, ran = run_workers(redis_url, prefix, CALLS_PER_PROCESS, timeout=5.0)
+    final = final_reads(redis_url, prefix)
+    check_histories("linearizability", lines, final, ran, record_property)
+
+
+@pytest.mark.redis
+def test_histories_through_a_faulty_proxy_are_linearizable(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """The same through a proxy that delays, stalls past the timeout, drops and cuts replies:
+    calls with unknown outcomes count as possibly applied, and every history is still
+    linearizable (and no call the library said was not applied shows up)."""
+    prefix = unique_prefix()
+    with running_server(tmp_path / "redis") as server:
+        with ProxyThread("127.0.0.1", server.port, faults=LIN_FAULTS, seed=3) as proxy:
+            lines, ran = run_workers(proxy.url, prefix, FAULTY_CALLS_PER_PROCESS, timeout=0.15)
+        # The proxy is closed: nothing it held back can still arrive.
+        final = final_reads(server.unix_url, prefix)
+    figures = check_histories("linearizability under faults", lines, final, ran, record_property)
+    assert figures["unknown"] > 0  # some outcomes really were unknown
 
 
 def stale_read(history: list[Operation]) -> tuple[int, State]:
