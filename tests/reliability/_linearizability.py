@@ -18,17 +18,27 @@ more after each write) and the identity of the value last written. Operations:
 
 An operation whose outcome is unknown (its reply was lost) has no response: `response` is None.
 It may take effect at any instant after its invocation, or never, and its result is not checked.
+If the test knows a time after which it can no longer take effect (every connection it could
+still be travelling on was closed and killed on the server), that is its `deadline`: it took
+effect before then, or never.
 
 The search is Wing and Gong's: repeatedly linearize an operation whose invocation comes before
 every pending response, backtrack when a response is reached that was not linearized, and (Lowe)
 remember each (set of linearized operations, state) pair already explored, so no configuration
-is explored twice. Histories are checked key by key: a history of independent keys is
-linearizable iff each key's is (linearizability is local).
+is explored twice. An operation with an unknown outcome is tried only where it changes the
+state (taking effect without changing anything is the same as not taking effect); reaching its
+deadline unlinearized means it never took effect; and the search ends once every operation that
+has a response or deadline is linearized (the others may take effect after everything seen, or
+never, which is the same). Without deadlines, every unknown outcome stays open to the end and
+the search can grow exponentially with their number.
+
+Histories are checked key by key: a history of independent keys is linearizable iff each key's
+is (linearizability is local).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 __all__ = ["CheckResult", "Operation", "State", "check", "partition_by_key", "step"]
@@ -54,6 +64,7 @@ class Operation:
         response: When it returned or raised, or None if its outcome is unknown.
         result: What it returned: read `(version, value)`; write and successful cas the new
             version; a refused cas `("conflict", actual_version)`; update the replaced identity.
+        deadline: For an unknown outcome, when it could no longer take effect, if known.
     """
 
     process: int
@@ -64,6 +75,14 @@ class Operation:
     value: str | None = None
     expected: int | None = None
     result: object = None
+    deadline: int | None = None
+
+    @property
+    def ends(self) -> float:
+        """The last instant it may take effect: its response, its deadline, or never known."""
+        if self.response is not None:
+            return float(self.response)
+        return float("inf") if self.deadline is None else float(self.deadline)
 
 
 @dataclass
@@ -119,7 +138,8 @@ class _Event:
     op_id: int
     is_call: bool
     time: float
-    match: _Event | None = None
+    match: _Event | None = None  # a call's return
+    match_call: _Event = field(init=False)  # a return's call
     prev: _Event | None = None
     next: _Event | None = None
 
@@ -129,11 +149,11 @@ def _events(ops: list[Operation]) -> _Event:
     events: list[_Event] = []
     for op_id, op in enumerate(ops):
         call = _Event(op_id, True, float(op.invoke))
-        done = float("inf") if op.response is None else float(op.response)
-        if done < call.time:
+        if op.ends < call.time:
             raise ValueError(f"operation {op} responds before it is invoked")
-        ret = _Event(op_id, False, done)
+        ret = _Event(op_id, False, op.ends)
         call.match = ret
+        ret.match_call = call
         events += (call, ret)
     # Calls before returns at equal times: simultaneous operations count as overlapping, which
     # allows more orders (never rejects a linearizable history).
@@ -184,12 +204,15 @@ def check(ops: list[Operation], *, initial: State = MISSING) -> CheckResult:
     linearized = 0
     stuck_depth = -1
     state = initial
+    remaining = sum(op.ends != float("inf") for op in ops)  # must be linearized (or dropped)
     entry = head.next
-    while head.next is not None:
+    while remaining:
         assert entry is not None
+        op = ops[entry.op_id]
+        unknown = op.response is None
         if entry.is_call:
-            fits, after = step(state, ops[entry.op_id])
-            if fits:
+            fits, after = step(state, op)
+            if fits and not (unknown and after == state):
                 marked = linearized | (1 << entry.op_id)
                 if (marked, after) not in cache:
                     cache.add((marked, after))
@@ -197,22 +220,39 @@ def check(ops: list[Operation], *, initial: State = MISSING) -> CheckResult:
                     stack.append((entry, state))
                     state = after
                     linearized = marked
+                    remaining -= op.ends != float("inf")
                     _lift(entry)
                     result.longest = max(result.longest, len(stack))
                     entry = head.next
                     continue
             entry = entry.next
-        else:
-            # A return whose operation was not linearized yet: this prefix cannot go on.
-            if len(stack) > stuck_depth:
-                stuck_depth = len(stack)
-                result.stuck = ops[entry.op_id]
-            if not stack:
-                return result
-            call, state = stack.pop()
-            linearized &= ~(1 << call.op_id)
-            _unlift(call)
-            entry = call.next
+            continue
+        if unknown:
+            # Its deadline, and it has not taken effect: it never did. (A choice like any
+            # other: undone on backtracking, when taking effect earlier is tried instead.)
+            call = entry.match_call
+            marked = linearized | (1 << entry.op_id)
+            if (marked, state) not in cache:
+                cache.add((marked, state))
+                result.explored += 1
+                stack.append((call, state))
+                linearized = marked
+                remaining -= 1
+                _lift(call)
+                entry = head.next
+                continue
+        # A response (or a deadline already explored) whose operation is not linearized:
+        # this prefix cannot go on.
+        if len(stack) > stuck_depth:
+            stuck_depth = len(stack)
+            result.stuck = op
+        if not stack:
+            return result
+        call, state = stack.pop()
+        linearized &= ~(1 << call.op_id)
+        remaining += ops[call.op_id].ends != float("inf")
+        _unlift(call)
+        entry = call.next
     result.ok = True
     result.stuck = None
     return result

@@ -3,7 +3,10 @@
 Four worker processes make mixed calls on three keys at once; every call is recorded with its
 invocation and response times (one monotonic clock for the whole host) and its result. Each
 key's history must be linearizable against a versioned register (`_linearizability`): the
-Wing-Gong search with Lowe's memoization. The checker itself is tested first on hand-made
+Wing-Gong search with Lowe's memoization. It is run twice: straight to Redis, and through the
+fault proxy, where calls with unknown outcomes enter the history as possibly applied (with a
+deadline: the test periodically closes and kills every connection, after which no request sent
+before can still run). The checker itself is tested first on hand-made and generated
 histories, linearizable and not.
 """
 
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+import redis as sync_redis
 
 from agenticstate import StateConfig, StateManager
 from tests._procs import LineProcess
@@ -34,7 +38,7 @@ from tests.reliability._linearizability import (
 from tests.reliability._proxy import Faults, ProxyThread
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
 PROCESSES = 4
@@ -153,17 +157,34 @@ def test_unknown_outcome_may_or_may_not_have_taken_effect() -> None:
     assert not check([op("read", 0, 1, (1, "a")), replace(lost, invoke=2)]).ok
 
 
+def test_unknown_outcome_cannot_take_effect_after_its_deadline() -> None:
+    """A write with no response but a deadline took effect before it, or never."""
+    lost = op("write", 0, None, value="a", process=1)
+    lost = replace(lost, deadline=5)
+    other = op("write", 6, 7, 1, value="b", process=2)
+    # It took effect before "b" (which then made version 2), or never (then "b" is version 1).
+    assert check([lost, other, op("read", 8, 9, (1, "b"))]).ok
+    assert check([lost, replace(other, result=2), op("read", 8, 9, (2, "b"))]).ok
+    # Taking effect after "b", at version 2, would be after its deadline.
+    assert not check([lost, other, op("read", 8, 9, (2, "a"))]).ok
+    assert check([replace(lost, deadline=None), other, op("read", 8, 9, (2, "a"))]).ok
+
+
 def test_checker_rejects_responses_before_invocations() -> None:
     """A malformed history is an error, not a verdict."""
     with pytest.raises(ValueError, match="responds before"):
         check([op("read", 5, 4, (0, None))])
 
 
-def generated_history(count: int, seed: int, *, width: int = 40) -> list[Operation]:
+def generated_history(
+    count: int, seed: int, *, width: int = 40, unknown: float = 0.0
+) -> list[Operation]:
     """A linearizable history by construction: calls take effect at increasing instants.
 
     Each call's interval spans its instant by up to `width` on either side, so neighbours
-    overlap; processes are assigned so that no process has two calls at once.
+    overlap; processes are assigned so that no process has two calls at once. A share
+    `unknown` of the writes lose their reply: half of those took effect, half did not, and
+    either way not later than `3 * width` after their invocation (their deadline).
     """
     rng = random.Random(seed)
     state: State = MISSING
@@ -185,19 +206,27 @@ def generated_history(count: int, seed: int, *, width: int = 40) -> list[Operati
         else:
             result = current
         call = replace(call, result=result)
-        fits, state = step(state, call)
+        fits, after = step(state, call)
         assert fits
+        ends = call.response or 0
+        if kind != "read" and rng.random() < unknown:
+            if rng.random() < 0.5:
+                after = state  # it never took effect
+            call = replace(call, response=None, result=None, deadline=call.invoke + 3 * width)
+        state = after
         process = next((p for p, t in enumerate(free_at) if t < call.invoke), len(free_at))
         free_at[process:process] = [] if process < len(free_at) else [0]
-        free_at[process] = call.response or 0
+        free_at[process] = ends
         ops.append(replace(call, process=process))
     return ops
 
 
+@pytest.mark.parametrize("unknown", [0.0, 0.05])
 @pytest.mark.parametrize("seed", range(5))
-def test_generated_linearizable_histories_are_accepted(seed: int) -> None:
-    """Histories linearizable by construction (1000 calls, heavy overlap) are accepted fast."""
-    history = generated_history(1000, seed)
+def test_generated_linearizable_histories_are_accepted(seed: int, unknown: float) -> None:
+    """Histories linearizable by construction (1000 calls, heavy overlap, without and with 5%
+    of writes whose outcome is unknown) are accepted fast."""
+    history = generated_history(1000, seed, unknown=unknown)
     started = time.perf_counter()
     verdict = check(history)
     assert verdict.ok, verdict
@@ -235,8 +264,13 @@ def LinWorker(*args: str) -> LineProcess:  # noqa: N802  # reads like the class 
     return LineProcess("tests.reliability._lin_worker", *args)
 
 
-def parse(line: str) -> Operation | None:
-    """One worker line as an operation; None for calls the library says had no effect."""
+def parse(line: str, barriers: Sequence[tuple[int, int]] = ()) -> Operation | None:
+    """One worker line as an operation; None for calls the library says had no effect.
+
+    A call with an unknown outcome gets a deadline from `barriers` ((start, end) times of
+    moments when every connection was closed and killed): the end of the first barrier that
+    started after the caller saw the failure, since its request was sent before that.
+    """
     record = json.loads(line)
     status = record["status"]
     if status == "failed" or (record["kind"] == "read" and status != "ok"):
@@ -253,6 +287,9 @@ def parse(line: str) -> Operation | None:
         value=record["value"],
         expected=record["expected"],
         result=result,
+        deadline=next((end for start, end in barriers if start > record["t1"]), None)
+        if status == "unknown"
+        else None,
     )
 
 
@@ -275,8 +312,15 @@ def final_reads(url: str, prefix: str) -> list[Operation]:
     return anyio.run(read)
 
 
-def run_workers(url: str, prefix: str, calls: int, timeout: float) -> tuple[list[str], float]:
-    """Run the worker processes, all starting at once; return their call lines and seconds."""
+def run_workers(
+    url: str,
+    prefix: str,
+    calls: int,
+    timeout: float,
+    while_running: Callable[[list[LineProcess]], None] | None = None,
+) -> tuple[list[str], float]:
+    """Run the worker processes, all starting at once (and `while_running(workers)` in this
+    thread meanwhile); return their call lines and how long it took."""
     started = time.monotonic()
     workers = [
         LinWorker(url, prefix, str(p), str(calls), str(1000 + p), str(timeout), *KEYS)
@@ -289,6 +333,8 @@ def run_workers(url: str, prefix: str, calls: int, timeout: float) -> tuple[list
             assert worker.process.stdin is not None
             worker.process.stdin.write("go\n")
             worker.process.stdin.flush()
+        if while_running is not None:
+            while_running(workers)
         for worker in workers:
             assert worker.wait_until(lambda lines: "done" in lines, timeout=60), worker.close()
         for worker in workers:
@@ -307,10 +353,12 @@ def check_histories(
     final: list[Operation],
     ran: float,
     record_property: Callable[[str, object], None],
+    barriers: Sequence[tuple[int, int]] = (),
 ) -> dict[str, Any]:
     """Check every key's history (the workers' calls, then `final`); report the figures."""
     statuses = [json.loads(line)["status"] for line in lines]
-    history = [call for call in map(parse, lines) if call is not None] + final
+    calls = [parse(line, barriers) for line in lines]
+    history = [call for call in calls if call is not None] + final
     started = time.perf_counter()
     verdicts = {key: check(calls) for key, calls in partition_by_key(history).items()}
     took = time.perf_counter() - started
@@ -319,6 +367,8 @@ def check_histories(
         "histories": len(verdicts),
         "per_key": {key: v.operations for key, v in sorted(verdicts.items())},
         "pending": sum(call.response is None for call in history),
+        "pending_with_deadline": sum(call.deadline is not None for call in history),
+        "barriers": len(barriers),
         "explored": sum(v.explored for v in verdicts.values()),
         "check_seconds": round(took, 3),
         "workers_seconds": round(ran, 1),
@@ -361,12 +411,25 @@ def test_histories_through_a_faulty_proxy_are_linearizable(
     calls with unknown outcomes count as possibly applied, and every history is still
     linearizable (and no call the library said was not applied shows up)."""
     prefix = unique_prefix()
+    barriers: list[tuple[int, int]] = []
     with running_server(tmp_path / "redis") as server:
+        admin = sync_redis.Redis.from_url(server.unix_url)
         with ProxyThread("127.0.0.1", server.port, faults=LIN_FAULTS, seed=3) as proxy:
-            lines, ran = run_workers(proxy.url, prefix, FAULTY_CALLS_PER_PROCESS, timeout=0.15)
+            try:
+                lines, ran = run_workers(
+                    proxy.url,
+                    prefix,
+                    FAULTY_CALLS_PER_PROCESS,
+                    0.15,
+                    lambda workers: cut_off_the_past(workers[0], proxy, admin, barriers),
+                )
+            finally:
+                admin.close()
         # The proxy is closed: nothing it held back can still arrive.
         final = final_reads(server.unix_url, prefix)
-    figures = check_histories("linearizability under faults", lines, final, ran, record_property)
+    figures = check_histories(
+        "linearizability under faults", lines, final, ran, record_property, barriers
+    )
     assert figures["unknown"] > 0  # some outcomes really were unknown
 
 
@@ -391,6 +454,30 @@ def stale_read(history: list[Operation]) -> tuple[int, State]:
                 if earlier in written:
                     return index, (earlier[1], written[earlier])
     raise AssertionError("no read followed two completed writes")
+
+
+def cut_off_the_past(
+    lead: LineProcess,
+    proxy: ProxyThread,
+    admin: sync_redis.Redis,
+    barriers: list[tuple[int, int]],
+    every: int = 25,
+) -> None:
+    """Each time `lead` has made `every` more calls, until it is done: close every connection
+    in the proxy and kill every one on the server (no request sent before can still run), and
+    note when that started and ended."""
+
+    def made(target: int) -> Callable[[list[str]], bool]:
+        return lambda lines: len(lines) >= target or "done" in lines
+
+    while True:
+        lead.wait_until(made(len(lead.lines) + every))
+        if "done" in lead.lines or lead.process.poll() is not None:
+            return
+        start = time.monotonic_ns()
+        proxy.sever()
+        admin.client_kill_filter(_type="normal", skipme=True)
+        barriers.append((start, time.monotonic_ns()))
 
 
 def overlapping_pairs(history: list[Operation]) -> int:
