@@ -47,5 +47,14 @@ bench: setup redis-server
 	$(BIN)/python -m pip install --quiet --group bench
 	$(BIN)/python -m bench
 
+# Opt-in, not part of `make test` or CI: 100,000 mixed operations on the file and Redis backends,
+# then keys, files, memory, tasks, threads, descriptors and connections back to baseline
+# (bench/soak.py; docs/reliability.md). Runs both backends, fails if either fails.
+.PHONY: soak
+soak: setup redis-server
+	$(BIN)/python -m bench.soak --backend file; file=$$?; \
+	$(BIN)/python -m bench.soak --backend redis; redis=$$?; \
+	test $$file -eq 0 && test $$redis -eq 0
+
 clean:
 	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache
