@@ -22,13 +22,12 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<invalid url>"
-    if parts.password is None:
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
+    # By hand rather than with parts.hostname/port: a cluster URL lists several host:port.
+    user = userinfo.split(":", 1)[0]
+    netloc = f"{user}:***@{hosts}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
@@ -74,7 +73,8 @@ class StateConfig(BaseModel):
     file_path: Path | None = None
     """File backend: the snapshot path (`./state/app_state.json`); default `./state/state.json`."""
     redis_url: str | None = Field(default=None, repr=False)
-    """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, or `unix://`."""
+    """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, `unix://`, or
+    `redis+cluster://host:port,host:port` for Redis Cluster."""
     key_prefix: str = ""
     """A namespace put before every key in the backend; keys are given and listed without it."""
     ttl: timedelta | None = None

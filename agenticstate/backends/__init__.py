@@ -49,6 +49,8 @@ _factories: dict[str, Callable[..., Backend]] = {
     "redis": RedisBackend.from_url,
     "rediss": RedisBackend.from_url,
     "unix": RedisBackend.from_url,
+    "redis+cluster": RedisBackend.from_url,
+    "rediss+cluster": RedisBackend.from_url,
 }
 
 

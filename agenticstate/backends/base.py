@@ -22,6 +22,7 @@ The rules, which every backend follows exactly:
 - **Atomic write-and-emit.** A write and its change event are one step: every subscriber whose
   pattern matches the key sees the change exactly as it committed, with the old and new bytes and
   the new version (for a delete, the version that was deleted), in commit order for each key.
+  Across keys no order is promised (on Redis Cluster, each shard's changes travel apart).
 - **Globs** follow Redis (`agenticstate._glob`): `*`, `?`, `[...]`, `[^...]`, `\` escapes;
   `*` crosses `:`. An invalid pattern raises `InvalidPatternError`.
 - **Subscriptions** (`changes`) are active once the context manager has been entered: every change
