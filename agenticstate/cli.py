@@ -11,6 +11,8 @@ agenticstate demo
 
 The store comes from `--url` (or `AGENTICSTATE_URL`, else `file://./state`): `memory://`,
 `file://DIR`, `redis://...`, `rediss://...`, `unix://...`. `--json` prints machine-readable output.
+Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is a terminal,
+unless `--json` or `--no-progress` is given; stdout never carries it.
 
 Exit codes: 0 success, 1 the key or record was not found, 2 bad usage or input, 3 the backend
 failed (unreachable, in use by another process, corrupt).
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import sys
+import time
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
@@ -31,6 +34,8 @@ from uuid import UUID
 import anyio
 import structlog
 
+from agenticstate._keys import validate_pattern
+from agenticstate._progress import Progress, is_terminal
 from agenticstate.backends import open_backend
 from agenticstate.exceptions import (
     AgenticStateError,
@@ -43,7 +48,7 @@ from agenticstate.exceptions import (
 from agenticstate.manager import StateManager
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
 __all__ = ["configure_logging", "main"]
 
@@ -99,8 +104,18 @@ def _manager(args: argparse.Namespace) -> StateManager:
     return StateManager(backend=backend)
 
 
-async def _keys(state: StateManager, args: argparse.Namespace) -> int:
-    keys = await state.list_keys(args.pattern)
+async def _keys(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
+    # state.list_keys(pattern), counting the keys as the scan finds them.
+    pattern = validate_pattern(args.pattern)
+    await state.open()
+    found: set[str] = set()
+    try:
+        async for key in state.backend.scan(pattern):
+            found.add(key)
+            progress.update("scanning", len(found), "key")
+    finally:
+        progress.clear()
+    keys = sorted(found)
     if args.json:
         _out(_dump(keys))
     else:
@@ -109,7 +124,7 @@ async def _keys(state: StateManager, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _get(state: StateManager, args: argparse.Namespace) -> int:
+async def _get(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     entry = await state.get_entry(args.key)
     if entry is None:
         raise _CommandError(f"no state at key {args.key!r}", EXIT_NOT_FOUND)
@@ -122,7 +137,7 @@ async def _get(state: StateManager, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _set(state: StateManager, args: argparse.Namespace) -> int:
+async def _set(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     try:
         value = json.loads(args.value)
     except json.JSONDecodeError as exc:
@@ -138,14 +153,14 @@ async def _set(state: StateManager, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _delete(state: StateManager, args: argparse.Namespace) -> int:
+async def _delete(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     if not await state.delete(args.key):
         raise _CommandError(f"no state at key {args.key!r}", EXIT_NOT_FOUND)
     _out(_dump({"key": args.key, "deleted": True}) if args.json else f"deleted {args.key}")
     return EXIT_OK
 
 
-async def _watch(state: StateManager, args: argparse.Namespace) -> int:
+async def _watch(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     seen = 0
     async with state.watch(args.pattern) as changes:
         # On stderr, once subscribed: from here on no change is missed.
@@ -165,7 +180,15 @@ async def _watch(state: StateManager, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _inspect(state: StateManager, args: argparse.Namespace) -> int:
+async def _inspect(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
+    # The managers read many records in few calls: count the reads while they run.
+    async with progress.ticking(f"reading {args.what}", lambda: state.stats().reads, "record"):
+        rows, columns = await _inspected(state, args.what)
+    _out(_dump(rows) if args.json else _table(rows, columns))
+    return EXIT_OK
+
+
+async def _inspected(state: StateManager, what: str) -> tuple[list[dict[str, Any]], list[str]]:
     from agenticstate.managers import (  # only this command needs them
         OrchestrationStateManager,
         SpeechStateManager,
@@ -174,7 +197,7 @@ async def _inspect(state: StateManager, args: argparse.Namespace) -> int:
     )
 
     rows: list[dict[str, Any]]
-    if args.what == "workflows":
+    if what == "workflows":
         workflows = WorkflowStateManager(state_manager=state)
         found = await workflows.list_workflows()
         rows = []
@@ -190,7 +213,7 @@ async def _inspect(state: StateManager, args: argparse.Namespace) -> int:
                 }
             )
         columns = ["workflow", "status", "step", "checkpoints", "latest checkpoint"]
-    elif args.what == "teams":
+    elif what == "teams":
         orch = OrchestrationStateManager(state_manager=state)
         rows = []
         for team_id in await orch.list_teams():
@@ -209,7 +232,7 @@ async def _inspect(state: StateManager, args: argparse.Namespace) -> int:
                 }
             )
         columns = ["team", "agents", "pending", "in progress", "completed", "dead letter"]
-    elif args.what == "tools":
+    elif what == "tools":
         tools = ToolStateManager(state_manager=state)
         names = sorted(
             {
@@ -246,8 +269,7 @@ async def _inspect(state: StateManager, args: argparse.Namespace) -> int:
             for session in await speech.list_sessions(active_only=False)
         ]
         columns = ["session", "type", "mode", "status", "created"]
-    _out(_dump(rows) if args.json else _table(rows, columns))
-    return EXIT_OK
+    return rows, columns
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -259,6 +281,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--prefix", default="", help="the key prefix (namespace) to work in")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no live progress on stderr (shown only on a terminal, never with --json)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     keys = commands.add_parser("keys", help="list keys matching a Redis glob")
     keys.add_argument("pattern", nargs="?", default="*")
@@ -279,7 +306,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS = {
+_COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awaitable[int]]] = {
     "keys": _keys,
     "get": _get,
     "set": _set,
@@ -289,19 +316,36 @@ _COMMANDS = {
 }
 
 
-async def _run(args: argparse.Namespace) -> int:
-    async with _manager(args) as state:
-        return await _COMMANDS[args.command](state, args)
+def _seconds() -> Callable[[], int]:
+    start = time.monotonic()
+    return lambda: int(time.monotonic() - start)
 
 
-def configure_logging() -> None:
+async def _run(args: argparse.Namespace, progress: Progress) -> int:
+    state = _manager(args)
+    # A large file store takes a while to load, and to snapshot when it closes.
+    async with progress.ticking("opening the store", _seconds(), "second"):
+        await state.open()
+    try:
+        return await _COMMANDS[args.command](state, args, progress)
+    finally:
+        with anyio.CancelScope(shield=True):
+            async with progress.ticking("closing the store", _seconds(), "second"):
+                await state.aclose()
+
+
+def configure_logging(progress: Progress | None = None) -> None:
     """Send warnings and worse to stderr, never mixed into the output a script reads.
 
     The library never configures logging; the command and the demo are applications, so they do.
+
+    Args:
+        progress: A progress line on stderr to erase before each log line.
     """
+    stream = progress.wrap(sys.stderr) if progress is not None else sys.stderr
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream),
     )
 
 
@@ -313,14 +357,19 @@ def _fail(message: str, code: int) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the command line."""
     args = _parser().parse_args(argv)
-    configure_logging()
+    wanted = not args.json and not args.no_progress
     if args.command == "demo":
         from agenticstate import demo  # only this command needs it
 
-        anyio.run(demo.main)
+        # The demo prints its report as it goes: a counter only when that goes somewhere else.
+        progress = Progress.on_stderr(enabled=wanted and not is_terminal(sys.stdout))
+        configure_logging(progress)
+        anyio.run(demo.main, progress)
         return
+    progress = Progress.on_stderr(enabled=wanted)
+    configure_logging(progress)
     try:
-        code = anyio.run(_run, args)
+        code = anyio.run(_run, args, progress)
     except _CommandError as exc:
         _fail(str(exc), exc.code)
     except KeyboardInterrupt:

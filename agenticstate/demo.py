@@ -51,6 +51,7 @@ from agenticstate import (
     WorkflowState,
     WorkflowStateManager,
 )
+from agenticstate._progress import Progress
 
 STORE = Path(".state/demo/state.json")
 TEAM = "research"
@@ -224,91 +225,107 @@ class Writer:
         return self.sections
 
 
-async def main() -> None:
-    """Run the next round of the pipeline and print what happened."""
+async def main(progress: Progress | None = None) -> None:
+    """Run the next round of the pipeline and print what happened.
+
+    Args:
+        progress: Where to count the writes while the pipeline runs (the command passes one
+            drawn on stderr when the report does not go to the terminal).
+    """
     config = StateConfig(backend="file", file_path=STORE)
+    progress = progress or Progress(None)
     async with StateManager(config=config) as state:
-        run = await state.update("demo:runs", lambda n: n + 1, default=0)
-        say(f"agenticstate demo, run {run}")
-        say(f"state lives in {STORE.parent.resolve()} (file backend: crash-safe log + snapshot)")
-        orch = OrchestrationStateManager(state_manager=state)
-        workflows = WorkflowStateManager(state_manager=state, checkpoint_interval=2)
-        tools = ToolStateManager(state_manager=state, cache_ttl=3600)
-        kb = KnowledgeStateManager(state_manager=state)
-        speech = SpeechStateManager(state_manager=state)
-        agents = AgentStateStore(state_manager=state, max_checkpoints=5)
 
-        if run > 1:
-            before = await orch.get_queue_status(TEAM)
-            earlier = await kb.get_indexing_progress("research-notes")
-            indexed = earlier.processed_documents if earlier else 0
-            say(
-                f"continuing from the last run: {len(before.completed)} tasks completed, "
-                f"{indexed} notes indexed"
-            )
+        def writes() -> int:
+            stats = state.stats()
+            return stats.saves + stats.updates + stats.deletes
 
-        say("team and queue:")
-        await setup_team(orch, run)
-        if await kb.get_indexing_progress("research-notes") is None:
-            await kb.update_indexing_progress(IndexingProgress(knowledge_base_id="research-notes"))
-        counts: dict[str, int] = {}
-
-        async def worker(agent_id: str) -> None:
-            counts[agent_id] = await work_queue(orch, kb, agent_id)
-
-        async with anyio.create_task_group() as tg:
-            for agent_id in AGENTS:
-                tg.start_soon(worker, agent_id)
-
-        say("workflow:")
-        await run_workflow(workflows, run)
-        say("tools:")
-        await use_tools(tools, run)
-        say("speech:")
-        await speech_session(speech)
-
-        say("recovery:")
-        recovery = AgentRecoveryManager(agent_store=agents, max_recovery_attempts=3)
-
-        def recovered(event: RecoveryEvent) -> None:
-            source = event.checkpoint.checkpoint_id if event.checkpoint else "nothing"
-            say(f"  writer crashed; recovered from checkpoint {source}")
-
-        recovery.on_after_recovery(recovered)
-        writer = Writer()
-        sections = await recovery.run(writer, lambda: writer.write(agents, run))
-        say(f"  writer finished {sections} after the recovery")
-
-        progress = await kb.get_indexing_progress("research-notes")
-        await kb.update_source_state(
-            SourceState(
-                source_id="team-notes",
-                knowledge_base_id="research-notes",
-                sync_status=SyncStatus.SYNCED,
-                documents_synced=progress.processed_documents if progress else 0,
-            )
-        )
-        queue = await orch.get_queue_status(TEAM)
-        overview = await kb.get_knowledge_base_state("research-notes")
-        search = await tools.get_tool_stats("search_web")
-        say("summary:")
-        say(
-            f"  queue: {len(queue.completed)} completed, {len(queue.pending)} pending, "
-            f"{len(queue.dead_letter)} dead-lettered; this run by agent: {counts}"
-        )
-        notes, vectors = overview.total_documents, overview.total_embeddings
-        say(f"  knowledge base: {notes} notes, {vectors} vectors")
-        say(f"  search_web cache hit rate: {search.cache_hit_rate:.0%}")
-        if queue.pending or queue.in_progress or len(queue.completed) != run * len(TOPICS):
-            raise SystemExit("demo failed: the queue did not finish")
+        async with progress.ticking("demo", writes, "write"):
+            await pipeline(state)
     say(
         "inspect it: agenticstate --url file://.state/demo inspect teams (workflows, tools, speech)"
     )
     say("run `make demo` again to continue from this state")
 
 
-if __name__ == "__main__":
-    from agenticstate.cli import configure_logging
+async def pipeline(state: StateManager) -> None:
+    """One round of the pipeline on `state`, reported line by line."""
+    run = await state.update("demo:runs", lambda n: n + 1, default=0)
+    say(f"agenticstate demo, run {run}")
+    say(f"state lives in {STORE.parent.resolve()} (file backend: crash-safe log + snapshot)")
+    orch = OrchestrationStateManager(state_manager=state)
+    workflows = WorkflowStateManager(state_manager=state, checkpoint_interval=2)
+    tools = ToolStateManager(state_manager=state, cache_ttl=3600)
+    kb = KnowledgeStateManager(state_manager=state)
+    speech = SpeechStateManager(state_manager=state)
+    agents = AgentStateStore(state_manager=state, max_checkpoints=5)
 
-    configure_logging()
-    anyio.run(main)
+    if run > 1:
+        before = await orch.get_queue_status(TEAM)
+        earlier = await kb.get_indexing_progress("research-notes")
+        indexed = earlier.processed_documents if earlier else 0
+        say(
+            f"continuing from the last run: {len(before.completed)} tasks completed, "
+            f"{indexed} notes indexed"
+        )
+
+    say("team and queue:")
+    await setup_team(orch, run)
+    if await kb.get_indexing_progress("research-notes") is None:
+        await kb.update_indexing_progress(IndexingProgress(knowledge_base_id="research-notes"))
+    counts: dict[str, int] = {}
+
+    async def worker(agent_id: str) -> None:
+        counts[agent_id] = await work_queue(orch, kb, agent_id)
+
+    async with anyio.create_task_group() as tg:
+        for agent_id in AGENTS:
+            tg.start_soon(worker, agent_id)
+
+    say("workflow:")
+    await run_workflow(workflows, run)
+    say("tools:")
+    await use_tools(tools, run)
+    say("speech:")
+    await speech_session(speech)
+
+    say("recovery:")
+    recovery = AgentRecoveryManager(agent_store=agents, max_recovery_attempts=3)
+
+    def recovered(event: RecoveryEvent) -> None:
+        source = event.checkpoint.checkpoint_id if event.checkpoint else "nothing"
+        say(f"  writer crashed; recovered from checkpoint {source}")
+
+    recovery.on_after_recovery(recovered)
+    writer = Writer()
+    sections = await recovery.run(writer, lambda: writer.write(agents, run))
+    say(f"  writer finished {sections} after the recovery")
+
+    progress = await kb.get_indexing_progress("research-notes")
+    await kb.update_source_state(
+        SourceState(
+            source_id="team-notes",
+            knowledge_base_id="research-notes",
+            sync_status=SyncStatus.SYNCED,
+            documents_synced=progress.processed_documents if progress else 0,
+        )
+    )
+    queue = await orch.get_queue_status(TEAM)
+    overview = await kb.get_knowledge_base_state("research-notes")
+    search = await tools.get_tool_stats("search_web")
+    say("summary:")
+    say(
+        f"  queue: {len(queue.completed)} completed, {len(queue.pending)} pending, "
+        f"{len(queue.dead_letter)} dead-lettered; this run by agent: {counts}"
+    )
+    notes, vectors = overview.total_documents, overview.total_embeddings
+    say(f"  knowledge base: {notes} notes, {vectors} vectors")
+    say(f"  search_web cache hit rate: {search.cache_hit_rate:.0%}")
+    if queue.pending or queue.in_progress or len(queue.completed) != run * len(TOPICS):
+        raise SystemExit("demo failed: the queue did not finish")
+
+
+if __name__ == "__main__":
+    from agenticstate.cli import main as cli
+
+    cli([*sys.argv[1:], "demo"])  # global options (--no-progress) go first

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import pty
+import re
 import subprocess
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agenticstate import StateManager, WorkflowState, WorkflowStateManager
+from agenticstate._progress import Progress
 from agenticstate.backends import FileBackend
 from tests._procs import LineProcess
 from tests.conftest import unique_prefix
@@ -141,3 +148,199 @@ def test_demo_command(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "agenticstate demo, run 1" in result.stdout
     assert "queue: 6 completed" in result.stdout
+
+
+# --------------------------------------------------------------------------- progress
+
+KEYS = 3000
+WORKFLOWS = 40
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file store with a few thousand keys and some workflows with checkpoints."""
+    store = tmp_path_factory.mktemp("big") / "store"
+
+    async def fill() -> None:
+        async with StateManager(backend=FileBackend(base_path=store)) as state:
+            await state.save_many({f"agent:{n:04}": {"n": n} for n in range(KEYS)})
+            workflows = WorkflowStateManager(state_manager=state, checkpoint_interval=1)
+            for n in range(WORKFLOWS):
+                await workflows.create(WorkflowState(workflow_id=f"w{n:02}", total_steps=2))
+                async with workflows.step(f"w{n:02}", 1, "collect"):
+                    pass
+
+    anyio.run(fill)
+    return store
+
+
+def on_terminal(*args: str, cwd: Path, stdout_too: bool = False, code: int = 0) -> tuple[str, str]:
+    """Run the command with stderr (and stdout, if asked) on a pseudo-terminal.
+
+    Returns what the terminal received and what the stdout pipe received.
+    """
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agenticstate.cli", *args],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=terminal if stdout_too else subprocess.PIPE,
+            stderr=terminal,
+        )
+    finally:
+        os.close(terminal)  # the child holds it now: end of file comes when the child exits
+    received = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: no process holds the terminal any more
+                return
+            if not chunk:
+                return
+            received.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        stdout = process.stdout.read() if process.stdout is not None else b""
+        assert process.wait(timeout=60) == code, bytes(received).decode(errors="replace")
+        reader.join(timeout=60)
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
+        os.close(controller)
+    return bytes(received).decode(), stdout.decode()
+
+
+def screen(received: str) -> list[str]:
+    """The non-blank lines a terminal shows after `received` (a carriage return overwrites)."""
+    lines: list[str] = []
+    line: list[str] = []
+    column = 0
+    for char in received:
+        if char == "\r":
+            column = 0
+        elif char == "\n":
+            lines.append("".join(line))
+            line, column = [], 0
+        else:
+            line[column : column + 1] = [char]
+            column += 1
+    lines.append("".join(line))
+    return [text.rstrip() for text in lines if text.strip()]
+
+
+def test_progress_redraws_at_most_ten_times_a_second_and_erases_itself() -> None:
+    """Updates within 0.1 s of the last redraw, or showing the same text, draw nothing."""
+    now = [0.0]
+    out = io.StringIO()
+    progress = Progress(out, clock=lambda: now[0])
+    for number, at in [(1, 0.0), (2, 0.05), (12000, 0.1), (12001, 0.15), (12000, 0.2), (3, 0.35)]:
+        now[0] = at
+        progress.update("scanning", number, "key")
+    progress.clear()
+    assert out.getvalue() == (
+        "\rscanning... 1 key"
+        "\rscanning... 12,000 keys"
+        "\rscanning... 3 keys     "  # padded over the longer line before it
+        "\r                  \r"  # erased
+    )
+    assert screen(out.getvalue()) == []
+    assert not Progress(None).enabled
+    assert Progress(None).wrap(out) is out
+
+
+def test_keys_shows_progress_on_a_terminal_only(big_store: Path, tmp_path: Path) -> None:
+    """keys counts on the terminal's stderr and erases it; stdout is the same as through a pipe."""
+    url = f"file://{big_store}"
+    piped = cli("--url", url, "keys", "agent:*", cwd=tmp_path)
+    assert piped.returncode == 0
+    assert piped.stderr == ""  # stderr is a pipe: no progress
+    assert len(piped.stdout.splitlines()) == KEYS
+    terminal, stdout = on_terminal("--url", url, "keys", "agent:*", cwd=tmp_path)
+    assert re.search(r"\rscanning\.\.\. [0-9,]+ keys?", terminal), terminal
+    assert "\ropening the store... 0 seconds" in terminal
+    assert "\rclosing the store... 0 seconds" in terminal
+    assert screen(terminal) == []  # erased at the end
+    assert stdout == piped.stdout
+
+
+def test_keys_output_is_intact_when_both_go_to_the_terminal(
+    big_store: Path, tmp_path: Path
+) -> None:
+    """With stdout on the same terminal, the counter is erased before the keys are printed."""
+    terminal, _ = on_terminal("--url", f"file://{big_store}", "keys", cwd=tmp_path, stdout_too=True)
+    assert "scanning... " in terminal
+    shown = screen(terminal)
+    assert len(shown) == KEYS + WORKFLOWS * 2  # each workflow: its record and one checkpoint
+    assert all(" " not in line for line in shown), [line for line in shown if " " in line]
+
+
+async def test_progress_passes_errors_through_unchanged() -> None:
+    """An error in a block that shows progress comes out as itself, and the line is erased."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    progress = Progress(out)
+
+    async def fail() -> None:
+        async with progress.ticking("reading", lambda: 7, "record"):
+            await anyio.lowlevel.checkpoint()  # the counter draws
+            raise KeyError("k")
+
+    with pytest.raises(KeyError):
+        await fail()
+    assert out.getvalue() == "\rreading... 7 records" + "\r" + " " * 20 + "\r"
+
+
+def test_a_failing_store_is_reported_plainly_on_a_terminal(tmp_path: Path) -> None:
+    """A store that fails to open while the counter shows exits 3 with a message."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "state.json").write_text("not a snapshot")
+    terminal, stdout = on_terminal("--url", f"file://{store}", "keys", cwd=tmp_path, code=3)
+    assert "opening the store... " in terminal
+    assert screen(terminal)[0].startswith("agenticstate: "), terminal
+    assert "Traceback" not in terminal
+    assert stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["--no-progress", "--json"])
+def test_no_progress_with_the_flag_or_json(big_store: Path, tmp_path: Path, flag: str) -> None:
+    """--no-progress and --json keep the terminal free of progress."""
+    terminal, stdout = on_terminal("--url", f"file://{big_store}", flag, "keys", cwd=tmp_path)
+    assert terminal == ""
+    assert len(json.loads(stdout) if flag == "--json" else stdout.splitlines()) > KEYS
+
+
+def test_inspect_shows_progress(big_store: Path, tmp_path: Path) -> None:
+    """inspect counts the records it reads on the terminal; its table is unchanged."""
+    url = f"file://{big_store}"
+    piped = cli("--url", url, "inspect", "workflows", cwd=tmp_path)
+    assert piped.returncode == 0
+    assert piped.stderr == ""
+    assert len(piped.stdout.splitlines()) == WORKFLOWS + 2  # header, rule, rows
+    terminal, stdout = on_terminal("--url", url, "inspect", "workflows", cwd=tmp_path)
+    assert re.search(r"\rreading workflows\.\.\. [0-9,]+ records?", terminal), terminal
+    assert screen(terminal) == []
+    assert stdout == piped.stdout
+
+
+def test_demo_shows_progress_when_its_report_goes_elsewhere(tmp_path: Path) -> None:
+    """demo counts its writes on the terminal while the report goes to a pipe, not over it."""
+    terminal, stdout = on_terminal("demo", cwd=tmp_path)
+    assert "agenticstate demo, run 1" in stdout
+    assert re.search(r"\rdemo\.\.\. [0-9,]+ writes?", terminal), terminal
+    # Log lines (the retried tool) are printed on a clean line: the counter is erased first.
+    shown = screen(terminal)
+    assert shown, terminal
+    assert all(re.match(r"\d{4}-\d\d-\d\d ", line) for line in shown), shown
+    both, _ = on_terminal("demo", cwd=tmp_path, stdout_too=True)
+    assert "agenticstate demo, run 2" in both
+    assert "demo... " not in both  # the report itself shows the progress

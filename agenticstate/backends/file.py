@@ -1188,7 +1188,10 @@ class FileBackend(Backend):
                     batch = self._open_batch
                     self._seal()
                     await (self._unacked[-1] if self._unacked else batch).done.wait()
-                if self._failed is None:
+                # Nothing written since the last snapshot (a read-only session): keep it as it is
+                # rather than rewrite a large store for nothing.
+                unchanged = self._applied_lsn == self._snapshot_lsn and self._log_size == 0
+                if self._failed is None and not unchanged:
                     self._request_snapshot()
                     await self._snapshot_if_idle()
             finally:

@@ -481,3 +481,22 @@ async def test_a_large_batch_spans_frames_and_all_of_it_is_durable(tmp_path: Pat
         assert backend.stats()["batches"] >= 100 // file_module._FRAME_RECORDS
         backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]  # log only
     assert len(await read_all(tmp_path)) == 100
+
+
+async def test_closing_after_only_reads_leaves_the_snapshot_alone(tmp_path: Path) -> None:
+    """A session that wrote nothing does not rewrite the snapshot on close (a read-only command
+    on a large store must not pay for it); one that wrote does."""
+    async with FileBackend(base_path=tmp_path) as backend:
+        await backend.set("k", b"v")
+    snapshot = tmp_path / "state.json"
+    before = snapshot.stat()
+    async with FileBackend(base_path=tmp_path) as backend:
+        assert await backend.get("k") is not None
+        assert [key async for key in backend.scan("*")] == ["k"]
+        stats = backend.stats()
+    after = snapshot.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert stats["snapshots"] == 0
+    async with FileBackend(base_path=tmp_path) as backend:
+        await backend.set("k", b"w")
+    assert snapshot.stat().st_ino != before.st_ino  # replaced by a new snapshot
