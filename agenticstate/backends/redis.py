@@ -17,9 +17,14 @@ disconnected is lost. One pub/sub connection per backend serves all its subscrip
 drops (or Redis restarts), the backend reconnects by itself with backoff, subscribes again, then
 **resyncs**: it scans the keys each pattern matches, compares their versions with the last
 version it delivered for each key, and emits a `RESYNC` change (old value unknown, `None`) for
-every key that is new, changed, or gone (`new=None`). Events that arrive older than what was
-already delivered are dropped by version. So a subscriber may miss intermediate values during
-an outage, but never stays on a stale final state.
+every key that is new, changed (version or value: a key deleted and written again can be back
+at the same version), or gone (`new=None`). Events that arrive older than what was already
+delivered are dropped by version. So a subscriber may miss intermediate values during an
+outage, but never stays on a stale final state. A connection that dies without a word (a NAT
+forgets it) is found out too: after two seconds of silence the reader sends a PING, and no
+answer within `socket_timeout` counts as a drop. A second subscription to a pattern already
+subscribed joins at a barrier (a PING on the connection, answered after every message already
+on its way), so it receives exactly the changes committed after it was opened.
 
 Faults. Reads and scans are retried (bounded, with backoff) when the connection fails or times
 out, then raise `BackendUnavailableError` or `BackendTimeoutError`. Writes are never retried
@@ -27,14 +32,15 @@ blindly: a write that fails before it is sent raises `BackendUnavailableError`; 
 was lost raises `WriteOutcomeUnknownError` (read the key's version to find out what happened).
 redis-py's own exceptions never leak.
 
-Commands. The backend checks up to `connection_pool_size` connections out of redis-py's pool
-once and keeps them; each command is packed here and sent on a free one (callers beyond that
-wait, in order). redis-py's `execute_command` spends most of a command's client-side time on
-bookkeeping (the pool lock, observability hooks, the retry wrapper): a command sent this way
-costs about 40% fewer instructions, which is what lets a scripted save, with its larger reply,
-keep up with a plain SET. Before reuse, a connection that saw end of file or stray data (a
-restarted server) is reconnected, as redis-py's pool does. Pub/sub keeps using the redis-py
-client.
+Commands. The backend keeps up to `connection_pool_size` connections of its own (made with
+redis-py's connection class and the URL's settings: address, TLS, credentials, database); each
+command is packed here and sent on a free one, and callers beyond that wait, in order. The wait
+for a connection, connecting and the reply all count against `socket_timeout`. redis-py's
+`execute_command` spends most of a command's client-side time on bookkeeping (the pool lock,
+observability hooks, the retry wrapper): a command sent this way costs about 40% fewer
+instructions, which is what lets a scripted save, with its larger reply, keep up with a plain
+SET. Before reuse, a connection that saw end of file or stray data (a restarted server) is
+reconnected, as redis-py's pool does. Pub/sub keeps using the redis-py client.
 
 Cluster. `redis+cluster://host:port,host:port,...` (or `rediss+cluster://`) runs the same
 backend on Redis Cluster through redis-py's `RedisCluster`, which routes each command to the
@@ -62,6 +68,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 import structlog
 
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
@@ -108,6 +115,9 @@ INDEX_NAMESPACE = "__agenticstate_idx__:"
 """What every sorted index's Redis key starts with (before the key prefix)."""
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
+_BARRIER = "agenticstate-barrier"  # PING payloads on the pub/sub connection
+_HEALTH = "agenticstate-health"
+_PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
 _HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
@@ -261,29 +271,28 @@ def _ttl_ms(ttl: timedelta | None) -> int:
 class _Connections:
     """Connections held for commands: a free list, and callers waiting in order when all are busy.
 
-    Each connection is checked out of redis-py's pool once (the pool connects it) and kept
-    until the backend closes.
+    At most `size` exist. Each is made from redis-py's pool settings (address, TLS, credentials,
+    database) but owned here, connected lazily under the calling command's timeout, and closed
+    when the backend closes. Taking a connection never fails and never does I/O, so a waiter is
+    only ever handed a connection.
     """
 
-    __slots__ = ("free", "size", "taken", "waiters")
+    __slots__ = ("closed", "free", "made", "size", "waiters")
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.taken = 0  # connections checked out of the pool so far
+        self.made: list[AbstractConnection] = []
         self.free: list[AbstractConnection] = []
         self.waiters: deque[asyncio.Future[AbstractConnection]] = deque()
+        self.closed = False
 
     async def take(self, client: aioredis.Redis) -> AbstractConnection:
         if self.free:
             return self.free.pop()
-        if self.taken < self.size:
-            self.taken += 1
-            try:
-                connection: AbstractConnection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
-                return connection
-            except BaseException:
-                self.taken -= 1
-                raise
+        if len(self.made) < self.size:
+            connection: AbstractConnection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            self.made.append(connection)
+            return connection
         waiter: asyncio.Future[AbstractConnection] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         try:
@@ -301,13 +310,13 @@ class _Connections:
                 return
         self.free.append(connection)
 
-    async def release_all(self, client: aioredis.Redis) -> None:
-        """Hand the idle connections back to the pool (on close)."""
-        free, self.free = self.free, []
-        for connection in free:
+    async def close(self) -> None:
+        """Disconnect every connection (in use ones are dropped when they come back)."""
+        self.closed = True
+        made, self.made, self.free = self.made, [], []
+        for connection in made:
             with contextlib.suppress(Exception):
-                await client.connection_pool.release(connection)
-        self.taken -= len(free)
+                await connection.disconnect(nowait=True)
 
 
 class _KeyLock:
@@ -329,20 +338,20 @@ class _Group:
         self.pattern = pattern
         self.fanout = ChangeFanout()
         self.users = 0
-        self.versions: dict[str, int] = {}
+        self.versions: dict[str, tuple[int, int]] = {}  # key -> (version, hash of the value)
         self.confirmed = asyncio.Event()
         self.requested = False  # PSUBSCRIBE sent on the current connection
 
     def deliver(self, change: Change) -> None:
         known = self.versions.get(change.key)
         if change.op is ChangeOp.DELETE:
-            if known is not None and change.version < known:
+            if known is not None and change.version < known[0]:
                 return  # a resync already moved past this
             self.versions.pop(change.key, None)
         else:
-            if known is not None and change.version <= known:
+            if known is not None and change.version <= known[0]:
                 return  # already delivered (a resync overlapped the live stream)
-            self.versions[change.key] = change.version
+            self.versions[change.key] = (change.version, hash(change.new))
         self.fanout.publish(change)
 
 
@@ -417,6 +426,7 @@ class RedisBackend(Backend):
         self._cluster_slots = asyncio.Semaphore(connection_pool_size)
         self._cluster_mapped = False
         self._update_locks: dict[str, _KeyLock] = {}
+        self._barriers: deque[tuple[ChangeStream, asyncio.Event]] = deque()
 
     def __repr__(self) -> str:
         return f"RedisBackend(url={redact_url(self.url)!r}, key_prefix={self.key_prefix!r})"
@@ -572,6 +582,11 @@ class RedisBackend(Backend):
     async def _execute(self, *args: str | bytes | int | float, write_key: str | None = None) -> Any:
         """Send one command on a held connection and return its reply (see "Commands").
 
+        Everything the call waits for, a free connection, connecting and the reply, counts
+        against `socket_timeout`. A failure before the command was sent is never an unknown
+        outcome: a write that was not sent raises `BackendUnavailableError` or
+        `BackendTimeoutError`.
+
         Raises:
             BackendError: A subclass for connection failures and timeouts (a write whose reply
                 was lost: `WriteOutcomeUnknownError`), or for an error reply.
@@ -579,35 +594,39 @@ class RedisBackend(Backend):
         client = self._client or await self._redis()
         if self.is_cluster:
             return await self._execute_on_cluster(client, args, write_key)
+        from redis.exceptions import ResponseError
+
         connections = self._connections
-        try:
-            connection = await connections.take(client)
-        except Exception as exc:
-            raise self._translated(exc, None) from exc
+        connection: AbstractConnection | None = None
+        sent = False
         try:
             async with asyncio.timeout(self.socket_timeout):
+                connection = await connections.take(client)
                 if connection.is_connected and await connection.can_read():
                     await connection.disconnect()  # end of file or stray data: reconnect
+                if not connection.is_connected:
+                    await connection.connect()  # type: ignore[no-untyped-call]
+                sent = True
                 await connection.send_packed_command(_pack(args), check_health=False)
                 return await connection.read_response()
         except Exception as exc:
-            from redis.exceptions import ResponseError
-
-            if not isinstance(exc, ResponseError):
+            if connection is not None and not isinstance(exc, ResponseError):
                 # The reply may still be on its way: never reuse the connection as it is.
                 with contextlib.suppress(Exception):
                     await connection.disconnect(nowait=True)
-            raise self._translated(exc, write_key) from exc
+            raise self._translated(exc, write_key if sent else None) from exc
         except BaseException:
-            with contextlib.suppress(Exception):
-                await connection.disconnect(nowait=True)
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.disconnect(nowait=True)
             raise
         finally:
-            if self._closed:
-                with contextlib.suppress(Exception):
-                    await client.connection_pool.release(connection)
-            else:
-                connections.give(connection)
+            if connection is not None:
+                if connections.closed:
+                    with contextlib.suppress(Exception):
+                        await connection.disconnect(nowait=True)
+                else:
+                    connections.give(connection)
 
     async def _execute_on_cluster(
         self,
@@ -644,12 +663,15 @@ class RedisBackend(Backend):
         except BackendError as exc:
             if not isinstance(exc.__cause__, NoScriptError):
                 raise
-        client = self._client or await self._redis()
-        try:
-            async with asyncio.timeout(self.socket_timeout):
-                await client.script_load(source)  # on every primary, in a cluster
-        except Exception as exc:
-            raise self._translated(exc, None) from exc
+        if self.is_cluster:
+            client = self._client or await self._redis()
+            try:
+                async with asyncio.timeout(self.socket_timeout):
+                    await client.script_load(source)  # redis-py loads it on every primary
+            except Exception as exc:
+                raise self._translated(exc, None) from exc
+        else:
+            await self._execute("SCRIPT", "LOAD", source)
         return await self._execute("EVALSHA", sha, len(keys), *keys, *args, write_key=write_key)
 
     def _by_slot(self, names: Sequence[str]) -> list[list[int]]:
@@ -908,16 +930,49 @@ class RedisBackend(Backend):
         group = self._groups.get(pattern)
         if group is None:
             group = self._groups[pattern] = _Group(pattern)
+        joining = group.users > 0  # the pattern is subscribed already: join at a barrier
         group.users += 1
         try:
-            async with group.fanout.subscribe("*", max_buffer) as stream:
+            async with group.fanout.subscribe("*", max_buffer, start_open=not joining) as stream:
                 await self._ensure_subscribed(group)
+                if joining:
+                    await self._barrier(stream)
                 yield stream
         finally:
             group.users -= 1
             if group.users == 0 and self._groups.get(pattern) is group:
                 del self._groups[pattern]
-                await self._unsubscribe(group)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.socket_timeout):
+                    await self._unsubscribe(group)
+
+    async def _barrier(self, stream: ChangeStream) -> None:
+        """Open `stream` at a point of the pub/sub connection after every change published so far.
+
+        A PING on the connection is answered after every message already on its way, so the
+        reader opens the stream when it reads the answer: the new subscription gets exactly the
+        changes published after it was asked for, even though the pattern's other subscribers
+        were already receiving.
+        """
+        opened = asyncio.Event()
+        self._barriers.append((stream, opened))
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):  # a failure reconnects, which opens it too
+                await self._pubsub.ping(_BARRIER)
+        try:
+            await asyncio.wait_for(opened.wait(), self.connect_timeout + self.socket_timeout)
+        except TimeoutError:
+            raise BackendUnavailableError(
+                f"no answer on the pub/sub connection to {redact_url(self.url)}"
+            ) from None
+
+    def _open_barriers(self, *, only_first: bool = False) -> None:
+        """Open the waiting subscriptions: the oldest (its PING was answered), or all."""
+        while self._barriers:
+            stream, opened = self._barriers.popleft()
+            stream.open()
+            opened.set()
+            if only_first:
+                return
 
     def _redis_pattern(self, pattern: str) -> str:
         return escape_glob(self._channel_prefix) + pattern
@@ -959,23 +1014,40 @@ class RedisBackend(Backend):
     async def _read_changes(self) -> None:
         """The one reader of the pub/sub connection: dispatch, reconnect, resync."""
         failures = 0
+        heard = ping_sent = 0.0
+        loop = asyncio.get_running_loop()
         while not self._closed:
             try:
                 if self._pubsub is None:
                     client = await self._redis()
-                    source = await self._pubsub_client(client)
-                    if source is not client:
-                        self._pubsub_source = source  # closed with the pub/sub connection
-                    self._pubsub = source.pubsub(ignore_subscribe_messages=False)
-                    await self._pubsub.connect()
+                    async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                        source = await self._pubsub_client(client)
+                        if source is not client:
+                            self._pubsub_source = source  # closed with the pub/sub connection
+                        self._pubsub = source.pubsub(ignore_subscribe_messages=False)
+                        await self._pubsub.connect()
                     for group in list(self._groups.values()):
                         await self._request(group)
+                    heard, ping_sent = loop.time(), 0.0
+                    self._open_barriers()  # joined while there was no connection: resync covers
                 message = await self._pubsub.get_message(timeout=1.0)
+                now = loop.time()
                 if message is None:
+                    # A connection can die without a word (a NAT or firewall forgets it): when
+                    # nothing came for a while, ask, and give up on it if no answer comes.
+                    if ping_sent and now - ping_sent > self.socket_timeout:
+                        raise ConnectionError("no answer to PING on the pub/sub connection")
+                    if not ping_sent and now - heard > _PUBSUB_IDLE:
+                        ping_sent = now
+                        await self._pubsub.ping(_HEALTH)
                     continue
+                heard, ping_sent = now, 0.0
                 kind = message["type"]
                 if kind == "pmessage":
                     self._dispatch(message)
+                elif kind == "pong":
+                    if message["data"] in (_BARRIER.encode(), _BARRIER):
+                        self._open_barriers(only_first=True)  # PINGs are answered in order
                 elif kind == "psubscribe":
                     confirmed = self._groups.get(self._user_pattern(message["channel"]))
                     if confirmed is not None:
@@ -1002,6 +1074,8 @@ class RedisBackend(Backend):
                     group.requested = False
                     group.confirmed.clear()
                 self._resync_pending = True
+                # Waiting subscriptions start now: the resync after the reconnect covers them.
+                self._open_barriers()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
 
     async def _pubsub_client(self, client: aioredis.Redis) -> aioredis.Redis:
@@ -1047,9 +1121,12 @@ class RedisBackend(Backend):
                 if entry is None:
                     continue
                 present.add(key)
-                if group.versions.get(key) == entry.version:
+                # Version and value: a key deleted and written again meanwhile can be back at
+                # the version last delivered, with another value.
+                seen = (entry.version, hash(entry.value))
+                if group.versions.get(key) == seen:
                     continue
-                group.versions[key] = entry.version
+                group.versions[key] = seen
                 group.fanout.publish(
                     Change(
                         key=key,
@@ -1061,7 +1138,7 @@ class RedisBackend(Backend):
                     )
                 )
             for key in [k for k in group.versions if k not in present]:
-                version = group.versions.pop(key)
+                version, _ = group.versions.pop(key)
                 group.fanout.publish(
                     Change(
                         key=key,
@@ -1098,8 +1175,7 @@ class RedisBackend(Backend):
                 await reader
         await self._drop_pubsub()
         client, self._client = self._client, None
-        if client is not None:
-            await self._connections.release_all(client)
+        await self._connections.close()
         if client is not None and self._owns_client:
             with contextlib.suppress(Exception):
                 if self.is_cluster:
