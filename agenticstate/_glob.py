@@ -27,8 +27,78 @@ def _signed(byte: int) -> int:
     return byte - 256 if byte >= 128 else byte
 
 
-def _match(pat: bytes, p: int, plen: int, s: bytes, i: int, slen: int, skip: list[bool]) -> bool:
-    """Port of `stringmatchlen_impl`; `pat` ends with a NUL byte as C strings do."""
+def _mark(table: bytearray, start: int, end: int) -> None:
+    """Mark the bytes whose signed value lies in `start..end` (both signed, `start <= end`)."""
+    if end < 0:
+        table[start + 256 : end + 257] = b"\x01" * (end - start + 1)
+    elif start >= 0:
+        table[start : end + 1] = b"\x01" * (end - start + 1)
+    else:
+        table[: end + 1] = b"\x01" * (end + 1)
+        table[start + 256 :] = b"\x01" * -start
+
+
+_NEGATE = bytes.maketrans(b"\x00\x01", b"\x01\x00")
+
+_Class = tuple[int, int, bytes]
+"""A parsed class: where the parse stops (`p`, `plen`) and which of the 256 bytes it matches."""
+
+
+def _parse_class(pat: bytes, p: int, plen: int) -> _Class:
+    """Parse the class opening at `p` exactly as `stringmatchlen` walks it.
+
+    Redis walks the whole class for every byte it tests, and where the walk ends never depends
+    on that byte, so one walk can record every byte the class matches. A class after a `*` is
+    tried at every position of the key; parsing it once keeps that linear in the key.
+    """
+    p += 1
+    plen -= 1
+    negate = pat[p] == _CARET
+    if negate:
+        p += 1
+        plen -= 1
+    table = bytearray(256)
+    while True:
+        if pat[p] == _BACKSLASH and plen >= 2:
+            p += 1
+            plen -= 1
+            table[pat[p]] = 1
+        elif pat[p] == _CLOSE:
+            break
+        elif plen == 0:
+            p -= 1
+            plen += 1
+            break
+        elif plen >= 3 and pat[p + 1] == _DASH:
+            start, end = _signed(pat[p]), _signed(pat[p + 2])
+            if start > end:
+                start, end = end, start
+            p += 2
+            plen -= 2
+            _mark(table, start, end)
+        else:
+            table[pat[p]] = 1
+        p += 1
+        plen -= 1
+    members = bytes(table)
+    return p, plen, members.translate(_NEGATE) if negate else members
+
+
+def _match(
+    pat: bytes,
+    p: int,
+    plen: int,
+    s: bytes,
+    i: int,
+    slen: int,
+    skip: list[bool],
+    classes: dict[int, _Class],
+) -> bool:
+    """Port of `stringmatchlen_impl`; `pat` ends with a NUL byte as C strings do.
+
+    `classes` holds the pattern's classes parsed so far, by position (`p + plen` is the same at
+    every step, so a position names one parse, whatever the key).
+    """
     while plen and slen:
         c = pat[p]
         if c == _STAR:
@@ -38,7 +108,7 @@ def _match(pat: bytes, p: int, plen: int, s: bytes, i: int, slen: int, skip: lis
             if plen == 1:
                 return True
             while slen:
-                if _match(pat, p + 1, plen - 1, s, i, slen, skip):
+                if _match(pat, p + 1, plen - 1, s, i, slen, skip, classes):
                     return True
                 if skip[0]:
                     return False
@@ -52,41 +122,11 @@ def _match(pat: bytes, p: int, plen: int, s: bytes, i: int, slen: int, skip: lis
             i += 1
             slen -= 1
         elif c == _OPEN:
-            p += 1
-            plen -= 1
-            negate = pat[p] == _CARET
-            if negate:
-                p += 1
-                plen -= 1
-            matched = False
-            current = s[i]
-            while True:
-                if pat[p] == _BACKSLASH and plen >= 2:
-                    p += 1
-                    plen -= 1
-                    if pat[p] == current:
-                        matched = True
-                elif pat[p] == _CLOSE:
-                    break
-                elif plen == 0:
-                    p -= 1
-                    plen += 1
-                    break
-                elif plen >= 3 and pat[p + 1] == _DASH:
-                    start, end = _signed(pat[p]), _signed(pat[p + 2])
-                    if start > end:
-                        start, end = end, start
-                    p += 2
-                    plen -= 2
-                    if start <= _signed(current) <= end:
-                        matched = True
-                elif pat[p] == current:
-                    matched = True
-                p += 1
-                plen -= 1
-            if negate:
-                matched = not matched
-            if not matched:
+            parsed = classes.get(p)
+            if parsed is None:
+                parsed = classes[p] = _parse_class(pat, p, plen)
+            p, plen, members = parsed
+            if not members[s[i]]:
                 return False
             i += 1
             slen -= 1
@@ -118,13 +158,15 @@ class GlobMatcher:
         is_literal: Whether the pattern has no metacharacters at all (it matches one key).
     """
 
-    __slots__ = ("_pat", "_plen", "is_literal", "literal_prefix", "pattern")
+    __slots__ = ("_classes", "_pat", "_plen", "is_literal", "literal_prefix", "pattern")
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         raw = pattern.encode("utf-8", "surrogatepass")
         self._plen = len(raw)
         self._pat = raw + b"\0"
+        # The classes met so far, parsed: at most one 256-byte table per class in the pattern.
+        self._classes: dict[int, _Class] = {}
         prefix = bytearray()
         position = 0
         while position < len(raw):
@@ -148,7 +190,7 @@ class GlobMatcher:
         if self.literal_prefix and not key.startswith(self.literal_prefix):
             return False
         data = key.encode("utf-8", "surrogatepass")
-        return _match(self._pat, 0, self._plen, data, 0, len(data), [False])
+        return _match(self._pat, 0, self._plen, data, 0, len(data), [False], self._classes)
 
 
 @lru_cache(maxsize=1024)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import math
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -16,19 +18,31 @@ from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
 __all__ = ["StateConfig", "redact_url"]
 
 
+_PASSWORD_PARAMETER = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
+
+
 def redact_url(url: str) -> str:
-    """Return `url` with any password replaced by `***`, for logs and reprs."""
+    """Return `url` with any password replaced by `***`, for logs and reprs.
+
+    Both places a Redis URL can carry one are redacted: the user info (`redis://user:pw@host`)
+    and a `password=` query parameter. A URL too malformed to parse is not echoed at all.
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<invalid url>"
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    # By hand rather than with parts.hostname/port: a cluster URL lists several host:port.
-    user = userinfo.split(":", 1)[0]
-    netloc = f"{user}:***@{hosts}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    # Work on the netloc and query as text: `parts.port` raises on a malformed port, and
+    # rebuilding with urlunsplit would drop the `//` of `unix:///path`.
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        user = userinfo.partition(":")[0]
+        url = url.replace(parts.netloc, f"{user}:***@{host}", 1)
+    if parts.query:
+        before, hash_mark, fragment = url.partition("#")
+        head, question_mark, query = before.partition("?")
+        url = head + question_mark + _PASSWORD_PARAMETER.sub(r"\1***", query)
+        url += hash_mark + fragment
+    return url
 
 
 def _as_ttl(value: object) -> timedelta | None:
@@ -36,12 +50,21 @@ def _as_ttl(value: object) -> timedelta | None:
         return None
     if isinstance(value, bool):
         raise ValueError("ttl must be seconds or a timedelta, not a bool")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"ttl must be a finite number of seconds, not {value!r}")
     if isinstance(value, (int, float)):
-        value = timedelta(seconds=value)
+        try:
+            value = timedelta(seconds=value)
+        except OverflowError:
+            raise ValueError(f"ttl of {value!r} seconds is too long") from None
     if not isinstance(value, timedelta):
         raise ValueError(f"ttl must be seconds or a timedelta, not {type(value).__name__}")
     if value <= timedelta(0):
         raise ValueError(f"ttl must be positive, not {value}")
+    try:
+        datetime.now(UTC) + value
+    except OverflowError:
+        raise ValueError(f"ttl {value} is too long: it would expire after the year 9999") from None
     return value
 
 

@@ -1,14 +1,15 @@
 """Values to bytes and back: the one module that imports msgpack and json.
 
-What can be stored: `dict` (str keys), `list`, `tuple` (read back as a list), `str`, `int` (64-bit),
-`float` (finite), `bool`, `None`, `datetime` (naive stays naive; aware stays aware with the same
-UTC offset), `date`, `UUID`, `bytes` (and `bytearray`/`memoryview`, read back as bytes), and
-pydantic models (stored as their JSON form; read them back with `model=`), and `...` (the
-`Ellipsis` placeholder the documentation's examples use). `str` and `int`
-subclasses such as `StrEnum` and `IntEnum` are stored as their plain value.
+What can be stored: `dict` (str keys), `list`, `tuple` (read back as a list), `str` (without lone
+surrogates, which have no UTF-8 form), `int` (64-bit), `float` (finite), `bool`, `None`,
+`datetime` (naive stays naive; aware stays aware with the same UTC offset), `date`, `UUID`,
+`bytes` (and `bytearray`/`memoryview`, read back as bytes), and pydantic models (stored as their
+JSON form; read them back with `model=`), and `...` (the `Ellipsis` placeholder the
+documentation's examples use). `str` and `int` subclasses such as `StrEnum` and `IntEnum` are
+stored as their plain value.
 
-Everything else raises a `SerializationError` subclass naming where the problem is (`$.a[2]`)
-before anything is written. Nothing is ever pickled.
+Everything else raises a `SerializationError` (the subclass that fits, where one does) naming
+where the problem is (`$.a[2]`) before anything is written. Nothing is ever pickled.
 
 Every encoded value starts with one header byte: the format (`msgpack` or `json`) and whether the
 payload is zlib-compressed. Values written in either format read back whatever the current setting.
@@ -36,6 +37,7 @@ from agenticstate.exceptions import (
     InvalidArgumentError,
     InvalidNumberError,
     NonStringKeyError,
+    SerializationError,
     TooDeepError,
     TooLargeError,
     UnsupportedTypeError,
@@ -262,6 +264,43 @@ def _is_plain(value: object, depth: int, max_depth: int, for_json: bool) -> bool
     return True
 
 
+def _unencodable_text(value: object) -> SerializationError:
+    """The error for the first str (or dict key) in `value` that has no UTF-8 form."""
+    found = _find_unencodable(value, [])
+    if found is None:
+        return SerializationError("value holds text that is not valid UTF-8", path="$")
+    message, path = found
+    return SerializationError(message, path=_format_path(path))
+
+
+def _find_unencodable(value: object, path: list[str | int]) -> tuple[str, list[str | int]] | None:
+    if isinstance(value, str):
+        if _encodes(value):
+            return None
+        return "str contains a lone surrogate and is not valid UTF-8", path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and not _encodes(key):
+                return f"dict key {key!r} contains a lone surrogate and is not valid UTF-8", path
+            found = _find_unencodable(item, [*path, key])
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _find_unencodable(item, [*path, index])
+            if found is not None:
+                return found
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _ext_hook(code: int, data: bytes) -> object:
     if code == _EXT_DATETIME:
         return datetime.fromisoformat(data.decode())
@@ -351,18 +390,26 @@ class Serializer:
             SerializationError: A subclass naming the path of the first unsupported part.
         """
         for_json = self.format == "json"
-        if _is_plain(value, 0, self.max_depth, for_json):
-            plain = value
-        else:
-            plain = _Encoder(for_json=for_json, max_depth=self.max_depth).walk(value, 0)
-        if for_json:
-            body = json.dumps(
-                plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")
-            ).encode()
-            header = _JSON
-        else:
-            body = pack(plain)
-            header = _MSGPACK
+        plain: object = value
+        try:
+            if not _is_plain(value, 0, self.max_depth, for_json):
+                plain = _Encoder(for_json=for_json, max_depth=self.max_depth).walk(value, 0)
+            if for_json:
+                body = json.dumps(
+                    plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+                ).encode()
+                header = _JSON
+            else:
+                body = pack(plain)
+                header = _MSGPACK
+        except UnicodeEncodeError:
+            # A str with a lone surrogate has no UTF-8 form; looked for only when encoding failed.
+            raise _unencodable_text(plain) from None
+        except RecursionError:
+            # Only a max_depth beyond what Python's recursion allows gets here.
+            raise TooDeepError(
+                "value is nested too deeply for this interpreter to encode", path="$"
+            ) from None
         if len(body) > self.max_size:
             raise TooLargeError(
                 f"encoded value is {len(body)} bytes; the maximum is {self.max_size}", path="$"
@@ -386,8 +433,16 @@ class Serializer:
         try:
             if kind == "json":
                 return json.loads(bytes(body), object_hook=_json_hook)
+            # timestamp=3: msgpack's own timestamp extension (code -1, which only a foreign
+            # writer stores) never reaches ext_hook; read it as an aware datetime, a type we
+            # store, instead of leaking a msgpack.Timestamp to the caller.
             return msgpack.unpackb(
-                body, raw=False, ext_hook=_ext_hook, strict_map_key=True, use_list=True
+                body,
+                raw=False,
+                ext_hook=_ext_hook,
+                strict_map_key=True,
+                use_list=True,
+                timestamp=3,
             )
         except DecodeError:
             raise

@@ -159,10 +159,11 @@ def report(
 async def test_workload_through_faulty_proxy_matches_model(
     server: RedisServer, proxy: FaultProxy, record_property: Callable[[str, object], None]
 ) -> None:
-    """6 tasks make 4980 calls through latency and stalls, drops, resets after replies, a
-    blackhole and all at once: each call took effect exactly once, at most once (unknown) or
-    not at all (as its error says), failed within its timeout, the server ends equal to the
-    model and a subscriber through the proxy converges to it."""
+    """Under every fault, calls act as their outcome says, fail in time and end on the model."""
+    # 6 tasks, 4980 calls: latency and stalls, drops, resets after replies, a blackhole, all at
+    # once. Each call took effect exactly once (returned), at most once (unknown) or not at all
+    # (as its error says), failed within its documented time; the server ends equal to the
+    # model and a subscriber through the proxy converges to it.
     started = time.monotonic()
     prefix = unique_prefix()
     admin = aioredis.Redis.from_url(server.unix_url)
@@ -275,8 +276,7 @@ async def test_workload_through_faulty_proxy_matches_model(
 async def test_reply_lost_after_the_server_ran_the_write_is_unknown_and_applied_once(
     server: RedisServer, proxy: FaultProxy
 ) -> None:
-    """A save and an update whose replies are cut off raise WriteOutcomeUnknownError, within
-    the socket timeout; each ran exactly once on the server."""
+    """A write whose reply is cut off raises WriteOutcomeUnknownError and ran exactly once."""
     prefix = unique_prefix()
     healthy = direct(server, prefix)
     async with StateManager(StateConfig(), backend=proxied(proxy, prefix)) as state:
@@ -307,8 +307,7 @@ async def test_reply_lost_after_the_server_ran_the_write_is_unknown_and_applied_
 async def test_request_dropped_before_the_server_is_unknown_and_not_applied(
     server: RedisServer, proxy: FaultProxy
 ) -> None:
-    """A save whose request the proxy drops (closing the connection) raises
-    WriteOutcomeUnknownError and indeed did not run."""
+    """A write whose request is dropped raises WriteOutcomeUnknownError and did not run."""
     prefix = unique_prefix()
     healthy = direct(server, prefix)
     async with StateManager(StateConfig(), backend=proxied(proxy, prefix)) as state:
@@ -327,9 +326,8 @@ async def test_request_dropped_before_the_server_is_unknown_and_not_applied(
 async def test_write_on_a_refused_reconnect_is_unavailable_and_not_applied(
     server: RedisServer, proxy: FaultProxy
 ) -> None:
-    """With every new connection refused, a read raises BackendUnavailableError after its
-    retries, and a save (which must reconnect first) raises BackendUnavailableError (not sent)
-    within the socket timeout; nothing was written."""
+    """With new connections refused, calls raise BackendUnavailableError in time; none ran."""
+    # The read retries and gives up; the save must reconnect first, so it was never sent.
     prefix = unique_prefix()
     healthy = direct(server, prefix)
     async with StateManager(StateConfig(), backend=proxied(proxy, prefix)) as state:
@@ -352,10 +350,10 @@ async def test_write_on_a_refused_reconnect_is_unavailable_and_not_applied(
 async def test_blackhole_on_a_held_connection_times_out_within_budget(
     server: RedisServer, proxy: FaultProxy
 ) -> None:
-    """With every byte held back: a save sent on the open connection raises
-    WriteOutcomeUnknownError, the next (which must reconnect) BackendTimeoutError, a read
-    BackendTimeoutError after its retries, each within its documented time; and the save the
-    proxy held, dropped with the connection, was never applied."""
+    """A silent server: unknown, then timeout errors, each in time; the held write never ran."""
+    # A save sent on the open connection gets no reply (unknown); the next must reconnect and
+    # cannot (timeout, not sent); a read times out after its retries. The proxy held the first
+    # save and drops it with the connection: it must never have run.
     prefix = unique_prefix()
     healthy = direct(server, prefix)
     async with StateManager(StateConfig(), backend=proxied(proxy, prefix)) as state:
@@ -390,8 +388,7 @@ async def test_blackhole_on_a_held_connection_times_out_within_budget(
 async def test_first_call_to_a_server_that_never_answers_raises_in_time(
     proxy: FaultProxy,
 ) -> None:
-    """A new backend's first read and write, to a server that accepts and never answers,
-    raise BackendTimeoutError within their documented time."""
+    """A new backend's first call to a server that never answers raises in time."""
     proxy.set_faults(Faults(blackhole=True))
     backend = proxied(proxy, unique_prefix())
     try:
@@ -417,8 +414,9 @@ async def test_first_call_to_a_server_that_never_answers_raises_in_time(
     "after k x socket_timeout",
 )
 async def test_calls_queued_for_a_connection_fail_within_their_timeout(proxy: FaultProxy) -> None:
-    """8 writes at once over 2 connections to a server that stopped answering: each fails
-    within socket_timeout, not after the writes queued ahead of it have timed out too."""
+    """Writes queued for a pooled connection still fail within socket_timeout."""
+    # 8 writes at once over 2 connections to a server that stopped answering: the last ones
+    # wait for the first ones to time out, then time out themselves.
     backend = proxied(proxy, unique_prefix(), pool=2)
     seconds: list[float] = []
 
@@ -452,8 +450,7 @@ async def test_calls_queued_for_a_connection_fail_within_their_timeout(proxy: Fa
 async def test_subscribing_to_a_server_that_never_answers_raises_in_time(
     proxy: FaultProxy,
 ) -> None:
-    """Subscribing through a blackhole raises BackendUnavailableError after
-    connect_timeout + socket_timeout, as `_ensure_subscribed` intends."""
+    """Subscribing to a server that never answers raises BackendUnavailableError in time."""
     backend = proxied(proxy, unique_prefix())
     await backend.get("warm-up")  # the command connection is up; only pub/sub is new
     proxy.set_faults(Faults(blackhole=True))
@@ -480,8 +477,9 @@ async def test_subscribing_to_a_server_that_never_answers_raises_in_time(
 async def test_subscriber_converges_after_delete_and_rewrite_while_disconnected(
     server: RedisServer, proxy: FaultProxy
 ) -> None:
-    """A key at version 1 is deleted and written again (version 1, another value) while the
-    subscriber's connection is down: after the reconnect and resync it sees the new value."""
+    """A key deleted and rewritten while the subscriber was away resyncs to its new value."""
+    # Deleted and written again, the key is back at version 1 with another value; the resync
+    # after the reconnect sees version 1, which it already delivered, and skips it.
     prefix = unique_prefix()
     healthy = direct(server, prefix)
     watcher = StateManager(StateConfig(), backend=proxied(proxy, prefix))
@@ -521,8 +519,8 @@ async def test_subscriber_converges_after_delete_and_rewrite_while_disconnected(
 async def test_subscriber_notices_a_silently_dropped_connection(
     server: RedisServer, proxy: FaultProxy
 ) -> None:
-    """When the subscriber's connection goes half-open (a NAT forgets it: no FIN, no RST), the
-    subscriber still converges to later writes within a few seconds."""
+    """A subscriber whose connection silently goes half-open still converges."""
+    # A NAT or load balancer forgets the idle connection: no FIN, no RST, nothing ever arrives.
     prefix = unique_prefix()
     healthy = direct(server, prefix)
     watcher = StateManager(StateConfig(), backend=proxied(proxy, prefix))

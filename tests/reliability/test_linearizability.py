@@ -224,8 +224,7 @@ def generated_history(
 @pytest.mark.parametrize("unknown", [0.0, 0.05])
 @pytest.mark.parametrize("seed", range(5))
 def test_generated_linearizable_histories_are_accepted(seed: int, unknown: float) -> None:
-    """Histories linearizable by construction (1000 calls, heavy overlap, without and with 5%
-    of writes whose outcome is unknown) are accepted fast."""
+    """Generated linearizable histories, unknown outcomes or not, are accepted fast."""
     history = generated_history(1000, seed, unknown=unknown)
     started = time.perf_counter()
     verdict = check(history)
@@ -235,8 +234,9 @@ def test_generated_linearizable_histories_are_accepted(seed: int, unknown: float
 
 @pytest.mark.parametrize("seed", range(5))
 def test_generated_history_with_one_stale_read_is_rejected(seed: int) -> None:
-    """One read made to return the state from before a write that had completed before the
-    read began is rejected (versions only grow, so no order can explain it)."""
+    """A generated history with one read made certainly stale is rejected."""
+    # The read returns the state from before a write that completed before the read began;
+    # versions only grow, so no order can explain it.
     history = generated_history(1000, seed)
     before: list[State] = []  # the state each call found, in the order they took effect
     state: State = MISSING
@@ -395,8 +395,7 @@ def check_histories(
 def test_four_processes_reads_and_compare_and_set_are_linearizable(
     redis_url: str, record_property: Callable[[str, object], None]
 ) -> None:
-    """4 processes x 500 mixed calls (read, write, cas, update) on 3 keys: every key's
-    history is linearizable."""
+    """4 processes' reads, writes, cas and updates on Redis are linearizable, key by key."""
     prefix = unique_prefix()
     lines, ran = run_workers(redis_url, prefix, CALLS_PER_PROCESS, timeout=5.0)
     final = final_reads(redis_url, prefix)
@@ -407,9 +406,10 @@ def test_four_processes_reads_and_compare_and_set_are_linearizable(
 def test_histories_through_a_faulty_proxy_are_linearizable(
     tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    """The same through a proxy that delays, stalls past the timeout, drops and cuts replies:
-    calls with unknown outcomes count as possibly applied, and every history is still
-    linearizable (and no call the library said was not applied shows up)."""
+    """Histories through the fault proxy, unknown outcomes included, are linearizable."""
+    # The proxy delays, stalls past the timeout, drops and cuts replies. Calls with unknown
+    # outcomes may have taken effect (up to the next barrier); calls the library says were not
+    # applied are left out, so if one had been applied its value would show up unexplained.
     prefix = unique_prefix()
     barriers: list[tuple[int, int]] = []
     with running_server(tmp_path / "redis") as server:
