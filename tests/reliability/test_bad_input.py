@@ -86,7 +86,7 @@ from agenticstate import (
 from agenticstate._keys import escape_glob
 from agenticstate.config import redact_url
 from agenticstate.serialization import DEFAULT_MAX_SIZE
-from tests.conftest import BACKEND_MAKERS, REDIS_BACKENDS
+from tests.conftest import BACKEND_MAKERS, REDIS_BACKENDS, unique_prefix
 from tests.reliability._bad_payloads import zlib_bomb
 from tests.reliability._bad_rows import Bad, Ctx, anything, seed, snapshot, sync
 
@@ -180,6 +180,12 @@ _BACKEND_ONLY_BUG = pytest.mark.xfail(
     reason="BUG (reported): check_ttl in backends/base.py accepts a ttl too long to add to now; "
     "the memory and file backends then raise a raw OverflowError",
 )
+_REDIS_TTL_BUG = pytest.mark.xfail(
+    strict=True,
+    raises=pytest.fail.Exception,
+    reason="BUG (reported): RedisBackend.set accepts timedelta.max; the expiry overflows the "
+    "record's 15-digit field, and every later get of the key raises a raw ValueError",
+)
 _IPV6_BUG = pytest.mark.xfail(
     strict=True,
     raises=ValueError,
@@ -269,6 +275,7 @@ BAD: list[Any] = [
     pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=anything(5)), InvalidArgumentError, "ttl must be a timedelta or None, not int"), id="ttl-backend-int"),
     pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="memory"), id="ttl-backend-too-long-memory", marks=_BACKEND_ONLY_BUG),
     pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="file"), id="ttl-backend-too-long-file", marks=_BACKEND_ONLY_BUG),
+    pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="redis"), id="ttl-backend-too-long-redis", marks=_REDIS_TTL_BUG),
     # ---- other arguments
     pytest.param(Bad(lambda c: c.state.index_add("seed:index", {"m3": NAN}), InvalidArgumentError, "index score for 'm3' must be a number"), id="index-nan-score"),
     pytest.param(Bad(lambda c: c.state.index_add("seed:index", {"m3": INF}), InvalidArgumentError, "must be finite"), id="index-inf-score"),
@@ -384,6 +391,25 @@ async def test_bad_input_is_refused_and_changes_nothing(
             row.check(caught.value)
         assert await snapshot(backend) == before
         assert await state.get("seed:a") == {"n": 2}
+
+
+@pytest.mark.redis
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="BUG (reported): an expiry past year ~33658 overflows the Redis record's 15-digit "
+    "field (string.format('%015d')): the header is misparsed and get raises a raw ValueError",
+)
+async def test_redis_key_written_with_the_longest_ttl_stays_readable(redis_url: str) -> None:
+    """A key the Redis backend accepted with timedelta.max reads back (or was refused)."""
+    async with RedisBackend(url=redis_url, key_prefix=unique_prefix()) as backend:
+        try:
+            await backend.set("k", b"\x011", ttl=timedelta.max)
+        except InvalidArgumentError:
+            return
+        entry = await backend.get("k")
+        assert entry is not None
+        assert entry.value == b"\x011"
 
 
 @pytest.mark.parametrize(
