@@ -733,7 +733,11 @@ class StateManager:
     def watch(self, pattern: str, *, max_buffer: int | None = None) -> Watch:
         """Return a `Watch`: an async iterator (and context manager) of `StateChange`s."""
         validate_pattern(pattern)
-        return Watch(self, pattern, max_buffer or self.config.subscriber_buffer)
+        if max_buffer is None:
+            max_buffer = self.config.subscriber_buffer
+        elif type(max_buffer) is not int or max_buffer < 1:
+            raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
+        return Watch(self, pattern, max_buffer)
 
     def _stop_pumps(self) -> None:
         for pump in self._pumps.values():

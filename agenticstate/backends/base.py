@@ -213,6 +213,12 @@ def check_ttl(ttl: timedelta | None) -> timedelta | None:
         raise InvalidArgumentError(f"ttl must be a timedelta or None, not {type(ttl).__name__}")
     if ttl <= timedelta(0):
         raise InvalidArgumentError(f"ttl must be positive, not {ttl}")
+    try:
+        utcnow() + ttl
+    except OverflowError:
+        raise InvalidArgumentError(
+            f"ttl {ttl} is too long: it ends after the year 9999; give None for no expiry"
+        ) from None
     return ttl
 
 
