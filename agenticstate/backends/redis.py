@@ -1093,10 +1093,15 @@ class RedisBackend(Backend):
         node = random.choice(await self._primaries(client))  # noqa: S311  # load, not crypto
         options = self._cluster_options()
         options.pop("startup_nodes")
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
         return aioredis.Redis(
             host=node.host,
             port=node.port,
             socket_connect_timeout=self.connect_timeout,
+            # No silent reconnects: the reader must see every drop, to resync after it.
+            retry=Retry(NoBackoff(), 0),
             **options,
             **self._client_options,
         )
