@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 || bash scripts/install-redis.sh
+	@(command -v redis-server && command -v redis-cli) >/dev/null 2>&1 || bash scripts/install-redis.sh
 
 lint: setup
 	$(BIN)/ruff check agenticstate tests bench docs/examples

@@ -96,7 +96,8 @@ class StateConfig(BaseModel):
     file_path: Path | None = None
     """File backend: the snapshot path (`./state/app_state.json`); default `./state/state.json`."""
     redis_url: str | None = Field(default=None, repr=False)
-    """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, or `unix://`."""
+    """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, `unix://`, or
+    `redis+cluster://host:port,host:port` for Redis Cluster."""
     key_prefix: str = ""
     """A namespace put before every key in the backend; keys are given and listed without it."""
     ttl: timedelta | None = None

@@ -53,11 +53,12 @@ class StateChange(BaseModel):
 
 
 class _Subscriber:
-    __slots__ = ("matcher", "max_buffer", "overflowed", "receive", "send")
+    __slots__ = ("is_open", "matcher", "max_buffer", "overflowed", "receive", "send")
 
-    def __init__(self, matcher: GlobMatcher, max_buffer: int) -> None:
+    def __init__(self, matcher: GlobMatcher, max_buffer: int, *, is_open: bool = True) -> None:
         self.matcher = matcher
         self.max_buffer = max_buffer
+        self.is_open = is_open  # a subscription that starts closed drops changes until opened
         self.overflowed = False
         self.send: MemoryObjectSendStream[Change]
         self.receive: MemoryObjectReceiveStream[Change]
@@ -78,6 +79,14 @@ class ChangeStream:
 
     def __aiter__(self) -> ChangeStream:
         return self
+
+    def open(self) -> None:
+        """Start receiving (a subscription made with `start_open=False` drops changes until then).
+
+        Backends call it at a barrier: every change published before it was committed before
+        the subscription was asked for, every change after it is delivered.
+        """
+        self._subscriber.is_open = True
 
     async def __anext__(self) -> Change:
         try:
@@ -112,7 +121,7 @@ class ChangeFanout:
     def publish(self, change: Change) -> None:
         """Hand `change` to every matching subscription without blocking."""
         for subscriber in self._subscribers:
-            if not subscriber.matcher.match(change.key):
+            if not subscriber.is_open or not subscriber.matcher.match(change.key):
                 continue
             try:
                 subscriber.send.send_nowait(change)
@@ -134,11 +143,16 @@ class ChangeFanout:
         self._subscribers = [s for s in self._subscribers if s is not subscriber]
 
     @asynccontextmanager
-    async def subscribe(self, pattern: str, max_buffer: int) -> AsyncIterator[ChangeStream]:
-        """Open a subscription to keys matching `pattern`; it is active on entry."""
+    async def subscribe(
+        self, pattern: str, max_buffer: int, *, start_open: bool = True
+    ) -> AsyncIterator[ChangeStream]:
+        """Open a subscription to keys matching `pattern`; it is active on entry.
+
+        With `start_open=False` it receives nothing until `ChangeStream.open()`.
+        """
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
-        subscriber = _Subscriber(compile_glob(pattern), max_buffer)
+        subscriber = _Subscriber(compile_glob(pattern), max_buffer, is_open=start_open)
         if self._closed:
             subscriber.send.close()
         else:

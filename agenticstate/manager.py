@@ -151,7 +151,12 @@ def deep_merge(base: dict[str, Any], partial: Mapping[str, Any]) -> dict[str, An
 
 
 class _Pump:
-    """Delivers one pattern's changes to its callbacks, in order, in one task."""
+    """Delivers one pattern's changes to one callback, in order, in one task.
+
+    Each subscribed callback has its own pump and backend subscription, opened when it is
+    subscribed: so it receives exactly the changes committed after `subscribe()`, never ones a
+    pattern's earlier callbacks still had queued.
+    """
 
     __slots__ = ("callbacks", "done", "pattern", "ready", "scope", "task")
 
@@ -269,7 +274,7 @@ class StateManager:
         self._is_open = False
         self._closed = False
         self._open_lock: anyio.Lock | None = None
-        self._pumps: dict[str, _Pump] = {}
+        self._pumps: dict[tuple[str, StateCallback], _Pump] = {}
         self._pending: set[_Pump] = set()
         self._task_group: TaskGroup | None = None
         self._counters: dict[str, int] = dict.fromkeys(
@@ -684,10 +689,11 @@ class StateManager:
     ) -> None:
         """Call `callback(key, old_value, new_value)` for every change to keys matching `pattern`.
 
-        The callback may be sync or async. Callbacks for one pattern run one at a time, in commit
-        order for each key; one that raises is logged and counted, and never fails the write. A
-        write made after `subscribe()` returns is always delivered. Subscribing the same callback
-        to the same pattern twice has no further effect.
+        The callback may be sync or async. Its calls run one at a time, in commit order for each
+        key; one that raises is logged and counted, and never fails the write. Every write made
+        after `subscribe()` returns is delivered, and none made before it. Each callback has a
+        subscription of its own, so a slow callback never holds up another. Subscribing the same
+        callback to the same pattern twice has no further effect.
 
         If the callbacks fall more than `StateConfig.subscriber_buffer` changes behind, the
         changes beyond the buffer are missed: the manager logs `subscription_reopened`, counts it
@@ -704,9 +710,7 @@ class StateManager:
             raise BackendError("this StateManager is closed")
         if on_overflow is not None and not callable(on_overflow):
             raise InvalidArgumentError("on_overflow must be callable")
-        pump = self._pumps.get(pattern)
-        if pump is not None:
-            pump.callbacks.setdefault(callback, on_overflow)
+        if (pattern, callback) in self._pumps:
             return
         pump = _Pump(pattern)
         pump.callbacks[callback] = on_overflow
@@ -714,25 +718,26 @@ class StateManager:
             self._task_group.start_soon(self._run_pump, pump, name=f"agenticstate:{pattern}")
         else:
             pump.task = spawn_detached(lambda: self._run_pump(pump), name=f"agenticstate:{pattern}")
-        self._pumps[pattern] = pump
+        self._pumps[pattern, callback] = pump
         self._pending.add(pump)
 
     def unsubscribe(self, pattern: str, callback: StateCallback) -> bool:
         """Stop calling `callback` for `pattern`; return whether it was subscribed."""
-        pump = self._pumps.get(pattern)
-        if pump is None or callback not in pump.callbacks:
+        pump = self._pumps.pop((pattern, callback), None)
+        if pump is None:
             return False
-        del pump.callbacks[callback]
-        if not pump.callbacks:
-            del self._pumps[pattern]
-            self._pending.discard(pump)
-            pump.scope.cancel()
+        self._pending.discard(pump)
+        pump.scope.cancel()
         return True
 
     def watch(self, pattern: str, *, max_buffer: int | None = None) -> Watch:
         """Return a `Watch`: an async iterator (and context manager) of `StateChange`s."""
         validate_pattern(pattern)
-        return Watch(self, pattern, max_buffer or self.config.subscriber_buffer)
+        if max_buffer is None:
+            max_buffer = self.config.subscriber_buffer
+        elif type(max_buffer) is not int or max_buffer < 1:
+            raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
+        return Watch(self, pattern, max_buffer)
 
     def _stop_pumps(self) -> None:
         for pump in self._pumps.values():
@@ -852,6 +857,6 @@ class StateManager:
         """Return counters of saves, reads, updates, conflicts, events and callback errors."""
         return StateStats(
             backend=type(self.backend).__name__,
-            subscriptions=sum(len(pump.callbacks) for pump in self._pumps.values()),
+            subscriptions=len(self._pumps),
             **self._counters,
         )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agenticstate import FileBackend, MemoryBackend, RedisBackend, StateConfig, StateManager
+from tests._redis_cluster import RedisClusterServers
 from tests._redis_server import RedisServer, require_redis
 
 if TYPE_CHECKING:
@@ -42,6 +43,27 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real 3-primary Redis Cluster on loopback for the session (or
+    AGENTICSTATE_TEST_REDIS_CLUSTER_URL)."""
+    existing = os.environ.get("AGENTICSTATE_TEST_REDIS_CLUSTER_URL")
+    if existing:
+        yield existing
+        return
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"), primaries=3)
+    try:
+        cluster.start()
+    except (FileNotFoundError, RuntimeError, OSError) as exc:
+        if require_redis():
+            pytest.fail(f"AGENTICSTATE_REQUIRE_REDIS=1 but no Redis Cluster could start: {exc}")
+        pytest.skip(f"no Redis Cluster: {exc}")
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
 @asynccontextmanager
 async def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     async with MemoryBackend() as backend:
@@ -56,14 +78,26 @@ async def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 
 
 @asynccontextmanager
+async def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    url = request.getfixturevalue("redis_cluster_url")
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        yield backend
+
+
+@asynccontextmanager
 async def _file(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     async with FileBackend(base_path=tmp_path / "store") as backend:
         yield backend
 
 
 # Each backend module adds its maker here; the contract suite runs against every one.
-BACKEND_MAKERS: dict[str, BackendMaker] = {"memory": _memory, "file": _file, "redis": _redis}
-REDIS_BACKENDS = {"redis"}
+BACKEND_MAKERS: dict[str, BackendMaker] = {
+    "memory": _memory,
+    "file": _file,
+    "redis": _redis,
+    "redis-cluster": _redis_cluster,
+}
+REDIS_BACKENDS = {"redis", "redis-cluster"}
 
 
 def _backend_params() -> list[object]:

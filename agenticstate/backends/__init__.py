@@ -22,6 +22,7 @@ from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
 from agenticstate.backends.file import FileBackend
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.redis import RedisBackend
+from agenticstate.config import redact_url
 from agenticstate.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ _factories: dict[str, Callable[..., Backend]] = {
     "redis": RedisBackend.from_url,
     "rediss": RedisBackend.from_url,
     "unix": RedisBackend.from_url,
+    "redis+cluster": RedisBackend.from_url,
+    "rediss+cluster": RedisBackend.from_url,
 }
 
 
@@ -67,7 +70,10 @@ def open_backend(url: str, **options: Any) -> Backend:
     """
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(f"backend URL must look like scheme://..., not {url!r}")
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as exc:
+        raise ConfigurationError(f"malformed backend URL {redact_url(url)!r}: {exc}") from None
     factory = _factories.get(scheme)
     if factory is None:
         known = ", ".join(sorted(f"{name}://" for name in _factories))

@@ -22,6 +22,7 @@ The rules, which every backend follows exactly:
 - **Atomic write-and-emit.** A write and its change event are one step: every subscriber whose
   pattern matches the key sees the change exactly as it committed, with the old and new bytes and
   the new version (for a delete, the version that was deleted), in commit order for each key.
+  Across keys no order is promised (on Redis Cluster, each shard's changes travel apart).
 - **Globs** follow Redis (`agenticstate._glob`): `*`, `?`, `[...]`, `[^...]`, `\` escapes;
   `*` crosses `:`. An invalid pattern raises `InvalidPatternError`.
 - **Subscriptions** (`changes`) are active once the context manager has been entered: every change
@@ -212,6 +213,12 @@ def check_ttl(ttl: timedelta | None) -> timedelta | None:
         raise InvalidArgumentError(f"ttl must be a timedelta or None, not {type(ttl).__name__}")
     if ttl <= timedelta(0):
         raise InvalidArgumentError(f"ttl must be positive, not {ttl}")
+    try:
+        utcnow() + ttl
+    except OverflowError:
+        raise InvalidArgumentError(
+            f"ttl {ttl} is too long: it ends after the year 9999; give None for no expiry"
+        ) from None
     return ttl
 
 

@@ -91,6 +91,7 @@ from agenticstate.exceptions import (
     ConfigurationError,
     DecodeError,
     InvalidArgumentError,
+    InvalidKeyError,
 )
 from agenticstate.serialization import pack, payload_format
 
@@ -107,9 +108,10 @@ Durability = Literal["fsync", "none"]
 _RECORD = struct.Struct(">II")  # length of flags+payload, CRC-32 of flags+payload
 _COMPRESSED = 0x01
 _SNAPSHOT_MAGIC = "agenticstate-snapshot"
-_SNAPSHOT_VERSION = 1
+_SNAPSHOT_VERSION = 2  # 2: with a checksum of its entries and indexes
 _MISSING = object()
 _MILLISECOND = timedelta(milliseconds=1)
+_MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z, the last instant a datetime holds
 _FRAME_RECORDS = 16
 
 
@@ -488,17 +490,36 @@ class FileBackend(Backend):
             if raw[:1] == b"\x78":  # a zlib stream: the snapshot was compressed
                 raw = zlib.decompress(raw)
             document = json.loads(raw) if raw[:1] == b"{" else msgpack.unpackb(raw, raw=False)
-            if document.get("magic") != _SNAPSHOT_MAGIC:
+            if not isinstance(document, dict) or document.get("magic") != _SNAPSHOT_MAGIC:
                 raise ValueError("not an agenticstate snapshot")
+            entries, indexes = document["entries"], document.get("indexes", {})
+            if not isinstance(entries, dict) or not isinstance(indexes, dict):
+                raise TypeError("entries and indexes must be maps")
+            if document.get("format_version", 1) >= 2 and document.get("checksum") != (
+                _snapshot_checksum(entries, indexes)
+            ):
+                raise ValueError("its checksum does not match its entries")
             self._snapshot_lsn = self._lsn = int(document["lsn"])
             now = _now()
-            for key, item in document["entries"].items():
-                entry = self._entry_from_snapshot(key, item)
+            for key, item in entries.items():
+                entry = self._entry_from_snapshot(validate_key(key), item)
                 if entry.expires_at is None or entry.expires_at > now:
                     self._local.store(entry)
-            for name, members in document.get("indexes", {}).items():
-                self._apply_index(name, {str(m): float(s) for m, s in members.items()})
-        except (ValueError, KeyError, TypeError, zlib.error, msgpack.UnpackException) as exc:
+            for name, members in indexes.items():
+                self._apply_index(
+                    validate_key(name), {validate_key(m): float(s) for m, s in members.items()}
+                )
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            OverflowError,
+            OSError,
+            zlib.error,
+            msgpack.UnpackException,
+            InvalidKeyError,
+        ) as exc:
             # Snapshots are replaced atomically, so this is damage, not a crash: refuse to
             # guess rather than silently start from nothing.
             raise BackendError(
@@ -546,11 +567,16 @@ class FileBackend(Backend):
                 break
             try:
                 records = self._decode_frame(body)
-            except (ValueError, TypeError, zlib.error, msgpack.UnpackException):
-                break
+            except (ValueError, TypeError, zlib.error, msgpack.UnpackException) as exc:
+                # Its checksum holds, so it was written whole: this is damage (or a bug), not a
+                # crash mid-append. Refuse to guess rather than drop it and what follows.
+                raise BackendError(
+                    f"the log {self.log_path} has a malformed record at byte {offset} "
+                    f"({exc}); restore the store from a backup or move the log away"
+                ) from exc
             offset += _RECORD.size + length
             for fields in records:
-                lsn = int(fields[0])
+                lsn = fields[0]
                 if lsn <= self._snapshot_lsn:
                     continue  # already in the snapshot (a crash between snapshot and log reset)
                 self._lsn = max(self._lsn, lsn)
@@ -579,8 +605,8 @@ class FileBackend(Backend):
         if not isinstance(fields, list) or not fields:
             raise ValueError("bad frame")
         records = fields if isinstance(fields[0], list) else [fields]
-        if any(not isinstance(record, list) or len(record) != 8 for record in records):
-            raise ValueError("bad record")
+        for record in records:
+            _check_logged(record)
         return records
 
     def _apply_logged(self, fields: list[Any], now: datetime) -> None:
@@ -1125,6 +1151,7 @@ class FileBackend(Backend):
             "magic": _SNAPSHOT_MAGIC,
             "format_version": _SNAPSHOT_VERSION,
             "lsn": lsn,
+            "checksum": _snapshot_checksum(items, indexes),
             "entries": items,
             "indexes": indexes,
         }
@@ -1213,13 +1240,59 @@ class FileBackend(Backend):
         self._is_open = False
 
 
+def _snapshot_checksum(entries: dict[str, Any], indexes: dict[str, Any]) -> int:
+    """CRC-32 of a snapshot's entries and indexes, in a form both formats read back the same.
+
+    JSON keeps key order and round-trips floats exactly, so what `json.loads` gives back packs
+    to the same bytes as what was written; damage inside a value or a version does not.
+    """
+    return zlib.crc32(msgpack.packb([entries, indexes], use_bin_type=True))
+
+
+def _is_stamp(value: object) -> bool:
+    return value is None or (type(value) is int and 0 <= value <= _MAX_MS)
+
+
+def _check_logged(record: object) -> None:
+    """Raise ValueError unless `record` is a well-formed log record (see `_Record.payload`)."""
+    if not isinstance(record, list) or len(record) != 8:
+        raise ValueError("a record is not a list of 8 fields")
+    lsn, op, key, value, version, created, updated, expires = record
+    if type(lsn) is not int or lsn < 1 or not isinstance(key, str) or type(version) is not int:
+        raise ValueError("bad sequence number, key or version")
+    try:
+        validate_key(key)
+    except InvalidKeyError as exc:
+        raise ValueError(f"bad key: {exc}") from None
+    if op == "s":
+        if not isinstance(value, bytes) or version < 1 or created is None or updated is None:
+            raise ValueError("bad write record")
+        if not (_is_stamp(created) and _is_stamp(updated) and _is_stamp(expires)):
+            raise ValueError("bad timestamps")
+    elif op == "d":
+        if value is not None:
+            raise ValueError("bad delete record")
+    elif op == "ia":
+        if not isinstance(value, dict) or not all(
+            isinstance(m, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            for m, v in value.items()
+        ):
+            raise ValueError("bad index record")
+    elif op == "ir":
+        if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+            raise ValueError("bad index record")
+    else:
+        raise ValueError(f"unknown operation {op!r}")
+
+
 def _readable_json(value: bytes) -> Any:
     """The parsed JSON of an uncompressed JSON payload, if re-encoding it gives the same bytes."""
     try:
         if payload_format(value) != "json" or value[0] & 0x80:
             return _MISSING
         parsed = json.loads(value[1:])
-    except (ValueError, UnicodeDecodeError, DecodeError):
+        again = json.dumps(parsed, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (ValueError, UnicodeDecodeError, DecodeError, RecursionError):
+        # NaN, Infinity, nesting beyond the interpreter's depth: kept as base64 instead.
         return _MISSING
-    again = json.dumps(parsed, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-    return parsed if again == value[1:] else _MISSING
+    return parsed if again.encode() == value[1:] else _MISSING

@@ -17,9 +17,14 @@ disconnected is lost. One pub/sub connection per backend serves all its subscrip
 drops (or Redis restarts), the backend reconnects by itself with backoff, subscribes again, then
 **resyncs**: it scans the keys each pattern matches, compares their versions with the last
 version it delivered for each key, and emits a `RESYNC` change (old value unknown, `None`) for
-every key that is new, changed, or gone (`new=None`). Events that arrive older than what was
-already delivered are dropped by version. So a subscriber may miss intermediate values during
-an outage, but never stays on a stale final state.
+every key that is new, changed (version or value: a key deleted and written again can be back
+at the same version), or gone (`new=None`). Events that arrive older than what was already
+delivered are dropped by version. So a subscriber may miss intermediate values during an
+outage, but never stays on a stale final state. A connection that dies without a word (a NAT
+forgets it) is found out too: after two seconds of silence the reader sends a PING, and no
+answer within `socket_timeout` counts as a drop. A second subscription to a pattern already
+subscribed joins at a barrier (a PING on the connection, answered after every message already
+on its way), so it receives exactly the changes committed after it was opened.
 
 Faults. Reads and scans are retried (bounded, with backoff) when the connection fails or times
 out, then raise `BackendUnavailableError` or `BackendTimeoutError`. Writes are never retried
@@ -27,14 +32,27 @@ blindly: a write that fails before it is sent raises `BackendUnavailableError`; 
 was lost raises `WriteOutcomeUnknownError` (read the key's version to find out what happened).
 redis-py's own exceptions never leak.
 
-Commands. The backend checks up to `connection_pool_size` connections out of redis-py's pool
-once and keeps them; each command is packed here and sent on a free one (callers beyond that
-wait, in order). redis-py's `execute_command` spends most of a command's client-side time on
-bookkeeping (the pool lock, observability hooks, the retry wrapper): a command sent this way
-costs about 40% fewer instructions, which is what lets a scripted save, with its larger reply,
-keep up with a plain SET. Before reuse, a connection that saw end of file or stray data (a
-restarted server) is reconnected, as redis-py's pool does. Pub/sub keeps using the redis-py
-client.
+Commands. The backend keeps up to `connection_pool_size` connections of its own (made with
+redis-py's connection class and the URL's settings: address, TLS, credentials, database); each
+command is packed here and sent on a free one, and callers beyond that wait, in order. The wait
+for a connection, connecting and the reply all count against `socket_timeout`. redis-py's
+`execute_command` spends most of a command's client-side time on bookkeeping (the pool lock,
+observability hooks, the retry wrapper): a command sent this way costs about 40% fewer
+instructions, which is what lets a scripted save, with its larger reply, keep up with a plain
+SET. Before reuse, a connection that saw end of file or stray data (a restarted server) is
+reconnected, as redis-py's pool does. Pub/sub keeps using the redis-py client.
+
+Cluster. `redis+cluster://host:port,host:port,...` (or `rediss+cluster://`) runs the same
+backend on Redis Cluster through redis-py's `RedisCluster`, which routes each command to the
+node owning its key's slot and follows MOVED/ASK redirects. Every atomic step touches one key
+(one slot), so it stays atomic; managers put a record's id in a `{...}` hash tag, so one team's
+records and its queue index, or one workflow's, live in one slot. `get_many` sends one MGET per
+slot, `save_many` one script call per slot, `scan` visits every primary, and PUBLISH reaches
+every node over the cluster bus, so one pub/sub connection to any node sees every shard's
+changes. After a failover the client re-reads the slot map on the next command (reads retry;
+writes report their outcome as usual), and the subscriber resyncs. redis-py's own retries stay
+off here too. Cluster mode sends commands through redis-py (the held-connection path above is
+for a single server).
 
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio.
 """
@@ -48,13 +66,15 @@ import math
 from collections import deque
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 import structlog
 
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
+    DEFAULT_UPDATE_ATTEMPTS,
     Backend,
     Change,
     ChangeOp,
@@ -80,7 +100,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 
     import redis.asyncio as aioredis
     from redis.asyncio.connection import AbstractConnection
@@ -95,6 +115,11 @@ INDEX_NAMESPACE = "__agenticstate_idx__:"
 """What every sorted index's Redis key starts with (before the key prefix)."""
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
+_BARRIER = "agenticstate-barrier"  # PING payloads on the pub/sub connection
+_HEALTH = "agenticstate-health"
+_PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
+CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
+"""URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
 _HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
 
 # One write: check the version, store header + value, apply the TTL, publish old and new.
@@ -246,29 +271,28 @@ def _ttl_ms(ttl: timedelta | None) -> int:
 class _Connections:
     """Connections held for commands: a free list, and callers waiting in order when all are busy.
 
-    Each connection is checked out of redis-py's pool once (the pool connects it) and kept
-    until the backend closes.
+    At most `size` exist. Each is made from redis-py's pool settings (address, TLS, credentials,
+    database) but owned here, connected lazily under the calling command's timeout, and closed
+    when the backend closes. Taking a connection never fails and never does I/O, so a waiter is
+    only ever handed a connection.
     """
 
-    __slots__ = ("free", "size", "taken", "waiters")
+    __slots__ = ("closed", "free", "made", "size", "waiters")
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.taken = 0  # connections checked out of the pool so far
+        self.made: list[AbstractConnection] = []
         self.free: list[AbstractConnection] = []
         self.waiters: deque[asyncio.Future[AbstractConnection]] = deque()
+        self.closed = False
 
     async def take(self, client: aioredis.Redis) -> AbstractConnection:
         if self.free:
             return self.free.pop()
-        if self.taken < self.size:
-            self.taken += 1
-            try:
-                connection: AbstractConnection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
-                return connection
-            except BaseException:
-                self.taken -= 1
-                raise
+        if len(self.made) < self.size:
+            connection: AbstractConnection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            self.made.append(connection)
+            return connection
         waiter: asyncio.Future[AbstractConnection] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         try:
@@ -286,13 +310,23 @@ class _Connections:
                 return
         self.free.append(connection)
 
-    async def release_all(self, client: aioredis.Redis) -> None:
-        """Hand the idle connections back to the pool (on close)."""
-        free, self.free = self.free, []
-        for connection in free:
+    async def close(self) -> None:
+        """Disconnect every connection (in use ones are dropped when they come back)."""
+        self.closed = True
+        made, self.made, self.free = self.made, [], []
+        for connection in made:
             with contextlib.suppress(Exception):
-                await client.connection_pool.release(connection)
-        self.taken -= len(free)
+                await connection.disconnect(nowait=True)
+
+
+class _KeyLock:
+    """One key's update lock, and how many callers hold or wait for it (to drop it when idle)."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
 
 
 class _Group:
@@ -304,20 +338,20 @@ class _Group:
         self.pattern = pattern
         self.fanout = ChangeFanout()
         self.users = 0
-        self.versions: dict[str, int] = {}
+        self.versions: dict[str, tuple[int, int]] = {}  # key -> (version, hash of the value)
         self.confirmed = asyncio.Event()
         self.requested = False  # PSUBSCRIBE sent on the current connection
 
     def deliver(self, change: Change) -> None:
         known = self.versions.get(change.key)
         if change.op is ChangeOp.DELETE:
-            if known is not None and change.version < known:
+            if known is not None and change.version < known[0]:
                 return  # a resync already moved past this
             self.versions.pop(change.key, None)
         else:
-            if known is not None and change.version <= known:
+            if known is not None and change.version <= known[0]:
                 return  # already delivered (a resync overlapped the live stream)
-            self.versions[change.key] = change.version
+            self.versions[change.key] = (change.version, hash(change.new))
         self.fanout.publish(change)
 
 
@@ -374,17 +408,25 @@ class RedisBackend(Backend):
         self._client_options = client_options
         self._client: aioredis.Redis | None = client
         self._owns_client = client is None
+        self.is_cluster = url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+        if self.is_cluster and db:
+            raise ConfigurationError("Redis Cluster has only database 0")
         self._set_sha = _sha(_SET_SCRIPT)
         self._set_many_sha = _sha(_SET_MANY_SCRIPT)
         self._delete_sha = _sha(_DELETE_SCRIPT)
         self._channel_prefix = f"{CHANNEL_NAMESPACE}{key_prefix}"
         self._groups: dict[str, _Group] = {}
         self._pubsub: Any = None
+        self._pubsub_source: aioredis.Redis | None = None  # a cluster node's client for pub/sub
         self._reader: asyncio.Task[None] | None = None
         self._resync_pending = False
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = _Connections(connection_pool_size)
+        self._cluster_slots = asyncio.Semaphore(connection_pool_size)
+        self._cluster_mapped = False
+        self._update_locks: dict[str, _KeyLock] = {}
+        self._barriers: deque[tuple[ChangeStream, asyncio.Event]] = deque()
 
     def __repr__(self) -> str:
         return f"RedisBackend(url={redact_url(self.url)!r}, key_prefix={self.key_prefix!r})"
@@ -406,10 +448,56 @@ class RedisBackend(Backend):
 
     # connections
 
+    def _cluster_options(self) -> dict[str, Any]:
+        """RedisCluster's arguments from a `redis+cluster://[user:password@]h:p,h:p` URL."""
+        from urllib.parse import unquote, urlsplit
+
+        from redis.asyncio.cluster import ClusterNode
+
+        parts = urlsplit(self.url)
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        nodes = []
+        for host_port in filter(None, hosts.split(",")):
+            host, _, port = host_port.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigurationError(
+                    f"cluster URL {redact_url(self.url)!r}: each node must be host:port"
+                )
+            nodes.append(ClusterNode(host.strip("[]"), int(port)))
+        if not nodes:
+            raise ConfigurationError(f"cluster URL {redact_url(self.url)!r} names no node")
+        options: dict[str, Any] = {"startup_nodes": nodes}
+        if userinfo:
+            user, _, password = userinfo.partition(":")
+            options["username"] = unquote(user) or None
+            options["password"] = unquote(password) if password else None
+        if parts.scheme.lower().startswith("rediss"):
+            options["ssl"] = True
+        return options
+
     def _make_client(self) -> aioredis.Redis:
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
+
+        if self.is_cluster:
+            from redis.asyncio.cluster import RedisCluster
+
+            try:
+                cluster: Any = RedisCluster(
+                    **self._cluster_options(),
+                    socket_timeout=None,
+                    socket_connect_timeout=self.connect_timeout,
+                    max_connections=self.connection_pool_size + 2,
+                    # Retries are ours to decide: never resend a write whose outcome is unknown.
+                    retry=Retry(NoBackoff(), 0),
+                    **self._client_options,
+                )
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(
+                    f"invalid Redis Cluster URL {redact_url(self.url)!r}: {exc}"
+                ) from None
+            return cast("aioredis.Redis", cluster)
 
         options: dict[str, Any] = {
             # Reply timeouts are enforced around each call with asyncio.timeout (cheap);
@@ -459,6 +547,19 @@ class RedisBackend(Backend):
             return BackendUnavailableError(
                 f"Redis refused the credentials for {redact_url(self.url)}"
             )
+        unserved = (
+            rexc.ClusterDownError,
+            rexc.TryAgainError,
+            rexc.MasterDownError,
+            rexc.MaxConnectionsError,
+            rexc.RedisClusterException,
+        )
+        if isinstance(exc, unserved):
+            # The cluster refused the command without running it (reconfiguring, no coverage).
+            return BackendUnavailableError(
+                f"the Redis Cluster at {redact_url(self.url)} is not serving this key now: "
+                f"{type(exc).__name__}"
+            )
         if isinstance(exc, (TimeoutError, rexc.ConnectionError, rexc.TimeoutError, OSError)):
             before_send = _failed_to_connect(exc)
             if write_key is not None and not before_send:
@@ -481,40 +582,75 @@ class RedisBackend(Backend):
     async def _execute(self, *args: str | bytes | int | float, write_key: str | None = None) -> Any:
         """Send one command on a held connection and return its reply (see "Commands").
 
+        Everything the call waits for, a free connection, connecting and the reply, counts
+        against `socket_timeout`. A failure before the command was sent is never an unknown
+        outcome: a write that was not sent raises `BackendUnavailableError` or
+        `BackendTimeoutError`.
+
         Raises:
             BackendError: A subclass for connection failures and timeouts (a write whose reply
                 was lost: `WriteOutcomeUnknownError`), or for an error reply.
         """
         client = self._client or await self._redis()
+        if self.is_cluster:
+            return await self._execute_on_cluster(client, args, write_key)
+        from redis.exceptions import ResponseError
+
         connections = self._connections
-        try:
-            connection = await connections.take(client)
-        except Exception as exc:
-            raise self._translated(exc, None) from exc
+        connection: AbstractConnection | None = None
+        sent = False
         try:
             async with asyncio.timeout(self.socket_timeout):
+                connection = await connections.take(client)
                 if connection.is_connected and await connection.can_read():
                     await connection.disconnect()  # end of file or stray data: reconnect
+                if not connection.is_connected:
+                    await connection.connect()  # type: ignore[no-untyped-call]
+                sent = True
                 await connection.send_packed_command(_pack(args), check_health=False)
                 return await connection.read_response()
         except Exception as exc:
-            from redis.exceptions import ResponseError
-
-            if not isinstance(exc, ResponseError):
+            if connection is not None and not isinstance(exc, ResponseError):
                 # The reply may still be on its way: never reuse the connection as it is.
                 with contextlib.suppress(Exception):
                     await connection.disconnect(nowait=True)
-            raise self._translated(exc, write_key) from exc
+            raise self._translated(exc, write_key if sent else None) from exc
         except BaseException:
-            with contextlib.suppress(Exception):
-                await connection.disconnect(nowait=True)
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.disconnect(nowait=True)
             raise
         finally:
-            if self._closed:
-                with contextlib.suppress(Exception):
-                    await client.connection_pool.release(connection)
-            else:
-                connections.give(connection)
+            if connection is not None:
+                if connections.closed:
+                    with contextlib.suppress(Exception):
+                        await connection.disconnect(nowait=True)
+                else:
+                    connections.give(connection)
+
+    async def _execute_on_cluster(
+        self,
+        client: aioredis.Redis,
+        args: tuple[str | bytes | int | float, ...],
+        write_key: str | None,
+        **options: Any,
+    ) -> Any:
+        """One command through redis-py's cluster client (it routes by slot, follows MOVED).
+
+        At most `connection_pool_size` run at once (redis-py's cluster client fails instead of
+        waiting when a node's connections run out).
+        """
+        if not self._cluster_mapped:
+            # Read the slot map before the first commands: redis-py's cluster client, when
+            # many first commands race to initialize it, closes connections others are using.
+            await self._primaries(client)
+            self._cluster_mapped = True
+        async with self._cluster_slots:
+            try:
+                async with asyncio.timeout(self.socket_timeout):
+                    return await client.execute_command(*args, **options)  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                raise self._translated(exc, write_key) from exc
 
     async def _script(
         self, sha: str, source: str, keys: Sequence[str], *args: str | bytes | int, write_key: str
@@ -527,8 +663,26 @@ class RedisBackend(Backend):
         except BackendError as exc:
             if not isinstance(exc.__cause__, NoScriptError):
                 raise
-        await self._execute("SCRIPT", "LOAD", source)
+        if self.is_cluster:
+            client = self._client or await self._redis()
+            try:
+                async with asyncio.timeout(self.socket_timeout):
+                    await client.script_load(source)  # redis-py loads it on every primary
+            except Exception as exc:
+                raise self._translated(exc, None) from exc
+        else:
+            await self._execute("SCRIPT", "LOAD", source)
         return await self._execute("EVALSHA", sha, len(keys), *keys, *args, write_key=write_key)
+
+    def _by_slot(self, names: Sequence[str]) -> list[list[int]]:
+        """Positions of `names` grouped by cluster slot (one group for a single server)."""
+        if not self.is_cluster or self._client is None:
+            return [list(range(len(names)))]
+        client: Any = self._client
+        groups: dict[int, list[int]] = {}
+        for position, name in enumerate(names):
+            groups.setdefault(client.keyslot(name), []).append(position)
+        return list(groups.values())
 
     async def _read(self, *args: str | bytes | int) -> Any:
         """Run an idempotent command, retrying connection failures and timeouts a bounded time."""
@@ -553,7 +707,13 @@ class RedisBackend(Backend):
         """Return the entries at `keys`, in order (one MGET)."""
         if not keys:
             return []
-        raws = await self._read("MGET", *[self._k(key) for key in keys])
+        names = [self._k(key) for key in keys]
+        await self._redis()
+        raws: list[bytes | None] = [None] * len(names)
+        for group in self._by_slot(names):  # one MGET per slot: MGET may not cross slots
+            found = await self._read("MGET", *[names[position] for position in group])
+            for position, raw in zip(group, found, strict=True):
+                raws[position] = raw
         return [
             None if raw is None else _entry(key, raw) for key, raw in zip(keys, raws, strict=True)
         ]
@@ -601,21 +761,55 @@ class RedisBackend(Backend):
             return []
         names = [self._k(key) for key, _ in items]
         life = _ttl_ms(ttl)
-        replies: list[Any] = []
-        # One script call per chunk, so Redis is never blocked for long. (Every key in a call
-        # must share a slot once Cluster arrives.)
-        for start in range(0, len(items), _SET_MANY_CHUNK):
-            chunk = names[start : start + _SET_MANY_CHUNK]
-            args: list[str | bytes | int] = [life]
-            for name, (_, value) in zip(chunk, items[start : start + len(chunk)], strict=True):
-                args += [value, CHANNEL_NAMESPACE + name]
-            replies += await self._script(
-                self._set_many_sha, _SET_MANY_SCRIPT, chunk, *args, write_key=items[start][0]
-            )
+        await self._redis()
+        replies: list[Any] = [None] * len(items)
+        # One script call per chunk of keys sharing a slot (a script's keys may not cross
+        # slots in a cluster), so Redis is never blocked for long either.
+        for group in self._by_slot(names):
+            for start in range(0, len(group), _SET_MANY_CHUNK):
+                chunk = group[start : start + _SET_MANY_CHUNK]
+                args: list[str | bytes | int] = [life]
+                for position in chunk:
+                    args += [items[position][1], CHANNEL_NAMESPACE + names[position]]
+                done = await self._script(
+                    self._set_many_sha,
+                    _SET_MANY_SCRIPT,
+                    [names[position] for position in chunk],
+                    *args,
+                    write_key=items[chunk[0]][0],
+                )
+                for position, reply in zip(chunk, done, strict=True):
+                    replies[position] = reply
         return [
             self._set_change(key, value, reply, None)
             for (key, value), reply in zip(items, replies, strict=True)
         ]
+
+    async def update(
+        self,
+        key: str,
+        fn: Callable[[Entry | None], bytes],
+        *,
+        ttl: timedelta | None = None,
+        max_attempts: int = DEFAULT_UPDATE_ATTEMPTS,
+    ) -> Change:
+        """Replace the value at `key` with `fn(entry)`: compare-and-set on the version.
+
+        Updates of one key from this process take turns (a lock per key), so they never race
+        each other and only other processes' writes can make an attempt retry.
+        """
+        self._k(key)
+        lock = self._update_locks.get(key)
+        if lock is None:
+            lock = self._update_locks[key] = _KeyLock()
+        lock.users += 1
+        try:
+            async with lock.lock:
+                return await super().update(key, fn, ttl=ttl, max_attempts=max_attempts)
+        finally:
+            lock.users -= 1
+            if lock.users == 0 and self._update_locks.get(key) is lock:
+                del self._update_locks[key]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
         """Delete `key` in one atomic script; see `Backend.delete`."""
@@ -641,17 +835,48 @@ class RedisBackend(Backend):
         match = escape_glob(self.key_prefix) + validate_pattern(pattern)
         cut = len(self.key_prefix.encode())
         seen: set[bytes] = set()
-        cursor: bytes | int = 0
-        while True:
-            cursor, batch = await self._read("SCAN", cursor, "MATCH", match, "COUNT", 1000)
-            for raw in batch:
-                if raw.startswith(b"__agenticstate"):
-                    continue  # our own index keys, visible to SCAN when the prefix is empty
-                if raw not in seen:
-                    seen.add(raw)
-                    yield raw[cut:].decode("utf-8", "surrogateescape")
-            if int(cursor) == 0:
-                return
+        client = await self._redis()
+        # One SCAN per server; in a cluster, one per primary (each holds its own slots).
+        nodes: list[Any] = await self._primaries(client) if self.is_cluster else [None]
+        for node in nodes:
+            cursor: bytes | int = 0
+            while True:
+                cursor, batch = await self._scan_page(node, cursor, match)
+                for raw in batch:
+                    if raw.startswith(b"__agenticstate"):
+                        continue  # our own index keys, visible to SCAN when the prefix is empty
+                    if raw not in seen:
+                        seen.add(raw)
+                        yield raw[cut:].decode("utf-8", "surrogateescape")
+                if int(cursor) == 0:
+                    break
+
+    async def _primaries(self, client: aioredis.Redis) -> list[Any]:
+        """The cluster's primaries, reading the slot map first if the client has none yet."""
+        cluster: Any = client
+        try:
+            async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                await cluster.initialize()
+        except Exception as exc:
+            raise self._translated(exc, None) from exc
+        primaries: list[Any] = cluster.get_primaries()
+        if not primaries:
+            raise BackendUnavailableError(
+                f"the Redis Cluster at {redact_url(self.url)} has no primary"
+            )
+        return primaries
+
+    async def _scan_page(self, node: Any, cursor: bytes | int, match: str) -> Any:
+        if node is None:
+            return await self._read("SCAN", cursor, "MATCH", match, "COUNT", 1000)
+        client = self._client or await self._redis()
+        reply = await self._execute_on_cluster(
+            client, ("SCAN", cursor, "MATCH", match, "COUNT", 1000), None, target_nodes=node
+        )
+        # redis-py's cluster client answers SCAN with ({node name: cursor}, keys).
+        cursors, keys = reply
+        cursor = next(iter(cursors.values())) if isinstance(cursors, dict) else cursors
+        return cursor, keys
 
     # sorted indexes (Redis sorted sets)
 
@@ -705,16 +930,49 @@ class RedisBackend(Backend):
         group = self._groups.get(pattern)
         if group is None:
             group = self._groups[pattern] = _Group(pattern)
+        joining = group.users > 0  # the pattern is subscribed already: join at a barrier
         group.users += 1
         try:
-            async with group.fanout.subscribe("*", max_buffer) as stream:
+            async with group.fanout.subscribe("*", max_buffer, start_open=not joining) as stream:
                 await self._ensure_subscribed(group)
+                if joining:
+                    await self._barrier(stream)
                 yield stream
         finally:
             group.users -= 1
             if group.users == 0 and self._groups.get(pattern) is group:
                 del self._groups[pattern]
-                await self._unsubscribe(group)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.socket_timeout):
+                    await self._unsubscribe(group)
+
+    async def _barrier(self, stream: ChangeStream) -> None:
+        """Open `stream` at a point of the pub/sub connection after every change published so far.
+
+        A PING on the connection is answered after every message already on its way, so the
+        reader opens the stream when it reads the answer: the new subscription gets exactly the
+        changes published after it was asked for, even though the pattern's other subscribers
+        were already receiving.
+        """
+        opened = asyncio.Event()
+        self._barriers.append((stream, opened))
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):  # a failure reconnects, which opens it too
+                await self._pubsub.ping(_BARRIER)
+        try:
+            await asyncio.wait_for(opened.wait(), self.connect_timeout + self.socket_timeout)
+        except TimeoutError:
+            raise BackendUnavailableError(
+                f"no answer on the pub/sub connection to {redact_url(self.url)}"
+            ) from None
+
+    def _open_barriers(self, *, only_first: bool = False) -> None:
+        """Open the waiting subscriptions: the oldest (its PING was answered), or all."""
+        while self._barriers:
+            stream, opened = self._barriers.popleft()
+            stream.open()
+            opened.set()
+            if only_first:
+                return
 
     def _redis_pattern(self, pattern: str) -> str:
         return escape_glob(self._channel_prefix) + pattern
@@ -756,20 +1014,40 @@ class RedisBackend(Backend):
     async def _read_changes(self) -> None:
         """The one reader of the pub/sub connection: dispatch, reconnect, resync."""
         failures = 0
+        heard = ping_sent = 0.0
+        loop = asyncio.get_running_loop()
         while not self._closed:
             try:
                 if self._pubsub is None:
                     client = await self._redis()
-                    self._pubsub = client.pubsub(ignore_subscribe_messages=False)
-                    await self._pubsub.connect()
+                    async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                        source = await self._pubsub_client(client)
+                        if source is not client:
+                            self._pubsub_source = source  # closed with the pub/sub connection
+                        self._pubsub = source.pubsub(ignore_subscribe_messages=False)
+                        await self._pubsub.connect()
                     for group in list(self._groups.values()):
                         await self._request(group)
+                    heard, ping_sent = loop.time(), 0.0
+                    self._open_barriers()  # joined while there was no connection: resync covers
                 message = await self._pubsub.get_message(timeout=1.0)
+                now = loop.time()
                 if message is None:
+                    # A connection can die without a word (a NAT or firewall forgets it): when
+                    # nothing came for a while, ask, and give up on it if no answer comes.
+                    if ping_sent and now - ping_sent > self.socket_timeout:
+                        raise ConnectionError("no answer to PING on the pub/sub connection")
+                    if not ping_sent and now - heard > _PUBSUB_IDLE:
+                        ping_sent = now
+                        await self._pubsub.ping(_HEALTH)
                     continue
+                heard, ping_sent = now, 0.0
                 kind = message["type"]
                 if kind == "pmessage":
                     self._dispatch(message)
+                elif kind == "pong":
+                    if message["data"] in (_BARRIER.encode(), _BARRIER):
+                        self._open_barriers(only_first=True)  # PINGs are answered in order
                 elif kind == "psubscribe":
                     confirmed = self._groups.get(self._user_pattern(message["channel"]))
                     if confirmed is not None:
@@ -796,7 +1074,37 @@ class RedisBackend(Backend):
                     group.requested = False
                     group.confirmed.clear()
                 self._resync_pending = True
+                # Waiting subscriptions start now: the resync after the reconnect covers them.
+                self._open_barriers()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
+
+    async def _pubsub_client(self, client: aioredis.Redis) -> aioredis.Redis:
+        """The client the pub/sub connection comes from.
+
+        In a cluster: a plain client to one node, a random primary (PUBLISH reaches every
+        node over the cluster bus, so one node sees every shard's changes).
+        """
+        if not self.is_cluster:
+            return client
+        import random
+
+        import redis.asyncio as aioredis
+
+        node = random.choice(await self._primaries(client))  # noqa: S311  # load, not crypto
+        options = self._cluster_options()
+        options.pop("startup_nodes")
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        return aioredis.Redis(
+            host=node.host,
+            port=node.port,
+            socket_connect_timeout=self.connect_timeout,
+            # No silent reconnects: the reader must see every drop, to resync after it.
+            retry=Retry(NoBackoff(), 0),
+            **options,
+            **self._client_options,
+        )
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         group = self._groups.get(self._user_pattern(message["pattern"]))
@@ -818,9 +1126,12 @@ class RedisBackend(Backend):
                 if entry is None:
                     continue
                 present.add(key)
-                if group.versions.get(key) == entry.version:
+                # Version and value: a key deleted and written again meanwhile can be back at
+                # the version last delivered, with another value.
+                seen = (entry.version, hash(entry.value))
+                if group.versions.get(key) == seen:
                     continue
-                group.versions[key] = entry.version
+                group.versions[key] = seen
                 group.fanout.publish(
                     Change(
                         key=key,
@@ -832,7 +1143,7 @@ class RedisBackend(Backend):
                     )
                 )
             for key in [k for k in group.versions if k not in present]:
-                version = group.versions.pop(key)
+                version, _ = group.versions.pop(key)
                 group.fanout.publish(
                     Change(
                         key=key,
@@ -850,6 +1161,10 @@ class RedisBackend(Backend):
         if pubsub is not None:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
+        source, self._pubsub_source = self._pubsub_source, None
+        if source is not None:
+            with contextlib.suppress(Exception):
+                await source.aclose(close_connection_pool=True)
 
     async def aclose(self) -> None:
         """End subscriptions, close the pub/sub connection and (if created here) the client."""
@@ -865,11 +1180,13 @@ class RedisBackend(Backend):
                 await reader
         await self._drop_pubsub()
         client, self._client = self._client, None
-        if client is not None:
-            await self._connections.release_all(client)
+        await self._connections.close()
         if client is not None and self._owns_client:
             with contextlib.suppress(Exception):
-                await client.aclose(close_connection_pool=True)
+                if self.is_cluster:
+                    await client.aclose()
+                else:
+                    await client.aclose(close_connection_pool=True)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

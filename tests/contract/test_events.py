@@ -112,7 +112,11 @@ async def test_slow_subscriber_is_told_it_overflowed(backend: Backend) -> None:
         with anyio.fail_after(5), pytest.raises(SubscriptionClosedError) as caught:
             await drain()
     assert caught.value.reason == "overflow"
-    assert [c.key for c in received] == [f"flood:{i}" for i in range(len(received))]
+    # Each change at most once; no order across keys is promised (a cluster's shards publish
+    # on their own paths), only per key.
+    keys = [c.key for c in received]
+    assert len(set(keys)) == len(keys)
+    assert set(keys) <= {f"flood:{i}" for i in range(20)}
     assert 1 <= len(received) < 20
 
 

@@ -404,11 +404,15 @@ async def test_slow_callback_overflow_is_reported_and_recovers(backend: Backend)
             with anyio.fail_after(10):
                 await overflowed.wait()
             # Writes after an overflow wait for the re-subscription, so this one is delivered.
-            await manager.save("after", 1)
-            with anyio.fail_after(10):
-                await later.wait()
-        assert patterns == ["*"]
-        assert manager.stats().overflows == 1
+            # (On a cluster, events of the flood published on other nodes may still be crossing
+            # the cluster bus and overflow the tiny buffer once more: write until one gets in.)
+            with anyio.fail_after(20):
+                while not later.is_set():
+                    await manager.save("after", 1)
+                    with anyio.move_on_after(1):
+                        await later.wait()
+        assert set(patterns) == {"*"}
+        assert manager.stats().overflows == len(patterns) >= 1
         assert any(entry["event"] == "subscription_reopened" for entry in logs)
     finally:
         await manager.aclose()

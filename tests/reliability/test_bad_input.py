@@ -174,31 +174,6 @@ def _redis_url_row(url: str, fragment: str) -> Bad:
 
 
 _MSGPACK_DICT = b"\x01" + msgpack.packb({"name": "x", "items": [1, 2, 3]})
-_BACKEND_ONLY_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=OverflowError,
-    reason="BUG (reported): check_ttl in backends/base.py accepts a ttl too long to add to now; "
-    "the memory and file backends then raise a raw OverflowError",
-)
-_REDIS_TTL_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="BUG (reported): RedisBackend.set accepts timedelta.max; the expiry overflows the "
-    "record's 15-digit field, and every later get of the key raises a raw ValueError",
-)
-_IPV6_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="BUG (reported): open_backend passes urlsplit's ValueError ('Invalid IPv6 URL') "
-    "through instead of ConfigurationError",
-)
-_ZERO_BUFFER_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="BUG (reported): StateManager.watch(max_buffer=0) silently uses the configured "
-    "buffer (`max_buffer or subscriber_buffer`) instead of refusing 0",
-)
-
 BAD: list[Any] = [
     # ---- keys
     pytest.param(Bad(lambda c: c.state.save("", 1), InvalidKeyError, "must not be empty"), id="key-empty"),
@@ -273,9 +248,9 @@ BAD: list[Any] = [
     pytest.param(Bad(lambda c: c.state.update("seed:a", {"n": 3}, ttl=-1), InvalidArgumentError, "ttl must be positive"), id="ttl-update"),
     pytest.param(Bad(lambda c: c.state.save_many({"new": 1}, ttl=0), InvalidArgumentError, "ttl must be positive"), id="ttl-save-many"),
     pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=anything(5)), InvalidArgumentError, "ttl must be a timedelta or None, not int"), id="ttl-backend-int"),
-    pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="memory"), id="ttl-backend-too-long-memory", marks=_BACKEND_ONLY_BUG),
-    pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="file"), id="ttl-backend-too-long-file", marks=_BACKEND_ONLY_BUG),
-    pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="redis"), id="ttl-backend-too-long-redis", marks=_REDIS_TTL_BUG),
+    pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="memory"), id="ttl-backend-too-long-memory"),
+    pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="file"), id="ttl-backend-too-long-file"),
+    pytest.param(Bad(lambda c: c.backend.set("new", b"\x011", ttl=timedelta.max), InvalidArgumentError, "too long", only="redis"), id="ttl-backend-too-long-redis"),
     # ---- other arguments
     pytest.param(Bad(lambda c: c.state.index_add("seed:index", {"m3": NAN}), InvalidArgumentError, "index score for 'm3' must be a number"), id="index-nan-score"),
     pytest.param(Bad(lambda c: c.state.index_add("seed:index", {"m3": INF}), InvalidArgumentError, "must be finite"), id="index-inf-score"),
@@ -283,7 +258,7 @@ BAD: list[Any] = [
     pytest.param(Bad(lambda c: c.state.index_range("seed:index", limit=-1), InvalidArgumentError, "limit must be an int >= 0 or None, not -1"), id="index-negative-limit"),
     pytest.param(Bad(sync(lambda c: c.state.subscribe("*", anything(5))), InvalidArgumentError, "callback must be callable, not int"), id="subscribe-not-callable"),
     pytest.param(Bad(lambda c: _watch(c, "*", max_buffer=-1), InvalidArgumentError, "max_buffer must be an int >= 1, not -1"), id="watch-negative-buffer"),
-    pytest.param(Bad(lambda c: _watch(c, "*", max_buffer=0), InvalidArgumentError, "max_buffer must be an int >= 1, not 0"), id="watch-zero-buffer", marks=_ZERO_BUFFER_BUG),
+    pytest.param(Bad(lambda c: _watch(c, "*", max_buffer=0), InvalidArgumentError, "max_buffer must be an int >= 1, not 0"), id="watch-zero-buffer"),
     pytest.param(Bad(_closed_manager, BackendError, "this StateManager is closed"), id="closed-manager"),
     # ---- managers
     pytest.param(Bad(lambda c: c.workflows.start("nope"), NotFoundError, "no workflow 'nope'"), id="wf-unknown-start"),
@@ -338,7 +313,7 @@ BAD: list[Any] = [
     pytest.param(Bad(sync(lambda c: StateManager(config=anything({"backend": "memory"}))), ConfigurationError, "config must be a StateConfig, not dict", only="memory"), id="config-not-a-config"),
     pytest.param(Bad(sync(lambda c: open_backend("ftp://x")), ConfigurationError, "unknown backend scheme 'ftp'", only="memory"), id="url-unknown-scheme"),
     pytest.param(Bad(sync(lambda c: open_backend("localhost:6379")), ConfigurationError, "must look like scheme://", only="memory"), id="url-no-scheme"),
-    pytest.param(Bad(sync(lambda c: open_backend(f"redis://u:{SECRET}@[::1/0")), ConfigurationError, "URL", only="memory"), id="url-bad-ipv6", marks=_IPV6_BUG),
+    pytest.param(Bad(sync(lambda c: open_backend(f"redis://u:{SECRET}@[::1/0")), ConfigurationError, "URL", only="memory"), id="url-bad-ipv6"),
     pytest.param(_redis_url_row(f"redis://u:{SECRET}@127.0.0.1:abc/0", "invalid Redis URL 'redis://u:***@127.0.0.1:abc/0'"), id="url-bad-port"),
     pytest.param(_redis_url_row(f"redis://u:{SECRET}@127.0.0.1:99999/0", "Port out of range"), id="url-port-out-of-range"),
     pytest.param(_redis_url_row(f"redis://u:{SECRET}@127.0.0.1:6379/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"), id="url-bad-option"),
@@ -394,12 +369,6 @@ async def test_bad_input_is_refused_and_changes_nothing(
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="BUG (reported): an expiry past year ~33658 overflows the Redis record's 15-digit "
-    "field (string.format('%015d')): the header is misparsed and get raises a raw ValueError",
-)
 async def test_redis_key_written_with_the_longest_ttl_stays_readable(redis_url: str) -> None:
     """A key the Redis backend accepted with timedelta.max reads back (or was refused)."""
     async with RedisBackend(url=redis_url, key_prefix=unique_prefix()) as backend:

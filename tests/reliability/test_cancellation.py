@@ -18,8 +18,8 @@ another task after a random number of event-loop checkpoints. Then:
 For Redis, with `connection_pool_size=2`, many cancellations land while a command is in flight
 (the write then takes effect or not, and the connection is dropped and reconnected); the server
 must afterwards see no more of the backend's connections than the pool allows. Memory and file
-run again under trio. The pool is warm before the cancelling starts: cancelling the calls that
-open its connections strands the calls queued behind them (a strict xfail at the end).
+run again under trio. Cancelling the calls that open the pool's connections must not strand
+the calls queued behind them (a regression test at the end).
 """
 
 from __future__ import annotations
@@ -435,9 +435,8 @@ async def test_redis_cancelled_commands_in_flight_leave_whole_values_and_a_worki
     assert figures["cancelled_writes_applied"] > 0, figures
 
 
-# ---------------------------------------------------------------- bugs found
-# Fails today (an AssertionError: strict xfail, so the suite stays green and a fix turns it into
-# XPASS, which fails until the marker is removed).
+# ---------------------------------------------------------------- regressions
+# Bugs these tests found, fixed since: kept as regression tests.
 
 
 async def _save_until_cancelled(scope: anyio.CancelScope, backend: Backend) -> None:
@@ -454,13 +453,6 @@ async def _save_promptly(backend: Backend, n: int, late: list[int]) -> None:
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: a cancelled (or failed) checkout of a new pool connection frees its slot "
-    "(_Connections.take: taken -= 1) without waking a caller queued in _Connections.waiters, "
-    "so with no other connection in use the queued calls wait forever on a healthy server",
-)
 async def test_redis_calls_queued_for_a_connection_survive_a_cancelled_checkout(
     redis_url: str,
 ) -> None:

@@ -11,8 +11,9 @@ The figures: the hypothesis tests decode 2,000 random (each also compressed) and
 inputs; the exhaustive lists add 504 JSON-tag and 4,608 extension payloads and 13 bombs; each
 backend reads a fixed corpus of 1,804 stored values; the log is reopened after 150 random
 corruptions and cut at 40 offsets, the snapshot after 100 random corruptions. Nothing may raise
-anything but `DecodeError` (or, opening a store, `BackendError`). The xfail tests at the end are
-bugs found here and reported, not fixed (the file backend is not this suite's to change).
+anything but `DecodeError` (or, opening a store, `BackendError`). The tests at the end are
+regressions: bugs this suite found in the file backend, fixed since (malformed records with a
+valid checksum, malformed snapshots, a snapshot checksum, any stored bytes in a JSON snapshot).
 """
 
 from __future__ import annotations
@@ -425,12 +426,6 @@ MALFORMED_RECORDS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(TypeError, ValueError, AttributeError, pytest.fail.Exception),
-    reason="BUG (reported): FileBackend.open replays CRC-valid malformed log records with raw "
-    "TypeError/ValueError/AttributeError, or stores them silently, instead of BackendError",
-)
 @pytest.mark.parametrize("record", MALFORMED_RECORDS)
 async def test_malformed_log_record_is_a_backend_error(tmp_path: Path, record: list[Any]) -> None:
     """A checksummed log record with wrong field types refuses to open with BackendError."""
@@ -463,12 +458,6 @@ MALFORMED_SNAPSHOTS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(AttributeError, OverflowError, OSError),
-    reason="BUG (reported): FileBackend._load_snapshot lets AttributeError, OverflowError and "
-    "OSError escape for well-formed but malformed snapshots instead of BackendError",
-)
 @pytest.mark.parametrize("raw", MALFORMED_SNAPSHOTS)
 async def test_malformed_snapshot_is_a_backend_error(tmp_path: Path, raw: bytes) -> None:
     """A snapshot that parses but has the wrong shape refuses to open with BackendError."""
@@ -514,12 +503,6 @@ def test_damaged_snapshot_opens_or_raises_backend_error(rng: random.Random) -> N
     assert refused is None or "corrupt" in str(refused)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="BUG (reported): the snapshot carries no checksum, so damage inside a value or a "
-    "version opens cleanly with the altered state (about 1 in 20 random damages)",
-)
 async def test_damaged_snapshot_value_is_detected(tmp_path: Path) -> None:
     """One changed digit in the snapshot (a version) is damage: opening raises BackendError."""
     async with FileBackend(base_path=tmp_path) as backend:
@@ -533,13 +516,6 @@ async def test_damaged_snapshot_value_is_detected(tmp_path: Path) -> None:
         await FileBackend(base_path=tmp_path, durability="none").open()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=BackendError,
-    reason="BUG (reported): FileBackend's JSON snapshot re-encodes stored JSON payloads with "
-    "allow_nan=False outside its try (and misses RecursionError): raw values like b'\\x02NaN' "
-    "make every snapshot fail",
-)
 @pytest.mark.parametrize(
     "raw",
     [b"\x02NaN", b"\x02[Infinity]", b"\x02" + b"[" * 5000 + b"]" * 5000],

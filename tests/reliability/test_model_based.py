@@ -554,11 +554,8 @@ class StoreMachine(RuleBasedStateMachine):
     def subscribe(self, pattern: str, how: str) -> None:
         self.harness.figures.count(f"subscribe_{how}")
         assert self.session is not None
-        # A subscription that joins a pattern already subscribed may also receive changes
-        # committed before it began (see the strict xfails at the end): first let the earlier
-        # subscriptions to the pattern receive everything, so that the expectation stays exact.
-        same = [s for s in self.session.subscriptions if s.pattern == pattern]
-        self.harness.portal.call(self._receive_all, same)
+        # It joins while the pattern's other subscriptions may still be receiving: it must get
+        # exactly the changes committed from now on (see the regressions at the end).
         if how == "watch":
             subscription = self._watch(self.manager, pattern)
         else:
@@ -684,20 +681,11 @@ def test_redis_backend_matches_the_model(
         _run(harness, record_property)
 
 
-# ---------------------------------------------------------------- bugs found
-# Each fails today (an AssertionError: strict xfail, so the suite stays green and a fix turns
-# it into XPASS, which fails until the marker is removed).
+# ---------------------------------------------------------------- regressions
+# Bugs these tests found, fixed since: kept as regression tests.
 
 
 @pytest.mark.redis
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: a Redis subscription joining a pattern this backend already subscribes to "
-    "(RedisBackend._changes reuses the _Group) is added to the group's fanout at once, so "
-    "it also receives the changes already published but not yet read off the pub/sub "
-    "connection: changes committed, and acknowledged, before it was opened",
-)
 async def test_redis_watch_opened_after_a_save_does_not_receive_it(redis_url: str) -> None:
     """A watch opened after a save returned never delivers that save's change."""
     backend = RedisBackend(url=redis_url, key_prefix=unique_prefix())
@@ -714,14 +702,6 @@ async def test_redis_watch_opened_after_a_save_does_not_receive_it(redis_url: st
     assert not early, f"{len(early)} of 20 watches first delivered an earlier save"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: StateManager.subscribe adds a callback to the pattern's running pump "
-    "(self._pumps[pattern].callbacks), which then also calls it with the changes it has not "
-    "dispatched yet (buffered in its stream, or for Redis still on the pub/sub connection): "
-    "changes committed before subscribe() was called",
-)
 @pytest.mark.parametrize("kind", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def test_callback_subscribed_after_a_save_does_not_receive_it(
     kind: str, request: pytest.FixtureRequest
