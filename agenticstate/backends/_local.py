@@ -21,7 +21,7 @@ class LocalStore:
     """Entries by key with wall-clock expiry, and named sorted indexes.
 
     Expired entries are dropped when read and, in order of expiry, whenever `sweep` runs (on
-    writes), so memory stays bounded without a timer task.
+    writes, scans and batch reads), so memory stays bounded without a timer task.
     """
 
     __slots__ = ("data", "expiries", "indexes")
@@ -60,6 +60,7 @@ class LocalStore:
 
     def matching(self, matcher: GlobMatcher, now: datetime) -> list[str]:
         """The present keys `matcher` selects (a snapshot: safe to iterate while writing)."""
+        self.sweep(now)  # a store that is only read still lets go of what expired
         if matcher.is_literal:
             key = matcher.literal_prefix
             return [key] if self.live(key, now) is not None else []

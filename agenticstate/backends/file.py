@@ -655,6 +655,7 @@ class FileBackend(Backend):
         await self._ready()
         await anyio.lowlevel.checkpoint()
         now = _now()
+        self._local.sweep(now)
         return [self._local.live(key, now) for key in keys]
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
@@ -973,6 +974,7 @@ class FileBackend(Backend):
         check_ttl(ttl)
         await self._ready()
         clock = self._clock()
+        self._local.sweep(clock[0])
         records = [self._stage(key, value, ttl, None, clock) for key, value in items]
         # Large batches span frames: every frame must be durable (dict keeps them in order).
         for batch in {record.batch: None for record in records if record is not None}:
@@ -1003,6 +1005,7 @@ class FileBackend(Backend):
         check_ttl(ttl)
         await self._ready()
         clock = self._clock()
+        self._local.sweep(clock[0])
         current = self._current(key, clock[0])
         value = fn(current)
         record = self._stage(

@@ -104,6 +104,7 @@ class MemoryBackend(Backend):
             validate_key(key)
         await anyio.lowlevel.checkpoint()
         now = utcnow()
+        self._local.sweep(now)
         return [self._local.live(key, now) for key in keys]
 
     async def set(

@@ -500,3 +500,24 @@ async def test_closing_after_only_reads_leaves_the_snapshot_alone(tmp_path: Path
     async with FileBackend(base_path=tmp_path) as backend:
         await backend.set("k", b"w")
     assert snapshot.stat().st_ino != before.st_ino  # replaced by a new snapshot
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_a_store_that_is_only_read_lets_go_of_expired_entries(
+    tmp_path: Path, kind: str
+) -> None:
+    """Expired entries leave memory on scans and batch reads, not only on the next write."""
+    from datetime import timedelta
+
+    from agenticstate import MemoryBackend
+
+    backend = MemoryBackend() if kind == "memory" else FileBackend(base_path=tmp_path)
+    async with backend:
+        await backend.set_many(
+            [(f"k{n}", b"v") for n in range(50)], ttl=timedelta(milliseconds=100)
+        )
+        await backend.set("stays", b"v")
+        assert len(backend._local.data) == 51
+        await anyio.sleep(0.2)  # expiry is wall-clock time: wait for the time itself
+        assert [key async for key in backend.scan("stays")] == ["stays"]
+        assert len(backend._local.data) == 1
