@@ -174,10 +174,13 @@ class Watch:
 
     Enter it to subscribe before you write, so nothing is missed:
 
+    <!-- snippet: setup=state -->
     ```python
     async with state.watch("agent:*") as changes:
+        await state.save("agent:1", {"status": "idle"})
         async for change in changes:
-            handle(change.key, change.old_value, change.new_value)
+            print(change.key, change.old_value, change.new_value)  # agent:1 None {...}
+            break
     ```
 
     Iterating without `async with` subscribes on the first `__anext__`. Iteration ends when the

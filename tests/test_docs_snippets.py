@@ -28,6 +28,7 @@ manager or backend it leaves open is closed afterwards.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import re
 import textwrap
@@ -43,8 +44,10 @@ import pytest
 import agenticstate
 from agenticstate import (
     AgentCheckpoint,
+    AgentRecoveryManager,
     AgentStateStore,
     Backend,
+    MemoryBackend,
     StateConfig,
     StateManager,
     WorkflowState,
@@ -139,7 +142,64 @@ def find_blocks(docs: Path = DOCS) -> list[Block]:
     return blocks
 
 
-BLOCKS = find_blocks()
+def reference_targets(docs: Path = DOCS) -> list[str]:
+    """The objects the API reference renders (`::: name` lines in docs/reference)."""
+    return [
+        line.removeprefix(":::").strip()
+        for path in sorted((docs / "reference").glob("*.md"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.startswith(":::")
+    ]
+
+
+def _documented(target: str) -> list[tuple[str, str]]:
+    """(qualified name, docstring) of a rendered object and of the members rendered with it."""
+    module_name, _, name = target.rpartition(".")
+    try:
+        obj: Any = importlib.import_module(target)
+    except ImportError:
+        obj = getattr(importlib.import_module(module_name), name)
+    found = [(target, inspect.getdoc(obj) or "")]
+    members = vars(obj) if inspect.isclass(obj) else {}
+    for member_name, member in members.items():
+        if member_name.startswith("_"):
+            continue
+        if isinstance(member, staticmethod | classmethod):
+            member = member.__func__
+        if isinstance(member, property):
+            member = member.fget
+        if callable(member) and getattr(member, "__doc__", None):
+            found.append((f"{target}.{member_name}", inspect.getdoc(member) or ""))
+    return found
+
+
+def find_docstring_blocks() -> list[Block]:
+    """The ```python blocks of the docstrings the API reference pages render."""
+    blocks = []
+    seen: set[str] = set()
+    for target in reference_targets():
+        for qualified, doc in _documented(target):
+            if qualified in seen:
+                continue
+            seen.add(qualified)
+            lines = doc.splitlines()
+            for match in FENCE.finditer(doc):
+                line = doc.count("\n", 0, match.start()) + 1
+                marker = MARKER.match(lines[line - 2]) if line >= 2 else None
+                options = (marker["options"] or "") if marker else None
+                blocks.append(
+                    Block(
+                        page=f"api/{qualified}",
+                        line=line,
+                        source=textwrap.dedent(match["body"]),
+                        marker=options,
+                        options=parse_options(options or ""),
+                    )
+                )
+    return blocks
+
+
+BLOCKS = find_blocks() + find_docstring_blocks()
 INCLUDES = [block for block in BLOCKS if block.includes is not None]
 FRAGMENTS = [block for block in BLOCKS if block.includes is None]
 
@@ -209,6 +269,25 @@ class Agent:
 async def agent() -> AsyncIterator[Namespace]:
     """`agent`: researcher_01, which keeps the state it is restored from."""
     yield {"agent": Agent("researcher_01")}
+
+
+@setup
+@asynccontextmanager
+async def backend() -> AsyncIterator[Namespace]:
+    """`backend`: an empty MemoryBackend."""
+    async with MemoryBackend() as made:
+        yield {"backend": made}
+
+
+@setup
+@asynccontextmanager
+async def recovery_manager() -> AsyncIterator[Namespace]:
+    """`recovery_manager` on a memory store, and the `agent` it has registered."""
+    async with AgentStateStore(persistence="memory") as store:
+        manager = AgentRecoveryManager(agent_store=store)
+        registered = Agent("researcher_01")
+        manager.register(registered)
+        yield {"recovery_manager": manager, "agent": registered}
 
 
 @setup

@@ -385,10 +385,13 @@ class Backend(ABC):
     ) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
         """Subscribe to changes of keys matching `pattern`.
 
+        <!-- snippet: setup=backend -->
         ```python
         async with backend.changes("agent:*") as changes:
+            await backend.set("agent:1", b"raw bytes")
             async for change in changes:
-                ...
+                print(change.key, change.version)  # agent:1 1
+                break
         ```
         """
 

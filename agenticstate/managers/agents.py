@@ -528,9 +528,13 @@ class AgentRecoveryManager:
     def guard(self, agent: Any) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
         """Decorate an async function so that it runs under `run(agent, ...)`.
 
+        <!-- snippet: setup=recovery_manager -->
         ```python
         @recovery_manager.guard(agent)
-        async def research(topic: str) -> str: ...
+        async def research(topic: str) -> str:
+            return f"notes on {topic}"
+
+        await research("agent memory")
         ```
         """
 

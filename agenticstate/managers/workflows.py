@@ -521,8 +521,9 @@ class WorkflowStateManager(StateManagerBase):
     ) -> AsyncIterator[WorkflowStep]:
         """Run one step: wait while paused, record it running, then completed or failed.
 
+        <!-- snippet: setup=workflow_state,analyze check=step_completed -->
         ```python
-        async with workflow_state.step("research", 3, "analyze") as step:
+        async with workflow_state.step("research_pipeline", 3, "analyze") as step:
             step.result = await analyze()
         ```
 
