@@ -103,13 +103,13 @@ def measure_process(redis_clients: int | None = None, state: StateManager | None
 
 
 def held_connections(state: StateManager) -> tuple[int, int] | None:
-    """The Redis backend's command connections checked out of redis-py's pool (it takes them
-    when needed and keeps them, up to `connection_pool_size`), and that cap; None elsewhere.
-    A private attribute: figures for the report only."""
+    """The Redis backend's command connections (it makes them when needed and keeps them, up
+    to `connection_pool_size`), and that cap; None elsewhere. A private attribute: figures for
+    the report only."""
     pool = getattr(state.backend, "_connections", None)
     if pool is None:
         return None
-    return int(pool.taken), int(pool.size)
+    return len(pool.made), int(pool.size)
 
 
 @dataclass

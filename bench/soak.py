@@ -16,9 +16,10 @@ it takes a few minutes per backend. Linux only (it reads /proc/self).
    scenario does and how it ends what it creates), with short TTLs and tight retention; drains
    through the managers' own API; polls (printing progress, with a deadline) until no key has a
    TTL left and the longest TTL has passed since the last write; then explains every remaining
-   key: each must be a kind of record that no public API removes (`RESIDUE`), and kinds bounded
-   by configuration pass while kinds that grow with the operations fail. The explained residue
-   is then deleted with `StateManager.delete`, so the other checks look at the library itself.
+   key: each must be a kind of record that no public API removes (`RESIDUE`, empty now that
+   every kind the soak found has an API or a TTL), and kinds bounded by configuration pass while
+   kinds that grow with the operations fail; an unexplained key fails. The explained residue is
+   then deleted with `StateManager.delete`, so the other checks look at the library itself.
 4. Measure again and compare with the baseline.
 5. The traced leg: tracemalloc on, two more cycles of `--traced-ops` / 2 operations each, and
    the traced bytes the second one leaves alive beyond the first, by source line. Comparing two

@@ -172,6 +172,8 @@ class AgentStateStore(StateManagerBase):
         max_snapshots: Keep at most this many snapshots per agent (the newest).
         max_checkpoints: Keep at most this many checkpoints per agent (the newest).
         max_age: Drop snapshots and checkpoints older than this (they also get it as their TTL).
+            An agent's recovery record gets it as its TTL too, renewed by every recovery
+            attempt and `reset_attempts`.
     """
 
     def __init__(
@@ -215,6 +217,10 @@ class AgentStateStore(StateManagerBase):
     @staticmethod
     def _recovery_key(agent_id: str) -> str:
         return f"agents:{{{key_part(agent_id, 'agent_id')}}}:recovery"
+
+    def _recovery_ttl(self) -> dict[str, Any]:
+        # Without max_age the record keeps the store's default TTL, as it always did.
+        return {"ttl": self.max_age} if self.max_age is not None else {}
 
     # snapshots
 
@@ -393,9 +399,17 @@ class AgentRecoveryManager:
         return await self.agent_store._load(key, RecoveryRecord)
 
     async def reset_attempts(self, agent_id: str) -> None:
-        """Start counting attempts from zero again (after the agent ran successfully)."""
-        key = AgentStateStore._recovery_key(agent_id)
-        await self.agent_store.state.update(key, {"attempts": 0}, default={"agent_id": agent_id})
+        """Start counting attempts from zero again (after the agent ran successfully).
+
+        With the store's `max_age`, this renews the recovery record's TTL like an attempt does.
+        """
+        store = self.agent_store
+        await store.state.update(
+            AgentStateStore._recovery_key(agent_id),
+            {"attempts": 0},
+            default={"agent_id": agent_id},
+            **store._recovery_ttl(),
+        )
 
     async def recover(self, agent_id: str, from_checkpoint: str = "latest") -> bool:
         """Restore an agent from a checkpoint through its `restore_from_checkpoint`.
@@ -470,8 +484,13 @@ class AgentRecoveryManager:
                 update={"attempts": record.attempts + 1, "last_attempt_at": utcnow()}
             ).model_dump(mode="json")
 
-        key = AgentStateStore._recovery_key(agent_id)
-        stored = await self.agent_store.state.update(key, count, default={"agent_id": agent_id})
+        store = self.agent_store
+        stored = await store.state.update(
+            AgentStateStore._recovery_key(agent_id),
+            count,
+            default={"agent_id": agent_id},
+            **store._recovery_ttl(),
+        )
         return int(stored["attempts"])
 
     async def _record(
@@ -483,8 +502,13 @@ class AgentRecoveryManager:
         }
         if error is None:
             change["recovered_at"] = utcnow().isoformat()
-        key = AgentStateStore._recovery_key(agent_id)
-        await self.agent_store.state.update(key, change, default={"agent_id": agent_id})
+        store = self.agent_store
+        await store.state.update(
+            AgentStateStore._recovery_key(agent_id),
+            change,
+            default={"agent_id": agent_id},
+            **store._recovery_ttl(),
+        )
 
     async def run(self, agent: Any, job: Callable[[], Awaitable[T]]) -> T:
         """Run `job()`; when it raises, recover the agent and run it again.

@@ -330,6 +330,27 @@ class KnowledgeStateManager(StateManagerBase):
         """Forget a source; return whether it existed."""
         return await self.state.delete(self._source_key(knowledge_base_id, source_id))
 
+    async def delete_knowledge_base(self, knowledge_base_id: str) -> int:
+        """Delete a knowledge base's state: its indexing progress and every source.
+
+        Indexers still reporting afterwards get `NotFoundError` from `increment_progress`, as
+        before the progress was first recorded.
+
+        Returns:
+            How many records (progress and sources) were deleted.
+
+        Raises:
+            NotFoundError: No state exists for this knowledge base.
+        """
+        kb = glob_part(key_part(knowledge_base_id, "knowledge_base_id"))
+        deleted = 0
+        for key in await self.state.list_keys(f"knowledge:{{{kb}}}:*"):
+            deleted += await self.state.delete(key)
+        if not deleted:
+            raise NotFoundError(f"no state for knowledge base {knowledge_base_id!r}")
+        self.log.info("knowledge_base_deleted", knowledge_base_id=knowledge_base_id)
+        return deleted
+
     async def list_knowledge_bases(self) -> list[str]:
         """Return the ids of knowledge bases with any state, sorted."""
         ids = set()

@@ -13,10 +13,17 @@ The hot state is kept in small records, never in one team document rewritten on 
 each agent and each task has its own record, and every change to one is an atomic
 compare-and-set on its version. The task record is the single source of truth: a task is
 assigned when the compare-and-set that moves it from pending to in progress succeeds, so two
-workers (in any processes) can never hold it at once. Pending task ids are also kept in a sorted
-index (a Redis sorted set) scored by priority and then enqueue order, so a worker reads the next
-candidates in one call; the index is a hint, tidied when stale and restored by `reap_expired` if
-a crash left a pending task out of it.
+workers (in any processes) can never hold it at once.
+
+Three sorted indexes (Redis sorted sets) keep the queue's reads off a scan of every task: pending
+task ids scored by priority and then enqueue order, so a worker reads the next candidates in one
+call; claims in progress (`<task_id>:<lease_token>`) scored by lease expiry, so `reap_expired`
+reads only the claims that are due; and finished (completed or dead-lettered) task ids scored by
+when they finished, so `purge_finished` reads the oldest first. The indexes are hints: a claim's
+entry is added before the compare-and-set that takes the task, stale entries are tidied when
+found, and a periodic check of every task record against the indexes (the first `reap_expired`
+or `get_queue_status` of a team in a process, then at most every 60 `sync_interval`s) restores
+what a crash left out.
 
 Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Redis Cluster slot):
 
@@ -26,12 +33,16 @@ Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Red
 | `AgentCoordinationState` | `teams:{<team_id>}:agents:<agent_id>` |
 | `TaskItem` | `teams:{<team_id>}:tasks:<task_id>` |
 | pending index (sorted) | `teams:{<team_id>}:pending`, score = rank x 10^15 + sequence |
+| in-progress index (sorted) | `teams:{<team_id>}:in-progress`, score = lease expiry |
+| finished index (sorted) | `teams:{<team_id>}:finished`, score = when the task finished |
 | enqueue sequence | `teams:{<team_id>}:sequence` |
 """
 
 from __future__ import annotations
 
+import math
 import random
+import time
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -49,6 +60,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     glob_part,
     key_part,
+    sort_time,
     utcnow,
 )
 
@@ -102,6 +114,13 @@ class TaskPriority(StrEnum):
 
 _RANKS = {TaskPriority.HIGH: 0, TaskPriority.NORMAL: 1, TaskPriority.LOW: 2}
 
+_NO_LEASE = 1e15
+"""The in-progress index score of a task assigned without a lease: never due."""
+_UNLEASED = "-"
+"""The token part of the in-progress entry of a task that has no lease token."""
+_REPAIR_EVERY = 60
+"""`sync_interval`s between two checks of a team's task records against its indexes."""
+
 
 class TaskStatus(StrEnum):
     """Where a task is."""
@@ -114,6 +133,9 @@ class TaskStatus(StrEnum):
     """Done (terminal)."""
     DEAD_LETTER = "dead_letter"
     """Failed more often than its retries allow (terminal)."""
+
+
+_FINISHED = frozenset({TaskStatus.COMPLETED, TaskStatus.DEAD_LETTER})
 
 
 class AgentCoordinationState(BaseModel):
@@ -207,6 +229,10 @@ class TaskClaim(BaseModel):
         return self.task.task_id
 
 
+class _Mispredicted(Exception):  # noqa: N818  # internal signal, never raised to callers
+    """A failure's outcome (retry or dead letter) differed from the one its TTL was chosen for."""
+
+
 def _task_from(task: dict[str, Any] | TaskItem) -> TaskItem:
     if isinstance(task, TaskItem):
         return task
@@ -237,6 +263,9 @@ class OrchestrationStateManager(StateManagerBase):
             is sized against.
         default_lease: How long a claim lasts without a heartbeat (default: 30 x sync_interval).
         max_retries: Default failures a task may have before it is dead-lettered.
+        finished_task_ttl: How long a completed or dead-lettered task is kept: its record gets
+            this time to live when it finishes (None: the store's default TTL, usually never).
+            `purge_finished` and `delete_task` remove finished tasks before that.
     """
 
     def __init__(
@@ -250,11 +279,18 @@ class OrchestrationStateManager(StateManagerBase):
         sync_interval: float = 1.0,
         default_lease: timedelta | None = None,
         max_retries: int = 3,
+        finished_task_ttl: timedelta | None = None,
     ) -> None:
         if not sync_interval > 0:
             raise InvalidArgumentError("sync_interval must be positive")
         if type(max_retries) is not int or max_retries < 0:
             raise InvalidArgumentError("max_retries must be an int >= 0")
+        if finished_task_ttl is not None and (
+            not isinstance(finished_task_ttl, timedelta) or finished_task_ttl <= timedelta(0)
+        ):
+            raise InvalidArgumentError(
+                f"finished_task_ttl must be a positive timedelta or None, not {finished_task_ttl!r}"
+            )
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -265,6 +301,9 @@ class OrchestrationStateManager(StateManagerBase):
         self.sync_interval = sync_interval
         self.default_lease = default_lease or timedelta(seconds=30 * sync_interval)
         self.max_retries = max_retries
+        self.finished_task_ttl = finished_task_ttl
+        self._checked: dict[str, float] = {}  # team id -> when its indexes were last checked
+        self._finishes = 0  # tasks finished by this manager: every 32nd tidies the index
 
     # keys
 
@@ -283,6 +322,37 @@ class OrchestrationStateManager(StateManagerBase):
 
     def _pending(self, team_id: str) -> str:
         return f"{self._base(team_id)}:pending"
+
+    def _in_progress(self, team_id: str) -> str:
+        return f"{self._base(team_id)}:in-progress"
+
+    def _finished(self, team_id: str) -> str:
+        return f"{self._base(team_id)}:finished"
+
+    @staticmethod
+    def _member(task_id: str, lease_token: str | None) -> str:
+        # One in-progress entry per claim, so that no writer ever moves or removes another's.
+        return f"{task_id}:{lease_token or _UNLEASED}"
+
+    @staticmethod
+    def _claim_of(member: str) -> tuple[str, str | None]:
+        task_id, _, token = member.rpartition(":")
+        return task_id, token if token != _UNLEASED else None
+
+    @staticmethod
+    def _lease_score(task: TaskItem) -> float:
+        expires = task.lease_expires_at
+        return sort_time(expires) if expires is not None else _NO_LEASE
+
+    @staticmethod
+    def _finished_score(task: TaskItem) -> float:
+        return sort_time(task.completed_at or task.updated_at)
+
+    def _finished_ttl(self, finished: bool) -> dict[str, Any]:
+        # Without finished_task_ttl, writes keep the store's default TTL, as every other write.
+        if finished and self.finished_task_ttl is not None:
+            return {"ttl": self.finished_task_ttl}
+        return {}
 
     @staticmethod
     def _order(task: TaskItem) -> dict[str, float]:
@@ -324,11 +394,22 @@ class OrchestrationStateManager(StateManagerBase):
             (TaskStatus.DEAD_LETTER, queue.dead_letter),
         ):
             for task in tasks:
+                item = task.model_copy(update={"status": status})
                 await self.state.save(
                     self._task_key(team.team_id, task.task_id),
-                    task.model_copy(update={"status": status}),
+                    item,
                     expected_version=0,
+                    **self._finished_ttl(status in _FINISHED),
                 )
+                if status is TaskStatus.IN_PROGRESS:
+                    member = self._member(item.task_id, item.lease_token)
+                    await self.state.index_add(
+                        self._in_progress(team.team_id), {member: self._lease_score(item)}
+                    )
+                else:
+                    await self.state.index_add(
+                        self._finished(team.team_id), {item.task_id: self._finished_score(item)}
+                    )
         return await self.get_team(team.team_id)
 
     async def _require_team(self, team_id: str) -> _TeamRecord:
@@ -375,6 +456,36 @@ class OrchestrationStateManager(StateManagerBase):
     async def remove_agent(self, team_id: str, agent_id: str) -> bool:
         """Remove an agent from a team; return whether it was there."""
         return await self.state.delete(self._agent_key(team_id, agent_id))
+
+    async def delete_team(self, team_id: str) -> int:
+        """Delete a team: its record, agents, tasks (in any status), sequence and indexes.
+
+        The team record goes first, so `enqueue_task` refuses new tasks from then on. Stop the
+        team's workers before: a claim or completion in flight fails with `NotFoundError` or
+        `ConflictError`, and an enqueue that had already passed its check may leave its task
+        behind; calling `delete_team` again removes it (it also finishes a deletion that was
+        interrupted, when the team record is gone already).
+
+        Returns:
+            How many records (team, agents, tasks, sequence) were deleted.
+
+        Raises:
+            NotFoundError: No such team (and nothing of one left).
+        """
+        deleted = int(await self.state.delete(self._team_key(team_id)))
+        pattern = f"teams:{{{glob_part(key_part(team_id, 'team_id'))}}}:*"
+        for key in await self.state.list_keys(pattern):
+            deleted += await self.state.delete(key)
+        entries = 0
+        for index in (self._pending(team_id), self._in_progress(team_id), self._finished(team_id)):
+            members = [member for member, _ in await self.state.index_range(index)]
+            if members:
+                entries += await self.state.index_remove(index, members)
+        self._checked.pop(team_id, None)
+        if not deleted and not entries:
+            raise NotFoundError(f"no team {team_id!r}")
+        self.log.info("team_deleted", team_id=team_id, records=deleted)
+        return deleted
 
     async def get_agent(self, team_id: str, agent_id: str) -> AgentCoordinationState:
         """Return one agent of a team.
@@ -477,19 +588,33 @@ class OrchestrationStateManager(StateManagerBase):
         return task
 
     async def _change_task(
-        self, team_id: str, task_id: str, fn: Callable[[TaskItem], TaskItem]
-    ) -> TaskItem:
+        self,
+        team_id: str,
+        task_id: str,
+        fn: Callable[[TaskItem], TaskItem],
+        *,
+        finished: bool = False,
+    ) -> tuple[TaskItem, TaskItem]:
+        """Change a task atomically; return it as it was just before the change, and after."""
+        before: list[TaskItem] = []
+
         def apply(current: Any) -> Any:
-            return fn(TaskItem.model_validate(current)).model_copy(update={"updated_at": utcnow()})
+            task = TaskItem.model_validate(current)
+            before[:] = [task]  # the last run is the one that committed
+            return fn(task).model_copy(update={"updated_at": utcnow()})
 
         try:
-            value = await self.state.update(self._task_key(team_id, task_id), apply)
+            value = await self.state.update(
+                self._task_key(team_id, task_id), apply, **self._finished_ttl(finished)
+            )
         except NotFoundError:
             raise NotFoundError(f"team {team_id!r} has no task {task_id!r}") from None
-        return TaskItem.model_validate(value)
+        return before[0], TaskItem.model_validate(value)
 
     @staticmethod
-    def _take(task: TaskItem, agent_id: str, lease: timedelta | None) -> TaskItem:
+    def _take(
+        task: TaskItem, agent_id: str, lease_token: str, lease_expires_at: datetime | None
+    ) -> TaskItem:
         if task.status is not TaskStatus.PENDING:
             raise ConflictError(
                 f"task {task.task_id!r} is {task.status.value}"
@@ -500,8 +625,8 @@ class OrchestrationStateManager(StateManagerBase):
             update={
                 "status": TaskStatus.IN_PROGRESS,
                 "assigned_to": agent_id,
-                "lease_token": uuid4().hex,
-                "lease_expires_at": utcnow() + lease if lease is not None else None,
+                "lease_token": lease_token,
+                "lease_expires_at": lease_expires_at,
                 "attempts": task.attempts + 1,
             }
         )
@@ -514,7 +639,19 @@ class OrchestrationStateManager(StateManagerBase):
             NotFoundError: No such task.
         """
         key_part(agent_id, "agent_id")
-        task = await self._change_task(team_id, task_id, lambda t: self._take(t, agent_id, None))
+        self._task_key(team_id, task_id)  # check the ids before indexing anything
+        token = uuid4().hex
+        in_progress = self._in_progress(team_id)
+        member = self._member(task_id, token)
+        # Indexed before the task is taken, so that no assigned task is ever missing from it.
+        await self.state.index_add(in_progress, {member: _NO_LEASE})
+        try:
+            _, task = await self._change_task(
+                team_id, task_id, lambda t: self._take(t, agent_id, token, None)
+            )
+        except (ConflictError, NotFoundError):
+            await self.state.index_remove(in_progress, [member])
+            raise
         await self.state.index_remove(self._pending(team_id), [task.task_id])
         await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
         return task
@@ -547,6 +684,7 @@ class OrchestrationStateManager(StateManagerBase):
             if agent is not None:
                 capabilities = set(agent.capabilities)
         pending = self._pending(team_id)
+        in_progress = self._in_progress(team_id)
         skipped: set[str] = set()
         contended = False
         page = 16
@@ -582,20 +720,26 @@ class OrchestrationStateManager(StateManagerBase):
                 ):
                     skipped.add(task_id)
                     continue
-                taken = self._take(task, agent_id, lease).model_copy(
-                    update={"updated_at": utcnow()}
+                now = utcnow()
+                taken = self._take(task, agent_id, uuid4().hex, now + lease).model_copy(
+                    update={"updated_at": now}
                 )
+                assert taken.lease_token is not None  # noqa: S101  # set by _take
+                assert taken.lease_expires_at is not None  # noqa: S101
+                # The claim is indexed before the task is taken, so that a worker dying between
+                # the two leaves a stale entry (tidied by the reaper), never an unreapable task.
+                member = self._member(task_id, taken.lease_token)
+                await self.state.index_add(in_progress, {member: self._lease_score(taken)})
                 try:
                     # Compare-and-set on the version just read: one round trip, and only one
                     # claimer can win it.
                     await self.state.save(key, taken, expected_version=entry.version)
                 except ConflictError:
+                    await self.state.index_remove(in_progress, [member])
                     contended = True
                     continue  # another worker won this one
                 await self.state.index_remove(pending, [task_id])
                 await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
-                assert taken.lease_token is not None  # noqa: S101  # set by _take
-                assert taken.lease_expires_at is not None  # noqa: S101
                 return TaskClaim(
                     team_id=team_id,
                     task=taken,
@@ -637,7 +781,10 @@ class OrchestrationStateManager(StateManagerBase):
             self._check_holder(task, lease_token, None)
             return task.model_copy(update={"lease_expires_at": utcnow() + life})
 
-        return await self._change_task(team_id, task_id, extend)
+        # The in-progress index keeps the older expiry: when it comes due, the reaper finds the
+        # lease extended and moves the entry (one index write per lease, not per heartbeat).
+        _, task = await self._change_task(team_id, task_id, extend)
+        return task
 
     async def complete_task(
         self,
@@ -651,7 +798,8 @@ class OrchestrationStateManager(StateManagerBase):
         """Mark an in-progress task completed with its result.
 
         Pass the claim's `lease_token` (or the `agent_id` it was assigned to): a completion by a
-        holder whose lease expired and was handed on is refused.
+        holder whose lease expired and was handed on is refused. With `finished_task_ttl`, the
+        completed task expires after it.
 
         Raises:
             ConflictError: The task is not in progress, or is held under another lease.
@@ -668,10 +816,28 @@ class OrchestrationStateManager(StateManagerBase):
                 }
             )
 
-        task = await self._change_task(team_id, task_id, complete)
-        if task.assigned_to is not None:
-            await self._set_agent_if_member(team_id, task.assigned_to, AgentStatus.IDLE, None)
+        before, task = await self._change_task(team_id, task_id, complete, finished=True)
+        await self._finish(team_id, before, task)
         return task
+
+    async def _finish(self, team_id: str, before: TaskItem, task: TaskItem) -> None:
+        """Move a task that just left in-progress to its next index; set its holder idle."""
+        member = self._member(before.task_id, before.lease_token)
+        await self.state.index_remove(self._in_progress(team_id), [member])
+        if task.status is TaskStatus.PENDING:
+            await self.state.index_add(self._pending(team_id), self._order(task))
+        else:
+            await self.state.index_add(
+                self._finished(team_id), {task.task_id: self._finished_score(task)}
+            )
+        if before.assigned_to is not None:
+            await self._set_agent_if_member(team_id, before.assigned_to, AgentStatus.IDLE, None)
+        if task.status in _FINISHED:
+            self._finishes += 1
+            if self.finished_task_ttl is not None and self._finishes % 32 == 0:
+                # Expired tasks leave their index entries behind: tidy them as tasks finish, so
+                # the index stays bounded even where nobody runs reap_expired.
+                await self._tidy_finished(team_id)
 
     async def fail_task(
         self,
@@ -685,16 +851,23 @@ class OrchestrationStateManager(StateManagerBase):
         """Record a failure: the task is retried, or dead-lettered after `max_retries`.
 
         The task goes back to pending (keeping its place in the queue) until it has failed more
-        than its `max_retries` times; then it moves to the dead-letter list.
+        than its `max_retries` times; then it moves to the dead-letter list (and, with
+        `finished_task_ttl`, expires after it).
 
         Raises:
             ConflictError: The task is not in progress, or is held under another lease.
         """
+        # The TTL is chosen before the write: expect a retry, and redo the write in the rare
+        # case that it turns out to be the dead letter (only when the two TTLs differ).
+        expect_dead = False
+        predicting = self.finished_task_ttl is not None
 
         def fail(task: TaskItem) -> TaskItem:
             self._check_holder(task, lease_token, agent_id)
             failures = task.failures + 1
             dead = failures > task.max_retries
+            if predicting and dead is not expect_dead:
+                raise _Mispredicted
             return task.model_copy(
                 update={
                     "status": TaskStatus.DEAD_LETTER if dead else TaskStatus.PENDING,
@@ -706,12 +879,14 @@ class OrchestrationStateManager(StateManagerBase):
                 }
             )
 
-        before = await self.get_task(team_id, task_id)
-        task = await self._change_task(team_id, task_id, fail)
-        if task.status is TaskStatus.PENDING:
-            await self.state.index_add(self._pending(team_id), self._order(task))
-        if before.assigned_to is not None:
-            await self._set_agent_if_member(team_id, before.assigned_to, AgentStatus.IDLE, None)
+        while True:
+            try:
+                before, task = await self._change_task(team_id, task_id, fail, finished=expect_dead)
+            except _Mispredicted:
+                expect_dead = not expect_dead
+                continue
+            break
+        await self._finish(team_id, before, task)
         self.log.info(
             "task_failed",
             team_id=team_id,
@@ -720,60 +895,279 @@ class OrchestrationStateManager(StateManagerBase):
         )
         return task
 
+    async def delete_task(self, team_id: str, task_id: str) -> TaskItem:
+        """Delete a task in any status, with its index entries; return it as it was.
+
+        Deleting a task in progress takes it from its holder: the holder's `heartbeat`,
+        `complete_task` or `fail_task` then raise `NotFoundError`, and the holder, if a member
+        of the team, is set idle.
+
+        Raises:
+            NotFoundError: No such task in the team.
+        """
+        key = self._task_key(team_id, task_id)
+        while True:
+            entry = await self.state.get_entry(key, model=TaskItem)
+            if entry is None:
+                raise NotFoundError(f"team {team_id!r} has no task {task_id!r}")
+            try:
+                await self.state.delete(key, expected_version=entry.version)
+            except ConflictError:
+                continue  # it changed meanwhile: delete what it is now
+            break
+        task: TaskItem = entry.value
+        await self.state.index_remove(self._pending(team_id), [task_id])
+        await self.state.index_remove(self._finished(team_id), [task_id])
+        if task.status is TaskStatus.IN_PROGRESS:
+            await self.state.index_remove(
+                self._in_progress(team_id), [self._member(task_id, task.lease_token)]
+            )
+            if task.assigned_to is not None:
+                await self._set_agent_if_member(team_id, task.assigned_to, AgentStatus.IDLE, None)
+        return task
+
+    async def purge_finished(self, team_id: str, *, older_than: timedelta | None = None) -> int:
+        """Delete the team's completed and dead-lettered tasks, oldest first.
+
+        Args:
+            team_id: The team.
+            older_than: Only tasks that finished at least this long ago (None: all of them).
+
+        Returns:
+            How many tasks were deleted.
+
+        Raises:
+            NotFoundError: No such team.
+        """
+        if older_than is not None and (
+            not isinstance(older_than, timedelta) or older_than < timedelta(0)
+        ):
+            raise InvalidArgumentError(f"older_than must be a timedelta >= 0, not {older_than!r}")
+        await self._require_team(team_id)
+        cutoff = sort_time(utcnow() - older_than) if older_than is not None else math.inf
+        finished = self._finished(team_id)
+        purged = 0
+        while entries := await self._due(finished, cutoff, limit=256):
+            found = await self.state.get_many(
+                [self._task_key(team_id, task_id) for task_id, _ in entries], model=TaskItem
+            )
+            for task_id, _ in entries:
+                task = found.get(self._task_key(team_id, task_id))
+                # Finished is terminal: only a deletion (and a new task with the same id) can
+                # change the record now, so a plain delete deletes exactly what was read.
+                if task is not None and task.status in _FINISHED:
+                    purged += await self.state.delete(self._task_key(team_id, task_id))
+            await self.state.index_remove(finished, [task_id for task_id, _ in entries])
+        if purged:
+            self.log.info("finished_tasks_purged", team_id=team_id, count=purged)
+        return purged
+
+    async def _due(
+        self, index: str, cutoff: float, *, limit: int | None = None
+    ) -> list[tuple[str, float]]:
+        """The entries of `index` scored at most `cutoff`, lowest first (at most `limit`)."""
+        page = 64 if limit is None else min(64, limit)
+        while True:
+            entries = await self.state.index_range(index, limit=page)
+            due = [(member, score) for member, score in entries if score <= cutoff]
+            if len(due) < len(entries) or len(entries) < page:
+                return due
+            if limit is not None and page >= limit:
+                return due
+            page = page * 2 if limit is None else min(page * 2, limit)
+
+    async def _tidy_finished(self, team_id: str) -> None:
+        """Drop the finished-index entries of tasks that have expired (`finished_task_ttl`)."""
+        if self.finished_task_ttl is None:
+            return
+        cutoff = sort_time(utcnow() - self.finished_task_ttl)
+        entries = await self._due(self._finished(team_id), cutoff, limit=256)
+        if not entries:
+            return
+        keys = [self._task_key(team_id, task_id) for task_id, _ in entries]
+        found = await self.state.get_many(keys, model=TaskItem)
+        gone = [
+            task_id for (task_id, _), key in zip(entries, keys, strict=True) if key not in found
+        ]
+        if gone:
+            await self.state.index_remove(self._finished(team_id), gone)
+
     async def reap_expired(self, team_id: str) -> list[str]:
         """Put tasks whose lease expired back to pending; restore lost index entries.
 
-        A lease expires when its holder died (or stopped heartbeating).
+        A lease expires when its holder died (or stopped heartbeating). Only the claims that are
+        due are read (the in-progress index is scored by lease expiry), so the cost does not
+        grow with the tasks pending or finished. The first call for a team in a process, and
+        then one every 60 `sync_interval`s, also checks every task record of the team against
+        the indexes and restores what a crash left out of them.
 
         Run it every `sync_interval` or so from any process; concurrent reapers are safe.
 
         Returns:
             The ids of the tasks put back.
         """
+        await self._check_indexes(team_id)
         now = utcnow()
-        tasks = await self._load_many(self._glob(team_id, "tasks"), TaskItem)
-        indexed = {task_id for task_id, _ in await self.state.index_range(self._pending(team_id))}
+        in_progress = self._in_progress(team_id)
+        due = await self._due(in_progress, sort_time(now))
         requeued: list[str] = []
-        for task in tasks:
-            if task.status is TaskStatus.PENDING and task.task_id not in indexed:
-                await self.state.index_add(self._pending(team_id), self._order(task))
-                continue
-            expires = task.lease_expires_at
-            if task.status is not TaskStatus.IN_PROGRESS or expires is None or expires > now:
-                continue
-
-            def release(current: TaskItem, token: str | None = task.lease_token) -> TaskItem:
-                if current.status is not TaskStatus.IN_PROGRESS or current.lease_token != token:
-                    raise InvalidTransitionError("lease renewed or task finished meanwhile")
-                if current.lease_expires_at is not None and current.lease_expires_at > utcnow():
-                    raise InvalidTransitionError("lease renewed meanwhile")
-                return current.model_copy(
-                    update={
-                        "status": TaskStatus.PENDING,
-                        "assigned_to": None,
-                        "lease_token": None,
-                        "lease_expires_at": None,
-                    }
-                )
-
-            try:
-                back = await self._change_task(team_id, task.task_id, release)
-            except InvalidTransitionError:
-                continue
-            await self.state.index_add(self._pending(team_id), self._order(back))
-            if task.assigned_to is not None:
-                await self._set_agent_if_member(team_id, task.assigned_to, AgentStatus.IDLE, None)
-            requeued.append(task.task_id)
-            self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
+        if due:
+            claims = [(member, *self._claim_of(member)) for member, _ in due]
+            keys = {task_id: self._task_key(team_id, task_id) for _, task_id, _ in claims}
+            found = await self.state.get_many(list(keys.values()), model=TaskItem)
+            stale: list[str] = []
+            moved: dict[str, float] = {}
+            for member, task_id, token in claims:
+                task = found.get(keys[task_id])
+                if task is None or task.status is not TaskStatus.IN_PROGRESS:
+                    stale.append(member)  # finished, failed, reaped or deleted meanwhile
+                elif task.lease_token != token:
+                    stale.append(member)  # a claim that lost its race or was handed on
+                elif task.lease_expires_at is None:
+                    moved[member] = _NO_LEASE
+                elif sort_time(task.lease_expires_at) > sort_time(now):
+                    moved[member] = self._lease_score(task)  # heartbeats extended it
+                elif await self._release(team_id, task):
+                    stale.append(member)
+                    requeued.append(task_id)
+            if stale:
+                await self.state.index_remove(in_progress, stale)
+            if moved:
+                await self.state.index_add(in_progress, moved)
+        await self._tidy_finished(team_id)
         return requeued
 
-    async def get_queue_status(self, team_id: str) -> TaskQueueState:
-        """Return the team's tasks grouped by status, each list in queue order."""
-        tasks = await self._load_many(self._glob(team_id, "tasks"), TaskItem)
+    async def _release(self, team_id: str, task: TaskItem) -> bool:
+        """Put a task whose lease ran out back to pending; False if it changed meanwhile."""
+        token = task.lease_token
+
+        def release(current: TaskItem) -> TaskItem:
+            if current.status is not TaskStatus.IN_PROGRESS or current.lease_token != token:
+                raise InvalidTransitionError("lease renewed or task finished meanwhile")
+            expires = current.lease_expires_at
+            if expires is not None and sort_time(expires) > time.time():
+                raise InvalidTransitionError("lease renewed meanwhile")
+            return current.model_copy(
+                update={
+                    "status": TaskStatus.PENDING,
+                    "assigned_to": None,
+                    "lease_token": None,
+                    "lease_expires_at": None,
+                }
+            )
+
+        try:
+            _, back = await self._change_task(team_id, task.task_id, release)
+        except (InvalidTransitionError, NotFoundError):
+            return False
+        await self.state.index_add(self._pending(team_id), self._order(back))
+        if task.assigned_to is not None:
+            await self._set_agent_if_member(team_id, task.assigned_to, AgentStatus.IDLE, None)
+        self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
+        return True
+
+    async def _check_indexes(self, team_id: str) -> None:
+        """Check the team's task records against its indexes, when that is due."""
+        now = time.monotonic()
+        last = self._checked.get(team_id)
+        if last is not None and now - last < _REPAIR_EVERY * self.sync_interval:
+            return
+        self._checked[team_id] = now
+        pending, in_progress, finished = (
+            self._pending(team_id),
+            self._in_progress(team_id),
+            self._finished(team_id),
+        )
+        # The indexes are read before the records: an entry whose task is missing from the
+        # records read afterwards was stale already.
+        queued = {task_id for task_id, _ in await self.state.index_range(pending)}
+        claims = dict(await self.state.index_range(in_progress))
+        done = {task_id for task_id, _ in await self.state.index_range(finished)}
+        tasks = {
+            task.task_id: task
+            for task in await self._load_many(self._glob(team_id, "tasks"), TaskItem)
+        }
+        add_pending: dict[str, float] = {}
+        add_claims: dict[str, float] = {}
+        add_done: dict[str, float] = {}
+        for task in tasks.values():
+            if task.status is TaskStatus.PENDING and task.task_id not in queued:
+                add_pending.update(self._order(task))
+            elif task.status is TaskStatus.IN_PROGRESS:
+                member = self._member(task.task_id, task.lease_token)
+                if member not in claims:
+                    add_claims[member] = self._lease_score(task)
+            elif task.status in _FINISHED and task.task_id not in done:
+                add_done[task.task_id] = self._finished_score(task)
+        # Finished entries whose task expired or was deleted, and claims without a lease that
+        # are not their task's current one (claims with a lease are tidied when they come due).
+        gone = [t for t in done if t not in tasks or tasks[t].status not in _FINISHED]
+        unleased = [
+            member
+            for member, score in claims.items()
+            if score >= _NO_LEASE
+            and (
+                (current := tasks.get(self._claim_of(member)[0])) is None
+                or current.status is not TaskStatus.IN_PROGRESS
+                or self._member(current.task_id, current.lease_token) != member
+            )
+        ]
+        for index, adds in (
+            (pending, add_pending),
+            (in_progress, add_claims),
+            (finished, add_done),
+        ):
+            if adds:
+                await self.state.index_add(index, adds)
+        if gone:
+            await self.state.index_remove(finished, gone)
+        if unleased:
+            await self.state.index_remove(in_progress, unleased)
+        if add_pending or add_claims or add_done:
+            self.log.info(
+                "task_indexes_restored",
+                team_id=team_id,
+                pending=len(add_pending),
+                in_progress=len(add_claims),
+                finished=len(add_done),
+            )
+
+    async def get_queue_status(
+        self, team_id: str, *, include_finished: bool = True
+    ) -> TaskQueueState:
+        """Return the team's tasks grouped by status, each list in queue order.
+
+        The tasks are read through the indexes, not by scanning the store.
+
+        Args:
+            team_id: The team.
+            include_finished: Whether to read the completed and dead-lettered tasks too; without
+                them the cost depends only on the tasks pending and in progress.
+        """
+        await self._check_indexes(team_id)
+        ids = [task_id for task_id, _ in await self.state.index_range(self._pending(team_id))]
+        ids += [
+            self._claim_of(member)[0]
+            for member, _ in await self.state.index_range(self._in_progress(team_id))
+        ]
+        finished_ids: list[str] = []
+        if include_finished:
+            finished_ids = [
+                task_id for task_id, _ in await self.state.index_range(self._finished(team_id))
+            ]
+        keys = {task_id: self._task_key(team_id, task_id) for task_id in [*ids, *finished_ids]}
+        found = await self.state.get_many(list(keys.values()), model=TaskItem) if keys else {}
+        # Grouped by each record's own status: the indexes are only hints.
+        tasks = [
+            task for task in found.values() if include_finished or task.status not in _FINISHED
+        ]
         tasks.sort(key=lambda task: (task.priority.rank, task.sequence))
         groups: dict[TaskStatus, list[TaskItem]] = {status: [] for status in TaskStatus}
         for task in tasks:
             groups[task.status].append(task)
+        gone = [task_id for task_id in finished_ids if keys[task_id] not in found]
+        if gone:  # expired (finished_task_ttl) or deleted
+            await self.state.index_remove(self._finished(team_id), gone)
         return TaskQueueState(
             pending=groups[TaskStatus.PENDING],
             in_progress=groups[TaskStatus.IN_PROGRESS],

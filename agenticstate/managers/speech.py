@@ -10,9 +10,11 @@ await speech_state.append_turn(session_id, "user", "Hello")
 await speech_state.end_session(session_id=session_id, reason="user_ended")
 ```
 
-STT and TTS updates are single writes of small records (no read-modify-write), so interim
-transcripts can stream at high frequency. Conversation turns are appended atomically, so turns
-from several writers are never lost. An ended session's keys expire after `ended_session_ttl`.
+STT and TTS updates are single writes of small records (no read-modify-write), followed by one
+read of the session record, so interim transcripts can stream at high frequency. Conversation
+turns are appended atomically, so turns from several writers are never lost. An ended session's
+keys expire after `ended_session_ttl`, and so does any STT, TTS or conversation update that
+arrives after the session ended or expired: it is kept, and expires with the ended session.
 
 Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
 slot): `speech:{<session_id>}:session`, `:stt`, `:tts`, `:conversation`.
@@ -28,6 +30,7 @@ from uuid import uuid4
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate.exceptions import (
+    ConflictError,
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
@@ -167,6 +170,9 @@ class VoiceConversationState(BaseModel):
 
 E = TypeVar("E", bound=StrEnum)
 
+_PARTS = ("stt", "tts", "conversation")
+"""The records a session has besides its own."""
+
 
 def _enum(kind: type[E], value: str) -> E:
     try:
@@ -296,18 +302,42 @@ class SpeechStateManager(StateManagerBase):
         ended = AudioSession.model_validate(
             await self._update(session_id, "session", end, ttl=self.ended_session_ttl)
         )
-        for part, model in (
-            ("stt", STTState),
-            ("tts", TTSState),
-            ("conversation", VoiceConversationState),
-        ):
-            value = await self._load(self._key(session_id, part), model)
-            if value is not None:
-                await self.state.save(
-                    self._key(session_id, part), value, ttl=self.ended_session_ttl
-                )
+        for part in _PARTS:
+            await self._expire_part(session_id, part, self.ended_session_ttl)
         self.log.info("speech_session_ended", session_id=session_id, reason=reason)
         return ended
+
+    async def _expire_part(self, session_id: str, part: str, ttl: timedelta | None) -> None:
+        """Rewrite a part as it is now, with `ttl` (an update: a newer write is never undone)."""
+        try:
+            await self.state.update(self._key(session_id, part), lambda current: current, ttl=ttl)
+        except NotFoundError:
+            return  # never written, or expired
+
+    async def _save_part(self, session_id: str, part: str, value: BaseModel) -> None:
+        """Write a part, then make sure it does not outlive a session that has ended.
+
+        The session is read after the write, so a concurrent `end_session` is always seen by one
+        of the two: either this read finds the session ended and gives the part the session's
+        remaining time, or `end_session` rewrites the part with its TTL after this write.
+        """
+        key = self._key(session_id, part)
+        version = await self.state.save(key, value, ttl=self.session_ttl)
+        entry = await self.state.get_entry(self._key(session_id, "session"), model=AudioSession)
+        if entry is None:
+            life: timedelta | None = self.ended_session_ttl  # expired, or never created
+        elif entry.value.status is AudioSessionStatus.ENDED:
+            life = entry.ttl
+        else:
+            return  # a live session: the part lives as the session does
+        if life is None:
+            return  # the ended session never expires either
+        life = max(life, timedelta(milliseconds=1))
+        try:
+            await self.state.save(key, value, ttl=life, expected_version=version)
+        except ConflictError:
+            return  # written again meanwhile: that write checks the session itself
+        self.log.debug("speech_late_update", session_id=session_id, part=part)
 
     async def list_sessions(self, *, active_only: bool = True) -> list[AudioSession]:
         """Return sessions (by default those not ended), oldest first."""
@@ -333,12 +363,15 @@ class SpeechStateManager(StateManagerBase):
     # STT and TTS
 
     async def update_stt_state(self, stt_state: STTState) -> STTState:
-        """Store the session's speech-to-text state (one write: fit for interim transcripts)."""
+        """Store the session's speech-to-text state (one write: fit for interim transcripts).
+
+        An update that arrives after the session ended is still stored (a final transcript
+        often comes just after the call ends) and expires with the ended session; one for a
+        session that expired, or was never created, expires after `ended_session_ttl`.
+        """
         if not isinstance(stt_state, STTState):
             raise InvalidArgumentError("update_stt_state takes an STTState")
-        await self.state.save(
-            self._key(stt_state.session_id, "stt"), stt_state, ttl=self.session_ttl
-        )
+        await self._save_part(stt_state.session_id, "stt", stt_state)
         return stt_state
 
     async def get_stt_state(self, session_id: str) -> STTState | None:
@@ -346,12 +379,14 @@ class SpeechStateManager(StateManagerBase):
         return await self._load(self._key(session_id, "stt"), STTState)
 
     async def update_tts_state(self, tts_state: TTSState) -> TTSState:
-        """Store the session's text-to-speech state (one write)."""
+        """Store the session's text-to-speech state (one write).
+
+        After the session ended (or expired), as `update_stt_state`: stored, and expiring with
+        the ended session.
+        """
         if not isinstance(tts_state, TTSState):
             raise InvalidArgumentError("update_tts_state takes a TTSState")
-        await self.state.save(
-            self._key(tts_state.session_id, "tts"), tts_state, ttl=self.session_ttl
-        )
+        await self._save_part(tts_state.session_id, "tts", tts_state)
         return tts_state
 
     async def get_tts_state(self, session_id: str) -> TTSState | None:
@@ -363,14 +398,14 @@ class SpeechStateManager(StateManagerBase):
     async def update_conversation_state(
         self, conversation_state: VoiceConversationState
     ) -> VoiceConversationState:
-        """Store the conversation state as given (replacing it)."""
+        """Store the conversation state as given (replacing it).
+
+        After the session ended (or expired), as `update_stt_state`: stored, and expiring with
+        the ended session.
+        """
         if not isinstance(conversation_state, VoiceConversationState):
             raise InvalidArgumentError("update_conversation_state takes a VoiceConversationState")
-        await self.state.save(
-            self._key(conversation_state.session_id, "conversation"),
-            conversation_state,
-            ttl=self.session_ttl,
-        )
+        await self._save_part(conversation_state.session_id, "conversation", conversation_state)
         return conversation_state
 
     async def get_conversation_state(self, session_id: str) -> VoiceConversationState | None:
@@ -410,4 +445,13 @@ class SpeechStateManager(StateManagerBase):
             default={"session_id": session_id},
             ttl=self.session_ttl,
         )
+        # The session may have ended between the check above and the append: then the
+        # conversation must not outlive it (end_session may have rewritten it before the append).
+        after = await self.state.get_entry(self._key(session_id, "session"), model=AudioSession)
+        if after is None or after.value.status is AudioSessionStatus.ENDED:
+            life = after.ttl if after is not None else self.ended_session_ttl
+            if life is not None:
+                await self._expire_part(
+                    session_id, "conversation", max(life, timedelta(milliseconds=1))
+                )
         return VoiceConversationState.model_validate(value)

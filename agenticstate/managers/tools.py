@@ -438,6 +438,37 @@ class ToolStateManager(StateManagerBase):
             await self.state.delete(self._execution_key(tool_name, execution.execution_id))
             await self.state.delete(self._index_key(execution.execution_id))
 
+    async def clear_history(self, tool_name: str, *, include_running: bool = False) -> int:
+        """Delete a tool's finished executions, with their execution-id entries.
+
+        Any tool name may be given: one never used has no history, and 0 is returned. The
+        statistics, cached results and retry schedules stay (`reset_stats`, `invalidate_cache`,
+        `clear_retry_state`).
+
+        Args:
+            tool_name: The tool.
+            include_running: Also delete executions still running or pending; their
+                `complete_execution` / `fail_execution` then raise `NotFoundError`.
+
+        Returns:
+            How many executions were deleted.
+        """
+        pattern = f"tools:{{{glob_part(key_part(tool_name, 'tool_name'))}}}:executions:*"
+        deleted = 0
+        for execution in await self._load_many(pattern, ToolExecution):
+            if not include_running and execution.status in (
+                ToolExecutionStatus.RUNNING,
+                ToolExecutionStatus.PENDING,
+            ):
+                continue
+            # The id entry first: if this stops halfway, the execution is still found (and
+            # deleted) by the next call, and no id entry is left pointing at nothing.
+            await self.state.delete(self._index_key(execution.execution_id))
+            deleted += await self.state.delete(
+                self._execution_key(tool_name, execution.execution_id)
+            )
+        return deleted
+
     # statistics
 
     async def _count(
@@ -471,6 +502,14 @@ class ToolStateManager(StateManagerBase):
         """Return a tool's statistics (zeros for a tool never used)."""
         stats = await self._load(self._stats_key(tool_name), ToolStats)
         return stats or ToolStats(tool_name=tool_name)
+
+    async def reset_stats(self, tool_name: str) -> bool:
+        """Delete a tool's statistics; return whether it had any.
+
+        `get_tool_stats` returns zeros until the tool's next execution or cache lookup starts
+        counting again. Any tool name may be given: one never used has nothing to reset.
+        """
+        return await self.state.delete(self._stats_key(tool_name))
 
     # the cache
 

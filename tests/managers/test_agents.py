@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 import pytest
 
 from agenticstate import (
@@ -302,3 +303,38 @@ async def test_guard_gives_up_after_max_attempts(store: AgentStateStore) -> None
     no_auto = AgentRecoveryManager(agent_store=store, auto_recover=False)
     with pytest.raises(ValueError, match="broken"):
         await no_auto.run(agent, always_fails)
+
+
+async def test_recovery_record_expires_with_max_age(state: StateManager) -> None:
+    """With max_age, the recovery record gets it as its TTL, renewed by every attempt and
+    reset; an abandoned agent leaves nothing behind."""
+    store = AgentStateStore(state_manager=state, max_age=timedelta(milliseconds=400))
+    recovery = AgentRecoveryManager(agent_store=store)
+    recovery.register(Agent("a1"))
+    await store.save_checkpoint(AgentCheckpoint(agent_id="a1", state={"s": 1}))
+    assert await recovery.recover("a1") is True
+    key = "agents:{a1}:recovery"
+    first = await state.get_entry(key)
+    assert first is not None
+    assert first.expires_at is not None
+    assert first.ttl is not None
+    assert first.ttl <= timedelta(milliseconds=401)  # expiry is kept to the ms
+    await anyio.sleep(0.05)
+    await recovery.reset_attempts("a1")
+    renewed = await state.get_entry(key)
+    assert renewed is not None
+    assert renewed.expires_at is not None
+    assert renewed.expires_at > first.expires_at
+    await anyio.sleep(0.5)  # wall-clock expiry
+    assert await recovery.get_recovery_state("a1") is None
+    assert await state.list_keys("agents:*") == []
+
+
+async def test_recovery_record_without_max_age_does_not_expire(store: AgentStateStore) -> None:
+    """Without max_age the recovery record keeps the store's default TTL (none here)."""
+    recovery = AgentRecoveryManager(agent_store=store)
+    recovery.register(Agent("a2"))
+    assert await recovery.recover("a2") is False  # no checkpoint: still one attempt
+    entry = await store.state.get_entry("agents:{a2}:recovery")
+    assert entry is not None
+    assert entry.expires_at is None

@@ -152,3 +152,28 @@ async def test_errors(kb_state: KnowledgeStateManager) -> None:
     progress = await kb_state.get_indexing_progress("kb")
     assert progress is not None
     assert progress.processed_documents == 0
+
+
+async def test_delete_knowledge_base(kb_state: KnowledgeStateManager) -> None:
+    """delete_knowledge_base removes the progress record and every source, and no other
+    knowledge base's; an unknown id raises NotFoundError."""
+    await kb_state.update_indexing_progress(
+        IndexingProgress(knowledge_base_id="kb*", total_documents=10)
+    )
+    for source_id in ("s1", "s2"):
+        await kb_state.update_source_state(
+            SourceState(source_id=source_id, knowledge_base_id="kb*")
+        )
+    await kb_state.update_source_state(SourceState(source_id="s1", knowledge_base_id="kb2"))
+    assert await kb_state.delete_knowledge_base("kb*") == 3
+    assert await kb_state.get_indexing_progress("kb*") is None
+    assert await kb_state.get_sources("kb*") == []
+    assert await kb_state.list_knowledge_bases() == ["kb2"]
+    with pytest.raises(NotFoundError):
+        await kb_state.get_knowledge_base_state("kb*")
+    with pytest.raises(NotFoundError):
+        await kb_state.increment_progress("kb*", processed=1)
+    with pytest.raises(NotFoundError):
+        await kb_state.delete_knowledge_base("kb*")
+    assert await kb_state.delete_knowledge_base("kb2") == 1
+    assert await kb_state.state.list_keys("knowledge:*") == []

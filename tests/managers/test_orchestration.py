@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import uuid4
 
 import anyio
 import pytest
@@ -16,6 +17,7 @@ from agenticstate import (
     NotFoundError,
     OrchestrationStateManager,
     StateManager,
+    TaskItem,
     TaskQueueState,
     TaskStatus,
     TeamState,
@@ -206,13 +208,32 @@ async def test_heartbeat_extends_lease(orch: OrchestrationStateManager) -> None:
 
 
 async def test_lost_index_entry_is_restored_by_reaper(orch: OrchestrationStateManager) -> None:
-    """If a pending task drops out of the index, the reaper puts it back so it can be claimed."""
+    """If a pending task drops out of the index, a reaper in a new process puts it back."""
     await orch.enqueue_task("research_team", {"id": "t"})
     await orch.state.index_remove("teams:{research_team}:pending", ["t"])
     assert await orch.claim_task("research_team", "w") is None
-    await orch.reap_expired("research_team")
+    restarted = OrchestrationStateManager(state_manager=orch.state)
+    await restarted.reap_expired("research_team")
     claim = await orch.claim_task("research_team", "w")
     assert claim is not None
+
+
+async def test_indexes_are_checked_again_every_60_sync_intervals(state: StateManager) -> None:
+    """The reaper checks the task records against the indexes again after 60 sync_intervals."""
+    orch = OrchestrationStateManager(state_manager=state, sync_interval=0.005)  # every 0.3 s
+    await orch.create_team(TeamState(team_id="t"))
+    await orch.enqueue_task("t", {"id": "p"})
+    await orch.enqueue_task("t", {"id": "c"})
+    claim = await orch.claim_task("t", "w", lease=timedelta(milliseconds=50))
+    assert claim is not None
+    await orch.reap_expired("t")
+    # A crash between a task's write and its index write leaves it out of the index.
+    await state.index_remove("teams:{t}:pending", ["c"])
+    await state.index_remove("teams:{t}:in-progress", [f"p:{claim.lease_token}"])
+    await anyio.sleep(0.35)  # past the lease and the check interval: wall-clock time
+    assert await orch.reap_expired("t") == ["p"]
+    queue = await orch.get_queue_status("t")
+    assert [t.task_id for t in queue.pending] == ["p", "c"]
 
 
 async def test_agents_add_remove_and_errors(orch: OrchestrationStateManager) -> None:
@@ -252,8 +273,6 @@ async def test_bad_tasks_are_refused(orch: OrchestrationStateManager) -> None:
 
 async def test_create_team_keeps_the_status_of_given_tasks(state: StateManager) -> None:
     """Tasks passed in a TeamState's queue keep their list's status; only pending ones queue."""
-    from agenticstate import TaskItem
-
     orch = OrchestrationStateManager(state_manager=state)
     await orch.create_team(
         TeamState(
@@ -273,3 +292,309 @@ async def test_create_team_keeps_the_status_of_given_tasks(state: StateManager) 
     assert claim is not None
     assert claim.task_id == "p"
     assert await orch.claim_task("t", "a") is None
+
+
+def _index(state: StateManager, team_id: str, name: str) -> Any:
+    return state.index_range(f"teams:{{{team_id}}}:{name}")
+
+
+async def test_claims_index_their_lease_and_leave_no_entry_behind(
+    orch: OrchestrationStateManager,
+) -> None:
+    """Each claim is indexed by lease expiry while held; finished tasks move to the finished
+    index, and claims that lost a race leave no entry."""
+    for n in range(30):
+        await orch.enqueue_task("research_team", {"id": f"t{n}"})
+    claim = await orch.claim_task("research_team", "w0", lease=timedelta(minutes=5))
+    assert claim is not None
+    held = await _index(orch.state, "research_team", "in-progress")
+    assert held == [(f"t0:{claim.lease_token}", pytest.approx(claim.lease_expires_at.timestamp()))]
+    await orch.complete_task("research_team", "t0", lease_token=claim.lease_token)
+
+    async def worker(name: str) -> None:
+        while (got := await orch.claim_task("research_team", name)) is not None:
+            await orch.complete_task("research_team", got.task_id, lease_token=got.lease_token)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(10):
+            tg.start_soon(worker, f"w{n}")
+    assert await _index(orch.state, "research_team", "in-progress") == []
+    assert await _index(orch.state, "research_team", "pending") == []
+    finished = await _index(orch.state, "research_team", "finished")
+    assert sorted(task_id for task_id, _ in finished) == sorted(f"t{n}" for n in range(30))
+
+
+async def test_assign_indexes_the_task_and_a_refused_assign_leaves_no_entry(
+    orch: OrchestrationStateManager,
+) -> None:
+    """An assigned task (no lease) is listed in progress; a refused assign leaves no entry."""
+    await orch.enqueue_task("research_team", {"id": "t"})
+    task = await orch.assign_task("research_team", "t", "researcher")
+    with pytest.raises(ConflictError):
+        await orch.assign_task("research_team", "t", "writer")
+    with pytest.raises(NotFoundError):
+        await orch.assign_task("research_team", "missing", "writer")
+    held = await _index(orch.state, "research_team", "in-progress")
+    assert [member for member, _ in held] == [f"t:{task.lease_token}"]
+    assert await orch.reap_expired("research_team") == []  # no lease: never expires
+    queue = await orch.get_queue_status("research_team")
+    assert [t.task_id for t in queue.in_progress] == ["t"]
+
+
+async def test_reaper_moves_an_extended_lease_instead_of_reaping_it(
+    orch: OrchestrationStateManager,
+) -> None:
+    """A heartbeat leaves the index alone; when the old expiry comes due, the reaper finds the
+    lease extended and moves the entry to the new expiry."""
+    await orch.enqueue_task("research_team", {"id": "t"})
+    claim = await orch.claim_task("research_team", "w", lease=timedelta(milliseconds=50))
+    assert claim is not None
+    task = await orch.heartbeat("research_team", "t", claim.lease_token, lease=timedelta(minutes=5))
+    assert task.lease_expires_at is not None
+    await anyio.sleep(0.1)  # past the first expiry: wall-clock time
+    assert await orch.reap_expired("research_team") == []
+    held = await _index(orch.state, "research_team", "in-progress")
+    assert held == [(f"t:{claim.lease_token}", pytest.approx(task.lease_expires_at.timestamp()))]
+    done = await orch.complete_task("research_team", "t", lease_token=claim.lease_token)
+    assert done.status is TaskStatus.COMPLETED
+
+
+async def test_reap_and_live_queue_status_do_not_read_finished_tasks(
+    orch: OrchestrationStateManager,
+) -> None:
+    """With 40 finished tasks, reap_expired reads no task record and get_queue_status
+    without finished tasks reads only the live ones."""
+    for n in range(42):
+        await orch.enqueue_task("research_team", {"id": f"t{n:02d}"})
+    for _ in range(40):
+        claim = await orch.claim_task("research_team", "w")
+        assert claim is not None
+        await orch.complete_task("research_team", claim.task_id, lease_token=claim.lease_token)
+    held = await orch.claim_task("research_team", "w")
+    assert held is not None
+    await orch.reap_expired("research_team")  # the first call checks every record once
+
+    reads = orch.state.stats().reads
+    assert await orch.reap_expired("research_team") == []
+    assert orch.state.stats().reads == reads
+    queue = await orch.get_queue_status("research_team", include_finished=False)
+    assert orch.state.stats().reads == reads + 2
+    assert ([t.task_id for t in queue.pending], [t.task_id for t in queue.in_progress]) == (
+        ["t41"],
+        ["t40"],
+    )
+    assert queue.completed == queue.dead_letter == []
+    full = await orch.get_queue_status("research_team")
+    assert len(full.completed) == 40
+
+
+async def test_finished_tasks_expire_after_finished_task_ttl(state: StateManager) -> None:
+    """Completed and dead-lettered tasks get finished_task_ttl; retried ones keep none."""
+    orch = OrchestrationStateManager(
+        state_manager=state, max_retries=1, finished_task_ttl=timedelta(milliseconds=300)
+    )
+    await orch.create_team(TeamState(team_id="t"))
+    await orch.enqueue_task("t", {"id": "done"})
+    await orch.enqueue_task("t", {"id": "flaky"})
+    claim = await orch.claim_task("t", "w")
+    assert claim is not None
+    await orch.complete_task("t", "done", {"ok": 1}, lease_token=claim.lease_token)
+    claim = await orch.claim_task("t", "w")
+    assert claim is not None
+    retried = await orch.fail_task("t", "flaky", "boom", lease_token=claim.lease_token)
+    assert retried.status is TaskStatus.PENDING
+    entry = await state.get_entry("teams:{t}:tasks:flaky")
+    assert entry is not None
+    assert entry.expires_at is None
+    claim = await orch.claim_task("t", "w")
+    assert claim is not None
+    dead = await orch.fail_task("t", "flaky", "boom", lease_token=claim.lease_token)
+    assert dead.status is TaskStatus.DEAD_LETTER
+    for task_id in ("done", "flaky"):
+        entry = await state.get_entry(f"teams:{{t}}:tasks:{task_id}")
+        assert entry is not None
+        assert entry.ttl is not None
+        assert entry.ttl <= timedelta(milliseconds=301)  # expiry is kept to the ms
+    queue = await orch.get_queue_status("t")
+    assert ([t.task_id for t in queue.completed], [t.task_id for t in queue.dead_letter]) == (
+        ["done"],
+        ["flaky"],
+    )
+    await anyio.sleep(0.4)  # wall-clock expiry
+    await orch.reap_expired("t")  # tidies the finished index
+    assert await state.list_keys("teams:{t}:tasks:*") == []
+    assert await _index(state, "t", "finished") == []
+    queue = await orch.get_queue_status("t")
+    assert queue == TaskQueueState()
+
+
+async def test_finished_task_ttl_is_validated(state: StateManager) -> None:
+    """finished_task_ttl must be a positive timedelta or None."""
+    for bad in (timedelta(0), timedelta(seconds=-1), 5):
+        with pytest.raises(InvalidArgumentError):
+            OrchestrationStateManager(state_manager=state, finished_task_ttl=bad)  # type: ignore[arg-type]
+
+
+async def test_delete_task_in_any_status(orch: OrchestrationStateManager) -> None:
+    """delete_task removes a pending, an in-progress or a finished task and its index entries;
+    the holder of a deleted task is set idle and can no longer complete it."""
+    for task_id in ("done", "held", "pending"):
+        await orch.enqueue_task("research_team", {"id": task_id})
+    done = await orch.claim_task("research_team", "writer")
+    assert done is not None
+    assert done.task_id == "done"
+    await orch.complete_task("research_team", done.task_id, lease_token=done.lease_token)
+    held = await orch.claim_task("research_team", "researcher")
+    assert held is not None
+    assert held.task_id == "held"
+
+    deleted = await orch.delete_task("research_team", "held")
+    assert (deleted.task_id, deleted.status) == ("held", TaskStatus.IN_PROGRESS)
+    assert (await orch.get_agent("research_team", "researcher")).status is AgentStatus.IDLE
+    with pytest.raises(NotFoundError):
+        await orch.complete_task("research_team", "held", lease_token=held.lease_token)
+    assert (await orch.delete_task("research_team", "pending")).status is TaskStatus.PENDING
+    assert (await orch.delete_task("research_team", "done")).status is TaskStatus.COMPLETED
+    with pytest.raises(NotFoundError):
+        await orch.delete_task("research_team", "done")
+    with pytest.raises(NotFoundError):
+        await orch.delete_task("nope", "done")
+    assert await orch.state.list_keys("teams:{research_team}:tasks:*") == []
+    for name in ("pending", "in-progress", "finished"):
+        assert await _index(orch.state, "research_team", name) == []
+    assert await orch.claim_task("research_team", "w") is None
+    assert await orch.get_queue_status("research_team") == TaskQueueState()
+
+
+async def test_purge_finished_oldest_first(orch: OrchestrationStateManager) -> None:
+    """purge_finished deletes completed and dead-lettered tasks (older_than: only the older
+    ones) and leaves pending and in-progress tasks alone."""
+    await orch.enqueue_task("research_team", {"id": "old", "max_retries": 0})
+    await orch.enqueue_task("research_team", {"id": "older"})
+    for expected in ("old", "older"):
+        claim = await orch.claim_task("research_team", "w")
+        assert claim is not None
+        assert claim.task_id == expected
+        if expected == "old":
+            await orch.fail_task("research_team", "old", "boom", lease_token=claim.lease_token)
+        else:
+            await orch.complete_task("research_team", "older", lease_token=claim.lease_token)
+    await anyio.sleep(0.2)  # finished times are wall-clock times
+    for task_id in ("new", "held", "waiting"):
+        await orch.enqueue_task("research_team", {"id": task_id})
+    claim = await orch.claim_task("research_team", "w")
+    assert claim is not None
+    await orch.complete_task("research_team", "new", lease_token=claim.lease_token)
+    assert await orch.claim_task("research_team", "w") is not None  # "held"
+
+    assert await orch.purge_finished("research_team", older_than=timedelta(seconds=0.1)) == 2
+    queue = await orch.get_queue_status("research_team")
+    assert [t.task_id for t in queue.completed] == ["new"]
+    assert queue.dead_letter == []
+    assert await orch.purge_finished("research_team") == 1
+    assert await orch.purge_finished("research_team") == 0
+    queue = await orch.get_queue_status("research_team")
+    assert ([t.task_id for t in queue.pending], [t.task_id for t in queue.in_progress]) == (
+        ["waiting"],
+        ["held"],
+    )
+    assert await _index(orch.state, "research_team", "finished") == []
+    with pytest.raises(NotFoundError):
+        await orch.purge_finished("nope")
+    with pytest.raises(InvalidArgumentError):
+        await orch.purge_finished("research_team", older_than=timedelta(seconds=-1))
+
+
+async def test_delete_team_removes_every_record_and_index(
+    orch: OrchestrationStateManager,
+) -> None:
+    """delete_team removes the team, its agents, tasks, sequence and indexes, and no other
+    team's; the id can be used again."""
+    await orch.create_team(TeamState(team_id="other"))
+    await orch.enqueue_task("other", {"id": "keep"})
+    for task_id in ("a", "b", "c", "d"):
+        await orch.enqueue_task("research_team", {"id": task_id})
+    claim = await orch.claim_task("research_team", "w")
+    assert claim is not None
+    await orch.complete_task("research_team", "a", lease_token=claim.lease_token)
+    assert await orch.claim_task("research_team", "w") is not None
+    await orch.assign_task("research_team", "c", "writer")
+
+    # team + 2 agents + 4 tasks + sequence
+    assert await orch.delete_team("research_team") == 8
+    assert await orch.state.list_keys("teams:{research_team}:*") == []
+    for name in ("pending", "in-progress", "finished"):
+        assert await _index(orch.state, "research_team", name) == []
+    assert await orch.list_teams() == ["other"]
+    with pytest.raises(NotFoundError):
+        await orch.get_team("research_team")
+    with pytest.raises(NotFoundError):
+        await orch.enqueue_task("research_team", {"id": "late"})
+    with pytest.raises(NotFoundError):
+        await orch.delete_team("research_team")
+    assert [t.task_id for t in (await orch.get_queue_status("other")).pending] == ["keep"]
+
+    await orch.create_team(TeamState(team_id="research_team"))
+    task = await orch.enqueue_task("research_team", {"id": "a"})
+    assert task.sequence == 1
+
+
+async def test_delete_team_finishes_an_interrupted_deletion(
+    orch: OrchestrationStateManager,
+) -> None:
+    """When only the team record was deleted (an interrupted delete_team), a second call
+    removes the rest."""
+    await orch.enqueue_task("research_team", {"id": "a"})
+    await orch.state.delete("teams:{research_team}:team")
+    assert await orch.delete_team("research_team") == 4  # 2 agents, 1 task, the sequence
+    assert await orch.state.list_keys("teams:{research_team}:*") == []
+    assert await _index(orch.state, "research_team", "pending") == []
+
+
+async def test_create_team_indexes_given_tasks(state: StateManager) -> None:
+    """Tasks given in progress are reaped when their lease is over; finished ones get the
+    finished TTL."""
+    token = uuid4().hex
+    orch = OrchestrationStateManager(state_manager=state, finished_task_ttl=timedelta(hours=1))
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    await orch.create_team(
+        TeamState(
+            team_id="t",
+            task_queue=TaskQueueState(
+                in_progress=[TaskItem(task_id="i", lease_token=token, lease_expires_at=past)],
+                dead_letter=[TaskItem(task_id="d", error="boom")],
+            ),
+        )
+    )
+    entry = await state.get_entry("teams:{t}:tasks:d")
+    assert entry is not None
+    assert entry.expires_at is not None
+    assert [member for member, _ in await _index(state, "t", "in-progress")] == [f"i:{token}"]
+    assert await orch.reap_expired("t") == ["i"]
+    assert await _index(state, "t", "in-progress") == []
+
+
+async def test_a_new_process_restores_the_indexes_of_an_older_store(state: StateManager) -> None:
+    """Tasks written without index entries (a store from before the indexes, or a crash) are
+    listed and reaped again after a process's first get_queue_status or reap_expired."""
+    orch = OrchestrationStateManager(state_manager=state)
+    await orch.create_team(TeamState(team_id="t"))
+    for task_id in ("done", "held"):
+        await orch.enqueue_task("t", {"id": task_id})
+    claim = await orch.claim_task("t", "w")
+    assert claim is not None
+    await orch.complete_task("t", "done", lease_token=claim.lease_token)
+    held = await orch.claim_task("t", "w", lease=timedelta(milliseconds=30))
+    assert held is not None
+    for name in ("in-progress", "finished"):
+        members = [member for member, _ in await _index(state, "t", name)]
+        await state.index_remove(f"teams:{{t}}:{name}", members)
+    await anyio.sleep(0.05)  # the lease runs out: wall-clock time
+
+    restarted = OrchestrationStateManager(state_manager=state)
+    queue = await restarted.get_queue_status("t")
+    assert ([t.task_id for t in queue.completed], [t.task_id for t in queue.in_progress]) == (
+        ["done"],
+        ["held"],
+    )
+    assert await restarted.reap_expired("t") == ["held"]

@@ -163,3 +163,87 @@ async def test_high_frequency_interim_updates(speech: SpeechStateManager) -> Non
     entry = await speech.state.get_entry(f"speech:{{{session_id}}}:stt")
     assert entry is not None
     assert entry.version == 500
+
+
+async def test_late_updates_expire_with_the_ended_session(state: StateManager) -> None:
+    """STT, TTS and conversation updates after end_session are kept and expire with the
+    session, even when live sessions never expire (session_ttl=None)."""
+    speech = SpeechStateManager(state_manager=state, ended_session_ttl=timedelta(milliseconds=300))
+    session_id = await speech.create_session()
+    await speech.end_session(session_id, "user_ended")
+    final = STTState(session_id=session_id, final_transcript="thanks, bye")
+    assert await speech.update_stt_state(final) == final
+    await speech.update_tts_state(TTSState(session_id=session_id, is_speaking=False))
+    await speech.update_conversation_state(VoiceConversationState(session_id=session_id))
+    assert await speech.get_stt_state(session_id) == final
+    session = await state.get_entry(f"speech:{{{session_id}}}:session")
+    assert session is not None
+    assert session.expires_at is not None
+    for part in ("stt", "tts", "conversation"):
+        entry = await state.get_entry(f"speech:{{{session_id}}}:{part}")
+        assert entry is not None
+        assert entry.expires_at is not None
+        # The session's time left, read after the write: a few milliseconds later at most.
+        assert entry.expires_at <= session.expires_at + timedelta(milliseconds=100)
+    await anyio.sleep(0.4)  # wall-clock expiry
+    assert await state.list_keys("speech:*") == []
+
+
+async def test_updates_for_an_expired_or_unknown_session_expire(state: StateManager) -> None:
+    """An update for a session that expired (or never existed) expires after
+    ended_session_ttl instead of staying forever."""
+    speech = SpeechStateManager(state_manager=state, ended_session_ttl=timedelta(milliseconds=200))
+    await speech.update_stt_state(STTState(session_id="gone", interim_transcript="late"))
+    entry = await state.get_entry("speech:{gone}:stt")
+    assert entry is not None
+    assert entry.ttl is not None
+    assert entry.ttl <= timedelta(milliseconds=201)  # stores round expiry to milliseconds
+    await anyio.sleep(0.3)  # wall-clock expiry
+    assert await speech.get_stt_state("gone") is None
+
+
+async def test_updates_to_a_live_session_keep_its_ttl(state: StateManager) -> None:
+    """While the session is live, its parts follow session_ttl (none by default)."""
+    speech = SpeechStateManager(state_manager=state)
+    session_id = await speech.create_session()
+    await speech.update_stt_state(STTState(session_id=session_id))
+    entry = await state.get_entry(f"speech:{{{session_id}}}:stt")
+    assert entry is not None
+    assert entry.expires_at is None
+    timed = SpeechStateManager(state_manager=state, session_ttl=timedelta(minutes=5))
+    live = await timed.create_session()
+    await timed.update_tts_state(TTSState(session_id=live))
+    entry = await state.get_entry(f"speech:{{{live}}}:tts")
+    assert entry is not None
+    assert entry.ttl is not None
+    assert timedelta(minutes=4) < entry.ttl <= timedelta(minutes=5, seconds=1)  # ms rounding
+
+
+async def test_updates_racing_end_session_never_outlive_it(state: StateManager) -> None:
+    """Interim updates streaming while the session ends: every part ends up expiring."""
+    speech = SpeechStateManager(state_manager=state, ended_session_ttl=timedelta(minutes=5))
+    for n in range(5):
+        session_id = await speech.create_session(session_id=f"race-{n}")
+
+        async def stream(session_id: str = session_id) -> None:
+            for word in range(20):
+                await speech.update_stt_state(
+                    STTState(session_id=session_id, interim_transcript=f"word {word}")
+                )
+                await speech.update_tts_state(TTSState(session_id=session_id))
+
+        async def turns(session_id: str = session_id) -> None:
+            for _ in range(5):
+                try:
+                    await speech.append_turn(session_id, "user", "hi")
+                except InvalidTransitionError:
+                    return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream)
+            tg.start_soon(turns)
+            await anyio.sleep(0.001 * n)
+            await speech.end_session(session_id)
+        for part in ("session", "stt", "tts", "conversation"):
+            entry = await state.get_entry(f"speech:{{{session_id}}}:{part}")
+            assert entry is None or entry.expires_at is not None, (session_id, part)

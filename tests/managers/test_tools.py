@@ -359,3 +359,56 @@ async def test_concurrent_stats_updates_lose_nothing(tools: ToolStateManager) ->
             tg.start_soon(one, n)
     stats = await tools.get_tool_stats("par")
     assert (stats.total_executions, stats.successful_executions) == (30, 30)
+
+
+async def test_reset_stats(tools: ToolStateManager) -> None:
+    """reset_stats deletes a tool's statistics (zeros until it counts again), no other's."""
+    for tool in ("a", "b"):
+        await tools.start_execution(ToolExecution(execution_id=f"{tool}1", tool_name=tool))
+        await tools.complete_execution(f"{tool}1", duration_ms=1.0)
+    assert await tools.reset_stats("a") is True
+    assert (await tools.get_tool_stats("a")).total_executions == 0
+    assert (await tools.get_tool_stats("b")).total_executions == 1
+    assert await tools.reset_stats("a") is False
+    assert await tools.reset_stats("never") is False
+    await tools.get_cached_result("a", {"q": 1})
+    assert (await tools.get_tool_stats("a")).cache_misses == 1
+    assert await tools.state.list_keys("tools:{a}:stats") == ["tools:{a}:stats"]
+
+
+async def test_clear_history_keeps_running_executions(tools: ToolStateManager) -> None:
+    """clear_history deletes finished executions and their id entries; running ones stay
+    (unless include_running), and other tools' history is untouched."""
+    for n in range(4):
+        await tools.start_execution(ToolExecution(execution_id=f"e{n}", tool_name="t*"))
+    await tools.complete_execution("e0", 1)
+    await tools.fail_execution("e1", "Boom")
+    await tools.start_execution(ToolExecution(execution_id="other", tool_name="t2"))
+    assert await tools.clear_history("t*") == 2
+    assert await tools.get_execution("e0") is None
+    assert sorted(e.execution_id for e in await tools.get_execution_history("t*")) == [
+        "e2",
+        "e3",
+    ]
+    assert await tools.state.list_keys("tools:execution-ids:e[01]") == []
+    await tools.complete_execution("e2", 2)  # still running: its record is there
+    assert await tools.clear_history("t*", include_running=True) == 2
+    assert await tools.get_execution_history("t*") == []
+    with pytest.raises(NotFoundError):
+        await tools.complete_execution("e3", 3)
+    assert await tools.clear_history("never") == 0
+    assert [e.execution_id for e in await tools.get_execution_history("t2")] == ["other"]
+    assert (await tools.get_tool_stats("t*")).total_executions == 3  # stats are kept
+
+
+async def test_a_retired_tool_leaves_nothing(tools: ToolStateManager) -> None:
+    """clear_history, reset_stats and invalidate_cache together remove every key of a tool."""
+
+    async def search() -> str:
+        return "found"
+
+    assert await tools.cached_call("search", {"q": 1}, search) == "found"
+    await tools.clear_history("search")
+    await tools.reset_stats("search")
+    await tools.invalidate_cache("search")
+    assert await tools.state.list_keys("tools:*") == []
