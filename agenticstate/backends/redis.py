@@ -398,7 +398,7 @@ class RedisBackend(Backend):
             raise ConfigurationError("key_prefix must be a str")
         if connection_pool_size < 1 or read_retries < 0:
             raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
-        self.url = url
+        self._url = url  # with its password: only connections see it (`url` is redacted)
         self.db = db
         self.key_prefix = key_prefix
         self.connection_pool_size = connection_pool_size
@@ -428,8 +428,17 @@ class RedisBackend(Backend):
         self._update_locks: dict[str, _KeyLock] = {}
         self._barriers: deque[tuple[ChangeStream, asyncio.Event]] = deque()
 
+    @property
+    def url(self) -> str:
+        """The URL this backend connects to, with any password replaced by `***`.
+
+        The password is kept for the connections only, so that logging or printing the backend
+        (or its `url`) never shows it.
+        """
+        return redact_url(self._url)
+
     def __repr__(self) -> str:
-        return f"RedisBackend(url={redact_url(self.url)!r}, key_prefix={self.key_prefix!r})"
+        return f"RedisBackend(url={self.url!r}, key_prefix={self.key_prefix!r})"
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -454,18 +463,18 @@ class RedisBackend(Backend):
 
         from redis.asyncio.cluster import ClusterNode
 
-        parts = urlsplit(self.url)
+        parts = urlsplit(self._url)
         userinfo, _, hosts = parts.netloc.rpartition("@")
         nodes = []
         for host_port in filter(None, hosts.split(",")):
             host, _, port = host_port.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigurationError(
-                    f"cluster URL {redact_url(self.url)!r}: each node must be host:port"
+                    f"cluster URL {self.url!r}: each node must be host:port"
                 )
             nodes.append(ClusterNode(host.strip("[]"), int(port)))
         if not nodes:
-            raise ConfigurationError(f"cluster URL {redact_url(self.url)!r} names no node")
+            raise ConfigurationError(f"cluster URL {self.url!r} names no node")
         options: dict[str, Any] = {"startup_nodes": nodes}
         if userinfo:
             user, _, password = userinfo.partition(":")
@@ -495,7 +504,7 @@ class RedisBackend(Backend):
                 )
             except (ValueError, TypeError) as exc:
                 raise ConfigurationError(
-                    f"invalid Redis Cluster URL {redact_url(self.url)!r}: {exc}"
+                    f"invalid Redis Cluster URL {self.url!r}: {exc}"
                 ) from None
             return cast("aioredis.Redis", cluster)
 
@@ -512,11 +521,11 @@ class RedisBackend(Backend):
         if self.db is not None:
             options["db"] = self.db
         try:
-            pool = aioredis.ConnectionPool.from_url(self.url, **options)
+            pool = aioredis.ConnectionPool.from_url(self._url, **options)
             # Retries are ours to decide: never resend a write whose outcome is unknown.
             return aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
         except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"invalid Redis URL {redact_url(self.url)!r}: {exc}") from None
+            raise ConfigurationError(f"invalid Redis URL {self.url!r}: {exc}") from None
 
     async def open(self) -> None:
         """Create the client and load the scripts (no connection is made until first use)."""
@@ -545,7 +554,7 @@ class RedisBackend(Backend):
 
         if isinstance(exc, rexc.AuthenticationError):
             return BackendUnavailableError(
-                f"Redis refused the credentials for {redact_url(self.url)}"
+                f"Redis refused the credentials for {self.url}"
             )
         unserved = (
             rexc.ClusterDownError,
@@ -557,7 +566,7 @@ class RedisBackend(Backend):
         if isinstance(exc, unserved):
             # The cluster refused the command without running it (reconfiguring, no coverage).
             return BackendUnavailableError(
-                f"the Redis Cluster at {redact_url(self.url)} is not serving this key now: "
+                f"the Redis Cluster at {self.url} is not serving this key now: "
                 f"{type(exc).__name__}"
             )
         if isinstance(exc, (TimeoutError, rexc.ConnectionError, rexc.TimeoutError, OSError)):
@@ -570,10 +579,10 @@ class RedisBackend(Backend):
                 )
             if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
                 return BackendTimeoutError(
-                    f"Redis at {redact_url(self.url)} did not answer in time"
+                    f"Redis at {self.url} did not answer in time"
                 )
             return BackendUnavailableError(
-                f"cannot reach Redis at {redact_url(self.url)}: {type(exc).__name__}"
+                f"cannot reach Redis at {self.url}: {type(exc).__name__}"
             )
         if isinstance(exc, rexc.RedisError):
             return BackendError(f"Redis error: {type(exc).__name__}: {exc}")
@@ -862,7 +871,7 @@ class RedisBackend(Backend):
         primaries: list[Any] = cluster.get_primaries()
         if not primaries:
             raise BackendUnavailableError(
-                f"the Redis Cluster at {redact_url(self.url)} has no primary"
+                f"the Redis Cluster at {self.url} has no primary"
             )
         return primaries
 
@@ -962,7 +971,7 @@ class RedisBackend(Backend):
             await asyncio.wait_for(opened.wait(), self.connect_timeout + self.socket_timeout)
         except TimeoutError:
             raise BackendUnavailableError(
-                f"no answer on the pub/sub connection to {redact_url(self.url)}"
+                f"no answer on the pub/sub connection to {self.url}"
             ) from None
 
     def _open_barriers(self, *, only_first: bool = False) -> None:
@@ -996,7 +1005,7 @@ class RedisBackend(Backend):
             )
         except TimeoutError:
             raise BackendUnavailableError(
-                f"could not subscribe to {group.pattern!r} on {redact_url(self.url)}"
+                f"could not subscribe to {group.pattern!r} on {self.url}"
             ) from None
 
     async def _request(self, group: _Group) -> None:
@@ -1065,7 +1074,7 @@ class RedisBackend(Backend):
                 failures += 1
                 log.warning(
                     "pubsub_reconnecting",
-                    url=redact_url(self.url),
+                    url=self.url,
                     error=type(exc).__name__,
                     attempt=failures,
                 )

@@ -210,7 +210,7 @@ async def test_no_pickle_at_run_time(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 async def test_secrets_stay_out_of_errors_logs_and_the_cli(tmp_path: Path) -> None:
-    """A password in a Redis URL never shows in reprs, raised errors, logs or the CLI's output."""
+    """A password in a Redis URL never shows in reprs, `url`, raised errors, logs or the CLI."""
     url = f"redis://app:hunter2-pw@unix-socket-that-does-not-exist{tmp_path}/x:6379/0"
     socket_url = f"unix://app:hunter2-pw@{tmp_path}/nothing.sock"
     with capture_logs() as logs:
@@ -224,6 +224,7 @@ async def test_secrets_stay_out_of_errors_logs_and_the_cli(tmp_path: Path) -> No
             await backend.set("k", b"v")
         await backend.aclose()
     texts = [repr(config), str(config), repr(state), repr(backend), repr(logs)]
+    texts += [backend.url, state.backend.url, repr(state.backend)]
     texts += [str(caught.value), repr(caught.value), str(caught_too.value)]
     for text in texts:
         assert "hunter2-pw" not in text, text
