@@ -469,9 +469,7 @@ class RedisBackend(Backend):
         for host_port in filter(None, hosts.split(",")):
             host, _, port = host_port.rpartition(":")
             if not host or not port.isdigit():
-                raise ConfigurationError(
-                    f"cluster URL {self.url!r}: each node must be host:port"
-                )
+                raise ConfigurationError(f"cluster URL {self.url!r}: each node must be host:port")
             nodes.append(ClusterNode(host.strip("[]"), int(port)))
         if not nodes:
             raise ConfigurationError(f"cluster URL {self.url!r} names no node")
@@ -503,9 +501,7 @@ class RedisBackend(Backend):
                     **self._client_options,
                 )
             except (ValueError, TypeError) as exc:
-                raise ConfigurationError(
-                    f"invalid Redis Cluster URL {self.url!r}: {exc}"
-                ) from None
+                raise ConfigurationError(f"invalid Redis Cluster URL {self.url!r}: {exc}") from None
             return cast("aioredis.Redis", cluster)
 
         options: dict[str, Any] = {
@@ -553,9 +549,7 @@ class RedisBackend(Backend):
         from redis import exceptions as rexc
 
         if isinstance(exc, rexc.AuthenticationError):
-            return BackendUnavailableError(
-                f"Redis refused the credentials for {self.url}"
-            )
+            return BackendUnavailableError(f"Redis refused the credentials for {self.url}")
         unserved = (
             rexc.ClusterDownError,
             rexc.TryAgainError,
@@ -566,8 +560,7 @@ class RedisBackend(Backend):
         if isinstance(exc, unserved):
             # The cluster refused the command without running it (reconfiguring, no coverage).
             return BackendUnavailableError(
-                f"the Redis Cluster at {self.url} is not serving this key now: "
-                f"{type(exc).__name__}"
+                f"the Redis Cluster at {self.url} is not serving this key now: {type(exc).__name__}"
             )
         if isinstance(exc, (TimeoutError, rexc.ConnectionError, rexc.TimeoutError, OSError)):
             before_send = _failed_to_connect(exc)
@@ -578,9 +571,7 @@ class RedisBackend(Backend):
                     "it may or may not have been applied",
                 )
             if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
-                return BackendTimeoutError(
-                    f"Redis at {self.url} did not answer in time"
-                )
+                return BackendTimeoutError(f"Redis at {self.url} did not answer in time")
             return BackendUnavailableError(
                 f"cannot reach Redis at {self.url}: {type(exc).__name__}"
             )
@@ -870,9 +861,7 @@ class RedisBackend(Backend):
             raise self._translated(exc, None) from exc
         primaries: list[Any] = cluster.get_primaries()
         if not primaries:
-            raise BackendUnavailableError(
-                f"the Redis Cluster at {self.url} has no primary"
-            )
+            raise BackendUnavailableError(f"the Redis Cluster at {self.url} has no primary")
         return primaries
 
     async def _scan_page(self, node: Any, cursor: bytes | int, match: str) -> Any:
