@@ -224,6 +224,7 @@ async def test_secrets_stay_out_of_errors_logs_and_the_cli(tmp_path: Path) -> No
             await backend.set("k", b"v")
         await backend.aclose()
     texts = [repr(config), str(config), repr(state), repr(backend), repr(logs)]
+    assert isinstance(state.backend, RedisBackend)
     texts += [backend.url, state.backend.url, repr(state.backend)]
     texts += [str(caught.value), repr(caught.value), str(caught_too.value)]
     for text in texts:
