@@ -48,6 +48,7 @@ from agenticstate import (
     AgentStateStore,
     Backend,
     MemoryBackend,
+    RedisBackend,
     StateConfig,
     StateManager,
     WorkflowState,
@@ -329,14 +330,17 @@ async def step_completed(namespace: Namespace) -> None:
 
 @check
 async def password_hidden(namespace: Namespace) -> None:
-    """What the fragment built holds the password, and its repr and str never show it."""
+    """What the fragment built holds the password; its repr, str and `url` never show it."""
     made = [value for value in namespace.values() if isinstance(value, StateConfig | Backend)]
     assert made, "the fragment built no StateConfig or backend"
     for value in made:
-        url = value.redis_url if isinstance(value, StateConfig) else getattr(value, "url", "")
+        # The config keeps the URL as given; a backend keeps it for its connections only.
+        url = value.redis_url if isinstance(value, StateConfig) else getattr(value, "_url", "")
         assert url is not None
         assert ":secret@" in url
         shown = [repr(value), str(value)]
+        if isinstance(value, RedisBackend):
+            shown.append(value.url)
         if isinstance(value, StateConfig):
             manager = StateManager(config=value)  # builds the backend; connects to nothing
             shown += [repr(manager), repr(manager.backend)]
