@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
 
+ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "results"
 CHARTS = Path(__file__).parent.parent / "docs" / "benchmarks"
 
@@ -42,6 +44,39 @@ async def rate(operation: Callable[[int], Awaitable[object]], count: int) -> flo
     for i in range(count):
         await operation(i)
     return count / (time.perf_counter() - start)
+
+
+def race_workers(modules_and_args: list[list[str]], timeout: float = 600) -> tuple[int, float]:
+    """Run worker processes that start together; return their summed count and the seconds taken.
+
+    Each worker is `python -m <module> <args...>`, run from the repository root. It prints
+    `ready` once set up, waits for `go` on stdin, and prints the number of operations it did as
+    its last line. The clock runs from the `go` to the last worker's exit, so start-up is not
+    counted.
+    """
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", *command],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for command in modules_and_args
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    start = time.perf_counter()
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    done = 0
+    for proc in procs:
+        out, _ = proc.communicate(timeout=timeout)
+        done += int(out.strip().splitlines()[-1])
+    return done, time.perf_counter() - start
 
 
 def sync_rate(operation: Callable[[int], object], count: int) -> float:

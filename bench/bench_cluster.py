@@ -7,16 +7,13 @@ Run: `python -m bench.bench_cluster` (starts its own clusters on loopback: redis
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench._util import publish, table
+from bench._util import ROOT, publish, race_workers, table
 
-ROOT = Path(__file__).parent.parent
 CLIENTS = 4
 PER_CLIENT = 3000
 ROUNDS = 3
@@ -24,29 +21,10 @@ ROUNDS = 3
 
 def throughput(url: str, prefix: str) -> float:
     """Saves per second from CLIENTS processes writing at once."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench._cluster_worker", url, f"{prefix}{n}:", str(PER_CLIENT)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(CLIENTS)
-    ]
-    for proc in procs:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-    start = time.perf_counter()
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    done = 0
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        done += int(out.strip().splitlines()[-1])
-    return done / (time.perf_counter() - start)
+    done, elapsed = race_workers(
+        [["bench._cluster_worker", url, f"{prefix}{n}:", str(PER_CLIENT)] for n in range(CLIENTS)]
+    )
+    return done / elapsed
 
 
 def served(cluster: Any) -> list[float]:

@@ -5,10 +5,7 @@ Run: `python -m bench.bench_managers` (starts its own redis-server on loopback T
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import redis.asyncio as aioredis
@@ -22,9 +19,7 @@ from agenticstate import (
     TeamState,
     ToolStateManager,
 )
-from bench._util import publish, rate, ratio_of, redis_server, table
-
-ROOT = Path(__file__).parent.parent
+from bench._util import publish, race_workers, rate, ratio_of, redis_server, table
 
 
 async def queue_rate(url: str, workers: int, tasks: int) -> float:
@@ -36,29 +31,10 @@ async def queue_rate(url: str, workers: int, tasks: int) -> float:
         await orch.create_team(TeamState(team_id="bench"))
         for n in range(tasks):
             await orch.enqueue_task("bench", {"id": f"t{n}"})
-    procs = [
-        subprocess.Popen(  # noqa: ASYNC220  # started before the clock runs
-            [sys.executable, "-m", "bench._queue_worker", url, prefix, f"w{n}"],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(workers)
-    ]
-    for proc in procs:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-    start = time.perf_counter()
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    done = 0
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        done += int(out.strip().splitlines()[-1])
-    elapsed = time.perf_counter() - start
+    # Blocking on purpose: the workers are other processes, and nothing else runs meanwhile.
+    done, elapsed = race_workers(
+        [["bench._queue_worker", url, prefix, f"w{n}"] for n in range(workers)]
+    )
     assert done == tasks, (done, tasks)
     return tasks / elapsed
 
