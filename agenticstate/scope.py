@@ -17,7 +17,6 @@ the prefix is reachable from a scope: keys are joined to the prefix, never resol
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
@@ -25,7 +24,7 @@ from agenticstate.exceptions import InvalidArgumentError, InvalidKeyError
 from agenticstate.manager import DEFAULT, StateManager
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping
     from datetime import timedelta
     from types import TracebackType
 
