@@ -61,6 +61,7 @@ __all__ = [
     "AgentRecoveryManager",
     "AgentStateStore",
     "Blocking",
+    "BlockingStream",
     "KnowledgeStateManager",
     "OrchestrationStateManager",
     "ScopedState",

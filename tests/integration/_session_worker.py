@@ -37,4 +37,4 @@ async def main(url: str, session_id: str, tag: str, count: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, *sys.argv[1:])
+    anyio.run(main, sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4])

@@ -85,8 +85,12 @@ async def test_bad_input_is_refused(sessions: SessionManager) -> None:
     with pytest.raises(InvalidArgumentError):
         await sessions.create_session("u1", ttl=-1)
     s = await sessions.create_session("u1")
+
+    def not_a_dict(state: dict[str, Any]) -> Any:
+        return ["not", "a", "dict"]
+
     with pytest.raises(InvalidArgumentError):
-        await sessions.update_state(s.session_id, lambda state: ["not", "a", "dict"])
+        await sessions.update_state(s.session_id, not_a_dict)
     with pytest.raises(InvalidArgumentError):
         await sessions.get_messages(s.session_id, last=-1)
     with pytest.raises(InvalidArgumentError):
