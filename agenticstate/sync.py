@@ -35,6 +35,7 @@ with mypy: `state.run(lambda s: s.get("k", model=Record))` is `Record | None`.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -102,6 +103,7 @@ class _Loop:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self.thread_id: int | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def portal(self) -> BlockingPortal:
         portal = self._portal
@@ -117,6 +119,7 @@ class _Loop:
         handoff: queue.SimpleQueue[BlockingPortal | BaseException] = queue.SimpleQueue()
 
         async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
             async with BlockingPortal() as portal:
                 handoff.put(portal)
                 await portal.sleep_until_stopped()
@@ -175,6 +178,27 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return portal.call(fn, *args)
 
 
+def _await(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    """Run a coroutine function on the loop and wait for it: the hot path of every method.
+
+    The loop is an asyncio loop this module owns, so a coroutine goes straight to it with
+    `run_coroutine_threadsafe`, which costs about half of `BlockingPortal.call` per hop (no
+    task group spawn and cancel scope per call); anyio code runs unchanged in that task.
+    """
+    _LOOP.check_thread()
+    _LOOP.portal()
+    loop = _LOOP.loop
+    assert loop is not None  # noqa: S101  # set before the portal is handed over
+    awaitable = fn(*args, **kwargs)
+    if not asyncio.iscoroutine(awaitable):  # an async generator's __anext__, a Future, ...
+        awaitable = _as_coroutine(awaitable)
+    return asyncio.run_coroutine_threadsafe(awaitable, loop).result()
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
 def _unwrap(value: Any) -> Any:
     return value._async if isinstance(value, Blocking) else value
 
@@ -194,7 +218,7 @@ def _blocking_method(name: str, method: Callable[..., Awaitable[Any]]) -> Callab
         bound = getattr(self._async, name)
         args = tuple(_unwrap(arg) for arg in args)
         kwargs = {key: _unwrap(value) for key, value in kwargs.items()}
-        return _wrap(_call(bound, *args, **kwargs))
+        return _wrap(_await(bound, *args, **kwargs))
 
     return call
 
@@ -263,7 +287,7 @@ class Blocking(Generic[A]):
         async def call() -> T:
             return await fn(obj)
 
-        result: T = _call(call)
+        result: T = _await(call)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -317,7 +341,7 @@ class BlockingStream:
 
     def __next__(self) -> Any:
         try:
-            return _call(self._inner.__anext__)
+            return _await(self._inner.__anext__)
         except StopAsyncIteration:
             raise StopIteration from None
 

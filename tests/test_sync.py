@@ -244,3 +244,24 @@ def test_unclosed_objects_are_closed_at_exit(tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "3"
+
+
+def test_blocking_stream_over_an_async_generator() -> None:
+    """BlockingStream iterates any async iterator, an async generator included."""
+
+    async def numbers() -> Any:
+        for n in range(3):
+            yield n
+
+    assert list(sync.BlockingStream(numbers())) == [0, 1, 2]
+
+
+def test_close_all_stops_the_loop_and_a_new_call_restarts_it() -> None:
+    """close_all() closes what the module built; the next blocking call starts a new loop."""
+    state = sync.StateManager()
+    state.save("k", 1)
+    sync.close_all()
+    with pytest.raises(BackendError):
+        state.get("k")
+    with sync.StateManager() as again:
+        assert again.save("k", 2) == 1
