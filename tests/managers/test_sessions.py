@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -11,15 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agenticstate import (
+    ConfigurationError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
     SessionManager,
     SessionMessage,
     StateManager,
+    UnsupportedTypeError,
     estimate_tokens,
 )
 from agenticstate.managers.sessions import render_template
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @pytest.fixture
@@ -316,8 +321,111 @@ async def test_render_json_for_non_strings() -> None:
     )
 
 
-async def test_shorthand_constructor() -> None:
-    """SessionManager takes the managers' persistence= shorthand and owns that StateManager."""
+async def test_shorthand_constructor(tmp_path: Path) -> None:
+    """SessionManager takes state_manager= or the shorthand, and refuses both at once."""
     async with SessionManager(persistence="memory", default_state={"n": 0}) as sessions:
         s = await sessions.create_session("u1")
         assert await sessions.get_state(s.session_id) == {"n": 0}
+    async with SessionManager(persistence="file", base_path=tmp_path) as sessions:
+        await sessions.create_session("u1", session_id="kept")
+    async with SessionManager(persistence="file", base_path=tmp_path) as sessions:
+        assert await sessions.get_session("kept") is not None
+    shared = StateManager()
+    async with SessionManager(state_manager=shared) as borrowed:
+        assert borrowed.state is shared
+    assert await shared.get("nothing") is None  # a borrowed StateManager stays open
+    with pytest.raises(ConfigurationError):
+        SessionManager(state_manager=shared, persistence="memory")
+    with pytest.raises(InvalidArgumentError):
+        SessionManager(default_state=["not", "a", "dict"])  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedTypeError):
+        SessionManager(default_state={"s": {1, 2}})
+    await shared.aclose()
+
+
+def _model_history(
+    contents: list[str],
+    covered: int,
+    *,
+    last: int | None,
+    since: int | None,
+    max_tokens: int | None,
+    with_summary: bool,
+) -> list[int]:
+    """What get_messages must return (as numbers, 0 for the summary), computed directly."""
+    numbers = list(range(1, len(contents) + 1))
+    head = [0] if with_summary and covered else []
+    low = 1 if since is None else since + 1
+    if head:
+        low = max(low, covered + 1)
+    if last is not None:
+        low = max(low, len(contents) - last + 1)
+    numbers = [n for n in numbers if n >= low]
+    if max_tokens is None:
+        return head + numbers
+    budget = max_tokens - (len(head) * 3)
+    if budget < 0:
+        return []
+    kept: list[int] = []
+    for n in reversed(numbers):
+        budget -= 1 + len(contents[n - 1])
+        if budget < 0:
+            break
+        kept.append(n)
+    return head + kept[::-1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 6), max_size=40),
+    keep_last=st.none() | st.integers(0, 10),
+    last=st.none() | st.integers(0, 45),
+    since=st.none() | st.integers(0, 45),
+    max_tokens=st.none() | st.integers(0, 60),
+    with_summary=st.booleans(),
+)
+def test_get_messages_matches_a_model(
+    sizes: list[int],
+    keep_last: int | None,
+    last: int | None,
+    since: int | None,
+    max_tokens: int | None,
+    with_summary: bool,
+) -> None:
+    """Every mix of last, since, max_tokens and a summary returns what a direct model says."""
+    contents = ["w" * size for size in sizes]
+
+    def counter(message: SessionMessage) -> int:
+        # The summary's text is "sum" (3); a message costs 1 plus its length.
+        return 3 if message.seq == 0 else 1 + len(str(message.content))
+
+    async def main() -> list[int]:
+        async with SessionManager(persistence="memory", token_counter=counter) as sessions:
+            s = await sessions.create_session("u1")
+            for content in contents:
+                await sessions.add_message(s.session_id, "user", content)
+            covered = 0
+            if keep_last is not None:
+                summary = await sessions.summarize(
+                    s.session_id, lambda p, m: "sum", keep_last=keep_last
+                )
+                covered = 0 if summary is None else summary.covers_through
+            got = await sessions.get_messages(
+                s.session_id,
+                last=last,
+                since=since,
+                max_tokens=max_tokens,
+                with_summary=with_summary,
+            )
+            expected = _model_history(
+                contents,
+                covered,
+                last=last,
+                since=since,
+                max_tokens=max_tokens,
+                with_summary=with_summary,
+            )
+            assert [m.seq for m in got] == expected
+            return expected
+
+    anyio.run(main)
