@@ -400,7 +400,9 @@ class SessionManager(StateManagerBase):
         """
         value = await self.state.get(self._key(session_id, "state"))
         if value is None:
-            raise NotFoundError(f"no session {session_id!r}")
+            # A session whose creation stopped between its two writes has the default state.
+            await self._session(session_id)
+            return deepcopy(self.default_state)
         return dict(value)
 
     async def update_state(
@@ -437,7 +439,10 @@ class SessionManager(StateManagerBase):
                 f"update_state() takes a dict or a function, not {type(change).__name__}"
             )
         new = await self.state.update(
-            self._key(session_id, "state"), apply, ttl=self._remaining(session)
+            self._key(session_id, "state"),
+            apply,
+            default=self.default_state,
+            ttl=self._remaining(session),
         )
         return dict(new)
 

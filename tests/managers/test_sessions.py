@@ -429,3 +429,12 @@ def test_get_messages_matches_a_model(
             return expected
 
     anyio.run(main)
+
+
+async def test_a_half_created_session_reads_the_default_state(sessions: SessionManager) -> None:
+    """If creation stopped after the session record, the state reads and updates as default."""
+    s = await sessions.create_session("u1", session_id="half")
+    await sessions.state.delete("sessions:{half}:state")  # as if the process died in between
+    assert await sessions.get_state(s.session_id) == {"shopping_list": []}
+    updated = await sessions.update_state(s.session_id, {"shopping_list": ["tea"]})
+    assert updated == {"shopping_list": ["tea"]}
