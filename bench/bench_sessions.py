@@ -131,8 +131,9 @@ def run() -> str:
     notes = [
         f"{ROUNDS} rounds of {OPS} operations per size; the ratio is the time per operation at "
         "100,000 messages over the time at 100 (target <= 1.5x), within each round.",
-        "add_message is three round trips (read the session, allocate the number, write the "
-        "message); get_messages(last=50) is one read of the session and one batch read of 50 keys.",
+        "add_message is two round trips (allocate the number with an atomic update of the session "
+        "record, write the message); get_messages(last=50) is one read of the session and one "
+        "batch read of 50 keys.",
         "Sync rows: time of a blocking get from the main thread (a hop to the loop thread and "
         "back) over an awaited get in a running loop (target <= 2x on memory); the two sync rows "
         "put the columns as awaited and blocking rates instead of history sizes.",

@@ -74,6 +74,13 @@ Summarizer = Callable[[str | None, list["SessionMessage"]], "Awaitable[str] | st
 
 _PAGE = 500  # keys read per batch when a read walks a long history
 _BACKWARD_PAGE = 64  # keys read per batch when max_tokens walks back from the newest
+_EXPIRIES_KEPT = 10_000  # sessions whose expiry add_message remembers
+
+
+class _StaleExpiryError(Exception):
+    """A cached session expiry no longer matches the stored session (internal)."""
+
+
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)\}")
 
 
@@ -144,6 +151,12 @@ class SessionDeletion(BaseModel):
     """Every key deleted: session records, states, messages and summaries."""
 
 
+def _as_datetime(value: object) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
 def _positive_ttl(ttl: timedelta | float | None) -> timedelta | None:
     if ttl is None:
         return None
@@ -199,6 +212,7 @@ class SessionManager(StateManagerBase):
             self.state.serializer.loads(self.state.serializer.dumps(dict(default_state or {})))
         )
         self.token_counter: TokenCounter = token_counter or estimate_tokens
+        self._expiries: dict[str, datetime | None] = {}
 
     # ---------------------------------------------------------------- keys
 
@@ -214,15 +228,9 @@ class SessionManager(StateManagerBase):
     def _user_index(user_id: str) -> str:
         return f"sessions:users:{{{key_part(user_id, 'user_id')}}}"
 
-    @staticmethod
-    def _remaining(session: Session) -> timedelta | None:
+    def _remaining(self, session: Session) -> timedelta | None:
         # Every key of a session expires with it: each write states the time left.
-        if session.expires_at is None:
-            return None
-        left = session.expires_at - utcnow()
-        if left <= timedelta(0):
-            raise NotFoundError(f"session {session.session_id!r} has expired")
-        return left
+        return self._time_left(session.session_id, session.expires_at)
 
     async def _session(self, session_id: str) -> Session:
         session = await self._load(self._key(session_id, "meta"), Session)
@@ -352,6 +360,7 @@ class SessionManager(StateManagerBase):
 
     async def _delete_session(self, session_id: str, user_id: str | None) -> tuple[int, int] | None:
         session = await self.get_session(session_id)
+        self._expiries.pop(session_id, None)
         # The session record goes first: appends racing the delete then fail as NotFoundError.
         existed = await self.state.delete(self._key(session_id, "meta"))
         owner = session.user_id if session is not None else user_id
@@ -496,9 +505,10 @@ class SessionManager(StateManagerBase):
     ) -> SessionMessage:
         """Append a message to the session's history and return it (with its number).
 
-        Three round trips whatever the history's length: read the session, allocate the next
-        number atomically, write the message under its own key. Appends from many processes
-        get distinct, increasing numbers; none is lost.
+        Two round trips whatever the history's length: allocate the next number atomically
+        (an `update` of the session record), then write the message under its own key. Appends
+        from many processes get distinct, increasing numbers; none is lost. The first append to
+        a session in a process also reads the session, for its expiry.
 
         Raises:
             NotFoundError: No such session.
@@ -506,8 +516,6 @@ class SessionManager(StateManagerBase):
         if not isinstance(role, str) or not role:
             raise InvalidArgumentError(f"role must be a non-empty str, not {role!r}")
         meta_key = self._key(session_id, "meta")
-        session = await self._session(session_id)
-        life = self._remaining(session)
         now = utcnow()
         message = SessionMessage(
             session_id=session_id,
@@ -519,18 +527,54 @@ class SessionManager(StateManagerBase):
         )
         # Encode before allocating a number, so a value that cannot be stored leaves no gap.
         self.state.serializer.dumps(message)
+        while True:
+            expiry = await self._expiry(session_id)
 
-        def allocate(current: Any) -> Any:
-            current["message_count"] = current.get("message_count", 0) + 1
-            current["updated_at"] = now.isoformat()
-            return current
+            def allocate(current: Any, expiry: datetime | None = expiry) -> Any:
+                if _as_datetime(current.get("expires_at")) != expiry:
+                    # The session was replaced (deleted and created again) since the expiry
+                    # was cached: write nothing, read it again.
+                    raise _StaleExpiryError
+                current["message_count"] = current.get("message_count", 0) + 1
+                current["updated_at"] = now.isoformat()
+                return current
 
-        stored = await self.state.update(meta_key, allocate, ttl=life)
+            life = self._time_left(session_id, expiry)
+            try:
+                stored = await self.state.update(meta_key, allocate, ttl=life)
+            except _StaleExpiryError:
+                self._expiries.pop(session_id, None)
+                continue
+            except NotFoundError:
+                self._expiries.pop(session_id, None)
+                raise NotFoundError(f"no session {session_id!r}") from None
+            break
         message = message.model_copy(update={"seq": stored["message_count"]})
         await self.state.save(
             self._msg_key(session_id, message.seq), message, ttl=life, expected_version=0
         )
         return message
+
+    async def _expiry(self, session_id: str) -> datetime | None:
+        """The session's expiry, cached: it never changes while the session exists."""
+        if session_id in self._expiries:
+            cached = self._expiries[session_id]
+            if cached is None or cached > utcnow():
+                return cached
+        session = await self._session(session_id)
+        if len(self._expiries) >= _EXPIRIES_KEPT:
+            self._expiries.clear()
+        self._expiries[session_id] = session.expires_at
+        return session.expires_at
+
+    @staticmethod
+    def _time_left(session_id: str, expires_at: datetime | None) -> timedelta | None:
+        if expires_at is None:
+            return None
+        left = expires_at - utcnow()
+        if left <= timedelta(0):
+            raise NotFoundError(f"session {session_id!r} has expired")
+        return left
 
     async def get_messages(
         self,

@@ -438,3 +438,26 @@ async def test_a_half_created_session_reads_the_default_state(sessions: SessionM
     assert await sessions.get_state(s.session_id) == {"shopping_list": []}
     updated = await sessions.update_state(s.session_id, {"shopping_list": ["tea"]})
     assert updated == {"shopping_list": ["tea"]}
+
+
+async def test_append_after_the_session_was_replaced_elsewhere(state: StateManager) -> None:
+    """A manager that cached a session's expiry writes with the new one after a replace."""
+    one = SessionManager(state_manager=state)
+    other = SessionManager(state_manager=state)  # another process, in effect
+    await one.create_session("u1", session_id="s")
+    await one.add_message("s", "user", "first life")
+    await other.delete_session("s")
+    replaced = await other.create_session("u1", session_id="s", ttl=timedelta(minutes=5))
+    message = await one.add_message("s", "user", "second life")
+    assert message.seq == 1
+    entry = await state.get_entry("sessions:{s}:msg:000000000001")
+    assert entry is not None
+    assert entry.expires_at is not None
+    assert replaced.expires_at is not None
+    assert abs((entry.expires_at - replaced.expires_at).total_seconds()) < 2
+    meta = await state.get_entry("sessions:{s}:meta")
+    assert meta is not None
+    assert meta.expires_at is not None
+    await other.delete_session("s")
+    with pytest.raises(NotFoundError):
+        await one.add_message("s", "user", "no life")
