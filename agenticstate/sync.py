@@ -157,10 +157,13 @@ class _Loop:
             self.thread_id = None
 
     def after_fork(self) -> None:
-        # The loop thread does not exist in a forked child; the next call starts a new one.
+        # The loop thread does not exist in a forked child; the next call starts a new one. The
+        # parent's objects stay the parent's: the child must not close (flush, disconnect) them.
         self._lock = threading.Lock()
         self._portal = self._thread = None
         self.thread_id = None
+        self.loop = None
+        _OWNED.clear()
 
 
 _LOOP = _Loop()
@@ -192,7 +195,13 @@ def _await(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
     awaitable = fn(*args, **kwargs)
     if not asyncio.iscoroutine(awaitable):  # an async generator's __anext__, a Future, ...
         awaitable = _as_coroutine(awaitable)
-    return asyncio.run_coroutine_threadsafe(awaitable, loop).result()
+    future = asyncio.run_coroutine_threadsafe(awaitable, loop)
+    try:
+        return future.result()
+    except BaseException:
+        # Interrupted (Ctrl-C in a notebook) or failed: make sure the call stops on the loop.
+        future.cancel()
+        raise
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -265,3 +266,30 @@ def test_close_all_stops_the_loop_and_a_new_call_restarts_it() -> None:
         state.get("k")
     with sync.StateManager() as again:
         assert again.save("k", 2) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_its_own_loop(tmp_path: Path) -> None:
+    """After fork the child builds and uses its own objects; the parent's keep working."""
+    with sync.StateManager() as parent:
+        parent.save("k", "parent")
+        reader, writer = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that forking a threaded process is risky: that is the point.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            code = 1
+            try:
+                with sync.StateManager() as child:
+                    child.save("k", "child")
+                    code = 0 if child.get("k") == "child" else 2
+            finally:
+                os.write(writer, bytes([code]))
+                os._exit(code)
+        os.close(writer)
+        status = os.read(reader, 1)
+        os.close(reader)
+        os.waitpid(pid, 0)
+        assert status == bytes([0])
+        assert parent.get("k") == "parent"
