@@ -24,7 +24,7 @@ from agenticstate import SessionManager, SessionMessage, StateConfig, StateManag
 from bench._util import publish, rate, redis_server, sync_rate, table
 
 SIZES = (100, 100_000)
-ROUNDS = 5
+ROUNDS = 6
 OPS = 200
 FILL_BATCH = 2000
 
@@ -57,8 +57,10 @@ async def history_rates(config: StateConfig) -> dict[str, list[float]]:
             await fill(sessions, session.session_id, size)
             ids[size] = session.session_id
         rates: dict[str, list[float]] = {}
-        for _ in range(ROUNDS):
-            for size in SIZES:
+        for round_number in range(ROUNDS):
+            # Alternate which size goes first, so a drift in the machine's speed within a
+            # round does not always favour the same size.
+            for size in SIZES if round_number % 2 == 0 else SIZES[::-1]:
                 sid = ids[size]
                 rates.setdefault(f"add{size}", []).append(
                     await rate(lambda n, sid=sid: sessions.add_message(sid, "user", f"m{n}"), OPS)
