@@ -75,6 +75,7 @@ Summarizer = Callable[[str | None, list["SessionMessage"]], "Awaitable[str] | st
 _PAGE = 500  # keys read per batch when a read walks a long history
 _BACKWARD_PAGE = 64  # keys read per batch when max_tokens walks back from the newest
 _EXPIRIES_KEPT = 10_000  # sessions whose expiry add_message remembers
+_CREATION_GRACE = timedelta(minutes=1)  # an index entry younger than this may be mid-creation
 
 
 class _StaleExpiryError(Exception):
@@ -283,12 +284,15 @@ class SessionManager(StateManagerBase):
         )
         # Encode the state first: a state that cannot be stored creates nothing.
         self.state.serializer.dumps(first)
+        # The user's index first: whatever happens next, delete_user finds this session.
+        added = await self.state.index_add(index, {sid: -sort_time(now)})
         try:
             await self.state.save(self._key(sid, "meta"), session, ttl=life, expected_version=0)
         except ConflictError:
+            if added:
+                await self.state.index_remove(index, [sid])
             raise ConflictError(f"session {sid!r} already exists", key=sid) from None
         await self.state.save(self._key(sid, "state"), first, ttl=life)
-        await self.state.index_add(index, {sid: -sort_time(now)})
         self.log.debug("session_created", session_id=sid)
         return session
 
@@ -317,18 +321,20 @@ class SessionManager(StateManagerBase):
             members = [(sid, score) for sid, score in members if -score < cutoff]
         sessions: list[Session] = []
         stale: list[str] = []
+        stale_before = sort_time(utcnow() - _CREATION_GRACE)
         for start in range(0, len(members), _PAGE):
             page = [sid for sid, _ in members[start : start + _PAGE]]
             found = await self.state.get_many(
                 [self._key(sid, "meta") for sid in page], model=Session
             )
-            for sid in page:
+            for sid, score in members[start : start + _PAGE]:
                 session = found.get(self._key(sid, "meta"))
-                # The index outlives expired or half-deleted sessions: skip and tidy them.
-                if session is None or session.user_id != user_id:
-                    stale.append(sid)
-                else:
+                if session is not None and session.user_id == user_id:
                     sessions.append(session)
+                # The index outlives expired sessions and creations that stopped half way:
+                # tidy those, but not one whose creation may still be under way.
+                elif session is not None or -score < stale_before:
+                    stale.append(sid)
             if limit is not None and len(sessions) >= limit:
                 break
         if stale:
@@ -356,26 +362,34 @@ class SessionManager(StateManagerBase):
 
     async def delete_session(self, session_id: str) -> bool:
         """Delete a session with its state, messages and summary; return whether it existed."""
-        return (await self._delete_session(session_id, None)) is not None
+        existed, _, _ = await self._delete_session(session_id, None)
+        return existed
 
-    async def _delete_session(self, session_id: str, user_id: str | None) -> tuple[int, int] | None:
+    async def _delete_session(self, session_id: str, user_id: str | None) -> tuple[bool, int, int]:
+        """Delete a session's keys; return whether it existed, and the keys and messages erased.
+
+        With `user_id`, a session that belongs to someone else is left alone (an index entry
+        that outlived a refused `create_session` must not let one user erase another's).
+        """
         session = await self.get_session(session_id)
+        if session is not None and user_id is not None and session.user_id != user_id:
+            return False, 0, 0
         self._expiries.pop(session_id, None)
         # The session record goes first: appends racing the delete then fail as NotFoundError.
         existed = await self.state.delete(self._key(session_id, "meta"))
         owner = session.user_id if session is not None else user_id
         if owner is not None:
             await self.state.index_remove(self._user_index(owner), [session_id])
-        keys = messages = 0
+        keys = int(existed)
+        messages = 0
         pattern = f"sessions:{{{glob_part(key_part(session_id, 'session_id'))}}}:*"
         for key in await self.state.list_keys(pattern):
             if await self.state.delete(key):
                 keys += 1
                 messages += ":msg:" in key
-        if not existed:
-            return None
-        self.log.debug("session_deleted", session_id=session_id, keys=keys + 1)
-        return keys + 1, messages
+        if existed:
+            self.log.debug("session_deleted", session_id=session_id, keys=keys)
+        return existed, keys, messages
 
     async def delete_user(self, user_id: str) -> SessionDeletion:
         """Erase every session of a user, with their states, messages and summaries.
@@ -390,11 +404,10 @@ class SessionManager(StateManagerBase):
             if not members:
                 break
             for sid, _ in members:
-                outcome = await self._delete_session(sid, user_id)
-                if outcome is not None:
-                    sessions += 1
-                    keys += outcome[0]
-                    messages += outcome[1]
+                existed, erased, erased_messages = await self._delete_session(sid, user_id)
+                sessions += existed
+                keys += erased
+                messages += erased_messages
             await self.state.index_remove(index, [sid for sid, _ in members])
         self.log.debug("user_deleted", sessions=sessions, messages=messages)
         return SessionDeletion(sessions=sessions, messages=messages, keys=keys)

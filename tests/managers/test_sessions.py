@@ -53,6 +53,7 @@ async def test_duplicate_session_id_is_a_conflict(sessions: SessionManager) -> N
         await sessions.create_session("u2", session_id="s1", state={"a": 2})
     assert await sessions.get_state("s1") == {"shopping_list": [], "a": 1}
     assert await sessions.list_sessions("u2") == []
+    assert await sessions.state.index_range("sessions:users:{u2}") == []
 
 
 async def test_update_state_merges_and_set_state_overwrites(sessions: SessionManager) -> None:
@@ -461,3 +462,31 @@ async def test_append_after_the_session_was_replaced_elsewhere(state: StateManag
     await other.delete_session("s")
     with pytest.raises(NotFoundError):
         await one.add_message("s", "user", "no life")
+
+
+async def test_index_entries_of_unfinished_creations(sessions: SessionManager) -> None:
+    """list_sessions tidies old orphan index entries but keeps young ones; delete_user erases."""
+    now = datetime.now(UTC)
+    index = "sessions:users:{u1}"
+    await sessions.state.index_add(index, {"young": -now.timestamp()})
+    await sessions.state.index_add(index, {"old": -(now - timedelta(hours=1)).timestamp()})
+    await sessions.state.save("sessions:{young}:state", {"half": True})  # creation under way
+    assert await sessions.list_sessions("u1") == []
+    assert [sid for sid, _ in await sessions.state.index_range(index)] == ["young"]
+    result = await sessions.delete_user("u1")
+    assert result.sessions == 0
+    assert result.keys == 1
+    assert await sessions.state.list_keys("sessions:{young}:*") == []
+    assert await sessions.state.index_range(index) == []
+
+
+async def test_delete_user_never_erases_another_users_session(sessions: SessionManager) -> None:
+    """An index entry of u2 naming u1's session (a leftover) does not let u2 erase it."""
+    theirs = await sessions.create_session("u1", session_id="theirs")
+    await sessions.add_message(theirs.session_id, "user", "private")
+    await sessions.state.index_add("sessions:users:{u2}", {"theirs": -1.0})
+    result = await sessions.delete_user("u2")
+    assert (result.sessions, result.keys) == (0, 0)
+    assert [m.content for m in await sessions.get_messages("theirs")] == ["private"]
+    assert [s.session_id for s in await sessions.list_sessions("u1")] == [theirs.session_id]
+    assert await sessions.state.index_range("sessions:users:{u2}") == []
