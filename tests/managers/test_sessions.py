@@ -490,3 +490,38 @@ async def test_delete_user_never_erases_another_users_session(sessions: SessionM
     assert [m.content for m in await sessions.get_messages("theirs")] == ["private"]
     assert [s.session_id for s in await sessions.list_sessions("u1")] == [theirs.session_id]
     assert await sessions.state.index_range("sessions:users:{u2}") == []
+
+
+async def test_append_and_last_n_cost_the_same_at_any_length(sessions: SessionManager) -> None:
+    """add_message and get_messages(last=N) do the same backend work at 10 and 2,000 messages."""
+    s = await sessions.create_session("u1")
+
+    async def cost(call: Any) -> tuple[int, int, int]:
+        before = sessions.state.stats()
+        await call
+        after = sessions.state.stats()
+        return (
+            after.reads - before.reads,
+            after.saves - before.saves,
+            after.updates - before.updates,
+        )
+
+    for i in range(10):
+        await sessions.add_message(s.session_id, "user", f"m{i}")
+    short_add = await cost(sessions.add_message(s.session_id, "user", "x"))
+    short_read = await cost(sessions.get_messages(s.session_id, last=5))
+    await sessions.state.save_many(
+        {
+            f"sessions:{{{s.session_id}}}:msg:{n:012d}": SessionMessage(
+                session_id=s.session_id, seq=n, role="user", content="filler"
+            )
+            for n in range(12, 2001)
+        }
+    )
+    await sessions.state.update(
+        f"sessions:{{{s.session_id}}}:meta", lambda meta: {**meta, "message_count": 2000}
+    )
+    long_add = await cost(sessions.add_message(s.session_id, "user", "y"))
+    long_read = await cost(sessions.get_messages(s.session_id, last=5))
+    assert short_add == long_add == (0, 1, 1)  # one allocation (update) and one write
+    assert short_read == long_read == (1 + 5, 0, 0)  # the session, then five messages
