@@ -525,3 +525,19 @@ async def test_append_and_last_n_cost_the_same_at_any_length(sessions: SessionMa
     long_read = await cost(sessions.get_messages(s.session_id, last=5))
     assert short_add == long_add == (0, 1, 1)  # one allocation (update) and one write
     assert short_read == long_read == (1 + 5, 0, 0)  # the session, then five messages
+
+
+async def test_concurrent_state_updates_lose_nothing(sessions: SessionManager) -> None:
+    """Tools updating one session's state at once (Agno's add_item) lose no item."""
+    s = await sessions.create_session("u1")
+
+    async def add(item: str) -> None:
+        await sessions.update_state(
+            s.session_id, lambda state: {**state, "shopping_list": [*state["shopping_list"], item]}
+        )
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(add, f"item{n}")
+    items = (await sessions.get_state(s.session_id))["shopping_list"]
+    assert sorted(items) == sorted(f"item{n}" for n in range(20))
