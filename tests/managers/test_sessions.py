@@ -541,3 +541,30 @@ async def test_concurrent_state_updates_lose_nothing(sessions: SessionManager) -
             tg.start_soon(add, f"item{n}")
     items = (await sessions.get_state(s.session_id))["shopping_list"]
     assert sorted(items) == sorted(f"item{n}" for n in range(20))
+
+
+@pytest.mark.parametrize("persistence", ["memory", "file"])
+def test_sessions_run_under_trio(persistence: str, tmp_path: Path) -> None:
+    """Sessions, messages, summaries and scopes work on trio too (memory and file backends)."""
+    pytest.importorskip("trio")
+
+    async def main() -> list[int]:
+        async with SessionManager(
+            persistence=persistence,  # type: ignore[arg-type]
+            base_path=tmp_path if persistence == "file" else None,
+            default_state={"n": 0},
+        ) as sessions:
+            s = await sessions.create_session("u1")
+            async with anyio.create_task_group() as tg:
+                for i in range(10):
+                    tg.start_soon(sessions.add_message, s.session_id, "user", f"m{i}")
+            await sessions.update_state(s.session_id, lambda state: {"n": state["n"] + 1})
+            await sessions.summarize(s.session_id, lambda prev, msgs: "sum", keep_last=2)
+            scope = sessions.state.scope("extra:")
+            await scope.save("k", 1)
+            assert await scope.get_all() == {"k": 1}
+            assert await sessions.render(s.session_id, "{n}") == "1"
+            messages = await sessions.get_messages(s.session_id, with_summary=True)
+            return [m.seq for m in messages]
+
+    assert anyio.run(main, backend="trio") == [0, 9, 10]
