@@ -51,7 +51,7 @@ from anyio.from_thread import BlockingPortal
 
 from agenticstate import managers as _managers
 from agenticstate import scope as _scope
-from agenticstate.exceptions import AgenticStateError
+from agenticstate.exceptions import AgenticStateError, InvalidArgumentError
 from agenticstate.manager import StateManager as _AsyncStateManager
 
 if TYPE_CHECKING:
@@ -213,9 +213,10 @@ def _unwrap(value: Any) -> Any:
 
 
 def _wrap(value: Any) -> Any:
-    wrapper = _WRAPPERS.get(type(value))
-    if wrapper is not None:
-        return wrapper.wrap(value)
+    for kind in type(value).__mro__:
+        wrapper = _WRAPPERS.get(kind)
+        if wrapper is not None:
+            return wrapper.wrap(value)
     if hasattr(value, "__aenter__") or hasattr(value, "__anext__"):
         return BlockingStream(value)
     return value
@@ -278,7 +279,10 @@ class Blocking(Generic[A]):
     def wrap(cls, obj: A) -> Self:
         """Return a blocking view of an existing async object (closing it stays your call)."""
         if not isinstance(obj, cls._async_class):
-            raise TypeError(f"{cls.__name__}.wrap() takes a {cls._async_class.__name__}")
+            raise InvalidArgumentError(
+                f"{cls.__name__}.wrap() takes a {cls._async_class.__name__}, "
+                f"not {type(obj).__name__}"
+            )
         view = cls.__new__(cls)
         view._async = obj
         view._owned = False
@@ -303,6 +307,13 @@ class Blocking(Generic[A]):
         if name.startswith("__") or name in ("_async", "_owned"):
             raise AttributeError(name)
         return _wrap(getattr(self._async, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Public attributes are the async object's (`tools.max_retries = 5` configures it).
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._async, name, _unwrap(value))
 
     def __repr__(self) -> str:
         return f"sync.{type(self).__name__}({self._async!r})"

@@ -293,3 +293,14 @@ def test_a_forked_child_gets_its_own_loop(tmp_path: Path) -> None:
         os.waitpid(pid, 0)
         assert status == bytes([0])
         assert parent.get("k") == "parent"
+
+
+def test_attributes_read_and_write_through() -> None:
+    """Public attributes are the async object's; wrap() refuses a foreign object."""
+    with sync.SessionManager(default_state={"n": 0}) as sessions:
+        assert sessions.default_state == {"n": 0}
+        sessions.default_state = {"n": 1}
+        assert sessions.async_object.default_state == {"n": 1}
+        assert sessions.create_session("u1").session_id
+    with pytest.raises(agenticstate.InvalidArgumentError):
+        sync.StateManager.wrap("not a manager")  # type: ignore[arg-type]
