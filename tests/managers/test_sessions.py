@@ -568,3 +568,15 @@ def test_sessions_run_under_trio(persistence: str, tmp_path: Path) -> None:
             return [m.seq for m in messages]
 
     assert anyio.run(main, backend="trio") == [0, 9, 10]
+
+
+async def test_every_key_of_a_session_shares_its_hash_tag(sessions: SessionManager) -> None:
+    """Each key of a session has `{session_id}` as its Redis Cluster hash tag (one slot)."""
+    s = await sessions.create_session("u1", session_id="tagged")
+    await sessions.add_message(s.session_id, "user", "hi")
+    await sessions.summarize(s.session_id, lambda prev, msgs: "sum", keep_last=0)
+    keys = await sessions.state.list_keys("sessions:*")
+    assert len(keys) == 4  # meta, state, one message, summary
+    for key in keys:
+        opening = key.index("{")
+        assert key[opening + 1 : key.index("}", opening)] == "tagged", key
