@@ -103,6 +103,7 @@ def run() -> str:
         overheads["Redis"] = sync_overhead(redis_config, 1000)
     overheads["memory"] = sync_overhead(StateConfig(backend="memory"), 3000)
     results["memory"] = anyio.run(history_rates, StateConfig(backend="memory"))
+    # Another backend (SQLite) adds one line here: results["SQLite"] = anyio.run(...).
     rows = []
     for backend, rates in results.items():
         for op, label in (("add", "add_message"), ("last", "get_messages(last=50)")):
