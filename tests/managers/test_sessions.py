@@ -304,8 +304,14 @@ async def test_session_ttl_expires_every_key(sessions: SessionManager) -> None:
     s = await sessions.create_session("u1", ttl=timedelta(minutes=5))
     assert s.expires_at is not None
     await sessions.add_message(s.session_id, "user", "hi")
+    await sessions.add_message(s.session_id, "assistant", "hello")
     await sessions.update_state(s.session_id, {"a": 1})
-    for key in await sessions.state.list_keys(f"sessions:{{{s.session_id}}}:*"):
+    await sessions.set_state(s.session_id, {"b": 2})
+    await sessions.rename_session(s.session_id, "renamed")
+    await sessions.summarize(s.session_id, lambda prev, msgs: "sum", keep_last=1)
+    keys = await sessions.state.list_keys(f"sessions:{{{s.session_id}}}:*")
+    assert len(keys) == 5  # meta, state, two messages, summary
+    for key in keys:
         entry = await sessions.state.get_entry(key)
         assert entry is not None
         assert entry.expires_at is not None
