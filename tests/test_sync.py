@@ -205,7 +205,7 @@ def test_run_gives_typed_access_to_the_async_object() -> None:
 
 @pytest.mark.redis
 def test_redis_backend(redis_url: str) -> None:
-    """The blocking API drives the Redis backend (asyncio only) on its loop thread."""
+    """The blocking API drives the Redis backend on its loop thread, from several threads."""
     prefix = f"sync{os.getpid()}:"
     with sync.StateManager(
         StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
@@ -213,6 +213,21 @@ def test_redis_backend(redis_url: str) -> None:
         state.save("k", {"v": 1})
         assert state.get("k") == {"v": 1}
         assert state.delete("k")
+        sessions = sync.SessionManager(state_manager=state)
+        session = sessions.create_session("u1")
+
+        def append(tag: str) -> None:
+            for i in range(20):
+                sessions.add_message(session.session_id, "user", f"{tag}{i}")
+
+        threads = [threading.Thread(target=append, args=(tag,)) for tag in "abc"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        messages = sessions.get_messages(session.session_id)
+        assert [m.seq for m in messages] == list(range(1, 61))
+        assert sessions.delete_user("u1").messages == 60
 
 
 def test_unclosed_objects_are_closed_at_exit(tmp_path: Path) -> None:
