@@ -633,9 +633,16 @@ class SessionManager(StateManagerBase):
         _optional_count(last, "last", minimum=0)
         _optional_count(since, "since", minimum=0)
         _optional_count(max_tokens, "max_tokens", minimum=0)
-        count_tokens = token_counter or self.token_counter
-        if not callable(count_tokens):
+        counter = token_counter or self.token_counter
+        if not callable(counter):
             raise InvalidArgumentError("token_counter must be callable")
+
+        def count_tokens(message: SessionMessage) -> int:
+            tokens = counter(message)
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+                raise InvalidArgumentError(f"token_counter must return an int >= 0, not {tokens!r}")
+            return tokens
+
         session = await self._session(session_id)
         high = session.message_count
         low = 1 if since is None else since + 1

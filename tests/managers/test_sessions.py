@@ -197,6 +197,12 @@ async def test_max_tokens_keeps_the_newest_that_fit(sessions: SessionManager) ->
     assert sum(estimate_tokens(m) for m in default) + estimate_tokens(older) > 60
     assert await sessions.get_messages(s.session_id, max_tokens=0) == []
 
+    def broken(message: SessionMessage) -> int:
+        return -1
+
+    with pytest.raises(InvalidArgumentError):
+        await sessions.get_messages(s.session_id, max_tokens=10, token_counter=broken)
+
 
 async def test_summarize_covers_old_messages_and_goes_first(sessions: SessionManager) -> None:
     """summarize stores a running summary of all but keep_last; with_summary puts it first."""
