@@ -66,6 +66,7 @@ import heapq
 import itertools
 import math
 import time
+import uuid
 from collections import deque
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -75,7 +76,13 @@ import anyio
 import structlog
 
 from agenticstate._glob import compile_glob
-from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
+from agenticstate._keys import (
+    RESERVED_PREFIX,
+    escape_glob,
+    validate_key,
+    validate_key_prefix,
+    validate_pattern,
+)
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -541,7 +548,12 @@ class RedisBackend(Backend):
         self._delete_sha = _sha(_DELETE_SCRIPT)
         # One PSUBSCRIBE per backend: every change under the prefix, matched here by pattern.
         self._subscription = escape_glob(f"{CHANNEL_NAMESPACE}{key_prefix}") + "*"
-        self._channel_cut = len(f"{CHANNEL_NAMESPACE}{key_prefix}".encode())
+        self._channel_prefix = f"{CHANNEL_NAMESPACE}{key_prefix}".encode()
+        self._channel_cut = len(self._channel_prefix)
+        # Barrier messages go to a "key" no real key can be (keys may not use the reserved
+        # prefix), tagged with this backend's id so other subscribers ignore them.
+        self._reserved = RESERVED_PREFIX.encode()
+        self._barrier_key = f"{RESERVED_PREFIX}:barrier:{uuid.uuid4().hex}:".encode()
         self._groups: dict[str, _Group] = {}
         self._index = _PatternIndex()
         self._pubsub: Any = None
@@ -1122,6 +1134,37 @@ class RedisBackend(Backend):
         if self._closed and stream is not None:
             raise BackendError("this RedisBackend is closed")
 
+    async def _drain(self) -> None:
+        """Wait until every change published so far, on every server, has been read.
+
+        A PING answers after every message the pub/sub connection's own server sent before it.
+        In a cluster other shards' changes reach that server over the cluster bus, so instead
+        a barrier message is PUBLISHed on every primary: each arrives after that primary's
+        earlier changes (the bus keeps each link's order).
+        """
+        if not self.is_cluster:
+            await self._go_live(None)
+            return
+        client = await self._redis()
+        waiting: list[asyncio.Event] = []
+        tokens: list[int] = []
+        try:
+            for node in await self._primaries(client):
+                token = next(self._tokens)
+                opened = asyncio.Event()
+                self._barriers[token] = (None, opened)
+                tokens.append(token)
+                waiting.append(opened)
+                channel = self._channel_prefix + self._barrier_key + b"%d" % token
+                await self._execute_on_cluster(
+                    client, ("PUBLISH", channel, b""), None, target_nodes=node
+                )
+            for opened in waiting:
+                await opened.wait()
+        finally:
+            for token in tokens:
+                self._barriers.pop(token, None)
+
     async def _ping(self, token: int) -> None:
         pubsub = self._pubsub
         if pubsub is not None:
@@ -1248,6 +1291,12 @@ class RedisBackend(Backend):
         )
 
     def _dispatch(self, channel: bytes, data: bytes) -> None:
+        if channel.startswith(self._reserved, self._channel_cut):
+            # No key starts with the reserved prefix: a barrier, this backend's or another's.
+            if channel.startswith(self._barrier_key, self._channel_cut):
+                token = channel[self._channel_cut + len(self._barrier_key) :]
+                self._pong(_BARRIER + token.decode())
+            return
         stamp = int(data[21:36])
         if stamp > self._horizon:
             self._horizon = stamp
@@ -1383,7 +1432,7 @@ class RedisBackend(Backend):
                 anyio.move_on_after(self.socket_timeout),
                 contextlib.suppress(BackendError),
             ):
-                await self._go_live(None)
+                await self._drain()
         self._closed = True
         for group in self._groups.values():
             group.fanout.close()
