@@ -2,29 +2,37 @@
 
 Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 65-byte ASCII
 header (version, created, updated and expiry times in milliseconds) followed by the value bytes,
-so `get` is one GET and `get_many` one MGET. Each change is published on the channel
-`__agenticstate__:{key_prefix}{key}`; a subscription is one PSUBSCRIBE on
-`__agenticstate__:` + the escaped prefix + the pattern, so Redis itself matches the glob, with
-the same rules as `SCAN MATCH`.
+so `get` is one GET and `get_many` one MGET. A non-empty prefix ends with `:`, so that no other
+prefix starts with it (`app1:` and `app12:` never meet). Each change is published on the channel
+`__agenticstate__:{key_prefix}{key}`.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL
-and PUBLISHes the change with the exact old and new bytes, all in one atomic step. Clock
-readings come from the server (`TIME`), so every client agrees on timestamps and expiry.
+and PUBLISHes the change with the exact old and new bytes and the key's expiry, all in one
+atomic step. Clock readings come from the server (`TIME`), so every client agrees on
+timestamps and expiry.
 
-Delivery. Redis pub/sub is at-most-once: a message published while a subscriber is
-disconnected is lost. One pub/sub connection per backend serves all its subscriptions. When it
-drops (or Redis restarts), the backend reconnects by itself with backoff, subscribes again, then
-**resyncs**: it scans the keys each pattern matches, compares their versions with the last
-version it delivered for each key, and emits a `RESYNC` change (old value unknown, `None`) for
-every key that is new, changed (version or value: a key deleted and written again can be back
-at the same version), or gone (`new=None`). Events that arrive older than what was already
-delivered are dropped by version. So a subscriber may miss intermediate values during an
-outage, but never stays on a stale final state. A connection that dies without a word (a NAT
-forgets it) is found out too: after two seconds of silence the reader sends a PING, and no
-answer within `socket_timeout` counts as a drop. A second subscription to a pattern already
-subscribed joins at a barrier (a PING on the connection, answered after every message already
-on its way), so it receives exactly the changes committed after it was opened.
+Delivery. One pub/sub connection per backend, with one PSUBSCRIBE for every change under the
+prefix, serves all its subscriptions: the reader matches each change against the subscribed
+patterns through an index on their literal prefixes (a few dict lookups per change however many
+patterns there are), with the same glob rules as Redis. A subscription is live when `changes()`
+is entered: the PSUBSCRIBE is confirmed and a PING barrier on the connection has come back, so
+every change committed after entry is delivered and none from before it.
+
+Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
+When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,
+subscribes again, then **resyncs**: it scans the subscribed keys and emits a `RESYNC` change (old
+value unknown, `None`) for every key whose version or value differs from what it delivered, for
+every key written since the last change it read that it never delivered, and for every key it
+delivered that is gone (`new=None`). A key that existed before the subscription and did not
+change is not a change. Each subscription remembers, per key still alive, the version it got,
+so a live change that a resync already covered is not delivered twice; a key's memory goes with
+its delete or its expiry (the published change carries the expiry), so a key written again after
+it expired starts over at version 1 and is delivered. The resync hands changes over only as
+fast as the subscriptions take them. A connection that dies without a word (a NAT forgets it) is
+found out too: after two seconds of silence the reader sends a PING, and no answer within
+`socket_timeout` counts as a drop. `aclose()` first drains the connection (a barrier), so
+subscriptions get every change committed before it.
 
 Faults. Reads and scans are retried (bounded, with backoff) when the connection fails or times
 out, then raise `BackendUnavailableError` or `BackendTimeoutError`. Writes are never retried
@@ -49,12 +57,15 @@ node owning its key's slot and follows MOVED/ASK redirects. Every atomic step to
 records and its queue index, or one workflow's, live in one slot. `get_many` sends one MGET per
 slot, `save_many` one script call per slot, `scan` visits every primary, and PUBLISH reaches
 every node over the cluster bus, so one pub/sub connection to any node sees every shard's
-changes. After a failover the client re-reads the slot map on the next command (reads retry;
-writes report their outcome as usual), and the subscriber resyncs. redis-py's own retries stay
+changes (each shard's in its order; the shards are not ordered with each other). The close
+barrier PUBLISHes a marker on every primary instead of a PING. After a failover the client
+re-reads the slot map on the next command (reads retry; writes report their outcome as usual),
+and the subscriber resyncs. redis-py's own retries stay
 off here too. Cluster mode sends commands through redis-py (the held-connection path above is
 for a single server).
 
-This backend uses redis-py's asyncio client: it runs under asyncio, not trio.
+This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
+entry point raises `ConfigurationError` before touching the network.
 """
 
 from __future__ import annotations
@@ -440,6 +451,22 @@ def _buffered(stream: ChangeStream) -> int:
         return 0
 
 
+class _Barrier:
+    """A subscription (or a drain, `stream=None`) waiting for its barrier messages."""
+
+    __slots__ = ("opened", "remaining", "stream")
+
+    def __init__(self, stream: ChangeStream | None) -> None:
+        self.stream = stream
+        self.opened = asyncio.Event()
+        self.remaining = 1  # barrier messages still to come
+
+    def open(self) -> None:
+        if self.stream is not None:
+            self.stream.open()
+        self.opened.set()
+
+
 class _PatternIndex:
     """The subscribed patterns by their literal prefix: a key meets only patterns it can match.
 
@@ -562,13 +589,14 @@ class RedisBackend(Backend):
         self._live = asyncio.Event()  # the PSUBSCRIBE is confirmed on the current connection
         self._tokens = itertools.count()
         # Barriers waiting for their PONG: token -> (the stream to open, or None; an event).
-        self._barriers: dict[int, tuple[ChangeStream | None, asyncio.Event]] = {}
+        self._barriers: dict[int, _Barrier] = {}  # waiting for their PONG or markers
         self._horizon = 0  # server ms: every change stamped before it was read (or was older)
         self._gap_from = 0  # the horizon when the connection last dropped
         self._resync_pending = False
         # Server clocks of a cluster's nodes may differ a little: a resync looks that far back.
         self._clock_skew_ms = 50 if self.is_cluster else 0
         self._clock_offset = 0.0  # server ms minus local ms, from the last change read
+        self._pruned = 0  # server ms of the last pass forgetting expired keys
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = _Connections(connection_pool_size)
@@ -1109,22 +1137,25 @@ class RedisBackend(Backend):
     async def _go_live(self, stream: ChangeStream | None) -> None:
         """Open `stream` at a barrier on the live pub/sub connection (see "Delivery").
 
-        A PING on the subscribed connection is answered after every message already on its
-        way; the reader opens the stream when it reads the answer. So the stream gets every
-        change published after that point, and none from before it.
+        The barrier is a message that arrives after every change already on its way: a PING on
+        the subscribed connection (answered after every message its server sent before), or on
+        a cluster a marker PUBLISHed on every primary (each shard's changes reach the
+        connection's node over the cluster bus, in order per shard). The reader opens the
+        stream when the last one arrives, so it gets every change committed after entry and
+        none from before the barrier. With `stream=None` this drains the connection.
         """
         if self._closed:
             raise BackendError("this RedisBackend is closed")
         self._start_reader()
         token = next(self._tokens)
-        opened = asyncio.Event()
-        self._barriers[token] = (stream, opened)
+        barrier = _Barrier(stream)
+        self._barriers[token] = barrier
         try:
             async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
                 if self._live.is_set():
-                    await self._ping(token)
-                # Otherwise the reader sends it once the connection is subscribed.
-                await opened.wait()
+                    await self._send_barrier(token, barrier)
+                # Otherwise the reader opens it once the connection is subscribed again.
+                await barrier.opened.wait()
         except TimeoutError:
             raise BackendUnavailableError(
                 f"could not subscribe on the pub/sub connection to {self.url}"
@@ -1134,42 +1165,25 @@ class RedisBackend(Backend):
         if self._closed and stream is not None:
             raise BackendError("this RedisBackend is closed")
 
-    async def _drain(self) -> None:
-        """Wait until every change published so far, on every server, has been read.
-
-        A PING answers after every message the pub/sub connection's own server sent before it.
-        In a cluster other shards' changes reach that server over the cluster bus, so instead
-        a barrier message is PUBLISHed on every primary: each arrives after that primary's
-        earlier changes (the bus keeps each link's order).
-        """
+    async def _send_barrier(self, token: int, barrier: _Barrier) -> None:
         if not self.is_cluster:
-            await self._go_live(None)
+            pubsub = self._pubsub
+            if pubsub is not None:
+                with contextlib.suppress(Exception):  # a failure reconnects, which opens it
+                    await pubsub.ping(f"{_BARRIER}{token}")
             return
         client = await self._redis()
-        waiting: list[asyncio.Event] = []
-        tokens: list[int] = []
-        try:
-            for node in await self._primaries(client):
-                token = next(self._tokens)
-                opened = asyncio.Event()
-                self._barriers[token] = (None, opened)
-                tokens.append(token)
-                waiting.append(opened)
-                channel = self._channel_prefix + self._barrier_key + b"%d" % token
-                await self._execute_on_cluster(
-                    client, ("PUBLISH", channel, b""), None, target_nodes=node
-                )
-            for opened in waiting:
-                await opened.wait()
-        finally:
-            for token in tokens:
-                self._barriers.pop(token, None)
+        primaries = await self._primaries(client)
+        barrier.remaining = len(primaries)
+        channel = self._channel_prefix + self._barrier_key + b"%d" % token
+        for node in primaries:
+            command = ("PUBLISH", channel, b"")
+            await self._execute_on_cluster(client, command, None, target_nodes=node)
 
-    async def _ping(self, token: int) -> None:
-        pubsub = self._pubsub
-        if pubsub is not None:
-            with contextlib.suppress(Exception):  # a failure reconnects, which pings again
-                await pubsub.ping(f"{_BARRIER}{token}")
+    def _open_barriers(self) -> None:
+        """Open every waiting barrier: the connection was just subscribed again (and resynced)."""
+        for barrier in self._barriers.values():
+            barrier.open()
 
     def _start_reader(self) -> None:
         if self._reader is None or self._reader.done():
@@ -1181,12 +1195,11 @@ class RedisBackend(Backend):
         text = data.decode() if isinstance(data, bytes) else data
         if not text.startswith(_BARRIER):
             return  # a health check
-        waiting = self._barriers.pop(int(text[len(_BARRIER) :]), None)
-        if waiting is not None:
-            stream, opened = waiting
-            if stream is not None:
-                stream.open()
-            opened.set()
+        barrier = self._barriers.get(int(text[len(_BARRIER) :]))
+        if barrier is not None:
+            barrier.remaining -= 1
+            if barrier.remaining <= 0:
+                barrier.open()
 
     async def _connect_pubsub(self) -> None:
         """Connect, read the server's clock, and PSUBSCRIBE to every change under the prefix."""
@@ -1199,10 +1212,10 @@ class RedisBackend(Backend):
             await self._pubsub.connect()
             # Read before subscribing: every write after the subscription is stamped at or
             # after it (see `_resync`).
-            if source is client and not self.is_cluster:
-                seconds, micros = await self._read("TIME")
-            else:
-                seconds, micros = await source.time()
+            # On the pub/sub connection itself, before it enters subscribed mode.
+            connection = self._pubsub.connection
+            await connection.send_command("TIME")
+            seconds, micros = await connection.read_response()
             self._horizon = int(seconds) * 1000 + int(micros) // 1000
             await self._pubsub.psubscribe(self._subscription)
 
@@ -1242,8 +1255,9 @@ class RedisBackend(Backend):
                         self._resync_pending = False
                     self._live.set()
                     failures = 0
-                    for token in list(self._barriers):
-                        await self._ping(token)
+                    # Waiting subscriptions are live from here (their barrier may have been
+                    # lost with the old connection).
+                    self._open_barriers()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001  # any failure: reconnect, then resync
@@ -1300,6 +1314,11 @@ class RedisBackend(Backend):
         stamp = int(data[21:36])
         if stamp > self._horizon:
             self._horizon = stamp
+            if stamp - self._pruned >= 1000:
+                # Once a second of server time, every subscription forgets its expired keys
+                # (one that receives nothing else would otherwise keep them until it does).
+                self._pruned = stamp
+                self._prune(stamp)
         key = channel[self._channel_cut :].decode("utf-8", "surrogateescape")
         groups = self._index.matching(key)
         if not groups:
@@ -1432,7 +1451,7 @@ class RedisBackend(Backend):
                 anyio.move_on_after(self.socket_timeout),
                 contextlib.suppress(BackendError),
             ):
-                await self._drain()
+                await self._go_live(None)
         self._closed = True
         for group in self._groups.values():
             group.fanout.close()
