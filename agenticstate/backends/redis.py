@@ -16,8 +16,9 @@ Delivery. One pub/sub connection per backend, with one PSUBSCRIBE for every chan
 prefix, serves all its subscriptions: the reader matches each change against the subscribed
 patterns through an index on their literal prefixes (a few dict lookups per change however many
 patterns there are), with the same glob rules as Redis. A subscription is live when `changes()`
-is entered: the PSUBSCRIBE is confirmed and a PING barrier on the connection has come back, so
-every change committed after entry is delivered and none from before it.
+is entered: the PSUBSCRIBE is confirmed and a barrier on the connection has come back (a PING;
+in a cluster, a marker published on every primary), so every change committed after entry is
+delivered and none from before it.
 
 Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
 When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,
@@ -57,10 +58,10 @@ node owning its key's slot and follows MOVED/ASK redirects. Every atomic step to
 records and its queue index, or one workflow's, live in one slot. `get_many` sends one MGET per
 slot, `save_many` one script call per slot, `scan` visits every primary, and PUBLISH reaches
 every node over the cluster bus, so one pub/sub connection to any node sees every shard's
-changes (each shard's in its order; the shards are not ordered with each other). The close
-barrier PUBLISHes a marker on every primary instead of a PING. After a failover the client
-re-reads the slot map on the next command (reads retry; writes report their outcome as usual),
-and the subscriber resyncs. redis-py's own retries stay
+changes (each shard's in its order; the shards are not ordered with each other). Barriers
+(subscribe, close) PUBLISH a marker on every primary instead of a PING. After a failover the
+client re-reads the slot map on the next command (reads retry; writes report their outcome as
+usual), and the subscriber resyncs. redis-py's own retries stay
 off here too. Cluster mode sends commands through redis-py (the held-connection path above is
 for a single server).
 
@@ -1187,6 +1188,7 @@ class RedisBackend(Backend):
 
     def _start_reader(self) -> None:
         if self._reader is None or self._reader.done():
+            self._live = asyncio.Event()  # of this event loop, for a fresh connection
             self._reader = asyncio.get_running_loop().create_task(
                 self._read_changes(), name="agenticstate-redis-pubsub"
             )
@@ -1244,7 +1246,12 @@ class RedisBackend(Backend):
                 heard, ping_sent = now, 0.0
                 kind = message["type"]
                 if kind == "pmessage":
-                    self._dispatch(message["channel"], message["data"])
+                    try:
+                        self._dispatch(message["channel"], message["data"])
+                    except (ValueError, IndexError):
+                        # Not a change this library published (someone else's PUBLISH on our
+                        # channels): skip it, never drop the connection over it.
+                        log.debug("pubsub_message_skipped", size=len(message["data"]))
                 elif kind == "pong":
                     self._pong(message["data"])
                 elif kind == "psubscribe":

@@ -562,3 +562,29 @@ async def test_cancel_mid_subscribe_leaves_nothing_behind(url: str) -> None:
             with anyio.fail_after(5):
                 change = await stream.__anext__()
         assert change.key == "c:1"
+
+
+async def test_foreign_messages_on_the_channels_are_skipped(url: str) -> None:
+    """A PUBLISH of garbage on a change channel neither breaks nor reconnects the subscriber."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix) as writer,
+        RedisBackend(url=url, key_prefix=prefix) as reader,
+        RedisBackend(url=url) as everything,  # the empty prefix hears every prefix, barriers too
+        reader.changes("*") as stream,
+        everything.changes("*") as wide,
+    ):
+        with capture_logs() as logs:
+            for garbage in (b"", b"S", b"Wxyz", b"D" + b"9" * 40):
+                await writer._execute("PUBLISH", f"__agenticstate__:{prefix}g", garbage)
+            await writer.set("real", b"1")
+            with anyio.fail_after(5):
+                change = await stream.__anext__()
+            async with writer.changes("other"):  # a cluster's barrier markers reach `everything`
+                pass
+            await writer.set("real", b"2")
+            with anyio.fail_after(5):
+                seen = [await wide.__anext__(), await wide.__anext__()]
+        assert change.key == "real"
+        assert [c.key for c in seen] == [f"{prefix}real"] * 2
+        assert not [e for e in logs if e["event"] == "pubsub_reconnecting"]
