@@ -588,3 +588,28 @@ async def test_foreign_messages_on_the_channels_are_skipped(url: str) -> None:
         assert change.key == "real"
         assert [c.key for c in seen] == [f"{prefix}real"] * 2
         assert not [e for e in logs if e["event"] == "pubsub_reconnecting"]
+
+
+async def test_subscriptions_made_during_a_reconnect_are_live_on_entry(url: str) -> None:
+    """Subscriptions entered while the pub/sub connection is being killed are live on entry."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix) as writer,
+        RedisBackend(url=url, key_prefix=prefix) as reader,
+        reader.changes("warm"),  # the connection exists, so the kills below hit it
+    ):
+        for attempt in range(4):
+
+            async def subscribe_and_check(number: int, attempt: int = attempt) -> None:
+                key = f"r:{attempt}:{number}"
+                async with reader.changes(key) as stream:
+                    await writer.set(key, b"x")
+                    with anyio.fail_after(10):
+                        change = await stream.__anext__()
+                assert change.key == key
+
+            async with anyio.create_task_group() as tg:
+                for number in range(10):
+                    tg.start_soon(subscribe_and_check, number)
+                    if number == 3:
+                        await _kill_pubsub(url)
