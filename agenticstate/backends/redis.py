@@ -140,6 +140,7 @@ INDEX_NAMESPACE = "__agenticstate_idx__:"
 _SET_MANY_CHUNK = 500  # keys per set_many script call
 _BARRIER = "agenticstate-barrier:"  # PING payloads on the pub/sub connection (+ a token)
 _GONE_KEPT_MS = 10_000  # how long a resync remembers a key it found gone
+_PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
 _HEALTH = "agenticstate-health"
 _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
@@ -403,7 +404,6 @@ class _Group:
                 change.version == version and change.op is not ChangeOp.DELETE
             ):
                 return
-        self.prune(stamp)
         if change.op is ChangeOp.DELETE:
             self.seen.pop(key, None)
         else:
@@ -1234,7 +1234,7 @@ class RedisBackend(Backend):
                 message = await self._pubsub.get_message(timeout=1.0)
                 now = loop.time()
                 if message is None:
-                    self._prune(time.time() * 1000 + self._clock_offset)
+                    self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
                     # A connection can die without a word (a NAT or firewall forgets it): when
                     # nothing came for a while, ask, and give up on it if no answer comes.
                     if ping_sent and now - ping_sent > self.socket_timeout:
@@ -1321,11 +1321,13 @@ class RedisBackend(Backend):
         stamp = int(data[21:36])
         if stamp > self._horizon:
             self._horizon = stamp
-            if stamp - self._pruned >= 1000:
-                # Once a second of server time, every subscription forgets its expired keys
-                # (one that receives nothing else would otherwise keep them until it does).
+            if stamp - self._pruned >= _PRUNE_LAG_MS:
+                # Once a second of server time, every subscription forgets the keys that
+                # expired over a second ago. Not sooner: on a cluster a shard's change can
+                # arrive after another shard's later ones, and a key's own change from before
+                # its expiry must still find it remembered (or it would be delivered twice).
                 self._pruned = stamp
-                self._prune(stamp)
+                self._prune(stamp - _PRUNE_LAG_MS)
         key = channel[self._channel_cut :].decode("utf-8", "surrogateescape")
         groups = self._index.matching(key)
         if not groups:
