@@ -1462,6 +1462,8 @@ class RedisBackend(Backend):
             ):
                 await self._go_live(None)
         self._closed = True
+        for barrier in self._barriers.values():
+            barrier.opened.set()  # subscriptions still waiting learn at once that it closed
         for group in self._groups.values():
             group.fanout.close()
         self._reader = None

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
 from agenticstate import (
+    BackendError,
     Change,
     ChangeOp,
     ConfigurationError,
@@ -707,3 +708,24 @@ def _view(changes: list[Change]) -> dict[str, bytes]:
         else:
             view[change.key] = change.new
     return view
+
+
+async def test_close_wakes_a_subscription_still_waiting_to_go_live() -> None:
+    """aclose() while changes() waits for an unreachable server: BackendError at once."""
+    backend = RedisBackend(url="redis://127.0.0.1:9/0", connect_timeout=0.2, socket_timeout=30)
+    failures: list[BaseException] = []
+
+    async def subscribe() -> None:
+        try:
+            async with backend.changes("*"):
+                pytest.fail("live without a server")
+        except BackendError as exc:
+            failures.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(subscribe)
+        await _wait_for(lambda: bool(backend._barriers))
+        with anyio.fail_after(5):  # not the 30 s a subscription may wait for the server
+            await backend.aclose()
+            await _wait_for(lambda: bool(failures))
+    assert "closed" in str(failures[0])
