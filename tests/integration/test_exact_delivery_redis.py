@@ -729,3 +729,25 @@ async def test_close_wakes_a_subscription_still_waiting_to_go_live() -> None:
             await backend.aclose()
             await _wait_for(lambda: bool(failures))
     assert "closed" in str(failures[0])
+
+
+async def test_a_thousand_patterns_share_one_connection_and_one_psubscribe(redis_url: str) -> None:
+    """1,000 patterns on one backend: one pub/sub connection holding one pattern subscription."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=redis_url, key_prefix=prefix) as writer,
+        RedisBackend(url=redis_url, key_prefix=prefix) as reader,
+        aioredis.Redis.from_url(redis_url) as admin,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        streams = [
+            await stack.enter_async_context(reader.changes(f"agent:{number}:*"))
+            for number in range(1000)
+        ]
+        clients = await admin.client_list(_type="pubsub")
+        subscribed = [c for c in clients if int(c.get("psub", 0)) > 0]
+        assert [int(c["psub"]) for c in subscribed] == [1]
+        await writer.set("agent:999:x", b"x")
+        with anyio.fail_after(5):
+            change = await streams[999].__anext__()
+        assert change.key == "agent:999:x"
