@@ -523,7 +523,8 @@ class RedisBackend(Backend):
         url: `redis://[user:password@]host:port/db`, `rediss://...` for TLS, or `unix:///path`.
         db: The database, when the URL names none.
         key_prefix: Put before every key (and every change channel); keys are given and listed
-            without it, so two prefixes on one server never see each other's keys.
+            without it. Empty, or ending with `:` (`"agenticai:"`), so that no other prefix
+            starts with it: sibling prefixes never see each other's keys.
         connection_pool_size: The most connections held open (the pub/sub one is separate).
         socket_timeout: Seconds to wait for a reply before `BackendTimeoutError`.
         connect_timeout: Seconds to wait for a connection.
@@ -534,6 +535,7 @@ class RedisBackend(Backend):
 
     Raises:
         MissingDependencyError: redis-py is not installed (`pip install "agenticstate[redis]"`).
+        ConfigurationError: A bad URL or option, or a `key_prefix` not ending with `:`.
     """
 
     def __init__(
