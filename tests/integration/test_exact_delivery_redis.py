@@ -134,8 +134,14 @@ async def test_patterns_subscribed_before_open_each_receive_all(url: str, patter
     for j in range(100 * patterns):
         await state.save(f"agent:{j % patterns}:x", {"j": j})
     await _wait_for(lambda: sum(counts.values()) >= 100 * patterns)
+    # The cause was a second pub/sub connection opened by a racing PSUBSCRIBE, never read.
+    connections = 0
+    for admin in _admin_clients(url):
+        async with admin:
+            connections += len(await admin.client_list(_type="pubsub"))
     await state.aclose()
     assert counts == {str(number): 100 for number in range(patterns)}
+    assert connections == 1
 
 
 # 2. A key that expired and is written again: every write of its new life is delivered.
