@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from agenticstate._usage import NamespaceUsage, StateUsage
 from agenticstate.backends import (
     Backend,
     Change,
@@ -160,6 +161,7 @@ __all__ = [
     "MemoryBackend",
     "MergeError",
     "MissingDependencyError",
+    "NamespaceUsage",
     "NonStringKeyError",
     "NotFoundError",
     "OrchestrationStateManager",
@@ -186,6 +188,7 @@ __all__ = [
     "StateEntry",
     "StateManager",
     "StateStats",
+    "StateUsage",
     "StepState",
     "StepStatus",
     "StreamingMode",

@@ -6,6 +6,7 @@ agenticstate --url redis://localhost:6379/0 --prefix agenticai: get agent:resear
 agenticstate set agent:researcher '{"status": "idle"}' --ttl 3600
 agenticstate watch 'agent:*'
 agenticstate inspect workflows
+agenticstate usage 'agent:*'
 agenticstate demo
 ```
 
@@ -121,6 +122,31 @@ async def _keys(state: StateManager, args: argparse.Namespace, progress: Progres
     else:
         for key in keys:
             _out(key)
+    return EXIT_OK
+
+
+async def _usage(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
+    # state.usage(pattern): keys and stored bytes, per namespace, with the count on stderr.
+    pattern = validate_pattern(args.pattern)
+    try:
+        usage = await state.usage(
+            pattern,
+            max_time=args.max_time,
+            progress=lambda running: progress.update("measuring", running.keys, "key"),
+        )
+    finally:
+        progress.clear()
+    if args.json:
+        _out(_dump(usage.model_dump(mode="json")))
+        return EXIT_OK
+    rows = [
+        {"namespace": name or '""', "keys": f"{part.keys:,}", "bytes": f"{part.bytes:,}"}
+        for name, part in sorted(usage.namespaces.items(), key=lambda item: -item[1].bytes)
+    ]
+    _out(_table(rows, ["namespace", "keys", "bytes"]))
+    _out(f"total: {usage.keys:,} keys, {usage.bytes:,} bytes of values ({pattern})")
+    if not usage.complete:
+        _out(f"stopped after {args.max_time:g} s: the figures are a lower bound")
     return EXIT_OK
 
 
@@ -289,6 +315,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     keys = commands.add_parser("keys", help="list keys matching a Redis glob")
     keys.add_argument("pattern", nargs="?", default="*")
+    usage = commands.add_parser("usage", help="keys and stored bytes, per namespace")
+    usage.add_argument("pattern", nargs="?", default="*")
+    usage.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
     get = commands.add_parser("get", help="show a key's value and version")
     get.add_argument("key")
     put = commands.add_parser("set", help="store a JSON value")
@@ -308,6 +337,7 @@ def _parser() -> argparse.ArgumentParser:
 
 _COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awaitable[int]]] = {
     "keys": _keys,
+    "usage": _usage,
     "get": _get,
     "set": _set,
     "delete": _delete,

@@ -26,6 +26,7 @@ import anyio
 import structlog
 from pydantic import BaseModel, ConfigDict
 
+from agenticstate import _otel
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._tasks import spawn_detached
 from agenticstate.backends import Backend, open_config_backend
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
+    from agenticstate._usage import StateUsage
     from agenticstate.scope import ScopedState
 
 __all__ = [
@@ -236,11 +238,14 @@ class Watch:
         assert self._stream is not None  # noqa: S101  # set by __aenter__
         try:
             change = await self._stream.__anext__()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, SubscriptionClosedError):
+                _otel.record_overflow(self._manager.backend, "watch")
             if self._implicit:
                 with anyio.CancelScope(shield=True):
                     await self.__aexit__()
             raise
+        _otel.record_subscriber_lag(self._manager.backend, change.timestamp, "watch")
         return self._manager._state_change(change)
 
 
@@ -295,6 +300,7 @@ class StateManager:
             ),
             0,
         )
+        _otel.auto_instrument()  # once a tracer or meter provider is configured; else free
 
     def __repr__(self) -> str:
         return f"StateManager(backend={self.backend!r})"
@@ -458,6 +464,35 @@ class StateManager:
         validate_pattern(pattern)
         backend = await self._opened_backend()
         return sorted({key async for key in backend.scan(pattern)})
+
+    async def usage(
+        self,
+        pattern: str = "*",
+        *,
+        batch_size: int = 500,
+        max_time: timedelta | float | None = None,
+        progress: Callable[[StateUsage], Awaitable[None] | None] | None = None,
+    ) -> StateUsage:
+        """Count the keys matching `pattern` and the bytes their values take, per namespace.
+
+        Keys are scanned (SCAN on Redis, never KEYS) and measured `batch_size` at a time without
+        decoding a value: exact on memory and file, STRLEN on Redis. See `StateUsage` for what
+        the bytes include.
+
+        Args:
+            pattern: A Redis glob, as for `list_keys`.
+            batch_size: Keys measured per backend call.
+            max_time: Stop after about this long and return what was counted, with
+                `complete=False`; by default run to the end.
+            progress: Called after each batch with the running totals, sync or async.
+        """
+        from agenticstate._usage import measure_usage  # here: the module is only needed here
+
+        validate_pattern(pattern)
+        backend = await self._opened_backend()
+        return await measure_usage(
+            backend, pattern, batch_size=batch_size, max_time=max_time, progress=progress
+        )
 
     # ---------------------------------------------------------------- writes
 
@@ -780,6 +815,7 @@ class StateManager:
                 return
             except SubscriptionClosedError:
                 self._counters["overflows"] += 1
+                _otel.record_overflow(self.backend, "callback")
                 log.warning("subscription_reopened", pattern=pump.pattern, reason="overflow")
                 # Writes from now on wait until the pump has subscribed again, so none is missed.
                 pump.ready = anyio.Event()
@@ -811,6 +847,7 @@ class StateManager:
             try:
                 old = None if change.old is None else self._decode(change.key, change.old, None)
                 new = None if change.new is None else self._decode(change.key, change.new, None)
+                _otel.record_subscriber_lag(self.backend, change.timestamp, "callback")
                 outcome = callback(change.key, old, new)
                 if inspect.isawaitable(outcome):
                     await outcome

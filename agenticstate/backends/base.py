@@ -311,6 +311,14 @@ class Backend(ABC):
         """
         return [await self.get(key) for key in keys]
 
+    async def value_sizes(self, keys: Sequence[str]) -> list[int | None]:
+        """Return the stored size in bytes of each key's value, in order, `None` if missing.
+
+        `StateManager.usage` adds these up. The default reads the entries with `get_many`;
+        a backend that can measure without reading the values (Redis: STRLEN) overrides it.
+        """
+        return [None if entry is None else len(entry.value) for entry in await self.get_many(keys)]
+
     @abstractmethod
     async def set(
         self,

@@ -147,6 +147,13 @@ CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
 _HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
 
+# The stored length of each key, 0 for a missing one (usage(): sizes without reading values).
+_STRLEN_SCRIPT = """
+local sizes = {}
+for i, name in ipairs(KEYS) do sizes[i] = redis.call('STRLEN', name) end
+return sizes
+"""
+
 # One write: check the version, store header + value, apply the TTL, publish old and new.
 # Returns {1, version, old-or-false, now} or {0, actual version} on a version conflict.
 _WRITE_FUNCTION = """
@@ -903,6 +910,24 @@ class RedisBackend(Backend):
         return [
             None if raw is None else _entry(key, raw) for key, raw in zip(keys, raws, strict=True)
         ]
+
+    async def value_sizes(self, keys: Sequence[str]) -> list[int | None]:
+        """Return each value's stored size: STRLEN less the header, one script per slot group.
+
+        Values are never transferred. `usage()` calls this with batches of a few hundred keys,
+        so each script holds the server for microseconds.
+        """
+        names = [self._k(key) for key in keys]
+        await self._redis()
+        sizes: list[int | None] = [None] * len(names)
+        for group in self._by_slot(names):  # a script's keys may not cross slots in a cluster
+            lengths = await self._read(
+                "EVAL", _STRLEN_SCRIPT, len(group), *[names[position] for position in group]
+            )
+            for position, length in zip(group, lengths, strict=True):
+                # A missing or expired key has length 0; a record is never shorter than its header.
+                sizes[position] = int(length) - _HEADER if int(length) else None
+        return sizes
 
     async def set(
         self,

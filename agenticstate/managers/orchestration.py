@@ -50,6 +50,7 @@ from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agenticstate import _otel
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -893,6 +894,8 @@ class OrchestrationStateManager(StateManagerBase):
             task_id=task_id,
             dead_letter=task.status is TaskStatus.DEAD_LETTER,
         )
+        if task.status is TaskStatus.PENDING:
+            _otel.record_retry(self.state.backend, "task")
         return task
 
     async def delete_task(self, team_id: str, task_id: str) -> TaskItem:
@@ -1035,6 +1038,7 @@ class OrchestrationStateManager(StateManagerBase):
             if moved:
                 await self.state.index_add(in_progress, moved)
         await self._tidy_finished(team_id)
+        _otel.record_lease_expiries(self.state.backend, team_id, len(requeued))
         return requeued
 
     async def _release(self, team_id: str, task: TaskItem) -> bool:
@@ -1168,6 +1172,9 @@ class OrchestrationStateManager(StateManagerBase):
         gone = [task_id for task_id in finished_ids if keys[task_id] not in found]
         if gone:  # expired (finished_task_ttl) or deleted
             await self.state.index_remove(self._finished(team_id), gone)
+        _otel.record_queue_depth(
+            self.state.backend, team_id, {status.value: len(groups[status]) for status in groups}
+        )
         return TaskQueueState(
             pending=groups[TaskStatus.PENDING],
             in_progress=groups[TaskStatus.IN_PROGRESS],

@@ -38,6 +38,7 @@ from uuid import UUID, uuid4
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate import _otel
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -497,6 +498,8 @@ class ToolStateManager(StateManagerBase):
             return stats.model_copy(update=changes)
 
         await self.state.update(self._stats_key(tool_name), count, default={"tool_name": tool_name})
+        if hit is not None:
+            _otel.record_cache_lookup(self.state.backend, hit=hit)
 
     async def get_tool_stats(self, tool_name: str) -> ToolStats:
         """Return a tool's statistics (zeros for a tool never used)."""
@@ -673,6 +676,7 @@ class ToolStateManager(StateManagerBase):
         if not isinstance(retry, RetryState):
             raise InvalidArgumentError("update_retry_state takes a RetryState")
         await self.state.save(self._retry_key(retry.execution_id), retry)
+        _otel.record_retry(self.state.backend, "tool")
         return retry
 
     async def get_retry_state(self, execution_id: str) -> RetryState | None:
