@@ -284,11 +284,16 @@ def _traced(
             attributes["agenticstate.manager"] = owner
         started = time.perf_counter()
         error: str | None = None
-        with instruments.tracer.start_as_current_span(span_name, attributes=attributes):
+        # Exceptions are not recorded as span events: their messages name keys (ids).
+        with instruments.tracer.start_as_current_span(
+            span_name, attributes=attributes, record_exception=False, set_status_on_exception=False
+        ) as span:
             try:
                 return await method(self, *args, **kwargs)
             except BaseException as exc:
                 error = type(exc).__name__
+                span.set_attribute("error.type", error)
+                span.set_status(_error_status(error))
                 raise
             finally:
                 measured: dict[str, str] = {
@@ -301,6 +306,12 @@ def _traced(
                 instruments.duration.record(time.perf_counter() - started, measured)
 
     return traced
+
+
+def _error_status(error: str) -> Any:
+    from opentelemetry.trace import Status, StatusCode
+
+    return Status(StatusCode.ERROR, error)
 
 
 # ---------------------------------------------------------------- metric hooks
