@@ -218,8 +218,9 @@ def uninstrument() -> None:
 def _instrumented_classes() -> list[tuple[type, str]]:
     from agenticstate.manager import StateManager
     from agenticstate.managers._base import StateManagerBase
+    from agenticstate.managers.agents import AgentRecoveryManager
 
-    classes: list[tuple[type, str]] = [(StateManager, "state")]
+    classes: list[tuple[type, str]] = [(StateManager, "state"), (AgentRecoveryManager, "manager")]
     pending = list(StateManagerBase.__subclasses__())
     while pending:
         cls = pending.pop()
@@ -231,6 +232,13 @@ def _instrumented_classes() -> list[tuple[type, str]]:
 def _backend_name(backend: object) -> str:
     name = type(backend).__name__
     return name.removesuffix("Backend").lower() or name
+
+
+def _manager_backend(manager: Any) -> object:
+    state = getattr(manager, "state", None)
+    if state is None:  # AgentRecoveryManager works through its AgentStateStore
+        state = getattr(getattr(manager, "agent_store", None), "state", None)
+    return getattr(state, "backend", None)
 
 
 def key_namespace(key: object) -> str | None:
@@ -268,7 +276,7 @@ def _traced(
         instruments = _active
         if instruments is None:  # uninstrumented while this class still held the wrapper
             return await method(self, *args, **kwargs)
-        backend = self.backend if layer == "state" else self.state.backend
+        backend = self.backend if layer == "state" else _manager_backend(self)
         attributes: dict[str, str] = {
             "agenticstate.backend": _backend_name(backend),
             "agenticstate.operation": operation,

@@ -13,6 +13,7 @@ PUBLIC_MODULES = [
     "agenticstate.backends",
     "agenticstate.managers",
     "agenticstate.sync",
+    "agenticstate.telemetry",
 ]
 
 # The names the seed page ("State Management") imports from agenticaiframework.state.

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from agenticstate import (
+    AgentRecoveryManager,
     ConflictError,
     OrchestrationStateManager,
     StateConfig,
@@ -266,17 +267,20 @@ def test_uninstrument_puts_the_original_methods_back() -> None:
     """Without instrumentation the methods are the plain functions: nothing runs per call."""
     original = StateManager.get
     original_manager = WorkflowStateManager.create
+    original_recovery = AgentRecoveryManager.recover
     telemetry.instrument(tracer_provider=TracerProvider(), meter_provider=MeterProvider())
     try:
         assert telemetry.is_instrumented()
         assert StateManager.get is not original
         assert WorkflowStateManager.create is not original_manager
+        assert AgentRecoveryManager.recover is not original_recovery
         assert StateManager.get.__wrapped__ is original  # type: ignore[attr-defined]
     finally:
         telemetry.uninstrument()
     assert not telemetry.is_instrumented()
     assert StateManager.get is original
     assert WorkflowStateManager.create is original_manager
+    assert AgentRecoveryManager.recover is original_recovery
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from tests.test_cli import on_terminal, screen
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from agenticstate.backends import Backend
     from agenticstate.serialization import Serializer
 
 
@@ -88,6 +89,24 @@ async def test_usage_is_exact_on_every_backend(state: StateManager) -> None:
     assert (agents.keys, agents.pattern, list(agents.namespaces)) == (2, "agent:*", ["agent"])
     nothing = await state.usage("nothing:*")
     assert (nothing.keys, nothing.bytes, nothing.namespaces, nothing.complete) == (0, 0, {}, True)
+
+
+async def test_value_sizes_follow_the_contract_on_every_backend(backend: Backend) -> None:
+    """value_sizes gives each stored value's length in order, None for missing or deleted keys."""
+    await backend.set("a:1", b"x" * 10)
+    await backend.set("a:2", b"")
+    await backend.set("a:3", b"y" * 5000)
+    await backend.set("a:3", b"z" * 7)  # rewritten: the new size counts
+    await backend.set("gone", b"abc")
+    await backend.delete("gone")
+    assert await backend.value_sizes(["a:3", "missing", "a:1", "gone", "a:2"]) == [
+        7,
+        None,
+        10,
+        None,
+        0,
+    ]
+    assert await backend.value_sizes([]) == []
 
 
 async def test_usage_reports_progress_batch_by_batch(state: StateManager) -> None:
