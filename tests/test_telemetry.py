@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -404,3 +406,57 @@ async def test_instrumented_encrypted_and_prefixed_manager_still_records_only_na
     span = recorded.span("agenticstate.save")
     assert dict(span.attributes or {})["agenticstate.key.namespace"] == "agent"
     assert not [text for text in _attribute_texts(recorded) if SECRET_ID in text]
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["save", "get", "exists", "delete", "get_many", "update"]),
+        st.sampled_from(["agents", "teams", "sessions"]),
+        st.from_regex(r"[a-z0-9-]{6,12}", fullmatch=True),
+    ),
+    min_size=1,
+    max_size=15,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps=operations)
+def test_generated_operations_give_one_span_each_and_never_an_id(
+    steps: list[tuple[str, str, str]],
+) -> None:
+    """For any sequence of operations: one span each, in order, with the namespace and no id."""
+    record = Recorded()
+    ids = {f"id{ident}" for _, _, ident in steps}
+
+    async def main() -> None:
+        async with StateManager() as state:
+            for operation, namespace, ident in steps:
+                key = f"{namespace}:id{ident}:value"
+                if operation == "save":
+                    await state.save(key, {"owner": f"id{ident}"})
+                elif operation == "get":
+                    await state.get(key)
+                elif operation == "exists":
+                    await state.exists(key)
+                elif operation == "delete":
+                    await state.delete(key)
+                elif operation == "get_many":
+                    await state.get_many([key, f"{namespace}:other"])
+                else:
+                    await state.update(key, {"n": 1}, default={})
+
+    telemetry.instrument(
+        tracer_provider=record.tracer_provider, meter_provider=record.meter_provider
+    )
+    try:
+        anyio.run(main)
+    finally:
+        telemetry.uninstrument()
+    spans = record.spans()
+    assert [span.name for span in spans] == [f"agenticstate.{op}" for op, _, _ in steps]
+    assert [dict(span.attributes or {})["agenticstate.key.namespace"] for span in spans] == [
+        namespace for _, namespace, _ in steps
+    ]
+    assert record.total("agenticstate.operations") == len(steps)
+    texts = _attribute_texts(record)
+    assert not [text for text in texts for ident in ids if ident in text]
