@@ -119,12 +119,14 @@ async def measure_usage(
     try:
         async for key in keys:
             batch.append(key)
-            if len(batch) >= batch_size:
+            # Checked per key, not per batch, so a slow scan stops on time too.
+            late = limit is not None and time.monotonic() - started >= limit
+            if len(batch) >= batch_size or late:
                 await measure(batch)
                 batch = []
-                if limit is not None and time.monotonic() - started >= limit:
-                    complete = False
-                    break
+            if late:
+                complete = False
+                break
     finally:
         close = getattr(keys, "aclose", None)  # an async generator left early: close it now
         if close is not None:

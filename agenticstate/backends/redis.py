@@ -920,7 +920,12 @@ class RedisBackend(Backend):
         names = [self._k(key) for key in keys]
         await self._redis()
         sizes: list[int | None] = [None] * len(names)
-        for group in self._by_slot(names):  # a script's keys may not cross slots in a cluster
+        groups = [  # a script's keys may not cross slots; at most 1,000 keys per script
+            group[start : start + 1000]
+            for group in self._by_slot(names)
+            for start in range(0, len(group), 1000)
+        ]
+        for group in groups:
             lengths = await self._read(
                 "EVAL", _STRLEN_SCRIPT, len(group), *[names[position] for position in group]
             )
