@@ -460,3 +460,19 @@ def test_generated_operations_give_one_span_each_and_never_an_id(
     assert record.total("agenticstate.operations") == len(steps)
     texts = _attribute_texts(record)
     assert not [text for text in texts for ident in ids if ident in text]
+
+
+def test_the_blocking_api_is_traced_too(recorded: Recorded) -> None:
+    """agenticstate.sync runs the instrumented methods on its loop thread: the same spans."""
+    from agenticstate import sync
+
+    with sync.StateManager() as state:
+        state.save("agent:a", {"n": 1})
+        assert state.get("agent:a") == {"n": 1}
+        usage = state.usage()
+    assert (usage.keys, usage.namespaces["agent"].keys) == (1, 1)
+    assert [span.name for span in recorded.spans()] == [
+        "agenticstate.save",
+        "agenticstate.get",
+        "agenticstate.usage",
+    ]
