@@ -150,7 +150,7 @@ def _build(tracer_provider: Any, meter_provider: Any) -> _Instruments:
         retries=meter.create_counter(
             "agenticstate.retries",
             unit="{retry}",
-            description="Retries scheduled (task failures retried, tool retry schedules stored)",
+            description="Updates that lost a race, failed tasks retried, tool retries scheduled",
         ),
     )
 
@@ -380,10 +380,14 @@ def record_cache_lookup(backend: object, *, hit: bool) -> None:
         )
 
 
-def record_retry(backend: object, kind: str) -> None:
-    """Count one retry (`kind`: `"task"` for a failed task sent back, `"tool"` for a schedule)."""
+def record_retry(backend: object, kind: str, count: int = 1) -> None:
+    """Count retries of one kind.
+
+    `kind` is `"update"` (a compare-and-set that lost a race and ran again), `"task"` (a failed
+    task sent back to pending) or `"tool"` (a retry schedule stored).
+    """
     instruments = _active
-    if instruments is not None:
+    if instruments is not None and count > 0:
         instruments.retries.add(
-            1, {"agenticstate.backend": _backend_name(backend), "agenticstate.retry.kind": kind}
+            count, {"agenticstate.backend": _backend_name(backend), "agenticstate.retry.kind": kind}
         )

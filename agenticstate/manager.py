@@ -605,8 +605,10 @@ class StateManager:
             )
         life = self._ttl(ttl)
         result: list[Any] = []
+        attempts = [0]  # more than one: the compare-and-set lost a race and retried
 
         def step(entry: Entry | None) -> bytes:
+            attempts[0] += 1
             if entry is None:
                 if default is _MISSING:
                     raise NotFoundError(f"no state at key {key!r}")
@@ -623,9 +625,12 @@ class StateManager:
             return raw
 
         backend = await self._opened_backend()
-        await self._counted_write(
-            backend.update(key, step, ttl=life, max_attempts=self.config.update_max_attempts)
-        )
+        try:
+            await self._counted_write(
+                backend.update(key, step, ttl=life, max_attempts=self.config.update_max_attempts)
+            )
+        finally:
+            _otel.record_retry(self.backend, "update", attempts[0] - 1)
         self._counters["updates"] += 1
         return result[0]
 

@@ -35,6 +35,7 @@ from agenticstate import (
     telemetry,
 )
 from agenticstate._otel import key_namespace
+from tests.conftest import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -476,3 +477,28 @@ def test_the_blocking_api_is_traced_too(recorded: Recorded) -> None:
         "agenticstate.get",
         "agenticstate.usage",
     ]
+
+
+@pytest.mark.redis
+async def test_an_update_that_loses_a_race_counts_its_retries(
+    recorded: Recorded, redis_url: str
+) -> None:
+    """On Redis, a write from another client between read and compare-and-set is one retry."""
+    from agenticstate import RedisBackend, sync
+
+    prefix = unique_prefix()
+    calls = [0]
+    with sync.StateManager(backend=RedisBackend(url=redis_url, key_prefix=prefix)) as rival:
+        async with StateManager(backend=RedisBackend(url=redis_url, key_prefix=prefix)) as state:
+            await state.save("counter:a", 1)
+
+            def bump(value: int) -> int:
+                calls[0] += 1
+                if calls[0] == 1:
+                    rival.save("counter:a", 10)  # another client commits first: the CAS fails
+                return value + 1
+
+            assert await state.update("counter:a", bump) == 11
+            await state.update("counter:a", lambda value: value + 1)  # no race: no retry
+    assert calls[0] == 2
+    assert recorded.total("agenticstate.retries", **{"agenticstate.retry.kind": "update"}) == 1
