@@ -244,14 +244,15 @@ def _manager_backend(manager: Any) -> object:
 def key_namespace(key: object) -> str | None:
     """Return a key's first `:`-separated segment (`"agent"` for `"agent:a1:status"`).
 
+    A key without a `:` gives `""` (the whole key could be an id), as in `StateManager.usage`.
     For a glob pattern, the segment only when it holds no glob character; `None` otherwise.
     """
     if not isinstance(key, str):
         return None
-    head = key.split(":", 1)[0]
+    head, colon, _ = key.partition(":")
     if any(char in head for char in "*?[\\"):
         return None
-    return head
+    return head if colon else ""
 
 
 def _namespace_of(operation: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -290,7 +290,8 @@ def test_uninstrument_puts_the_original_methods_back() -> None:
     ("key", "namespace"),
     [
         ("agent:a1:status", "agent"),
-        ("counter", "counter"),
+        ("counter", ""),  # no colon: the whole key could be an id
+        ("user-42", ""),
         ("agent*", None),
         ("ag?nt:x", None),
         (r"a\*:x", None),
