@@ -7,6 +7,7 @@ agenticstate set agent:researcher '{"status": "idle"}' --ttl 3600
 agenticstate watch 'agent:*'
 agenticstate inspect workflows
 agenticstate demo
+agenticstate ui --allow-writes
 ```
 
 The store comes from `--url` (or `AGENTICSTATE_URL`, else `file://./state`): `memory://`,
@@ -272,6 +273,61 @@ async def _inspected(state: StateManager, what: str) -> tuple[list[dict[str, Any
     return rows, columns
 
 
+# -- `agenticstate ui`: the web inspector (agenticstate[ui]) ---------------------------------
+
+
+def _ui_parser(commands: Any) -> None:
+    ui = commands.add_parser("ui", help="serve the live web inspector (agenticstate[ui])")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="the port (0: any free one)")
+    ui.add_argument("--allow-writes", action="store_true", help="let the page edit and delete keys")
+    ui.add_argument(
+        "--require-token",
+        action="store_true",
+        help="require the printed token on 127.0.0.1 too (always required elsewhere)",
+    )
+    ui.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another host name browsers may use to reach it (a reverse proxy); repeatable",
+    )
+    ui.add_argument(
+        "--sample-interval", type=float, default=2.0, help="seconds between queue chart points"
+    )
+
+
+async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
+    try:
+        from agenticstate import ui  # only this command needs it
+    except ImportError as exc:
+        raise _CommandError(str(exc), EXIT_USAGE) from None
+
+    def ready(address: str) -> None:
+        mode = "edits allowed" if args.allow_writes else "read-only"
+        _out(f"agenticstate inspector ({mode}) on {address}")
+        sys.stderr.write("open that address in a browser; Ctrl-C to stop\n")
+        sys.stderr.flush()
+
+    try:
+        await ui.serve(
+            state,
+            host=args.host,
+            port=args.port,
+            allow_writes=args.allow_writes,
+            require_token=args.require_token,
+            allowed_hosts=args.allowed_host,
+            sample_interval=args.sample_interval,
+            ready=ready,
+        )
+    except OSError as exc:
+        raise _CommandError(
+            f"cannot listen on {args.host}:{args.port}: {exc}", EXIT_USAGE
+        ) from None
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agenticstate", description="Look at and change agenticstate state."
@@ -303,6 +359,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="summaries of the managers' records")
     inspect.add_argument("what", choices=["workflows", "teams", "tools", "speech"])
     commands.add_parser("demo", help="run the demo job on the file backend")
+    _ui_parser(commands)
     return parser
 
 
@@ -313,6 +370,7 @@ _COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awai
     "delete": _delete,
     "watch": _watch,
     "inspect": _inspect,
+    "ui": _ui,
 }
 
 
