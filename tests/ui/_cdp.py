@@ -80,8 +80,9 @@ class Chromium:
 
     def new_target(self) -> str:
         """Open a blank tab; return its websocket address."""
-        request = urllib.request.Request(f"{self.http}/json/new?about:blank", method="PUT")
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310  # loopback
+        address = f"{self.http}/json/new?about:blank"
+        request = urllib.request.Request(address, method="PUT")  # noqa: S310  # http on loopback
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
             return str(json.load(response)["webSocketDebuggerUrl"])
 
     def close(self) -> None:
@@ -157,8 +158,11 @@ class Page:
             raise AssertionError(f"{expression!r} raised in the page: {text}")
         return result["result"].get("value")
 
-    async def wait_for(self, condition: str, timeout: float = 10.0) -> Any:
-        """Wait (in the page) until `condition` is truthy; return its value."""
+    async def wait_for(self, condition: str, timeout: float = 10.0) -> Any:  # noqa: ASYNC109
+        """Wait (in the page) until `condition` is truthy; return its value.
+
+        The deadline is kept by the page itself, so it measures what the page saw.
+        """
         milliseconds = int(timeout * 1000)
         return await self.evaluate(
             "new Promise((resolve, reject) => {"
@@ -192,7 +196,7 @@ class Page:
     async def screenshot(self, path: Path) -> int:
         """Save a PNG of the viewport; return its size in bytes."""
         data = base64.b64decode((await self.send("Page.captureScreenshot", format="png"))["data"])
-        path.write_bytes(data)
+        path.write_bytes(data)  # noqa: ASYNC240  # a test helper, one small file
         return len(data)
 
     async def close(self) -> None:

@@ -153,8 +153,9 @@ async def test_key_list_filters_and_a_value_shows(
     )
     key, version, ttl, size, _updated = cells
     assert (key, version) == ("agent:writer", "2")
-    assert ttl.endswith(" h") or ttl.endswith(" min"), ttl
-    assert size.endswith(" B") and int(size.split()[0]) > 0, size
+    assert ttl.endswith((" h", " min")), ttl
+    assert size.endswith(" B"), size
+    assert int(size.split()[0]) > 0, size
 
     await page.type_into("#key-pattern", "agent:*")
     await page.click("#key-form button[type=submit]")
@@ -249,8 +250,9 @@ async def test_a_queue_chart_renders(
     await page.click("#tabs button[data-tab=teams]")
     team = ".team[data-team='research']"
     # The chart needs two samples after the writes (one every 0.2 s here).
+    pending = f"{team} polyline[data-series='pending']"
     points = await page.wait_for(
-        f"(() => {{ const line = document.querySelector(\"{team} polyline[data-series='pending']\");"
+        f'(() => {{ const line = document.querySelector("{pending}");'
         " return line && line.getAttribute('points').split(' ').length >= 2"
         " && line.getAttribute('points'); })()",
         timeout=10,
