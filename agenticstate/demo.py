@@ -14,7 +14,7 @@ manager on one `StateManager`:
 Run it again and it continues from the state the last run left: the run counter, the team, the
 finished tasks, workflows, cache, knowledge counts and recovery records are all still there.
 Afterwards, `agenticstate --url file://.state/demo inspect teams` (or workflows, tools, speech)
-shows the state.
+shows the state, and `agenticstate --url file://.state/demo ui` serves the live web inspector on it.
 """
 
 from __future__ import annotations
@@ -245,6 +245,7 @@ async def main(progress: Progress | None = None) -> None:
     say(
         "inspect it: agenticstate --url file://.state/demo inspect teams (workflows, tools, speech)"
     )
+    say("see it live: agenticstate --url file://.state/demo ui   (then open the address it prints)")
     say("run `make demo` again to continue from this state")
 
 
