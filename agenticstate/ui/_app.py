@@ -573,6 +573,8 @@ class Inspector:
                 "backend": type(self.state.backend).__name__,
                 "allow_writes": self.settings.allow_writes,
                 "history": False,
+                # The page refreshes its views as often as the chart gains a point.
+                "refresh_ms": max(500, round(self.settings.sample_interval * 1000)),
             }
         )
 

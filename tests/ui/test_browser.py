@@ -268,6 +268,24 @@ async def test_a_queue_chart_renders(
         f'[...document.querySelectorAll("{team} .counts span")].map(s => s.textContent)'
     )
     assert counts[:4] == ["4 pending", "1 in progress", "0 completed", "1 dead letters"]
+
+    # The queue drains; the chart follows, point by point.
+    count_points = f"document.querySelector(\"{pending}\").getAttribute('points').split(' ').length"
+    for agent in ["alice", "bob", "alice"]:
+        seen = await page.evaluate(count_points)
+        claim = await orchestration.claim_task("research", agent, lease=timedelta(minutes=5))
+        assert claim is not None
+        await orchestration.complete_task(
+            "research", claim.task.task_id, {"ok": True}, lease_token=claim.lease_token
+        )
+        await page.wait_for(f"{count_points} >= {seen} + 3", timeout=10)
+    counts = await page.evaluate(
+        f'[...document.querySelectorAll("{team} .counts span")].map(s => s.textContent)'
+    )
+    assert counts[:4] == ["1 pending", "1 in progress", "3 completed", "1 dead letters"]
+    points = await page.evaluate(f"document.querySelector(\"{pending}\").getAttribute('points')")
+    ys = [float(point.split(",")[1]) for point in points.split()]
+    assert ys[-1] > ys[0]  # fewer pending now: the line went down (SVG y grows downwards)
     await _screenshot(page, shots, "inspector-teams.png")
 
 

@@ -3,7 +3,7 @@
 "use strict";
 
 const $ = (selector) => document.querySelector(selector);
-let info = { allow_writes: false };
+let info = { allow_writes: false, refresh_ms: 2000 };
 let activeTab = "keys";
 let refreshTimer = null;
 let stream = null;
@@ -440,7 +440,7 @@ function showTab(name) {
   if (name === "stream" && !stream) watch();
   if (LOADERS[name]) {
     refresh();
-    refreshTimer = setInterval(refresh, 2000);
+    refreshTimer = setInterval(refresh, info.refresh_ms);
   }
 }
 
