@@ -26,8 +26,10 @@ from agenticstate._keys import validate_key, validate_pattern
 from agenticstate.exceptions import (
     AgenticStateError,
     ConflictError,
+    DecodeError,
     InvalidArgumentError,
     NotFoundError,
+    SerializationError,
     SubscriptionClosedError,
 )
 from agenticstate.managers import (
@@ -262,14 +264,7 @@ class Inspector:
         """Keys matching `pattern`, each with its version, TTL and stored size."""
         pattern = validate_pattern(request.query_params.get("pattern") or "*")
         limit = _int_param(request, "limit", 500, 1, MAX_KEYS)
-        found: list[str] = []
-        more = False
-        async for key in self.state.backend.scan(pattern):
-            if len(found) >= limit:
-                more = True
-                break
-            found.append(key)
-        found.sort()
+        found, more = await self._scan(pattern, limit)
         entries = await self.state.backend.get_many(found) if found else []
         rows = [
             {
@@ -284,6 +279,23 @@ class Inspector:
         ]
         return _reply({"pattern": pattern, "keys": rows, "more": more, "limit": limit})
 
+    async def _scan(self, pattern: str, limit: int) -> tuple[list[str], bool]:
+        """The first `limit` keys the scan finds, sorted, and whether there were more."""
+        found: list[str] = []
+        more = False
+        keys = self.state.backend.scan(pattern)
+        try:
+            async for key in keys:
+                if len(found) >= limit:
+                    more = True
+                    break
+                found.append(key)
+        finally:
+            close = getattr(keys, "aclose", None)  # end the scan now, not when collected
+            if close is not None:
+                await close()
+        return sorted(found), more
+
     async def value(self, request: Request) -> Response:
         """One key's value and metadata."""
         key = validate_key(request.query_params.get("key", ""))
@@ -291,6 +303,8 @@ class Inspector:
         if entry is None:
             return _error(f"no state at key {key!r}", 404)
         stored = await self.state.backend.get(key)
+        if stored is not None and stored.version != entry.version:
+            stored = None  # written in between: the size would be another version's
         text, cut = _shown(entry.value, MAX_VALUE_CHARS)
         return _reply(
             {
@@ -518,10 +532,10 @@ class Inspector:
     async def sessions_view(self, request: Request) -> Response:
         """Every session (newest first), across users."""
         # SessionManager lists one user's sessions: read every session's record instead.
-        keys = await self.state.list_keys("sessions:{*}:meta")
+        keys, more = await self._scan("sessions:{*}:meta", MAX_KEYS)
         found = await self.state.get_many(keys, model=Session) if keys else {}
         sessions = sorted(found.values(), key=lambda s: s.updated_at, reverse=True)
-        return _reply({"sessions": [s.model_dump(mode="json") for s in sessions[:MAX_KEYS]]})
+        return _reply({"sessions": [s.model_dump(mode="json") for s in sessions], "more": more})
 
     async def session_messages(self, request: Request) -> Response:
         """One session's last messages, oldest first."""
@@ -585,7 +599,9 @@ def _handled(
     async def run(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except InvalidArgumentError as exc:
+        except DecodeError as exc:  # stored bytes that do not decode: say so, change nothing
+            return _error(f"{type(exc).__name__}: {exc}", 422)
+        except (InvalidArgumentError, SerializationError) as exc:  # bad input: nothing written
             return _error(str(exc), 400)
         except ConflictError as exc:
             return _error(str(exc), 409)

@@ -157,6 +157,22 @@ async def test_writes_need_the_page_origin_and_the_version_shown(state: StateMan
             "/api/value", json={"key": "agent:1", "value": 1}, headers=origin
         )
         assert missing.status_code == 400
+        for raw in [
+            '{"key": "agent:1", "value": NaN, "expected_version": 1}',
+            '{"key": "agent:1", "value": {"a": 1e999}, "expected_version": 1}',
+            '{"key": "\\u0000", "value": 1, "expected_version": 1}',
+            '{"key": "agent:1", "value": 1, "expected_version": "1"}',
+            "[1]",
+            "not json",
+        ]:
+            bad = await client.put(
+                "/api/value",
+                content=raw,
+                headers={**origin, "content-type": "application/json"},
+            )
+            assert bad.status_code == 400, (raw, bad.text)
+        assert await state.get_entry("agent:1") is not None
+        assert (await state.get_entry("agent:1")).version == 1  # type: ignore[union-attr]
         saved = await client.put("/api/value", json=body, headers=origin)
         assert saved.json() == {"key": "agent:1", "version": 2}
         assert await state.get("agent:1") == {"secret": "changed"}
