@@ -19,6 +19,8 @@ import secrets
 import socket
 from typing import TYPE_CHECKING
 
+import anyio
+
 from agenticstate.exceptions import InvalidArgumentError, MissingDependencyError
 
 try:
@@ -127,6 +129,26 @@ async def serve(
         server = uvicorn.Server(config)
         if ready is not None:
             ready(address)
-        await server.serve(sockets=[sock])
+        await _serve_until_cancelled(server, sock)
     finally:
         sock.close()
+
+
+async def _serve_until_cancelled(server: uvicorn.Server, sock: socket.socket) -> None:
+    # Cancelling the caller shuts the server down gracefully (streams closed, lifespan ended)
+    # instead of tearing it apart mid-request.
+    done = anyio.Event()
+
+    async def run() -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                done.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(run)
+        try:
+            await done.wait()
+        finally:
+            server.should_exit = True

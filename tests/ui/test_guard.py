@@ -6,12 +6,14 @@ import json
 import signal
 import urllib.error
 import urllib.request
+from functools import partial
 from typing import TYPE_CHECKING
 
+import anyio
 import httpx
 import pytest
 
-from agenticstate import StateConfig, StateManager
+from agenticstate import StateConfig, StateManager, ui
 from agenticstate.ui import create_app, is_loopback
 from tests._procs import LineProcess
 
@@ -225,3 +227,40 @@ def test_bound_elsewhere_it_prints_a_token_and_requires_it() -> None:
             server.process.wait(timeout=20)
         errors = server.close()
     assert token not in errors  # printed once, on stdout, never logged
+
+
+async def test_a_closed_stream_releases_its_subscription(state: StateManager) -> None:
+    """The live stream: events as they commit, and nothing left subscribed once the page goes."""
+    fanout = state.backend._fanout  # type: ignore[attr-defined]  # MemoryBackend's subscriptions
+    addresses: list[str] = []
+    listening = anyio.Event()
+
+    def ready(address: str) -> None:
+        addresses.append(address)
+        listening.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(partial(ui.serve, state, port=0, ready=ready, sample_interval=0.1))
+        with anyio.fail_after(10):
+            await listening.wait()
+        async with (
+            httpx.AsyncClient(base_url=addresses[0]) as client,
+            client.stream("GET", "/api/stream", params={"pattern": "agent:*"}) as response,
+        ):
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = response.aiter_lines()
+            with anyio.fail_after(10):
+                assert await anext(lines) == "event: ready"
+                assert fanout.has_subscribers
+                await state.save("other:1", 1)
+                await state.save("agent:1", {"secret": "rotated"})
+                data = ""
+                while not data.startswith('data: {"key"'):
+                    data = await anext(lines)
+            change = json.loads(data.removeprefix("data: "))
+            assert (change["key"], change["op"], change["version"]) == ("agent:1", "set", 2)
+            assert json.loads(change["new"]) == {"secret": "rotated"}
+        with anyio.fail_after(10):
+            while fanout.has_subscribers:  # noqa: ASYNC110  # a property, no event to wait on
+                await anyio.sleep(0.01)
+        tasks.cancel_scope.cancel()
