@@ -6,6 +6,7 @@ import json
 import signal
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -264,3 +265,27 @@ async def test_a_closed_stream_releases_its_subscription(state: StateManager) ->
             while fanout.has_subscribers:  # noqa: ASYNC110  # a property, no event to wait on
                 await anyio.sleep(0.01)
         tasks.cancel_scope.cancel()
+
+
+async def test_teams_count_expired_leases_and_sample_the_queue(state: StateManager) -> None:
+    from agenticstate.managers import OrchestrationStateManager, TeamState
+
+    orchestration = OrchestrationStateManager(state_manager=state)
+    await orchestration.create_team(TeamState(team_id="ops"))
+    for n in range(3):
+        await orchestration.enqueue_task("ops", {"task_id": f"t{n}"})
+    short = await orchestration.claim_task("ops", "w1", lease=timedelta(milliseconds=1))
+    held = await orchestration.claim_task("ops", "w2", lease=timedelta(minutes=5))
+    assert short is not None
+    assert held is not None
+    # Wait for the clock, not for another task: the short lease must have run out.
+    await anyio.sleep(max(0.0, (short.lease_expires_at - datetime.now(UTC)).total_seconds()))
+    app = create_app(state)
+    await app.state.inspector.sample_queues()
+    async with _client(app) as client:
+        (team,) = (await client.get("/api/teams")).json()["teams"]
+    assert (team["pending"], team["in_progress"], team["expired_leases"]) == (1, 2, 1)
+    assert datetime.fromisoformat(team["next_lease_expiry"]) == held.lease_expires_at
+    assert [(s["pending"], s["in_progress"], s["expired_leases"]) for s in team["samples"]] == [
+        (1, 2, 1)
+    ]
