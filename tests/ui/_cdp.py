@@ -106,6 +106,7 @@ class Page:
         self.ids = itertools.count(1)
         self.waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.console: list[str] = []
+        self.dialogs: list[str] = []
         self.reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -133,6 +134,18 @@ class Page:
                     future.set_result(message)
             elif message.get("method") == "Runtime.exceptionThrown":
                 self.console.append(str(message["params"]["exceptionDetails"]))
+            elif message.get("method") == "Page.javascriptDialogOpening":
+                # confirm() before a delete: accept it, as the user would.
+                self.dialogs.append(message["params"]["message"])
+                await self.connection.send(
+                    json.dumps(
+                        {
+                            "id": next(self.ids),
+                            "method": "Page.handleJavaScriptDialog",
+                            "params": {"accept": True},
+                        }
+                    )
+                )
         for future in self.waiting.values():
             if not future.done():
                 future.set_exception(RuntimeError("the DevTools connection closed"))

@@ -64,6 +64,16 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
 @pytest.fixture(scope="module")
 def inspector(redis_url: str) -> Iterator[tuple[str, str]]:
     """`agenticstate ui` in its own process over a fresh namespace: (address, prefix)."""
+    yield from _inspector(redis_url, "read-only")
+
+
+@pytest.fixture(scope="module")
+def writable_inspector(redis_url: str) -> Iterator[tuple[str, str]]:
+    """`agenticstate ui --allow-writes` in its own process: (address, prefix)."""
+    yield from _inspector(redis_url, "edits allowed", "--allow-writes")
+
+
+def _inspector(redis_url: str, mode: str, *options: str) -> Iterator[tuple[str, str]]:
     prefix = unique_prefix()
     server = LineProcess(
         "agenticstate.cli",
@@ -76,6 +86,7 @@ def inspector(redis_url: str) -> Iterator[tuple[str, str]]:
         "0",
         "--sample-interval",
         "0.2",
+        *options,
     )
     try:
         assert server.wait_until(lambda lines: any("http://" in line for line in lines), 30), (
@@ -83,7 +94,7 @@ def inspector(redis_url: str) -> Iterator[tuple[str, str]]:
         )
         line = next(line for line in server.lines if "http://" in line)
         address = line[line.index("http://") :].split()[0]
-        assert "read-only" in line
+        assert f"({mode})" in line
         yield address, prefix
     finally:
         if server.process.poll() is None:
@@ -351,3 +362,52 @@ async def test_workflows_tools_sessions_and_speech_show(
         " return r && [...r.children].map(c => c.textContent); })()"
     )
     assert speech_row[0] == "call-7"
+
+
+async def test_with_writes_allowed_the_page_edits_and_deletes_with_a_version_check(
+    redis_url: str, writable_inspector: tuple[str, str], page: Page
+) -> None:
+    address, prefix = writable_inspector
+    store = StateManager(backend=open_backend(redis_url, key_prefix=prefix))
+    await store.open()
+    try:
+        await store.save("agent:edit", {"v": 1})
+        await page.goto(address)
+        assert await page.evaluate("document.querySelector('#mode').textContent") == (
+            "writes allowed"
+        )
+        await page.click("#key-table tr[data-key='agent:edit']")
+        await page.wait_for("document.querySelector('#value-edit')")
+        await page.type_into("#value-edit", '{"v": 2, "by": "the page"}')
+        await page.click("#value-panel button:nth-of-type(1)")  # Save
+        await page.wait_for("document.querySelector('#value-panel').dataset.version === '2'")
+        assert await store.get("agent:edit") == {"v": 2, "by": "the page"}
+
+        # Another process writes; the page still shows version 2 and its save is refused.
+        await store.save("agent:edit", {"v": 3, "by": "a worker"})
+        await page.type_into("#value-edit", '{"v": 4}')
+        await page.click("#value-panel button:nth-of-type(1)")
+        refused = await page.wait_for(
+            "[...document.querySelectorAll('#value-panel span')]"
+            ".map(s => s.textContent).find(t => t.includes('version'))"
+        )
+        assert "3" in refused, refused
+        assert await store.get("agent:edit") == {"v": 3, "by": "a worker"}
+        status = "[...document.querySelectorAll('#value-panel span')].at(-1)"
+        await page.evaluate(f"{status}.textContent = ''")
+        await page.click("#value-panel button:nth-of-type(2)")  # Delete, at the stale version
+        refused = await page.wait_for(f"{status}.textContent")
+        assert "3" in refused, refused
+        assert page.dialogs == ["Delete agent:edit (version 2)?"]
+        assert await store.get("agent:edit") == {"v": 3, "by": "a worker"}
+
+        await page.click("#key-table tr[data-key='agent:edit']")  # reload: version 3
+        await page.wait_for("document.querySelector('#value-panel').dataset.version === '3'")
+        await page.click("#value-panel button:nth-of-type(2)")
+        await page.wait_for(
+            "document.querySelector('#value-panel').textContent.includes('deleted')"
+        )
+        assert not await store.exists("agent:edit")
+        assert len(page.dialogs) == 2
+    finally:
+        await store.aclose()
