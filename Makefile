@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 export AGENTICSTATE_REQUIRE_REDIS ?= 1
+export AGENTICSTATE_REQUIRE_BROWSER ?= 1
 
 .PHONY: all setup test lint typecheck pytest demo docs docs-check bench clean redis-server chromium
 
