@@ -94,6 +94,8 @@ async def serve(
         sample_interval: Seconds between two samples of the queue chart.
         ready: Called with the address to open once the socket listens.
     """
+    if type(port) is not int or not 0 <= port <= 65535:
+        raise InvalidArgumentError(f"port must be an int from 0 to 65535, not {port!r}")
     extra = frozenset(name.lower() for name in allowed_hosts)
     loopback = is_loopback(host)
     if not loopback or require_token:

@@ -289,3 +289,20 @@ async def test_teams_count_expired_leases_and_sample_the_queue(state: StateManag
     assert [(s["pending"], s["in_progress"], s["expired_leases"]) for s in team["samples"]] == [
         (1, 2, 1)
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "port must be"),
+        (["--sample-interval", "0"], "sample_interval"),
+        (["--host", "no-such-host.invalid"], "cannot listen"),
+    ],
+)
+def test_bad_ui_options_exit_2_with_a_message(args: list[str], message: str) -> None:
+    server = LineProcess("agenticstate.cli", "--url", "memory://", "ui", *args)
+    server.process.wait(timeout=60)
+    errors = server.close()
+    assert server.process.returncode == 2, errors
+    assert message in errors
+    assert "Traceback" not in errors
