@@ -128,12 +128,24 @@ async def serve(
             timeout_graceful_shutdown=2,
             access_log=False,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config, app.state.stopping)
         if ready is not None:
             ready(address)
         await _serve_until_cancelled(server, sock)
     finally:
         sock.close()
+
+
+class _Server(uvicorn.Server):
+    # uvicorn waits for open responses before it stops; the live streams never end by
+    # themselves, so tell them first.
+    def __init__(self, config: uvicorn.Config, stopping: anyio.Event) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._stopping.set()
+        await super().shutdown(sockets)
 
 
 async def _serve_until_cancelled(server: uvicorn.Server, sock: socket.socket) -> None:

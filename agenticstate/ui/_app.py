@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hmac
 import json
 import math
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from agenticstate.manager import StateManager
+    from agenticstate.events import StateChange
+    from agenticstate.manager import StateManager, Watch
 
 log = structlog.get_logger(__name__)
 
@@ -138,6 +140,8 @@ class InspectorSettings:
     sample_interval: float = 2.0
     samples_kept: int = 300
     history: dict[str, deque[QueueSample]] = field(default_factory=dict)
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+    """Set when the server shuts down: live streams end so that it need not cut them."""
 
 
 class _Guard:
@@ -357,7 +361,7 @@ class Inspector:
         async def events() -> AsyncIterator[str]:
             try:
                 yield f"event: ready\ndata: {_json({'pattern': pattern})}\n\n"
-                async for change in watch:
+                while (change := await self._next_change(watch)) is not None:
                     new, cut_new = _shown(change.new_value, MAX_STREAM_VALUE_CHARS)
                     old, cut_old = _shown(change.old_value, MAX_STREAM_VALUE_CHARS)
                     data = {
@@ -370,6 +374,7 @@ class Inspector:
                         "truncated": cut_new or cut_old,
                     }
                     yield f"data: {_json(data)}\n\n"
+                yield f"event: closed\ndata: {_json({'reason': 'shutdown'})}\n\n"
             except SubscriptionClosedError as exc:
                 yield f"event: closed\ndata: {_json({'reason': exc.reason})}\n\n"
             finally:
@@ -381,6 +386,27 @@ class Inspector:
             media_type="text/event-stream",
             headers={"x-accel-buffering": "no"},
         )
+
+    async def _next_change(self, watch: Watch) -> StateChange | None:
+        """The next change, or None once the server is stopping or the manager closed."""
+        stopping = self.settings.stopping
+        if stopping.is_set():
+            return None
+        found: list[StateChange] = []
+        async with anyio.create_task_group() as tasks:
+
+            async def pull() -> None:
+                with contextlib.suppress(StopAsyncIteration):
+                    found.append(await watch.__anext__())
+                tasks.cancel_scope.cancel()
+
+            async def stop() -> None:
+                await stopping.wait()
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(pull)
+            tasks.start_soon(stop)
+        return found[0] if found else None
 
     # -- managers ------------------------------------------------------------------------------
 
@@ -656,8 +682,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(inspector.sample_forever)
-            yield
-            tasks.cancel_scope.cancel()
+            try:
+                yield
+            finally:
+                settings.stopping.set()
+                tasks.cancel_scope.cancel()
 
     routes = [Route(path, _static(name, kind)) for path, (name, kind) in _STATIC.items()]
     routes += [
@@ -677,4 +706,5 @@ def create_app(
         routes=routes, lifespan=lifespan, middleware=[Middleware(_Guard, settings=settings)]
     )
     app.state.inspector = inspector
+    app.state.stopping = settings.stopping
     return app

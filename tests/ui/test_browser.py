@@ -411,3 +411,23 @@ async def test_with_writes_allowed_the_page_edits_and_deletes_with_a_version_che
         assert len(page.dialogs) == 2
     finally:
         await store.aclose()
+
+
+async def test_with_a_token_the_printed_address_opens_the_page_and_nothing_else_does(
+    redis_url: str, page: Page
+) -> None:
+    for address, _prefix in _inspector(redis_url, "read-only", "--require-token"):
+        assert "?token=" in address
+        bare = address.split("?")[0]
+        await page.send("Page.navigate", url=bare)
+        refused = await page.wait_for(
+            "document.body && document.body.textContent.includes('token is required')"
+            " && document.body.textContent"
+        )
+        assert "open the address the inspector printed" in refused
+        await page.goto(address)  # sets the cookie, then drops the token from the address bar
+        assert await page.evaluate("location.href") == bare
+        assert await page.evaluate("document.querySelector('#mode').textContent") == "read-only"
+        assert await page.evaluate("document.cookie") == ""  # HTTP-only: no script can read it
+        await page.click("#tabs button[data-tab=stream]")
+        await page.wait_for("document.querySelector('#stream-table').dataset.watching === '*'")

@@ -184,7 +184,9 @@ function watch() {
     $("#stream-table").dataset.watching = pattern;
   });
   stream.addEventListener("closed", (event) => {
-    status.textContent = "stream closed (" + JSON.parse(event.data).reason + "); press Watch";
+    const reason = JSON.parse(event.data).reason;
+    status.textContent =
+      reason === "shutdown" ? "the inspector stopped" : "stream closed (" + reason + "); press Watch";
     stream.close();
   });
   stream.onerror = () => {
