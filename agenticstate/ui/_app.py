@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import json
 import math
+import re
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -221,11 +222,16 @@ def _presented(scope: Scope, headers: dict[str, str], token: str) -> bool:
     return False
 
 
+_HOST_HEADER = re.compile(r"(?:\[([0-9a-f:.]+)\]|([^:\[\]]*))(?::[0-9]{1,5})?")
+"""`name`, `name:port`, `[v6]` or `[v6]:port`; anything else names no host."""
+
+
 def _hostname(host: str) -> str:
-    host = host.strip().lower()
-    if host.startswith("["):  # [::1]:8765
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    """The host name of a Host header, lower case; "" when it is malformed (refused)."""
+    match = _HOST_HEADER.fullmatch(host.strip().lower())
+    if match is None:
+        return ""
+    return match.group(1) or match.group(2)
 
 
 def _hostport(origin: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import urllib.error
 import urllib.request
@@ -13,9 +14,12 @@ from typing import TYPE_CHECKING
 import anyio
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agenticstate import StateConfig, StateManager, ui
 from agenticstate.ui import create_app, is_loopback
+from agenticstate.ui._app import InspectorSettings, _Guard
 from tests._procs import LineProcess
 
 if TYPE_CHECKING:
@@ -50,6 +54,10 @@ def _client(app: object, host: str = "127.0.0.1:8765") -> httpx.AsyncClient:
         "127.0.0.1.evil.example",
         "localhost.evil.example:8765",
         "[::2]:8765",
+        "[::1]evil.example",
+        "localhost:80:80",
+        "localhost:http",
+        "::1",
         "",
     ],
 )
@@ -306,3 +314,36 @@ def test_bad_ui_options_exit_2_with_a_message(args: list[str], message: str) -> 
     assert server.process.returncode == 2, errors
     assert message in errors
     assert "Traceback" not in errors
+
+
+_LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?")
+_GUARD = _Guard(app=None, settings=InspectorSettings())  # type: ignore[arg-type]
+
+
+def _refused(host: str) -> bool:
+    scope = {"type": "http", "method": "GET", "path": "/api/keys", "query_string": b""}
+    return _GUARD._refusal(scope, {"host": host}) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=40),
+        st.from_regex(r"[a-z0-9.-]{1,30}(:[0-9]{1,5})?", fullmatch=True),
+        st.builds(
+            "{}{}".format,
+            st.sampled_from(["127.0.0.1", "localhost", "[::1]", "::1", "LOCALHOST"]),
+            st.text(max_size=20),
+        ),
+    )
+)
+def test_only_loopback_host_headers_pass(host: str) -> None:
+    # Whatever the Host header says, it passes only if it names this machine (any port).
+    if not _refused(host):
+        assert _LOOPBACK_HOST.fullmatch(host.strip().lower()), host
+
+
+@given(st.from_regex(r"[a-z][a-z0-9-]{0,20}\.[a-z]{2,6}", fullmatch=True), st.integers(1, 65535))
+def test_any_other_site_name_is_refused(name: str, port: int) -> None:
+    assert _refused(name)
+    assert _refused(f"{name}:{port}")
