@@ -216,7 +216,28 @@ async def test_updates_to_a_live_session_keep_its_ttl(state: StateManager) -> No
     entry = await state.get_entry(f"speech:{{{live}}}:tts")
     assert entry is not None
     assert entry.ttl is not None
-    assert timedelta(minutes=4) < entry.ttl <= timedelta(minutes=5, seconds=1)  # ms rounding
+    # A live record's lease: at least session_ttl, at most 1.5 times that (plus ms rounding).
+    assert timedelta(minutes=5) <= entry.ttl <= timedelta(minutes=7, seconds=31)
+
+
+async def test_a_live_call_keeps_its_session(state: StateManager) -> None:
+    """STT updates every quarter of session_ttl, for 2.5 session_ttls: nothing expires."""
+    speech = SpeechStateManager(state_manager=state, session_ttl=timedelta(milliseconds=400))
+    session_id = await speech.create_session()
+    await speech.update_session_status(session_id, AudioSessionStatus.ACTIVE)
+    await speech.append_turn(session_id, "user", "hello")  # the conversation, written once
+    await speech.update_tts_state(TTSState(session_id=session_id, voice="alloy"))
+    for n in range(10):
+        await anyio.sleep(0.1)  # the call's pace (wall-clock expiry is what is tested)
+        await speech.update_stt_state(STTState(session_id=session_id, interim_transcript=f"w{n}"))
+    session = await speech.get_session(session_id)
+    assert session is not None
+    assert session.status is AudioSessionStatus.ACTIVE
+    assert await speech.get_tts_state(session_id) is not None
+    conversation = await speech.append_turn(session_id, "assistant", "hi")
+    assert [turn["content"] for turn in conversation.transcript] == ["hello", "hi"]
+    await anyio.sleep(0.7)  # no writes for longer than the lease: now it all expires
+    assert await state.list_keys(f"speech:{{{session_id}}}:*") == []
 
 
 async def test_updates_racing_end_session_never_outlive_it(state: StateManager) -> None:
