@@ -408,6 +408,23 @@ class WorkflowStateManager(StateManagerBase):
         """
         if not isinstance(step, StepState):
             raise InvalidArgumentError("update_step takes a StepState")
+        return await self._record_step(workflow_id, step)
+
+    async def _record_step(
+        self,
+        workflow_id: str,
+        step: StepState,
+        *,
+        in_flight: datetime | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> WorkflowState:
+        """Record a step (see `update_step`), with `context` merged in the same write.
+
+        With `in_flight` (the step's `started_at`), the step must still be the one recorded
+        running then: a step that a rewind dropped (or another runner restarted) while it ran
+        is refused with `InvalidTransitionError`, so it can neither advance `current_step` past
+        steps that will run again nor write its context into the rewound one.
+        """
         before_step: list[int] = []
 
         def record(state: WorkflowState) -> WorkflowState:
@@ -420,12 +437,27 @@ class WorkflowStateManager(StateManagerBase):
                 raise InvalidTransitionError(
                     f"workflow {workflow_id!r} is {state.status.value}; no more steps"
                 )
+            if in_flight is not None:
+                running = state.steps.get(step.step_number)
+                if (
+                    running is None
+                    or running.status is not StepStatus.RUNNING
+                    or running.started_at != in_flight
+                ):
+                    raise InvalidTransitionError(
+                        f"step {step.step_number} of workflow {workflow_id!r} was dropped by a "
+                        "rewind while it ran; its outcome is refused"
+                    )
             current = state.current_step
             if step.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
                 current = max(current, step.step_number)
-            return state.model_copy(
-                update={"steps": {**state.steps, step.step_number: step}, "current_step": current}
-            )
+            changes: dict[str, Any] = {
+                "steps": {**state.steps, step.step_number: step},
+                "current_step": current,
+            }
+            if context:
+                changes["context"] = {**state.context, **context}
+            return state.model_copy(update=changes)
 
         after = await self._change(workflow_id, record)
         interval = self.checkpoint_interval
@@ -594,10 +626,18 @@ class WorkflowStateManager(StateManagerBase):
         ```
 
         On an exception the step is recorded failed (with the exception type) and the exception
-        propagates; the workflow itself is not failed, so the caller decides.
+        propagates; the workflow itself is not failed, so the caller decides. On success the
+        result and `context_update` are recorded in one write.
+
+        A step whose workflow stops while it runs (cancelled, completed or failed) is marked
+        `cancelled` and its outcome refused; so is one that a rewind (`resume_from`) dropped
+        while it ran.
 
         Raises:
-            WorkflowCancelledError: The workflow was cancelled (checked before the step starts).
+            WorkflowCancelledError: The workflow was cancelled (before the step started, or
+                while it ran).
+            InvalidTransitionError: The workflow finished, or a rewind dropped the step, while
+                it ran: its result was not recorded.
         """
         await self.wait_if_paused(workflow_id)
         handle = WorkflowStep(step_number, name)
@@ -613,7 +653,7 @@ class WorkflowStateManager(StateManagerBase):
             yield handle
         except BaseException as exc:
             with anyio.CancelScope(shield=True), contextlib.suppress(InvalidTransitionError):
-                await self.update_step(
+                await self._record_step(
                     workflow_id,
                     StepState(
                         step_number=step_number,
@@ -624,11 +664,12 @@ class WorkflowStateManager(StateManagerBase):
                         completed_at=utcnow(),
                         duration_ms=(time.perf_counter() - clock) * 1000,
                     ),
+                    in_flight=started,
                 )
             raise
-        if handle.context_update:
-            await self.update_context(workflow_id, handle.context_update)
-        await self.update_step(
+        # The result and the context changes in one write: both land, or (cancelled, finished
+        # or rewound meanwhile) neither does.
+        await self._record_step(
             workflow_id,
             StepState(
                 step_number=step_number,
@@ -639,6 +680,8 @@ class WorkflowStateManager(StateManagerBase):
                 completed_at=utcnow(),
                 duration_ms=(time.perf_counter() - clock) * 1000,
             ),
+            in_flight=started,
+            context=handle.context_update,
         )
 
     async def delete(self, workflow_id: str) -> bool:

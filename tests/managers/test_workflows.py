@@ -415,3 +415,22 @@ async def test_complete_or_fail_ends_a_step_in_flight(
     state = await workflows.require("wf")
     assert state.steps[1].status is StepStatus.CANCELLED
     assert not [s for s in state.steps.values() if s.status is StepStatus.RUNNING]
+
+
+async def test_a_step_a_rewind_dropped_cannot_skip_steps(workflows: WorkflowStateManager) -> None:
+    """A step running when the workflow is rewound is refused: current_step stays rewound."""
+    await _new(workflows)
+    await _run_steps(workflows, 1, 7, "first")
+
+    async def run() -> None:
+        async with workflows.step("wf", 8, "slow") as step:
+            await workflows.resume_from("wf", "auto-step-5")  # from another task or process
+            step.result = {"late": True}
+            step.context_update = {"line": "abandoned"}
+
+    with pytest.raises(InvalidTransitionError, match="rewind"):
+        await run()
+    state = await workflows.require("wf")
+    assert state.current_step == 5
+    assert sorted(state.steps) == [1, 2, 3, 4, 5]
+    assert state.context == {"last": 5, "line": "first"}

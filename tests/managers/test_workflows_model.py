@@ -2,9 +2,9 @@
 
 The model is a list of the live line's checkpoints and the workflow's current step, context and
 steps. Generated programs run steps, take manual checkpoints, fail, and rewind (to "latest", to
-a live checkpoint, or to one a rewind retired) in any order; after every operation the stored
-workflow and its checkpoints must be what the model says. Every step writes a context that
-names its operation, so a resume that lands on an abandoned line shows.
+a live checkpoint, to one a rewind retired, or under a step still running) in any order; after
+every operation the stored workflow and its checkpoints must be what the model says. Every step
+writes a context that names its operation, so a resume that lands on an abandoned line shows.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agenticstate import (
+    InvalidTransitionError,
     NotFoundError,
     WorkflowCheckpoint,
     WorkflowState,
@@ -40,6 +41,7 @@ OPS = st.lists(
         st.tuples(st.just("resume_latest"), st.just(0)),
         st.tuples(st.just("resume_live"), st.integers(0, 20)),  # index into the live line
         st.tuples(st.just("resume_retired"), st.integers(0, 20)),
+        st.tuples(st.just("rewind_in_flight"), st.integers(0, 20)),  # under a running step
     ),
     max_size=25,
 )
@@ -111,6 +113,17 @@ async def _run(workflows: WorkflowStateManager, workflow_id: str, ops: list[Op])
         elif kind == "resume_live" and model.live:
             target = model.live[arg % len(model.live)]
             await workflows.resume_from(workflow_id, target.checkpoint_id)
+            model.rewind(target)
+        elif kind == "rewind_in_flight" and model.live and not model.failed:
+            target = model.live[arg % len(model.live)]
+
+            async def interrupted(target: Checkpoint = target, number: int = number) -> None:
+                async with workflows.step(workflow_id, model.current + 1) as handle:
+                    await workflows.resume_from(workflow_id, target.checkpoint_id)
+                    handle.context_update = {"op": number, "abandoned": True}
+
+            with pytest.raises(InvalidTransitionError, match="rewind"):
+                await interrupted()
             model.rewind(target)
         elif kind == "resume_retired":
             gone = [c for c in model.retired if c not in {c.checkpoint_id for c in model.live}]
