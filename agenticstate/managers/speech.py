@@ -17,10 +17,11 @@ keys expire after `ended_session_ttl`, and so does any STT, TTS or conversation 
 arrives after the session ended or expired: it is kept, and expires with the ended session.
 
 With `session_ttl`, a live session and its records live at least `session_ttl` after the last
-write to any of them (at most 1.5 times that): every record is written with a lease of 1.5 x
-`session_ttl`, and a write that finds the session with less than `session_ttl` left renews the
-lease of the session and of all its records at once (so a stream of updates renews every half
-`session_ttl` or so, not on every write).
+write to any of them (at most twice that): every record is written with a lease of 2 x
+`session_ttl`, and a write that finds the session with less than 1.5 x `session_ttl` left renews
+the lease of the session and of all its records at once. So a stream of updates renews about
+every half `session_ttl`, not on every write, and a write has half a `session_ttl` of slack to
+reach its renewal before a sibling record could run out.
 
 Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
 slot): `speech:{<session_id>}:session`, `:stt`, `:tts`, `:conversation`.
@@ -201,7 +202,7 @@ class SpeechStateManager(StateManagerBase):
         session_ttl: A time to live for live sessions, renewed by every write to them: a
             status change, an STT or TTS update, a conversation update or a turn. A live
             session and all its records live at least this long after the last write (at most
-            1.5 times that). None: live sessions never expire.
+            twice that). None: live sessions never expire.
     """
 
     def __init__(
@@ -228,8 +229,10 @@ class SpeechStateManager(StateManagerBase):
         self.ended_session_ttl = ended_session_ttl
         self.session_ttl = session_ttl
         # Every write gives a live session's records this long; renewal comes due once less
-        # than session_ttl is left, so a record always outlives the last write by session_ttl.
-        self._lease = session_ttl * 1.5 if session_ttl is not None else None
+        # than 1.5 x session_ttl is left, so a record outlives the last write by session_ttl
+        # with half a session_ttl to spare for the write's own latency.
+        self._lease = session_ttl * 2 if session_ttl is not None else None
+        self._renew_below = session_ttl * 1.5 if session_ttl is not None else None
 
     @staticmethod
     def _key(session_id: str, part: str) -> str:
@@ -355,11 +358,11 @@ class SpeechStateManager(StateManagerBase):
         self.log.debug("speech_late_update", session_id=session_id, part=part)
 
     async def _renew_if_due(self, session_id: str, left: timedelta | None) -> None:
-        """Renew a live session's lease, and its records', once less than `session_ttl` is left.
+        """Renew the lease of a live session and its records once it runs low (1.5 x session_ttl).
 
         `left` is the session's time to live as read just after a write to the session.
         """
-        if self.session_ttl is None or left is None or left >= self.session_ttl:
+        if self._renew_below is None or left is None or left >= self._renew_below:
             return
 
         def renew(current: Any) -> Any:

@@ -216,8 +216,8 @@ async def test_updates_to_a_live_session_keep_its_ttl(state: StateManager) -> No
     entry = await state.get_entry(f"speech:{{{live}}}:tts")
     assert entry is not None
     assert entry.ttl is not None
-    # A live record's lease: at least session_ttl, at most 1.5 times that (plus ms rounding).
-    assert timedelta(minutes=5) <= entry.ttl <= timedelta(minutes=7, seconds=31)
+    # A live record's lease: at least session_ttl, at most twice that (plus ms rounding).
+    assert timedelta(minutes=5) <= entry.ttl <= timedelta(minutes=10, seconds=1)
 
 
 async def test_a_live_call_keeps_its_session(state: StateManager) -> None:
@@ -236,8 +236,9 @@ async def test_a_live_call_keeps_its_session(state: StateManager) -> None:
     assert await speech.get_tts_state(session_id) is not None
     conversation = await speech.append_turn(session_id, "assistant", "hi")
     assert [turn["content"] for turn in conversation.transcript] == ["hello", "hi"]
-    await anyio.sleep(0.7)  # no writes for longer than the lease: now it all expires
-    assert await state.list_keys(f"speech:{{{session_id}}}:*") == []
+    await anyio.sleep(1.1)  # no writes for longer than the lease (0.8 s): now it all expires
+    for part in ("session", "stt", "tts", "conversation"):
+        assert await state.get_entry(f"speech:{{{session_id}}}:{part}") is None, part
 
 
 async def test_updates_racing_end_session_never_outlive_it(state: StateManager) -> None:
