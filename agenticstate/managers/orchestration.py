@@ -716,11 +716,12 @@ class OrchestrationStateManager(StateManagerBase):
                     await self.state.index_remove(pending, [task_id])
                     continue
                 if task.capability is not None:
+                    if capability is not None and task.capability != capability:
+                        skipped.add(task_id)  # narrowed away: no need to read the agent
+                        continue
                     if capabilities is None:
                         capabilities = await self._capabilities(team_id, agent_id)
-                    if task.capability not in capabilities or (
-                        capability is not None and task.capability != capability
-                    ):
+                    if task.capability not in capabilities:
                         skipped.add(task_id)
                         continue
                 now = utcnow()
