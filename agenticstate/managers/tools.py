@@ -748,30 +748,50 @@ class ToolStateManager(StateManagerBase):
     async def _execute(
         self, tool_name: str, parameters: Mapping[str, Any], fn: Callable[[], Awaitable[T]]
     ) -> T:
-        execution = await self.start_execution(
-            ToolExecution(tool_name=tool_name, parameters=dict(parameters))
-        )
+        """Run `fn()` as a recorded execution: it ends completed, failed or cancelled.
+
+        Recording the outcome is shielded from cancellation, and a cancellation that arrives
+        while the start is being recorded cancels the record, so no execution is ever left
+        `running` by a cancelled caller.
+        """
+        execution = ToolExecution(tool_name=tool_name, parameters=dict(parameters))
+        execution_id = execution.execution_id
         clock = time.perf_counter()
+
+        def elapsed_ms() -> float:
+            return (time.perf_counter() - clock) * 1000
+
+        try:
+            await self.start_execution(execution)
+        except Exception:
+            raise
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._cancel_started(execution_id, type(exc).__name__, elapsed_ms())
+            raise
         try:
             result = await fn()
         except Exception as exc:
-            await self.fail_execution(
-                execution.execution_id, type(exc).__name__, (time.perf_counter() - clock) * 1000
-            )
+            with anyio.CancelScope(shield=True):
+                await self.fail_execution(execution_id, type(exc).__name__, elapsed_ms())
             raise
         except BaseException as exc:
             # Cancelled (or interrupted): record it as such, even inside a cancelled scope.
             with anyio.CancelScope(shield=True):
-                await self.cancel_execution(
-                    execution.execution_id,
-                    type(exc).__name__,
-                    (time.perf_counter() - clock) * 1000,
-                )
+                await self.cancel_execution(execution_id, type(exc).__name__, elapsed_ms())
             raise
-        await self.complete_execution(
-            execution.execution_id, result, (time.perf_counter() - clock) * 1000
-        )
+        with anyio.CancelScope(shield=True):
+            await self.complete_execution(execution_id, result, elapsed_ms())
         return result
+
+    async def _cancel_started(self, execution_id: str, reason: str, duration_ms: float) -> None:
+        """End an execution whose start was being recorded when its caller was cancelled."""
+        try:
+            await self.cancel_execution(execution_id, reason, duration_ms)
+        except NotFoundError:
+            # Cancelled between the id entry and the record: drop the entry left pointing at
+            # nothing.
+            await self.state.delete(self._index_key(execution_id))
 
     # retries
 

@@ -458,11 +458,13 @@ async def test_cached_call_refuses_a_bad_ttl_before_running(
 async def test_cancelling_the_running_caller_spares_its_waiters(tools: ToolStateManager) -> None:
     """The first caller is cancelled mid-run: a waiter runs the tool, all waiters get it."""
     gate = anyio.Event()
+    running = anyio.Event()
     runs = 0
 
     async def search() -> dict[str, int]:
         nonlocal runs
         runs += 1
+        running.set()
         await gate.wait()
         return {"hits": runs}
 
@@ -480,7 +482,7 @@ async def test_cancelling_the_running_caller_spares_its_waiters(tools: ToolState
                     await tools.cached_call("search", {"q": "ai"}, search)
 
             tg.start_soon(first_caller)
-            await anyio.wait_all_tasks_blocked()
+            await running.wait()  # the first caller is inside the tool, holding the flight
             for _ in range(5):
                 tg.start_soon(waiter)
             await anyio.wait_all_tasks_blocked()
@@ -510,8 +512,10 @@ async def test_a_waiter_elsewhere_learns_of_a_failed_run_at_once(
     holder = ToolStateManager(state_manager=state, flight_timeout=60)
     other = ToolStateManager(state_manager=state, flight_timeout=60)
     gate = anyio.Event()
+    running = anyio.Event()
 
     async def failing() -> str:
+        running.set()
         await gate.wait()
         raise ConnectionError("down")
 
@@ -536,7 +540,7 @@ async def test_a_waiter_elsewhere_learns_of_a_failed_run_at_once(
                 results.append(await other.cached_call("t", {"x": 1}, working))
 
             tg.start_soon(hold)
-            await anyio.wait_all_tasks_blocked()
+            await running.wait()  # the holder has the lock and is inside the tool
             tg.start_soon(wait)
             await anyio.wait_all_tasks_blocked()
             assert results == []  # waiting on the holder's lock
