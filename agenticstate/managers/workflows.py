@@ -643,46 +643,47 @@ class WorkflowStateManager(StateManagerBase):
         handle = WorkflowStep(step_number, name)
         started = utcnow()
         clock = time.perf_counter()
-        await self.update_step(
-            workflow_id,
-            StepState(
-                step_number=step_number, name=name, status=StepStatus.RUNNING, started_at=started
-            ),
-        )
-        try:
-            yield handle
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True), contextlib.suppress(InvalidTransitionError):
+
+        async def end(status: StepStatus, **outcome: Any) -> None:
+            # Shielded: an outcome being recorded is never cut in half by a cancellation.
+            with anyio.CancelScope(shield=True):
                 await self._record_step(
                     workflow_id,
                     StepState(
                         step_number=step_number,
                         name=name,
-                        status=StepStatus.FAILED,
-                        error=type(exc).__name__,
+                        status=status,
                         started_at=started,
                         completed_at=utcnow(),
                         duration_ms=(time.perf_counter() - clock) * 1000,
+                        **outcome,
                     ),
                     in_flight=started,
+                    context=handle.context_update if status is StepStatus.COMPLETED else None,
                 )
+
+        running = StepState(
+            step_number=step_number, name=name, status=StepStatus.RUNNING, started_at=started
+        )
+        try:
+            await self._record_step(workflow_id, running)
+        except Exception:
+            raise  # refused (cancelled, finished): nothing was recorded
+        except BaseException as exc:
+            # Cancelled while the start was being recorded: if it was, end it (else the
+            # in-flight check finds no running step and nothing changes).
+            with contextlib.suppress(InvalidTransitionError):
+                await end(StepStatus.FAILED, error=type(exc).__name__)
+            raise
+        try:
+            yield handle
+        except BaseException as exc:
+            with contextlib.suppress(InvalidTransitionError):
+                await end(StepStatus.FAILED, error=type(exc).__name__)
             raise
         # The result and the context changes in one write: both land, or (cancelled, finished
         # or rewound meanwhile) neither does.
-        await self._record_step(
-            workflow_id,
-            StepState(
-                step_number=step_number,
-                name=name,
-                status=StepStatus.COMPLETED,
-                result=handle.result,
-                started_at=started,
-                completed_at=utcnow(),
-                duration_ms=(time.perf_counter() - clock) * 1000,
-            ),
-            in_flight=started,
-            context=handle.context_update,
-        )
+        await end(StepStatus.COMPLETED, result=handle.result)
 
     async def delete(self, workflow_id: str) -> bool:
         """Delete the workflow and its checkpoints; return whether it existed."""

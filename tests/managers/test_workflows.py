@@ -434,3 +434,24 @@ async def test_a_step_a_rewind_dropped_cannot_skip_steps(workflows: WorkflowStat
     assert state.current_step == 5
     assert sorted(state.steps) == [1, 2, 3, 4, 5]
     assert state.context == {"last": 5, "line": "first"}
+
+
+async def test_a_cancelled_runner_leaves_no_step_running(workflows: WorkflowStateManager) -> None:
+    """The runner's own task cancelled mid-step: the step ends failed, never stays running."""
+    await _new(workflows)
+    inside = anyio.Event()
+
+    async def runner() -> None:
+        async with workflows.step("wf", 1, "slow"):
+            inside.set()
+            await anyio.sleep_forever()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            await inside.wait()
+            tg.cancel_scope.cancel()
+    step = (await workflows.require("wf")).steps[1]
+    assert step.status is StepStatus.FAILED
+    assert step.error is not None
+    assert "Cancel" in step.error
