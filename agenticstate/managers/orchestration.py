@@ -832,13 +832,15 @@ class OrchestrationStateManager(StateManagerBase):
     async def _finish(self, team_id: str, before: TaskItem, task: TaskItem) -> None:
         """Move a task that just left in-progress to its next index; set its holder idle."""
         member = self._member(before.task_id, before.lease_token)
-        await self.state.index_remove(self._in_progress(team_id), [member])
+        # The new index entry goes in before the old one goes, so a reader of the indexes
+        # (get_queue_status) never finds the task in neither.
         if task.status is TaskStatus.PENDING:
             await self.state.index_add(self._pending(team_id), self._order(task))
         else:
             await self.state.index_add(
                 self._finished(team_id), {task.task_id: self._finished_score(task)}
             )
+        await self.state.index_remove(self._in_progress(team_id), [member])
         if before.assigned_to is not None:
             await self._set_agent_if_member(team_id, before.assigned_to, AgentStatus.IDLE, None)
         if task.status in _FINISHED:
@@ -1164,6 +1166,10 @@ class OrchestrationStateManager(StateManagerBase):
             finished_ids = [
                 task_id for task_id, _ in await self.state.index_range(self._finished(team_id))
             ]
+        # A task sent back from in-progress to pending after the first read of pending was
+        # read in neither: read pending again (entries are added before the old ones go).
+        ids += [task_id for task_id, _ in await self.state.index_range(self._pending(team_id))]
+        ids = list(dict.fromkeys(ids))
         keys = {task_id: self._task_key(team_id, task_id) for task_id in [*ids, *finished_ids]}
         found = await self.state.get_many(list(keys.values()), model=TaskItem) if keys else {}
         # Grouped by each record's own status: the indexes are only hints.

@@ -7,6 +7,7 @@ from typing import Any
 from uuid import uuid4
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agenticstate import (
@@ -626,3 +627,55 @@ async def test_a_new_process_restores_the_indexes_of_an_older_store(state: State
         ["held"],
     )
     assert await restarted.reap_expired("t") == ["held"]
+
+
+async def test_queue_status_counts_every_task_while_workers_churn(
+    orch: OrchestrationStateManager,
+) -> None:
+    """Each status read while tasks move between indexes counts every task exactly once.
+
+    A task moving between the pending, in-progress and finished indexes must never be in
+    none of them for a reader (the new entry goes in before the old one goes, and pending is
+    read again last).
+    """
+    tasks = 40
+    for n in range(tasks):
+        await orch.enqueue_task("research_team", {"id": f"t{n:03d}", "type": "x", "data": {}})
+    done = anyio.Event()
+    reads: list[int] = []
+
+    async def worker(name: str) -> None:
+        turn = 0
+        while (claim := await orch.claim_task("research_team", name)) is not None:
+            turn += 1
+            task_id = claim.task.task_id
+            if turn % 3 == 0:  # a retry (back to pending) or, after max_retries, a dead letter
+                await orch.fail_task(
+                    "research_team", task_id, "boom", lease_token=claim.lease_token
+                )
+            else:
+                await orch.complete_task(
+                    "research_team", task_id, {"ok": True}, lease_token=claim.lease_token
+                )
+
+    async def reader() -> None:
+        while not done.is_set():
+            queue = await orch.get_queue_status("research_team")
+            seen = [
+                task.task_id
+                for group in (queue.pending, queue.in_progress, queue.completed, queue.dead_letter)
+                for task in group
+            ]
+            assert sorted(seen) == sorted(set(seen))
+            reads.append(len(seen))
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader)
+            async with anyio.create_task_group() as workers:
+                for name in ("w1", "w2", "w3"):
+                    workers.start_soon(worker, name)
+            done.set()
+    assert len(reads) >= 2
+    assert set(reads) == {tasks}
