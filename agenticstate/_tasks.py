@@ -27,7 +27,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
     from typing import Any
 
-__all__ = ["EventLike", "event_factory", "soon_scheduler", "spawn_detached", "spawn_service"]
+__all__ = [
+    "EventLike",
+    "event_factory",
+    "soon_scheduler",
+    "spawn_detached",
+    "spawn_service",
+    "threadsafe_scheduler",
+]
 
 
 class EventLike(Protocol):
@@ -131,3 +138,19 @@ def spawn_service(fn: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> 
 
         return trio.lowlevel.spawn_system_task(fn, name=name)
     return loop.create_task(fn(), name=name)
+
+
+def threadsafe_scheduler() -> Callable[[Callable[[], object]], object]:
+    """A function another thread calls to run a callback on the running event loop, soon.
+
+    asyncio's `loop.call_soon_threadsafe`, or trio's `TrioToken.run_sync_soon` (thread-safe by
+    design); the callback must not raise. Worker threads that own a resource (the SQLite
+    backend's connections) hand their results back through it without blocking.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        import trio  # only reached under trio, where it is installed
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    return loop.call_soon_threadsafe
