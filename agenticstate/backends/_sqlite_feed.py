@@ -194,6 +194,7 @@ class Feed:
                 await sub.opened.wait()
             except BaseException:
                 self._drop(sub)
+                sub.receive.close()
                 raise
         try:
             yield SQLiteChangeStream(sub, start[0])
@@ -272,12 +273,15 @@ class Feed:
                 self._wake.clear()
                 if self._stopping:
                     break
+                # Take the requests before reading: a change committed before a subscription was
+                # asked for must be read (and passed over for it) before the subscription opens.
+                requests = [self._requests.popleft() for _ in range(len(self._requests))]
                 current = conn.execute("PRAGMA data_version").fetchone()[0]
-                if current != version or self._requests:
+                if current != version or requests:
                     version = current
                     self._catch_up(conn)
-                while self._requests:
-                    self._register(conn, *self._requests.popleft())
+                for request in requests:
+                    self._register(conn, *request)
         except Exception:  # the thread must not die silently: end the subscriptions loudly
             log.exception("sqlite_notifier_failed")
             with contextlib.suppress(RuntimeError):
