@@ -20,13 +20,19 @@ from agenticstate import (
     StateManager,
     TeamState,
     ToolStateManager,
+    WorkflowStateManager,
+    WorkflowStatus,
 )
 from agenticstate.backends import Change, ChangeOp
 from tests._procs import LineProcess
 from tests.integration._queue_worker import TEAM
+from tests.integration._workflow_worker import STEPS, WORKFLOW
+from tests.integration.test_workflow_processes import events, run_to_end, spawn, stop, wait_for
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from agenticstate.managers.workflows import WorkflowState
 
 TASKS = 400
 
@@ -300,3 +306,37 @@ async def test_durability_level_is_what_the_database_runs(tmp_path: Path, synchr
             ),
         )
     assert (mode, level) == ("wal", {"full": 2, "normal": 1}[synchronous])
+
+
+async def test_second_process_pauses_and_resumes_a_runner(tmp_path: Path) -> None:
+    """On one SQLite file, a runner waits at a step boundary while another process pauses it,
+    and continues only when a third resumes it."""
+    url, prefix = f"sqlite://{tmp_path / 'state.db'}", "wf:"
+
+    async def stored() -> WorkflowState:
+        config = StateConfig(backend="sqlite", sqlite_path=tmp_path / "state.db", key_prefix=prefix)
+        async with StateManager(config) as sm:
+            return await WorkflowStateManager(state_manager=sm).require(WORKFLOW)
+
+    runner = spawn("run", url, prefix)
+    seen: list[dict[str, object]] = []
+    try:
+        stream = events(runner)
+        wait_for(stream, "holding", seen)  # 5 steps done: the runner is mid-workflow
+        assert run_to_end("pause", url, prefix)[-1]["event"] == "paused"
+        assert runner.stdin is not None
+        runner.stdin.write("go\n")
+        runner.stdin.flush()
+        wait_for(stream, "workflow_waiting", seen)
+        paused = await stored()
+        assert paused.status is WorkflowStatus.PAUSED
+        assert paused.current_step == 5
+        assert run_to_end("resume", url, prefix)[-1]["event"] == "resumed"
+        assert next(stream)["event"] == "workflow_continuing"  # nothing ran while paused
+        wait_for(stream, "completed", seen)
+        assert runner.wait(timeout=60) == 0
+    finally:
+        stop(runner)
+    final = await stored()
+    assert final.status is WorkflowStatus.COMPLETED
+    assert sorted(final.steps) == list(range(1, STEPS + 1))
