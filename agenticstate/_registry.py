@@ -31,6 +31,7 @@ __all__ = [
     "backend_names",
     "check_backend_name",
     "config_factory",
+    "remove_backend",
     "url_factory",
     "url_schemes",
 ]
@@ -79,6 +80,12 @@ def add_backend(
     _schemes[scheme] = url
     if is_name:
         _names[scheme] = config if config is not None else _from_url_factory(scheme)
+
+
+def remove_backend(scheme: str) -> None:
+    """Forget a scheme and the name it added (tests register backends and clean up)."""
+    _schemes.pop(scheme.lower(), None)
+    _names.pop(scheme.lower(), None)
 
 
 def _from_url_factory(scheme: str) -> Callable[[StateConfig], Backend]:

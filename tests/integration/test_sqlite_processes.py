@@ -293,21 +293,6 @@ async def test_four_indexer_processes_count_exactly(tmp_path: Path) -> None:
     assert progress.processed_documents == 4 * (150 - failed_each)
 
 
-@pytest.mark.parametrize("synchronous", ["full", "normal"])
-async def test_durability_level_is_what_the_database_runs(tmp_path: Path, synchronous: str) -> None:
-    """The documented synchronous level is the one the connections use, in WAL mode."""
-    async with SQLiteBackend(tmp_path / "s.db", synchronous=synchronous) as backend:  # type: ignore[arg-type]
-        await backend.set("k", b"v")
-        mode, level = await backend._call(  # reading the live connection
-            True,
-            lambda conn: (
-                conn.execute("PRAGMA journal_mode").fetchone()[0],
-                conn.execute("PRAGMA synchronous").fetchone()[0],
-            ),
-        )
-    assert (mode, level) == ("wal", {"full": 2, "normal": 1}[synchronous])
-
-
 async def test_second_process_pauses_and_resumes_a_runner(tmp_path: Path) -> None:
     """On one SQLite file, a runner waits at a step boundary while another process pauses it,
     and continues only when a third resumes it."""
