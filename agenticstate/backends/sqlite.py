@@ -475,6 +475,22 @@ class SQLiteBackend(Backend):
         result: list[tuple[str, float]] = await self._call(False, run)
         return result
 
+    async def index_names(self) -> list[str]:
+        """Return the names of the sorted indexes under this backend's prefix (for transfers)."""
+        low, high = self._low, self._high
+        cut = len(self.key_prefix)
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            sql = "SELECT DISTINCT name FROM idx WHERE name >= ?"
+            params: list[object] = [low]
+            if high is not None:
+                sql += " AND name < ?"
+                params.append(high)
+            return [name[cut:] for (name,) in conn.execute(sql, params)]
+
+        result: list[str] = await self._call(False, run)
+        return result
+
     # ---------------------------------------------------------------- writes (writer thread)
 
     def _put(
