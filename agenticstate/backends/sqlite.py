@@ -105,7 +105,7 @@ _PUT = "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)"
 _LOG = "INSERT INTO changes (key, op, old, new, version, ts) VALUES (?, ?, ?, ?, ?, ?)"
 _SET, _DELETE = 0, 1
 _CHUNK = 500  # bound parameters per IN (...) query
-_PAGE = 2000  # keys per scan page
+_PAGE = 10_000  # keys per scan page
 _Row = tuple[bytes, int, int, int, int | None]
 
 
@@ -186,6 +186,8 @@ class SQLiteBackend(Backend):
         self._is_open = False
         self._closed = False
         self._commits = 0
+        self._logged = 0  # changes written since the last trim
+        self._trim_every = max(64, change_retention // 8)
         self._swept_at = 0.0
 
     def __repr__(self) -> str:
@@ -367,9 +369,10 @@ class SQLiteBackend(Backend):
             feed.nudge()
 
     def _maintain(self, conn: sqlite3.Connection) -> None:
-        """Trim the changes table now and then; sweep expired keys about once a second."""
+        """Trim the changes table every `change_retention / 8` changes; sweep expiries each second."""
         self._commits += 1
-        if self._commits % 256 == 0:
+        if self._logged >= self._trim_every:
+            self._logged = 0
             conn.execute(
                 "DELETE FROM changes WHERE seq <= (SELECT max(seq) FROM changes) - ?",
                 (self.change_retention,),
@@ -429,36 +432,43 @@ class SQLiteBackend(Backend):
         return result
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
-        """Yield the present keys matching `pattern`, reading the key range its prefix allows."""
+        """Yield the present keys matching `pattern`, reading the key range its prefix allows.
+
+        A pattern that is a literal prefix and `*` (`agent:*`) is answered by the index range
+        alone; any other is filtered by the glob matcher after the range is read.
+        """
         matcher = compile_glob(validate_pattern(pattern))
         low, high = key_range(self.key_prefix + matcher.literal_prefix)
+        every = _is_prefix_pattern(pattern, matcher)
         after: str | None = None
         while True:
-            page, after = await self._call(False, self._scan_page(matcher, low, high, after))
+            run = self._scan_page(None if every else matcher, low, high, after)
+            page, after = await self._call(False, run)
             for key in page:
                 yield key
             if after is None:
                 return
 
     def _scan_page(
-        self, matcher: GlobMatcher, low: str, high: str | None, after: str | None
+        self, matcher: GlobMatcher | None, low: str, high: str | None, after: str | None
     ) -> Callable[[sqlite3.Connection], tuple[list[str], str | None]]:
         cut = len(self.key_prefix)
 
         def run(conn: sqlite3.Connection) -> tuple[list[str], str | None]:
             # Only placeholders and constants are joined into the SQL below.
-            sql = "SELECT key, expires_at FROM kv WHERE key " + (">= ?" if after is None else "> ?")  # noqa: S608
+            sql = "SELECT key FROM kv WHERE key " + (">= ?" if after is None else "> ?")  # noqa: S608
             params: list[object] = [low if after is None else after]
             if high is not None:
                 sql += " AND key < ?"
                 params.append(high)
+            sql += " AND (expires_at IS NULL OR expires_at > ?)"
+            params.append(_now_us())
             rows = conn.execute(sql + f" ORDER BY key LIMIT {_PAGE}", params).fetchall()
-            now, match = _now_us(), matcher.match
-            page = [
-                key[cut:]
-                for key, expires in rows
-                if (expires is None or expires > now) and match(key[cut:])
-            ]
+            if matcher is None:
+                page = [key[cut:] for (key,) in rows]
+            else:
+                match = matcher.match
+                page = [key[cut:] for (key,) in rows if match(key[cut:])]
             return page, rows[-1][0] if len(rows) == _PAGE else None
 
         return run
@@ -508,6 +518,7 @@ class SQLiteBackend(Backend):
         full = self.key_prefix + key
         conn.execute(_PUT, (full, value, version, created, now, now + ttl_us if ttl_us else None))
         conn.execute(_LOG, (full, _SET, old, value, version, now))
+        self._logged += 1
         return new_change(key, ChangeOp.SET, old, value, version, from_us(now))
 
     def _current(self, conn: sqlite3.Connection, key: str, now: int) -> _Row | None:
@@ -572,6 +583,7 @@ class SQLiteBackend(Backend):
                 changes.append(new_change(key, ChangeOp.SET, old, value, version, from_us(now)))
             conn.executemany(_PUT, puts)
             conn.executemany(_LOG, logs)
+            self._logged += len(logs)
             return changes
 
         result: list[Change] = await self._call(True, run)
@@ -593,6 +605,7 @@ class SQLiteBackend(Backend):
             full = self.key_prefix + key
             conn.execute("DELETE FROM kv WHERE key = ?", (full,))
             conn.execute(_LOG, (full, _DELETE, current[0], None, version, now))
+            self._logged += 1
             return new_change(key, ChangeOp.DELETE, current[0], None, version, from_us(now))
 
         result: Change | None = await self._call(True, run)
@@ -684,6 +697,20 @@ class SQLiteBackend(Backend):
         assert self._feed is not None  # noqa: S101  # set by open()
         async with self._feed.subscribe(matcher, max_buffer, since) as stream:
             yield stream
+
+
+def _is_prefix_pattern(pattern: str, matcher: GlobMatcher) -> bool:
+    r"""Whether `pattern` is a literal prefix followed by one unescaped `*` (`agent:\[1\]:*`)."""
+    if not pattern.endswith("*"):
+        return False
+    head = pattern[:-1]
+    escapes = len(head) - len(head.rstrip("\\"))
+    if escapes % 2:
+        return False  # the star is escaped: a literal `*`
+    literal = compile_glob(head) if head else None
+    return literal is None or (
+        literal.is_literal and literal.literal_prefix == matcher.literal_prefix
+    )
 
 
 def _as_bytes(value: object) -> bytes:

@@ -19,6 +19,7 @@ from agenticstate import (
     WorkflowStateManager,
     open_backend,
 )
+from agenticstate._glob import glob_match
 from agenticstate._registry import remove_backend
 from agenticstate.backends import open_config_backend, register_backend
 from agenticstate.backends.memory import MemoryBackend
@@ -214,3 +215,20 @@ async def test_durability_level_is_what_the_database_runs(tmp_path: Path, synchr
             ),
         )
     assert (mode, level) == ("wal", {"full": 2, "normal": 1}[synchronous])
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["*", "a*", "a\\*", "a\\\\*", "a\\[b\\]*", "a[b]*", "a?*", "a\\", "ab", "\\*", "é*", "a*b*"],
+)
+async def test_prefix_patterns_select_what_the_matcher_selects(
+    tmp_path: Path, pattern: str
+) -> None:
+    """Patterns answered by the key range alone (and their escaped look-alikes) agree with
+    the glob matcher."""
+    keys = ["a", "a*", "a*x", "a\\", "a\\x", "ab", "a[b]c", "a[b]", "b", "é", "éa", "a\U0010ffff"]
+    async with SQLiteBackend(tmp_path / "s.db", key_prefix="p:") as backend:
+        for key in keys:
+            await backend.set(key, b"1")
+        found = sorted([key async for key in backend.scan(pattern)])
+    assert found == sorted(key for key in keys if glob_match(pattern, key))
