@@ -369,7 +369,7 @@ class SQLiteBackend(Backend):
             feed.nudge()
 
     def _maintain(self, conn: sqlite3.Connection) -> None:
-        """Trim the changes table every `change_retention / 8` changes; sweep expiries each second."""
+        """Trim the changes table every `change_retention / 8` changes; sweep expiries each 1 s."""
         self._commits += 1
         if self._logged >= self._trim_every:
             self._logged = 0
