@@ -25,27 +25,33 @@ if TYPE_CHECKING:
 
     from agenticstate._tasks import EventLike
 
-__all__ = ["Job", "Worker", "connect", "translate"]
+__all__ = ["Job", "Worker", "connect", "translate", "translated"]
 
 _LOCKED = ("database is locked", "database table is locked")
 
 
+def translated(exc: BaseException, action: str) -> BackendError:
+    """The `BackendError` for a `sqlite3` or OS error (the one place this backend maps them)."""
+    if isinstance(exc, BackendError):
+        return exc
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError):
+        if any(marker in text for marker in _LOCKED):
+            return BackendTimeoutError(f"could not {action}: {text}")
+        if "unable to open" in text:
+            return BackendUnavailableError(f"could not {action}: {text}")
+    if isinstance(exc, OSError):
+        return BackendUnavailableError(f"could not {action}: {exc.strerror or exc}")
+    return BackendError(f"could not {action}: {text}")
+
+
 @contextlib.contextmanager
 def translate(action: str) -> Iterator[None]:
-    """Map `sqlite3` errors to `BackendError`s (the one place this backend does)."""
+    """Raise `sqlite3` and OS errors inside as `BackendError`s (see `translated`)."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        text = str(exc)
-        if any(marker in text for marker in _LOCKED):
-            raise BackendTimeoutError(f"could not {action}: {text}") from exc
-        if "unable to open" in text:
-            raise BackendUnavailableError(f"could not {action}: {text}") from exc
-        raise BackendError(f"could not {action}: {text}") from exc
-    except sqlite3.Error as exc:
-        raise BackendError(f"could not {action}: {exc}") from exc
-    except OSError as exc:
-        raise BackendUnavailableError(f"could not {action}: {exc.strerror or exc}") from exc
+    except (sqlite3.Error, OSError) as exc:
+        raise translated(exc, action) from exc
 
 
 def connect(path: Path, *, synchronous: str, busy_ms: int) -> sqlite3.Connection:
@@ -61,11 +67,14 @@ def connect(path: Path, *, synchronous: str, busy_ms: int) -> sqlite3.Connection
 class Job:
     """One call from the event loop: a function of the connection, and where its result goes."""
 
-    __slots__ = ("error", "event", "fn", "result")
+    __slots__ = ("error", "event", "fn", "key", "result")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], Any], event: EventLike) -> None:
+    def __init__(
+        self, fn: Callable[[sqlite3.Connection], Any], event: EventLike, key: str | None = None
+    ) -> None:
         self.fn = fn
         self.event = event
+        self.key = key  # the stored key a write reads first, so a batch can read them together
         self.result: Any = None
         self.error: BaseException | None = None
 
