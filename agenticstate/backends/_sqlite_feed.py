@@ -292,8 +292,9 @@ class Feed:
 
     @staticmethod
     def _max_seq(conn: sqlite3.Connection) -> int:
-        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'changes'").fetchone()
-        return int(row[0]) if row else 0
+        # Trimming always keeps the newest change, so the largest sequence is never reused.
+        (last,) = conn.execute("SELECT max(seq) FROM changes").fetchone()
+        return int(last) if last is not None else 0
 
     def _rows(self, conn: sqlite3.Connection, after: int, upto: int | None) -> list[_Item]:
         sql = "SELECT seq, key, op, old, new, version, ts FROM changes WHERE seq > ?"

@@ -107,7 +107,7 @@ _PUT = "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)"
 _LOG = "INSERT INTO changes (key, op, old, new, version, ts) VALUES (?, ?, ?, ?, ?, ?)"
 _SET, _DELETE = 0, 1
 _CHUNK = 500  # bound parameters per IN (...) query
-_PAGE = 10_000  # keys per scan page
+_PAGE = 50_000  # keys per scan page (one hop to the reader thread each)
 _Row = tuple[bytes, int, int, int, int | None]
 
 
