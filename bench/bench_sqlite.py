@@ -78,10 +78,24 @@ async def _ours(kind: str, directory: Path, count: int) -> dict[str, float]:
     base = _rss_mb()
     backend = make()
     await backend.open()
-    start = time.perf_counter()
+    # SQLite's ratios are taken side by side: a plain sqlite3 store in another file is built
+    # in alternating batches (the machine's speed drifts within seconds).
+    paired = _plain_store(directory / "paired.db") if kind == "sqlite" else None
+    ours_time = plain_time = 0.0
     for first in range(0, count, BATCH):
-        await backend.set_many([(_key(i), VALUE) for i in range(first, min(count, first + BATCH))])
-    figures["save"] = count / (time.perf_counter() - start)
+        items = [(_key(i), VALUE) for i in range(first, min(count, first + BATCH))]
+        if paired is not None:
+            start = time.perf_counter()
+            paired.execute("BEGIN")
+            paired.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", items)
+            paired.execute("COMMIT")
+            plain_time += time.perf_counter() - start
+        start = time.perf_counter()
+        await backend.set_many(items)
+        ours_time += time.perf_counter() - start
+    figures["save"] = count / ours_time
+    if paired is not None:
+        figures["paired_save"] = count / plain_time
     figures["rss"] = _rss_mb() - base
     start = time.perf_counter()
     await backend.aclose()
@@ -91,13 +105,22 @@ async def _ours(kind: str, directory: Path, count: int) -> dict[str, float]:
     assert await backend.get(_key(count // 2)) is not None
     figures["reopen"] = time.perf_counter() - start
     async with StateManager(backend=backend) as state:
-        start = time.perf_counter()
-        listed = await state.list_keys("user:42:*")
-        figures["list"] = time.perf_counter() - start
-        start = time.perf_counter()
-        scanned = [key async for key in backend.scan("user:42:*")]
-        figures["scan"] = time.perf_counter() - start
-        assert len(scanned) == len(listed)
+        lists, scans, plains = [], [], []
+        for _ in range(5):  # alternating, the fastest of each
+            start = time.perf_counter()
+            listed = await state.list_keys("user:42:*")
+            lists.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            scanned = [key async for key in backend.scan("user:42:*")]
+            scans.append(time.perf_counter() - start)
+            assert len(scanned) == len(listed)
+            if paired is not None:
+                start = time.perf_counter()
+                _range_scan(paired)
+                plains.append(time.perf_counter() - start)
+        figures["list"], figures["scan"] = min(lists), min(scans)
+        if paired is not None:
+            figures["paired_list"] = min(plains)
         assert len(listed) == len(range(42, count, 100))
         rng = random.Random(1)
         start = time.perf_counter()
@@ -105,6 +128,10 @@ async def _ours(kind: str, directory: Path, count: int) -> dict[str, float]:
             await backend.get(_key(rng.randrange(count)))
         figures["reads"] = READS / (time.perf_counter() - start)
     figures["rss"] = max(figures["rss"], _rss_mb() - base)
+    if paired is not None:
+        paired.close()
+        for name in ("paired.db", "paired.db-wal", "paired.db-shm"):
+            (directory / name).unlink(missing_ok=True)
     figures["disk"] = _disk_mb(directory)
     if kind == "memory":
         figures["close"] = figures["reopen"] = figures["disk"] = -1.0  # nothing kept
@@ -127,6 +154,20 @@ async def _redis_memory() -> float:
         return used
     finally:
         await client.aclose()
+
+
+def _plain_store(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB) WITHOUT ROWID")
+    return conn
+
+
+def _range_scan(conn: sqlite3.Connection) -> list[str]:
+    """The baseline for list_keys('user:42:*'): the range of the primary key, in SQL."""
+    sql = "SELECT key FROM kv WHERE key >= ? AND key < ? ORDER BY key"
+    return [key for (key,) in conn.execute(sql, ("user:42:", "user:42;"))]
 
 
 def _plain(directory: Path, count: int) -> dict[str, float]:
@@ -159,14 +200,12 @@ def _plain(directory: Path, count: int) -> dict[str, float]:
     conn = connect()
     assert conn.execute("SELECT value FROM kv WHERE key = ?", (_key(count // 2),)).fetchone()
     figures["reopen"] = time.perf_counter() - start
-    start = time.perf_counter()
-    listed = [
-        key
-        for (key,) in conn.execute(
-            "SELECT key FROM kv WHERE key >= ? AND key < ? ORDER BY key", ("user:42:", "user:42;")
-        )
-    ]
-    figures["list"] = figures["scan"] = time.perf_counter() - start
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        listed = _range_scan(conn)
+        times.append(time.perf_counter() - start)
+    figures["list"] = figures["scan"] = min(times)
     assert len(listed) == len(range(42, count, 100))
     rng = random.Random(1)
     figures["reads"] = sync_rate(
@@ -235,39 +274,39 @@ def scale(sizes: list[int]) -> tuple[list[list[str]], list[str], list[tuple[str,
         found = found_by_size[count]
         plain = found["plain"]
         for kind, f in found.items():
+            save_base = f.get("paired_save", plain["save"])
+            list_base = f.get("paired_list", plain["list"])
             rows.append(
                 [
                     f"{count:,}",
                     names[kind],
-                    f"{f['save']:,.0f} ({f['save'] / plain['save']:.2f}x)",
+                    f"{f['save']:,.0f} ({f['save'] / save_base:.2f}x)",
                     _cell(f["close"], "{:.3f}"),
                     _cell(f["reopen"] * 1000, "{:.1f}"),
                     f"{f['rss']:.0f}",
                     _cell(f["disk"], "{:.1f}"),
-                    f"{f['list'] * 1000:.2f} ({plain['list'] / f['list']:.2f}x)",
+                    f"{f['list'] * 1000:.2f} ({list_base / f['list']:.2f}x)",
                     f"{f['reads']:,.0f}",
                 ]
             )
         ours = found["sqlite"]
+        save_ratio = ours["save"] / ours["paired_save"]
+        list_ratio = ours["paired_list"] / ours["list"]
+        scan_ratio = ours["paired_list"] / ours["scan"]
         bars += [
-            (f"{count:,} keys: batch save vs executemany", ours["save"] / plain["save"]),
-            (f"{count:,} keys: list_keys vs SQL range", plain["list"] / ours["list"]),
+            (f"{count:,} keys: batch save vs executemany", save_ratio),
+            (f"{count:,} keys: list_keys vs SQL range", list_ratio),
         ]
         if count == max(sizes):
             checks = [
                 ("open + first get < 0.1 s", ours["reopen"] < 0.1, f"{ours['reopen']:.3f} s"),
                 ("RSS growth < 150 MB", ours["rss"] < 150, f"{ours['rss']:.0f} MB"),
                 ("close < 0.5 s", ours["close"] < 0.5, f"{ours['close']:.3f} s"),
-                (
-                    "batch save >= 0.5x executemany",
-                    ours["save"] >= 0.5 * plain["save"],
-                    f"{ours['save'] / plain['save']:.2f}x",
-                ),
+                ("batch save >= 0.5x executemany", save_ratio >= 0.5, f"{save_ratio:.2f}x"),
                 (
                     "list_keys >= 0.5x SQL range scan",
-                    plain["list"] / ours["list"] >= 0.5,
-                    f"{plain['list'] / ours['list']:.2f}x; the backend's scan alone "
-                    f"{plain['list'] / ours['scan']:.2f}x",
+                    list_ratio >= 0.5,
+                    f"{list_ratio:.2f}x; the backend's scan alone {scan_ratio:.2f}x",
                 ),
             ]
             verdicts = [
@@ -497,8 +536,13 @@ def main() -> None:
             "(`SQLiteBackend.set_many`, `FileBackend.set_many` with msgpack and no background "
             "snapshots, plain `executemany` of `INSERT OR REPLACE` in a transaction). Plain "
             "sqlite3 and SQLiteBackend run WAL with synchronous=FULL. list_keys is "
-            "`StateManager.list_keys('user:42:*')` (1% of the keys); the baseline is the SQL "
-            "range scan on the primary key.",
+            "`StateManager.list_keys('user:42:*')` (1% of the keys, fastest of 5); the baseline "
+            "is the SQL range scan on the primary key. SQLiteBackend's ratios are paired: its "
+            "process also builds a plain sqlite3 store in alternating batches and scans it "
+            "alternately, so both see the same moments of a drifting machine; the other rows "
+            "compare with the plain sqlite3 row, measured in its own process minutes apart. "
+            "RedisBackend talks to a redis-server on loopback (its 'on disk' column is the "
+            "server's memory); MemoryBackend keeps nothing to close or reopen.",
             "SQLiteBackend writes each key's change (old and new bytes) to the changes table in "
             "the same transaction, and reads the old row first: that is the price of exact "
             "cross-process notifications.",

@@ -106,7 +106,7 @@ _SELECT_MANY = "SELECT key, value, version, created_at, updated_at, expires_at F
 _PUT = "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)"
 _LOG = "INSERT INTO changes (key, op, old, new, version, ts) VALUES (?, ?, ?, ?, ?, ?)"
 _SET, _DELETE = 0, 1
-_CHUNK = 500  # bound parameters per IN (...) query
+_CHUNK = 1000  # bound parameters per IN (...) query
 _PAGE = 50_000  # keys per scan page (one hop to the reader thread each)
 _Row = tuple[bytes, int, int, int, int | None]
 
@@ -608,6 +608,7 @@ class SQLiteBackend(Backend):
                 for full, *row in conn.execute(sql, chunk):
                     current[full[len(prefix) :]] = _live(tuple(row), now)
             expires = now + ttl_us if ttl_us else None
+            stamp = from_us(now)
             puts, logs, changes = [], [], []
             for key, value in batch:
                 row = current.get(key)
@@ -617,7 +618,7 @@ class SQLiteBackend(Backend):
                 puts.append((prefix + key, value, version, created, now, expires))
                 logs.append((prefix + key, _SET, old, value, version, now))
                 current[key] = (value, version, created, now, expires)
-                changes.append(new_change(key, ChangeOp.SET, old, value, version, from_us(now)))
+                changes.append(new_change(key, ChangeOp.SET, old, value, version, stamp))
             conn.executemany(_PUT, puts)
             conn.executemany(_LOG, logs)
             self._logged += len(logs)
