@@ -253,7 +253,8 @@ async def pipeline(state: StateManager) -> None:
     """One round of the pipeline on `state`, reported line by line."""
     run = await state.update("demo:runs", lambda n: n + 1, default=0)
     say(f"agenticstate demo, run {run}")
-    say(f"state lives in {STORE.resolve()} (SQLite backend: durable, shared by processes)")
+    where = STORE.parent.resolve() / STORE.name
+    say(f"state lives in {where} (SQLite backend: durable, shared by processes)")
     orch = OrchestrationStateManager(state_manager=state)
     workflows = WorkflowStateManager(state_manager=state, checkpoint_interval=2)
     tools = ToolStateManager(state_manager=state, cache_ttl=3600)
