@@ -164,7 +164,13 @@ class Worker:
                         return
                     count = min(len(self._jobs), self._max_batch)
                     batch = [self._jobs.popleft() for _ in range(count)]
-                self._run_batch(self.conn, batch)
+                try:
+                    self._run_batch(self.conn, batch)
+                except Exception as exc:  # noqa: BLE001  # a bug must not strand the callers
+                    failure = BackendError(f"the SQLite worker failed: {type(exc).__name__}: {exc}")
+                    for job in batch:
+                        if job.error is None:
+                            job.result, job.error = None, failure
                 self._hand_back(batch)
         finally:
             with contextlib.suppress(sqlite3.Error):

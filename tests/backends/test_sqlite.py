@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -232,3 +232,39 @@ async def test_prefix_patterns_select_what_the_matcher_selects(
             await backend.set(key, b"1")
         found = sorted([key async for key in backend.scan(pattern)])
     assert found == sorted(key for key in keys if glob_match(pattern, key))
+
+
+async def test_a_file_that_is_not_a_database_is_a_backend_error(tmp_path: Path) -> None:
+    """Opening a file that is not an SQLite database raises BackendError and leaves it alone."""
+    (tmp_path / "s.db").write_bytes(b"this is not a database, just text" * 100)
+    with pytest.raises(BackendError, match="not a database"):
+        await SQLiteBackend(tmp_path / "s.db").open()
+    assert (tmp_path / "s.db").read_bytes().startswith(b"this is not a database")
+
+
+async def test_a_failing_update_function_writes_nothing_and_others_commit(tmp_path: Path) -> None:
+    """In one group commit, a raising update fn fails alone; the other writes commit."""
+
+    def boom(entry: object) -> bytes:
+        raise ValueError("no")
+
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        await backend.set("k", b"before")
+        results: dict[str, object] = {}
+
+        async def attempt(name: str, call: Any) -> None:
+            try:
+                results[name] = await call
+            except ValueError as exc:
+                results[name] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt, "bad", backend.update("k", boom))
+            for n in range(20):
+                tg.start_soon(attempt, f"ok{n}", backend.set(f"other{n}", b"x"))
+        entry = await backend.get("k")
+        others = [key async for key in backend.scan("other*")]
+    assert isinstance(results["bad"], ValueError)
+    assert entry is not None
+    assert (entry.value, entry.version) == (b"before", 1)
+    assert len(others) == 20
