@@ -8,7 +8,12 @@ import pytest
 
 import agenticstate
 
-PUBLIC_MODULES = ["agenticstate", "agenticstate.backends", "agenticstate.managers"]
+PUBLIC_MODULES = [
+    "agenticstate",
+    "agenticstate.backends",
+    "agenticstate.managers",
+    "agenticstate.transfer",
+]
 
 # The names the seed page ("State Management") imports from agenticaiframework.state.
 SEED_CORE_NAMES = ["StateManager", "StateConfig", "MemoryBackend"]
