@@ -50,7 +50,9 @@ import anyio.to_thread
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._tasks import event_factory, threadsafe_scheduler
+from agenticstate.backends import _sqlite_schema as schema
 from agenticstate.backends._sqlite_feed import Feed, SQLiteChangeStream, from_us, key_range
+from agenticstate.backends._sqlite_schema import SCHEMA_VERSION
 from agenticstate.backends._sqlite_worker import Job, Worker, connect, translate, translated
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -66,13 +68,11 @@ from agenticstate.backends.base import (
     check_ttl,
     conflict,
     new_change,
-    new_entry,
 )
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
     ConfigurationError,
-    InvalidArgumentError,
 )
 
 if TYPE_CHECKING:
@@ -82,59 +82,6 @@ if TYPE_CHECKING:
     from agenticstate._tasks import EventLike
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend", "SQLiteChangeStream"]
-
-SCHEMA_VERSION = 1
-"""The layout this module writes (`PRAGMA user_version`); a newer file is refused."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS kv (
-    key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL,
-    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, expires_at INTEGER
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS changes (
-    seq INTEGER PRIMARY KEY, key TEXT NOT NULL, op INTEGER NOT NULL,
-    old BLOB, new BLOB, version INTEGER NOT NULL, ts INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS idx (
-    name TEXT NOT NULL, member TEXT NOT NULL, score REAL NOT NULL, PRIMARY KEY (name, member)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idx_order ON idx (name, score, member);
-"""
-_GET = "SELECT value, version, created_at, updated_at, expires_at FROM kv WHERE key = ?"
-_SELECT_MANY = "SELECT key, value, version, created_at, updated_at, expires_at FROM kv WHERE key IN"
-_PUT = "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)"
-_LOG = "INSERT INTO changes (key, op, old, new, version, ts) VALUES (?, ?, ?, ?, ?, ?)"
-_SET, _DELETE = 0, 1
-_CHUNK = 1000  # bound parameters per IN (...) query
-_PAGE = 50_000  # keys per scan page (one hop to the reader thread each)
-_Row = tuple[bytes, int, int, int, int | None]
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def _live(row: _Row | None, now: int) -> _Row | None:
-    if row is None or (row[4] is not None and row[4] <= now):
-        return None
-    return row
-
-
-def _entry(key: str, row: _Row) -> Entry:
-    value, version, created, updated, expires = row
-    return new_entry(
-        key,
-        value,
-        version,
-        from_us(created),
-        from_us(updated),
-        from_us(expires) if expires is not None else None,
-    )
-
-
-def _ttl_us(ttl: timedelta | None) -> int | None:
-    return None if ttl is None else ttl // timedelta(microseconds=1) or 1
 
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
@@ -189,7 +136,7 @@ class SQLiteBackend(Backend):
         self._closed = False
         self._commits = 0
         # The writer thread's batch in progress: rows as the batch has them, staged writes.
-        self._rows: dict[str, _Row | None] = {}
+        self._rows: dict[str, schema.Row | None] = {}
         self._puts: list[tuple[str, bytes, int, int, int, int | None]] = []
         self._logs: list[tuple[str, int, bytes | None, bytes | None, int, int]] = []
         self._logged = 0  # changes written since the last trim
@@ -264,7 +211,7 @@ class SQLiteBackend(Backend):
                             f"reads up to {SCHEMA_VERSION}: upgrade agenticstate"
                         )
                     if found < SCHEMA_VERSION:
-                        for statement in _SCHEMA.split(";"):
+                        for statement in schema.SCHEMA.split(";"):
                             if statement.strip():
                                 conn.execute(statement)
                         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -381,17 +328,19 @@ class SQLiteBackend(Backend):
     def _prefetch(self, conn: sqlite3.Connection, keys: list[str]) -> None:
         wanted = list(dict.fromkeys(keys))
         rows = self._rows
-        for start in range(0, len(wanted), _CHUNK):
-            chunk = wanted[start : start + _CHUNK]
+        for start in range(0, len(wanted), schema.CHUNK):
+            chunk = wanted[start : start + schema.CHUNK]
             rows.update(dict.fromkeys(chunk))
-            for full, *row in conn.execute(f"{_SELECT_MANY} ({','.join('?' * len(chunk))})", chunk):
+            for full, *row in conn.execute(
+                f"{schema.SELECT_MANY} ({','.join('?' * len(chunk))})", chunk
+            ):
                 rows[full] = tuple(row)
 
     def _flush_writes(self, conn: sqlite3.Connection) -> None:
         """Write the batch's staged rows and changes, in order (before anything else writes)."""
         if self._puts:
-            conn.executemany(_PUT, self._puts)
-            conn.executemany(_LOG, self._logs)
+            conn.executemany(schema.PUT, self._puts)
+            conn.executemany(schema.LOG, self._logs)
             self._logged += len(self._logs)
             self._puts.clear()
             self._logs.clear()
@@ -409,7 +358,8 @@ class SQLiteBackend(Backend):
         if moment - self._swept_at > 1.0:
             self._swept_at = moment
             conn.execute(
-                "DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?", (_now_us(),)
+                "DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                (schema.now_us(),),
             )
 
     @staticmethod
@@ -429,8 +379,8 @@ class SQLiteBackend(Backend):
         full = self.key_prefix + validate_key(key)
 
         def run(conn: sqlite3.Connection) -> Entry | None:
-            row = _live(conn.execute(_GET, (full,)).fetchone(), _now_us())
-            return _entry(key, row) if row is not None else None
+            row = schema.live(conn.execute(schema.GET, (full,)).fetchone(), schema.now_us())
+            return schema.entry(key, row) if row is not None else None
 
         result: Entry | None = await self._call(False, run)
         return result
@@ -442,17 +392,17 @@ class SQLiteBackend(Backend):
         prefix, wanted = self.key_prefix, list(dict.fromkeys(keys))
 
         def run(conn: sqlite3.Connection) -> list[Entry | None]:
-            now, found = _now_us(), {}
+            now, found = schema.now_us(), {}
             conn.execute("BEGIN")
             try:
-                for start in range(0, len(wanted), _CHUNK):
-                    chunk = [prefix + key for key in wanted[start : start + _CHUNK]]
+                for start in range(0, len(wanted), schema.CHUNK):
+                    chunk = [prefix + key for key in wanted[start : start + schema.CHUNK]]
                     marks = ",".join("?" * len(chunk))
-                    sql = f"{_SELECT_MANY} ({marks})"
+                    sql = f"{schema.SELECT_MANY} ({marks})"
                     for full, *row in conn.execute(sql, chunk):
-                        live = _live(tuple(row), now)
+                        live = schema.live(tuple(row), now)
                         if live is not None:
-                            found[full[len(prefix) :]] = _entry(full[len(prefix) :], live)
+                            found[full[len(prefix) :]] = schema.entry(full[len(prefix) :], live)
             finally:
                 conn.execute("COMMIT")
             return [found.get(key) for key in keys]
@@ -468,7 +418,7 @@ class SQLiteBackend(Backend):
         """
         matcher = compile_glob(validate_pattern(pattern))
         low, high = key_range(self.key_prefix + matcher.literal_prefix)
-        every = _is_prefix_pattern(pattern, matcher)
+        every = schema.is_prefix_pattern(pattern, matcher)
         after: str | None = None
         while True:
             run = self._scan_page(None if every else matcher, low, high, after)
@@ -491,14 +441,14 @@ class SQLiteBackend(Backend):
                 sql += " AND key < ?"
                 params.append(high)
             sql += " AND (expires_at IS NULL OR expires_at > ?)"
-            params.append(_now_us())
-            rows = conn.execute(sql + f" ORDER BY key LIMIT {_PAGE}", params).fetchall()
+            params.append(schema.now_us())
+            rows = conn.execute(sql + f" ORDER BY key LIMIT {schema.PAGE}", params).fetchall()
             if matcher is None:
                 page = [key[cut:] for (key,) in rows]
             else:
                 match = matcher.match
                 page = [key[cut:] for (key,) in rows if match(key[cut:])]
-            return page, rows[-1][0] if len(rows) == _PAGE else None
+            return page, rows[-1][0] if len(rows) == schema.PAGE else None
 
         return run
 
@@ -537,7 +487,7 @@ class SQLiteBackend(Backend):
         key: str,
         value: bytes,
         ttl_us: int | None,
-        current: _Row | None,
+        current: schema.Row | None,
         now: int,
     ) -> Change:
         """Stage a write of `key` (flushed with the batch) and return its change."""
@@ -547,19 +497,19 @@ class SQLiteBackend(Backend):
         full = self.key_prefix + key
         expires = now + ttl_us if ttl_us else None
         self._puts.append((full, value, version, created, now, expires))
-        self._logs.append((full, _SET, old, value, version, now))
+        self._logs.append((full, schema.SET, old, value, version, now))
         self._rows[full] = (value, version, created, now, expires)
         return new_change(key, ChangeOp.SET, old, value, version, from_us(now))
 
-    def _current(self, conn: sqlite3.Connection, key: str, now: int) -> _Row | None:
+    def _current(self, conn: sqlite3.Connection, key: str, now: int) -> schema.Row | None:
         """The live row at `key` as this batch has it so far."""
         full = self.key_prefix + key
         rows = self._rows
         if full in rows:
-            return _live(rows[full], now)
-        row: _Row | None = conn.execute(_GET, (full,)).fetchone()
+            return schema.live(rows[full], now)
+        row: schema.Row | None = conn.execute(schema.GET, (full,)).fetchone()
         rows[full] = row
-        return _live(row, now)
+        return schema.live(row, now)
 
     async def set(
         self,
@@ -571,12 +521,12 @@ class SQLiteBackend(Backend):
     ) -> Change:
         """Store `value` at `key`; see `Backend.set`."""
         validate_key(key)
-        ttl_us = _ttl_us(check_ttl(ttl))
+        ttl_us = schema.ttl_us(check_ttl(ttl))
         check_expected_version(expected_version)
-        value = _as_bytes(value)
+        value = schema.as_bytes(value)
 
         def run(conn: sqlite3.Connection) -> Change:
-            now = _now_us()
+            now = schema.now_us()
             current = self._current(conn, key, now)
             version = current[1] if current is not None else 0
             if expected_version is not None and expected_version != version:
@@ -592,21 +542,21 @@ class SQLiteBackend(Backend):
         """Store several values in one transaction (and one fsync)."""
         for key, _ in items:
             validate_key(key)
-        ttl_us = _ttl_us(check_ttl(ttl))
-        batch = [(key, _as_bytes(value)) for key, value in items]
+        ttl_us = schema.ttl_us(check_ttl(ttl))
+        batch = [(key, schema.as_bytes(value)) for key, value in items]
         prefix = self.key_prefix
 
         def run(conn: sqlite3.Connection) -> list[Change]:
             self._flush_writes(conn)
-            now = _now_us()
+            now = schema.now_us()
             keys = list(dict.fromkeys(key for key, _ in batch))
-            current: dict[str, _Row | None] = {}
-            for start in range(0, len(keys), _CHUNK):
-                chunk = [prefix + key for key in keys[start : start + _CHUNK]]
+            current: dict[str, schema.Row | None] = {}
+            for start in range(0, len(keys), schema.CHUNK):
+                chunk = [prefix + key for key in keys[start : start + schema.CHUNK]]
                 marks = ",".join("?" * len(chunk))
-                sql = f"{_SELECT_MANY} ({marks})"
+                sql = f"{schema.SELECT_MANY} ({marks})"
                 for full, *row in conn.execute(sql, chunk):
-                    current[full[len(prefix) :]] = _live(tuple(row), now)
+                    current[full[len(prefix) :]] = schema.live(tuple(row), now)
             expires = now + ttl_us if ttl_us else None
             stamp = from_us(now)
             puts, logs, changes = [], [], []
@@ -616,11 +566,11 @@ class SQLiteBackend(Backend):
                 created = row[2] if row is not None else now
                 old = row[0] if row is not None else None
                 puts.append((prefix + key, value, version, created, now, expires))
-                logs.append((prefix + key, _SET, old, value, version, now))
+                logs.append((prefix + key, schema.SET, old, value, version, now))
                 current[key] = (value, version, created, now, expires)
                 changes.append(new_change(key, ChangeOp.SET, old, value, version, stamp))
-            conn.executemany(_PUT, puts)
-            conn.executemany(_LOG, logs)
+            conn.executemany(schema.PUT, puts)
+            conn.executemany(schema.LOG, logs)
             self._logged += len(logs)
             self._rows.update((prefix + key, row) for key, row in current.items())
             return changes
@@ -634,7 +584,7 @@ class SQLiteBackend(Backend):
         check_expected_version(expected_version)
 
         def run(conn: sqlite3.Connection) -> Change | None:
-            now = _now_us()
+            now = schema.now_us()
             current = self._current(conn, key, now)
             version = current[1] if current is not None else 0
             if expected_version is not None and expected_version != version:
@@ -645,7 +595,7 @@ class SQLiteBackend(Backend):
             self._flush_writes(conn)  # the staged writes come first, in order
             self._rows[full] = None
             conn.execute("DELETE FROM kv WHERE key = ?", (full,))
-            conn.execute(_LOG, (full, _DELETE, current[0], None, version, now))
+            conn.execute(schema.LOG, (full, schema.DELETE, current[0], None, version, now))
             self._logged += 1
             return new_change(key, ChangeOp.DELETE, current[0], None, version, from_us(now))
 
@@ -666,12 +616,12 @@ class SQLiteBackend(Backend):
         writes in between: it never needs a retry.
         """
         validate_key(key)
-        ttl_us = _ttl_us(check_ttl(ttl))
+        ttl_us = schema.ttl_us(check_ttl(ttl))
 
         def run(conn: sqlite3.Connection) -> Change:
-            now = _now_us()
+            now = schema.now_us()
             current = self._current(conn, key, now)
-            value = _as_bytes(fn(_entry(key, current) if current is not None else None))
+            value = schema.as_bytes(fn(schema.entry(key, current) if current is not None else None))
             return self._put(key, value, ttl_us, current, now)
 
         result: Change = await self._call(True, run, self.key_prefix + key)
@@ -738,25 +688,3 @@ class SQLiteBackend(Backend):
         assert self._feed is not None  # noqa: S101  # set by open()
         async with self._feed.subscribe(matcher, max_buffer, since) as stream:
             yield stream
-
-
-def _is_prefix_pattern(pattern: str, matcher: GlobMatcher) -> bool:
-    r"""Whether `pattern` is a literal prefix followed by one unescaped `*` (`agent:\[1\]:*`)."""
-    if not pattern.endswith("*"):
-        return False
-    head = pattern[:-1]
-    escapes = len(head) - len(head.rstrip("\\"))
-    if escapes % 2:
-        return False  # the star is escaped: a literal `*`
-    literal = compile_glob(head) if head else None
-    return literal is None or (
-        literal.is_literal and literal.literal_prefix == matcher.literal_prefix
-    )
-
-
-def _as_bytes(value: object) -> bytes:
-    if type(value) is bytes:
-        return value
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidArgumentError(f"a backend stores bytes, not {type(value).__name__}")

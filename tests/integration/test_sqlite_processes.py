@@ -178,7 +178,7 @@ async def test_writers_killed_mid_run_lose_no_acknowledged_write(tmp_path: Path)
         for generation in range(3, 11):
             name = rng.choice(sorted(writers))
             victim = writers.pop(name)
-            assert victim.wait_lines(len(victim.lines) + rng.randrange(20, 120), 60), victim.errors
+            assert victim.wait_lines(len(victim.lines) + rng.randrange(10, 60), 60), victim.errors
             victim.kill()
             done.append(victim)
             writers[f"w{generation}"] = Proc("writer", db, f"w{generation}")
