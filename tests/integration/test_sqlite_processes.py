@@ -3,6 +3,7 @@ and the managers' cross-process promises (queue claims under kills, single fligh
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import Counter
@@ -325,3 +326,28 @@ async def test_second_process_pauses_and_resumes_a_runner(tmp_path: Path) -> Non
     final = await stored()
     assert final.status is WorkflowStatus.COMPLETED
     assert sorted(final.steps) == list(range(1, STEPS + 1))
+
+
+async def test_changes_from_three_writer_processes_arrive_in_commit_order(tmp_path: Path) -> None:
+    """3 processes x 100 update(fn) on one key: another process sees versions 1..300 in order,
+    each change's old value the previous change's new value."""
+    db = str(tmp_path / "state.db")
+    subscriber = Proc("subscribe", db, "300")
+    writers = [Proc("update", db, "100") for _ in range(3)]
+    try:
+        ready(subscriber)
+        for proc in writers:
+            ready(proc)
+        for proc in writers:
+            go(proc)
+        assert subscriber.wait_until(lambda lines: len(lines) >= 301, 120), subscriber.errors
+    finally:
+        for proc in [*writers, subscriber]:
+            proc.stop()
+    lines = received(subscriber)
+    assert [line["version"] for line in lines] == list(range(1, 301))
+    assert all(line["key"] == "counter" for line in lines)
+    for before, after in itertools.pairwise(lines):
+        assert after["old"] == before["new"]
+    seqs = [int(str(line["seq"])) for line in lines]
+    assert seqs == sorted(seqs)
