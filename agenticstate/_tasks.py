@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EventLike",
+    "current_loop",
     "event_factory",
     "soon_scheduler",
     "spawn_detached",
@@ -154,3 +155,13 @@ def threadsafe_scheduler() -> Callable[[Callable[[], object]], object]:
 
         return trio.lowlevel.current_trio_token().run_sync_soon
     return loop.call_soon_threadsafe
+
+
+def current_loop() -> object:
+    """An object that identifies the running event loop (the asyncio loop or trio's token)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        import trio  # only reached under trio, where it is installed
+
+        return trio.lowlevel.current_trio_token()

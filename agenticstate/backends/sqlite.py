@@ -49,7 +49,7 @@ import anyio.to_thread
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
-from agenticstate._tasks import event_factory, threadsafe_scheduler
+from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
 from agenticstate.backends._sqlite_feed import Feed, SQLiteChangeStream, from_us, key_range
 from agenticstate.backends._sqlite_schema import SCHEMA_VERSION
@@ -132,6 +132,7 @@ class SQLiteBackend(Backend):
         self._feed: Feed | None = None
         self._new_event: Callable[[], EventLike] = anyio.Event
         self._open_lock: anyio.Lock | None = None
+        self._loop: object = None
         self._is_open = False
         self._closed = False
         self._commits = 0
@@ -194,6 +195,7 @@ class SQLiteBackend(Backend):
             self._writer, self._reader = writer, reader
             self._feed = Feed(self._open_reader, schedule, self.key_prefix, self._poll)
             self._new_event = event_factory()
+            self._loop = current_loop()  # its threads hand results back to this loop only
             self._is_open = True
 
     def _open_writer(self) -> sqlite3.Connection:
@@ -257,6 +259,10 @@ class SQLiteBackend(Backend):
     ) -> Any:
         if not self._is_open:
             await self.open()
+        if current_loop() is not self._loop:
+            raise BackendError(
+                "this SQLiteBackend was opened on another event loop; open one per event loop"
+            )
         worker = self._writer if write else self._reader
         assert worker is not None  # noqa: S101  # set by open()
         job = Job(fn, self._new_event(), key)

@@ -268,3 +268,19 @@ async def test_a_failing_update_function_writes_nothing_and_others_commit(tmp_pa
     assert entry is not None
     assert (entry.value, entry.version) == (b"before", 1)
     assert len(others) == 20
+
+
+def test_use_from_another_event_loop_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """An instance opened under one event loop refuses calls from another instead of hanging."""
+    backend = SQLiteBackend(tmp_path / "s.db")
+
+    async def first() -> None:
+        await backend.set("k", b"v")
+
+    async def second() -> None:
+        with pytest.raises(BackendError, match="another event loop"):
+            await backend.get("k")
+        await backend.aclose()
+
+    anyio.run(first)
+    anyio.run(second)
