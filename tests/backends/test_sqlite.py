@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,8 @@ from agenticstate.backends import open_config_backend, register_backend
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.sqlite import SCHEMA_VERSION
 from agenticstate.exceptions import BackendError
+from tests._procs import LineProcess
+from tests.test_cli import cli
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -284,3 +287,29 @@ def test_use_from_another_event_loop_is_an_error_not_a_hang(tmp_path: Path) -> N
 
     anyio.run(first)
     anyio.run(second)
+
+
+def test_cli_watch_on_sqlite_leaves_other_writers_free(tmp_path: Path) -> None:
+    """`agenticstate watch` on an SQLite store streams what other processes write, while they
+    write (a file store's watch would hold its one-owner lock)."""
+    url = f"sqlite://{tmp_path / 'state.db'}"
+    assert cli("--url", url, "set", "agent:0", "0", cwd=tmp_path).returncode == 0
+    watcher = LineProcess(
+        "agenticstate.cli", "--url", url, "--json", "watch", "agent:*", "--count", "2"
+    )
+    try:
+        with watcher.changed:
+            subscribed = watcher.changed.wait_for(
+                lambda: any("watching" in line for line in watcher.errors), 30
+            )
+        assert subscribed, watcher.close()
+        first = cli("--url", url, "set", "agent:1", '{"n": 1}', cwd=tmp_path)
+        assert first.returncode == 0, first.stderr
+        second = cli("--url", url, "delete", "agent:0", cwd=tmp_path)
+        assert second.returncode == 0, second.stderr
+        assert watcher.wait_lines(2, timeout=30), watcher.close()
+        changes = [json.loads(line) for line in watcher.lines[:2]]
+        assert watcher.process.wait(timeout=30) == 0
+    finally:
+        watcher.close()
+    assert [(c["key"], c["op"]) for c in changes] == [("agent:1", "set"), ("agent:0", "delete")]
