@@ -8,12 +8,7 @@ import pytest
 
 import agenticstate
 
-PUBLIC_MODULES = [
-    "agenticstate",
-    "agenticstate.backends",
-    "agenticstate.managers",
-    "agenticstate.transfer",
-]
+PUBLIC_MODULES = ["agenticstate", "agenticstate.backends", "agenticstate.managers"]
 
 # The names the seed page ("State Management") imports from agenticaiframework.state.
 SEED_CORE_NAMES = ["StateManager", "StateConfig", "MemoryBackend"]

@@ -234,3 +234,14 @@ def test_cli_copy_export_import_round_trip(tmp_path: Path) -> None:
     missing = cli("import", str(tmp_path / "nope.jsonl"), second, cwd=tmp_path)
     assert missing.returncode == 2
     assert "cannot read" in missing.stderr
+
+
+def test_transfer_module_exports_a_sorted_all() -> None:
+    """agenticstate.transfer is public: its __all__ is sorted (RUF022's order) and importable."""
+    import agenticstate.transfer as module
+
+    names = list(module.__all__)
+    constants = [name for name in names if name.isupper()]
+    assert names == sorted(constants) + sorted(name for name in names if not name.isupper())
+    for name in names:
+        assert getattr(module, name) is not None
