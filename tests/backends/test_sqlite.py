@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import tempfile
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from agenticstate import (
     ConfigurationError,
@@ -30,8 +34,6 @@ from tests._procs import LineProcess
 from tests.test_cli import cli
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from agenticstate.backends import Backend
 
 
@@ -313,3 +315,64 @@ def test_cli_watch_on_sqlite_leaves_other_writers_free(tmp_path: Path) -> None:
     finally:
         watcher.close()
     assert [(c["key"], c["op"]) for c in changes] == [("agent:1", "set"), ("agent:0", "delete")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    writes=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.booleans()), min_size=70, max_size=160
+    ),
+    away_from=st.integers(0, 100),
+    retention=st.integers(1, 40),
+)
+def test_a_cursor_catches_up_exactly_or_resyncs_the_present_keys(
+    writes: list[tuple[str, bool]], away_from: int, retention: int
+) -> None:
+    """Generated: a subscriber leaves after some changes and comes back with its cursor. If
+    retention kept what it missed, it receives exactly that, in order; if not, a RESYNC of
+    every present key with its current value. Never a gap, never a duplicate. (The writer trims
+    every 64 changes or more, so up to 160 writes with retention 1-40 reach both cases.)"""
+
+    async def main(directory: Path) -> None:
+        backend = SQLiteBackend(directory / "s.db", change_retention=retention)
+        async with backend:
+            made: list[Any] = []
+            cursor = 0
+            async with backend.changes("*") as changes:
+                for n, (key, delete) in enumerate(writes[:away_from]):
+                    write = backend.delete(key) if delete else backend.set(key, b"%d" % n)
+                    made.append(await write)
+                for _ in [c for c in made if c is not None]:
+                    with anyio.fail_after(5):
+                        await changes.__anext__()
+                cursor = changes.cursor
+            missed = []
+            for n, (key, delete) in enumerate(writes[away_from:], away_from):
+                change = await (backend.delete(key) if delete else backend.set(key, b"%d" % n))
+                if change is not None:
+                    missed.append(change)
+            present = {key: await backend.get(key) async for key in backend.scan("*")}
+            oldest = await backend._call(  # what retention kept
+                False, lambda conn: conn.execute("SELECT min(seq) FROM changes").fetchone()[0]
+            )
+            trimmed = bool(missed) and oldest is not None and oldest > cursor + 1
+            async with backend.changes("*", since=cursor) as again:
+                await backend.set("zzz-marker", b"end")  # the first live change after catch-up
+                got = []
+                with anyio.fail_after(5):
+                    async for change in again:
+                        if change.key == "zzz-marker":
+                            break
+                        got.append(change)
+        event("trimmed" if trimmed else "caught up")
+        if trimmed:
+            assert {c.op.value for c in got} <= {"resync"}
+            assert {c.key: (c.new, c.version) for c in got} == {
+                key: (entry.value, entry.version) for key, entry in present.items() if entry
+            }
+            assert len(got) == len(present)
+        else:
+            assert got == missed
+
+    with tempfile.TemporaryDirectory() as directory:
+        anyio.run(main, Path(directory))
