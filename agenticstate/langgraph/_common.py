@@ -78,7 +78,8 @@ def run_sync(
     one it must come from a worker thread of that loop (`anyio.to_thread.run_sync`).
     """
     if portal is not None:
-        return portal.call(fn, *args)
+        called: T = portal.call(fn, *args)
+        return called
     try:
         result: T = anyio.from_thread.run(fn, *args)
     except RuntimeError as exc:
