@@ -1,0 +1,277 @@
+"""`CheckpointSaver` beyond the conformance suite: the head guard under concurrency, awkward
+thread ids, LangGraph's serializer without pickle, the sync API, and a generated comparison with
+LangGraph's own `InMemorySaver`."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+from anyio.from_thread import start_blocking_portal
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("langgraph")
+
+from langgraph.checkpoint.conformance.test_utils import (
+    generate_checkpoint,
+    generate_config,
+    generate_metadata,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.types import Command
+
+from agenticstate import ConfigurationError, FileBackend, StateConfig, StateManager
+from agenticstate.langgraph import HEAD_GUARD_KEY, CheckpointSaver, StaleCheckpointError
+from tests.langgraph._graph_worker import approval_graph
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import CheckpointTuple
+
+
+async def _put(
+    saver: Any, thread: str, parent: RunnableConfig | None = None, **metadata: Any
+) -> RunnableConfig:
+    config = generate_config(thread)
+    if parent is not None:
+        config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+        if HEAD_GUARD_KEY in parent["configurable"]:
+            config["configurable"][HEAD_GUARD_KEY] = parent["configurable"][HEAD_GUARD_KEY]
+    checkpoint = generate_checkpoint(channel_values={"x": 1}, channel_versions={"x": "1"})
+    stored: RunnableConfig = await saver.aput(
+        config, checkpoint, generate_metadata(**metadata), {"x": "1"}
+    )
+    return stored
+
+
+def _guarded(config: RunnableConfig) -> RunnableConfig:
+    return {"configurable": {**config["configurable"], HEAD_GUARD_KEY: True}}
+
+
+async def test_concurrent_guarded_writers_exactly_one_wins(state: StateManager) -> None:
+    """Eight writers continue the same head at once: one wins, seven get StaleCheckpointError,
+    and the head has exactly one child."""
+    saver = CheckpointSaver(state)
+    head = await _put(saver, "t")
+    outcomes: list[object] = []
+
+    async def writer() -> None:
+        try:
+            outcomes.append(await _put(saver, "t", _guarded(head)))
+        except StaleCheckpointError as exc:
+            outcomes.append(exc)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(writer)
+    winners = [o for o in outcomes if isinstance(o, dict)]
+    losers = [o for o in outcomes if isinstance(o, StaleCheckpointError)]
+    assert (len(winners), len(losers)) == (1, 7)
+    assert {loser.expected_head for loser in losers} == {head["configurable"]["checkpoint_id"]}
+    listed = [t async for t in saver.alist(generate_config("t"))]
+    assert [t.config["configurable"]["checkpoint_id"] for t in listed] == [
+        winners[0]["configurable"]["checkpoint_id"],
+        head["configurable"]["checkpoint_id"],
+    ]
+    latest = await saver.aget_tuple(generate_config("t"))
+    assert latest is not None
+    assert (
+        latest.config["configurable"]["checkpoint_id"]
+        == winners[0]["configurable"]["checkpoint_id"]
+    )
+
+
+async def test_stale_write_changes_nothing(state: StateManager) -> None:
+    """A guarded write on a head that moved is refused before anything is stored."""
+    saver = CheckpointSaver(state)
+    first = await _put(saver, "t")
+    second = await _put(saver, "t", first)
+    keys = await state.list_keys("*")
+    with pytest.raises(StaleCheckpointError) as caught:
+        await _put(saver, "t", _guarded(first))
+    assert caught.value.actual_head == second["configurable"]["checkpoint_id"]
+    assert await state.list_keys("*") == keys
+    # Without the guard (an explicit fork), the same write is accepted and becomes the head.
+    fork = await _put(saver, "t", first)
+    latest = await saver.aget_tuple(generate_config("t"))
+    assert latest is not None
+    assert latest.config["configurable"]["checkpoint_id"] == fork["configurable"]["checkpoint_id"]
+    assert latest.config["configurable"][HEAD_GUARD_KEY] is True
+
+
+@pytest.mark.parametrize("thread", ["a:b", "{tag}", "x*", "[ab]?", "back\\slash", "é 漢 %41", "1"])
+async def test_awkward_thread_ids_stay_apart(state: StateManager, thread: str) -> None:
+    """Thread ids with key, glob and hash-tag characters round-trip and never touch others."""
+    saver = CheckpointSaver(state)
+    other = await _put(saver, "x")
+    mine = await _put(saver, thread)
+    got = await saver.aget_tuple(generate_config(thread))
+    assert got is not None
+    assert got.config["configurable"]["thread_id"] == thread
+    assert [
+        t.config["configurable"]["thread_id"] async for t in saver.alist(generate_config(thread))
+    ] == [thread]
+    everything = {t.config["configurable"]["checkpoint_id"] async for t in saver.alist(None)}
+    assert {
+        mine["configurable"]["checkpoint_id"],
+        other["configurable"]["checkpoint_id"],
+    } <= everything
+    await saver.adelete_thread(thread)
+    assert await saver.aget_tuple(generate_config(thread)) is None
+    assert await saver.aget_tuple(generate_config("x")) is not None
+
+
+def test_serializer_never_pickles(tmp_path: Path) -> None:
+    """The default serializer is LangGraph's JsonPlusSerializer with pickle off; one that falls
+    back to pickle is refused."""
+
+    async def main() -> None:
+        async with StateManager() as state:
+            saver = CheckpointSaver(state)
+            assert isinstance(saver.serde, JsonPlusSerializer)
+            assert saver.serde.pickle_fallback is False
+            with pytest.raises(ConfigurationError):
+                CheckpointSaver(state, serde=JsonPlusSerializer(pickle_fallback=True))
+            config = generate_config("t")
+            checkpoint = generate_checkpoint(
+                channel_values={"lock": threading.Lock()}, channel_versions={"lock": "1"}
+            )
+            with pytest.raises(Exception, match=r"(?i)serializ|type"):
+                await saver.aput(config, checkpoint, generate_metadata(), {"lock": "1"})
+            assert await state.list_keys("*") == []  # nothing half-written
+            graph = approval_graph(saver)
+            await graph.ainvoke({"steps": []}, generate_config("g"))
+            stored = await state.get_many(await state.list_keys("langgraph:*:b:*"))
+            kinds = {value[0] for value in stored.values()}
+            assert kinds
+            assert "pickle" not in kinds
+
+    anyio.run(main)
+
+
+def test_sync_graph_through_a_portal(tmp_path: Path) -> None:
+    """A synchronous graph (`invoke`) runs on the saver through a blocking portal."""
+    with start_blocking_portal() as portal:
+        state = StateManager(StateConfig(), backend=FileBackend(base_path=tmp_path / "s"))
+        portal.call(state.open)
+        try:
+            saver = CheckpointSaver(state, portal=portal)
+            graph = approval_graph(saver)
+            config = generate_config("sync")
+            assert graph.invoke({"steps": []}, config)["__interrupt__"]
+            done = graph.invoke(Command(resume="ok"), config)
+            assert done["steps"] == ["plan", "ask", "finish:ok"]
+            assert len(list(saver.list(config, limit=2))) == 2
+            saver.delete_thread("sync")
+            assert saver.get_tuple(config) is None
+        finally:
+            portal.call(state.aclose)
+
+
+def test_sync_without_portal_is_a_clear_error() -> None:
+    """A sync call with no portal and no loop worker thread says what to do."""
+    saver = CheckpointSaver(StateManager())
+    with pytest.raises(ConfigurationError, match="portal"):
+        saver.get_tuple(generate_config("t"))
+
+
+# ---------------------------------------------------------------- generated, against InMemorySaver
+
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "writes"]),
+        st.sampled_from(["t1", "t2"]),
+        st.integers(0, 50),  # which earlier checkpoint of that thread to build on (or none)
+        st.sampled_from(["input", "loop", "update"]),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+def _view(t: CheckpointTuple) -> tuple[Any, ...]:
+    return (
+        t.config["configurable"]["thread_id"],
+        t.checkpoint["id"],
+        t.checkpoint["channel_values"],
+        t.metadata,
+        t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None,
+        t.pending_writes,
+    )
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=steps,
+    limit=st.one_of(st.none(), st.integers(1, 5)),
+    source=st.sampled_from([None, "loop"]),
+)
+def test_matches_langgraph_in_memory_saver(
+    steps: list[tuple[str, str, int, str]], limit: int | None, source: str | None
+) -> None:
+    """Any sequence of puts (chains and forks) and writes lists, filters and pages exactly as on
+    LangGraph's InMemorySaver."""
+
+    async def main() -> None:
+        model = InMemorySaver()
+        async with StateManager() as state:
+            saver = CheckpointSaver(state)
+            made: dict[str, list[RunnableConfig]] = {"t1": [], "t2": []}
+            for n, (op, thread, pick, kind) in enumerate(steps):
+                earlier = made[thread]
+                if op == "writes":
+                    if earlier:
+                        target = earlier[pick % len(earlier)]
+                        writes = [("x", n), ("__error__", f"e{n}")]
+                        await saver.aput_writes(target, writes, f"task{pick % 3}")
+                        await model.aput_writes(target, writes, f"task{pick % 3}")
+                    continue
+                config = generate_config(thread)
+                if earlier and pick % 4:
+                    config["configurable"]["checkpoint_id"] = earlier[pick % len(earlier)][
+                        "configurable"
+                    ]["checkpoint_id"]
+                version = model.get_next_version(None, None)
+                checkpoint = generate_checkpoint(
+                    channel_values={"x": n, "y": [n, kind]},
+                    channel_versions={"x": version, "y": version},
+                )
+                metadata = generate_metadata(source=kind, step=n)
+                stored = await saver.aput(
+                    config, checkpoint, metadata, {"x": version, "y": version}
+                )
+                await model.aput(config, checkpoint, metadata, {"x": version, "y": version})
+                earlier.append(stored)
+            filters = {"source": source} if source else None
+            for config in (generate_config("t1"), generate_config("t2")):
+                got = [_view(t) async for t in saver.alist(config, filter=filters, limit=limit)]
+                want = [_view(t) async for t in model.alist(config, filter=filters, limit=limit)]
+                assert got == want
+            # Across threads the order is not specified: compare everything as sets.
+            got = [_view(t) async for t in saver.alist(None, filter=filters)]
+            want = [_view(t) async for t in model.alist(None, filter=filters)]
+            assert sorted(got, key=repr) == sorted(want, key=repr)
+            for thread, configs in made.items():
+                if configs:
+                    before = configs[len(configs) // 2]
+                    got = [
+                        _view(t) async for t in saver.alist(generate_config(thread), before=before)
+                    ]
+                    want = [
+                        _view(t) async for t in model.alist(generate_config(thread), before=before)
+                    ]
+                    assert got == want
+                    got_latest = await saver.aget_tuple(generate_config(thread))
+                    want_latest = await model.aget_tuple(generate_config(thread))
+                    assert got_latest is not None
+                    assert want_latest is not None
+                    assert _view(got_latest) == _view(want_latest)
+
+    anyio.run(main)
