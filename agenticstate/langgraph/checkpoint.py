@@ -322,9 +322,23 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             "versions": {ch: str(v) for ch, v in checkpoint["channel_versions"].items()},
         }
         await self.state.save_many(blobs, ttl=None)
-        await self._move_head(
-            head_key, checkpoint_id, head.version if head else 0, guarded, thread_id, ns, parent
-        )
+        version = head.version if head else 0
+        while True:
+            try:
+                await self.state.save(
+                    head_key, {"id": checkpoint_id}, ttl=None, expected_version=version
+                )
+                break
+            except ConflictError:
+                head = await self.state.get_entry(head_key)
+                version = head.version if head else 0
+                actual = head.value["id"] if head else None
+                if guarded and actual != parent:
+                    # Another writer moved the head between our check and our write: withdraw
+                    # the checkpoint. Its channel values stay until the next prune or delete
+                    # (a caller may reuse version numbers, so another checkpoint may share them).
+                    await self.state.delete(cp_key)
+                    self._check_head(thread_id, ns, parent, actual)
         return self._config(thread_id, ns, checkpoint_id)
 
     @staticmethod
@@ -338,31 +352,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 expected_head=parent,
                 actual_head=actual,
             )
-
-    async def _move_head(
-        self,
-        head_key: str,
-        checkpoint_id: str,
-        version: int,
-        guarded: bool,
-        thread_id: str,
-        ns: str,
-        parent: str | None,
-    ) -> None:
-        while True:
-            try:
-                await self.state.save(
-                    head_key, {"id": checkpoint_id}, ttl=None, expected_version=version
-                )
-            except ConflictError:
-                head = await self.state.get_entry(head_key)
-                if guarded:
-                    # Another writer won the race between our check and our write.
-                    await self.state.delete(self._cp_key(thread_id, ns, checkpoint_id))
-                    self._check_head(thread_id, ns, parent, head.value["id"] if head else None)
-                version = head.version if head else 0
-                continue
-            return
 
     async def aput_writes(
         self,
