@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_PLAIN = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(safe="") leaves as it is
 
 
 class StaleCheckpointError(ConflictError):
@@ -50,8 +52,13 @@ class StaleCheckpointError(ConflictError):
         self.actual_head = actual_head
 
 
+@functools.lru_cache(maxsize=8192)
 def encode(text: str) -> str:
     """Percent-encode a user string into one key segment (no `:`, `{}`, glob or control chars)."""
+    # Thread ids, channel names and versions repeat on every put: the cache keeps quote() off
+    # the hot path, and most of them need no escaping at all.
+    if _PLAIN.fullmatch(text):
+        return text
     return quote(text, safe="")
 
 
