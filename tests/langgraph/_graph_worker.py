@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict, cast
 
 import anyio
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
 from agenticstate import StateConfig, StateManager
 from agenticstate.backends import open_backend
@@ -125,3 +125,40 @@ async def _main(spec: dict[str, Any], command: str, thread: str, arg: str) -> No
 
 if __name__ == "__main__":
     anyio.run(_main, json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+
+
+class Fan(TypedDict, total=False):
+    """The fan-out graph's state."""
+
+    log: Annotated[list[str], operator.add]
+    items: list[str]
+
+
+def fan_graph(saver: Any) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """Two parallel branches -> a subgraph that interrupts -> three `Send` workers."""
+
+    def sub_ask(state: Fan) -> Fan:
+        return {"log": [f"sub_ask:{interrupt('sub?')}"]}
+
+    sub = StateGraph(Fan)
+    sub.add_node("a", lambda state: {"log": ["sub_a"]})
+    sub.add_node("ask", sub_ask)
+    sub.add_edge(START, "a")
+    sub.add_edge("a", "ask")
+    sub.add_edge("ask", END)
+
+    def fan(state: Fan) -> list[Send]:
+        return [Send("work", {"items": [x]}) for x in ("x", "y", "z")]
+
+    builder = StateGraph(Fan)
+    builder.add_node("p1", lambda state: {"log": ["p1"]})
+    builder.add_node("p2", lambda state: {"log": ["p2"]})
+    builder.add_node("sub", sub.compile())
+    builder.add_node("work", lambda state: {"log": ["w:" + state["items"][0]]})
+    builder.add_edge(START, "p1")
+    builder.add_edge(START, "p2")
+    builder.add_edge("p1", "sub")
+    builder.add_edge("p2", "sub")
+    builder.add_conditional_edges("sub", fan, ["work"])
+    builder.add_edge("work", END)
+    return builder.compile(checkpointer=saver)
