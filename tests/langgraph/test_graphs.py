@@ -269,3 +269,21 @@ async def test_subgraphs_branches_and_sends_match_in_memory_saver(
     theirs = await _drive(fan_graph(InMemorySaver()), durability)
     assert ours == theirs
     assert ours[1]["log"][-3:] == ["w:x", "w:y", "w:z"]
+
+
+async def test_update_state_on_a_stale_snapshot_is_refused(state: StateManager) -> None:
+    """update_state on the latest snapshot is refused once another writer has moved the head;
+    on a snapshot from the history (a deliberate fork) it is accepted."""
+    graph = approval_graph(CheckpointSaver(state))
+    config = _config("stale-update")
+    await graph.ainvoke({"steps": []}, config)
+    snapshot = await graph.aget_state(config)
+    await graph.aupdate_state(config, {"steps": ["other writer"]})
+    with pytest.raises(StaleCheckpointError):
+        await graph.aupdate_state(snapshot.config, {"steps": ["late writer"]})
+    assert (await graph.aget_state(config)).values["steps"] == ["plan", "other writer"]
+    history = [s async for s in graph.aget_state_history(config)]
+    fork = await graph.aupdate_state(history[-1].config, {"steps": ["fork"]})
+    assert (await graph.aget_state(config)).config["configurable"]["checkpoint_id"] == (
+        fork["configurable"]["checkpoint_id"]
+    )
