@@ -32,7 +32,7 @@ from bench._util import publish, redis_server, table
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-ROUNDS = 3
+ROUNDS = 5
 WARMUP_ROUNDS = 1
 CHECKPOINTS = 200  # per round and saver: puts, then as many get_tuple, then one full list
 

@@ -159,24 +159,34 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             }
         }
 
-    async def _tuple(
+    def _needed(
+        self, thread_id: str, ns: str, checkpoint_id: str, record: dict[str, Any]
+    ) -> list[str]:
+        """The keys a checkpoint's tuple is built from: its channel values, then its writes."""
+        versions: dict[str, str] = record["versions"]
+        return [
+            *(self._blob_key(thread_id, ns, ch, v) for ch, v in versions.items()),
+            self._writes_key(thread_id, ns, checkpoint_id),
+        ]
+
+    def _build(
         self,
         thread_id: str,
         ns: str,
         checkpoint_id: str,
         record: dict[str, Any],
         config: RunnableConfig,
+        found: dict[str, Any],
     ) -> CheckpointTuple:
-        versions: dict[str, str] = record["versions"]
-        blob_keys = {ch: self._blob_key(thread_id, ns, ch, v) for ch, v in versions.items()}
-        keys = [*blob_keys.values(), self._writes_key(thread_id, ns, checkpoint_id)]
-        found = await self.state.get_many(keys)
         values: dict[str, Any] = {}
-        for channel, key in blob_keys.items():
-            blob = found.get(key)
+        for channel, version in record["versions"].items():
+            blob = found.get(self._blob_key(thread_id, ns, channel, version))
             if blob is not None and blob[0] != "empty":
                 values[channel] = self.serde.loads_typed((blob[0], blob[1]))
-        writes = sorted(found.get(keys[-1], []), key=lambda w: writes_sort_key(w[5], w[0], w[1]))
+        writes = sorted(
+            found.get(self._writes_key(thread_id, ns, checkpoint_id), []),
+            key=lambda w: writes_sort_key(w[5], w[0], w[1]),
+        )
         checkpoint = cast(
             "Checkpoint", self.serde.loads_typed((record["type"], record["checkpoint"]))
         )
@@ -191,6 +201,17 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             parent_config=self._config(thread_id, ns, parent) if parent else None,
             pending_writes=[(w[0], w[2], self.serde.loads_typed((w[3], w[4]))) for w in writes],
         )
+
+    async def _tuple(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        record: dict[str, Any],
+        config: RunnableConfig,
+    ) -> CheckpointTuple:
+        found = await self.state.get_many(self._needed(thread_id, ns, checkpoint_id, record))
+        return self._build(thread_id, ns, checkpoint_id, record, config, found)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Return the checkpoint `config` names, or the thread's latest one, or `None`.
@@ -255,6 +276,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for start in range(0, len(keys), _PAGE):
             page = keys[start : start + _PAGE]
             records = await self.state.get_many([item[3] for item in page])
+            chosen = []
             for checkpoint_id, thread, namespace, key in page:
                 record = records.get(key)
                 if record is None:
@@ -263,12 +285,21 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     metadata = self.serde.loads_typed((record["metadata_type"], record["metadata"]))
                     if any(metadata.get(k) != v for k, v in filter.items()):
                         continue
-                yield await self._tuple(
+                chosen.append((checkpoint_id, thread, namespace, record))
+                if left is not None and len(chosen) == left:
+                    break
+            # One read for the whole page's channel values and writes.
+            found = await self.state.get_many(
+                [key for c, t, n, r in chosen for key in self._needed(t, n, c, r)]
+            )
+            for checkpoint_id, thread, namespace, record in chosen:
+                yield self._build(
                     thread,
                     namespace,
                     checkpoint_id,
                     record,
                     self._config(thread, namespace, checkpoint_id),
+                    found,
                 )
                 if left is not None:
                     left -= 1
