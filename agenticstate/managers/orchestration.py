@@ -634,6 +634,9 @@ class OrchestrationStateManager(StateManagerBase):
     async def assign_task(self, team_id: str, task_id: str, agent_id: str) -> TaskItem:
         """Assign a pending task to an agent, atomically across processes (no lease).
 
+        This is a coordinator's decision: unlike `claim_task`, it does not check the task's
+        `capability` against the agent's.
+
         Raises:
             ConflictError: The task is not pending (another agent has it, or it is done).
             NotFoundError: No such task.
@@ -666,23 +669,22 @@ class OrchestrationStateManager(StateManagerBase):
     ) -> TaskClaim | None:
         """Take the next pending task for `agent_id`, under a lease.
 
-        The next task is the highest-priority, oldest pending one the agent may take: tasks that
-        need a capability go only to agents that have it (`capability=`, else the agent's
-        capabilities in the team). The lease lasts `lease` (default `default_lease`);
-        `heartbeat` extends it, and once it expires `reap_expired` puts the task back.
+        The next task is the highest-priority, oldest pending one the agent may take. A task
+        that needs a capability goes only to an agent of the team that has it (its
+        `capabilities` in the team's record); an agent that is not in the team has no
+        capabilities, so it may take only tasks that need none. `capability=` narrows the claim
+        further: tasks that need another capability are passed over (tasks that need none
+        still come). The lease lasts `lease` (default `default_lease`); `heartbeat` extends it,
+        and once it expires `reap_expired` puts the task back.
+
+        The agent's record is read only when a candidate task needs a capability.
 
         Returns:
             The claim, or None when no task is available.
         """
         key_part(agent_id, "agent_id")
         lease = lease or self.default_lease
-        capabilities: set[str] | None = None
-        if capability is not None:
-            capabilities = {capability}
-        else:
-            agent = await self._load(self._agent_key(team_id, agent_id), AgentCoordinationState)
-            if agent is not None:
-                capabilities = set(agent.capabilities)
+        capabilities: set[str] | None = None  # the agent's, read at the first task needing one
         pending = self._pending(team_id)
         in_progress = self._in_progress(team_id)
         skipped: set[str] = set()
@@ -713,13 +715,15 @@ class OrchestrationStateManager(StateManagerBase):
                     # A stale entry (the task was taken or finished): tidy it away.
                     await self.state.index_remove(pending, [task_id])
                     continue
-                if (
-                    task.capability is not None
-                    and capabilities is not None
-                    and task.capability not in capabilities
-                ):
-                    skipped.add(task_id)
-                    continue
+                if task.capability is not None:
+                    if capability is not None and task.capability != capability:
+                        skipped.add(task_id)  # narrowed away: no need to read the agent
+                        continue
+                    if capabilities is None:
+                        capabilities = await self._capabilities(team_id, agent_id)
+                    if task.capability not in capabilities:
+                        skipped.add(task_id)
+                        continue
                 now = utcnow()
                 taken = self._take(task, agent_id, uuid4().hex, now + lease).model_copy(
                     update={"updated_at": now}
@@ -747,6 +751,11 @@ class OrchestrationStateManager(StateManagerBase):
                     lease_expires_at=taken.lease_expires_at,
                 )
             page *= 2  # every candidate on this page was skipped or lost: look further
+
+    async def _capabilities(self, team_id: str, agent_id: str) -> set[str]:
+        """The agent's capabilities in the team; none for an agent that is not in it."""
+        agent = await self._load(self._agent_key(team_id, agent_id), AgentCoordinationState)
+        return set(agent.capabilities) if agent is not None else set()
 
     @staticmethod
     def _check_holder(task: TaskItem, lease_token: str | None, agent_id: str | None) -> None:

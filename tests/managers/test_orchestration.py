@@ -155,6 +155,34 @@ async def test_capability_filter(orch: OrchestrationStateManager) -> None:
     assert claim.task_id == "write"
 
 
+async def test_agent_outside_the_team_has_no_capabilities(
+    orch: OrchestrationStateManager,
+) -> None:
+    """A stranger never claims a task that needs a capability, with or without capability=."""
+    await orch.enqueue_task("research_team", {"id": "write", "capability": "writing"})
+    assert await orch.claim_task("research_team", "stranger") is None
+    assert await orch.claim_task("research_team", "stranger", capability="writing") is None
+    await orch.enqueue_task("research_team", {"id": "open"})
+    claim = await orch.claim_task("research_team", "stranger")
+    assert claim is not None
+    assert claim.task_id == "open"
+    assert (await orch.get_task("research_team", "write")).status is TaskStatus.PENDING
+
+
+async def test_capability_argument_narrows_never_grants(orch: OrchestrationStateManager) -> None:
+    """capability= passes over other capabilities' tasks and gives none the agent lacks."""
+    await orch.enqueue_task("research_team", {"id": "analyse", "capability": "analysis"})
+    await orch.enqueue_task("research_team", {"id": "edit", "capability": "editing"})
+    await orch.enqueue_task("research_team", {"id": "research", "capability": "research"})
+    assert await orch.claim_task("research_team", "researcher", capability="editing") is None
+    claim = await orch.claim_task("research_team", "researcher", capability="research")
+    assert claim is not None
+    assert claim.task_id == "research"
+    claim = await orch.claim_task("research_team", "writer")
+    assert claim is not None
+    assert claim.task_id == "edit"
+
+
 async def test_failures_retry_then_dead_letter(orch: OrchestrationStateManager) -> None:
     """A failing task is retried max_retries times, then moves to the dead-letter list."""
     await orch.enqueue_task("research_team", {"id": "flaky", "max_retries": 2})
