@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
 
@@ -12,9 +13,9 @@ import anyio.from_thread
 from agenticstate.exceptions import ConfigurationError, ConflictError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
-
     from anyio.from_thread import BlockingPortal
+
+    from agenticstate.manager import StateManager
 
 T = TypeVar("T")
 
@@ -76,14 +77,43 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+Runner = Callable[[Callable[[Any], Coroutine[Any, Any, Any]]], Any]
+
+
+def unwrap_state(state: object) -> tuple[StateManager, Runner | None]:
+    """Return the async `StateManager` behind `state`, and the sync API's runner if it has one.
+
+    `state` is a `StateManager`, or an `agenticstate.sync.StateManager` (whose loop runs in a
+    thread of its own: the sync methods then run there).
+    """
+    from agenticstate.manager import StateManager
+
+    if isinstance(state, StateManager):
+        return state, None
+    inner = getattr(state, "async_object", None)
+    if isinstance(inner, StateManager):
+        return inner, state.run  # type: ignore[attr-defined]
+    raise ConfigurationError(
+        "state must be an agenticstate.StateManager or an agenticstate.sync.StateManager, "
+        f"not {type(state).__name__}"
+    )
+
+
 def run_sync(
-    portal: BlockingPortal | None, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any
+    portal: BlockingPortal | None,
+    fn: Callable[..., Coroutine[Any, Any, T]],
+    *args: Any,
+    runner: Runner | None = None,
 ) -> T:
     """Run the async `fn(*args)` from synchronous code on the loop that owns the state manager.
 
-    With a `portal` (`anyio.from_thread.start_blocking_portal()`), the call runs there; without
-    one it must come from a worker thread of that loop (`anyio.to_thread.run_sync`).
+    Through the sync API's loop (`runner`, for an `agenticstate.sync.StateManager`), or a
+    `portal` (`anyio.from_thread.start_blocking_portal()`); without either the call must come
+    from a worker thread of that loop (`anyio.to_thread.run_sync`).
     """
+    if runner is not None:
+        ran: T = runner(lambda _state: fn(*args))
+        return ran
     if portal is not None:
         called: T = portal.call(fn, *args)
         return called

@@ -14,7 +14,7 @@ hash tag, so a thread's keys share one slot; `ns`, `id`, `ch` and `v` are percen
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -36,16 +36,20 @@ from agenticstate.langgraph._common import (
     decode,
     encode,
     run_sync,
+    unwrap_state,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 
     from anyio.from_thread import BlockingPortal
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.serde.base import SerializerProtocol
 
+    from agenticstate import sync
     from agenticstate.manager import StateManager
+
+T = TypeVar("T")
 
 __all__ = ["HEAD_GUARD_KEY", "CheckpointSaver"]
 
@@ -75,7 +79,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     refused; its checkpoints become the new head.
 
     Args:
-        state: The state manager to keep checkpoints in. The caller opens and closes it.
+        state: The state manager to keep checkpoints in (the caller opens and closes it), or
+            an `agenticstate.sync.StateManager`, whose loop then runs the synchronous methods.
         prefix: The first segment of every key (letters, digits, `_`, `.`, `-`).
         serde: LangGraph serializer; defaults to `JsonPlusSerializer(pickle_fallback=False)`.
         portal: Where the synchronous methods (`put`, `get_tuple`, `list`, ...) run the async
@@ -88,7 +93,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     def __init__(
         self,
-        state: StateManager,
+        state: StateManager | sync.StateManager,
         *,
         prefix: str = "langgraph",
         serde: SerializerProtocol | None = None,
@@ -101,9 +106,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 "the serializer falls back to pickle; agenticstate never unpickles stored bytes"
             )
         super().__init__(serde=serde)
-        self.state = state
+        self.state, self._runner = unwrap_state(state)
         self.prefix = check_prefix(prefix)
         self.portal = portal
+
+    def _sync(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        return run_sync(self.portal, fn, *args, runner=self._runner)
 
     def __repr__(self) -> str:
         return f"CheckpointSaver(state={self.state!r}, prefix={self.prefix!r})"
@@ -527,7 +535,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Blocking `aget_tuple` (through `portal`)."""
-        return run_sync(self.portal, self.aget_tuple, config)
+        return self._sync(self.aget_tuple, config)
 
     def list(
         self,
@@ -544,7 +552,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 item async for item in self.alist(config, filter=filter, before=before, limit=limit)
             ]
 
-        return iter(run_sync(self.portal, collect))
+        return iter(self._sync(collect))
 
     def put(
         self,
@@ -554,7 +562,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Blocking `aput` (through `portal`)."""
-        return run_sync(self.portal, self.aput, config, checkpoint, metadata, new_versions)
+        return self._sync(self.aput, config, checkpoint, metadata, new_versions)
 
     def put_writes(
         self,
@@ -564,19 +572,19 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """Blocking `aput_writes` (through `portal`)."""
-        run_sync(self.portal, self.aput_writes, config, writes, task_id, task_path)
+        self._sync(self.aput_writes, config, writes, task_id, task_path)
 
     def delete_thread(self, thread_id: str) -> None:
         """Blocking `adelete_thread` (through `portal`)."""
-        run_sync(self.portal, self.adelete_thread, thread_id)
+        self._sync(self.adelete_thread, thread_id)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Blocking `adelete_for_runs` (through `portal`)."""
-        run_sync(self.portal, self.adelete_for_runs, run_ids)
+        self._sync(self.adelete_for_runs, run_ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Blocking `acopy_thread` (through `portal`)."""
-        run_sync(self.portal, self.acopy_thread, source_thread_id, target_thread_id)
+        self._sync(self.acopy_thread, source_thread_id, target_thread_id)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Blocking `aprune` (through `portal`)."""
@@ -584,4 +592,4 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         async def call() -> None:
             await self.aprune(thread_ids, strategy=strategy)
 
-        run_sync(self.portal, call)
+        self._sync(call)

@@ -14,7 +14,7 @@ expire on every backend. Vector (semantic) search is not supported: `search(quer
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langgraph.store.base import (
     BaseStore,
@@ -29,15 +29,18 @@ from langgraph.store.base import (
 )
 
 from agenticstate.exceptions import ConflictError, InvalidArgumentError
-from agenticstate.langgraph._common import check_prefix, decode, encode, run_sync
+from agenticstate.langgraph._common import check_prefix, decode, encode, run_sync, unwrap_state
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Coroutine, Iterable
 
     from anyio.from_thread import BlockingPortal
     from langgraph.store.base import Op, Result
 
+    from agenticstate import sync
     from agenticstate.manager import StateManager
+
+T = TypeVar("T")
 
 __all__ = ["Store"]
 
@@ -52,7 +55,8 @@ class Store(BaseStore):
     prefix / suffix / depth, and per-item TTL (refreshed on read unless told otherwise).
 
     Args:
-        state: The state manager to keep items in. The caller opens and closes it.
+        state: The state manager to keep items in (the caller opens and closes it), or an
+            `agenticstate.sync.StateManager`, whose loop then runs `batch`.
         prefix: The first segment of every key.
         ttl: LangGraph's `TTLConfig` (`default_ttl` in minutes, `refresh_on_read`).
         portal: Where the synchronous `batch` runs `abatch` (see `CheckpointSaver`).
@@ -62,16 +66,19 @@ class Store(BaseStore):
 
     def __init__(
         self,
-        state: StateManager,
+        state: StateManager | sync.StateManager,
         *,
         prefix: str = "langgraph-store",
         ttl: TTLConfig | None = None,
         portal: BlockingPortal | None = None,
     ) -> None:
-        self.state = state
+        self.state, self._runner = unwrap_state(state)
         self.prefix = check_prefix(prefix)
         self.ttl_config = ttl
         self.portal = portal
+
+    def _sync(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        return run_sync(self.portal, fn, *args, runner=self._runner)
 
     def __repr__(self) -> str:
         return f"Store(state={self.state!r}, prefix={self.prefix!r})"
@@ -89,7 +96,7 @@ class Store(BaseStore):
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Blocking `abatch` (through `portal`)."""
-        return run_sync(self.portal, self.abatch, list(ops))
+        return self._sync(self.abatch, list(ops))
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Run the operations in order and return one result each."""

@@ -5,7 +5,7 @@ LangGraph's own `InMemorySaver`."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 import pytest
@@ -275,3 +275,39 @@ def test_matches_langgraph_in_memory_saver(
                     assert _view(got_latest) == _view(want_latest)
 
     anyio.run(main)
+
+
+def test_sync_graph_on_the_sync_api(tmp_path: Path) -> None:
+    """With an `agenticstate.sync.StateManager`, a synchronous graph and the store's sync
+    methods run on the sync API's own loop, with no portal to manage."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.store.base import BaseStore  # noqa: TC002 (LangGraph injects by annotation)
+
+    from agenticstate import sync
+    from agenticstate.langgraph import Store
+
+    class Note(TypedDict):
+        text: str
+
+    def remember(state: Note, *, store: BaseStore) -> Note:
+        store.put(("notes",), "last", {"text": state["text"]})
+        item = store.get(("notes",), "last")
+        assert item is not None
+        return {"text": item.value["text"] + "!"}
+
+    with sync.StateManager(
+        StateConfig(backend="file", file_path=str(tmp_path / "s.json"))
+    ) as state:
+        saver = CheckpointSaver(state)
+        store = Store(state)
+        builder = StateGraph(Note)
+        builder.add_node("remember", remember)
+        builder.add_edge(START, "remember")
+        builder.add_edge("remember", END)
+        graph = builder.compile(checkpointer=saver, store=store)
+        thread = generate_config("sync-api")
+        assert graph.invoke({"text": "hi"}, thread) == {"text": "hi!"}
+        assert graph.get_state(thread).values == {"text": "hi!"}
+        assert len(list(saver.list(thread))) == 3
+        assert [i.key for i in store.search(("notes",))] == ["last"]
+        assert approval_graph(saver).invoke({"steps": []}, generate_config("a"))["__interrupt__"]
