@@ -168,8 +168,9 @@ async def run(redis_url: str) -> str:
         "stores each changed channel as a versioned key (isolated copies, change events) and "
         "moves the thread head by compare-and-set (puts after the first carry the head guard, "
         "as in a graph run; LangGraph's savers ignore the extra config key).",
-        "The file backend fsyncs every write before returning (durable); AsyncSqliteSaver "
-        "commits in WAL mode with SQLite's default synchronous setting.",
+        "Both file savers are durable per put: the file backend fsyncs every write before "
+        "returning (a put is two: the checkpoint with its values, then the head); "
+        "AsyncSqliteSaver commits one transaction in WAL mode with synchronous=FULL.",
     ]
     return table(
         "LangGraph checkpointer: operations per second",
