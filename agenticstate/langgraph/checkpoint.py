@@ -29,7 +29,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from agenticstate.exceptions import ConfigurationError, ConflictError, InvalidArgumentError
+from agenticstate.exceptions import ConfigurationError, InvalidArgumentError
 from agenticstate.langgraph._common import (
     StaleCheckpointError,
     check_prefix,
@@ -335,9 +335,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         parent = configurable.get("checkpoint_id")
         guarded = bool(configurable.get(HEAD_GUARD_KEY))
         head_key = self._head_key(thread_id, ns)
-        head = await self.state.get_entry(head_key)
         if guarded:
-            self._check_head(thread_id, ns, parent, head.value["id"] if head else None)
+            # Refuse a stale write before writing anything (the common case of a lost race);
+            # the compare-and-set below closes the window between this read and the write.
+            head = await self.state.get(head_key)
+            self._check_head(thread_id, ns, parent, head["id"] if head else None)
         body: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = body.pop("channel_values", {})
         blobs: dict[str, object] = {}
@@ -361,23 +363,23 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             "versions": {ch: str(v) for ch, v in checkpoint["channel_versions"].items()},
         }
         await self.state.save_many(blobs, ttl=None)
-        version = head.version if head else 0
-        while True:
-            try:
-                await self.state.save(
-                    head_key, {"id": checkpoint_id}, ttl=None, expected_version=version
-                )
-                break
-            except ConflictError:
-                head = await self.state.get_entry(head_key)
-                version = head.version if head else 0
-                actual = head.value["id"] if head else None
-                if guarded and actual != parent:
-                    # Another writer moved the head between our check and our write: withdraw
-                    # the checkpoint. Its channel values stay until the next prune or delete
-                    # (a caller may reuse version numbers, so another checkpoint may share them).
-                    await self.state.delete(cp_key)
-                    self._check_head(thread_id, ns, parent, actual)
+        if not guarded:
+            await self.state.save(head_key, {"id": checkpoint_id}, ttl=None)
+            return self._config(thread_id, ns, checkpoint_id)
+
+        def move(current: dict[str, str] | None) -> dict[str, str]:
+            # Runs atomically with the head's write (and again if it loses a race).
+            self._check_head(thread_id, ns, parent, current["id"] if current else None)
+            return {"id": checkpoint_id}
+
+        try:
+            await self.state.update(head_key, move, default=None, ttl=None)
+        except StaleCheckpointError:
+            # Another writer moved the head between our check and our write: withdraw the
+            # checkpoint. Its channel values stay until the next prune or delete (a caller may
+            # reuse version numbers, so another checkpoint may share them).
+            await self.state.delete(cp_key)
+            raise
         return self._config(thread_id, ns, checkpoint_id)
 
     @staticmethod
