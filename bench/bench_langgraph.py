@@ -166,7 +166,7 @@ async def run(redis_url: str) -> str:
         "agenticstate SQLite at least 1x AsyncSqliteSaver (when the SQLite backend is present).",
         "agenticstate does more per put than InMemorySaver: it serializes the checkpoint record, "
         "stores each changed channel as a versioned key (isolated copies, change events) and "
-        "moves the thread head by compare-and-set (puts after the first carry the head guard, "
+        "moves the thread head atomically (puts after the first carry the head guard, "
         "as in a graph run; LangGraph's savers ignore the extra config key).",
         "Both file savers are durable per put: the file backend fsyncs every write before "
         "returning (a put is two: the checkpoint with its values, then the head); "
