@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
+import anyio.lowlevel
 import pytest
 from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, given, settings
@@ -311,3 +312,43 @@ def test_sync_graph_on_the_sync_api(tmp_path: Path) -> None:
         assert len(list(saver.list(thread))) == 3
         assert [i.key for i in store.search(("notes",))] == ["last"]
         assert approval_graph(saver).invoke({"steps": []}, generate_config("a"))["__interrupt__"]
+
+
+async def test_racing_workers_build_one_linear_history(state: StateManager) -> None:
+    """Four workers each add ten checkpoints to one thread, reloading the head whenever they are
+    refused: the history is one chain (no checkpoint has two children), holding every success."""
+    saver = CheckpointSaver(state)
+    await _put(saver, "chain")
+    written: list[str] = []
+    refusals = 0
+
+    async def worker() -> None:
+        nonlocal refusals
+        done = 0
+        while done < 10:
+            head = await saver.aget_tuple(generate_config("chain"))
+            assert head is not None
+            await anyio.lowlevel.checkpoint()  # let the other workers interleave here
+            try:
+                stored = await _put(saver, "chain", head.config)
+            except StaleCheckpointError:
+                refusals += 1
+                continue
+            written.append(stored["configurable"]["checkpoint_id"])
+            done += 1
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(worker)
+    history = [t async for t in saver.alist(generate_config("chain"))]
+    assert len(history) == 1 + 40
+    parents = [
+        t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None
+        for t in history[:-1]
+    ]
+    assert len(set(parents)) == len(parents)  # no fork anywhere
+    ids = [t.checkpoint["id"] for t in history]
+    assert parents == ids[1:]  # each checkpoint's parent is the one just before it
+    assert set(written) == set(ids[:-1])
+    assert refusals > 0  # the workers really did race
