@@ -5,7 +5,7 @@ hash tag, so a thread's keys share one slot; `ns`, `id`, `ch` and `v` are percen
 
 | key                       | value                                                          |
 |---------------------------|----------------------------------------------------------------|
-| `p:{t}:head:ns`           | `{"id": latest checkpoint id}`: the thread head, compare-and-set |
+| `p:{t}:head:ns`           | `{"id": latest checkpoint id}`: the thread head, moved atomically |
 | `p:{t}:cp:ns:id`          | the checkpoint without its channel values, its metadata, parent |
 | `p:{t}:b:ns:ch:v`         | one channel value at one version (LangGraph's serializer)      |
 | `p:{t}:w:ns:id`           | the pending writes recorded against checkpoint `id`            |
@@ -65,7 +65,7 @@ _PAGE = 64
 
 
 class CheckpointSaver(BaseCheckpointSaver[str]):
-    """A LangGraph checkpointer over a `StateManager` (memory, file, SQLite, Redis, Redis Cluster).
+    """A LangGraph checkpointer over a `StateManager`, on any backend (memory, file, Redis, ...).
 
     Channel values go through LangGraph's serializer protocol (`JsonPlusSerializer` with its
     pickle fallback off, by default); the bytes it returns are stored as they are.
@@ -101,10 +101,13 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         if serde is None:
             serde = JsonPlusSerializer(pickle_fallback=False)
-        elif getattr(serde, "pickle_fallback", False):
-            raise ConfigurationError(
-                "the serializer falls back to pickle; agenticstate never unpickles stored bytes"
-            )
+        inner: object = serde
+        while inner is not None:  # a wrapper (EncryptedSerializer) keeps its own in `.serde`
+            if getattr(inner, "pickle_fallback", False):
+                raise ConfigurationError(
+                    "the serializer falls back to pickle; agenticstate never unpickles stored bytes"
+                )
+            inner = getattr(inner, "serde", None)
         super().__init__(serde=serde)
         self.state, self._runner = unwrap_state(state)
         self.prefix = check_prefix(prefix)

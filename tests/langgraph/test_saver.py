@@ -4,6 +4,7 @@ LangGraph's own `InMemorySaver`."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -11,6 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 from anyio.from_thread import start_blocking_portal
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +24,7 @@ from langgraph.checkpoint.conformance.test_utils import (
     generate_metadata,
 )
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Command
 
@@ -129,6 +132,37 @@ async def test_awkward_thread_ids_stay_apart(state: StateManager, thread: str) -
     assert await saver.aget_tuple(generate_config("x")) is not None
 
 
+class _AesGcm:
+    """LangGraph's CipherProtocol over `cryptography`'s AES-GCM."""
+
+    def __init__(self) -> None:
+        self.aead = AESGCM(AESGCM.generate_key(bit_length=128))
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        nonce = os.urandom(12)
+        return "aesgcm", nonce + self.aead.encrypt(nonce, plaintext, None)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "aesgcm"
+        return self.aead.decrypt(ciphertext[:12], ciphertext[12:], None)
+
+
+async def test_encrypted_serializer_round_trips(state: StateManager) -> None:
+    """LangGraph's EncryptedSerializer works as the saver's serde: values are stored encrypted
+    and read back whole."""
+    saver = CheckpointSaver(state, serde=EncryptedSerializer(_AesGcm()))
+    graph = approval_graph(saver)
+    config = generate_config("secret")
+    await graph.ainvoke({"steps": []}, config)
+    done = await graph.ainvoke(Command(resume="classified"), config)
+    assert done["steps"] == ["plan", "ask", "finish:classified"]
+    stored = await state.get_many(await state.list_keys("langgraph:*:b:*"))
+    blobs = {key: blob for key, blob in stored.items() if blob[0] != "empty"}
+    assert blobs
+    assert all(kind.endswith("+aesgcm") for kind, _ in blobs.values()), blobs
+    assert not any(b"classified" in data for _, data in blobs.values())
+
+
 def test_serializer_never_pickles(tmp_path: Path) -> None:
     """The default serializer is LangGraph's JsonPlusSerializer with pickle off; one that falls
     back to pickle is refused."""
@@ -140,6 +174,9 @@ def test_serializer_never_pickles(tmp_path: Path) -> None:
             assert saver.serde.pickle_fallback is False
             with pytest.raises(ConfigurationError):
                 CheckpointSaver(state, serde=JsonPlusSerializer(pickle_fallback=True))
+            wrapped = EncryptedSerializer(_AesGcm(), JsonPlusSerializer(pickle_fallback=True))
+            with pytest.raises(ConfigurationError):
+                CheckpointSaver(state, serde=wrapped)
             config = generate_config("t")
             checkpoint = generate_checkpoint(
                 channel_values={"lock": threading.Lock()}, channel_versions={"lock": "1"}
