@@ -389,3 +389,30 @@ async def test_racing_workers_build_one_linear_history(state: StateManager) -> N
     assert parents == ids[1:]  # each checkpoint's parent is the one just before it
     assert set(written) == set(ids[:-1])
     assert refusals > 0  # the workers really did race
+
+
+@pytest.mark.parametrize("prefix", ["", "a:b", "x*", "{t}", "é", "a" * 65])
+def test_bad_arguments_are_refused(prefix: str) -> None:
+    """A prefix that could collide with key syntax, or a state that is not a StateManager, is a
+    ConfigurationError at construction."""
+    from agenticstate.langgraph import Store
+
+    with pytest.raises(ConfigurationError):
+        CheckpointSaver(StateManager(), prefix=prefix)
+    with pytest.raises(ConfigurationError):
+        Store(StateManager(), prefix=prefix)
+    with pytest.raises(ConfigurationError):
+        CheckpointSaver({"not": "a manager"})  # type: ignore[arg-type]
+
+
+async def test_unknown_prune_strategy_changes_nothing(state: StateManager) -> None:
+    """aprune with an unknown strategy raises InvalidArgumentError and deletes nothing."""
+    from agenticstate import InvalidArgumentError
+
+    saver = CheckpointSaver(state)
+    first = await _put(saver, "p")
+    await _put(saver, "p", first)
+    keys = await state.list_keys("*")
+    with pytest.raises(InvalidArgumentError):
+        await saver.aprune(["p"], strategy="keep_everything")
+    assert await state.list_keys("*") == keys
