@@ -44,14 +44,19 @@ def _cluster_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, A
     return {"url": url, "options": {"key_prefix": f"t{uuid.uuid4().hex[:12]}:"}}
 
 
-# Backends several processes can use, one after the other (file) or at once (the rest). The
-# lead adds SQLite here; `CONCURRENT` are those two processes may hold open together.
+def _sqlite_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    return {"url": f"sqlite:///{tmp_path / 'graphs.db'}", "options": {}}
+
+
+# Backends several processes can use, one after the other (file) or at once (the rest);
+# `CONCURRENT` are those two processes may hold open together.
 SHARED_SPECS: dict[str, Callable[[pytest.FixtureRequest, Path], dict[str, Any]]] = {
     "file": _file_spec,
     "redis": _redis_spec,
     "redis-cluster": _cluster_spec,
+    "sqlite": _sqlite_spec,
 }
-CONCURRENT = {"redis", "redis-cluster"}
+CONCURRENT = {"redis", "redis-cluster", "sqlite"}
 REDIS = {"redis", "redis-cluster"}
 
 
