@@ -48,10 +48,12 @@ import errno
 import fcntl
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
 import time
+import weakref
 import zlib
 from collections import deque
 from contextlib import asynccontextmanager
@@ -113,6 +115,28 @@ _MISSING = object()
 _MILLISECOND = timedelta(milliseconds=1)
 _MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z, the last instant a datetime holds
 _FRAME_RECORDS = 16
+_MAX_REQUESTS = 8  # fsync requests unanswered at a time (each 8 bytes; a pipe holds 64 KiB)
+_STAGE_CHUNK = 512  # records `set_many` stages between two yields to the event loop
+_AGENT_EXIT_TIMEOUT = 2.0  # seconds `aclose()` waits for the agent to exit before killing it
+_READABLE_DEPTH = 64  # deeper JSON values go into a JSON snapshot as base64 (see _readable_json)
+_MSGPACK_INT = (-(2**63), 2**64 - 1)  # the integers msgpack (the snapshot checksum) can pack
+
+
+# Stores open in this process. A forked child inherits their descriptors (the lock, the log,
+# the agent's request pipe): it closes its copies at once, so that it neither keeps the
+# agent alive (which would block the owner's `aclose()`) nor keeps the lock after the owner
+# dies. Closing a copy never releases the owner's lock: only the last descriptor of an open
+# file description does.
+_OPEN_STORES: weakref.WeakSet[FileBackend] = weakref.WeakSet()
+
+
+def _disown_after_fork() -> None:
+    for store in list(_OPEN_STORES):
+        store._disown(os.getppid())
+    _OPEN_STORES.clear()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
 
 
 def _ms(moment: datetime | None) -> int | None:
@@ -288,10 +312,22 @@ class _FsyncAgent:
             os.close(request_read)
             os.close(ack_write)
         os.set_blocking(self.acks, False)
+        # Never block the event loop on the agent: the store keeps at most `_MAX_REQUESTS`
+        # requests unanswered (far below a pipe's capacity), and a full pipe anyway means "ask
+        # again when the next answer comes", not a stalled loop.
+        os.set_blocking(self.requests, False)
 
-    def request(self, seq: int) -> None:
-        """Ask for an fsync covering every frame appended so far (answered on `acks`)."""
-        os.write(self.requests, seq.to_bytes(8, "little"))
+    def request(self, seq: int) -> bool:
+        """Ask for an fsync covering every frame appended so far (answered on `acks`).
+
+        Returns:
+            False if the request pipe is full (nothing was sent).
+        """
+        try:
+            os.write(self.requests, seq.to_bytes(8, "little"))  # 8 bytes: all or nothing
+        except BlockingIOError:
+            return False
+        return True
 
     def stop(self) -> None:
         """Close the request pipe: the agent answers what it has read and exits."""
@@ -344,6 +380,7 @@ class FileBackend(Backend):
             raise ConfigurationError(f"durability must be 'fsync' or 'none', not {durability!r}")
         if not save_interval > 0 or compact_bytes < 1:
             raise ConfigurationError("save_interval and compact_bytes must be positive")
+        self._explicit_name = file_name is not None
         name = file_name or f"state.{'json' if format == 'json' else 'msgpack'}"
         if not name or "/" in name or name in (".", ".."):
             raise ConfigurationError(f"file_name must be a plain file name, not {name!r}")
@@ -375,7 +412,10 @@ class FileBackend(Backend):
         self._agent: _FsyncAgent | None = None
         self._ack_reader: object = None  # the task reading the agent's answers
         self._ack_reader_done: anyio.Event | None = None
-        self._seq = 0  # the last fsync request number
+        self._seq = 0  # the number of the last frame appended (what an fsync request names)
+        self._frame_records = _FRAME_RECORDS  # a frame is sealed when it holds this many
+        self._requested: deque[int] = deque()  # requests sent and not yet answered
+        self._acked_seq = 0  # the last request number answered
         self._new_event: Callable[[], EventLike] = anyio.Event
         self._clock = _Clock()
         self._open_batch = _Job()  # gathering writes
@@ -429,10 +469,10 @@ class FileBackend(Backend):
         with _translate(f"create the store directory {self.base_path}"):
             self.base_path.mkdir(parents=True, exist_ok=True)
         self._take_lock()
+        _OPEN_STORES.add(self)
         try:
-            for stray in self.base_path.glob(f"{self.snapshot_path.name}.*.tmp"):
-                stray.unlink(missing_ok=True)
-                log.info("file_store_removed_temp", path=str(stray))
+            self._refuse_other_format()
+            self._remove_stray_temps()
             self._load_snapshot()
             self._replay_log()
             if self.durability == "fsync":
@@ -449,34 +489,87 @@ class FileBackend(Backend):
             raise
 
     def _take_lock(self) -> None:
-        with _translate(f"open the lock file {self.lock_path}"):
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = "another process"
-            with contextlib.suppress(OSError, ValueError):
-                text = os.pread(fd, 32, 0).decode().strip()
-                if text:
-                    holder = f"process {int(text)}"
-            os.close(fd)
+        fd = _lock_or_holder(self.lock_path)
+        if isinstance(fd, str):
             raise BackendError(
-                f"the store {self.snapshot_path} is in use by {holder}; one process owns a "
+                f"the store {self.snapshot_path} is in use by {fd}; one process owns a "
                 "store at a time"
-            ) from None
-        except OSError as exc:
-            os.close(fd)
-            raise BackendError(f"could not lock {self.lock_path}: {exc.strerror}") from exc
+            )
         with _translate(f"write the lock file {self.lock_path}"):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
+    def _refuse_other_format(self) -> None:
+        """Refuse a directory that holds the other format's store under its default name.
+
+        The default snapshot name follows the format (`state.json`, `state.msgpack`), so opening
+        a JSON store as msgpack would otherwise show an empty store under a second lock, and two
+        processes could each own the directory. With an explicit `file_name` there is one name
+        and one lock whatever the format, and both formats are read.
+        """
+        if self._explicit_name:
+            return
+        other = "msgpack" if self.format == "json" else "json"
+        snapshot = self.base_path / f"state.{other}"
+        lock = self.base_path / f"state.{other}.lock"
+        hint = (
+            f"open it with format={other!r}, or pass file_name={snapshot.name!r} to read it and "
+            f"go on writing it as {self.format}"
+        )
+        if lock.exists():
+            fd = _lock_or_holder(lock)
+            if isinstance(fd, str):
+                raise BackendError(
+                    f"{self.base_path} holds a {other} store ({snapshot.name}) in use by {fd}; "
+                    + hint
+                )
+            os.close(fd)  # free again: only checking that nobody is writing it now
+        for path in (snapshot, self.base_path / f"state.{other}.log"):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_size > 0:
+                    raise ConfigurationError(
+                        f"{self.base_path} holds a {other} store ({path.name}), not a "
+                        f"{self.format} one; " + hint
+                    )
+
+    def _remove_stray_temps(self) -> None:
+        """Remove the temporary files of this store's interrupted snapshots, and no others.
+
+        They are named `<name>.<pid>.tmp`; a store named `<name>.x` in the same directory has
+        temporary files `<name>.x.<pid>.tmp`, which a glob `<name>.*.tmp` would also match.
+        """
+        pattern = re.compile(re.escape(self.snapshot_path.name) + r"\.[0-9]+\.tmp")
+        with _translate(f"list the store directory {self.base_path}"):
+            names = os.listdir(self.base_path)
+        for name in names:
+            if pattern.fullmatch(name):
+                (self.base_path / name).unlink(missing_ok=True)
+                log.info("file_store_removed_temp", path=str(self.base_path / name))
+
+    def _disown(self, owner: int) -> None:
+        """In a forked child: close this process's copies of the store's descriptors."""
+        agent, self._agent = self._agent, None
+        fds = [self._lock_fd, self._log_fd]
+        if agent is not None:
+            fds += [agent.requests, agent.acks]
+            agent.process.returncode = 0  # not this process's child: never wait for it here
+        for fd in fds:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._lock_fd = self._log_fd = None
+        self._failed = f"this store belongs to process {owner}, which this process forked from"
+        self._closed = True
+        self._is_open = False
+
     def _release_lock(self) -> None:
+        _OPEN_STORES.discard(self)
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
                 os.close(fd)
 
     def _load_snapshot(self) -> None:
@@ -552,7 +645,7 @@ class FileBackend(Backend):
 
     def _replay_log(self) -> None:
         with _translate(f"open the log {self.log_path}"):
-            fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._log_fd = fd
         with _translate(f"read the log {self.log_path}"):
             size = os.fstat(fd).st_size
@@ -639,7 +732,7 @@ class FileBackend(Backend):
         if not self._is_open:
             await self.open()
         if self._closed:
-            raise BackendError("this FileBackend is closed")
+            raise BackendError(self._failed or "this FileBackend is closed")
 
     async def get(self, key: str) -> Entry | None:
         """Return the entry at `key`, or `None` if missing or expired."""
@@ -730,7 +823,7 @@ class FileBackend(Backend):
         if len(records) == 1:
             # Everything staged until the event loop gets round to this goes in one frame.
             self._call_soon(self._seal)
-        elif len(records) >= _FRAME_RECORDS:
+        elif len(records) >= self._frame_records:
             self._seal()
 
     async def _commit(self, batch: _Job) -> None:
@@ -774,10 +867,27 @@ class FileBackend(Backend):
         self._seq += 1
         batch.seq = self._seq
         self._unacked.append(batch)
+        self._request_fsync()
+
+    def _request_fsync(self) -> None:
+        """Ask the agent to sync every frame appended so far, unless enough requests wait.
+
+        The agent answers once for all the requests it read together, so a few requests in
+        flight keep it busy; more would only fill the pipes. Frames appended meanwhile are
+        covered by the request sent when the next answer arrives (`_read_acks`).
+        """
+        agent, requested = self._agent, self._requested
+        if agent is None or self._seq <= (requested[-1] if requested else self._acked_seq):
+            return
+        if len(requested) >= _MAX_REQUESTS:
+            return
         try:
-            self._agent.request(self._seq)
+            sent = agent.request(self._seq)
         except OSError as exc:
             self._lose_agent(f"the fsync agent is gone ({exc.strerror})")
+            return
+        if sent:
+            requested.append(self._seq)
 
     async def _read_acks(self) -> None:
         """Complete batches as the agent reports their fsyncs (the store's one service task)."""
@@ -801,6 +911,7 @@ class FileBackend(Backend):
                 for offset in range(0, usable, _ACK.size):
                     self._acked(*_ACK.unpack_from(pending, offset))
                 pending = pending[usable:]
+                self._request_fsync()  # the frames appended while those requests waited
                 if self._snapshot_job is not None:
                     await self._snapshot_if_idle()
         except Exception as exc:  # a service task must not raise: fail the writes, loudly
@@ -812,6 +923,10 @@ class FileBackend(Backend):
     def _acked(self, seq: int, code: int) -> None:
         """Apply the batches an fsync covered, or fail them and cut them from the log."""
         self._counters["fsyncs"] += 1
+        requested = self._requested
+        while requested and requested[0] <= seq:
+            requested.popleft()
+        self._acked_seq = max(self._acked_seq, seq)
         unacked = self._unacked
         if code == 0:
             while unacked and unacked[0].seq <= seq:
@@ -968,18 +1083,39 @@ class FileBackend(Backend):
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
     ) -> list[Change]:
-        """Store several values with one fsync."""
+        """Store several values, sharing fsyncs; a batch of any size leaves the loop running.
+
+        A large batch is staged `_STAGE_CHUNK` records at a time with a yield to the event loop
+        between chunks, so other tasks (and the reader of fsync answers) keep running; frames
+        are appended as they fill and synced while the rest is staged.
+        """
         for key, _ in items:
             validate_key(key)
         check_ttl(ttl)
         await self._ready()
         clock = self._clock()
         self._local.sweep(clock[0])
-        records = [self._stage(key, value, ttl, None, clock) for key, value in items]
+        records: list[_Record] = []
+        stage = self._stage
+        for start in range(0, len(items), _STAGE_CHUNK):
+            if start:
+                await anyio.lowlevel.checkpoint()
+                clock = self._clock()
+            # One frame per chunk: its writes are acknowledged together anyway. Nothing in the
+            # chunk yields, so no other writer sees the larger frame limit.
+            self._frame_records = _STAGE_CHUNK
+            try:
+                for key, value in items[start : start + _STAGE_CHUNK]:
+                    record = stage(key, value, ttl, None, clock)
+                    assert record is not None  # noqa: S101  # a set always stages a record
+                    records.append(record)
+            finally:
+                self._frame_records = _FRAME_RECORDS
+            self._seal()
         # Large batches span frames: every frame must be durable (dict keeps them in order).
-        for batch in {record.batch: None for record in records if record is not None}:
+        for batch in {record.batch: None for record in records}:
             await self._commit(batch)
-        return [record.change for record in records if record is not None]
+        return [record.change for record in records]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
         """Delete `key` durably; see `Backend.delete`."""
@@ -1172,13 +1308,19 @@ class FileBackend(Backend):
             data = zlib.compress(data, 6)
         temp = self.base_path / f"{self.snapshot_path.name}.{os.getpid()}.tmp"
         with _translate(f"write the snapshot {self.snapshot_path}"):
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, data)
-                _fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, self.snapshot_path)
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    _write_all(fd, data)
+                    _fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(temp, self.snapshot_path)
+            except BaseException:
+                # A partial snapshot on a nearly full disk would eat the space the log needs.
+                with contextlib.suppress(OSError):
+                    temp.unlink(missing_ok=True)
+                raise
             _fsync_directory(self.base_path)
             self._snapshot_lsn = lsn
             # Every record in the log is in the snapshot: this thread writes the log, and no
@@ -1227,12 +1369,29 @@ class FileBackend(Backend):
             finally:
                 agent = self._agent
                 if agent is not None:
-                    agent.stop()
-                    if self._ack_reader_done is not None:
-                        await self._ack_reader_done.wait()
-                    await anyio.to_thread.run_sync(agent.wait)
+                    await self._stop_agent(agent)
                     self._agent = None
                 self._close_files()
+
+    async def _stop_agent(self, agent: _FsyncAgent) -> None:
+        """End the agent, within a bound: nothing waits for its answers any more.
+
+        It exits once its request pipe is closed everywhere. A child forked without Python's
+        fork hooks could still hold a copy; then the agent is killed after a grace period
+        rather than `aclose()` waiting for that child.
+        """
+        agent.stop()
+        done = self._ack_reader_done
+        if done is not None:
+            with anyio.move_on_after(_AGENT_EXIT_TIMEOUT):
+                await done.wait()
+            if not done.is_set():
+                log.warning("file_store_agent_killed", path=str(self.log_path))
+                with contextlib.suppress(OSError):
+                    agent.process.kill()
+                with anyio.move_on_after(_AGENT_EXIT_TIMEOUT):
+                    await done.wait()
+        await anyio.to_thread.run_sync(agent.wait)
 
     def _close_files(self) -> None:
         fd, self._log_fd = self._log_fd, None
@@ -1241,6 +1400,30 @@ class FileBackend(Backend):
                 os.close(fd)
         self._release_lock()
         self._is_open = False
+
+
+def _lock_or_holder(path: Path) -> int | str:
+    """Lock `path` (exclusive `flock`, close-on-exec): its descriptor, or who holds it.
+
+    Raises:
+        BackendError: The lock file cannot be opened or locked for another reason.
+    """
+    with _translate(f"open the lock file {path}"):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = "another process"
+        with contextlib.suppress(OSError, ValueError):
+            text = os.pread(fd, 32, 0).decode().strip()
+            if text:
+                holder = f"process {int(text)}"
+        os.close(fd)
+        return holder
+    except OSError as exc:
+        os.close(fd)
+        raise BackendError(f"could not lock {path}: {exc.strerror}") from exc
+    return fd
 
 
 def _snapshot_checksum(entries: dict[str, Any], indexes: dict[str, Any]) -> int:
@@ -1289,13 +1472,37 @@ def _check_logged(record: object) -> None:
 
 
 def _readable_json(value: bytes) -> Any:
-    """The parsed JSON of an uncompressed JSON payload, if re-encoding it gives the same bytes."""
+    """The parsed JSON of an uncompressed JSON payload, if it can be embedded as it is.
+
+    That is, if re-encoding it gives the same bytes and the snapshot's checksum (msgpack) can
+    hold it. Anything else (NaN, lone surrogates, integers beyond 64 bits, deep nesting) is
+    embedded as base64: no value a store accepted may stop its snapshots.
+    """
     try:
         if payload_format(value) != "json" or value[0] & 0x80:
             return _MISSING
         parsed = json.loads(value[1:])
+        if not _fits_checksum(parsed):
+            return _MISSING
         again = json.dumps(parsed, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (ValueError, UnicodeDecodeError, DecodeError, RecursionError):
-        # NaN, Infinity, nesting beyond the interpreter's depth: kept as base64 instead.
+        same = again.encode() == value[1:]
+    except (ValueError, UnicodeError, DecodeError, RecursionError):
         return _MISSING
-    return parsed if again.encode() == value[1:] else _MISSING
+    return parsed if same else _MISSING
+
+
+def _fits_checksum(parsed: object) -> bool:
+    """Whether msgpack can pack `parsed` at the depth a snapshot nests it, without recursing."""
+    low, high = _MSGPACK_INT
+    stack: list[tuple[object, int]] = [(parsed, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is int:
+            if not low <= item <= high:
+                return False
+        elif isinstance(item, list | dict):
+            if depth >= _READABLE_DEPTH:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True

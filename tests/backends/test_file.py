@@ -476,11 +476,11 @@ async def test_many_waiters_and_cancellation_on_the_shared_event() -> None:
 async def test_a_large_batch_spans_frames_and_all_of_it_is_durable(tmp_path: Path) -> None:
     """set_many with more writes than fit one frame returns once every frame is synced."""
     async with FileBackend(base_path=tmp_path, format="msgpack", auto_save=False) as backend:
-        changes = await backend.set_many([(f"k{n}", b"%d" % n) for n in range(100)])
-        assert [change.version for change in changes] == [1] * 100
-        assert backend.stats()["batches"] >= 100 // file_module._FRAME_RECORDS
+        changes = await backend.set_many([(f"k{n}", b"%d" % n) for n in range(2000)])
+        assert [change.version for change in changes] == [1] * 2000
+        assert backend.stats()["batches"] >= 2000 // file_module._STAGE_CHUNK
         backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]  # log only
-    assert len(await read_all(tmp_path)) == 100
+    assert len(await read_all(tmp_path)) == 2000
 
 
 async def test_closing_after_only_reads_leaves_the_snapshot_alone(tmp_path: Path) -> None:
