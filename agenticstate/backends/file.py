@@ -402,6 +402,7 @@ class FileBackend(Backend):
         self._is_open = False
         self._closed = False
         self._failed: str | None = None
+        self._closed_reason = "this FileBackend is closed"
         self._lock_fd: int | None = None
         self._log_fd: int | None = None
         self._log_size = 0
@@ -447,7 +448,7 @@ class FileBackend(Backend):
         if self._is_open:
             return
         if self._closed:
-            raise BackendError("this FileBackend is closed")
+            raise BackendError(self._closed_reason)
         if self._open_lock is None:
             self._open_lock = anyio.Lock()
             self._snapshot_lock = anyio.Lock()
@@ -559,7 +560,9 @@ class FileBackend(Backend):
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._lock_fd = self._log_fd = None
-        self._failed = f"this store belongs to process {owner}, which this process forked from"
+        self._closed_reason = (
+            f"this store belongs to process {owner}; a process forked from it cannot use it"
+        )
         self._closed = True
         self._is_open = False
 
@@ -732,7 +735,7 @@ class FileBackend(Backend):
         if not self._is_open:
             await self.open()
         if self._closed:
-            raise BackendError(self._failed or "this FileBackend is closed")
+            raise BackendError(self._closed_reason)
 
     async def get(self, key: str) -> Entry | None:
         """Return the entry at `key`, or `None` if missing or expired."""

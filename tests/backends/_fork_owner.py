@@ -1,0 +1,89 @@
+"""An owner process for the fork tests: `python -m tests.backends._fork_owner DIR MODE FORMAT`.
+
+It opens a FileBackend (fsync durability), acknowledges the key `owner`, prints `acked`, then
+starts children that inherit the open store:
+
+- `fork`: one `os.fork()` child. The child reports whether its copies of the store's
+  descriptors are closed (`child-fds closed|open`) and what the store says when it writes
+  (`child-write <message>`), then lives until stdin closes. The owner closes the store and
+  prints `closed <agent exit code>`, then waits for stdin to close.
+- `pool`: a `multiprocessing` pool (fork start method) of two live workers; the owner closes the
+  store, prints `closed <agent exit code>` and ends the pool.
+- `hold`: one `os.fork()` child as in `fork`; the owner prints `ready` and waits to be killed.
+
+Before the children start, it prints `children PID...`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+import anyio
+import trio
+
+from agenticstate import BackendError, FileBackend
+
+
+def emit(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def child(backend: FileBackend, fds: list[int]) -> None:
+    """In the forked child: check the store is disowned, then live until stdin closes."""
+    closed = True
+    for fd in fds:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        closed = False
+    emit(f"child-fds {'closed' if closed else 'open'}")
+    try:
+        trio.run(backend.set, "child", b"\x02" + b'"from the child"')
+    except BackendError as exc:
+        emit(f"child-write {exc}")
+    else:
+        emit("child-write accepted")
+    sys.stdin.buffer.read()
+    os._exit(0)
+
+
+def worker_pid(_: int) -> int:
+    return os.getpid()
+
+
+async def main(directory: str, mode: str, fmt: str) -> None:
+    backend = FileBackend(base_path=directory, format=fmt)  # type: ignore[arg-type]
+    await backend.open()
+    await backend.set("owner", b"\x02" + b'"acked"')
+    emit("acked")
+    agent = backend._agent
+    assert agent is not None
+    fds = [fd for fd in (backend._lock_fd, backend._log_fd, agent.requests) if fd is not None]
+    pool = None
+    if mode == "pool":
+        pool = multiprocessing.get_context("fork").Pool(2)
+        pids = set(pool.map(worker_pid, range(8)))
+        emit("children " + " ".join(str(pid) for pid in sorted(pids)))
+    else:
+        pid = os.fork()
+        if pid == 0:
+            child(backend, fds)
+        emit(f"children {pid}")
+    if mode == "hold":
+        emit("ready")
+        await anyio.sleep_forever()
+    await backend.aclose()
+    emit(f"closed {agent.process.returncode}")
+    if pool is not None:
+        pool.terminate()
+        pool.join()
+    else:
+        await anyio.to_thread.run_sync(sys.stdin.buffer.read)
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1], sys.argv[2], sys.argv[3])
