@@ -21,7 +21,6 @@ import os
 import sys
 
 import anyio
-import trio
 
 from agenticstate import BackendError, FileBackend
 
@@ -41,11 +40,15 @@ def child(backend: FileBackend, fds: list[int]) -> None:
             continue
         closed = False
     emit(f"child-fds {'closed' if closed else 'open'}")
+    # No event loop in the child (the parent's is not ours, and a child forked from a threaded
+    # process should do little): the store refuses before its first suspension point.
+    write = backend.set("child", b"\x02" + b'"from the child"')
     try:
-        trio.run(backend.set, "child", b"\x02" + b'"from the child"')
+        write.send(None)
     except BackendError as exc:
         emit(f"child-write {exc}")
     else:
+        write.close()
         emit("child-write accepted")
     sys.stdin.buffer.read()
     os._exit(0)

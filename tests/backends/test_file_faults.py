@@ -156,7 +156,10 @@ def test_a_forked_child_does_not_block_aclose(
     )
     assert "closed 0" in owner.lines  # the agent saw end of file: nobody else held the pipe
     assert is_alive(children[0])
-    assert owner.wait_until(lambda lines: any(x.startswith("child-write") for x in lines), 20)
+    assert owner.wait_until(lambda lines: any(x.startswith("child-write") for x in lines), 20), (
+        owner.lines,
+        owner.errors,
+    )
     assert "child-fds closed" in owner.lines
     write = next(x for x in owner.lines if x.startswith("child-write"))
     assert "belongs to process" in write, write
