@@ -283,6 +283,7 @@ async def main(directory):
             print("failed", exc)
         else:
             print("written")
+        print("temps", [p.name for p in backend.base_path.iterdir() if p.suffix == ".tmp"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 anyio.run(main, sys.argv[1])
 """
@@ -298,6 +299,7 @@ anyio.run(main, sys.argv[1])
     results = [line for line in done.stdout.splitlines() if line.startswith(("failed", "written"))]
     assert results, done.stdout
     assert results[0].startswith("failed"), results
+    assert "temps []" in done.stdout.splitlines(), done.stdout  # right after the failure
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
@@ -339,16 +341,19 @@ async def test_json_store_with_huge_ints_and_deep_nesting_compacts_and_closes(
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.integers()
+    | st.integers(min_value=2**63 - 2, max_value=2**70)  # around msgpack's limits and beyond
+    | st.integers(min_value=-(2**70), max_value=-(2**63) + 2)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
+    | st.text()
+    | st.sampled_from(["\ud800", "a\udfffb"]),  # lone surrogates: valid JSON escapes
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(), children),
     max_leaves=8,
 )
 
 
-def json_text(value: object, depth: int) -> bytes:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def json_text(value: object, depth: int, ascii_only: bool) -> bytes:
+    text = json.dumps(value, ensure_ascii=ascii_only, separators=(",", ":"))
     return ("[" * depth + text + "]" * depth).encode("utf-8", "surrogatepass")
 
 
@@ -359,21 +364,23 @@ def json_text(value: object, depth: int) -> bytes:
 )
 @given(
     values=st.lists(
-        st.tuples(json_values, st.sampled_from([0, 1, 63, 64, 300, 520, 900])),
+        st.tuples(
+            json_values, st.sampled_from([0, 1, 63, 64, 300, 520, 900, 995]), st.booleans()
+        ),
         min_size=1,
         max_size=4,
     )
 )
 def test_any_json_value_the_store_accepted_never_stops_compaction(
-    tmp_path_factory: pytest.TempPathFactory, values: list[tuple[object, int]]
+    tmp_path_factory: pytest.TempPathFactory, values: list[tuple[object, int, bool]]
 ) -> None:
-    """Generated JSON texts (any integer size, floats, any string including lone surrogates,
-    nesting at and beyond every limit): the JSON snapshot is always written and every value
-    reads back byte for byte."""
+    """Generated JSON texts (integers around and beyond 64 bits, floats, any string including
+    lone surrogates, escaped or raw, nesting at and beyond every limit): the JSON snapshot is
+    always written and every value reads back byte for byte."""
     directory = tmp_path_factory.mktemp("generated")
 
     async def main() -> None:
-        payloads = {f"v{n}": JSON + json_text(v, d) for n, (v, d) in enumerate(values)}
+        payloads = {f"v{n}": JSON + json_text(*value) for n, value in enumerate(values)}
         async with FileBackend(
             base_path=directory, format="json", auto_save=False, durability="none"
         ) as backend:
