@@ -364,9 +364,7 @@ def json_text(value: object, depth: int, ascii_only: bool) -> bytes:
 )
 @given(
     values=st.lists(
-        st.tuples(
-            json_values, st.sampled_from([0, 1, 63, 64, 300, 520, 900, 995]), st.booleans()
-        ),
+        st.tuples(json_values, st.sampled_from([0, 1, 63, 64, 300, 520, 900, 995]), st.booleans()),
         min_size=1,
         max_size=4,
     )
