@@ -113,6 +113,49 @@ _SNAPSHOT_MAGIC = "agenticstate-snapshot"
 _SNAPSHOT_VERSION = 2  # 2: with a checksum of its entries and indexes
 _MISSING = object()
 _MILLISECOND = timedelta(milliseconds=1)
+
+
+def _json_encoder(*, allow_nan: bool, separators: tuple[str, str]) -> Callable[[Any], str]:
+    """`json.dumps` with these options (and `ensure_ascii=False`), minus its cost per call.
+
+    `JSONEncoder.encode` builds the C encoder anew on every call, which costs more than encoding
+    a small value; snapshots encode one value per entry, so the C encoder is built once here.
+    If the running Python has none, or it encodes a probe differently, `encode` is used.
+    """
+    fallback = json.JSONEncoder(ensure_ascii=False, allow_nan=allow_nan, separators=separators)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return fallback.encode
+
+    def refuse(value: object) -> object:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+    item_key = separators  # json's order; the C encoder takes the key separator first
+    try:
+        chunks = make(
+            None,
+            refuse,
+            json.encoder.encode_basestring,
+            None,
+            item_key[1],
+            item_key[0],
+            False,
+            False,
+            allow_nan,
+        )
+    except TypeError:
+        return fallback.encode
+
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
+
+    probe = {"a": [1, 2.5, -0.0, 10**30, "é\ud800\n", None, True], "": {}}
+    return encode if encode(probe) == fallback.encode(probe) else fallback.encode
+
+
+# How a JSON value embedded in a snapshot becomes the stored bytes again.
+_encode_json = _json_encoder(allow_nan=False, separators=(",", ":"))
+_encode_readable = _json_encoder(allow_nan=True, separators=(", ", ": "))  # snapshot lines
 _MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z, the last instant a datetime holds
 _FRAME_RECORDS = 16
 _MAX_REQUESTS = 8  # fsync requests unanswered at a time (each 8 bytes; a pipe holds 64 KiB)
@@ -150,6 +193,23 @@ def _from_ms(value: int | None) -> datetime | None:
 def _now() -> datetime:
     # Millisecond precision, like every timestamp the store persists.
     return datetime.fromtimestamp(round(time.time() * 1000) / 1000, UTC)
+
+
+class _Times:
+    """Epoch milliseconds to datetimes, each built once: a batch's records share their times."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[int | None, datetime | None] = {None: None}
+
+    def __call__(self, ms: int | None) -> Any:
+        found = self._cache.get(ms, _MISSING)
+        if found is _MISSING:
+            if len(self._cache) > 65536:
+                self._cache = {None: None}
+            found = self._cache[ms] = _from_ms(ms)
+        return found
 
 
 class _Clock:
@@ -359,6 +419,9 @@ class FileBackend(Backend):
         save_interval: Seconds between automatic snapshots.
         file_name: The snapshot's file name (default `state.json` or `state.msgpack`).
         compact_bytes: Rewrite the snapshot whenever the log grows past this many bytes.
+        close_snapshot_keys: Closing rewrites the snapshot only for stores of at most this many
+            keys (or when a snapshot is due anyway); a larger store leaves its log for the next
+            open to replay, so closing it is fast. `flush()` always rewrites the snapshot.
     """
 
     def __init__(
@@ -373,6 +436,7 @@ class FileBackend(Backend):
         save_interval: float = 30.0,
         file_name: str | None = None,
         compact_bytes: int = 64 * 1024 * 1024,
+        close_snapshot_keys: int = 10_000,
     ) -> None:
         if format not in ("json", "msgpack"):
             raise ConfigurationError(f"format must be 'json' or 'msgpack', not {format!r}")
@@ -380,6 +444,8 @@ class FileBackend(Backend):
             raise ConfigurationError(f"durability must be 'fsync' or 'none', not {durability!r}")
         if not save_interval > 0 or compact_bytes < 1:
             raise ConfigurationError("save_interval and compact_bytes must be positive")
+        if type(close_snapshot_keys) is not int or close_snapshot_keys < 0:
+            raise ConfigurationError("close_snapshot_keys must be an int >= 0")
         self._explicit_name = file_name is not None
         name = file_name or f"state.{'json' if format == 'json' else 'msgpack'}"
         if not name or "/" in name or name in (".", ".."):
@@ -393,6 +459,7 @@ class FileBackend(Backend):
         self.auto_save = auto_save
         self.save_interval = save_interval
         self.compact_bytes = compact_bytes
+        self.close_snapshot_keys = close_snapshot_keys
         self.snapshot_path = self.base_path / name
         self.log_path = self.base_path / f"{name}.log"
         self.lock_path = self.base_path / f"{name}.lock"
@@ -409,6 +476,7 @@ class FileBackend(Backend):
         self._lsn = 0  # the last sequence number given to a staged record
         self._applied_lsn = 0  # the last one applied (durable and visible)
         self._snapshot_lsn = 0
+        self._snapshot_bytes = 0  # the size of the snapshot file, as last written or read
         self._last_snapshot = time.monotonic()
         self._agent: _FsyncAgent | None = None
         self._ack_reader: object = None  # the task reading the agent's answers
@@ -582,6 +650,7 @@ class FileBackend(Backend):
             return
         except OSError as exc:
             raise BackendError(f"could not read the snapshot {self.snapshot_path}") from exc
+        self._snapshot_bytes = len(raw)
         try:
             if raw[:1] == b"\x78":  # a zlib stream: the snapshot was compressed
                 raw = zlib.decompress(raw)
@@ -596,11 +665,11 @@ class FileBackend(Backend):
             ):
                 raise ValueError("its checksum does not match its entries")
             self._snapshot_lsn = self._lsn = int(document["lsn"])
-            now = _now()
+            now, times, store = _now(), _Times(), self._local.store
             for key, item in entries.items():
-                entry = self._entry_from_snapshot(validate_key(key), item)
+                entry = self._entry_from_snapshot(validate_key(key), item, times)
                 if entry.expires_at is None or entry.expires_at > now:
-                    self._local.store(entry)
+                    store(entry)
             for name, members in indexes.items():
                 self._apply_index(
                     validate_key(name), {validate_key(m): float(s) for m, s in members.items()}
@@ -623,28 +692,17 @@ class FileBackend(Backend):
                 "restore it from a backup or move it away"
             ) from exc
 
-    def _entry_from_snapshot(self, key: str, item: dict[str, Any]) -> Entry:
+    def _entry_from_snapshot(self, key: str, item: dict[str, Any], times: _Times) -> Entry:
         if "json" in item:
-            text = json.dumps(
-                item["json"], ensure_ascii=False, allow_nan=False, separators=(",", ":")
-            )
-            value = b"\x02" + text.encode()
+            value = b"\x02" + _encode_json(item["json"]).encode()
         elif "base64" in item:
             value = base64.b64decode(item["base64"], validate=True)
         else:
             value = bytes(item["value"])
-        created = _from_ms(item["created"])
-        updated = _from_ms(item["updated"])
-        assert created is not None  # noqa: S101
-        assert updated is not None  # noqa: S101
-        return Entry(
-            key=key,
-            value=value,
-            version=int(item["version"]),
-            created_at=created,
-            updated_at=updated,
-            expires_at=_from_ms(item["expires"]),
-        )
+        created, updated = times(item["created"]), times(item["updated"])
+        if created is None or updated is None:
+            raise ValueError("an entry without its creation or update time")
+        return Entry(key, value, int(item["version"]), created, updated, times(item["expires"]))
 
     def _replay_log(self) -> None:
         with _translate(f"open the log {self.log_path}"):
@@ -656,6 +714,8 @@ class FileBackend(Backend):
         offset = 0
         replayed = 0
         now = _now()
+        now_ms = _ms(now)
+        snapshot_lsn, local, times = self._snapshot_lsn, self._local, _Times()
         while offset + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, offset)
             body = data[offset + _RECORD.size : offset + _RECORD.size + length]
@@ -673,10 +733,22 @@ class FileBackend(Backend):
             offset += _RECORD.size + length
             for fields in records:
                 lsn = fields[0]
-                if lsn <= self._snapshot_lsn:
+                if lsn <= snapshot_lsn:
                     continue  # already in the snapshot (a crash between snapshot and log reset)
-                self._lsn = max(self._lsn, lsn)
-                self._apply_logged(fields, now)
+                if lsn > self._lsn:
+                    self._lsn = lsn
+                if fields[1] == "s":  # most records: the fast path of `_apply_logged`
+                    _, _, key, value, version, created, updated, expires = fields
+                    if expires is not None and expires <= now_ms:
+                        local.drop(key)
+                    else:
+                        local.store(
+                            Entry(
+                                key, value, version, times(created), times(updated), times(expires)
+                            )
+                        )
+                else:
+                    self._apply_logged(fields, now)
                 replayed += 1
         if offset < len(data):
             log.warning(
@@ -1049,9 +1121,19 @@ class FileBackend(Backend):
         self._log_size = start + len(frame)
 
     def _should_snapshot(self) -> bool:
+        """Whether a snapshot is due: the log passed `compact_bytes`, or `save_interval` passed.
+
+        The interval's snapshot waits until the log holds at least a quarter of the last
+        snapshot's size: rewriting a large store every interval for a few writes would make
+        writes slower the larger the store. Its cost stays proportional to what was written.
+        """
         if self._log_size >= self.compact_bytes:
             return True
-        return self.auto_save and time.monotonic() - self._last_snapshot >= self.save_interval
+        return (
+            self.auto_save
+            and time.monotonic() - self._last_snapshot >= self.save_interval
+            and self._log_size * 4 >= self._snapshot_bytes
+        )
 
     async def set(
         self,
@@ -1304,7 +1386,7 @@ class FileBackend(Backend):
         """Replace the snapshot atomically and empty the log (in the I/O thread)."""
         document = self._snapshot_document(entries, indexes, lsn)
         if self.format == "json":
-            data = json.dumps(document, ensure_ascii=False, indent=1).encode()
+            data = _json_snapshot(document)
         else:
             data = msgpack.packb(document, use_bin_type=True)
         if self.compression:
@@ -1319,6 +1401,7 @@ class FileBackend(Backend):
                 finally:
                     os.close(fd)
                 os.replace(temp, self.snapshot_path)
+                self._snapshot_bytes = len(data)
             except BaseException:
                 # A partial snapshot on a nearly full disk would eat the space the log needs.
                 with contextlib.suppress(OSError):
@@ -1364,17 +1447,34 @@ class FileBackend(Backend):
                     self._seal()
                     await (self._unacked[-1] if self._unacked else batch).done.wait()
                 # Nothing written since the last snapshot (a read-only session): keep it as it is
-                # rather than rewrite a large store for nothing.
+                # rather than rewrite a large store for nothing. A large store keeps its log
+                # too: the next open replays it, and closing costs nothing.
                 unchanged = self._applied_lsn == self._snapshot_lsn and self._log_size == 0
                 if self._failed is None and not unchanged:
-                    self._request_snapshot()
-                    await self._snapshot_if_idle()
+                    if self._compacts_on_close():
+                        self._request_snapshot()
+                        await self._snapshot_if_idle()
+                    elif self.durability == "none" and self._log_fd is not None:
+                        with _translate(f"sync the log {self.log_path}"):
+                            await anyio.to_thread.run_sync(_fsync, self._log_fd)
             finally:
                 agent = self._agent
                 if agent is not None:
                     await self._stop_agent(agent)
                     self._agent = None
                 self._close_files()
+
+    def _compacts_on_close(self) -> bool:
+        """Whether closing rewrites the snapshot: for small stores, or a log past its limit.
+
+        A small store's snapshot is cheap and keeps the (readable) snapshot current. A large
+        one's log is durable already and replays on open at least as fast as a snapshot loads:
+        rewriting every entry on close would make closing cost as much as the whole store.
+        """
+        return (
+            len(self._local.data) <= self.close_snapshot_keys
+            or self._log_size >= self.compact_bytes
+        )
 
     async def _stop_agent(self, agent: _FsyncAgent) -> None:
         """End the agent, within a bound: nothing waits for its answers any more.
@@ -1444,6 +1544,28 @@ def _is_stamp(value: object) -> bool:
 
 def _check_logged(record: object) -> None:
     """Raise ValueError unless `record` is a well-formed log record (see `_Record.payload`)."""
+    if type(record) is list and len(record) == 8:
+        # The common case, a write, in one expression; anything unusual takes the long way.
+        lsn, op, key, value, version, created, updated, expires = record
+        if (
+            op == "s"
+            and type(lsn) is int
+            and lsn >= 1
+            and type(key) is str
+            and type(value) is bytes
+            and type(version) is int
+            and version >= 1
+            and type(created) is int
+            and type(updated) is int
+            and 0 <= created <= _MAX_MS
+            and 0 <= updated <= _MAX_MS
+            and (expires is None or (type(expires) is int and 0 <= expires <= _MAX_MS))
+        ):
+            try:
+                validate_key(key)
+            except InvalidKeyError as exc:
+                raise ValueError(f"bad key: {exc}") from None
+            return
     if not isinstance(record, list) or len(record) != 8:
         raise ValueError("a record is not a list of 8 fields")
     lsn, op, key, value, version, created, updated, expires = record
@@ -1484,14 +1606,46 @@ def _readable_json(value: bytes) -> Any:
     try:
         if payload_format(value) != "json" or value[0] & 0x80:
             return _MISSING
-        parsed = json.loads(value[1:])
-        if not _fits_checksum(parsed):
+        text = value[1:]
+        parsed = json.loads(text)
+        # Few brackets and no integer of 19 digits or more: it fits without looking closer.
+        simple = text.count(b"[") + text.count(b"{") < _READABLE_DEPTH
+        if not (simple and _LONG_DIGITS.search(text) is None) and not _fits_checksum(parsed):
             return _MISSING
-        again = json.dumps(parsed, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        same = again.encode() == value[1:]
+        same = _encode_json(parsed).encode() == text
     except (ValueError, UnicodeError, DecodeError, RecursionError):
         return _MISSING
     return parsed if same else _MISSING
+
+
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")  # 2**63 has 19 digits; shorter integers always fit
+
+
+def _json_snapshot(document: dict[str, Any]) -> bytes:
+    """A JSON snapshot with one entry per line, written by the C encoder.
+
+    `json.dumps(..., indent=...)` falls back to the pure-Python encoder, many times slower on
+    a large store; one line per entry is as readable and as easy to diff.
+    """
+    encode = _encode_readable
+    lines = ["{"]
+    lines.extend(
+        f" {encode(name)}: {encode(value)},"
+        for name, value in document.items()
+        if name not in ("entries", "indexes")
+    )
+    entries = document["entries"]
+    lines.append(' "entries": {' + ("" if entries else "},"))
+    last = len(entries) - 1
+    lines.extend(
+        f"  {encode(key)}: {encode(item)}{',' if n < last else ''}"
+        for n, (key, item) in enumerate(entries.items())
+    )
+    if entries:
+        lines.append(" },")
+    lines.append(f' "indexes": {encode(document["indexes"])}')
+    lines.append("}\n")
+    return "\n".join(lines).encode()
 
 
 def _fits_checksum(parsed: object) -> bool:
