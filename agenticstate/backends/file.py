@@ -418,7 +418,8 @@ class FileBackend(Backend):
         auto_save: Rewrite the snapshot every `save_interval` seconds (checked after writes).
         save_interval: Seconds between automatic snapshots.
         file_name: The snapshot's file name (default `state.json` or `state.msgpack`).
-        compact_bytes: Rewrite the snapshot whenever the log grows past this many bytes.
+        compact_bytes: Rewrite the snapshot whenever the log grows past this many bytes (or
+            past half the snapshot's size, if that is more).
         close_snapshot_keys: Closing rewrites the snapshot only for stores of at most this many
             keys (or when a snapshot is due anyway); a larger store leaves its log for the next
             open to replay, so closing it is fast. `flush()` always rewrites the snapshot.
@@ -1121,13 +1122,14 @@ class FileBackend(Backend):
         self._log_size = start + len(frame)
 
     def _should_snapshot(self) -> bool:
-        """Whether a snapshot is due: the log passed `compact_bytes`, or `save_interval` passed.
+        """Whether a snapshot is due: the log passed its limit, or `save_interval` passed.
 
         The interval's snapshot waits until the log holds at least a quarter of the last
-        snapshot's size: rewriting a large store every interval for a few writes would make
-        writes slower the larger the store. Its cost stays proportional to what was written.
+        snapshot's size, and the log's limit is at least half of it: rewriting a large store
+        every interval, or every `compact_bytes`, would make writes slower the larger the store.
+        This way the cost of snapshots stays proportional to what was written.
         """
-        if self._log_size >= self.compact_bytes:
+        if self._log_size >= self._compact_limit():
             return True
         return (
             self.auto_save
@@ -1464,6 +1466,9 @@ class FileBackend(Backend):
                     self._agent = None
                 self._close_files()
 
+    def _compact_limit(self) -> int:
+        return max(self.compact_bytes, self._snapshot_bytes // 2)
+
     def _compacts_on_close(self) -> bool:
         """Whether closing rewrites the snapshot: for small stores, or a log past its limit.
 
@@ -1473,7 +1478,7 @@ class FileBackend(Backend):
         """
         return (
             len(self._local.data) <= self.close_snapshot_keys
-            or self._log_size >= self.compact_bytes
+            or self._log_size >= self._compact_limit()
         )
 
     async def _stop_agent(self, agent: _FsyncAgent) -> None:
