@@ -482,3 +482,41 @@ async def test_cleanup_spares_another_stores_temp_files(tmp_path: Path) -> None:
     async with FileBackend(base_path=tmp_path, format="json", file_name="state.json.x"):
         pass
     assert not theirs.exists()
+
+
+# Issue 20, point 5: closing a large store keeps its log instead of rewriting every entry.
+
+
+@pytest.mark.parametrize("durability", ["fsync", "none"])
+async def test_closing_a_large_store_keeps_the_log_and_loses_nothing(
+    tmp_path: Path, durability: str
+) -> None:
+    """Above `close_snapshot_keys`, aclose() writes no snapshot; the next open replays the log
+    and finds every write. flush() still writes one, one entry per line in JSON."""
+    options: dict[str, Any] = {"format": "json", "close_snapshot_keys": 10}
+    async with FileBackend(
+        base_path=tmp_path,
+        durability=durability,  # type: ignore[arg-type]
+        **options,
+    ) as backend:
+        await backend.set_many([(f"k{n}", JSON + b"%d" % n) for n in range(50)])
+    assert not (tmp_path / "state.json").exists()
+    assert (tmp_path / "state.json.log").stat().st_size > 0
+    async with FileBackend(base_path=tmp_path, **options) as backend:
+        entries = await backend.get_many([f"k{n}" for n in range(50)])
+        assert [e.value if e else None for e in entries] == [JSON + b"%d" % n for n in range(50)]
+        await backend.set("k0", JSON + b"-1")
+        await backend.flush()
+    lines = (tmp_path / "state.json").read_text().splitlines()
+    assert len(lines) == 50 + 9  # one line per entry, and the document's own lines
+    async with FileBackend(base_path=tmp_path, **options) as backend:
+        entry = await backend.get("k0")
+        assert entry is not None
+        assert entry.value == JSON + b"-1"
+        assert entry.version == 2
+
+
+async def test_close_snapshot_keys_is_checked() -> None:
+    """A negative or non-int `close_snapshot_keys` is refused."""
+    with pytest.raises(ConfigurationError, match="close_snapshot_keys"):
+        FileBackend(close_snapshot_keys=-1)
