@@ -10,12 +10,16 @@ starts children that inherit the open store:
 - `pool`: a `multiprocessing` pool (fork start method) of two live workers; the owner closes the
   store, prints `closed <agent exit code>` and ends the pool.
 - `hold`: one `os.fork()` child as in `fork`; the owner prints `ready` and waits to be killed.
+- `rawfork`: a child forked by libc's `fork()` directly, so Python's fork hooks never run and it
+  keeps every inherited descriptor; it lives until stdin closes. The owner closes the store and
+  prints `closed <agent exit code>` (the agent is killed after the grace period).
 
 Before the children start, it prints `children PID...`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import sys
@@ -71,6 +75,12 @@ async def main(directory: str, mode: str, fmt: str) -> None:
         pool = multiprocessing.get_context("fork").Pool(2)
         pids = set(pool.map(worker_pid, range(8)))
         emit("children " + " ".join(str(pid) for pid in sorted(pids)))
+    elif mode == "rawfork":
+        pid = ctypes.CDLL(None, use_errno=True).fork()
+        if pid == 0:  # no hooks ran: hold everything, do as little as possible
+            os.read(0, 1)
+            os._exit(0)
+        emit(f"children {pid}")
     else:
         pid = os.fork()
         if pid == 0:
@@ -86,6 +96,8 @@ async def main(directory: str, mode: str, fmt: str) -> None:
         pool.join()
     else:
         await anyio.to_thread.run_sync(sys.stdin.buffer.read)
+        if mode == "rawfork":
+            await anyio.to_thread.run_sync(os.waitpid, pid, 0)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,22 @@ def test_a_fork_start_method_pool_does_not_block_aclose(
     assert owner.process.wait(timeout=30) == 0
 
 
+def test_aclose_is_bounded_even_for_a_child_forked_without_hooks(
+    tmp_path: Path, owners: list[tuple[LineProcess, list[int]]]
+) -> None:
+    """A child forked by libc directly keeps the agent's request pipe open; aclose() still
+    returns, killing the agent after its grace period, and the store reopens intact."""
+    owner, children = start_owner(owners, tmp_path, "rawfork")
+    assert owner.wait_until(lambda lines: any(x.startswith("closed") for x in lines), 20), (
+        owner.lines,
+        owner.errors,
+    )
+    assert f"closed {-signal.SIGKILL}" in owner.lines
+    assert is_alive(children[0])
+    owner.stop()
+    assert not is_alive(children[0])
+
+
 async def test_store_reopens_after_kill_9_while_a_forked_child_lives(
     tmp_path: Path, owners: list[tuple[LineProcess, list[int]]]
 ) -> None:
