@@ -703,7 +703,7 @@ class FileBackend(Backend):
         created, updated = times(item["created"]), times(item["updated"])
         if created is None or updated is None:
             raise ValueError("an entry without its creation or update time")
-        return Entry(key, value, int(item["version"]), created, updated, times(item["expires"]))
+        return new_entry(key, value, int(item["version"]), created, updated, times(item["expires"]))
 
     def _replay_log(self) -> None:
         with _translate(f"open the log {self.log_path}"):
@@ -744,7 +744,7 @@ class FileBackend(Backend):
                         local.drop(key)
                     else:
                         local.store(
-                            Entry(
+                            new_entry(
                                 key, value, version, times(created), times(updated), times(expires)
                             )
                         )
