@@ -92,9 +92,10 @@ def test_a_million_record_set_many_never_blocks_the_loop(tmp_path: Path) -> None
     assert report["written"] == 1_000_000
     assert report["sample"] == "999999"
     assert report["ticks"] >= 50, report
-    # A generous bound for a loaded machine (garbage collection of a million objects included);
-    # the batch itself is staged 512 records at a time.
-    assert report["max_gap"] < 5.0, report
+    # The batch is staged 512 records at a time; the longest pause (a full garbage collection
+    # of millions of objects, or the process waiting for a CPU on a loaded machine) is a small
+    # part of the whole. Staging it in one go, as before, was one pause as long as the batch.
+    assert report["max_gap"] < report["seconds"] / 4, report
 
 
 async def test_fsync_requests_in_flight_stay_bounded(tmp_path: Path) -> None:
