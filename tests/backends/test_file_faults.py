@@ -537,3 +537,21 @@ async def test_close_snapshot_keys_is_checked() -> None:
     """A negative or non-int `close_snapshot_keys` is refused."""
     with pytest.raises(ConfigurationError, match="close_snapshot_keys"):
         FileBackend(close_snapshot_keys=-1)
+
+
+async def test_interval_snapshots_wait_for_the_log_to_grow_with_the_store(tmp_path: Path) -> None:
+    """With `auto_save`, a few writes to a large store do not rewrite it every interval: the
+    interval's snapshot waits for the log to reach a quarter of the snapshot's size."""
+    async with FileBackend(
+        base_path=tmp_path, format="msgpack", save_interval=0.001, durability="none"
+    ) as backend:
+        await backend.set_many([(f"k{n}", b"\x01" + bytes(100)) for n in range(2000)])
+        await backend.flush()
+        snapshots = backend.stats()["snapshots"]
+        for n in range(100):  # far less than a quarter of the store, each past the interval
+            await backend.set(f"k{n}", b"\x01\x02")
+        assert backend.stats()["snapshots"] == snapshots
+        await backend.set_many([(f"k{n}", b"\x01" + bytes(100)) for n in range(2000)])
+        await backend.set("last", b"\x01\x03")
+        # Now the log holds more than a quarter of the snapshot: one is wanted (or written).
+        assert backend._snapshot_job is not None or backend.stats()["snapshots"] > snapshots
