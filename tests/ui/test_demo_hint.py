@@ -35,7 +35,7 @@ def test_the_demo_prints_an_inspector_command_that_serves_its_store(tmp_path: Pa
     assert command[0] == "agenticstate"
     assert command[-1] == "ui"
     # The hint is relative to where the demo ran; the server runs from the repository.
-    args = [arg.replace("file://.state", f"file://{tmp_path}/.state") for arg in command[1:]]
+    args = [arg.replace("sqlite://.state", f"sqlite://{tmp_path}/.state") for arg in command[1:]]
     assert args != command[1:]
     server = LineProcess("agenticstate.cli", *args, "--port", "0")
     try:
