@@ -55,7 +55,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 COOKIE = "agenticstate_ui_token"
-"""The cookie that carries the token once the browser has opened the printed address."""
+"""The cookie that carries the token once the browser has opened the printed address (its name
+ends with the server's port: browsers share cookies across the ports of one host, and two
+inspectors must not overwrite each other's)."""
 
 MAX_KEYS = 5000
 """The most keys one listing returns (the listing says when more matched)."""
@@ -202,9 +204,16 @@ class _Guard:
         offered = query.get("token", "")
         if scope["path"] == "/" and method == "GET" and _same(offered, token):
             response = RedirectResponse("/", status_code=303)
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+            response.set_cookie(
+                _cookie_name(scope), token, httponly=True, samesite="strict", path="/"
+            )
             return response
         return _error("a token is required: open the address the inspector printed", 401)
+
+
+def _cookie_name(scope: Scope) -> str:
+    server = scope.get("server")
+    return f"{COOKIE}_{server[1]}" if server and server[1] else COOKIE
 
 
 def _same(offered: str, token: str) -> bool:
@@ -217,7 +226,7 @@ def _presented(scope: Scope, headers: dict[str, str], token: str) -> bool:
         return True
     for part in headers.get("cookie", "").split(";"):
         name, _, value = part.strip().partition("=")
-        if name == COOKIE and _same(value, token):
+        if name == _cookie_name(scope) and _same(value, token):
             return True
     return False
 

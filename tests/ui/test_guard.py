@@ -136,6 +136,8 @@ async def test_a_token_is_required_when_set(state: StateManager) -> None:
         opened = await client.get("/", params={"token": TOKEN})
         assert opened.status_code == 303
         assert opened.headers["location"] == "/"  # the token leaves the address bar
+        # Named by port: two inspectors on one host keep their own cookies.
+        assert opened.headers["set-cookie"].startswith(f"agenticstate_ui_token_8765={TOKEN};")
         cookie = opened.headers["set-cookie"].lower()
         assert "httponly" in cookie
         assert "samesite=strict" in cookie
