@@ -127,6 +127,7 @@ async def serve(
             lifespan="on",
             timeout_graceful_shutdown=2,
             access_log=False,
+            server_header=False,
         )
         server = _Server(config, app.state.stopping)
         if ready is not None:
