@@ -21,6 +21,7 @@ from agenticstate.backends import (
     FileBackend,
     MemoryBackend,
     RedisBackend,
+    SQLiteBackend,
     open_backend,
     register_backend,
 )
@@ -171,6 +172,7 @@ __all__ = [
     "RedisBackend",
     "RetryExhaustedError",
     "RetryState",
+    "SQLiteBackend",
     "STTState",
     "ScopedState",
     "SerializationError",
