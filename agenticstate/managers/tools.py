@@ -702,7 +702,6 @@ class ToolStateManager(StateManagerBase):
         cache = self._cache_key(tool_name, digest)
         # One subscription sees both the result arriving and the lock being released.
         both = f"tools:{{{glob_part(tool_name)}}}:*:{digest}"
-        waited = False
         while True:
             async with self.state.watch(both) as changes:
                 try:
@@ -717,7 +716,6 @@ class ToolStateManager(StateManagerBase):
                     if entry is not None:
                         await self._count(tool_name, hit=True)
                         return entry.result  # type: ignore[no-any-return]
-                    waited = True
                     self.log.debug("tool_call_waiting", tool=tool_name)
                     with anyio.move_on_after(self.flight_timeout):
                         async for change in changes:
@@ -728,13 +726,13 @@ class ToolStateManager(StateManagerBase):
                                 break
                     continue
             try:
-                if waited:
-                    # The holder caches its result before it releases the lock: look once more,
-                    # so that a release seen before the result does not run the tool twice.
-                    entry = await self._load(cache, ToolCacheEntry)
-                    if entry is not None:
-                        await self._count(tool_name, hit=True)
-                        return entry.result  # type: ignore[no-any-return]
+                # Look once more now that the lock is ours: a holder caches its result before it
+                # releases the lock, so a result cached after our first lookup (or a release seen
+                # before the result) is found here and the tool never runs twice.
+                entry = await self._load(cache, ToolCacheEntry)
+                if entry is not None:
+                    await self._count(tool_name, hit=True)
+                    return entry.result  # type: ignore[no-any-return]
                 await self._count(tool_name, hit=False)
                 result = await self._execute(tool_name, parameters, fn)
                 await self.cache_result(

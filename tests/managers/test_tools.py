@@ -672,3 +672,50 @@ def test_no_value_hashes_like_its_spelling(value: Any) -> None:
     spelled = _spell(value)
     same = _norm(value) == _norm(spelled)
     assert (hash_parameters({"v": value}) == hash_parameters({"v": spelled})) is same
+
+
+class _LateCaller(ToolStateManager):
+    """A caller whose cache lookup misses, then stalls until another caller has finished."""
+
+    def __init__(self, state: StateManager, other_done: anyio.Event) -> None:
+        super().__init__(state_manager=state)
+        self.other_done = other_done
+        self.stalled = anyio.Event()
+
+    async def _lookup(self, tool_name: str, digest: str) -> ToolCacheEntry | None:
+        found = await super()._lookup(tool_name, digest)
+        if found is None and not self.stalled.is_set():
+            self.stalled.set()
+            await self.other_done.wait()
+        return found
+
+
+async def test_a_caller_whose_lookup_missed_never_runs_a_finished_call_again(
+    state: StateManager,
+) -> None:
+    """A caller that missed the cache just before another caller cached its result and released
+    its lock takes the free lock, finds the result and never runs the tool a second time."""
+    runs = 0
+
+    async def search() -> dict[str, int]:
+        nonlocal runs
+        runs += 1
+        return {"run": runs}
+
+    other_done = anyio.Event()
+    late = _LateCaller(state, other_done)
+    first = ToolStateManager(state_manager=state)
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            results: list[Any] = []
+
+            async def late_call() -> None:
+                results.append(await late.cached_call("search", {"q": 1}, search))
+
+            tg.start_soon(late_call)
+            await late.stalled.wait()
+            results.append(await first.cached_call("search", {"q": 1}, search))
+            other_done.set()
+    assert runs == 1
+    assert results == [{"run": 1}, {"run": 1}]
+    assert await state.list_keys("tools:{search}:flight:*") == []
