@@ -61,6 +61,7 @@ from agenticstate.manager import (
     StateEntry,
     StateManager,
     StateStats,
+    Subscription,
     Watch,
 )
 from agenticstate.managers import (
@@ -176,6 +177,7 @@ __all__ = [
     "StepState",
     "StepStatus",
     "StreamingMode",
+    "Subscription",
     "SubscriptionClosedError",
     "SyncStatus",
     "TTSState",

@@ -156,9 +156,19 @@ class GlobMatcher:
         literal_prefix: The text every matching key starts with (the part of the pattern before
             its first metacharacter), used to skip keys cheaply.
         is_literal: Whether the pattern has no metacharacters at all (it matches one key).
+        is_prefix: Whether the pattern is its literal prefix followed by stars only (it matches
+            exactly the keys that start with the prefix).
     """
 
-    __slots__ = ("_classes", "_pat", "_plen", "is_literal", "literal_prefix", "pattern")
+    __slots__ = (
+        "_classes",
+        "_pat",
+        "_plen",
+        "is_literal",
+        "is_prefix",
+        "literal_prefix",
+        "pattern",
+    )
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -180,7 +190,10 @@ class GlobMatcher:
             prefix.append(byte)
             position += 1
         self.is_literal = position >= len(raw)
-        self.literal_prefix = bytes(prefix).decode("utf-8", "ignore") if prefix else ""
+        # Only stars after the prefix: a key matches exactly when it starts with the prefix.
+        self.is_prefix = not self.is_literal and raw[position:].strip(b"*") == b""
+        # Whole characters: the prefix stops only at an ASCII metacharacter or the end.
+        self.literal_prefix = bytes(prefix).decode("utf-8", "surrogatepass")
 
     def __repr__(self) -> str:
         return f"GlobMatcher({self.pattern!r})"
@@ -189,6 +202,8 @@ class GlobMatcher:
         """Return whether `key` matches the pattern, exactly as Redis would decide."""
         if self.literal_prefix and not key.startswith(self.literal_prefix):
             return False
+        if self.is_prefix:
+            return True
         data = key.encode("utf-8", "surrogatepass")
         return _match(self._pat, 0, self._plen, data, 0, len(data), [False], self._classes)
 

@@ -53,11 +53,14 @@ class StateChange(BaseModel):
 
 
 class _Subscriber:
-    __slots__ = ("is_open", "matcher", "max_buffer", "overflowed", "receive", "send")
+    __slots__ = ("is_open", "label", "matcher", "max_buffer", "overflowed", "receive", "send")
 
-    def __init__(self, matcher: GlobMatcher, max_buffer: int, *, is_open: bool = True) -> None:
+    def __init__(
+        self, matcher: GlobMatcher, max_buffer: int, label: str, *, is_open: bool = True
+    ) -> None:
         self.matcher = matcher
         self.max_buffer = max_buffer
+        self.label = label  # the pattern as the user wrote it, for logs and errors
         self.is_open = is_open  # a subscription that starts closed drops changes until opened
         self.overflowed = False
         self.send: MemoryObjectSendStream[Change]
@@ -95,7 +98,7 @@ class ChangeStream:
             if self._subscriber.overflowed:
                 raise SubscriptionClosedError(
                     "overflow",
-                    f"subscription to {self._subscriber.matcher.pattern!r} fell more than "
+                    f"subscription to {self._subscriber.label!r} fell more than "
                     f"{self._subscriber.max_buffer} changes behind; re-read the state and "
                     "subscribe again",
                 ) from None
@@ -104,24 +107,78 @@ class ChangeStream:
             raise StopAsyncIteration from None
 
 
+class _Index:
+    """The subscribers of a fan-out, arranged so a key finds its candidates without a scan.
+
+    A glob's literal prefix (the text before its first metacharacter) is a prefix of every key it
+    matches. Subscribers are grouped by that prefix; a key looks up its own prefixes of each
+    length some group has, so the cost of a change is one dict lookup per distinct prefix length
+    (a handful for patterns like `agent:{id}:*`) plus the subscribers that really match, not one
+    glob per subscriber. Literal patterns are found by the key itself. Immutable: `publish`
+    iterates it while subscriptions come and go.
+    """
+
+    __slots__ = ("by_prefix", "exact", "lengths", "subscribers")
+
+    def __init__(self, subscribers: tuple[_Subscriber, ...]) -> None:
+        self.subscribers = subscribers
+        self.exact: dict[str, list[_Subscriber]] = {}
+        self.by_prefix: dict[str, list[_Subscriber]] = {}
+        for subscriber in subscribers:
+            matcher = subscriber.matcher
+            if matcher.is_literal:
+                self.exact.setdefault(matcher.literal_prefix, []).append(subscriber)
+            else:
+                self.by_prefix.setdefault(matcher.literal_prefix, []).append(subscriber)
+        self.lengths = sorted({len(prefix) for prefix in self.by_prefix})
+
+    def matching(self, key: str) -> list[_Subscriber]:
+        """The subscribers whose pattern matches `key` (each one's changes keep their order)."""
+        found: list[_Subscriber] = []
+        exact = self.exact.get(key)
+        if exact is not None:
+            found.extend(exact)
+        by_prefix = self.by_prefix
+        size = len(key)
+        for length in self.lengths:
+            if length > size:
+                break
+            group = by_prefix.get(key[:length])
+            if group is not None:
+                found.extend(s for s in group if s.matcher.match(key))
+        return found
+
+
+_EMPTY = _Index(())
+
+
 class ChangeFanout:
-    """Deliver changes to glob subscriptions in one process, in publish order."""
+    """Deliver changes to glob subscriptions in one process, in publish order.
 
-    __slots__ = ("_closed", "_subscribers")
+    Args:
+        label: The pattern to name in logs and errors instead of each subscription's own (a
+            backend that fans one server-side subscription out under `*` passes the user's).
+    """
 
-    def __init__(self) -> None:
-        self._subscribers: list[_Subscriber] = []
+    __slots__ = ("_closed", "_index", "_label")
+
+    def __init__(self, *, label: str | None = None) -> None:
+        self._index = _EMPTY
         self._closed = False
+        self._label = label
 
     @property
     def has_subscribers(self) -> bool:
         """Whether any subscription is open (so changes need building at all)."""
-        return bool(self._subscribers)
+        return bool(self._index.subscribers)
 
     def publish(self, change: Change) -> None:
         """Hand `change` to every matching subscription without blocking."""
-        for subscriber in self._subscribers:
-            if not subscriber.is_open or not subscriber.matcher.match(change.key):
+        index = self._index
+        if not index.subscribers:
+            return
+        for subscriber in index.matching(change.key):
+            if not subscriber.is_open:
                 continue
             try:
                 subscriber.send.send_nowait(change)
@@ -132,15 +189,15 @@ class ChangeFanout:
 
     def _overflow(self, subscriber: _Subscriber) -> None:
         subscriber.overflowed = True
-        log.warning(
-            "subscriber_overflow", pattern=subscriber.matcher.pattern, buffer=subscriber.max_buffer
-        )
+        log.warning("subscriber_overflow", pattern=subscriber.label, buffer=subscriber.max_buffer)
         self._drop(subscriber)
 
     def _drop(self, subscriber: _Subscriber) -> None:
         subscriber.send.close()
-        # Rebuild rather than remove in place: publish() may be iterating the old list.
-        self._subscribers = [s for s in self._subscribers if s is not subscriber]
+        # Rebuild rather than change in place: publish() may be iterating the old index.
+        subscribers = self._index.subscribers
+        if subscriber in subscribers:
+            self._index = _Index(tuple(s for s in subscribers if s is not subscriber))
 
     @asynccontextmanager
     async def subscribe(
@@ -152,11 +209,12 @@ class ChangeFanout:
         """
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
-        subscriber = _Subscriber(compile_glob(pattern), max_buffer, is_open=start_open)
+        label = pattern if self._label is None else self._label
+        subscriber = _Subscriber(compile_glob(pattern), max_buffer, label, is_open=start_open)
         if self._closed:
             subscriber.send.close()
         else:
-            self._subscribers = [*self._subscribers, subscriber]
+            self._index = _Index((*self._index.subscribers, subscriber))
         try:
             yield ChangeStream(subscriber)
         finally:
@@ -166,6 +224,6 @@ class ChangeFanout:
     def close(self) -> None:
         """End every subscription (their iteration stops) and refuse new ones."""
         self._closed = True
-        for subscriber in self._subscribers:
+        for subscriber in self._index.subscribers:
             subscriber.send.close()
-        self._subscribers = []
+        self._index = _EMPTY

@@ -336,7 +336,7 @@ class _Group:
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
-        self.fanout = ChangeFanout()
+        self.fanout = ChangeFanout(label=pattern)  # logs name the user's pattern, not `*`
         self.users = 0
         self.versions: dict[str, tuple[int, int]] = {}  # key -> (version, hash of the value)
         self.confirmed = asyncio.Event()
