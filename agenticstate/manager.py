@@ -217,8 +217,10 @@ class Subscription:
 
     <!-- snippet: setup=state -->
     ```python
+    def on_change(key, old, new):
+        print(key, old, new)
+
     subscription = await state.subscribe("agent:*", on_change)  # live: nothing is missed
-    ...
     subscription.unsubscribe()
     ```
     """
@@ -833,7 +835,10 @@ class StateManager:
 
         <!-- snippet: setup=state -->
         ```python
-        state.subscribe("agent:*", on_change)                # starts in the background
+        def on_change(key, old, new):
+            print(key, old, new)
+
+        state.subscribe("agent:*", on_change)  # returns at once, goes live in the background
         subscription = await state.subscribe("job:*", on_change)  # returns once live
         ```
 
