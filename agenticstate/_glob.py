@@ -158,6 +158,9 @@ class GlobMatcher:
         is_literal: Whether the pattern has no metacharacters at all (it matches one key).
         is_prefix: Whether the pattern is its literal prefix followed by stars only (it matches
             exactly the keys that start with the prefix).
+        literal_suffix: The text every matching key ends with (the literal part after the
+            pattern's last wildcard or class): with the prefix, what lets a fan-out find the
+            patterns a key may match without trying each one.
     """
 
     __slots__ = (
@@ -167,6 +170,7 @@ class GlobMatcher:
         "is_literal",
         "is_prefix",
         "literal_prefix",
+        "literal_suffix",
         "pattern",
     )
 
@@ -194,6 +198,9 @@ class GlobMatcher:
         self.is_prefix = not self.is_literal and raw[position:].strip(b"*") == b""
         # Whole characters: the prefix stops only at an ASCII metacharacter or the end.
         self.literal_prefix = bytes(prefix).decode("utf-8", "surrogatepass")
+        self.literal_suffix = _literal_suffix(self._pat, self._plen).decode(
+            "utf-8", "surrogatepass"
+        )
 
     def __repr__(self) -> str:
         return f"GlobMatcher({self.pattern!r})"
@@ -206,6 +213,28 @@ class GlobMatcher:
             return True
         data = key.encode("utf-8", "surrogatepass")
         return _match(self._pat, 0, self._plen, data, 0, len(data), [False], self._classes)
+
+
+def _literal_suffix(pat: bytes, plen: int) -> bytes:
+    """The literal bytes after the last `*`, `?` or class of `pat`, walked as `_match` walks it."""
+    p = 0
+    suffix = bytearray()
+    while plen:
+        c = pat[p]
+        if c in (_STAR, _QUESTION):
+            suffix.clear()
+        elif c == _OPEN:
+            p, plen, _ = _parse_class(pat, p, plen)
+            suffix.clear()
+        elif c == _BACKSLASH and plen >= 2:
+            p += 1
+            plen -= 1
+            suffix.append(pat[p])
+        else:
+            suffix.append(c)
+        p += 1
+        plen -= 1
+    return bytes(suffix)
 
 
 @lru_cache(maxsize=1024)

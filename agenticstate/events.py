@@ -110,42 +110,68 @@ class ChangeStream:
 class _Index:
     """The subscribers of a fan-out, arranged so a key finds its candidates without a scan.
 
-    A glob's literal prefix (the text before its first metacharacter) is a prefix of every key it
-    matches. Subscribers are grouped by that prefix; a key looks up its own prefixes of each
-    length some group has, so the cost of a change is one dict lookup per distinct prefix length
-    (a handful for patterns like `agent:{id}:*`) plus the subscribers that really match, not one
-    glob per subscriber. Literal patterns are found by the key itself. Immutable: `publish`
-    iterates it while subscriptions come and go.
+    A glob's literal prefix (the text before its first metacharacter) starts every key it
+    matches, and its literal suffix (after its last wildcard or class) ends every such key.
+    Subscribers are grouped by prefix, or by suffix when the pattern starts with a wildcard; a
+    key looks up its own prefixes and suffixes of each length some group has. A change then
+    costs one dict lookup per distinct length (a handful for patterns like `agent:{id}:*`) plus
+    a glob for each real candidate, not one glob per subscriber. Literal patterns are found by
+    the key itself; only patterns with wildcards at both ends (`*`, `*:x:*`) are tried one by
+    one. Immutable: `publish` iterates it while subscriptions come and go.
     """
 
-    __slots__ = ("by_prefix", "exact", "lengths", "subscribers")
+    __slots__ = (
+        "by_prefix",
+        "by_suffix",
+        "exact",
+        "prefix_lengths",
+        "scan",
+        "subscribers",
+        "suffix_lengths",
+    )
 
     def __init__(self, subscribers: tuple[_Subscriber, ...]) -> None:
         self.subscribers = subscribers
         self.exact: dict[str, list[_Subscriber]] = {}
         self.by_prefix: dict[str, list[_Subscriber]] = {}
+        self.by_suffix: dict[str, list[_Subscriber]] = {}
+        self.scan: list[_Subscriber] = []
         for subscriber in subscribers:
             matcher = subscriber.matcher
             if matcher.is_literal:
                 self.exact.setdefault(matcher.literal_prefix, []).append(subscriber)
-            else:
+            elif matcher.literal_prefix:
                 self.by_prefix.setdefault(matcher.literal_prefix, []).append(subscriber)
-        self.lengths = sorted({len(prefix) for prefix in self.by_prefix})
+            elif matcher.literal_suffix:
+                self.by_suffix.setdefault(matcher.literal_suffix, []).append(subscriber)
+            else:
+                self.scan.append(subscriber)
+        self.prefix_lengths = sorted({len(prefix) for prefix in self.by_prefix})
+        self.suffix_lengths = sorted({len(suffix) for suffix in self.by_suffix})
 
     def matching(self, key: str) -> list[_Subscriber]:
         """The subscribers whose pattern matches `key` (each one's changes keep their order)."""
-        found: list[_Subscriber] = []
+        found = [s for s in self.scan if s.matcher.match(key)] if self.scan else []
         exact = self.exact.get(key)
         if exact is not None:
             found.extend(exact)
-        by_prefix = self.by_prefix
         size = len(key)
-        for length in self.lengths:
-            if length > size:
-                break
-            group = by_prefix.get(key[:length])
-            if group is not None:
-                found.extend(s for s in group if s.matcher.match(key))
+        if self.prefix_lengths:
+            by_prefix = self.by_prefix
+            for length in self.prefix_lengths:
+                if length > size:
+                    break
+                group = by_prefix.get(key[:length])
+                if group is not None:
+                    found.extend(s for s in group if s.matcher.match(key))
+        if self.suffix_lengths:
+            by_suffix = self.by_suffix
+            for length in self.suffix_lengths:
+                if length > size:
+                    break
+                group = by_suffix.get(key[size - length :])
+                if group is not None:
+                    found.extend(s for s in group if s.matcher.match(key))
         return found
 
 

@@ -377,18 +377,26 @@ _PATTERNS = st.sampled_from(
         "a:\\*",
         "a:[0-9]:*",
         "b*x",
+        "*1:x",
+        "*\\*",
+        "*[ab",
+        "*é:1:x",
         "",
     ]
 )
+# Generated globs and keys over the metacharacters: any pattern, however odd.
+_ALPHABET = "ab1:x*?[]\\^-é"
+_ANY_PATTERNS = _PATTERNS | st.text(alphabet=_ALPHABET, max_size=6)
+_ANY_KEYS = st.text(alphabet="ab1:x*?[]\\é", max_size=6)
 _KEYS = st.sampled_from(
     ["a", "a:", "a:1", "a:1:x", "a:12:x", "a:2:x", "b:1:x", "a:*", "bx", "é:1:x"]
 )
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(
-    patterns=st.lists(_PATTERNS, min_size=1, max_size=8),
-    keys=st.lists(_KEYS, min_size=1, max_size=12),
+    patterns=st.lists(_ANY_PATTERNS, min_size=1, max_size=8),
+    keys=st.lists(_KEYS | _ANY_KEYS, min_size=1, max_size=12),
     gone=st.lists(_PATTERNS, max_size=4),
 )
 def test_fanout_index_delivers_what_a_glob_per_subscription_would(
