@@ -117,37 +117,84 @@ class _Index:
     costs one dict lookup per distinct length (a handful for patterns like `agent:{id}:*`) plus
     a glob for each real candidate, not one glob per subscriber. Literal patterns are found by
     the key itself; only patterns with wildcards at both ends (`*`, `*:x:*`) are tried one by
-    one. Immutable: `publish` iterates it while subscriptions come and go.
+    one. Adding or removing a subscriber costs the size of its group, not of the index.
     """
 
     __slots__ = (
         "by_prefix",
         "by_suffix",
         "exact",
+        "lengths",
         "prefix_lengths",
         "scan",
         "subscribers",
         "suffix_lengths",
     )
 
-    def __init__(self, subscribers: tuple[_Subscriber, ...]) -> None:
-        self.subscribers = subscribers
+    def __init__(self) -> None:
+        self.subscribers: dict[_Subscriber, None] = {}  # in subscription order
         self.exact: dict[str, list[_Subscriber]] = {}
         self.by_prefix: dict[str, list[_Subscriber]] = {}
         self.by_suffix: dict[str, list[_Subscriber]] = {}
         self.scan: list[_Subscriber] = []
-        for subscriber in subscribers:
-            matcher = subscriber.matcher
-            if matcher.is_literal:
-                self.exact.setdefault(matcher.literal_prefix, []).append(subscriber)
-            elif matcher.literal_prefix:
-                self.by_prefix.setdefault(matcher.literal_prefix, []).append(subscriber)
-            elif matcher.literal_suffix:
-                self.by_suffix.setdefault(matcher.literal_suffix, []).append(subscriber)
-            else:
-                self.scan.append(subscriber)
-        self.prefix_lengths = sorted({len(prefix) for prefix in self.by_prefix})
-        self.suffix_lengths = sorted({len(suffix) for suffix in self.by_suffix})
+        self.prefix_lengths: list[int] = []
+        self.suffix_lengths: list[int] = []
+        # How many groups of each dict have texts of each length.
+        self.lengths: dict[int, dict[int, int]] = {id(self.by_prefix): {}, id(self.by_suffix): {}}
+
+    def _group(self, subscriber: _Subscriber) -> tuple[dict[str, list[_Subscriber]] | None, str]:
+        matcher = subscriber.matcher
+        if matcher.is_literal:
+            return self.exact, matcher.literal_prefix
+        if matcher.literal_prefix:
+            return self.by_prefix, matcher.literal_prefix
+        if matcher.literal_suffix:
+            return self.by_suffix, matcher.literal_suffix
+        return None, ""
+
+    def add(self, subscriber: _Subscriber) -> None:
+        self.subscribers[subscriber] = None
+        groups, text = self._group(subscriber)
+        if groups is None:
+            self.scan = [*self.scan, subscriber]
+            return
+        group = groups.get(text)
+        if group is None:
+            groups[text] = [subscriber]
+            self._count_length(groups, len(text), 1)
+        else:
+            # A new list, not an append: a lookup may be iterating the old one.
+            groups[text] = [*group, subscriber]
+
+    def remove(self, subscriber: _Subscriber) -> None:
+        if self.subscribers.pop(subscriber, _MISSING) is _MISSING:
+            return
+        groups, text = self._group(subscriber)
+        if groups is None:
+            self.scan = [s for s in self.scan if s is not subscriber]
+            return
+        rest = [s for s in groups[text] if s is not subscriber]
+        if rest:
+            groups[text] = rest
+        else:
+            del groups[text]
+            self._count_length(groups, len(text), -1)
+
+    def _count_length(self, groups: dict[str, list[_Subscriber]], length: int, step: int) -> None:
+        counts = self.lengths.get(id(groups))
+        if counts is None:  # the exact dict: looked up by the whole key, no lengths
+            return
+        count = counts.get(length, 0) + step
+        if count:
+            counts[length] = count
+            if count > 1 or step < 0:
+                return
+        else:
+            del counts[length]
+        if groups is self.by_prefix:
+            self.prefix_lengths = sorted(counts)
+        else:
+            self.suffix_lengths = sorted(counts)
 
     def matching(self, key: str) -> list[_Subscriber]:
         """The subscribers whose pattern matches `key` (each one's changes keep their order)."""
@@ -175,7 +222,7 @@ class _Index:
         return found
 
 
-_EMPTY = _Index(())
+_MISSING = object()
 
 
 class ChangeFanout:
@@ -189,7 +236,7 @@ class ChangeFanout:
     __slots__ = ("_closed", "_index", "_label")
 
     def __init__(self, *, label: str | None = None) -> None:
-        self._index = _EMPTY
+        self._index = _Index()
         self._closed = False
         self._label = label
 
@@ -220,10 +267,8 @@ class ChangeFanout:
 
     def _drop(self, subscriber: _Subscriber) -> None:
         subscriber.send.close()
-        # Rebuild rather than change in place: publish() may be iterating the old index.
-        subscribers = self._index.subscribers
-        if subscriber in subscribers:
-            self._index = _Index(tuple(s for s in subscribers if s is not subscriber))
+        # publish() iterates a list `matching()` built, never the index itself: safe to change.
+        self._index.remove(subscriber)
 
     @asynccontextmanager
     async def subscribe(
@@ -240,7 +285,7 @@ class ChangeFanout:
         if self._closed:
             subscriber.send.close()
         else:
-            self._index = _Index((*self._index.subscribers, subscriber))
+            self._index.add(subscriber)
         try:
             yield ChangeStream(subscriber)
         finally:
@@ -252,4 +297,4 @@ class ChangeFanout:
         self._closed = True
         for subscriber in self._index.subscribers:
             subscriber.send.close()
-        self._index = _EMPTY
+        self._index = _Index()
