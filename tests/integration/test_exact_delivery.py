@@ -29,7 +29,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+import agenticstate.manager as manager_module
 from agenticstate import (
+    BackendTimeoutError,
     FileBackend,
     MemoryBackend,
     RedisBackend,
@@ -44,6 +46,8 @@ from agenticstate.events import ChangeFanout
 from tests._procs import LineProcess
 from tests.conftest import unique_prefix
 from tests.integration._exact_worker import process_patterns, process_writes
+from tests.reliability._fault_server import running_server
+from tests.reliability._proxy import FaultProxy, Faults
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -479,3 +483,33 @@ def test_fresh_process_with_100_patterns_gets_every_change_once_in_order(
         for key, seq in wanted[pattern]:
             wanted_by_key.setdefault(key, []).append(seq)
         assert by_key == wanted_by_key, f"{pattern!r}: {errors}"
+
+
+# ---------------------------------------------------------------- typed errors, never a bare one
+
+
+@pytest.mark.redis
+async def test_write_waiting_on_a_stuck_subscription_raises_a_typed_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write whose manager cannot start a new subscription fails typed and writes nothing."""
+    monkeypatch.setattr(manager_module, "_SUBSCRIBE_WAIT", 0.3)
+    prefix = unique_prefix()
+    with running_server(tmp_path / "redis") as server:
+        async with FaultProxy("127.0.0.1", server.port, seed=3) as proxy:
+            backend = RedisBackend(
+                url=proxy.url, key_prefix=prefix, socket_timeout=2, connect_timeout=2
+            )
+            async with StateManager(StateConfig(), backend=backend) as state:
+                await state.save("k", "before")
+                proxy.faults = Faults(blackhole=True)  # the pub/sub connection never answers
+                state.subscribe("k", lambda key, old, new: None)
+                with pytest.raises(BackendTimeoutError) as raised:
+                    await state.save("k", "after")
+                assert type(raised.value) is not TimeoutError
+                proxy.faults = Faults()
+                await proxy.sever()
+            async with StateManager(
+                StateConfig(backend="redis", redis_url=server.unix_url, key_prefix=prefix)
+            ) as direct:
+                assert await direct.get("k") == "before"
