@@ -162,7 +162,7 @@ async def test_overflow_handler_reads_and_writes_while_writers_go_on(store: Stor
             assert state.stats().overflows >= 1
 
 
-async def test_overflow_handler_that_closes_the_manager_does_not_stall(store: Store) -> None:
+async def test_callback_that_closes_its_manager_does_not_stall(store: Store) -> None:
     """A callback that closes its own manager returns without waiting for itself."""
     closed = anyio.Event()
     async with store.manager() as state:
