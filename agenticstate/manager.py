@@ -940,6 +940,8 @@ class StateManager:
                     if missed:
                         missed = False
                         await self._notify_overflow(pump)
+                        if pump.stopped:  # the handler unsubscribed
+                            return
                     async for change in changes:
                         if pump.stopped:
                             return

@@ -513,3 +513,41 @@ async def test_write_waiting_on_a_stuck_subscription_raises_a_typed_timeout(
                 StateConfig(backend="redis", redis_url=server.unix_url, key_prefix=prefix)
             ) as direct:
                 assert await direct.get("k") == "before"
+
+
+async def test_overflow_handler_that_unsubscribes_ends_the_subscription(store: Store) -> None:
+    """An on_overflow handler may unsubscribe: it finishes, and no later change is delivered."""
+    release, handled = anyio.Event(), anyio.Event()
+    calls: list[Any] = []
+    async with store.manager(subscriber_buffer=2) as state:
+
+        async def slow(key: str, old: Any, new: Any) -> None:
+            calls.append(new)
+            await release.wait()
+
+        async def on_overflow(pattern: str) -> None:
+            assert state.unsubscribe(pattern, slow)
+            await anyio.lowlevel.checkpoint()
+            handled.set()
+
+        subscription = await state.subscribe("k", slow, on_overflow=on_overflow)
+        async with state.watch("*", max_buffer=1000) as everything:
+            for i in range(20):
+                await state.save("k", i)
+            await state.save("sentinel", 1)
+            with anyio.fail_after(WAIT):
+                async for change in everything:
+                    if change.key == "sentinel":
+                        break
+            release.set()
+            with anyio.fail_after(WAIT):
+                await handled.wait()
+            before = list(calls)
+            await state.save("k", "later")
+            with anyio.fail_after(WAIT):
+                async for change in everything:
+                    if change.new_value == "later":
+                        break
+        assert not subscription.is_live
+    assert "later" not in calls
+    assert calls == before
