@@ -551,3 +551,44 @@ async def test_overflow_handler_that_unsubscribes_ends_the_subscription(store: S
         assert not subscription.is_live
     assert "later" not in calls
     assert calls == before
+
+
+def test_live_subscriptions_unsubscribe_and_overflow_under_trio(tmp_path: Path) -> None:
+    """Under trio: awaited subscribe, unsubscribing in a call, an overflow handler that reads."""
+
+    async def main(backend: Backend) -> tuple[list[Any], list[Any]]:
+        calls: list[Any] = []
+        read: list[Any] = []
+        finished, handled, release = anyio.Event(), anyio.Event(), anyio.Event()
+        async with StateManager(StateConfig(subscriber_buffer=2), backend=backend) as state:
+
+            async def once(key: str, old: Any, new: Any) -> None:
+                calls.append(new)
+                state.unsubscribe("a", once)
+                await anyio.lowlevel.checkpoint()
+                finished.set()
+
+            async def slow(key: str, old: Any, new: Any) -> None:
+                await release.wait()
+
+            async def on_overflow(pattern: str) -> None:
+                read.append(await state.get("b"))
+                handled.set()
+
+            await state.subscribe("a", once)
+            await state.subscribe("b", slow, on_overflow=on_overflow)
+            await state.save("a", 1)
+            with anyio.fail_after(WAIT):
+                await finished.wait()
+            await state.save("a", 2)
+            for i in range(10):
+                await state.save("b", i)
+            release.set()
+            with anyio.fail_after(WAIT):
+                await handled.wait()
+        return calls, read
+
+    for backend in (MemoryBackend(), FileBackend(base_path=tmp_path / "store")):
+        calls, read = anyio.run(main, backend, backend="trio")
+        assert calls == [1]
+        assert read == [9]
