@@ -592,3 +592,35 @@ def test_live_subscriptions_unsubscribe_and_overflow_under_trio(tmp_path: Path) 
         calls, read = anyio.run(main, backend, backend="trio")
         assert calls == [1]
         assert read == [9]
+
+
+async def test_callback_that_resubscribes_itself_gets_each_later_change_once(store: Store) -> None:
+    """Unsubscribing and subscribing again inside the call: each later change arrives once."""
+    calls: list[Any] = []
+    again, done = anyio.Event(), anyio.Event()
+    async with store.manager() as state:
+
+        async def callback(key: str, old: Any, new: Any) -> None:
+            calls.append(new)
+            if new == 0:
+                state.unsubscribe("k", callback)
+                await state.subscribe("k", callback)  # live before this call returns
+                again.set()
+            if new == 5:
+                done.set()
+
+        await state.subscribe("k", callback)
+        await state.save("k", 0)
+        with anyio.fail_after(WAIT):
+            await again.wait()
+        for i in range(1, 6):
+            await state.save("k", i)
+        with anyio.fail_after(WAIT):
+            await done.wait()
+        async with state.watch("k") as changes:
+            await state.save("k", "end")
+            with anyio.fail_after(WAIT):
+                await changes.__anext__()
+    # The old subscription delivered 0 and stopped; the new one every later change, once.
+    assert calls[:6] == [0, 1, 2, 3, 4, 5]
+    assert calls[6:] in ([], ["end"])
