@@ -20,6 +20,7 @@ from agenticstate.backends import (
     FileBackend,
     MemoryBackend,
     RedisBackend,
+    SQLiteBackend,
     open_backend,
     register_backend,
 )
@@ -82,6 +83,11 @@ from agenticstate.managers import (
     RecoveryEvent,
     RecoveryRecord,
     RetryState,
+    Session,
+    SessionDeletion,
+    SessionManager,
+    SessionMessage,
+    SessionSummary,
     SourceState,
     SpeechStateManager,
     StepState,
@@ -107,8 +113,10 @@ from agenticstate.managers import (
     WorkflowState,
     WorkflowStateManager,
     WorkflowStatus,
+    estimate_tokens,
     hash_parameters,
 )
+from agenticstate.scope import ScopedState
 from agenticstate.serialization import Serializer
 
 try:
@@ -163,9 +171,16 @@ __all__ = [
     "RedisBackend",
     "RetryExhaustedError",
     "RetryState",
+    "SQLiteBackend",
     "STTState",
+    "ScopedState",
     "SerializationError",
     "Serializer",
+    "Session",
+    "SessionDeletion",
+    "SessionManager",
+    "SessionMessage",
+    "SessionSummary",
     "SourceState",
     "SpeechStateManager",
     "StateCallback",
@@ -205,6 +220,7 @@ __all__ = [
     "WorkflowStatus",
     "WriteOutcomeUnknownError",
     "__version__",
+    "estimate_tokens",
     "hash_parameters",
     "open_backend",
     "register_backend",

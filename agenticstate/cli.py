@@ -7,10 +7,14 @@ agenticstate set agent:researcher '{"status": "idle"}' --ttl 3600
 agenticstate watch 'agent:*'
 agenticstate inspect workflows
 agenticstate demo
+agenticstate copy sqlite://./state/state.db redis://localhost:6379/0 'agent:*'
+agenticstate export redis://localhost:6379/0 backup.jsonl
+agenticstate import backup.jsonl sqlite://./restored.db
 ```
 
 The store comes from `--url` (or `AGENTICSTATE_URL`, else `file://./state`): `memory://`,
-`file://DIR`, `redis://...`, `rediss://...`, `unix://...`. `--json` prints machine-readable output.
+`file://DIR`, `sqlite://FILE`, `redis://...`, `rediss://...`, `unix://...`, or any scheme a
+backend registered. `--json` prints machine-readable output.
 Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is a terminal,
 unless `--json` or `--no-progress` is given; stdout never carries it.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -49,6 +54,8 @@ from agenticstate.manager import StateManager
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
+
+    from agenticstate.backends import Backend
 
 __all__ = ["configure_logging", "main"]
 
@@ -277,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="agenticstate", description="Look at and change agenticstate state."
     )
     parser.add_argument(
-        "--url", help="memory://, file://DIR, redis://..., rediss://..., unix://..."
+        "--url", help="memory://, file://DIR, sqlite://FILE, redis://..., rediss://..., unix://..."
     )
     parser.add_argument("--prefix", default="", help="the key prefix (namespace) to work in")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -303,6 +310,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="summaries of the managers' records")
     inspect.add_argument("what", choices=["workflows", "teams", "tools", "speech"])
     commands.add_parser("demo", help="run the demo job on the file backend")
+    _add_transfer_commands(commands)
     return parser
 
 
@@ -314,6 +322,75 @@ _COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awai
     "watch": _watch,
     "inspect": _inspect,
 }
+
+
+# ---------------------------------------------------------------- copy, export, import
+# Each names its own stores (not --url); --prefix applies to every store it opens.
+
+
+def _add_transfer_commands(commands: Any) -> None:
+    copy = commands.add_parser("copy", help="copy keys, TTLs and indexes from one store to another")
+    copy.add_argument("source", metavar="SRC_URL")
+    copy.add_argument("destination", metavar="DST_URL")
+    copy.add_argument("pattern", nargs="?", default="*")
+    export = commands.add_parser("export", help="write a store to a JSON-lines dump file")
+    export.add_argument("source", metavar="URL")
+    export.add_argument("file", metavar="FILE")
+    export.add_argument("pattern", nargs="?", default="*")
+    load = commands.add_parser("import", help="write a dump file (from export) into a store")
+    load.add_argument("file", metavar="FILE")
+    load.add_argument("destination", metavar="URL")
+
+
+def _open_url(url: str, prefix: str) -> Backend:
+    try:
+        return open_backend(url, key_prefix=prefix)
+    except ConfigurationError as exc:
+        raise _CommandError(str(exc), EXIT_USAGE) from None
+
+
+async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
+    from agenticstate import transfer  # only these commands need it
+
+    def show(done: transfer.TransferProgress) -> None:
+        progress.update(f"{args.command}: keys", done.entries, "key")
+
+    async with contextlib.AsyncExitStack() as stack:
+        if args.command == "import":
+            destination = await stack.enter_async_context(_open_url(args.destination, args.prefix))
+            try:
+                done = await transfer.import_state(args.file, destination, progress=show)
+            except OSError as exc:
+                raise _CommandError(
+                    f"cannot read {args.file}: {exc.strerror}", EXIT_USAGE
+                ) from None
+        else:
+            source = await stack.enter_async_context(_open_url(args.source, args.prefix))
+            if args.command == "copy":
+                destination = await stack.enter_async_context(
+                    _open_url(args.destination, args.prefix)
+                )
+                done = await transfer.copy_state(source, destination, args.pattern, progress=show)
+            else:
+                try:
+                    done = await transfer.export_state(
+                        source, args.file, args.pattern, progress=show
+                    )
+                except OSError as exc:
+                    message = f"cannot write {args.file}: {exc.strerror}"
+                    raise _CommandError(message, EXIT_USAGE) from None
+    progress.clear()
+    totals = {"entries": done.entries, "indexes": done.indexes, "skipped": done.skipped}
+    _out(
+        _dump(totals)
+        if args.json
+        else f"{args.command}: {done.entries} keys, "
+        f"{done.indexes} indexes, {done.skipped} skipped (expired or gone)"
+    )
+    return EXIT_OK
+
+
+_TRANSFERS = {"copy": _transfer, "export": _transfer, "import": _transfer}
 
 
 def _seconds() -> Callable[[], int]:
@@ -369,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     progress = Progress.on_stderr(enabled=wanted)
     configure_logging(progress)
     try:
-        code = anyio.run(_run, args, progress)
+        code = anyio.run(_TRANSFERS.get(args.command, _run), args, progress)
     except _CommandError as exc:
         _fail(str(exc), exc.code)
     except KeyboardInterrupt:
