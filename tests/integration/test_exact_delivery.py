@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     from agenticstate.backends import Backend
 
 WAIT = 10.0  # seconds a delivery may take; a stall (the 30 s of #15) exceeds it
-REDIS_HALF = "#15 Redis half: fixed in backends/redis.py on branch h15a"
 
 KINDS = [
     "memory",
@@ -448,10 +447,7 @@ PROCESS_WRITES = 600
 @pytest.mark.redis
 @pytest.mark.parametrize(
     "when",
-    [
-        "after_open",
-        pytest.param("before_open", marks=pytest.mark.xfail(strict=False, reason=REDIS_HALF)),
-    ],
+    ["after_open", "before_open"],
 )
 def test_fresh_process_with_100_patterns_gets_every_change_once_in_order(
     redis_url: str, when: str

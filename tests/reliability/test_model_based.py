@@ -22,9 +22,7 @@ Issue #15's steps: `subscribe_before_open` has a second manager on the store sub
 (overlapping) patterns before it opens and await them live, after which every write through the
 first manager must reach them; `subscribe_inside_callback` subscribes a callback from inside
 another's call (which unsubscribes itself and must finish); closing checks every callback's
-changes. Redis runs these steps apart (`[exact]`), marked xfail until the Redis half of #15 is
-merged; on Redis Cluster a change committed just before a subscription may still reach it (see
-`CLUSTER_BUS`), which the model accepts there and nowhere else.
+changes. Redis and Redis Cluster run these steps apart (`[exact]`, fewer examples).
 
 The state machine is synchronous and owns a blocking portal: each step runs its calls on the
 portal's event loop (`portal.call`). Waiting is always `anyio.fail_after` around a blocking read.
@@ -46,7 +44,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -165,9 +163,6 @@ class Harness:
     shares_backend: bool = True
     expiry: bool = True  # run `expire_and_rewrite`
     early_subscribers: bool = True  # run `subscribe_before_open`
-    # A change committed just before a subscription may still reach it (Redis Cluster: PUBLISH
-    # travels the cluster bus after the write returns). Everything else stays exact.
-    late_earlier: bool = False
     figures: Figures = field(default_factory=Figures)
 
 
@@ -359,29 +354,8 @@ class StoreMachine(RuleBasedStateMachine):
                 ) from None
 
     def _matches(self, subscription: Subscription) -> bool:
-        """Whether the subscription received exactly the changes committed while it was open.
-
-        With `harness.late_earlier` (Redis Cluster), a key's changes may also begin with the
-        last few committed just before it opened, which the cluster bus was still carrying.
-        """
-        got, wanted = _by_key(subscription.seen), _by_key(self._wanted(subscription))
-        if not self.harness.late_earlier:
-            return got == wanted
-        earlier = _by_key(
-            [
-                _expected(committed, full=subscription.full)
-                for committed in self.model.log[: subscription.start]
-                if MATCHES[subscription.pattern](committed.key)
-            ]
-        )
-        for key in set(got) | set(wanted):
-            seen, due, before = got.get(key, []), wanted.get(key, []), earlier.get(key, [])
-            if not any(
-                seen == before[len(before) - n :] + due
-                for n in range(min(len(before), len(seen)) + 1)
-            ):
-                return False
-        return True
+        """Whether the subscription received exactly the changes committed while it was open."""
+        return _by_key(subscription.seen) == _by_key(self._wanted(subscription))
 
     def _diff(self, subscription: Subscription) -> str:
         got, wanted = _by_key(subscription.seen), _by_key(self._wanted(subscription))
@@ -777,7 +751,6 @@ def _harness(
     shares_backend: bool = True,
     expiry: bool = True,
     early_subscribers: bool = True,
-    late_earlier: bool = False,
 ) -> Iterator[Harness]:
     with anyio.from_thread.start_blocking_portal() as portal:
         yield Harness(
@@ -788,7 +761,6 @@ def _harness(
             shares_backend=shares_backend,
             expiry=expiry,
             early_subscribers=early_subscribers,
-            late_earlier=late_earlier,
         )
 
 
@@ -797,18 +769,14 @@ def _run(
     record_property: Callable[[str, object], None],
     *,
     examples: int = EXAMPLES,
-    shrink: bool = True,
 ) -> None:
     machine = type(f"{harness.kind.title()}StoreMachine", (StoreMachine,), {"harness": harness})
     started = time.perf_counter()
     # `stateful_step_count` is only a maximum: hypothesis also explores shorter runs, about a
     # third of its examples. `_min_steps` (the one private argument used here) makes every
     # example run the full count; the assertions below fail loudly if it stops doing so.
-    phases = list(Phase) if shrink else [Phase.explicit, Phase.generate]
     run_state_machine_as_test(
-        machine,
-        settings=settings(SETTINGS, max_examples=examples, phases=phases),
-        _min_steps=STEPS,
+        machine, settings=settings(SETTINGS, max_examples=examples), _min_steps=STEPS
     )
     elapsed = time.perf_counter() - started
     figures = harness.figures
@@ -862,29 +830,13 @@ def test_sqlite_backend_matches_the_model(
         _run(harness, record_property)
 
 
-REDIS_HALF = "#15 Redis half: expired keys written again, patterns subscribed before opening"
-# The steps Redis fails until the Redis half of #15 (branch h15a) is merged: with them, and
-# without. Drop the xfail marks then (shrinking comes back with them: see `_run_redis`).
-_REDIS_STEPS = [
-    pytest.param(False, id="core"),
-    pytest.param(True, id="exact", marks=pytest.mark.xfail(strict=False, reason=REDIS_HALF)),
-]
-REDIS_EXACT_EXAMPLES = 60  # the "exact" steps wait for expiries and extra managers
-CLUSTER_BUS = (
-    "Redis Cluster: a PUBLISH reaches the pub/sub node over the cluster bus after the write "
-    "returned, so a pattern subscribed right after may still receive a change committed "
-    "before it (found by this test; backends/redis.py)"
-)
-# The cluster runs accept CLUSTER_BUS's early changes (`Harness.late_earlier`); the regression
-# test at the end keeps that issue in sight.
-_CLUSTER_STEPS = [
-    pytest.param(False, id="core"),
-    pytest.param(True, id="exact", marks=pytest.mark.xfail(strict=False, reason=REDIS_HALF)),
-]
+# Redis runs the steps issue #15 added (expiry then rewrite, subscribers before opening) apart,
+# with fewer examples: they wait for expiries and extra managers.
+_REDIS_STEPS = [pytest.param(False, id="core"), pytest.param(True, id="exact")]
+REDIS_EXACT_EXAMPLES = 60
 
 
 def _run_redis(
-    request: pytest.FixtureRequest,
     record_property: Callable[[str, object], None],
     kind: str,
     url: str,
@@ -896,8 +848,6 @@ def _run_redis(
         prefix = f"model{uuid.uuid4().hex[:12]}:"
         return functools.partial(RedisBackend, url=url, key_prefix=prefix)
 
-    # While a run is expected to fail, shrinking its failure would only cost minutes.
-    expected_to_fail = request.node.get_closest_marker("xfail") is not None
     with _harness(
         kind,
         new_store,
@@ -905,9 +855,8 @@ def _run_redis(
         shares_backend=False,
         expiry=exact,
         early_subscribers=exact,
-        late_earlier=kind == "redis-cluster",
     ) as harness:
-        _run(harness, record_property, examples=examples, shrink=not expected_to_fail)
+        _run(harness, record_property, examples=examples)
 
 
 @pytest.mark.redis
@@ -915,25 +864,22 @@ def _run_redis(
 def test_redis_backend_matches_the_model(
     redis_url: str,
     exact: bool,
-    request: pytest.FixtureRequest,
     record_property: Callable[[str, object], None],
 ) -> None:
     """The Redis backend answers as the model does, notifies exactly, and a new client agrees."""
     examples = REDIS_EXACT_EXAMPLES if exact else EXAMPLES
-    _run_redis(request, record_property, "redis", redis_url, exact=exact, examples=examples)
+    _run_redis(record_property, "redis", redis_url, exact=exact, examples=examples)
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("exact", _CLUSTER_STEPS)
+@pytest.mark.parametrize("exact", _REDIS_STEPS)
 def test_redis_cluster_matches_the_model(
     redis_cluster_url: str,
     exact: bool,
-    request: pytest.FixtureRequest,
     record_property: Callable[[str, object], None],
 ) -> None:
     """A Redis Cluster answers as the model does and notifies exactly (fewer examples: slower)."""
     _run_redis(
-        request,
         record_property,
         "redis-cluster",
         redis_cluster_url,
@@ -968,10 +914,7 @@ async def test_redis_watch_opened_after_a_save_does_not_receive_it(redis_url: st
     [
         "memory",
         pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param(
-            "redis-cluster",
-            marks=[pytest.mark.redis, pytest.mark.xfail(strict=False, reason=CLUSTER_BUS)],
-        ),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
     ],
 )
 async def test_callback_subscribed_after_a_save_does_not_receive_it(
