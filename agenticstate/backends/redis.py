@@ -380,7 +380,7 @@ class _Group:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.matcher = compile_glob(pattern)
-        self.fanout = ChangeFanout(label=pattern)  # logs name the user's pattern, not `*`
+        self.fanout = ChangeFanout()
         self.users = 0
         self.streams: list[tuple[ChangeStream, int]] = []  # (stream, its max_buffer)
         # key -> (version, hash of the value or None once gone, expires in server ms or 0)
