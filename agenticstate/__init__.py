@@ -63,6 +63,7 @@ from agenticstate.manager import (
     StateEntry,
     StateManager,
     StateStats,
+    Subscription,
     Watch,
 )
 from agenticstate.managers import (
@@ -194,6 +195,7 @@ __all__ = [
     "StepState",
     "StepStatus",
     "StreamingMode",
+    "Subscription",
     "SubscriptionClosedError",
     "SyncStatus",
     "TTSState",

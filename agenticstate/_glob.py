@@ -156,9 +156,23 @@ class GlobMatcher:
         literal_prefix: The text every matching key starts with (the part of the pattern before
             its first metacharacter), used to skip keys cheaply.
         is_literal: Whether the pattern has no metacharacters at all (it matches one key).
+        is_prefix: Whether the pattern is its literal prefix followed by stars only (it matches
+            exactly the keys that start with the prefix).
+        literal_suffix: The text every matching key ends with (the literal part after the
+            pattern's last wildcard or class): with the prefix, what lets a fan-out find the
+            patterns a key may match without trying each one.
     """
 
-    __slots__ = ("_classes", "_pat", "_plen", "is_literal", "literal_prefix", "pattern")
+    __slots__ = (
+        "_classes",
+        "_pat",
+        "_plen",
+        "is_literal",
+        "is_prefix",
+        "literal_prefix",
+        "literal_suffix",
+        "pattern",
+    )
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -180,7 +194,13 @@ class GlobMatcher:
             prefix.append(byte)
             position += 1
         self.is_literal = position >= len(raw)
-        self.literal_prefix = bytes(prefix).decode("utf-8", "ignore") if prefix else ""
+        # Only stars after the prefix: a key matches exactly when it starts with the prefix.
+        self.is_prefix = not self.is_literal and raw[position:].strip(b"*") == b""
+        # Whole characters: the prefix stops only at an ASCII metacharacter or the end.
+        self.literal_prefix = bytes(prefix).decode("utf-8", "surrogatepass")
+        self.literal_suffix = _literal_suffix(self._pat, self._plen).decode(
+            "utf-8", "surrogatepass"
+        )
 
     def __repr__(self) -> str:
         return f"GlobMatcher({self.pattern!r})"
@@ -189,8 +209,32 @@ class GlobMatcher:
         """Return whether `key` matches the pattern, exactly as Redis would decide."""
         if self.literal_prefix and not key.startswith(self.literal_prefix):
             return False
+        if self.is_prefix:
+            return True
         data = key.encode("utf-8", "surrogatepass")
         return _match(self._pat, 0, self._plen, data, 0, len(data), [False], self._classes)
+
+
+def _literal_suffix(pat: bytes, plen: int) -> bytes:
+    """The literal bytes after the last `*`, `?` or class of `pat`, walked as `_match` walks it."""
+    p = 0
+    suffix = bytearray()
+    while plen:
+        c = pat[p]
+        if c in (_STAR, _QUESTION):
+            suffix.clear()
+        elif c == _OPEN:
+            p, plen, _ = _parse_class(pat, p, plen)
+            suffix.clear()
+        elif c == _BACKSLASH and plen >= 2:
+            p += 1
+            plen -= 1
+            suffix.append(pat[p])
+        else:
+            suffix.append(c)
+        p += 1
+        plen -= 1
+    return bytes(suffix)
 
 
 @lru_cache(maxsize=1024)

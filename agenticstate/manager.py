@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from datetime import datetime, timedelta  # pydantic needs them at runtime
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
@@ -36,6 +37,7 @@ from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.events import StateChange
 from agenticstate.exceptions import (
     BackendError,
+    BackendTimeoutError,
     ConfigurationError,
     ConflictError,
     DecryptionError,
@@ -48,7 +50,7 @@ from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import AsyncIterator, Awaitable, Iterable
+    from collections.abc import AsyncIterator, Awaitable, Generator, Iterable
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
@@ -64,6 +66,7 @@ __all__ = [
     "StateEntry",
     "StateManager",
     "StateStats",
+    "Subscription",
     "Watch",
 ]
 
@@ -89,6 +92,8 @@ class _Default:
 DEFAULT: Any = _Default()
 """Use the configured default (for `ttl`: `StateConfig.ttl`)."""
 _MISSING: Any = object()
+_SUBSCRIBE_WAIT = 30.0  # seconds a write waits for a callback's subscription to start
+_CLOSE_GRACE = 5.0  # seconds aclose() lets callbacks receive what was committed before it
 _ENCRYPTED = bytes((ENCRYPTED_HEADER,))
 
 
@@ -162,15 +167,127 @@ class _Pump:
     pattern's earlier callbacks still had queued.
     """
 
-    __slots__ = ("callbacks", "done", "pattern", "ready", "scope", "task")
+    __slots__ = (
+        "busy",
+        "callback",
+        "done",
+        "error",
+        "handle",
+        "live",
+        "on_overflow",
+        "pattern",
+        "ready",
+        "scope",
+        "settled",
+        "stopped",
+        "task",
+    )
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(
+        self,
+        manager: StateManager,
+        pattern: str,
+        callback: StateCallback,
+        on_overflow: OverflowCallback | None,
+    ) -> None:
         self.pattern = pattern
-        self.callbacks: dict[StateCallback, OverflowCallback | None] = {}
+        self.callback = callback
+        self.on_overflow = on_overflow
+        self.handle = Subscription(manager, self)
+        # Set while the backend subscription is active, or once an attempt failed: writes of
+        # this manager wait on it, so none made after subscribe() is missed.
         self.ready = anyio.Event()
+        self.live = anyio.Event()  # set once the backend subscription was first active
+        self.settled = anyio.Event()  # live, failed once, or stopped: wait_live() may answer
+        self.error: BackendError | None = None  # the last failed attempt, while not live
         self.done = anyio.Event()
         self.scope = anyio.CancelScope()
+        self.busy = False  # a callback or overflow handler is running: never cancel it
+        self.stopped = False  # unsubscribed: deliver nothing more
         self.task: asyncio.Task[None] | None = None
+
+
+_running_pump: ContextVar[_Pump | None] = ContextVar("agenticstate_running_pump", default=None)
+"""The pump whose task is running: set in each pump's task (tasks copy their context)."""
+
+
+class Subscription:
+    """A callback subscribed with `StateManager.subscribe`.
+
+    `subscribe()` returns at once; the subscription becomes live (its backend subscription
+    active) in the background. Writes through the same manager wait for that, so each one
+    made after `subscribe()` returned is delivered. Writes from other managers or processes are
+    delivered once it is live: `await` the handle, or call `wait_live()`, to know when.
+
+    <!-- snippet: setup=state -->
+    ```python
+    def on_change(key, old, new):
+        print(key, old, new)
+
+    subscription = await state.subscribe("agent:*", on_change)  # live: nothing is missed
+    subscription.unsubscribe()
+    ```
+    """
+
+    __slots__ = ("_manager", "_pump")
+
+    def __init__(self, manager: StateManager, pump: _Pump) -> None:
+        self._manager = manager
+        self._pump = pump
+
+    def __repr__(self) -> str:
+        state = "live" if self.is_live else "closed" if self._pump.stopped else "starting"
+        return f"Subscription({self._pump.pattern!r}, {state})"
+
+    @property
+    def pattern(self) -> str:
+        """The pattern subscribed to."""
+        return self._pump.pattern
+
+    @property
+    def callback(self) -> StateCallback:
+        """The callback it calls."""
+        return self._pump.callback
+
+    @property
+    def is_live(self) -> bool:
+        """Whether it is subscribed and its backend subscription has been active."""
+        pump = self._pump
+        return pump.live.is_set() and not pump.stopped and not self._manager._closed
+
+    async def wait_live(self) -> None:
+        """Wait until every change committed from now on, by any process, will be delivered.
+
+        Raises:
+            BackendError: The attempt to subscribe failed (the subscription keeps retrying
+                in the background; call again to wait for the next attempt).
+            SubscriptionClosedError: It was unsubscribed, or the manager closed.
+        """
+        pump = self._pump
+        while True:
+            if pump.stopped or self._manager._closed:
+                raise SubscriptionClosedError(
+                    "closed", f"the subscription to {pump.pattern!r} was closed"
+                )
+            if pump.live.is_set():
+                return
+            if pump.error is not None:
+                raise pump.error
+            await pump.settled.wait()
+
+    def __await__(self) -> Generator[Any, None, Subscription]:
+        return self._live().__await__()
+
+    async def _live(self) -> Subscription:
+        await self.wait_live()
+        return self
+
+    def unsubscribe(self) -> bool:
+        """Stop calling the callback; see `StateManager.unsubscribe`."""
+        pump = self._pump
+        if self._manager._pumps.get((pump.pattern, pump.callback)) is not pump:
+            return False
+        return self._manager.unsubscribe(pump.pattern, pump.callback)
 
 
 class Watch:
@@ -187,7 +304,9 @@ class Watch:
             break
     ```
 
-    Iterating without `async with` subscribes on the first `__anext__`. Iteration ends when the
+    Entered with `async with`, it is live on entry: every change committed after that, by this
+    manager or any other process, is delivered. Iterating without `async with` subscribes on
+    the first `__anext__` (changes committed before that are not). Iteration ends when the
     manager closes, and raises `SubscriptionClosedError(reason="overflow")` if the consumer falls
     more than the buffer behind.
     """
@@ -357,11 +476,17 @@ class StateManager:
 
     async def _wait_pumps_ready(self) -> None:
         # A callback subscribed just before a write must see that write: wait until every new
-        # pump's backend subscription is active (or has failed and logged why).
+        # pump's backend subscription is active (or has failed and logged why). That depends
+        # on the backend only: a pump never runs a user's callback or overflow handler before
+        # its subscription is ready, so a callback that reads or writes cannot wait on itself.
         for pump in list(self._pending):
-            with anyio.fail_after(30):
+            with anyio.move_on_after(_SUBSCRIBE_WAIT):
                 await pump.ready.wait()
-            self._pending.discard(pump)
+            if not pump.ready.is_set():
+                raise BackendTimeoutError(
+                    f"the subscription to {pump.pattern!r} did not start within "
+                    f"{_SUBSCRIBE_WAIT:g} s; nothing was done"
+                )
 
     async def flush(self) -> None:
         """Make every acknowledged write durable now (the file backend's snapshot)."""
@@ -377,17 +502,22 @@ class StateManager:
         if self._closed:
             return
         self._closed = True
+        # Called from a callback or overflow handler, the pump running it cannot finish before
+        # this returns: wait for the others, and let that one end when its callback returns.
+        current = _running_pump.get()
+        others = [pump for pump in self._pumps.values() if pump is not current]
         with anyio.CancelScope(shield=True):
             if self._close_backend:
                 # Closing the backend ends each subscription after its buffered changes, so the
                 # pumps deliver what was committed and then finish by themselves.
                 await self.backend.aclose()
-                with anyio.move_on_after(5):
-                    for pump in list(self._pumps.values()):
+                with anyio.move_on_after(_CLOSE_GRACE):
+                    for pump in others:
                         await pump.done.wait()
-            self._stop_pumps()
-            with anyio.move_on_after(5):
-                for pump in list(self._pumps.values()):
+            for pump in list(self._pumps.values()):
+                self._stop(pump, force=pump is not current)
+            with anyio.move_on_after(_CLOSE_GRACE):
+                for pump in others:
                     await pump.done.wait()
             self._pumps.clear()
             self._pending.clear()
@@ -740,22 +870,39 @@ class StateManager:
         callback: StateCallback,
         *,
         on_overflow: OverflowCallback | None = None,
-    ) -> None:
+    ) -> Subscription:
         """Call `callback(key, old_value, new_value)` for every change to keys matching `pattern`.
 
         The callback may be sync or async. Its calls run one at a time, in commit order for each
-        key; one that raises is logged and counted, and never fails the write. Every write made
-        after `subscribe()` returns is delivered, and none made before it. Each callback has a
-        subscription of its own, so a slow callback never holds up another. Subscribing the same
-        callback to the same pattern twice has no further effect.
+        key; one that raises is logged and counted, and never fails the write. Each callback has
+        a subscription of its own, so a slow callback never holds up another. Subscribing the
+        same callback to the same pattern twice has no further effect (the first handle is
+        returned again).
 
-        If the callbacks fall more than `StateConfig.subscriber_buffer` changes behind, the
-        changes beyond the buffer are missed: the manager logs `subscription_reopened`, counts it
-        in `stats().overflows`, calls `on_overflow(pattern)` (sync or async) so the application
-        can re-read the state it needs, and subscribes again. Writes made after that are
-        delivered as usual.
+        What is delivered: every write made through this manager after `subscribe()` returns
+        (such writes wait until the subscription is live), and every write by any other
+        manager or process once the subscription is live. `subscribe()` returns before that;
+        `await` its result (or call `wait_live()` on it) to know:
+
+        <!-- snippet: setup=state -->
+        ```python
+        def on_change(key, old, new):
+            print(key, old, new)
+
+        state.subscribe("agent:*", on_change)  # returns at once, goes live in the background
+        subscription = await state.subscribe("job:*", on_change)  # returns once live
+        ```
+
+        If the callback falls more than `StateConfig.subscriber_buffer` changes behind, the
+        changes beyond the buffer are missed: the manager logs `subscription_reopened`, counts
+        it in `stats().overflows`, subscribes again, and then calls `on_overflow(pattern)` (sync
+        or async). The new subscription is live before the handler runs, so a handler that
+        re-reads the state it needs misses nothing: every later change follows it.
 
         Under trio, enter the manager (`async with`) before subscribing callbacks.
+
+        Returns:
+            A `Subscription`: await it to wait until it is live.
         """
         validate_pattern(pattern)
         if not callable(callback):
@@ -764,28 +911,36 @@ class StateManager:
             raise BackendError("this StateManager is closed")
         if on_overflow is not None and not callable(on_overflow):
             raise InvalidArgumentError("on_overflow must be callable")
-        if (pattern, callback) in self._pumps:
-            return
-        pump = _Pump(pattern)
-        pump.callbacks[callback] = on_overflow
+        existing = self._pumps.get((pattern, callback))
+        if existing is not None:
+            return existing.handle
+        pump = _Pump(self, pattern, callback, on_overflow)
         if self._task_group is not None:
             self._task_group.start_soon(self._run_pump, pump, name=f"agenticstate:{pattern}")
         else:
             pump.task = spawn_detached(lambda: self._run_pump(pump), name=f"agenticstate:{pattern}")
         self._pumps[pattern, callback] = pump
         self._pending.add(pump)
+        return pump.handle
 
     def unsubscribe(self, pattern: str, callback: StateCallback) -> bool:
-        """Stop calling `callback` for `pattern`; return whether it was subscribed."""
+        """Stop calling `callback` for `pattern`; return whether it was subscribed.
+
+        A call of the callback already running (an async callback that unsubscribes itself,
+        say) runs to its end; no later change is delivered.
+        """
         pump = self._pumps.pop((pattern, callback), None)
         if pump is None:
             return False
-        self._pending.discard(pump)
-        pump.scope.cancel()
+        self._stop(pump, force=False)
         return True
 
     def watch(self, pattern: str, *, max_buffer: int | None = None) -> Watch:
-        """Return a `Watch`: an async iterator (and context manager) of `StateChange`s."""
+        """Return a `Watch`: an async iterator (and context manager) of `StateChange`s.
+
+        Entered with `async with`, the watch is live on entry: it receives every change
+        committed after that, by this manager or any other process.
+        """
         validate_pattern(pattern)
         if max_buffer is None:
             max_buffer = self.config.subscriber_buffer
@@ -793,42 +948,72 @@ class StateManager:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
         return Watch(self, pattern, max_buffer)
 
-    def _stop_pumps(self) -> None:
-        for pump in self._pumps.values():
+    def _stop(self, pump: _Pump, *, force: bool) -> None:
+        """End `pump`: at once if it is idle (or `force`), else when its running call returns."""
+        pump.stopped = True
+        self._pending.discard(pump)
+        pump.ready.set()  # writes waiting for it need not any more
+        pump.settled.set()
+        if force or not pump.busy:
             pump.scope.cancel()
 
     async def _run_pump(self, pump: _Pump) -> None:
+        _running_pump.set(pump)
         try:
             with pump.scope:
                 await self._pump_changes(pump)
         finally:
+            pump.stopped = True
+            self._pending.discard(pump)
             pump.ready.set()
+            pump.settled.set()
             pump.done.set()
+
+    def _mark_ready(self, pump: _Pump, error: BackendError | None = None) -> None:
+        pump.error = error
+        if error is None:
+            pump.live.set()
+        pump.ready.set()
+        pump.settled.set()
+        self._pending.discard(pump)
 
     async def _pump_changes(self, pump: _Pump) -> None:
         failures = 0
-        while not self._closed:
+        missed = False  # an overflow lost changes: tell on_overflow once subscribed again
+        while not self._closed and not pump.stopped:
             try:
                 backend = await self._ensure_open()
                 async with backend.changes(
                     pump.pattern, max_buffer=self.config.subscriber_buffer
                 ) as changes:
-                    pump.ready.set()
+                    self._mark_ready(pump)
                     failures = 0
+                    if missed:
+                        missed = False
+                        await self._notify_overflow(pump)
+                        if pump.stopped:  # the handler unsubscribed
+                            return
                     async for change in changes:
+                        if pump.stopped:
+                            return
                         await self._dispatch(pump, change)
+                        if pump.stopped:  # unsubscribed during the call: deliver no more
+                            return
                 return
-            except SubscriptionClosedError:
+            except SubscriptionClosedError as exc:
+                if exc.reason != "overflow":
+                    return
                 self._counters["overflows"] += 1
                 _otel.record_overflow(self.backend, "callback")
                 log.warning("subscription_reopened", pattern=pump.pattern, reason="overflow")
                 # Writes from now on wait until the pump has subscribed again, so none is missed.
-                pump.ready = anyio.Event()
+                if pump.ready.is_set():
+                    pump.ready = anyio.Event()
                 self._pending.add(pump)
-                await self._notify_overflow(pump)
+                missed = True
             except BackendError as exc:
                 failures += 1
-                pump.ready.set()
+                self._mark_ready(pump, exc)
                 log.warning(
                     "subscription_failed",
                     pattern=pump.pattern,
@@ -836,36 +1021,46 @@ class StateManager:
                     attempt=failures,
                 )
                 await anyio.sleep(min(0.05 * 2**failures, 5.0))
+                pump.error = None
+                pump.settled = anyio.Event()
 
     async def _notify_overflow(self, pump: _Pump) -> None:
-        for handler in [h for h in pump.callbacks.values() if h is not None]:
-            try:
-                outcome = handler(pump.pattern)
-                if inspect.isawaitable(outcome):
-                    await outcome
-            except Exception as exc:  # noqa: BLE001  # a handler must never stop the pump
-                self._counters["callback_errors"] += 1
-                log.error("overflow_handler_failed", pattern=pump.pattern, error=type(exc).__name__)
+        handler = pump.on_overflow
+        if handler is None:
+            return
+        pump.busy = True
+        try:
+            outcome = handler(pump.pattern)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception as exc:  # noqa: BLE001  # a handler must never stop the pump
+            self._counters["callback_errors"] += 1
+            log.error("overflow_handler_failed", pattern=pump.pattern, error=type(exc).__name__)
+        finally:
+            pump.busy = False
 
     async def _dispatch(self, pump: _Pump, change: Change) -> None:
-        for callback in list(pump.callbacks):
-            try:
-                old = None if change.old is None else self._decode(change.key, change.old, None)
-                new = None if change.new is None else self._decode(change.key, change.new, None)
-                _otel.record_subscriber_lag(self.backend, change.timestamp, "callback")
-                outcome = callback(change.key, old, new)
-                if inspect.isawaitable(outcome):
-                    await outcome
-                self._counters["events_delivered"] += 1
-            except Exception as exc:  # noqa: BLE001  # a callback must never break delivery
-                self._counters["callback_errors"] += 1
-                log.error(
-                    "subscriber_callback_failed",
-                    pattern=pump.pattern,
-                    key=change.key,
-                    callback=getattr(callback, "__qualname__", type(callback).__name__),
-                    error=type(exc).__name__,
-                )
+        callback = pump.callback
+        pump.busy = True
+        try:
+            old = None if change.old is None else self._decode(change.key, change.old, None)
+            new = None if change.new is None else self._decode(change.key, change.new, None)
+            _otel.record_subscriber_lag(self.backend, change.timestamp, "callback")
+            outcome = callback(change.key, old, new)
+            if inspect.isawaitable(outcome):
+                await outcome
+            self._counters["events_delivered"] += 1
+        except Exception as exc:  # noqa: BLE001  # a callback must never break delivery
+            self._counters["callback_errors"] += 1
+            log.error(
+                "subscriber_callback_failed",
+                pattern=pump.pattern,
+                key=change.key,
+                callback=getattr(callback, "__qualname__", type(callback).__name__),
+                error=type(exc).__name__,
+            )
+        finally:
+            pump.busy = False
 
     # ---------------------------------------------------------------- helpers
 

@@ -210,5 +210,9 @@ class Model:
         self.log.append(Committed(key, "delete", old.value, None, old.version))
         return True
 
+    def expire(self, key: str) -> None:
+        """Record that `key` expired: it is gone, and no change is announced."""
+        self.data.pop(key, None)
+
     def keys_matching(self, pattern: str) -> list[str]:
         return sorted(key for key in self.data if MATCHES[pattern](key))

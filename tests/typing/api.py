@@ -13,6 +13,7 @@ from agenticstate import (
     StateConfig,
     StateEntry,
     StateManager,
+    Subscription,
     WorkflowState,
     WorkflowStateManager,
     WorkflowStatus,
@@ -33,6 +34,19 @@ async def typed_reads(state: StateManager) -> None:
     async with state.watch("agent:*") as changes:
         async for change in changes:
             assert_type(change, StateChange)
+
+
+async def subscriptions(state: StateManager) -> None:
+    def on_change(key: str, old: object, new: object) -> None: ...
+
+    async def on_change_async(key: str, old: object, new: object) -> None: ...
+
+    assert_type(state.subscribe("agent:*", on_change), Subscription)  # the seed's plain call
+    live = await state.subscribe("agent:*", on_change_async)
+    assert_type(live, Subscription)
+    assert_type(live.is_live, bool)
+    await live.wait_live()
+    assert_type(live.unsubscribe(), bool)
 
 
 async def managers() -> None:
