@@ -1294,9 +1294,18 @@ class RedisBackend(Backend):
                         self._resync_pending = False
                     self._live.set()
                     failures = 0
-                    # Waiting subscriptions are live from here (their barrier may have been
-                    # lost with the old connection).
-                    self._open_barriers()
+                    if self.is_cluster:
+                        # Changes other shards published before the PSUBSCRIBE may still be on
+                        # their way over the cluster bus: waiting subscriptions open at markers
+                        # from every primary (sent again: they may have been lost with the old
+                        # connection), never before.
+                        for token, barrier in list(self._barriers.items()):
+                            await self._send_barrier(token, barrier)
+                    else:
+                        # One server: nothing published before the PSUBSCRIBE can still come.
+                        # Waiting subscriptions are live from here (their barrier may have
+                        # been lost with the old connection).
+                        self._open_barriers()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001  # any failure: reconnect, then resync

@@ -834,15 +834,7 @@ def test_sqlite_backend_matches_the_model(
 # with fewer examples: they wait for expiries and extra managers.
 _REDIS_STEPS = [pytest.param(False, id="core"), pytest.param(True, id="exact")]
 REDIS_EXACT_EXAMPLES = 60
-CLUSTER_EARLY = (
-    "Redis Cluster, after the Redis half of #15: a new subscription (a watch, or a callback "
-    "awaited live; on a new client of the store) can still receive a change committed before "
-    "it; 2 of 4 [exact] runs (e.g. watch '*' got 'a*' version 1, written before it opened)"
-)
-_CLUSTER_STEPS = [
-    pytest.param(False, id="core"),
-    pytest.param(True, id="exact", marks=pytest.mark.xfail(strict=False, reason=CLUSTER_EARLY)),
-]
+_CLUSTER_STEPS = _REDIS_STEPS
 
 
 def _run_redis(
