@@ -69,9 +69,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
-import structlog
 
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -107,7 +107,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 CHANNEL_NAMESPACE = "__agenticstate__:"
 """What every change channel starts with (before the key prefix)."""
