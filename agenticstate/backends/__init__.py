@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from agenticstate.backends._shared import SharedFileBackend
 from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
 from agenticstate.backends.file import FileBackend
 from agenticstate.backends.memory import MemoryBackend
@@ -46,7 +47,7 @@ __all__ = [
 
 _factories: dict[str, Callable[..., Backend]] = {
     "memory": MemoryBackend.from_url,
-    "file": FileBackend.from_url,
+    "file": SharedFileBackend.from_url,  # one open store per path in this process
     "redis": RedisBackend.from_url,
     "rediss": RedisBackend.from_url,
     "unix": RedisBackend.from_url,
@@ -87,7 +88,7 @@ def open_config_backend(config: StateConfig) -> Backend:
         return MemoryBackend(key_prefix=config.key_prefix)
     if config.backend == "file":
         path = Path(config.file_path) if config.file_path is not None else Path("state/state.json")
-        return FileBackend(
+        return SharedFileBackend(  # one open store per path in this process
             base_path=path.parent,
             file_name=path.name,
             format=config.format or "json",
