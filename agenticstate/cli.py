@@ -486,7 +486,9 @@ def configure_logging(progress: Progress | None = None) -> None:
     """
     stream = progress.wrap(sys.stderr) if progress is not None else sys.stderr
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("agenticstate: %(levelname)s %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    )
     logger = logging.getLogger("agenticstate")
     for old in [h for h in logger.handlers if getattr(h, "_agenticstate_cli", False)]:
         logger.removeHandler(old)

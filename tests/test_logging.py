@@ -211,7 +211,11 @@ def test_cli_configures_its_own_output(tmp_path: Path) -> None:
     result = run_python(code, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
-    assert result.stderr == "agenticstate: WARNING subscriber_overflow pattern='a*'\n"
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[WARNING\] agenticstate.events: "
+        r"subscriber_overflow pattern='a\*'\n",
+        result.stderr,
+    ), result.stderr
 
 
 def test_no_module_uses_structlogs_global_logger() -> None:

@@ -173,7 +173,8 @@ def _call_now(callback: Callable[[], object]) -> None:
 
 
 def _describe_errno(code: int, action: str) -> str:
-    detail = "the disk is full" if code == errno.ENOSPC else errno.errorcode.get(code, str(code))
+    name = errno.errorcode.get(code, str(code))
+    detail = "the disk is full" if code == errno.ENOSPC else f"{os.strerror(code).lower()} ({name})"
     return f"could not {action}: {detail}"
 
 

@@ -572,8 +572,13 @@ class RedisBackend(Backend):
                 )
             if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
                 return BackendTimeoutError(f"Redis at {self.url} did not answer in time")
-            return BackendUnavailableError(
-                f"cannot reach Redis at {self.url}: {type(exc).__name__}"
+            return BackendUnavailableError(f"cannot reach Redis at {self.url}: {_reason(exc)}")
+        if isinstance(exc, rexc.ResponseError) and "unknown command 'hello'" in str(exc).lower():
+            # Redis before 6.0 has no HELLO, so it cannot speak RESP3.
+            return BackendError(
+                f"the server at {self.url} is not supported: it rejected the RESP3 handshake "
+                "(HELLO), so it is older than Redis 6.0; agenticstate needs Redis 6.0 or newer "
+                "(or Valkey)"
             )
         if isinstance(exc, rexc.RedisError):
             return BackendError(f"Redis error: {type(exc).__name__}: {exc}")
@@ -1219,3 +1224,20 @@ def _failed_to_connect(exc: BaseException) -> bool:
                 return True
             frame = frame.tb_next
     return False
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a connection failed, in words: "connection refused", "host name not resolved"."""
+    import os  # kept local: this is the only function here that needs them
+    import socket
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, socket.gaierror):
+            return f"host name not resolved ({current.strerror})"
+        if isinstance(current, OSError) and current.errno:
+            return os.strerror(current.errno).lower()
+        current = current.__cause__ or current.__context__
+    return str(exc) or type(exc).__name__
