@@ -14,7 +14,7 @@ all: test
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install --quiet -e ".[redis,cli,trio,encryption]" --group dev --group docs
+	$(BIN)/python -m pip install --quiet -e ".[redis,trio,encryption]" --group dev --group docs
 	touch $(STAMP)
 
 setup: $(STAMP)
