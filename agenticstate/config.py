@@ -63,7 +63,7 @@ def _as_ttl(value: object) -> timedelta | None:
     if not isinstance(value, timedelta):
         raise ValueError(f"ttl must be seconds or a timedelta, not {type(value).__name__}")
     if value <= timedelta(0):
-        raise ValueError(f"ttl must be positive, not {value.total_seconds():g} seconds")
+        raise ValueError(f"ttl must be positive, not {value}")
     try:
         datetime.now(UTC) + value
     except OverflowError:
