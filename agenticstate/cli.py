@@ -533,6 +533,12 @@ def _guarded(run: Callable[..., Awaitable[int]], *args: Any) -> NoReturn:
         _fail(str(exc), exc.code)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except BrokenPipeError:
+        # The reader went away (`agenticstate keys | head -1`); the store was closed properly.
+        # Exit as a process stopped by SIGPIPE would, without a traceback or a flush error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(141) from None
     except (InvalidArgumentError, SerializationError) as exc:
         _fail(str(exc), EXIT_USAGE)
     except NotFoundError as exc:

@@ -606,3 +606,20 @@ def test_demo_shows_progress_when_its_report_goes_elsewhere(tmp_path: Path) -> N
     both, _ = on_terminal("demo", cwd=tmp_path, stdout_too=True)
     assert "agenticstate demo, run 2" in both
     assert "demo... " not in both  # the report itself shows the progress
+
+
+def test_a_closed_pipe_ends_quietly(big_store: Path, tmp_path: Path) -> None:
+    """`agenticstate keys | head -1`: no traceback when the reader goes away early."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agenticstate", "--url", f"file://{big_store}", "keys"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"agent:0000\n"
+    process.stdout.close()  # the reader is gone
+    assert process.wait(timeout=60) == 141
+    assert process.stderr is not None
+    assert process.stderr.read() == b""
+    process.stderr.close()
