@@ -30,7 +30,7 @@ from agenticstate.backends.file import FileBackend
 from agenticstate.exceptions import BackendError, ConfigurationError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
     from datetime import timedelta
 
     from agenticstate.backends.base import Change, Entry
@@ -80,6 +80,7 @@ class SharedFileBackend(FileBackend):
         await self._backend()
 
     async def _backend(self) -> FileBackend:
+        """The shared store, opened (joined) on first use."""
         store = self._store
         if store is not None:
             if self._lease_closed:
@@ -167,15 +168,22 @@ class SharedFileBackend(FileBackend):
         if store is not None:
             await self._release(store, _store_key(self))
 
-    # the Backend contract, on the shared store
+    # The Backend contract, on the shared store. The hot calls return the store's own coroutine
+    # once the lease holds it, so a lease adds no await frame to a read or a write.
 
-    async def get(self, key: str) -> Entry | None:
+    async def _later(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        backend = await self._backend()
+        return await getattr(backend, method)(*args, **kwargs)
+
+    def get(self, key: str) -> Coroutine[Any, Any, Entry | None]:
         """See `Backend.get`."""
-        return await (await self._backend()).get(key)
+        store = self._store
+        return store.backend.get(key) if store is not None else self._later("get", key)
 
-    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+    def get_many(self, keys: Sequence[str]) -> Coroutine[Any, Any, list[Entry | None]]:
         """See `Backend.get_many`."""
-        return await (await self._backend()).get_many(keys)
+        store = self._store
+        return store.backend.get_many(keys) if store is not None else self._later("get_many", keys)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """See `Backend.scan`."""
@@ -183,17 +191,19 @@ class SharedFileBackend(FileBackend):
         async for key in backend.scan(pattern):
             yield key
 
-    async def set(
+    def set(
         self,
         key: str,
         value: bytes,
         *,
         ttl: timedelta | None = None,
         expected_version: int | None = None,
-    ) -> Change:
+    ) -> Coroutine[Any, Any, Change]:
         """See `Backend.set`."""
-        backend = await self._backend()
-        return await backend.set(key, value, ttl=ttl, expected_version=expected_version)
+        store = self._store
+        if store is not None:
+            return store.backend.set(key, value, ttl=ttl, expected_version=expected_version)
+        return self._later("set", key, value, ttl=ttl, expected_version=expected_version)
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
@@ -201,21 +211,28 @@ class SharedFileBackend(FileBackend):
         """See `Backend.set_many`."""
         return await (await self._backend()).set_many(items, ttl=ttl)
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+    def delete(
+        self, key: str, *, expected_version: int | None = None
+    ) -> Coroutine[Any, Any, Change | None]:
         """See `Backend.delete`."""
-        return await (await self._backend()).delete(key, expected_version=expected_version)
+        store = self._store
+        if store is not None:
+            return store.backend.delete(key, expected_version=expected_version)
+        return self._later("delete", key, expected_version=expected_version)
 
-    async def update(
+    def update(
         self,
         key: str,
         fn: Callable[[Entry | None], bytes],
         *,
         ttl: timedelta | None = None,
         max_attempts: int = DEFAULT_UPDATE_ATTEMPTS,
-    ) -> Change:
+    ) -> Coroutine[Any, Any, Change]:
         """See `Backend.update`."""
-        backend = await self._backend()
-        return await backend.update(key, fn, ttl=ttl, max_attempts=max_attempts)
+        store = self._store
+        if store is not None:
+            return store.backend.update(key, fn, ttl=ttl, max_attempts=max_attempts)
+        return self._later("update", key, fn, ttl=ttl, max_attempts=max_attempts)
 
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
         """See `Backend.index_add`."""
