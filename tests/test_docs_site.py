@@ -84,6 +84,8 @@ def test_the_search_box_works_from_disk(site: Path) -> None:
         text = (site / page).read_text(encoding="utf-8")
         assert 'class="md-search"' in text
         assert re.search(r'<script src="[^"]*iframe-worker/shim"', text)
-    assert (site / "search" / "search_index.js").read_text(encoding="utf-8").startswith(
-        "var __index = {"
+    assert (
+        (site / "search" / "search_index.js")
+        .read_text(encoding="utf-8")
+        .startswith("var __index = {")
     )
