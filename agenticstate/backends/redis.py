@@ -573,7 +573,8 @@ class RedisBackend(Backend):
             if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
                 return BackendTimeoutError(f"Redis at {self.url} did not answer in time")
             return BackendUnavailableError(f"cannot reach Redis at {self.url}: {_reason(exc)}")
-        if isinstance(exc, rexc.ResponseError) and "unknown command 'hello'" in str(exc).lower():
+        reply = str(exc).lower().replace("`", "'")  # Redis 5 and 6 quote with backticks
+        if isinstance(exc, rexc.ResponseError) and "unknown command 'hello'" in reply:
             # Redis before 6.0 has no HELLO, so it cannot speak RESP3.
             return BackendError(
                 f"the server at {self.url} is not supported: it rejected the RESP3 handshake "
