@@ -385,7 +385,9 @@ def _global_options(parser: argparse.ArgumentParser, *, here: bool) -> None:
         f"(default: $AGENTICSTATE_URL, else {DEFAULT_URL})",
     )
     parser.add_argument(
-        "--prefix", default=default(""), help="the key prefix (namespace) to work in"
+        "--prefix",
+        default=default(""),
+        help="the key prefix (namespace) to work in, on Redis (a file store is one namespace)",
     )
     parser.add_argument(
         "--json", action="store_true", default=default(False), help="machine-readable output"
@@ -443,7 +445,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["agents", "workflows", "teams", "knowledge", "tools", "speech"],
         help="which manager's records: %(choices)s",
     )
-    command("demo", "run the demo pipeline on a file store in .state/demo")
+    command("demo", "run the demo pipeline on a file store in ./.state/demo (whatever --url says)")
     return parser
 
 
