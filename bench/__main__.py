@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is not None:
         _util.RESULTS = args.output / "results"
         _util.CHARTS = args.output
+        _util.RESULTS.mkdir(parents=True, exist_ok=True)
     sections: list[str] = []
     for short in names:
         if not args.report_only and (not wanted or short in wanted):

@@ -51,3 +51,12 @@ def test_report_only_into_another_directory(tmp_path: Path) -> None:
     assert report.startswith("# Benchmark results")
     assert "## File backend" in report
     assert "redis" not in report.split("## File backend", 1)[1]  # no results: no section
+
+
+def test_output_directory_is_made(tmp_path: Path) -> None:
+    """--output names a directory that need not exist yet."""
+    out = tmp_path / "new" / "dir"
+    result = bench("--report-only", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (out / "index.md").exists()
+    assert (out / "results").is_dir()
