@@ -192,6 +192,10 @@ def _change_line(change: Any) -> str:
 
 async def _watch(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     seen = 0
+    if not isinstance(state.backend, FileBackend):
+        # One plain read first: a server that is down, refuses us or is unsupported is reported
+        # with its reason, rather than as a subscription that never confirmed.
+        await state.exists("agenticstate-cli-probe")
     async with state.watch(args.pattern) as changes:
         # On stderr, once subscribed: from here on no change is missed.
         note = f"watching {args.pattern!r} (Ctrl-C to stop)"

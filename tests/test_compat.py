@@ -66,6 +66,17 @@ async def test_a_server_without_resp3_is_named_unsupported(tmp_path: Path) -> No
         )
         assert shown.returncode == 3
         assert "is not supported" in shown.stderr
+        watched = subprocess.run(
+            [sys.executable, "-m", "agenticstate", "--url", server.tcp_url, "watch", "*"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert watched.returncode == 3
+        assert watched.stderr.splitlines()[-1].startswith(
+            f"agenticstate: the server at {server.tcp_url} is not supported"
+        )
     finally:
         server.stop()
 
