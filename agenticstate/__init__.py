@@ -81,6 +81,11 @@ from agenticstate.managers import (
     RecoveryEvent,
     RecoveryRecord,
     RetryState,
+    Session,
+    SessionDeletion,
+    SessionManager,
+    SessionMessage,
+    SessionSummary,
     SourceState,
     SpeechStateManager,
     StepState,
@@ -106,8 +111,10 @@ from agenticstate.managers import (
     WorkflowState,
     WorkflowStateManager,
     WorkflowStatus,
+    estimate_tokens,
     hash_parameters,
 )
+from agenticstate.scope import ScopedState
 from agenticstate.serialization import Serializer
 
 try:
@@ -163,8 +170,14 @@ __all__ = [
     "RetryExhaustedError",
     "RetryState",
     "STTState",
+    "ScopedState",
     "SerializationError",
     "Serializer",
+    "Session",
+    "SessionDeletion",
+    "SessionManager",
+    "SessionMessage",
+    "SessionSummary",
     "SourceState",
     "SpeechStateManager",
     "StateCallback",
@@ -203,6 +216,7 @@ __all__ = [
     "WorkflowStatus",
     "WriteOutcomeUnknownError",
     "__version__",
+    "estimate_tokens",
     "hash_parameters",
     "open_backend",
     "register_backend",

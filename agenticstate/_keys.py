@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import unicodedata
 
-from agenticstate.exceptions import InvalidKeyError, InvalidPatternError
+from agenticstate.exceptions import ConfigurationError, InvalidKeyError, InvalidPatternError
 
-__all__ = ["MAX_KEY_BYTES", "RESERVED_PREFIX", "escape_glob", "validate_key", "validate_pattern"]
+__all__ = [
+    "KEY_PREFIX_SEPARATOR",
+    "MAX_KEY_BYTES",
+    "RESERVED_PREFIX",
+    "escape_glob",
+    "validate_key",
+    "validate_key_prefix",
+    "validate_pattern",
+]
 
 MAX_KEY_BYTES = 1024
 """The longest key (and pattern) accepted, in UTF-8 bytes."""
@@ -85,6 +93,39 @@ def validate_pattern(pattern: object) -> str:
     if problem is not None:
         raise InvalidPatternError(problem)
     return pattern  # type: ignore[return-value]  # _problem proved it is a str
+
+
+KEY_PREFIX_SEPARATOR = ":"
+"""What a non-empty key prefix must end with, so that it has an unambiguous boundary."""
+
+
+def validate_key_prefix(prefix: object) -> str:
+    """Return `prefix` if it is a valid key prefix (namespace) for a shared store.
+
+    A prefix is empty (the whole database) or ends with `:`. Without that boundary `app1` would
+    see every key of `app12` (`app12x` is `app1` + `2x`); with it, `app1:` and `app12:` never
+    meet. Prefixes nest at `:` like directories: `app:` contains `app:tenant:`'s keys, as the
+    empty prefix contains every prefix's keys.
+
+    Raises:
+        ConfigurationError: The prefix is not a str, does not end with `:`, or has control
+            characters or a lone surrogate.
+    """
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"key_prefix must be a str, not {type(prefix).__name__}")
+    if not prefix:
+        return prefix
+    if not prefix.endswith(KEY_PREFIX_SEPARATOR):
+        raise ConfigurationError(
+            f"key_prefix {prefix!r} must end with {KEY_PREFIX_SEPARATOR!r} (for example "
+            f"{prefix + KEY_PREFIX_SEPARATOR!r}), so that no other prefix can start with it; "
+            "a store written under a prefix without it must be migrated first (see "
+            "'Key prefixes' in the Redis backend docs)"
+        )
+    problem = _problem(prefix, "key_prefix")
+    if problem is not None or prefix.startswith(RESERVED_PREFIX):
+        raise ConfigurationError(problem or f"key_prefix may not start with {RESERVED_PREFIX!r}")
+    return prefix
 
 
 def escape_glob(text: str) -> str:

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
+    from agenticstate.scope import ScopedState
+
 __all__ = [
     "DEFAULT",
     "OverflowCallback",
@@ -655,6 +657,15 @@ class StateManager:
         except ConflictError:
             self._counters["conflicts"] += 1
             raise
+
+    def scope(self, prefix: str) -> ScopedState:
+        """Return a view of this manager where every key is relative to `prefix`.
+
+        See `agenticstate.ScopedState`: the same API, plus `clear()` and `get_all()`.
+        """
+        from agenticstate.scope import ScopedState  # here: scope.py imports this module
+
+        return ScopedState(self, prefix)
 
     # ---------------------------------------------------------------- sorted indexes
 

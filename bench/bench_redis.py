@@ -156,7 +156,7 @@ async def latency(url: str, per_second: int = 1000, seconds: float = 3.0) -> lis
     )
     assert subscriber.stdout is not None
     assert subscriber.stdout.readline().strip() == "ready"
-    config = StateConfig(backend="redis", redis_url=url, key_prefix="lat-")
+    config = StateConfig(backend="redis", redis_url=url, key_prefix="lat:")
     async with StateManager(config) as state:
         start = time.perf_counter()
         for n in range(count):

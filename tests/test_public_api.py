@@ -8,7 +8,12 @@ import pytest
 
 import agenticstate
 
-PUBLIC_MODULES = ["agenticstate", "agenticstate.backends", "agenticstate.managers"]
+PUBLIC_MODULES = [
+    "agenticstate",
+    "agenticstate.backends",
+    "agenticstate.managers",
+    "agenticstate.sync",
+]
 
 # The names the seed page ("State Management") imports from agenticaiframework.state.
 SEED_CORE_NAMES = ["StateManager", "StateConfig", "MemoryBackend"]
@@ -37,6 +42,28 @@ def test_seed_core_names_are_exported() -> None:
     """The seed page's core names import from agenticstate."""
     for name in SEED_CORE_NAMES:
         assert name in agenticstate.__all__
+
+
+# Sessions, scoped views (issue 22): importable from the package and from agenticstate.managers.
+SESSION_NAMES = ["SessionManager", "Session", "SessionMessage", "SessionSummary", "SessionDeletion"]
+
+
+def test_session_names_are_exported() -> None:
+    """The session manager and its records import from agenticstate and .managers."""
+    for name in SESSION_NAMES:
+        assert name in agenticstate.__all__
+        assert name in agenticstate.managers.__all__
+    assert "ScopedState" in agenticstate.__all__
+
+
+def test_sync_api_wraps_every_manager() -> None:
+    """agenticstate.sync has a blocking class for StateManager and every manager."""
+    import agenticstate.sync
+
+    for name in agenticstate.managers.__all__:
+        if name.endswith(("Manager", "Store")) and name != "StateManagerBase":
+            assert name in agenticstate.sync.__all__, name
+    assert "StateManager" in agenticstate.sync.__all__
 
 
 def test_exceptions_share_one_root() -> None:

@@ -52,6 +52,10 @@ class _Store:
 
 
 _stores: dict[str, _Store] = {}
+if hasattr(os, "register_at_fork"):
+    # A forked child does not own its parent's open stores (the lock is the parent's): it opens
+    # its own, and meets the parent's lock like any other process.
+    os.register_at_fork(after_in_child=_stores.clear)
 
 
 def _store_key(backend: FileBackend) -> str:

@@ -2,29 +2,38 @@
 
 Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 65-byte ASCII
 header (version, created, updated and expiry times in milliseconds) followed by the value bytes,
-so `get` is one GET and `get_many` one MGET. Each change is published on the channel
-`__agenticstate__:{key_prefix}{key}`; a subscription is one PSUBSCRIBE on
-`__agenticstate__:` + the escaped prefix + the pattern, so Redis itself matches the glob, with
-the same rules as `SCAN MATCH`.
+so `get` is one GET and `get_many` one MGET. A non-empty prefix ends with `:`, so that no other
+prefix starts with it (`app1:` and `app12:` never meet). Each change is published on the channel
+`__agenticstate__:{key_prefix}{key}`.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL
-and PUBLISHes the change with the exact old and new bytes, all in one atomic step. Clock
-readings come from the server (`TIME`), so every client agrees on timestamps and expiry.
+and PUBLISHes the change with the exact old and new bytes and the key's expiry, all in one
+atomic step. Clock readings come from the server (`TIME`), so every client agrees on
+timestamps and expiry.
 
-Delivery. Redis pub/sub is at-most-once: a message published while a subscriber is
-disconnected is lost. One pub/sub connection per backend serves all its subscriptions. When it
-drops (or Redis restarts), the backend reconnects by itself with backoff, subscribes again, then
-**resyncs**: it scans the keys each pattern matches, compares their versions with the last
-version it delivered for each key, and emits a `RESYNC` change (old value unknown, `None`) for
-every key that is new, changed (version or value: a key deleted and written again can be back
-at the same version), or gone (`new=None`). Events that arrive older than what was already
-delivered are dropped by version. So a subscriber may miss intermediate values during an
-outage, but never stays on a stale final state. A connection that dies without a word (a NAT
-forgets it) is found out too: after two seconds of silence the reader sends a PING, and no
-answer within `socket_timeout` counts as a drop. A second subscription to a pattern already
-subscribed joins at a barrier (a PING on the connection, answered after every message already
-on its way), so it receives exactly the changes committed after it was opened.
+Delivery. One pub/sub connection per backend, with one PSUBSCRIBE for every change under the
+prefix, serves all its subscriptions: the reader matches each change against the subscribed
+patterns through an index on their literal prefixes (a few dict lookups per change however many
+patterns there are), with the same glob rules as Redis. A subscription is live when `changes()`
+is entered: the PSUBSCRIBE is confirmed and a barrier on the connection has come back (a PING;
+in a cluster, a marker published on every primary), so every change committed after entry is
+delivered and none from before it.
+
+Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
+When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,
+subscribes again, then **resyncs**: it scans the subscribed keys and emits a `RESYNC` change (old
+value unknown, `None`) for every key whose version or value differs from what it delivered, for
+every key written since the last change it read that it never delivered, and for every key it
+delivered that is gone (`new=None`). A key that existed before the subscription and did not
+change is not a change. Each subscription remembers, per key still alive, the version it got,
+so a live change that a resync already covered is not delivered twice; a key's memory goes with
+its delete or its expiry (the published change carries the expiry), so a key written again after
+it expired starts over at version 1 and is delivered. The resync hands changes over only as
+fast as the subscriptions take them. A connection that dies without a word (a NAT forgets it) is
+found out too: after two seconds of silence the reader sends a PING, and no answer within
+`socket_timeout` counts as a drop. `aclose()` first drains the connection (a barrier), so
+subscriptions get every change committed before it.
 
 Faults. Reads and scans are retried (bounded, with backoff) when the connection fails or times
 out, then raise `BackendUnavailableError` or `BackendTimeoutError`. Writes are never retried
@@ -49,12 +58,15 @@ node owning its key's slot and follows MOVED/ASK redirects. Every atomic step to
 records and its queue index, or one workflow's, live in one slot. `get_many` sends one MGET per
 slot, `save_many` one script call per slot, `scan` visits every primary, and PUBLISH reaches
 every node over the cluster bus, so one pub/sub connection to any node sees every shard's
-changes. After a failover the client re-reads the slot map on the next command (reads retry;
-writes report their outcome as usual), and the subscriber resyncs. redis-py's own retries stay
+changes (each shard's in its order; the shards are not ordered with each other). Barriers
+(subscribe, close) PUBLISH a marker on every primary instead of a PING. After a failover the
+client re-reads the slot map on the next command (reads retry; writes report their outcome as
+usual), and the subscriber resyncs. redis-py's own retries stay
 off here too. Cluster mode sends commands through redis-py (the held-connection path above is
 for a single server).
 
-This backend uses redis-py's asyncio client: it runs under asyncio, not trio.
+This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
+entry point raises `ConfigurationError` before touching the network.
 """
 
 from __future__ import annotations
@@ -62,7 +74,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import heapq
+import itertools
 import math
+import time
+import uuid
 from collections import deque
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -70,7 +86,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
-from agenticstate._keys import escape_glob, validate_key, validate_pattern
+from agenticstate._glob import compile_glob
+from agenticstate._keys import (
+    RESERVED_PREFIX,
+    escape_glob,
+    validate_key,
+    validate_key_prefix,
+    validate_pattern,
+)
 from agenticstate._log import get_logger
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -115,7 +138,9 @@ INDEX_NAMESPACE = "__agenticstate_idx__:"
 """What every sorted index's Redis key starts with (before the key prefix)."""
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
-_BARRIER = "agenticstate-barrier"  # PING payloads on the pub/sub connection
+_BARRIER = "agenticstate-barrier:"  # PING payloads on the pub/sub connection (+ a token)
+_GONE_KEPT_MS = 10_000  # how long a resync remembers a key it found gone
+_PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
 _HEALTH = "agenticstate-health"
 _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
@@ -152,7 +177,8 @@ local function write(key, value, ttl, expected, channel, now)
   end
   local oldpart = '0'
   if old then oldpart = '1' .. string.format('%010d', #old) .. old end
-  redis.call('PUBLISH', channel, 'S' .. verstr .. nowstr .. oldpart .. value)
+  redis.call('PUBLISH', channel, 'W' .. verstr .. nowstr .. string.format('%015d', expires)
+    .. oldpart .. value)
   return {1, ver, old, now}
 end
 local t = redis.call('TIME')
@@ -227,12 +253,21 @@ def _entry(key: str, raw: bytes) -> Entry:
     )
 
 
-def _parse_message(key: str, data: bytes) -> Change:
-    """Decode a published change: op, version, timestamp, optional old, new."""
-    op = ChangeOp.SET if data[:1] == b"S" else ChangeOp.DELETE
+def _parse_message(key: str, data: bytes) -> tuple[Change, int]:
+    """Decode a published change and when the key expires (server ms, 0 = never).
+
+    `W`: a write (op, version, timestamp, expiry, optional old, new); `D`: a delete (no expiry);
+    `S`: a write published by an earlier version of this library (no expiry).
+    """
+    kind = data[:1]
+    op = ChangeOp.DELETE if kind == b"D" else ChangeOp.SET
     version = int(data[1:21])
     stamp = int(data[21:36])
     position = 36
+    expires = 0
+    if kind == b"W":
+        expires = int(data[36:51])
+        position = 51
     old: bytes | None = None
     if data[position : position + 1] == b"1":
         size = int(data[position + 1 : position + 11])
@@ -241,7 +276,8 @@ def _parse_message(key: str, data: bytes) -> Change:
     else:
         position += 1
     new = data[position:] if op is ChangeOp.SET else None
-    return Change(key=key, op=op, old=old, new=new, version=version, timestamp=_ms(stamp))
+    change = Change(key=key, op=op, old=old, new=new, version=version, timestamp=_ms(stamp))
+    return change, expires
 
 
 def _sha(source: str) -> str:
@@ -330,29 +366,154 @@ class _KeyLock:
 
 
 class _Group:
-    """The local subscribers of one PSUBSCRIBE pattern, and the versions delivered to them."""
+    """The local subscriptions to one pattern, and what was delivered to them.
 
-    __slots__ = ("confirmed", "fanout", "pattern", "requested", "users", "versions")
+    `seen` holds, for each key delivered and still alive, its version, a hash of its value and
+    when it expires (server milliseconds, 0 = never). It decides duplicates (a resync overlapping
+    the live stream), what a resync must emit, and a key's new life after it expired. Entries
+    leave on a delete and when they expire (`expiries` orders them), so it never outgrows the
+    keys alive in the pattern.
+    """
+
+    __slots__ = ("expiries", "fanout", "matcher", "pattern", "seen", "streams", "users")
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
+        self.matcher = compile_glob(pattern)
         self.fanout = ChangeFanout()
         self.users = 0
-        self.versions: dict[str, tuple[int, int]] = {}  # key -> (version, hash of the value)
-        self.confirmed = asyncio.Event()
-        self.requested = False  # PSUBSCRIBE sent on the current connection
+        self.streams: list[tuple[ChangeStream, int]] = []  # (stream, its max_buffer)
+        # key -> (version, hash of the value or None once gone, expires in server ms or 0)
+        self.seen: dict[str, tuple[int, int | None, int]] = {}
+        self.expiries: list[tuple[int, str]] = []  # a heap of (expires, key)
 
-    def deliver(self, change: Change) -> None:
-        known = self.versions.get(change.key)
+    def deliver(self, change: Change, stamp: int, expires: int) -> None:
+        """Publish a live change unless it was delivered already (by a resync)."""
+        key = change.key
+        known = self.seen.get(key)
+        if known is not None and not (known[2] and known[2] <= stamp):
+            # The same life of the key (it did not expire since): only a newer version is news.
+            version, value_hash = known[0], known[1]
+            if value_hash is None:
+                # A resync found it gone: older writes are stale, a new life (old None) is news.
+                if (change.op is ChangeOp.DELETE or change.old is not None) and (
+                    change.version <= version
+                ):
+                    return
+            elif change.version < version or (
+                change.version == version and change.op is not ChangeOp.DELETE
+            ):
+                return
         if change.op is ChangeOp.DELETE:
-            if known is not None and change.version < known[0]:
-                return  # a resync already moved past this
-            self.versions.pop(change.key, None)
+            self.seen.pop(key, None)
         else:
-            if known is not None and change.version <= known[0]:
-                return  # already delivered (a resync overlapped the live stream)
-            self.versions[change.key] = (change.version, hash(change.new))
+            self.remember(key, change.version, hash(change.new), expires)
         self.fanout.publish(change)
+
+    def remember(self, key: str, version: int, value_hash: int | None, expires: int) -> None:
+        """Record what was delivered for `key` (`value_hash=None`: it is gone)."""
+        self.seen[key] = (version, value_hash, expires)
+        if expires:
+            heapq.heappush(self.expiries, (expires, key))
+            if len(self.expiries) > 2 * len(self.seen) + 64:
+                # Keys rewritten with a TTL leave stale heap entries: rebuild from `seen`.
+                self.expiries = [(e, k) for k, (_, _, e) in self.seen.items() if e]
+                heapq.heapify(self.expiries)
+
+    def prune(self, now: int) -> None:
+        """Forget the keys that expired by `now` (server milliseconds)."""
+        expiries = self.expiries
+        while expiries and expiries[0][0] <= now:
+            expires, key = heapq.heappop(expiries)
+            known = self.seen.get(key)
+            if known is not None and known[2] == expires:
+                del self.seen[key]
+
+    def backlog(self) -> float:
+        """How full the fullest open subscription's buffer is (0.0 empty, 1.0 full)."""
+        fullest = 0.0
+        for stream, max_buffer in self.streams:
+            fullest = max(fullest, _buffered(stream) / max_buffer)
+        return fullest
+
+
+def _buffered(stream: ChangeStream) -> int:
+    """The changes `stream` holds unread (0 if the stream does not say).
+
+    The one place that reads `ChangeStream` internals: the memory object stream's statistics.
+    """
+    subscriber = getattr(stream, "_subscriber", None)
+    send = getattr(subscriber, "send", None)
+    if send is None or not getattr(subscriber, "is_open", True):
+        return 0
+    try:
+        return int(send.statistics().current_buffer_used)
+    except Exception:  # noqa: BLE001  # a closed stream has no statistics: nothing buffered
+        return 0
+
+
+class _Barrier:
+    """A subscription (or a drain, `stream=None`) waiting for its barrier messages."""
+
+    __slots__ = ("opened", "remaining", "stream")
+
+    def __init__(self, stream: ChangeStream | None) -> None:
+        self.stream = stream
+        self.opened = asyncio.Event()
+        self.remaining = 1  # barrier messages still to come
+
+    def open(self) -> None:
+        if self.stream is not None:
+            self.stream.open()
+        self.opened.set()
+
+
+class _PatternIndex:
+    """The subscribed patterns by their literal prefix: a key meets only patterns it can match.
+
+    A key is looked up once per distinct literal-prefix length, so a change costs a few dict
+    lookups however many patterns are subscribed, plus one glob match per pattern that shares
+    the key's prefix.
+    """
+
+    __slots__ = ("_by_prefix", "_lengths")
+
+    def __init__(self) -> None:
+        self._by_prefix: dict[str, list[_Group]] = {}
+        self._lengths: list[int] = []
+
+    def __len__(self) -> int:
+        return sum(len(groups) for groups in self._by_prefix.values())
+
+    def add(self, group: _Group) -> None:
+        prefix = group.matcher.literal_prefix
+        self._by_prefix[prefix] = [*self._by_prefix.get(prefix, []), group]
+        self._lengths = sorted({len(p) for p in self._by_prefix})
+
+    def remove(self, group: _Group) -> None:
+        prefix = group.matcher.literal_prefix
+        rest = [g for g in self._by_prefix.get(prefix, []) if g is not group]
+        if rest:
+            self._by_prefix[prefix] = rest
+        else:
+            self._by_prefix.pop(prefix, None)
+        self._lengths = sorted({len(p) for p in self._by_prefix})
+
+    def matching(self, key: str) -> list[_Group]:
+        """The groups whose pattern matches `key`."""
+        found: list[_Group] = []
+        by_prefix = self._by_prefix
+        size = len(key)
+        for length in self._lengths:
+            if length > size:
+                break
+            groups = by_prefix.get(key[:length])
+            if groups is not None:
+                found += [group for group in groups if group.matcher.match(key)]
+        return found
+
+    def groups(self) -> list[_Group]:
+        return [group for groups in self._by_prefix.values() for group in groups]
 
 
 class RedisBackend(Backend):
@@ -362,7 +523,8 @@ class RedisBackend(Backend):
         url: `redis://[user:password@]host:port/db`, `rediss://...` for TLS, or `unix:///path`.
         db: The database, when the URL names none.
         key_prefix: Put before every key (and every change channel); keys are given and listed
-            without it, so two prefixes on one server never see each other's keys.
+            without it. Empty, or ending with `:` (`"agenticai:"`), so that no other prefix
+            starts with it: sibling prefixes never see each other's keys.
         connection_pool_size: The most connections held open (the pub/sub one is separate).
         socket_timeout: Seconds to wait for a reply before `BackendTimeoutError`.
         connect_timeout: Seconds to wait for a connection.
@@ -373,6 +535,7 @@ class RedisBackend(Backend):
 
     Raises:
         MissingDependencyError: redis-py is not installed (`pip install "agenticstate[redis]"`).
+        ConfigurationError: A bad URL or option, or a `key_prefix` not ending with `:`.
     """
 
     def __init__(
@@ -394,8 +557,7 @@ class RedisBackend(Backend):
             raise MissingDependencyError("redis", "redis") from None
         if not isinstance(url, str) or "://" not in url:
             raise ConfigurationError("url must look like redis://host:port/db")
-        if not isinstance(key_prefix, str):
-            raise ConfigurationError("key_prefix must be a str")
+        validate_key_prefix(key_prefix)
         if connection_pool_size < 1 or read_retries < 0:
             raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
         self._url = url  # with its password: only connections see it (`url` is redacted)
@@ -414,19 +576,36 @@ class RedisBackend(Backend):
         self._set_sha = _sha(_SET_SCRIPT)
         self._set_many_sha = _sha(_SET_MANY_SCRIPT)
         self._delete_sha = _sha(_DELETE_SCRIPT)
-        self._channel_prefix = f"{CHANNEL_NAMESPACE}{key_prefix}"
+        # One PSUBSCRIBE per backend: every change under the prefix, matched here by pattern.
+        self._subscription = escape_glob(f"{CHANNEL_NAMESPACE}{key_prefix}") + "*"
+        self._channel_prefix = f"{CHANNEL_NAMESPACE}{key_prefix}".encode()
+        self._channel_cut = len(self._channel_prefix)
+        # Barrier messages go to a "key" no real key can be (keys may not use the reserved
+        # prefix), tagged with this backend's id so other subscribers ignore them.
+        self._reserved = RESERVED_PREFIX.encode()
+        self._barrier_key = f"{RESERVED_PREFIX}:barrier:{uuid.uuid4().hex}:".encode()
         self._groups: dict[str, _Group] = {}
+        self._index = _PatternIndex()
         self._pubsub: Any = None
         self._pubsub_source: aioredis.Redis | None = None  # a cluster node's client for pub/sub
         self._reader: asyncio.Task[None] | None = None
+        self._live = asyncio.Event()  # the PSUBSCRIBE is confirmed on the current connection
+        self._tokens = itertools.count()
+        # Barriers waiting for their PONG: token -> (the stream to open, or None; an event).
+        self._barriers: dict[int, _Barrier] = {}  # waiting for their PONG or markers
+        self._horizon = 0  # server ms: every change stamped before it was read (or was older)
+        self._gap_from = 0  # the horizon when the connection last dropped
         self._resync_pending = False
+        # Server clocks of a cluster's nodes may differ a little: a resync looks that far back.
+        self._clock_skew_ms = 50 if self.is_cluster else 0
+        self._clock_offset = 0.0  # server ms minus local ms, from the last change read
+        self._pruned = 0  # server ms of the last pass forgetting expired keys
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = _Connections(connection_pool_size)
         self._cluster_slots = asyncio.Semaphore(connection_pool_size)
         self._cluster_mapped = False
         self._update_locks: dict[str, _KeyLock] = {}
-        self._barriers: deque[tuple[ChangeStream, asyncio.Event]] = deque()
 
     @property
     def url(self) -> str:
@@ -524,13 +703,19 @@ class RedisBackend(Backend):
             raise ConfigurationError(f"invalid Redis URL {self.url!r}: {exc}") from None
 
     async def open(self) -> None:
-        """Create the client and load the scripts (no connection is made until first use)."""
+        """Create the client and load the scripts (no connection is made until first use).
+
+        Raises:
+            ConfigurationError: Not running under asyncio (this backend does not run under trio).
+        """
+        _require_asyncio()
         if self._closed:
             raise BackendError("this RedisBackend is closed")
         if self._client is None:
             self._client = self._make_client()
 
     async def _redis(self) -> aioredis.Redis:
+        _require_asyncio()
         if self._client is None:
             await self.open()
         assert self._client is not None  # noqa: S101  # set by open()
@@ -597,6 +782,7 @@ class RedisBackend(Backend):
             BackendError: A subclass for connection failures and timeouts (a write whose reply
                 was lost: `WriteOutcomeUnknownError`), or for an error reply.
         """
+        _require_asyncio()
         client = self._client or await self._redis()
         if self.is_cluster:
             return await self._execute_on_cluster(client, args, write_key)
@@ -804,6 +990,7 @@ class RedisBackend(Backend):
         Updates of one key from this process take turns (a lock per key), so they never race
         each other and only other processes' writes can make an attempt retry.
         """
+        _require_asyncio()
         self._k(key)
         lock = self._update_locks.get(key)
         if lock is None:
@@ -923,97 +1110,124 @@ class RedisBackend(Backend):
     def changes(
         self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
     ) -> contextlib.AbstractAsyncContextManager[ChangeStream]:
-        """Subscribe to changes of keys matching `pattern` (from every process)."""
+        """Subscribe to changes of keys matching `pattern` (from every process).
+
+        The subscription is live when the context manager is entered: the server has confirmed
+        it, so every change committed after entry, by any client, is delivered.
+        """
         return self._changes(validate_pattern(pattern), max_buffer)
 
     @asynccontextmanager
     async def _changes(self, pattern: str, max_buffer: int) -> AsyncIterator[ChangeStream]:
+        _require_asyncio()
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
         await self._redis()
         group = self._groups.get(pattern)
         if group is None:
             group = self._groups[pattern] = _Group(pattern)
-        joining = group.users > 0  # the pattern is subscribed already: join at a barrier
+            self._index.add(group)
         group.users += 1
         try:
-            async with group.fanout.subscribe("*", max_buffer, start_open=not joining) as stream:
-                await self._ensure_subscribed(group)
-                if joining:
-                    await self._barrier(stream)
-                yield stream
+            async with group.fanout.subscribe(pattern, max_buffer, start_open=False) as stream:
+                held = (stream, max_buffer)
+                group.streams.append(held)
+                try:
+                    await self._go_live(stream)
+                    yield stream
+                finally:
+                    group.streams = [s for s in group.streams if s is not held]
         finally:
             group.users -= 1
             if group.users == 0 and self._groups.get(pattern) is group:
                 del self._groups[pattern]
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.socket_timeout):
-                    await self._unsubscribe(group)
+                self._index.remove(group)
 
-    async def _barrier(self, stream: ChangeStream) -> None:
-        """Open `stream` at a point of the pub/sub connection after every change published so far.
+    async def _go_live(self, stream: ChangeStream | None) -> None:
+        """Open `stream` at a barrier on the live pub/sub connection (see "Delivery").
 
-        A PING on the connection is answered after every message already on its way, so the
-        reader opens the stream when it reads the answer: the new subscription gets exactly the
-        changes published after it was asked for, even though the pattern's other subscribers
-        were already receiving.
+        The barrier is a message that arrives after every change already on its way: a PING on
+        the subscribed connection (answered after every message its server sent before), or on
+        a cluster a marker PUBLISHed on every primary (each shard's changes reach the
+        connection's node over the cluster bus, in order per shard). The reader opens the
+        stream when the last one arrives, so it gets every change committed after entry and
+        none from before the barrier. With `stream=None` this drains the connection.
         """
-        opened = asyncio.Event()
-        self._barriers.append((stream, opened))
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):  # a failure reconnects, which opens it too
-                await self._pubsub.ping(_BARRIER)
+        if self._closed:
+            raise BackendError("this RedisBackend is closed")
+        self._start_reader()
+        token = next(self._tokens)
+        barrier = _Barrier(stream)
+        self._barriers[token] = barrier
         try:
-            await asyncio.wait_for(opened.wait(), self.connect_timeout + self.socket_timeout)
+            async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                if self._live.is_set():
+                    await self._send_barrier(token, barrier)
+                # Otherwise the reader opens it once the connection is subscribed again.
+                await barrier.opened.wait()
         except TimeoutError:
             raise BackendUnavailableError(
-                f"no answer on the pub/sub connection to {self.url}"
+                f"could not subscribe on the pub/sub connection to {self.url}"
             ) from None
+        finally:
+            self._barriers.pop(token, None)
+        if self._closed and stream is not None:
+            raise BackendError("this RedisBackend is closed")
 
-    def _open_barriers(self, *, only_first: bool = False) -> None:
-        """Open the waiting subscriptions: the oldest (its PING was answered), or all."""
-        while self._barriers:
-            stream, opened = self._barriers.popleft()
-            stream.open()
-            opened.set()
-            if only_first:
-                return
-
-    def _redis_pattern(self, pattern: str) -> str:
-        return escape_glob(self._channel_prefix) + pattern
-
-    def _user_pattern(self, raw: bytes) -> str:
-        return raw.decode("utf-8", "surrogateescape")[len(escape_glob(self._channel_prefix)) :]
-
-    async def _ensure_subscribed(self, group: _Group) -> None:
-        if self._closed:
-            group.fanout.close()
+    async def _send_barrier(self, token: int, barrier: _Barrier) -> None:
+        if not self.is_cluster:
+            pubsub = self._pubsub
+            if pubsub is not None:
+                with contextlib.suppress(Exception):  # a failure reconnects, which opens it
+                    await pubsub.ping(f"{_BARRIER}{token}")
             return
+        client = await self._redis()
+        primaries = await self._primaries(client)
+        barrier.remaining = len(primaries)
+        channel = self._channel_prefix + self._barrier_key + b"%d" % token
+        for node in primaries:
+            command = ("PUBLISH", channel, b"")
+            await self._execute_on_cluster(client, command, None, target_nodes=node)
+
+    def _open_barriers(self) -> None:
+        """Open every waiting barrier: the connection was just subscribed again (and resynced)."""
+        for barrier in self._barriers.values():
+            barrier.open()
+
+    def _start_reader(self) -> None:
         if self._reader is None or self._reader.done():
+            self._live = asyncio.Event()  # of this event loop, for a fresh connection
             self._reader = asyncio.get_running_loop().create_task(
                 self._read_changes(), name="agenticstate-redis-pubsub"
             )
-        elif self._pubsub is not None:
-            await self._request(group)
-        try:
-            await asyncio.wait_for(
-                group.confirmed.wait(), self.connect_timeout + self.socket_timeout
-            )
-        except TimeoutError:
-            raise BackendUnavailableError(
-                f"could not subscribe to {group.pattern!r} on {self.url}"
-            ) from None
 
-    async def _request(self, group: _Group) -> None:
-        if group.requested or self._pubsub is None:
-            return
-        group.requested = True
-        with contextlib.suppress(Exception):  # a failure shows up in the reader, which retries
-            await self._pubsub.psubscribe(self._redis_pattern(group.pattern))
+    def _pong(self, data: bytes | str) -> None:
+        text = data.decode() if isinstance(data, bytes) else data
+        if not text.startswith(_BARRIER):
+            return  # a health check
+        barrier = self._barriers.get(int(text[len(_BARRIER) :]))
+        if barrier is not None:
+            barrier.remaining -= 1
+            if barrier.remaining <= 0:
+                barrier.open()
 
-    async def _unsubscribe(self, group: _Group) -> None:
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self._pubsub.punsubscribe(self._redis_pattern(group.pattern))
+    async def _connect_pubsub(self) -> None:
+        """Connect, read the server's clock, and PSUBSCRIBE to every change under the prefix."""
+        client = await self._redis()
+        async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+            source = await self._pubsub_client(client)
+            if source is not client:
+                self._pubsub_source = source  # closed with the pub/sub connection
+            self._pubsub = source.pubsub(ignore_subscribe_messages=False)
+            await self._pubsub.connect()
+            # Read before subscribing: every write after the subscription is stamped at or
+            # after it (see `_resync`).
+            # On the pub/sub connection itself, before it enters subscribed mode.
+            connection = self._pubsub.connection
+            await connection.send_command("TIME")
+            seconds, micros = await connection.read_response()
+            self._horizon = int(seconds) * 1000 + int(micros) // 1000
+            await self._pubsub.psubscribe(self._subscription)
 
     async def _read_changes(self) -> None:
         """The one reader of the pub/sub connection: dispatch, reconnect, resync."""
@@ -1023,20 +1237,12 @@ class RedisBackend(Backend):
         while not self._closed:
             try:
                 if self._pubsub is None:
-                    client = await self._redis()
-                    async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
-                        source = await self._pubsub_client(client)
-                        if source is not client:
-                            self._pubsub_source = source  # closed with the pub/sub connection
-                        self._pubsub = source.pubsub(ignore_subscribe_messages=False)
-                        await self._pubsub.connect()
-                    for group in list(self._groups.values()):
-                        await self._request(group)
+                    await self._connect_pubsub()
                     heard, ping_sent = loop.time(), 0.0
-                    self._open_barriers()  # joined while there was no connection: resync covers
                 message = await self._pubsub.get_message(timeout=1.0)
                 now = loop.time()
                 if message is None:
+                    self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
                     # A connection can die without a word (a NAT or firewall forgets it): when
                     # nothing came for a while, ask, and give up on it if no answer comes.
                     if ping_sent and now - ping_sent > self.socket_timeout:
@@ -1048,21 +1254,25 @@ class RedisBackend(Backend):
                 heard, ping_sent = now, 0.0
                 kind = message["type"]
                 if kind == "pmessage":
-                    self._dispatch(message)
+                    try:
+                        self._dispatch(message["channel"], message["data"])
+                    except (ValueError, IndexError):
+                        # Not a change this library published (someone else's PUBLISH on our
+                        # channels): skip it, never drop the connection over it.
+                        log.debug("pubsub_message_skipped", size=len(message["data"]))
                 elif kind == "pong":
-                    if message["data"] in (_BARRIER.encode(), _BARRIER):
-                        self._open_barriers(only_first=True)  # PINGs are answered in order
+                    self._pong(message["data"])
                 elif kind == "psubscribe":
-                    confirmed = self._groups.get(self._user_pattern(message["channel"]))
-                    if confirmed is not None:
-                        confirmed.confirmed.set()
-                    if self._resync_pending and all(
-                        g.confirmed.is_set() for g in self._groups.values()
-                    ):
-                        # Every pattern listens again: now re-read what the gap may have hidden.
+                    since = self._horizon
+                    if self._resync_pending:
+                        # Live again: now re-read what the gap may have hidden.
+                        await self._resync(self._gap_from, since)
                         self._resync_pending = False
-                        await self._resync()
+                    self._live.set()
                     failures = 0
+                    # Waiting subscriptions are live from here (their barrier may have been
+                    # lost with the old connection).
+                    self._open_barriers()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001  # any failure: reconnect, then resync
@@ -1073,13 +1283,12 @@ class RedisBackend(Backend):
                     error=type(exc).__name__,
                     attempt=failures,
                 )
+                if self._live.is_set():
+                    # Changes after the last one read may be lost: resync from there.
+                    self._live.clear()
+                    self._gap_from = self._horizon
+                    self._resync_pending = True
                 await self._drop_pubsub()
-                for group in self._groups.values():
-                    group.requested = False
-                    group.confirmed.clear()
-                self._resync_pending = True
-                # Waiting subscriptions start now: the resync after the reconnect covers them.
-                self._open_barriers()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
 
     async def _pubsub_client(self, client: aioredis.Redis) -> aioredis.Redis:
@@ -1110,44 +1319,97 @@ class RedisBackend(Backend):
             **self._client_options,
         )
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        group = self._groups.get(self._user_pattern(message["pattern"]))
-        if group is None:
+    def _dispatch(self, channel: bytes, data: bytes) -> None:
+        if channel.startswith(self._reserved, self._channel_cut):
+            # No key starts with the reserved prefix: a barrier, this backend's or another's.
+            if channel.startswith(self._barrier_key, self._channel_cut):
+                token = channel[self._channel_cut + len(self._barrier_key) :]
+                self._pong(_BARRIER + token.decode())
             return
-        channel: bytes = message["channel"]
-        cut = len(self._channel_prefix.encode())
-        key = channel[cut:].decode("utf-8", "surrogateescape")
-        group.deliver(_parse_message(key, message["data"]))
+        stamp = int(data[21:36])
+        if stamp > self._horizon:
+            self._horizon = stamp
+            if stamp - self._pruned >= _PRUNE_LAG_MS:
+                # Once a second of server time, every subscription forgets the keys that
+                # expired over a second ago. Not sooner: on a cluster a shard's change can
+                # arrive after another shard's later ones, and a key's own change from before
+                # its expiry must still find it remembered (or it would be delivered twice).
+                self._pruned = stamp
+                self._prune(stamp - _PRUNE_LAG_MS)
+        key = channel[self._channel_cut :].decode("utf-8", "surrogateescape")
+        groups = self._index.matching(key)
+        if not groups:
+            return
+        self._clock_offset = stamp - time.time() * 1000
+        change, expires = _parse_message(key, data)
+        for group in groups:
+            group.deliver(change, stamp, expires)
 
-    async def _resync(self) -> None:
-        """After a gap, re-read every subscribed pattern's keys and emit what changed."""
-        for group in list(self._groups.values()):
-            keys = [key async for key in self.scan(group.pattern)]
-            entries = await self.get_many(keys)
-            present: set[str] = set()
-            now = datetime.now(UTC)
-            for key, entry in zip(keys, entries, strict=True):
+    def _prune(self, now: float) -> None:
+        for group in self._index.groups():
+            group.prune(int(now))
+
+    def _tracked_keys(self) -> int:
+        """How many keys the subscriptions remember (for tests: it stays bounded)."""
+        return sum(len(group.seen) for group in self._groups.values())
+
+    async def _resync(self, gap_from: int, now: int) -> None:
+        """After a gap, emit what changed in it.
+
+        That is every key whose value differs from what was delivered, the keys written since
+        `gap_from` that were never delivered, and the keys gone.
+
+        A key last written before `gap_from` and never delivered existed before the subscription
+        and has not changed since: it is not a change. Changes are handed over only as fast as
+        the subscriptions take them (for up to `socket_timeout` in all), so a resync does not
+        overflow a buffer by itself.
+        """
+        groups = self._index.groups()
+        if not groups:
+            return
+        cutoff = gap_from - self._clock_skew_ms
+        patterns = [group.pattern for group in groups] if len(groups) <= 4 else ["*"]
+        keys: dict[str, None] = {}
+        for pattern in patterns:
+            async for key in self.scan(pattern):
+                keys[key] = None
+        listed = list(keys)
+        present: set[str] = set()
+        budget = asyncio.get_running_loop().time() + self.socket_timeout
+        emitted = 0
+        for start in range(0, len(listed), 500):
+            chunk = listed[start : start + 500]
+            for key, entry in zip(chunk, await self.get_many(chunk), strict=True):
                 if entry is None:
                     continue
                 present.add(key)
-                # Version and value: a key deleted and written again meanwhile can be back at
-                # the version last delivered, with another value.
-                seen = (entry.version, hash(entry.value))
-                if group.versions.get(key) == seen:
-                    continue
-                group.versions[key] = seen
-                group.fanout.publish(
-                    Change(
-                        key=key,
-                        op=ChangeOp.RESYNC,
-                        old=None,
-                        new=entry.value,
-                        version=entry.version,
-                        timestamp=entry.updated_at,
+                for group in self._index.matching(key):
+                    if not self._changed(group, entry, cutoff, now):
+                        continue
+                    budget = await self._room(group, budget)
+                    expires = 0 if entry.expires_at is None else _stamp(entry.expires_at)
+                    group.remember(key, entry.version, hash(entry.value), expires)
+                    group.fanout.publish(
+                        Change(
+                            key=key,
+                            op=ChangeOp.RESYNC,
+                            old=None,
+                            new=entry.value,
+                            version=entry.version,
+                            timestamp=entry.updated_at,
+                        )
                     )
-                )
-            for key in [k for k in group.versions if k not in present]:
-                version, _ = group.versions.pop(key)
+                    emitted += 1
+        for group in groups:
+            for key, (version, value_hash, expires) in list(group.seen.items()):
+                if key in present or value_hash is None:
+                    continue
+                if expires and expires <= now:
+                    del group.seen[key]  # it expired: not a change (as on every backend)
+                    continue
+                budget = await self._room(group, budget)
+                # Remembered as gone for a while, so a late live message cannot revive it.
+                group.remember(key, version, None, now + _GONE_KEPT_MS)
                 group.fanout.publish(
                     Change(
                         key=key,
@@ -1155,10 +1417,31 @@ class RedisBackend(Backend):
                         old=None,
                         new=None,
                         version=version,
-                        timestamp=now,
+                        timestamp=_ms(now),
                     )
                 )
-            log.info("pubsub_resynced", pattern=group.pattern, keys=len(keys))
+                emitted += 1
+        log.info("pubsub_resynced", patterns=len(groups), keys=len(listed), changes=emitted)
+
+    @staticmethod
+    def _changed(group: _Group, entry: Entry, cutoff: int, now: int) -> bool:
+        known = group.seen.get(entry.key)
+        if known is not None and known[2] and known[2] <= now:
+            known = None  # that life of the key expired
+        if known is None:
+            # Never delivered: a change only if written after the gap began.
+            return _stamp(entry.updated_at) >= cutoff
+        if known[1] is None:
+            return True  # found gone before, here again
+        return (known[0], known[1]) != (entry.version, hash(entry.value))
+
+    async def _room(self, group: _Group, budget: float) -> float:
+        """Wait (within the `budget` deadline) until `group`'s subscriptions have room."""
+        loop = asyncio.get_running_loop()
+        # A poll, not an event: the subscriptions' buffers have no "drained" signal to wait on.
+        while group.backlog() >= 0.5 and loop.time() < budget:  # noqa: ASYNC110
+            await asyncio.sleep(0.002)
+        return budget
 
     async def _drop_pubsub(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
@@ -1171,13 +1454,27 @@ class RedisBackend(Backend):
                 await source.aclose(close_connection_pool=True)
 
     async def aclose(self) -> None:
-        """End subscriptions, close the pub/sub connection and (if created here) the client."""
+        """End subscriptions, close the pub/sub connection and (if created here) the client.
+
+        Subscriptions first receive every change published before the close: a last barrier
+        on the pub/sub connection (waited for up to `socket_timeout`) drains what is on its way.
+        """
         if self._closed:
             return
+        reader = self._reader
+        if reader is not None and not reader.done() and self._live.is_set() and self._groups:
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(self.socket_timeout),
+                contextlib.suppress(BackendError),
+            ):
+                await self._go_live(None)
         self._closed = True
+        for barrier in self._barriers.values():
+            barrier.opened.set()  # subscriptions still waiting learn at once that it closed
         for group in self._groups.values():
             group.fanout.close()
-        reader, self._reader = self._reader, None
+        self._reader = None
         if reader is not None:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -1191,6 +1488,22 @@ class RedisBackend(Backend):
                     await client.aclose()
                 else:
                     await client.aclose(close_connection_pool=True)
+
+
+def _stamp(moment: datetime) -> int:
+    """Milliseconds since the epoch (the inverse of `_ms`)."""
+    return round(moment.timestamp() * 1000)
+
+
+def _require_asyncio() -> None:
+    """Raise `ConfigurationError` unless an asyncio event loop runs (not trio)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigurationError(
+            "RedisBackend runs under asyncio only (redis-py's client is asyncio-only); "
+            "use the memory or file backend under trio"
+        ) from None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -1,7 +1,7 @@
-"""The six managers built on `StateManager`.
+"""The managers built on `StateManager`.
 
-Agents, workflows, orchestration, knowledge, tools and speech: each stores pydantic records
-through a `StateManager`, so each works on every backend.
+Agents, workflows, orchestration, knowledge, tools, speech and sessions: each stores pydantic
+records through a `StateManager`, so each works on every backend.
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ from agenticstate.managers.orchestration import (
     TaskQueueState,
     TaskStatus,
     TeamState,
+)
+from agenticstate.managers.sessions import (
+    Session,
+    SessionDeletion,
+    SessionManager,
+    SessionMessage,
+    SessionSummary,
+    Summarizer,
+    TokenCounter,
+    estimate_tokens,
 )
 from agenticstate.managers.speech import (
     AudioSession,
@@ -89,12 +99,18 @@ __all__ = [
     "RecoveryRecord",
     "RetryState",
     "STTState",
+    "Session",
+    "SessionDeletion",
+    "SessionManager",
+    "SessionMessage",
+    "SessionSummary",
     "SourceState",
     "SpeechStateManager",
     "StateManagerBase",
     "StepState",
     "StepStatus",
     "StreamingMode",
+    "Summarizer",
     "SyncStatus",
     "TTSState",
     "TaskClaim",
@@ -103,6 +119,7 @@ __all__ = [
     "TaskQueueState",
     "TaskStatus",
     "TeamState",
+    "TokenCounter",
     "ToolCacheEntry",
     "ToolExecution",
     "ToolExecutionStatus",
@@ -115,5 +132,6 @@ __all__ = [
     "WorkflowStateManager",
     "WorkflowStatus",
     "WorkflowStep",
+    "estimate_tokens",
     "hash_parameters",
 ]

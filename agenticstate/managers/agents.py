@@ -367,6 +367,8 @@ class AgentRecoveryManager:
         self._after: list[RecoveryHook] = []
         self._failed: list[RecoveryHook] = []
         self._log = agent_store.log.bind(component="recovery")
+        self.hook_failures = 0
+        """How many times a recovery hook raised (each is logged as `recovery_hook_failed`)."""
 
     def register(self, agent: Any) -> None:
         """Make `agent` recoverable by its id (`agent.id`, else `agent.agent_id`)."""
@@ -379,7 +381,12 @@ class AgentRecoveryManager:
         return self._agents.pop(agent_id, None) is not None
 
     def on_before_recovery(self, hook: RecoveryHook) -> RecoveryHook:
-        """Run `hook(event)` before each restore (usable as a decorator)."""
+        """Run `hook(event)` before each restore (usable as a decorator).
+
+        Hooks observe recoveries; they never change one. A hook that raises (before, after or
+        failed) is logged (`recovery_hook_failed`, a warning) and counted in `hook_failures`;
+        the recovery goes on as if it had returned, and so does `run()`'s retry loop.
+        """
         self._before.append(hook)
         return hook
 
@@ -420,7 +427,8 @@ class AgentRecoveryManager:
 
         Returns:
             True if the agent was restored; False if there was no usable checkpoint or the
-            restore (or a before hook) raised. Failed hooks run in both cases.
+            restore raised (then the failed hooks run). A hook that raises changes neither
+            (see `on_before_recovery`).
 
         Raises:
             NotFoundError: The agent is not registered.
@@ -445,8 +453,7 @@ class AgentRecoveryManager:
                     f"checkpoint {checkpoint.checkpoint_id!r} is not recoverable"
                 )
             event = RecoveryEvent(agent_id=agent_id, attempt=attempt, checkpoint=checkpoint)
-            for hook in self._before:
-                await maybe_await(hook(event))
+            await self._run_hooks("before", self._before, event)
             await maybe_await(agent.restore_from_checkpoint(dict(checkpoint.state)))
         except Exception as exc:  # noqa: BLE001  # every failure is reported through hooks
             await self._record(agent_id, checkpoint, error=exc)
@@ -456,8 +463,7 @@ class AgentRecoveryManager:
             failed = RecoveryEvent(
                 agent_id=agent_id, attempt=attempt, checkpoint=checkpoint, error=exc
             )
-            for hook in self._failed:
-                await maybe_await(hook(failed))
+            await self._run_hooks("failed", self._failed, failed)
             return False
         await self._record(agent_id, checkpoint, error=None)
         self._log.info(
@@ -466,9 +472,24 @@ class AgentRecoveryManager:
             attempt=attempt,
             checkpoint=checkpoint.checkpoint_id,
         )
-        for hook in self._after:
-            await maybe_await(hook(event))
+        await self._run_hooks("after", self._after, event)
         return True
+
+    async def _run_hooks(self, phase: str, hooks: list[RecoveryHook], event: RecoveryEvent) -> None:
+        """Run every hook of a phase; one that raises is logged and counted, never propagated."""
+        for hook in hooks:
+            try:
+                await maybe_await(hook(event))
+            except Exception as exc:  # noqa: BLE001  # a hook observes: it cannot fail a recovery
+                self.hook_failures += 1
+                self._log.warning(
+                    "recovery_hook_failed",
+                    agent_id=event.agent_id,
+                    attempt=event.attempt,
+                    phase=phase,
+                    hook=getattr(hook, "__qualname__", type(hook).__name__),
+                    error=type(exc).__name__,
+                )
 
     async def _count_attempt(self, agent_id: str) -> int:
         limit = self.max_recovery_attempts

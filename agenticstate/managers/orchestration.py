@@ -634,6 +634,9 @@ class OrchestrationStateManager(StateManagerBase):
     async def assign_task(self, team_id: str, task_id: str, agent_id: str) -> TaskItem:
         """Assign a pending task to an agent, atomically across processes (no lease).
 
+        This is a coordinator's decision: unlike `claim_task`, it does not check the task's
+        `capability` against the agent's.
+
         Raises:
             ConflictError: The task is not pending (another agent has it, or it is done).
             NotFoundError: No such task.
@@ -666,23 +669,22 @@ class OrchestrationStateManager(StateManagerBase):
     ) -> TaskClaim | None:
         """Take the next pending task for `agent_id`, under a lease.
 
-        The next task is the highest-priority, oldest pending one the agent may take: tasks that
-        need a capability go only to agents that have it (`capability=`, else the agent's
-        capabilities in the team). The lease lasts `lease` (default `default_lease`);
-        `heartbeat` extends it, and once it expires `reap_expired` puts the task back.
+        The next task is the highest-priority, oldest pending one the agent may take. A task
+        that needs a capability goes only to an agent of the team that has it (its
+        `capabilities` in the team's record); an agent that is not in the team has no
+        capabilities, so it may take only tasks that need none. `capability=` narrows the claim
+        further: tasks that need another capability are passed over (tasks that need none
+        still come). The lease lasts `lease` (default `default_lease`); `heartbeat` extends it,
+        and once it expires `reap_expired` puts the task back.
+
+        The agent's record is read only when a candidate task needs a capability.
 
         Returns:
             The claim, or None when no task is available.
         """
         key_part(agent_id, "agent_id")
         lease = lease or self.default_lease
-        capabilities: set[str] | None = None
-        if capability is not None:
-            capabilities = {capability}
-        else:
-            agent = await self._load(self._agent_key(team_id, agent_id), AgentCoordinationState)
-            if agent is not None:
-                capabilities = set(agent.capabilities)
+        capabilities: set[str] | None = None  # the agent's, read at the first task needing one
         pending = self._pending(team_id)
         in_progress = self._in_progress(team_id)
         skipped: set[str] = set()
@@ -713,13 +715,15 @@ class OrchestrationStateManager(StateManagerBase):
                     # A stale entry (the task was taken or finished): tidy it away.
                     await self.state.index_remove(pending, [task_id])
                     continue
-                if (
-                    task.capability is not None
-                    and capabilities is not None
-                    and task.capability not in capabilities
-                ):
-                    skipped.add(task_id)
-                    continue
+                if task.capability is not None:
+                    if capability is not None and task.capability != capability:
+                        skipped.add(task_id)  # narrowed away: no need to read the agent
+                        continue
+                    if capabilities is None:
+                        capabilities = await self._capabilities(team_id, agent_id)
+                    if task.capability not in capabilities:
+                        skipped.add(task_id)
+                        continue
                 now = utcnow()
                 taken = self._take(task, agent_id, uuid4().hex, now + lease).model_copy(
                     update={"updated_at": now}
@@ -747,6 +751,11 @@ class OrchestrationStateManager(StateManagerBase):
                     lease_expires_at=taken.lease_expires_at,
                 )
             page *= 2  # every candidate on this page was skipped or lost: look further
+
+    async def _capabilities(self, team_id: str, agent_id: str) -> set[str]:
+        """The agent's capabilities in the team; none for an agent that is not in it."""
+        agent = await self._load(self._agent_key(team_id, agent_id), AgentCoordinationState)
+        return set(agent.capabilities) if agent is not None else set()
 
     @staticmethod
     def _check_holder(task: TaskItem, lease_token: str | None, agent_id: str | None) -> None:
@@ -823,13 +832,15 @@ class OrchestrationStateManager(StateManagerBase):
     async def _finish(self, team_id: str, before: TaskItem, task: TaskItem) -> None:
         """Move a task that just left in-progress to its next index; set its holder idle."""
         member = self._member(before.task_id, before.lease_token)
-        await self.state.index_remove(self._in_progress(team_id), [member])
+        # The new index entry goes in before the old one goes, so a reader of the indexes
+        # (get_queue_status) never finds the task in neither.
         if task.status is TaskStatus.PENDING:
             await self.state.index_add(self._pending(team_id), self._order(task))
         else:
             await self.state.index_add(
                 self._finished(team_id), {task.task_id: self._finished_score(task)}
             )
+        await self.state.index_remove(self._in_progress(team_id), [member])
         if before.assigned_to is not None:
             await self._set_agent_if_member(team_id, before.assigned_to, AgentStatus.IDLE, None)
         if task.status in _FINISHED:
@@ -1155,6 +1166,10 @@ class OrchestrationStateManager(StateManagerBase):
             finished_ids = [
                 task_id for task_id, _ in await self.state.index_range(self._finished(team_id))
             ]
+        # A task sent back from in-progress to pending after the first read of pending was
+        # read in neither: read pending again (entries are added before the old ones go).
+        ids += [task_id for task_id, _ in await self.state.index_range(self._pending(team_id))]
+        ids = list(dict.fromkeys(ids))
         keys = {task_id: self._task_key(team_id, task_id) for task_id in [*ids, *finished_ids]}
         found = await self.state.get_many(list(keys.values()), model=TaskItem) if keys else {}
         # Grouped by each record's own status: the indexes are only hints.

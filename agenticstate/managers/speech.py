@@ -16,6 +16,13 @@ turns are appended atomically, so turns from several writers are never lost. An 
 keys expire after `ended_session_ttl`, and so does any STT, TTS or conversation update that
 arrives after the session ended or expired: it is kept, and expires with the ended session.
 
+With `session_ttl`, a live session and its records live at least `session_ttl` after the last
+write to any of them (at most twice that): every record is written with a lease of 2 x
+`session_ttl`, and a write that finds the session with less than 1.5 x `session_ttl` left renews
+the lease of the session and of all its records at once. So a stream of updates renews about
+every half `session_ttl`, not on every write, and a write has half a `session_ttl` of slack to
+reach its renewal before a sibling record could run out.
+
 Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
 slot): `speech:{<session_id>}:session`, `:stt`, `:tts`, `:conversation`.
 """
@@ -192,8 +199,10 @@ class SpeechStateManager(StateManagerBase):
         base_path: With `persistence="file"`.
         key_prefix: With the shorthand: a namespace before every key.
         ended_session_ttl: How long an ended session's state is kept.
-        session_ttl: A time to live for live sessions, renewed by every write to them (None:
-            live sessions never expire).
+        session_ttl: A time to live for live sessions, renewed by every write to them: a
+            status change, an STT or TTS update, a conversation update or a turn. A live
+            session and all its records live at least this long after the last write (at most
+            twice that). None: live sessions never expire.
     """
 
     def __init__(
@@ -219,6 +228,11 @@ class SpeechStateManager(StateManagerBase):
         )
         self.ended_session_ttl = ended_session_ttl
         self.session_ttl = session_ttl
+        # Every write gives a live session's records this long; renewal comes due once less
+        # than 1.5 x session_ttl is left, so a record outlives the last write by session_ttl
+        # with half a session_ttl to spare for the write's own latency.
+        self._lease = session_ttl * 2 if session_ttl is not None else None
+        self._renew_below = session_ttl * 1.5 if session_ttl is not None else None
 
     @staticmethod
     def _key(session_id: str, part: str) -> str:
@@ -244,7 +258,7 @@ class SpeechStateManager(StateManagerBase):
         await self.state.save(
             self._key(session.session_id, "session"),
             session,
-            ttl=self.session_ttl,
+            ttl=self._lease,
             expected_version=0,
         )
         return session.session_id
@@ -275,7 +289,10 @@ class SpeechStateManager(StateManagerBase):
                 )
             return session.model_copy(update={"status": target, "updated_at": utcnow()})
 
-        return AudioSession.model_validate(await self._update(session_id, "session", move))
+        moved = AudioSession.model_validate(await self._update(session_id, "session", move))
+        if self._lease is not None:
+            await self._renew_parts(session_id)  # the session got a fresh lease: so do they
+        return moved
 
     async def end_session(self, session_id: str, reason: str | None = None) -> AudioSession:
         """End the session; its state expires after `ended_session_ttl`.
@@ -322,13 +339,14 @@ class SpeechStateManager(StateManagerBase):
         remaining time, or `end_session` rewrites the part with its TTL after this write.
         """
         key = self._key(session_id, part)
-        version = await self.state.save(key, value, ttl=self.session_ttl)
+        version = await self.state.save(key, value, ttl=self._lease)
         entry = await self.state.get_entry(self._key(session_id, "session"), model=AudioSession)
         if entry is None:
             life: timedelta | None = self.ended_session_ttl  # expired, or never created
         elif entry.value.status is AudioSessionStatus.ENDED:
             life = entry.ttl
         else:
+            await self._renew_if_due(session_id, entry.ttl)
             return  # a live session: the part lives as the session does
         if life is None:
             return  # the ended session never expires either
@@ -338,6 +356,40 @@ class SpeechStateManager(StateManagerBase):
         except ConflictError:
             return  # written again meanwhile: that write checks the session itself
         self.log.debug("speech_late_update", session_id=session_id, part=part)
+
+    async def _renew_if_due(self, session_id: str, left: timedelta | None) -> None:
+        """Renew the lease of a live session and its records once it runs low (1.5 x session_ttl).
+
+        `left` is the session's time to live as read just after a write to the session.
+        """
+        if self._renew_below is None or left is None or left >= self._renew_below:
+            return
+
+        def renew(current: Any) -> Any:
+            session = AudioSession.model_validate(current)
+            if session.status is AudioSessionStatus.ENDED:
+                raise InvalidTransitionError(f"session {session_id!r} has ended")
+            return current
+
+        try:
+            await self._update(session_id, "session", renew, ttl=self._lease)
+        except (InvalidTransitionError, NotFoundError):
+            return  # ended or expired meanwhile: the write's own check handled it
+        await self._renew_parts(session_id)
+
+    async def _renew_parts(self, session_id: str) -> None:
+        """Give a live session's records a fresh lease (after the session got one)."""
+        for part in _PARTS:
+            await self._expire_part(session_id, part, self._lease)
+        # A session that ended while its records were renewed must not leave them a lease
+        # longer than its own time left: give them that time again.
+        after = await self.state.get_entry(self._key(session_id, "session"), model=AudioSession)
+        if after is None or after.value.status is AudioSessionStatus.ENDED:
+            life = after.ttl if after is not None else self.ended_session_ttl
+            if life is not None:
+                for part in _PARTS:
+                    await self._expire_part(session_id, part, max(life, timedelta(milliseconds=1)))
+        self.log.debug("speech_session_renewed", session_id=session_id)
 
     async def list_sessions(self, *, active_only: bool = True) -> list[AudioSession]:
         """Return sessions (by default those not ended), oldest first."""
@@ -355,7 +407,7 @@ class SpeechStateManager(StateManagerBase):
     ) -> Any:
         try:
             return await self.state.update(
-                self._key(session_id, part), fn, ttl=ttl if ttl is not None else self.session_ttl
+                self._key(session_id, part), fn, ttl=ttl if ttl is not None else self._lease
             )
         except NotFoundError:
             raise NotFoundError(f"no speech session {session_id!r}") from None
@@ -443,7 +495,7 @@ class SpeechStateManager(StateManagerBase):
             self._key(session_id, "conversation"),
             append,
             default={"session_id": session_id},
-            ttl=self.session_ttl,
+            ttl=self._lease,
         )
         # The session may have ended between the check above and the append: then the
         # conversation must not outlive it (end_session may have rewritten it before the append).
@@ -454,4 +506,6 @@ class SpeechStateManager(StateManagerBase):
                 await self._expire_part(
                     session_id, "conversation", max(life, timedelta(milliseconds=1))
                 )
+        else:
+            await self._renew_if_due(session_id, after.ttl)
         return VoiceConversationState.model_validate(value)

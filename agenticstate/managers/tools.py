@@ -24,6 +24,7 @@ slot):
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import math
@@ -38,6 +39,7 @@ from uuid import UUID, uuid4
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate.config import _as_ttl
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -75,6 +77,16 @@ DURATION_WINDOW = 512
 """Durations kept per tool for the p95 (the average covers every execution)."""
 
 
+_TAG = "$"
+"""Special types canonicalise to one-key dicts whose key is `$` then a letter (`$set`, `$dt`)."""
+
+
+def _escape_key(key: str) -> str:
+    # A user key starting with `$` gets one more: no user dict can then spell a type tag, and
+    # the mapping stays one-to-one (`$x` -> `$$x`, `$$x` -> `$$$x`, `x` -> `x`).
+    return _TAG + key if key.startswith(_TAG) else key
+
+
 def _canonical(value: Any, path: str = "$") -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
@@ -89,7 +101,7 @@ def _canonical(value: Any, path: str = "$") -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidArgumentError(f"parameter keys must be str, found {key!r} at {path}")
-            out[key] = _canonical(item, f"{path}.{key}")
+            out[_escape_key(key)] = _canonical(item, f"{path}.{key}")
         return out
     if isinstance(value, (list, tuple)):
         return [_canonical(item, f"{path}[{i}]") for i, item in enumerate(value)]
@@ -116,6 +128,12 @@ def hash_parameters(parameters: Mapping[str, Any]) -> str:
     integral floats hash like ints (`1.0` like `1`, as JSON would), tuples like lists, sets by
     their sorted members; nested values, datetimes, dates, UUIDs, bytes and pydantic models are
     handled. NaN and infinities are refused.
+
+    Different parameters never share a canonical form: sets, datetimes, dates, UUIDs and bytes
+    are written as tagged one-key dicts (`{"$set": [...]}`, `{"$dt": "..."}`), and a dict key
+    of your own that starts with `$` is escaped with one more `$`, so no dict, however spelled,
+    reads like a tagged value (`{"a": {1, 2}}` and `{"a": {"$set": [1, 2]}}` differ). A pydantic
+    model hashes as its JSON dump (like the dict it dumps to).
 
     Raises:
         InvalidArgumentError: A key is not a str, or a number is not finite.
@@ -164,8 +182,8 @@ class ToolCacheEntry(BaseModel):
     """`hash_parameters(parameters)`; `get_cached_result` looks entries up by it."""
     result: Any = None
     created_at: datetime = Field(default_factory=utcnow)
-    ttl: int | None = None
-    """Seconds to keep it; None uses the manager's `cache_ttl`."""
+    ttl: float | None = Field(default=None, gt=0)
+    """Seconds to keep it (fractions too); None uses the manager's `cache_ttl`."""
 
 
 class RetryState(BaseModel):
@@ -206,6 +224,8 @@ class ToolStats(BaseModel):
     total_executions: int = 0
     successful_executions: int = 0
     failed_executions: int = 0
+    cancelled_executions: int = 0
+    """Executions cancelled while running (counted in `total_executions`, in no rate)."""
     cache_hits: int = 0
     cache_misses: int = 0
     total_duration_ms: float = 0.0
@@ -246,17 +266,31 @@ class ToolStats(BaseModel):
         return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+def _cache_ttl(ttl: object) -> float | None:
+    """Check a cached result's TTL (seconds or a timedelta) before anything runs."""
+    if ttl is None:
+        return None
+    try:
+        life = _as_ttl(ttl)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"cached_call: {exc}") from None
+    assert life is not None  # noqa: S101  # only None maps to None
+    return life.total_seconds()
+
+
 def _naive_now() -> datetime:
     return datetime.now()  # noqa: DTZ005  # see RetryState: the seed compares with naive now()
 
 
 class _Flight:
-    __slots__ = ("done", "error", "result")
+    __slots__ = ("abandoned", "done", "error", "result")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.result: Any = None
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
+        self.abandoned = False
+        """The runner was cancelled (or interrupted): its waiters look again themselves."""
 
 
 class ToolStateManager(StateManagerBase):
@@ -383,11 +417,14 @@ class ToolStateManager(StateManagerBase):
         except NotFoundError:
             raise NotFoundError(f"no execution {execution_id!r}") from None
         execution = ToolExecution.model_validate(value)
-        await self._count(
-            tool_name,
-            ok=execution.status is ToolExecutionStatus.COMPLETED,
-            duration_ms=execution.duration_ms,
-        )
+        if execution.status is ToolExecutionStatus.CANCELLED:
+            await self._count(tool_name, cancelled=True)
+        else:
+            await self._count(
+                tool_name,
+                ok=execution.status is ToolExecutionStatus.COMPLETED,
+                duration_ms=execution.duration_ms,
+            )
         return execution
 
     async def complete_execution(
@@ -416,6 +453,23 @@ class ToolStateManager(StateManagerBase):
         return await self._finish(
             execution_id,
             {"status": ToolExecutionStatus.FAILED, "error": error, "duration_ms": duration_ms},
+        )
+
+    async def cancel_execution(
+        self, execution_id: str, reason: str | None = None, duration_ms: float | None = None
+    ) -> ToolExecution:
+        """Record that an execution was cancelled before it finished.
+
+        It counts in the tool's `total_executions` and `cancelled_executions`, not in the
+        success or error rates.
+
+        Raises:
+            NotFoundError: No such execution.
+            ConflictError: It finished already.
+        """
+        return await self._finish(
+            execution_id,
+            {"status": ToolExecutionStatus.CANCELLED, "error": reason, "duration_ms": duration_ms},
         )
 
     async def get_execution_history(
@@ -478,10 +532,15 @@ class ToolStateManager(StateManagerBase):
         ok: bool | None = None,
         duration_ms: float | None = None,
         hit: bool | None = None,
+        cancelled: bool = False,
     ) -> None:
         def count(current: Any) -> Any:
             stats = ToolStats.model_validate(current)
             changes: dict[str, Any] = {}
+            if cancelled:
+                changes["total_executions"] = stats.total_executions + 1
+                changes["cancelled_executions"] = stats.cancelled_executions + 1
+                changes["last_execution_at"] = utcnow()
             if ok is not None:
                 changes["total_executions"] = stats.total_executions + 1
                 field = "successful_executions" if ok else "failed_executions"
@@ -558,7 +617,7 @@ class ToolStateManager(StateManagerBase):
         parameters: Mapping[str, Any],
         fn: Callable[[], Awaitable[T]],
         *,
-        ttl: float | None = None,
+        ttl: float | timedelta | None = None,
     ) -> T:
         """Return the cached result, or run `fn()` once and cache what it returns.
 
@@ -567,35 +626,61 @@ class ToolStateManager(StateManagerBase):
 
         Single-flight: concurrent identical calls (same tool, same parameter hash) run `fn` once;
         the others wait for its result. In one process they wait on an event; across processes
-        they take a lock key with compare-and-set and the others watch the cache key for the
-        result (if the holder dies, its lock expires after `flight_timeout` and another caller
-        runs `fn`). Each run is recorded as an execution; waiters count as cache hits.
+        they take a lock key with compare-and-set and the others watch the cache key and the
+        lock for the result. Each run is recorded as an execution; waiters count as cache hits.
+
+        When the run does not produce a result, its waiters learn of it at once:
+
+        - `fn` raised: the callers waiting in this process get the same exception; callers in
+          other processes see the lock released without a result, and one of them runs `fn`
+          itself (then the next, if that one fails too).
+        - the caller running `fn` was cancelled: its execution is recorded `cancelled`, and one
+          of its waiters (in this process or another) runs `fn` instead. No waiter inherits
+          another task's cancellation.
+        - its process died: its lock expires after `flight_timeout`, then another caller runs it.
+
+        Args:
+            tool_name: The tool.
+            parameters: Its parameters (hashed canonically, see `hash_parameters`).
+            fn: Runs the tool.
+            ttl: Seconds (fractions too) or a timedelta to keep the result; None uses
+                `cache_ttl`. Checked before anything runs.
 
         Raises:
+            InvalidArgumentError: `ttl` is not a positive number of seconds or timedelta.
             Exception: Whatever `fn` raised (also in the callers waiting in this process).
         """
+        life = _cache_ttl(ttl)
         digest = hash_parameters(parameters)
         if not self.cache_results:
             return await self._execute(tool_name, parameters, fn)
-        # Each call counts once: a hit if served from the cache or another caller's run, a miss
-        # if it runs the tool itself.
-        cached = await self._lookup(tool_name, digest)
-        if cached is not None:
-            await self._count(tool_name, hit=True)
-            return cached.result  # type: ignore[no-any-return]
         flight_id = f"{tool_name}\x00{digest}"
-        flight = self._flights.get(flight_id)
-        if flight is not None:
+        while True:
+            # Each call counts once: a hit if served from the cache or another caller's run, a
+            # miss if it runs the tool itself.
+            cached = await self._lookup(tool_name, digest)
+            if cached is not None:
+                await self._count(tool_name, hit=True)
+                return cached.result  # type: ignore[no-any-return]
+            flight = self._flights.get(flight_id)
+            if flight is None:
+                break
             await flight.done.wait()
+            if flight.abandoned:
+                continue  # its runner was cancelled: look again, and run it if nobody has
             if flight.error is not None:
                 raise flight.error
             await self._count(tool_name, hit=True)
             return flight.result  # type: ignore[no-any-return]
         flight = self._flights[flight_id] = _Flight()
         try:
-            flight.result = await self._fly(tool_name, parameters, digest, fn, ttl)
-        except BaseException as exc:
+            flight.result = await self._fly(tool_name, parameters, digest, fn, life)
+        except Exception as exc:
             flight.error = exc
+            raise
+        except BaseException:
+            # Cancellation belongs to this task alone: the waiters must not inherit it.
+            flight.abandoned = True
             raise
         finally:
             del self._flights[flight_id]
@@ -612,59 +697,101 @@ class ToolStateManager(StateManagerBase):
     ) -> T:
         lock = self._flight_key(tool_name, digest)
         cache = self._cache_key(tool_name, digest)
+        # One subscription sees both the result arriving and the lock being released.
+        both = f"tools:{{{glob_part(tool_name)}}}:*:{digest}"
+        waited = False
         while True:
-            async with self.state.watch(cache) as changes:
+            async with self.state.watch(both) as changes:
                 try:
-                    await self.state.save(
+                    held = await self.state.save(
                         lock, self._owner, ttl=self.flight_timeout, expected_version=0
                     )
                 except ConflictError:
-                    # Another process is computing it: wait for its result to be cached (or
-                    # for its lock to run out, then try again ourselves).
+                    # Another process is computing it: wait for its result to be cached, or for
+                    # its lock to be released without one (its fn raised or it was cancelled)
+                    # or to run out (it died); then try again ourselves.
                     entry = await self._load(cache, ToolCacheEntry)
                     if entry is not None:
                         await self._count(tool_name, hit=True)
                         return entry.result  # type: ignore[no-any-return]
+                    waited = True
+                    self.log.debug("tool_call_waiting", tool=tool_name)
                     with anyio.move_on_after(self.flight_timeout):
                         async for change in changes:
-                            if change.new_value is not None:
+                            if change.key == cache and change.new_value is not None:
                                 await self._count(tool_name, hit=True)
                                 return ToolCacheEntry.model_validate(change.new_value).result  # type: ignore[no-any-return]
+                            if change.key == lock and change.new_value is None:
+                                break
                     continue
             try:
+                if waited:
+                    # The holder caches its result before it releases the lock: look once more,
+                    # so that a release seen before the result does not run the tool twice.
+                    entry = await self._load(cache, ToolCacheEntry)
+                    if entry is not None:
+                        await self._count(tool_name, hit=True)
+                        return entry.result  # type: ignore[no-any-return]
                 await self._count(tool_name, hit=False)
                 result = await self._execute(tool_name, parameters, fn)
                 await self.cache_result(
                     ToolCacheEntry(
-                        tool_name=tool_name,
-                        parameters_hash=digest,
-                        result=result,
-                        ttl=int(ttl) if ttl is not None else None,
+                        tool_name=tool_name, parameters_hash=digest, result=result, ttl=ttl
                     )
                 )
                 return result
             finally:
-                with anyio.CancelScope(shield=True):
-                    await self.state.delete(lock)
+                with anyio.CancelScope(shield=True), contextlib.suppress(ConflictError):
+                    # Only our own lock: if it ran out and another caller took it, it is theirs.
+                    await self.state.delete(lock, expected_version=held)
 
     async def _execute(
         self, tool_name: str, parameters: Mapping[str, Any], fn: Callable[[], Awaitable[T]]
     ) -> T:
-        execution = await self.start_execution(
-            ToolExecution(tool_name=tool_name, parameters=dict(parameters))
-        )
+        """Run `fn()` as a recorded execution: it ends completed, failed or cancelled.
+
+        Recording the outcome is shielded from cancellation, and a cancellation that arrives
+        while the start is being recorded cancels the record, so no execution is ever left
+        `running` by a cancelled caller.
+        """
+        execution = ToolExecution(tool_name=tool_name, parameters=dict(parameters))
+        execution_id = execution.execution_id
         clock = time.perf_counter()
+
+        def elapsed_ms() -> float:
+            return (time.perf_counter() - clock) * 1000
+
+        try:
+            await self.start_execution(execution)
+        except Exception:
+            raise
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._cancel_started(execution_id, type(exc).__name__, elapsed_ms())
+            raise
         try:
             result = await fn()
         except Exception as exc:
-            await self.fail_execution(
-                execution.execution_id, type(exc).__name__, (time.perf_counter() - clock) * 1000
-            )
+            with anyio.CancelScope(shield=True):
+                await self.fail_execution(execution_id, type(exc).__name__, elapsed_ms())
             raise
-        await self.complete_execution(
-            execution.execution_id, result, (time.perf_counter() - clock) * 1000
-        )
+        except BaseException as exc:
+            # Cancelled (or interrupted): record it as such, even inside a cancelled scope.
+            with anyio.CancelScope(shield=True):
+                await self.cancel_execution(execution_id, type(exc).__name__, elapsed_ms())
+            raise
+        with anyio.CancelScope(shield=True):
+            await self.complete_execution(execution_id, result, elapsed_ms())
         return result
+
+    async def _cancel_started(self, execution_id: str, reason: str, duration_ms: float) -> None:
+        """End an execution whose start was being recorded when its caller was cancelled."""
+        try:
+            await self.cancel_execution(execution_id, reason, duration_ms)
+        except NotFoundError:
+            # Cancelled between the id entry and the record: drop the entry left pointing at
+            # nothing.
+            await self.state.delete(self._index_key(execution_id))
 
     # retries
 

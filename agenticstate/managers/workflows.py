@@ -109,6 +109,8 @@ class StepStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    """In flight when the workflow was cancelled, completed or failed: its result is refused."""
 
 
 class StepState(BaseModel):
@@ -336,25 +338,60 @@ class WorkflowStateManager(StateManagerBase):
 
         return await self._change(workflow_id, resume)
 
+    @staticmethod
+    def _stop_in_flight(state: WorkflowState) -> dict[int, StepState]:
+        """The steps with those still running marked cancelled (their results will be refused)."""
+        now = utcnow()
+        return {
+            number: step.model_copy(update={"status": StepStatus.CANCELLED, "completed_at": now})
+            if step.status is StepStatus.RUNNING
+            else step
+            for number, step in state.steps.items()
+        }
+
     async def cancel(self, workflow_id: str, reason: str | None = None) -> WorkflowState:
-        """Cancel the workflow; its runner gets `WorkflowCancelledError` at the next boundary."""
+        """Cancel the workflow; its runner gets `WorkflowCancelledError` at the next boundary.
+
+        A step still running is marked `cancelled` in the same write: the workflow refuses its
+        result (its runner gets `WorkflowCancelledError` when the step ends).
+        """
         return await self._change(
-            workflow_id, lambda s: self._move(s, WorkflowStatus.CANCELLED, cancel_reason=reason)
+            workflow_id,
+            lambda s: self._move(
+                s,
+                WorkflowStatus.CANCELLED,
+                cancel_reason=reason,
+                steps=self._stop_in_flight(s),
+            ),
         )
 
     async def complete(self, workflow_id: str, *, result: Any = None) -> WorkflowState:
-        """Mark the workflow completed (optionally storing `result` in its context)."""
+        """Mark the workflow completed (optionally storing `result` in its context).
+
+        A step still running is marked `cancelled`: a completed workflow refuses its result.
+        """
 
         def complete(state: WorkflowState) -> WorkflowState:
             context = {**state.context, "result": result} if result is not None else state.context
-            return self._move(state, WorkflowStatus.COMPLETED, context=context)
+            return self._move(
+                state,
+                WorkflowStatus.COMPLETED,
+                context=context,
+                steps=self._stop_in_flight(state),
+            )
 
         return await self._change(workflow_id, complete)
 
     async def fail(self, workflow_id: str, error: str) -> WorkflowState:
-        """Mark the workflow failed with an error description."""
+        """Mark the workflow failed with an error description.
+
+        A step still running is marked `cancelled`: a failed workflow refuses its result.
+        """
         return await self._change(
-            workflow_id, lambda s: self._move(s, WorkflowStatus.FAILED, error=error)
+            workflow_id,
+            lambda s: self._move(
+                s, WorkflowStatus.FAILED, error=error, steps=self._stop_in_flight(s)
+            ),
         )
 
     async def update_step(self, workflow_id: str, step: StepState) -> WorkflowState:
@@ -371,6 +408,23 @@ class WorkflowStateManager(StateManagerBase):
         """
         if not isinstance(step, StepState):
             raise InvalidArgumentError("update_step takes a StepState")
+        return await self._record_step(workflow_id, step)
+
+    async def _record_step(
+        self,
+        workflow_id: str,
+        step: StepState,
+        *,
+        in_flight: datetime | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> WorkflowState:
+        """Record a step (see `update_step`), with `context` merged in the same write.
+
+        With `in_flight` (the step's `started_at`), the step must still be the one recorded
+        running then: a step that a rewind dropped (or another runner restarted) while it ran
+        is refused with `InvalidTransitionError`, so it can neither advance `current_step` past
+        steps that will run again nor write its context into the rewound one.
+        """
         before_step: list[int] = []
 
         def record(state: WorkflowState) -> WorkflowState:
@@ -383,12 +437,27 @@ class WorkflowStateManager(StateManagerBase):
                 raise InvalidTransitionError(
                     f"workflow {workflow_id!r} is {state.status.value}; no more steps"
                 )
+            if in_flight is not None:
+                running = state.steps.get(step.step_number)
+                if (
+                    running is None
+                    or running.status is not StepStatus.RUNNING
+                    or running.started_at != in_flight
+                ):
+                    raise InvalidTransitionError(
+                        f"step {step.step_number} of workflow {workflow_id!r} was dropped by a "
+                        "rewind while it ran; its outcome is refused"
+                    )
             current = state.current_step
             if step.status in (StepStatus.COMPLETED, StepStatus.SKIPPED):
                 current = max(current, step.step_number)
-            return state.model_copy(
-                update={"steps": {**state.steps, step.step_number: step}, "current_step": current}
-            )
+            changes: dict[str, Any] = {
+                "steps": {**state.steps, step.step_number: step},
+                "current_step": current,
+            }
+            if context:
+                changes["context"] = {**state.context, **context}
+            return state.model_copy(update=changes)
 
         after = await self._change(workflow_id, record)
         interval = self.checkpoint_interval
@@ -435,33 +504,62 @@ class WorkflowStateManager(StateManagerBase):
             self._checkpoint_key(workflow_id, checkpoint_id), WorkflowCheckpoint
         )
 
+    @staticmethod
+    def _line_order(checkpoint: WorkflowCheckpoint) -> tuple[int, float, str]:
+        # The place of a checkpoint on the line of steps: by step, then by when it was taken
+        # (two checkpoints of one step), then by id (a total order, whatever the clocks say).
+        return (checkpoint.step, sort_time(checkpoint.timestamp), checkpoint.checkpoint_id)
+
     async def list_checkpoints(self, workflow_id: str) -> list[WorkflowCheckpoint]:
-        """Return the workflow's checkpoints, newest first (by time, then step)."""
+        """Return the workflow's checkpoints, latest first.
+
+        Latest means furthest along the line of steps: by step, then by time. Only checkpoints
+        of the live line are stored: `resume_from` retires those after the point it rewinds to.
+        """
         found = await self._load_many(self._checkpoint_pattern(workflow_id), WorkflowCheckpoint)
-        found.sort(key=lambda c: (sort_time(c.timestamp), c.step), reverse=True)
+        found.sort(key=self._line_order, reverse=True)
         return found
 
     async def get_latest_checkpoint(self, workflow_id: str) -> WorkflowCheckpoint | None:
-        """Return the newest checkpoint, or None."""
+        """Return the latest checkpoint of the live line (see `list_checkpoints`), or None."""
         found = await self.list_checkpoints(workflow_id)
         return found[0] if found else None
 
     async def resume_from(self, workflow_id: str, checkpoint_id: str = "latest") -> WorkflowState:
         """Restore the workflow's step and context from a checkpoint.
 
-        Steps recorded after the checkpoint are dropped (they will run again). A failed workflow
-        becomes running again; a paused one stays paused.
+        Steps recorded after the checkpoint are dropped (they will run again). The checkpoints
+        after it (further along the line of steps, see `list_checkpoints`) are retired, deleted
+        before the workflow is rewound: they belong to the line of steps this rewind abandons,
+        so "latest" never jumps back onto it. A failed workflow becomes running again; a paused
+        one stays paused.
 
         Raises:
-            NotFoundError: No such workflow or checkpoint.
+            NotFoundError: No such workflow or checkpoint (a retired one is gone).
             InvalidTransitionError: The workflow is completed or cancelled.
         """
+        found = await self.list_checkpoints(workflow_id)
         if checkpoint_id == "latest":
-            checkpoint = await self.get_latest_checkpoint(workflow_id)
+            checkpoint = found[0] if found else None
         else:
-            checkpoint = await self.get_checkpoint(workflow_id, checkpoint_id)
+            checkpoint = next((c for c in found if c.checkpoint_id == checkpoint_id), None)
         if checkpoint is None:
             raise NotFoundError(f"no checkpoint {checkpoint_id!r} for workflow {workflow_id!r}")
+        state = await self.require(workflow_id)
+        if state.status in (WorkflowStatus.COMPLETED, WorkflowStatus.CANCELLED):
+            raise InvalidTransitionError(
+                f"workflow {workflow_id!r} is {state.status.value}; it cannot resume"
+            )
+        # Retire first: a crash between the two leaves the workflow where it was and the
+        # abandoned checkpoints gone, so the next resume_from("latest") still rewinds here.
+        point = self._line_order(checkpoint)
+        retired = [c.checkpoint_id for c in found if self._line_order(c) > point]
+        for retired_id in retired:
+            await self.state.delete(self._checkpoint_key(workflow_id, retired_id))
+        if retired:
+            self.log.info(
+                "workflow_checkpoints_retired", workflow_id=workflow_id, count=len(retired)
+            )
 
         def restore(state: WorkflowState) -> WorkflowState:
             if state.status in (WorkflowStatus.COMPLETED, WorkflowStatus.CANCELLED):
@@ -528,52 +626,64 @@ class WorkflowStateManager(StateManagerBase):
         ```
 
         On an exception the step is recorded failed (with the exception type) and the exception
-        propagates; the workflow itself is not failed, so the caller decides.
+        propagates; the workflow itself is not failed, so the caller decides. On success the
+        result and `context_update` are recorded in one write.
+
+        A step whose workflow stops while it runs (cancelled, completed or failed) is marked
+        `cancelled` and its outcome refused; so is one that a rewind (`resume_from`) dropped
+        while it ran.
 
         Raises:
-            WorkflowCancelledError: The workflow was cancelled (checked before the step starts).
+            WorkflowCancelledError: The workflow was cancelled (before the step started, or
+                while it ran).
+            InvalidTransitionError: The workflow finished, or a rewind dropped the step, while
+                it ran: its result was not recorded.
         """
         await self.wait_if_paused(workflow_id)
         handle = WorkflowStep(step_number, name)
         started = utcnow()
         clock = time.perf_counter()
-        await self.update_step(
-            workflow_id,
-            StepState(
-                step_number=step_number, name=name, status=StepStatus.RUNNING, started_at=started
-            ),
-        )
-        try:
-            yield handle
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True), contextlib.suppress(InvalidTransitionError):
-                await self.update_step(
+
+        async def end(status: StepStatus, **outcome: Any) -> None:
+            # Shielded: an outcome being recorded is never cut in half by a cancellation.
+            with anyio.CancelScope(shield=True):
+                await self._record_step(
                     workflow_id,
                     StepState(
                         step_number=step_number,
                         name=name,
-                        status=StepStatus.FAILED,
-                        error=type(exc).__name__,
+                        status=status,
                         started_at=started,
                         completed_at=utcnow(),
                         duration_ms=(time.perf_counter() - clock) * 1000,
+                        **outcome,
                     ),
+                    in_flight=started,
+                    context=handle.context_update if status is StepStatus.COMPLETED else None,
                 )
-            raise
-        if handle.context_update:
-            await self.update_context(workflow_id, handle.context_update)
-        await self.update_step(
-            workflow_id,
-            StepState(
-                step_number=step_number,
-                name=name,
-                status=StepStatus.COMPLETED,
-                result=handle.result,
-                started_at=started,
-                completed_at=utcnow(),
-                duration_ms=(time.perf_counter() - clock) * 1000,
-            ),
+
+        running = StepState(
+            step_number=step_number, name=name, status=StepStatus.RUNNING, started_at=started
         )
+        try:
+            await self._record_step(workflow_id, running)
+        except Exception:
+            raise  # refused (cancelled, finished): nothing was recorded
+        except BaseException as exc:
+            # Cancelled while the start was being recorded: if it was, end it (else the
+            # in-flight check finds no running step and nothing changes).
+            with contextlib.suppress(InvalidTransitionError):
+                await end(StepStatus.FAILED, error=type(exc).__name__)
+            raise
+        try:
+            yield handle
+        except BaseException as exc:
+            with contextlib.suppress(InvalidTransitionError):
+                await end(StepStatus.FAILED, error=type(exc).__name__)
+            raise
+        # The result and the context changes in one write: both land, or (cancelled, finished
+        # or rewound meanwhile) neither does.
+        await end(StepStatus.COMPLETED, result=handle.result)
 
     async def delete(self, workflow_id: str) -> bool:
         """Delete the workflow and its checkpoints; return whether it existed."""

@@ -338,3 +338,85 @@ async def test_recovery_record_without_max_age_does_not_expire(store: AgentState
     entry = await store.state.get_entry("agents:{a2}:recovery")
     assert entry is not None
     assert entry.expires_at is None
+
+
+def _raising(phase: str) -> Any:
+    def hook(event: RecoveryEvent) -> None:
+        raise RuntimeError(f"{phase} hook broke")
+
+    return hook
+
+
+@pytest.mark.parametrize("phase", ["before", "after", "failed"])
+async def test_a_raising_hook_never_changes_a_recovery(store: AgentStateStore, phase: str) -> None:
+    """A hook that raises is logged and counted; the recovery's outcome stays what it was."""
+    await store.save_checkpoint(AgentCheckpoint(agent_id="k", state={"s": 1}))
+    recovery = AgentRecoveryManager(agent_store=store)
+    agent = Agent("k")
+    agent.fail_restore = phase == "failed"
+    recovery.register(agent)
+    seen: list[str] = []
+    register = {
+        "before": recovery.on_before_recovery,
+        "after": recovery.on_after_recovery,
+        "failed": recovery.on_recovery_failed,
+    }[phase]
+    register(_raising(phase))
+    register(lambda event: seen.append(phase))  # later hooks still run
+    assert await recovery.recover("k") is (phase != "failed")
+    assert agent.restored == ([] if phase == "failed" else [{"s": 1}])
+    assert seen == [phase]
+    assert recovery.hook_failures == 1
+    record = await recovery.get_recovery_state("k")
+    assert record is not None
+    assert record.last_error == ("RuntimeError" if phase == "failed" else None)
+
+
+@pytest.mark.parametrize("phase", ["before", "after", "failed"])
+async def test_a_raising_hook_never_ends_the_retry_loop(store: AgentStateStore, phase: str) -> None:
+    """run() retries through raising hooks and ends only by success or RetryExhaustedError."""
+    await store.save_checkpoint(AgentCheckpoint(agent_id="loop", state={"s": 1}))
+    recovery = AgentRecoveryManager(agent_store=store, max_recovery_attempts=3)
+    agent = Agent("loop")
+    agent.fail_restore = phase == "failed"
+    {
+        "before": recovery.on_before_recovery,
+        "after": recovery.on_after_recovery,
+        "failed": recovery.on_recovery_failed,
+    }[phase](_raising(phase))
+    calls = 0
+
+    async def job() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError("flaky")
+        return "done"
+
+    # A failed restore does not stop the loop either: the job runs again while attempts last.
+    assert await recovery.run(agent, job) == "done"
+    assert calls == 3
+    assert recovery.hook_failures == 2
+    record = await recovery.get_recovery_state("loop")
+    assert record is not None
+    assert record.attempts == 0  # the job succeeded: the count starts again
+
+
+async def test_raising_hooks_still_end_in_retry_exhausted(store: AgentStateStore) -> None:
+    """With every hook raising, a job that keeps failing ends in RetryExhaustedError."""
+    await store.save_checkpoint(AgentCheckpoint(agent_id="stuck", state={"s": 1}))
+    recovery = AgentRecoveryManager(agent_store=store, max_recovery_attempts=2)
+    for register in (
+        recovery.on_before_recovery,
+        recovery.on_after_recovery,
+        recovery.on_recovery_failed,
+    ):
+        register(_raising("any"))
+
+    async def always_fails() -> None:
+        raise ValueError("broken")
+
+    with pytest.raises(RetryExhaustedError) as caught:
+        await recovery.run(Agent("stuck"), always_fails)
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert recovery.hook_failures == 4  # before and after, on each of the two attempts

@@ -7,6 +7,7 @@ from typing import Any
 from uuid import uuid4
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agenticstate import (
@@ -153,6 +154,34 @@ async def test_capability_filter(orch: OrchestrationStateManager) -> None:
     claim = await orch.claim_task("research_team", "writer")
     assert claim is not None
     assert claim.task_id == "write"
+
+
+async def test_agent_outside_the_team_has_no_capabilities(
+    orch: OrchestrationStateManager,
+) -> None:
+    """A stranger never claims a task that needs a capability, with or without capability=."""
+    await orch.enqueue_task("research_team", {"id": "write", "capability": "writing"})
+    assert await orch.claim_task("research_team", "stranger") is None
+    assert await orch.claim_task("research_team", "stranger", capability="writing") is None
+    await orch.enqueue_task("research_team", {"id": "open"})
+    claim = await orch.claim_task("research_team", "stranger")
+    assert claim is not None
+    assert claim.task_id == "open"
+    assert (await orch.get_task("research_team", "write")).status is TaskStatus.PENDING
+
+
+async def test_capability_argument_narrows_never_grants(orch: OrchestrationStateManager) -> None:
+    """capability= passes over other capabilities' tasks and gives none the agent lacks."""
+    await orch.enqueue_task("research_team", {"id": "analyse", "capability": "analysis"})
+    await orch.enqueue_task("research_team", {"id": "edit", "capability": "editing"})
+    await orch.enqueue_task("research_team", {"id": "research", "capability": "research"})
+    assert await orch.claim_task("research_team", "researcher", capability="editing") is None
+    claim = await orch.claim_task("research_team", "researcher", capability="research")
+    assert claim is not None
+    assert claim.task_id == "research"
+    claim = await orch.claim_task("research_team", "writer")
+    assert claim is not None
+    assert claim.task_id == "edit"
 
 
 async def test_failures_retry_then_dead_letter(orch: OrchestrationStateManager) -> None:
@@ -391,7 +420,7 @@ async def test_reap_and_live_queue_status_do_not_read_finished_tasks(
 async def test_finished_tasks_expire_after_finished_task_ttl(state: StateManager) -> None:
     """Completed and dead-lettered tasks get finished_task_ttl; retried ones keep none."""
     orch = OrchestrationStateManager(
-        state_manager=state, max_retries=1, finished_task_ttl=timedelta(milliseconds=300)
+        state_manager=state, max_retries=1, finished_task_ttl=timedelta(seconds=1)
     )
     await orch.create_team(TeamState(team_id="t"))
     await orch.enqueue_task("t", {"id": "done"})
@@ -414,15 +443,15 @@ async def test_finished_tasks_expire_after_finished_task_ttl(state: StateManager
         entry = await state.get_entry(f"teams:{{t}}:tasks:{task_id}")
         assert entry is not None
         assert entry.ttl is not None
-        assert entry.ttl <= timedelta(milliseconds=301)  # expiry is kept to the ms
+        assert entry.ttl <= timedelta(milliseconds=1001)  # expiry is kept to the ms
     queue = await orch.get_queue_status("t")
     assert ([t.task_id for t in queue.completed], [t.task_id for t in queue.dead_letter]) == (
         ["done"],
         ["flaky"],
     )
-    await anyio.sleep(0.4)  # wall-clock expiry
-    await orch.reap_expired("t")  # tidies the finished index
+    await anyio.sleep(1.1)  # wall-clock expiry (1 s: long enough for a loaded machine)
     assert await state.list_keys("teams:{t}:tasks:*") == []
+    await orch.reap_expired("t")  # tidies the finished index
     assert await _index(state, "t", "finished") == []
     queue = await orch.get_queue_status("t")
     assert queue == TaskQueueState()
@@ -598,3 +627,55 @@ async def test_a_new_process_restores_the_indexes_of_an_older_store(state: State
         ["held"],
     )
     assert await restarted.reap_expired("t") == ["held"]
+
+
+async def test_queue_status_counts_every_task_while_workers_churn(
+    orch: OrchestrationStateManager,
+) -> None:
+    """Each status read while tasks move between indexes counts every task exactly once.
+
+    A task moving between the pending, in-progress and finished indexes must never be in
+    none of them for a reader (the new entry goes in before the old one goes, and pending is
+    read again last).
+    """
+    tasks = 40
+    for n in range(tasks):
+        await orch.enqueue_task("research_team", {"id": f"t{n:03d}", "type": "x", "data": {}})
+    done = anyio.Event()
+    reads: list[int] = []
+
+    async def worker(name: str) -> None:
+        turn = 0
+        while (claim := await orch.claim_task("research_team", name)) is not None:
+            turn += 1
+            task_id = claim.task.task_id
+            if turn % 3 == 0:  # a retry (back to pending) or, after max_retries, a dead letter
+                await orch.fail_task(
+                    "research_team", task_id, "boom", lease_token=claim.lease_token
+                )
+            else:
+                await orch.complete_task(
+                    "research_team", task_id, {"ok": True}, lease_token=claim.lease_token
+                )
+
+    async def reader() -> None:
+        while not done.is_set():
+            queue = await orch.get_queue_status("research_team")
+            seen = [
+                task.task_id
+                for group in (queue.pending, queue.in_progress, queue.completed, queue.dead_letter)
+                for task in group
+            ]
+            assert sorted(seen) == sorted(set(seen))
+            reads.append(len(seen))
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader)
+            async with anyio.create_task_group() as workers:
+                for name in ("w1", "w2", "w3"):
+                    workers.start_soon(worker, name)
+            done.set()
+    assert len(reads) >= 2
+    assert set(reads) == {tasks}

@@ -216,7 +216,29 @@ async def test_updates_to_a_live_session_keep_its_ttl(state: StateManager) -> No
     entry = await state.get_entry(f"speech:{{{live}}}:tts")
     assert entry is not None
     assert entry.ttl is not None
-    assert timedelta(minutes=4) < entry.ttl <= timedelta(minutes=5, seconds=1)  # ms rounding
+    # A live record's lease: at least session_ttl, at most twice that (plus ms rounding).
+    assert timedelta(minutes=5) <= entry.ttl <= timedelta(minutes=10, seconds=1)
+
+
+async def test_a_live_call_keeps_its_session(state: StateManager) -> None:
+    """STT updates every quarter of session_ttl, for 2.5 session_ttls: nothing expires."""
+    speech = SpeechStateManager(state_manager=state, session_ttl=timedelta(milliseconds=400))
+    session_id = await speech.create_session()
+    await speech.update_session_status(session_id, AudioSessionStatus.ACTIVE)
+    await speech.append_turn(session_id, "user", "hello")  # the conversation, written once
+    await speech.update_tts_state(TTSState(session_id=session_id, voice="alloy"))
+    for n in range(10):
+        await anyio.sleep(0.1)  # the call's pace (wall-clock expiry is what is tested)
+        await speech.update_stt_state(STTState(session_id=session_id, interim_transcript=f"w{n}"))
+    session = await speech.get_session(session_id)
+    assert session is not None
+    assert session.status is AudioSessionStatus.ACTIVE
+    assert await speech.get_tts_state(session_id) is not None
+    conversation = await speech.append_turn(session_id, "assistant", "hi")
+    assert [turn["content"] for turn in conversation.transcript] == ["hello", "hi"]
+    await anyio.sleep(1.1)  # no writes for longer than the lease (0.8 s): now it all expires
+    for part in ("session", "stt", "tts", "conversation"):
+        assert await state.get_entry(f"speech:{{{session_id}}}:{part}") is None, part
 
 
 async def test_updates_racing_end_session_never_outlive_it(state: StateManager) -> None:
@@ -247,3 +269,65 @@ async def test_updates_racing_end_session_never_outlive_it(state: StateManager) 
         for part in ("session", "stt", "tts", "conversation"):
             entry = await state.get_entry(f"speech:{{{session_id}}}:{part}")
             assert entry is None or entry.expires_at is not None, (session_id, part)
+
+
+async def test_renewals_racing_end_session_never_outlive_it(state: StateManager) -> None:
+    """Lease renewals (status changes, turns) racing end_session: no record keeps a live
+    lease past the ended session's expiry."""
+    speech = SpeechStateManager(
+        state_manager=state,
+        session_ttl=timedelta(minutes=10),
+        ended_session_ttl=timedelta(seconds=30),
+    )
+    for n in range(5):
+        session_id = await speech.create_session(session_id=f"renew-{n}")
+        await speech.update_session_status(session_id, AudioSessionStatus.ACTIVE)
+
+        async def churn(session_id: str = session_id) -> None:
+            for word in range(10):
+                try:
+                    await speech.update_session_status(session_id, AudioSessionStatus.PAUSED)
+                    await speech.update_session_status(session_id, AudioSessionStatus.ACTIVE)
+                    await speech.append_turn(session_id, "user", f"w{word}")
+                except InvalidTransitionError:
+                    return  # ended
+                await speech.update_stt_state(STTState(session_id=session_id))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(churn)
+            await anyio.sleep(0.002 * n)
+            await speech.end_session(session_id)
+        session = await state.get_entry(f"speech:{{{session_id}}}:session")
+        assert session is not None
+        assert session.expires_at is not None
+        for part in ("stt", "tts", "conversation"):
+            entry = await state.get_entry(f"speech:{{{session_id}}}:{part}")
+            if entry is not None:
+                assert entry.expires_at is not None, (session_id, part)
+                # Ended: at most the ended session's time (read a moment apart), never the
+                # 20-minute lease of a live one.
+                assert entry.expires_at <= session.expires_at + timedelta(seconds=1), part
+
+
+async def test_a_renewal_that_lost_the_race_to_end_session_is_undone(state: StateManager) -> None:
+    """The worst interleaving, made deterministic: a renewal whose session write came just
+    before end_session renews the records after it; its check puts them back on the ended
+    session's time."""
+    speech = SpeechStateManager(
+        state_manager=state,
+        session_ttl=timedelta(minutes=10),
+        ended_session_ttl=timedelta(seconds=30),
+    )
+    session_id = await speech.create_session()
+    await speech.update_stt_state(STTState(session_id=session_id))
+    await speech.append_turn(session_id, "user", "bye")
+    await speech.end_session(session_id)
+    await speech._renew_parts(session_id)  # the second half of a renewal that began earlier
+    session = await state.get_entry(f"speech:{{{session_id}}}:session")
+    assert session is not None
+    assert session.expires_at is not None
+    for part in ("stt", "conversation"):
+        entry = await state.get_entry(f"speech:{{{session_id}}}:{part}")
+        assert entry is not None
+        assert entry.expires_at is not None
+        assert entry.expires_at <= session.expires_at + timedelta(seconds=1), part

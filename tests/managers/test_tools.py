@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agenticstate import (
     ConflictError,
@@ -412,3 +417,258 @@ async def test_a_retired_tool_leaves_nothing(tools: ToolStateManager) -> None:
     await tools.reset_stats("search")
     await tools.invalidate_cache("search")
     assert await tools.state.list_keys("tools:*") == []
+
+
+async def test_cached_call_keeps_fractional_ttls(tools: ToolStateManager) -> None:
+    """ttl=0.5 caches for half a second and ttl=1.9 for 1.9 s, not 0 (an error) or 1."""
+    for ttl in (0.5, 1.9, timedelta(milliseconds=700)):
+
+        async def run(ttl: object = ttl) -> str:
+            return f"result for {ttl}"
+
+        assert await tools.cached_call("t", {"ttl": str(ttl)}, run, ttl=ttl) == f"result for {ttl}"
+        entry = await tools.get_cached_result("t", {"ttl": str(ttl)})
+        assert entry is not None
+        seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+        assert entry.ttl == seconds
+        stored = await tools.state.get_entry(f"tools:{{t}}:cache:{entry.parameters_hash}")
+        assert stored is not None
+        assert stored.ttl is not None
+        assert timedelta(seconds=seconds - 0.3) < stored.ttl <= timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("ttl", [0, 0.0, -1, 1e-9, float("nan"), float("inf"), True, "5", []])
+async def test_cached_call_refuses_a_bad_ttl_before_running(
+    tools: ToolStateManager, ttl: Any
+) -> None:
+    """A bad ttl raises InvalidArgumentError before the tool runs; nothing is recorded."""
+    ran = False
+
+    async def run() -> str:
+        nonlocal ran
+        ran = True
+        return "ran"
+
+    with pytest.raises(InvalidArgumentError, match="ttl"):
+        await tools.cached_call("t", {"q": 1}, run, ttl=ttl)
+    assert ran is False
+    assert await tools.state.list_keys("tools:*") == []
+
+
+async def test_cancelling_the_running_caller_spares_its_waiters(tools: ToolStateManager) -> None:
+    """The first caller is cancelled mid-run: a waiter runs the tool, all waiters get it."""
+    gate = anyio.Event()
+    running = anyio.Event()
+    runs = 0
+
+    async def search() -> dict[str, int]:
+        nonlocal runs
+        runs += 1
+        running.set()
+        await gate.wait()
+        return {"hits": runs}
+
+    results: list[Any] = []
+
+    async def waiter() -> None:
+        results.append(await tools.cached_call("search", {"q": "ai"}, search))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            first = anyio.CancelScope()
+
+            async def first_caller() -> None:
+                with first:
+                    await tools.cached_call("search", {"q": "ai"}, search)
+
+            tg.start_soon(first_caller)
+            await running.wait()  # the first caller is inside the tool, holding the flight
+            for _ in range(5):
+                tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            first.cancel()
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+    assert first.cancelled_caught
+    assert results == [{"hits": 2}] * 5
+    history = await tools.get_execution_history("search")
+    assert sorted(e.status for e in history) == [
+        ToolExecutionStatus.CANCELLED,
+        ToolExecutionStatus.COMPLETED,
+    ]
+    stats = await tools.get_tool_stats("search")
+    assert (stats.total_executions, stats.cancelled_executions) == (2, 1)
+    assert (stats.successful_executions, stats.failed_executions) == (1, 0)
+    assert (stats.cache_misses, stats.cache_hits) == (2, 4)
+    assert await tools.state.list_keys("tools:{search}:flight:*") == []
+
+
+@pytest.mark.parametrize("outcome", ["raises", "cancelled"])
+async def test_a_waiter_elsewhere_learns_of_a_failed_run_at_once(
+    state: StateManager, outcome: str
+) -> None:
+    """A caller of another manager (as in another process) runs the tool itself at once when
+    the lock holder's run raises or is cancelled, without waiting out flight_timeout."""
+    holder = ToolStateManager(state_manager=state, flight_timeout=60)
+    other = ToolStateManager(state_manager=state, flight_timeout=60)
+    gate = anyio.Event()
+    running = anyio.Event()
+
+    async def failing() -> str:
+        running.set()
+        await gate.wait()
+        raise ConnectionError("down")
+
+    async def working() -> str:
+        return "ok"
+
+    errors: list[BaseException] = []
+    results: list[str] = []
+
+    with anyio.fail_after(10):  # far below flight_timeout
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def hold() -> None:
+                with scope:
+                    try:
+                        await holder.cached_call("t", {"x": 1}, failing)
+                    except ConnectionError as exc:
+                        errors.append(exc)
+
+            async def wait() -> None:
+                results.append(await other.cached_call("t", {"x": 1}, working))
+
+            tg.start_soon(hold)
+            await running.wait()  # the holder has the lock and is inside the tool
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert results == []  # waiting on the holder's lock
+            if outcome == "raises":
+                gate.set()
+            else:
+                scope.cancel()
+    assert results == ["ok"]
+    assert len(errors) == (1 if outcome == "raises" else 0)
+    stats = await holder.get_tool_stats("t")
+    assert stats.total_executions == 2
+    assert stats.successful_executions == 1
+    assert await state.list_keys("tools:{t}:flight:*") == []
+
+
+def test_special_values_never_hash_like_the_dicts_that_spell_them() -> None:
+    """A set, datetime, date, UUID or bytes differs from a dict written like its tag."""
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"a": {1, 2}}, {"a": {"$set": [1, 2]}}),
+        ({"a": when}, {"a": {"$dt": when.isoformat()}}),
+        ({"a": date(2026, 1, 1)}, {"a": {"$date": "2026-01-01"}}),
+        ({"a": UUID(int=5)}, {"a": {"$uuid": str(UUID(int=5))}}),
+        ({"a": b"\x00"}, {"a": {"$b64": "AA=="}}),
+        ({"$set": [1]}, {"$$set": [1]}),
+        ({"a": {"$x": 1}}, {"a": {"$$x": 1}}),
+    ]
+    for special, spelled in pairs:
+        assert hash_parameters(special) != hash_parameters(spelled), (special, spelled)
+    # Keys without a `$` hash as they always did: cached results stay valid on upgrade.
+    plain = json.dumps({"query": "AI news"}, separators=(",", ":")).encode()
+    assert hash_parameters({"query": "AI news"}) == hashlib.sha256(plain).hexdigest()
+
+
+async def test_cached_call_keeps_tagged_lookalikes_apart(tools: ToolStateManager) -> None:
+    """A set and a dict spelled like its tag are two cache entries: the tool runs for each."""
+    runs: list[str] = []
+
+    async def run() -> int:
+        runs.append("ran")
+        return len(runs)
+
+    assert await tools.cached_call("t", {"a": {1, 2}}, run) == 1
+    assert await tools.cached_call("t", {"a": {"$set": [1, 2]}}, run) == 2
+    assert await tools.cached_call("t", {"a": {2, 1}}, run) == 1
+
+
+# The supported domain of parameter values, with dict keys that try to spell type tags.
+_KEYS = st.sampled_from(["a", "$set", "$dt", "$date", "$uuid", "$b64", "$$set", "$", "$$", "x$"])
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+    st.binary(max_size=4),
+    st.datetimes(timezones=st.one_of(st.none(), st.timezones())),
+    st.dates(),
+    st.uuids(),
+)
+_HASHABLE = st.one_of(
+    st.integers(-5, 5), st.text(max_size=3), st.dates(), st.uuids(), st.binary(max_size=2)
+)
+_VALUES = st.recursive(
+    st.one_of(_SCALARS, st.frozensets(_HASHABLE, max_size=3), st.sets(_HASHABLE, max_size=3)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=3)),
+    max_leaves=8,
+)
+
+
+def _norm(value: Any) -> Any:
+    """The domain's own equality: what hash_parameters promises to treat as equal."""
+    if value is None or isinstance(value, (bool, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, int):
+        return ("num", value)
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 2**53:
+            return ("num", int(value))
+        return ("float", value)
+    if isinstance(value, (bytes, bytearray)):
+        return ("bytes", bytes(value))
+    if isinstance(value, datetime):
+        return ("datetime", value.isoformat())
+    if isinstance(value, date):
+        return ("date", value.isoformat())
+    if isinstance(value, UUID):
+        return ("uuid", value)
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(_norm(item) for item in value))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(_norm(item) for item in value))
+    assert isinstance(value, dict)
+    return ("dict", frozenset((key, _norm(item)) for key, item in value.items()))
+
+
+def _spell(value: Any) -> Any:
+    """Write every special value as the plain dict that spells its tag."""
+    if isinstance(value, (bytes, bytearray)):
+        return {"$b64": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, datetime):
+        return {"$dt": value.isoformat()}
+    if isinstance(value, date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, UUID):
+        return {"$uuid": str(value)}
+    if isinstance(value, (set, frozenset)):
+        items = [_spell(item) for item in value]
+        return {"$set": sorted(items, key=lambda item: json.dumps(item, sort_keys=True))}
+    if isinstance(value, (list, tuple)):
+        return [_spell(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _spell(item) for key, item in value.items()}
+    return value
+
+
+@settings(max_examples=400, deadline=None)
+@given(first=_VALUES, second=_VALUES)
+def test_distinct_values_never_hash_equal(first: Any, second: Any) -> None:
+    """Values the domain tells apart hash apart; values it calls equal hash equal."""
+    same = _norm(first) == _norm(second)
+    assert (hash_parameters({"v": first}) == hash_parameters({"v": second})) is same
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_VALUES)
+def test_no_value_hashes_like_its_spelling(value: Any) -> None:
+    """A value with special types inside never hashes like the dicts that spell them."""
+    spelled = _spell(value)
+    same = _norm(value) == _norm(spelled)
+    assert (hash_parameters({"v": value}) == hash_parameters({"v": spelled})) is same

@@ -310,3 +310,148 @@ async def test_list_and_delete(workflows: WorkflowStateManager) -> None:
     assert await workflows.list_checkpoints("a") == []
     keys: list[Any] = await workflows.state.list_keys("workflows:*")
     assert keys == ["workflows:{b}:state"]
+
+
+async def _run_steps(workflows: WorkflowStateManager, first: int, last: int, line: str) -> None:
+    for number in range(first, last + 1):
+        async with workflows.step("wf", number, f"s{number}") as step:
+            step.result = {"n": number, "line": line}
+            step.context_update = {"last": number, "line": line}
+
+
+async def test_resume_latest_after_rewind_stays_on_the_live_line(
+    workflows: WorkflowStateManager,
+) -> None:
+    """After a rewind to step 5, "latest" is that checkpoint, not the abandoned step 10 one."""
+    await _new(workflows)
+    await _run_steps(workflows, 1, 10, "first")
+    await workflows.fail("wf", "boom")
+    await workflows.resume_from("wf", "auto-step-5")
+    assert [c.checkpoint_id for c in await workflows.list_checkpoints("wf")] == ["auto-step-5"]
+    await _run_steps(workflows, 6, 6, "second")
+    await workflows.fail("wf", "boom again")
+    resumed = await workflows.resume_from("wf")
+    assert resumed.current_step == 5
+    assert resumed.context == {"last": 5, "line": "first"}
+    assert sorted(resumed.steps) == [1, 2, 3, 4, 5]
+    with pytest.raises(NotFoundError):
+        await workflows.resume_from("wf", "auto-step-10")  # retired with the abandoned line
+    await _run_steps(workflows, 6, 10, "third")
+    state = await workflows.require("wf")
+    assert state.current_step == 10
+    assert state.context == {"last": 10, "line": "third"}
+    latest = await workflows.get_latest_checkpoint("wf")
+    assert latest is not None
+    assert (latest.checkpoint_id, latest.context["line"]) == ("auto-step-10", "third")
+
+
+async def test_rewind_retires_a_later_checkpoint_of_the_same_step(
+    workflows: WorkflowStateManager,
+) -> None:
+    """Two checkpoints at one step: rewinding to the earlier retires the later one."""
+    await _new(workflows)
+    await _run_steps(workflows, 1, 5, "first")
+    await workflows.update_context("wf", {"note": "after the checkpoint"})
+    await workflows.checkpoint(
+        WorkflowCheckpoint(
+            workflow_id="wf", checkpoint_id="manual", step=5, context={"note": "late"}
+        )
+    )
+    assert (await workflows.get_latest_checkpoint("wf")).checkpoint_id == "manual"  # type: ignore[union-attr]
+    resumed = await workflows.resume_from("wf", "auto-step-5")
+    assert resumed.context == {"last": 5, "line": "first"}
+    assert await workflows.get_checkpoint("wf", "manual") is None
+
+
+async def test_cancel_ends_a_step_in_flight(workflows: WorkflowStateManager) -> None:
+    """A step running when the workflow is cancelled ends cancelled; its result is refused."""
+    await _new(workflows)
+
+    async def run() -> None:
+        async with workflows.step("wf", 1, "slow") as step:
+            await workflows.cancel("wf", reason="stop")
+            step.result = {"late": True}
+
+    with pytest.raises(WorkflowCancelledError):
+        await run()
+    state = await workflows.require("wf")
+    assert state.status is WorkflowStatus.CANCELLED
+    assert state.steps[1].status is StepStatus.CANCELLED
+    assert state.steps[1].result is None
+    assert state.steps[1].completed_at is not None
+    assert state.current_step == 0
+
+
+async def test_cancel_ends_a_failing_step_in_flight(workflows: WorkflowStateManager) -> None:
+    """A step that raises after the cancel stays cancelled (not running, not failed)."""
+    await _new(workflows)
+
+    async def run() -> None:
+        async with workflows.step("wf", 1, "slow"):
+            await workflows.cancel("wf")
+            raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        await run()
+    assert (await workflows.require("wf")).steps[1].status is StepStatus.CANCELLED
+
+
+@pytest.mark.parametrize("stop", ["complete", "fail"])
+async def test_complete_or_fail_ends_a_step_in_flight(
+    workflows: WorkflowStateManager, stop: str
+) -> None:
+    """Completing or failing the workflow under a running step ends that step cancelled."""
+    await _new(workflows)
+
+    async def run() -> None:
+        async with workflows.step("wf", 1, "slow"):
+            if stop == "complete":
+                await workflows.complete("wf")
+            else:
+                await workflows.fail("wf", "stopped elsewhere")
+
+    with pytest.raises(InvalidTransitionError):
+        await run()
+    state = await workflows.require("wf")
+    assert state.steps[1].status is StepStatus.CANCELLED
+    assert not [s for s in state.steps.values() if s.status is StepStatus.RUNNING]
+
+
+async def test_a_step_a_rewind_dropped_cannot_skip_steps(workflows: WorkflowStateManager) -> None:
+    """A step running when the workflow is rewound is refused: current_step stays rewound."""
+    await _new(workflows)
+    await _run_steps(workflows, 1, 7, "first")
+
+    async def run() -> None:
+        async with workflows.step("wf", 8, "slow") as step:
+            await workflows.resume_from("wf", "auto-step-5")  # from another task or process
+            step.result = {"late": True}
+            step.context_update = {"line": "abandoned"}
+
+    with pytest.raises(InvalidTransitionError, match="rewind"):
+        await run()
+    state = await workflows.require("wf")
+    assert state.current_step == 5
+    assert sorted(state.steps) == [1, 2, 3, 4, 5]
+    assert state.context == {"last": 5, "line": "first"}
+
+
+async def test_a_cancelled_runner_leaves_no_step_running(workflows: WorkflowStateManager) -> None:
+    """The runner's own task cancelled mid-step: the step ends failed, never stays running."""
+    await _new(workflows)
+    inside = anyio.Event()
+
+    async def runner() -> None:
+        async with workflows.step("wf", 1, "slow"):
+            inside.set()
+            await anyio.sleep_forever()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            await inside.wait()
+            tg.cancel_scope.cancel()
+    step = (await workflows.require("wf")).steps[1]
+    assert step.status is StepStatus.FAILED
+    assert step.error is not None
+    assert "Cancel" in step.error

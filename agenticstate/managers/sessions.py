@@ -1,0 +1,778 @@
+"""Sessions: per-user sessions with a session state, a message history and a running summary.
+
+```python
+sessions = SessionManager(persistence="redis", default_state={"shopping_list": []})
+session = await sessions.create_session("u1")
+await sessions.update_state(session.session_id, {"shopping_list": ["milk"]})
+await sessions.add_message(session.session_id, "user", "Add milk")
+history = await sessions.get_messages(session.session_id, last=20, max_tokens=2000)
+prompt = await sessions.render(session.session_id, "Current list: {shopping_list}")
+```
+
+Each message is a record of its own, numbered by a per-session sequence that one atomic
+`update` allocates, so appending costs the same at the 10th and the 100,000th message, and
+writers in several processes never lose a message or disagree on the order. Reading the last N
+messages is one read of the session and one batch read of N keys.
+
+Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
+slot):
+
+| record | key |
+|---|---|
+| `Session` (user, name, times, message count) | `sessions:{<session_id>}:meta` |
+| session state (a dict) | `sessions:{<session_id>}:state` |
+| `SessionMessage` number `n` | `sessions:{<session_id>}:msg:<n, 12 digits>` |
+| `SessionSummary` | `sessions:{<session_id>}:summary` |
+| a user's sessions (sorted index, newest first) | `sessions:users:{<user_id>}` |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from copy import deepcopy
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+from uuid import uuid4
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
+from agenticstate.managers._base import (
+    StateManagerBase,
+    glob_part,
+    key_part,
+    maybe_await,
+    sort_time,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from agenticstate.manager import StateManager
+    from agenticstate.managers._base import Persistence
+
+__all__ = [
+    "Session",
+    "SessionDeletion",
+    "SessionManager",
+    "SessionMessage",
+    "SessionSummary",
+    "Summarizer",
+    "TokenCounter",
+    "estimate_tokens",
+]
+
+TokenCounter = Callable[["SessionMessage"], int]
+"""Counts the tokens of one message, for `get_messages(max_tokens=...)`."""
+Summarizer = Callable[[str | None, list["SessionMessage"]], "Awaitable[str] | str"]
+"""`summarizer(previous_summary, new_messages) -> summary`, sync or async."""
+
+_PAGE = 500  # keys read per batch when a read walks a long history
+_BACKWARD_PAGE = 64  # keys read per batch when max_tokens walks back from the newest
+_EXPIRIES_KEPT = 10_000  # sessions whose expiry add_message remembers
+_CREATION_GRACE = timedelta(minutes=1)  # an index entry younger than this may be mid-creation
+
+
+class _StaleExpiryError(Exception):
+    """A cached session expiry no longer matches the stored session (internal)."""
+
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)\}")
+
+
+def estimate_tokens(message: SessionMessage) -> int:
+    """Estimate a message's tokens: 4 for the role and framing, plus one per 4 characters.
+
+    Text is the content itself; other content counts as its compact JSON. It is the usual rule
+    of thumb for English with GPT-style tokenizers and needs no dependency; pass a real tokenizer
+    (`token_counter=`) when budgets must be exact.
+    """
+    content = message.content
+    text = content if isinstance(content, str) else json.dumps(content, separators=(",", ":"))
+    return 4 + math.ceil(len(text) / 4)
+
+
+class Session(BaseModel):
+    """A session of one user: who owns it, its name, times and how many messages it holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    user_id: str
+    name: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    """The last message, rename or creation."""
+    expires_at: datetime | None = None
+    """When every key of the session expires, or `None` for never."""
+    message_count: int = Field(default=0, ge=0)
+    """The last message number given out (messages are numbered from 1)."""
+
+
+class SessionMessage(BaseModel):
+    """One message of a session's history."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    seq: int = Field(ge=0)
+    """The message's number in its session, from 1; 0 marks the summary `get_messages` puts
+    first."""
+    role: str
+    content: JsonValue
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class SessionSummary(BaseModel):
+    """A running summary of a session's older messages."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    content: str
+    covers_through: int = Field(ge=0)
+    """The summary covers every message numbered up to this one."""
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class SessionDeletion(BaseModel):
+    """What `delete_user` erased."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sessions: int = 0
+    messages: int = 0
+    keys: int = 0
+    """Every key deleted: session records, states, messages and summaries."""
+
+
+def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge `patch` into `base` in place, as `StateManager.update` merges a dict."""
+    for key, value in patch.items():
+        current = base.get(key)
+        if isinstance(value, Mapping) and isinstance(current, dict):
+            base[key] = _merge(current, value)
+        else:
+            base[key] = value
+    return base
+
+
+def _as_datetime(value: object) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+def _positive_ttl(ttl: timedelta | float | None) -> timedelta | None:
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, timedelta | int | float):
+        raise InvalidArgumentError(f"ttl must be a timedelta, seconds or None, not {ttl!r}")
+    life = ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
+    if not life > timedelta(0):
+        raise InvalidArgumentError(f"ttl must be positive, not {ttl!r}")
+    return life
+
+
+def _optional_count(value: int | None, what: str, *, minimum: int) -> int | None:
+    if value is not None and (type(value) is not int or value < minimum):
+        raise InvalidArgumentError(f"{what} must be an int >= {minimum} or None, not {value!r}")
+    return value
+
+
+class SessionManager(StateManagerBase):
+    """Per-user sessions: a session state, a message history, a running summary.
+
+    Args:
+        default_state: The state a new session starts from (copied for each session); the
+            `state` given to `create_session` is merged over it.
+        token_counter: Counts a message's tokens for `max_tokens` (default `estimate_tokens`).
+        state_manager: See `StateManagerBase`, as are `persistence`, `redis_url`, `base_path` and
+            `key_prefix`.
+    """
+
+    def __init__(
+        self,
+        *,
+        default_state: Mapping[str, Any] | None = None,
+        token_counter: TokenCounter | None = None,
+        state_manager: StateManager | None = None,
+        persistence: Persistence | None = None,
+        redis_url: str | None = None,
+        base_path: str | Path | None = None,
+        key_prefix: str = "",
+    ) -> None:
+        if default_state is not None and not isinstance(default_state, Mapping):
+            raise InvalidArgumentError("default_state must be a dict")
+        if token_counter is not None and not callable(token_counter):
+            raise InvalidArgumentError("token_counter must be callable")
+        super().__init__(
+            state_manager=state_manager,
+            persistence=persistence,
+            redis_url=redis_url,
+            base_path=base_path,
+            key_prefix=key_prefix,
+        )
+        # Encode once now, so a template that cannot be stored fails here, not at first use.
+        self.default_state: dict[str, Any] = dict(
+            self.state.serializer.loads(self.state.serializer.dumps(dict(default_state or {})))
+        )
+        self.token_counter: TokenCounter = token_counter or estimate_tokens
+        self._expiries: dict[str, datetime | None] = {}
+
+    # ---------------------------------------------------------------- keys
+
+    @staticmethod
+    def _key(session_id: str, part: str) -> str:
+        return f"sessions:{{{key_part(session_id, 'session_id')}}}:{part}"
+
+    @staticmethod
+    def _msg_key(session_id: str, seq: int) -> str:
+        return f"sessions:{{{session_id}}}:msg:{seq:012d}"
+
+    @staticmethod
+    def _user_index(user_id: str) -> str:
+        return f"sessions:users:{{{key_part(user_id, 'user_id')}}}"
+
+    def _remaining(self, session: Session) -> timedelta | None:
+        # Every key of a session expires with it: each write states the time left.
+        return self._time_left(session.session_id, session.expires_at)
+
+    async def _session(self, session_id: str) -> Session:
+        session = await self._load(self._key(session_id, "meta"), Session)
+        if session is None:
+            raise NotFoundError(f"no session {session_id!r}")
+        return session
+
+    # ---------------------------------------------------------------- sessions
+
+    async def create_session(
+        self,
+        user_id: str,
+        *,
+        session_id: str | None = None,
+        state: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        ttl: timedelta | float | None = None,
+    ) -> Session:
+        """Create a session for `user_id` and return it.
+
+        Args:
+            user_id: The owner; `list_sessions(user_id)` and `delete_user(user_id)` find it.
+            session_id: The id to use (default: a random hex id). Ids are unique per store.
+            state: Merged (deep) over a copy of `default_state` to make the first state.
+            name: A display name.
+            ttl: The session's lifetime: every key of the session (state, messages, summary)
+                expires this long after creation. `None` keeps it until deleted.
+
+        Raises:
+            ConflictError: A session with this id exists.
+        """
+        index = self._user_index(user_id)
+        sid = key_part(session_id, "session_id") if session_id is not None else uuid4().hex
+        if state is not None and not isinstance(state, Mapping):
+            raise InvalidArgumentError("state must be a dict")
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError("name must be a str or None")
+        life = _positive_ttl(ttl)
+        first = deepcopy(self.default_state)
+        if state:
+            first = _merge(first, deepcopy(dict(state)))
+        now = utcnow()
+        session = Session(
+            session_id=sid,
+            user_id=user_id,
+            name=name,
+            created_at=now,
+            updated_at=now,
+            expires_at=None if life is None else now + life,
+        )
+        # Encode the state first: a state that cannot be stored creates nothing.
+        self.state.serializer.dumps(first)
+        # The user's index first: whatever happens next, delete_user finds this session.
+        added = await self.state.index_add(index, {sid: -sort_time(now)})
+        try:
+            await self.state.save(self._key(sid, "meta"), session, ttl=life, expected_version=0)
+        except ConflictError:
+            if added:
+                await self.state.index_remove(index, [sid])
+            raise ConflictError(f"session {sid!r} already exists", key=sid) from None
+        await self.state.save(self._key(sid, "state"), first, ttl=life)
+        self.log.debug("session_created", session_id=sid)
+        return session
+
+    async def get_session(self, session_id: str) -> Session | None:
+        """Return the session, or `None` if it does not exist (or expired)."""
+        return await self._load(self._key(session_id, "meta"), Session)
+
+    async def list_sessions(
+        self, user_id: str, *, limit: int | None = None, before: datetime | None = None
+    ) -> list[Session]:
+        """Return a user's sessions, newest first.
+
+        Args:
+            user_id: The owner.
+            limit: At most this many.
+            before: Only sessions created strictly before this instant (page with the
+                `created_at` of the last session of the previous page).
+        """
+        _optional_count(limit, "limit", minimum=1)
+        if before is not None and not isinstance(before, datetime):
+            raise InvalidArgumentError("before must be a datetime or None")
+        index = self._user_index(user_id)
+        members = await self.state.index_range(index)
+        if before is not None:
+            cutoff = sort_time(before)
+            members = [(sid, score) for sid, score in members if -score < cutoff]
+        sessions: list[Session] = []
+        stale: list[str] = []
+        stale_before = sort_time(utcnow() - _CREATION_GRACE)
+        for start in range(0, len(members), _PAGE):
+            page = [sid for sid, _ in members[start : start + _PAGE]]
+            found = await self.state.get_many(
+                [self._key(sid, "meta") for sid in page], model=Session
+            )
+            for sid, score in members[start : start + _PAGE]:
+                session = found.get(self._key(sid, "meta"))
+                if session is not None and session.user_id == user_id:
+                    sessions.append(session)
+                # The index outlives expired sessions and creations that stopped half way:
+                # tidy those, but not one whose creation may still be under way.
+                elif session is not None or -score < stale_before:
+                    stale.append(sid)
+            if limit is not None and len(sessions) >= limit:
+                break
+        if stale:
+            await self.state.index_remove(index, stale)
+        return sessions[:limit] if limit is not None else sessions
+
+    async def rename_session(self, session_id: str, name: str | None) -> Session:
+        """Set the session's display name; return the session.
+
+        Raises:
+            NotFoundError: No such session.
+        """
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError("name must be a str or None")
+        session = await self._session(session_id)
+
+        def rename(current: Any) -> Any:
+            current.update(name=name, updated_at=utcnow().isoformat())
+            return current
+
+        stored = await self.state.update(
+            self._key(session_id, "meta"), rename, ttl=self._remaining(session)
+        )
+        return Session.model_validate(stored)
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete a session with its state, messages and summary; return whether it existed."""
+        existed, _, _ = await self._delete_session(session_id, None)
+        return existed
+
+    async def _delete_session(self, session_id: str, user_id: str | None) -> tuple[bool, int, int]:
+        """Delete a session's keys; return whether it existed, and the keys and messages erased.
+
+        With `user_id`, a session that belongs to someone else is left alone (an index entry
+        that outlived a refused `create_session` must not let one user erase another's).
+        """
+        session = await self.get_session(session_id)
+        if session is not None and user_id is not None and session.user_id != user_id:
+            return False, 0, 0
+        self._expiries.pop(session_id, None)
+        # The session record goes first: appends racing the delete then fail as NotFoundError.
+        existed = await self.state.delete(self._key(session_id, "meta"))
+        owner = session.user_id if session is not None else user_id
+        if owner is not None:
+            await self.state.index_remove(self._user_index(owner), [session_id])
+        keys = int(existed)
+        messages = 0
+        pattern = f"sessions:{{{glob_part(key_part(session_id, 'session_id'))}}}:*"
+        for key in await self.state.list_keys(pattern):
+            if await self.state.delete(key):
+                keys += 1
+                messages += ":msg:" in key
+        if existed:
+            self.log.debug("session_deleted", session_id=session_id, keys=keys)
+        return existed, keys, messages
+
+    async def delete_user(self, user_id: str) -> SessionDeletion:
+        """Erase every session of a user, with their states, messages and summaries.
+
+        Returns:
+            How many sessions, messages and keys were deleted.
+        """
+        index = self._user_index(user_id)
+        sessions = messages = keys = 0
+        while True:
+            members = await self.state.index_range(index, limit=_PAGE)
+            if not members:
+                break
+            for sid, _ in members:
+                existed, erased, erased_messages = await self._delete_session(sid, user_id)
+                sessions += existed
+                keys += erased
+                messages += erased_messages
+            await self.state.index_remove(index, [sid for sid, _ in members])
+        self.log.debug("user_deleted", sessions=sessions, messages=messages)
+        return SessionDeletion(sessions=sessions, messages=messages, keys=keys)
+
+    # ---------------------------------------------------------------- session state
+
+    async def get_state(self, session_id: str) -> dict[str, Any]:
+        """Return the session state (a dict).
+
+        Raises:
+            NotFoundError: No such session.
+        """
+        value = await self.state.get(self._key(session_id, "state"))
+        if value is None:
+            # A session whose creation stopped between its two writes has the default state.
+            await self._session(session_id)
+            return deepcopy(self.default_state)
+        return dict(value)
+
+    async def update_state(
+        self,
+        session_id: str,
+        change: Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """Change the session state atomically and return the new state.
+
+        A dict is deep-merged into the state (Agno's default); a function receives a copy of
+        the state and returns the new one (it may run more than once under contention, so it
+        must have no side effects). Concurrent updates from any number of processes lose nothing.
+
+        Raises:
+            NotFoundError: No such session.
+            InvalidArgumentError: A function returned something other than a dict.
+        """
+        session = await self._session(session_id)
+        if isinstance(change, Mapping):
+            apply: Mapping[str, Any] | Callable[[Any], Any] = change
+        elif callable(change):
+            fn = change
+
+            def apply(current: Any) -> Any:
+                new = fn(current)
+                if not isinstance(new, dict):
+                    raise InvalidArgumentError(
+                        f"a session state is a dict; the function returned {type(new).__name__}"
+                    )
+                return new
+
+        else:
+            raise InvalidArgumentError(
+                f"update_state() takes a dict or a function, not {type(change).__name__}"
+            )
+        new = await self.state.update(
+            self._key(session_id, "state"),
+            apply,
+            default=self.default_state,
+            ttl=self._remaining(session),
+        )
+        return dict(new)
+
+    async def set_state(self, session_id: str, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace the session state with `state` (Agno's overwrite) and return it.
+
+        Raises:
+            NotFoundError: No such session.
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidArgumentError("state must be a dict")
+        new = dict(state)
+        session = await self._session(session_id)
+        await self.state.save(self._key(session_id, "state"), new, ttl=self._remaining(session))
+        return new
+
+    async def render(
+        self,
+        session_id: str,
+        template: str,
+        *,
+        missing: Literal["error", "keep"] = "error",
+    ) -> str:
+        """Substitute `{key}` and `{key.sub}` in `template` from the session state.
+
+        Only names (letters, digits, `_`) joined by dots are placeholders: `{user_name}`,
+        `{profile.city}`, `{items.0}` (a list index). Anything else in braces, such as JSON in
+        the instructions, stays as written, and `{{`/`}}` give literal braces. Strings are
+        inserted as they are, other values as compact JSON. Nothing in the template is
+        evaluated: no attribute access, indexing expressions, format specs or calls.
+
+        Args:
+            session_id: The session whose state fills the placeholders.
+            template: The text, such as an agent's instructions.
+            missing: `"error"` raises on a placeholder the state lacks; `"keep"` leaves it as is.
+
+        Raises:
+            NotFoundError: No such session, or (with `missing="error"`) a placeholder is missing.
+        """
+        if not isinstance(template, str):
+            raise InvalidArgumentError("template must be a str")
+        if missing not in ("error", "keep"):
+            raise InvalidArgumentError(f"missing must be 'error' or 'keep', not {missing!r}")
+        state = await self.get_state(session_id)
+        return render_template(template, state, missing=missing)
+
+    # ---------------------------------------------------------------- messages
+
+    async def add_message(
+        self, session_id: str, role: str, content: JsonValue, **metadata: JsonValue
+    ) -> SessionMessage:
+        """Append a message to the session's history and return it (with its number).
+
+        Two round trips whatever the history's length: allocate the next number atomically
+        (an `update` of the session record), then write the message under its own key. Appends
+        from many processes get distinct, increasing numbers; none is lost. The first append to
+        a session in a process also reads the session, for its expiry.
+
+        Raises:
+            NotFoundError: No such session.
+        """
+        if not isinstance(role, str) or not role:
+            raise InvalidArgumentError(f"role must be a non-empty str, not {role!r}")
+        meta_key = self._key(session_id, "meta")
+        now = utcnow()
+        message = SessionMessage(
+            session_id=session_id,
+            seq=1,
+            role=role,
+            content=content,
+            metadata=metadata,
+            created_at=now,
+        )
+        # Encode before allocating a number, so a value that cannot be stored leaves no gap.
+        self.state.serializer.dumps(message)
+        while True:
+            expiry = await self._expiry(session_id)
+
+            def allocate(current: Any, expiry: datetime | None = expiry) -> Any:
+                if _as_datetime(current.get("expires_at")) != expiry:
+                    # The session was replaced (deleted and created again) since the expiry
+                    # was cached: write nothing, read it again.
+                    raise _StaleExpiryError
+                current["message_count"] = current.get("message_count", 0) + 1
+                current["updated_at"] = now.isoformat()
+                return current
+
+            life = self._time_left(session_id, expiry)
+            try:
+                stored = await self.state.update(meta_key, allocate, ttl=life)
+            except _StaleExpiryError:
+                self._expiries.pop(session_id, None)
+                continue
+            except NotFoundError:
+                self._expiries.pop(session_id, None)
+                raise NotFoundError(f"no session {session_id!r}") from None
+            break
+        message = message.model_copy(update={"seq": stored["message_count"]})
+        await self.state.save(
+            self._msg_key(session_id, message.seq), message, ttl=life, expected_version=0
+        )
+        return message
+
+    async def _expiry(self, session_id: str) -> datetime | None:
+        """The session's expiry, cached: it never changes while the session exists."""
+        if session_id in self._expiries:
+            cached = self._expiries[session_id]
+            if cached is None or cached > utcnow():
+                return cached
+        session = await self._session(session_id)
+        if len(self._expiries) >= _EXPIRIES_KEPT:
+            self._expiries.clear()
+        self._expiries[session_id] = session.expires_at
+        return session.expires_at
+
+    @staticmethod
+    def _time_left(session_id: str, expires_at: datetime | None) -> timedelta | None:
+        if expires_at is None:
+            return None
+        left = expires_at - utcnow()
+        if left <= timedelta(0):
+            raise NotFoundError(f"session {session_id!r} has expired")
+        return left
+
+    async def get_messages(
+        self,
+        session_id: str,
+        *,
+        last: int | None = None,
+        since: int | None = None,
+        max_tokens: int | None = None,
+        with_summary: bool = False,
+        token_counter: TokenCounter | None = None,
+    ) -> list[SessionMessage]:
+        """Return the session's messages, oldest first.
+
+        Args:
+            session_id: The session.
+            last: Only the newest `last` messages.
+            since: Only messages numbered after `since` (a cursor: pass the last `seq` seen).
+            max_tokens: Keep the newest messages whose tokens fit in this budget together
+                (counted by `token_counter`, default the manager's). A message that does not
+                fit ends the history there: older ones are left out even if they would fit.
+            with_summary: Put the running summary first (as a `system` message numbered 0 with
+                `metadata={"summary": True, "covers_through": n}`) and leave out the messages it
+                covers. Its tokens count against `max_tokens`; without a summary, nothing is
+                added.
+            token_counter: Overrides the manager's counter for this call.
+
+        A message whose number was given out but whose write has not landed yet (a concurrent
+        append, or a writer that crashed in between) is absent; the others keep their order.
+
+        Raises:
+            NotFoundError: No such session.
+        """
+        _optional_count(last, "last", minimum=0)
+        _optional_count(since, "since", minimum=0)
+        _optional_count(max_tokens, "max_tokens", minimum=0)
+        counter = token_counter or self.token_counter
+        if not callable(counter):
+            raise InvalidArgumentError("token_counter must be callable")
+
+        def count_tokens(message: SessionMessage) -> int:
+            tokens = counter(message)
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+                raise InvalidArgumentError(f"token_counter must return an int >= 0, not {tokens!r}")
+            return tokens
+
+        session = await self._session(session_id)
+        high = session.message_count
+        low = 1 if since is None else since + 1
+        head: list[SessionMessage] = []
+        if with_summary:
+            summary = await self.get_summary(session_id)
+            if summary is not None:
+                low = max(low, summary.covers_through + 1)
+                head = [
+                    SessionMessage(
+                        session_id=session_id,
+                        seq=0,
+                        role="system",
+                        content=summary.content,
+                        metadata={"summary": True, "covers_through": summary.covers_through},
+                        created_at=summary.updated_at,
+                    )
+                ]
+        if last is not None:
+            low = max(low, high - last + 1)
+        budget = None if max_tokens is None else max_tokens - sum(map(count_tokens, head))
+        if budget is not None and budget < 0:
+            return []
+        if budget is None:
+            return head + await self._read_range(session_id, low, high)
+        # Walk back from the newest in small batches until the budget is spent.
+        kept: list[SessionMessage] = []
+        top = high
+        while top >= low:
+            bottom = max(low, top - _BACKWARD_PAGE + 1)
+            for message in reversed(await self._read_range(session_id, bottom, top)):
+                budget -= count_tokens(message)
+                if budget < 0:
+                    kept.reverse()
+                    return head + kept
+                kept.append(message)
+            top = bottom - 1
+        kept.reverse()
+        return head + kept
+
+    async def _read_range(self, session_id: str, low: int, high: int) -> list[SessionMessage]:
+        messages: list[SessionMessage] = []
+        for start in range(low, high + 1, _PAGE):
+            stop = min(high, start + _PAGE - 1)
+            keys = [self._msg_key(session_id, n) for n in range(start, stop + 1)]
+            found = await self.state.get_many(keys, model=SessionMessage)
+            messages.extend(found[key] for key in keys if key in found)
+        return messages
+
+    async def get_summary(self, session_id: str) -> SessionSummary | None:
+        """Return the session's running summary, or `None` if it has none."""
+        return await self._load(self._key(session_id, "summary"), SessionSummary)
+
+    async def summarize(
+        self, session_id: str, summarizer: Summarizer, *, keep_last: int = 10
+    ) -> SessionSummary | None:
+        """Fold the messages older than the newest `keep_last` into the running summary.
+
+        Calls `summarizer(previous_summary_or_None, messages_not_yet_covered)` (sync or async;
+        typically an LLM call) and stores what it returns, marked as covering every message up to
+        the last one it was given. Messages are kept; `get_messages(with_summary=True)` returns
+        the summary followed by the messages it does not cover.
+
+        Returns:
+            The new summary, or `None` when no message beyond the summary is old enough.
+
+        Raises:
+            NotFoundError: No such session.
+            ConflictError: Another `summarize` of this session stored its summary first; the
+                returned summary of that call stands (call again to extend it).
+        """
+        if type(keep_last) is not int or keep_last < 0:
+            raise InvalidArgumentError(f"keep_last must be an int >= 0, not {keep_last!r}")
+        if not callable(summarizer):
+            raise InvalidArgumentError("summarizer must be callable")
+        session = await self._session(session_id)
+        key = self._key(session_id, "summary")
+        entry = await self.state.get_entry(key, model=SessionSummary)
+        previous: SessionSummary | None = None if entry is None else entry.value
+        covered = 0 if previous is None else previous.covers_through
+        through = session.message_count - keep_last
+        if through <= covered:
+            return None
+        messages = await self._read_range(session_id, covered + 1, through)
+        if not messages:
+            return None
+        text = await maybe_await(
+            summarizer(None if previous is None else previous.content, messages)
+        )
+        if not isinstance(text, str):
+            raise InvalidArgumentError(
+                f"the summarizer must return a str, not {type(text).__name__}"
+            )
+        summary = SessionSummary(session_id=session_id, content=text, covers_through=through)
+        await self.state.save(
+            key,
+            summary,
+            ttl=self._remaining(session),
+            expected_version=0 if entry is None else entry.version,
+        )
+        return summary
+
+
+def render_template(
+    template: str, state: Mapping[str, Any], *, missing: Literal["error", "keep"] = "error"
+) -> str:
+    """Substitute `{key}` and `{key.sub}` placeholders from `state` (see `SessionManager.render`).
+
+    Raises:
+        NotFoundError: A placeholder names something `state` lacks (with `missing="error"`).
+    """
+
+    def substitute(match: re.Match[str]) -> str:
+        text = match.group(0)
+        if text == "{{":
+            return "{"
+        if text == "}}":
+            return "}"
+        value: Any = state
+        for part in match.group(1).split("."):
+            if isinstance(value, Mapping) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                if missing == "keep":
+                    return text
+                raise NotFoundError(f"the session state has no {match.group(1)!r} for {text}")
+        if isinstance(value, str):
+            return value
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+
+    return _PLACEHOLDER.sub(substitute, template)

@@ -1,0 +1,512 @@
+"""Blocking versions of `StateManager` and every manager, for tools, scripts and notebooks.
+
+```python
+from agenticstate import sync
+
+with sync.StateManager() as state:             # same arguments as agenticstate.StateManager
+    state.save("agent:1", {"status": "idle"})  # same methods, blocking
+    state.get("agent:1")                       # {"status": "idle"}
+
+sessions = sync.SessionManager(persistence="memory", default_state={"shopping_list": []})
+session = sessions.create_session("u1")
+```
+
+Every class here wraps its async namesake: each public coroutine method becomes a blocking
+method with the same name, arguments and docstring, run on one event loop that the module keeps
+in a daemon thread (an anyio `BlockingPortal` on asyncio). So the blocking API works from any
+plain thread, and from a thread whose own event loop is running (a Jupyter cell, the sync tool of
+an async framework): the call blocks that thread, never the module's loop.
+
+- Other public methods (`subscribe`, `stats`, `scope`, ...) run on the loop thread too, so the
+  objects are only ever touched from one thread.
+- A result that is itself wrapped here comes back wrapped (`state.scope("u1:")` is a blocking
+  `ScopedState`); an async context manager or iterator comes back as a blocking one
+  (`with state.watch("agent:*") as changes: for change in changes: ...`).
+- A sync subscription callback runs in a worker thread, so it may call the blocking API. Code
+  that runs on the loop thread itself (an async callback, a function passed to `update`) must not:
+  the call raises `SyncDeadlockError` instead of hanging.
+- Objects you build here are closed by `close()`, by `with`, or at interpreter exit; then the loop
+  stops. After `os.fork()` the child starts a loop of its own; objects built before the fork
+  belong to the parent.
+
+`run(fn)` runs an async function on the wrapped object with full static types, for code checked
+with mypy: `state.run(lambda s: s.get("k", model=Record))` is `Record | None`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import functools
+import inspect
+import os
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal
+
+from agenticstate import managers as _managers
+from agenticstate import scope as _scope
+from agenticstate._log import get_logger
+from agenticstate.exceptions import AgenticStateError, InvalidArgumentError
+from agenticstate.manager import StateManager as _AsyncStateManager
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator
+    from types import TracebackType
+
+__all__ = [
+    "AgentRecoveryManager",
+    "AgentStateStore",
+    "Blocking",
+    "BlockingStream",
+    "KnowledgeStateManager",
+    "OrchestrationStateManager",
+    "ScopedState",
+    "SessionManager",
+    "SpeechStateManager",
+    "StateManager",
+    "SyncDeadlockError",
+    "ToolStateManager",
+    "WorkflowStateManager",
+    "close_all",
+]
+
+A = TypeVar("A")
+T = TypeVar("T")
+
+_CLOSE_TIMEOUT = 10.0
+log = get_logger(__name__)
+
+
+class SyncDeadlockError(AgenticStateError, RuntimeError):
+    """A blocking call was made from the sync API's own event loop thread.
+
+    It would wait for the loop it is blocking. Call the async API there (an async callback has
+    the async objects at hand), or use a sync callback, which runs in a worker thread.
+    """
+
+
+class _Loop:
+    """One asyncio event loop in a daemon thread, behind an anyio blocking portal.
+
+    A daemon thread (not `start_blocking_portal`'s executor thread) so that interpreter exit
+    never waits on it: the `atexit` handler closes what is open and then stops the loop.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._portal: BlockingPortal | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self.thread_id: int | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def portal(self) -> BlockingPortal:
+        portal = self._portal
+        if portal is not None and self._pid == os.getpid():
+            return portal
+        with self._lock:
+            if self._portal is None or self._pid != os.getpid():
+                self._start()
+            assert self._portal is not None  # noqa: S101  # set by _start
+            return self._portal
+
+    def _start(self) -> None:
+        handoff: queue.SimpleQueue[BlockingPortal | BaseException] = queue.SimpleQueue()
+
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
+            async with BlockingPortal() as portal:
+                handoff.put(portal)
+                await portal.sleep_until_stopped()
+
+        def run() -> None:
+            self.thread_id = threading.get_ident()
+            try:
+                anyio.run(serve, backend="asyncio")
+            except BaseException as exc:  # noqa: BLE001  # handed to the thread that waits
+                handoff.put(exc)
+
+        thread = threading.Thread(target=run, name="agenticstate-sync", daemon=True)
+        thread.start()
+        made = handoff.get()
+        if isinstance(made, BaseException):
+            raise made
+        self._portal, self._thread, self._pid = made, thread, os.getpid()
+
+    def check_thread(self) -> None:
+        if threading.get_ident() == self.thread_id and self._pid == os.getpid():
+            raise SyncDeadlockError(
+                "a blocking agenticstate.sync call was made on the sync API's event loop thread "
+                "(from an async callback or a function the loop runs); use the async API there"
+            )
+
+    def stop(self) -> None:
+        with self._lock:
+            portal, thread, self._portal, self._thread = self._portal, self._thread, None, None
+            if portal is None or self._pid != os.getpid():
+                return
+            with contextlib.suppress(RuntimeError):  # already stopped
+                portal.call(portal.stop)
+            if thread is not None:
+                thread.join(_CLOSE_TIMEOUT)
+            self.thread_id = None
+
+    def after_fork(self) -> None:
+        # The loop thread does not exist in a forked child; the next call starts a new one. The
+        # parent's objects stay the parent's: the child must not close (flush, disconnect) them.
+        self._lock = threading.Lock()
+        self._portal = self._thread = None
+        self.thread_id = None
+        self.loop = None
+        _OWNED.clear()
+
+
+_LOOP = _Loop()
+# Strong references: what the module built is closed at exit even if the caller dropped it
+# (the file backend flushes, Redis connections close). `close()` removes an object.
+_OWNED: set[Blocking[Any]] = set()
+_WRAPPERS: dict[type, type[Blocking[Any]]] = {}
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    _LOOP.check_thread()
+    portal = _LOOP.portal()
+    if kwargs:
+        return portal.call(functools.partial(fn, *args, **kwargs))
+    return portal.call(fn, *args)
+
+
+def _await(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    """Run a coroutine function on the loop and wait for it: the hot path of every method.
+
+    The loop is an asyncio loop this module owns, so a coroutine goes straight to it with
+    `run_coroutine_threadsafe`, which costs about half of `BlockingPortal.call` per hop (no
+    task group spawn and cancel scope per call); anyio code runs unchanged in that task.
+    """
+    _LOOP.check_thread()
+    _LOOP.portal()
+    loop = _LOOP.loop
+    assert loop is not None  # noqa: S101  # set before the portal is handed over
+    awaitable = fn(*args, **kwargs)
+    if not asyncio.iscoroutine(awaitable):  # an async generator's __anext__, a Future, ...
+        awaitable = _as_coroutine(awaitable)
+    future = asyncio.run_coroutine_threadsafe(awaitable, loop)
+    try:
+        return future.result()
+    except BaseException:
+        # Interrupted (Ctrl-C in a notebook) or failed: make sure the call stops on the loop.
+        future.cancel()
+        raise
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _unwrap(value: Any) -> Any:
+    return value._async if isinstance(value, Blocking) else value
+
+
+def _wrap(value: Any) -> Any:
+    for kind in type(value).__mro__:
+        wrapper = _WRAPPERS.get(kind)
+        if wrapper is not None:
+            return wrapper.wrap(value)
+    if hasattr(value, "__aenter__") or hasattr(value, "__anext__"):
+        return BlockingStream(value)
+    return value
+
+
+def _blocking_method(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Blocking[Any], *args: Any, **kwargs: Any) -> Any:
+        bound = getattr(self._async, name)
+        args = tuple(_unwrap(arg) for arg in args)
+        kwargs = {key: _unwrap(value) for key, value in kwargs.items()}
+        return _wrap(_await(bound, *args, **kwargs))
+
+    return call
+
+
+def _loop_method(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Blocking[Any], *args: Any, **kwargs: Any) -> Any:
+        bound = getattr(self._async, name)
+        return _wrap(_call(bound, *args, **kwargs))
+
+    return call
+
+
+class Blocking(Generic[A]):
+    """The one wrapper class: a blocking view of an async object, driven by its methods.
+
+    A subclass names the async class (`class StateManager(Blocking[...], wraps=...)`); every
+    public coroutine method of that class (inherited ones included) becomes a blocking method,
+    every other public method a method run on the loop thread. Attributes read through.
+    Constructing a subclass builds the async object on the loop thread with the same arguments.
+    """
+
+    _async_class: ClassVar[type]
+    _async: A
+
+    def __init_subclass__(cls, *, wraps: type, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._async_class = wraps
+        _WRAPPERS[wraps] = cls
+        for name, member in inspect.getmembers(wraps):
+            if name.startswith("_") or name in cls.__dict__:
+                continue
+            if inspect.iscoroutinefunction(member):
+                setattr(cls, name, _blocking_method(name, member))
+            elif inspect.isfunction(member):
+                setattr(cls, name, _loop_method(name, member))
+        if cls.__doc__ is None:
+            cls.__doc__ = f"Blocking `{wraps.__module__}.{wraps.__qualname__}`."
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        args = tuple(_unwrap(arg) for arg in args)
+        kwargs = {key: _unwrap(value) for key, value in kwargs.items()}
+        self._async = _call(self._async_class, *args, **kwargs)
+        self._owned = True
+        _OWNED.add(self)
+
+    @classmethod
+    def wrap(cls, obj: A) -> Self:
+        """Return a blocking view of an existing async object (closing it stays your call)."""
+        if not isinstance(obj, cls._async_class):
+            raise InvalidArgumentError(
+                f"{cls.__name__}.wrap() takes a {cls._async_class.__name__}, "
+                f"not {type(obj).__name__}"
+            )
+        view = cls.__new__(cls)
+        view._async = obj
+        view._owned = False
+        return view
+
+    @property
+    def async_object(self) -> A:
+        """The async object this wraps (use it from async code on the sync API's loop)."""
+        return self._async
+
+    def run(self, fn: Callable[[A], Awaitable[T]]) -> T:
+        """Run `fn(async_object)` on the loop and return its result (typed for mypy)."""
+        obj = self._async
+
+        async def call() -> T:
+            return await fn(obj)
+
+        result: T = _await(call)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_async", "_owned"):
+            raise AttributeError(name)
+        return _wrap(getattr(self._async, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Public attributes are the async object's (`tools.max_retries = 5` configures it).
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._async, name, _unwrap(value))
+
+    def __repr__(self) -> str:
+        return f"sync.{type(self).__name__}({self._async!r})"
+
+    def close(self) -> None:
+        """Close the wrapped object (its `aclose()`)."""
+        _OWNED.discard(self)
+        closer = getattr(self._async, "aclose", None)
+        if closer is not None:
+            _call(closer)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class BlockingStream:
+    """A blocking view of an async context manager and/or async iterator (`watch`, `step`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __enter__(self) -> Any:
+        entered = _call(self._inner.__aenter__)
+        return self if entered is self._inner else _wrap(entered)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        result: bool | None = _call(self._inner.__aexit__, exc_type, exc, tb)
+        return result
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return _await(self._inner.__anext__)
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        """Close the stream (its `aclose()`)."""
+        _call(self._inner.aclose)
+
+
+# ------------------------------------------------------------------ the blocking classes
+
+
+class StateManager(Blocking[_AsyncStateManager], wraps=_AsyncStateManager):
+    """Blocking `agenticstate.StateManager`.
+
+    `subscribe` runs a sync callback in a worker thread, so the callback may use this API.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._callbacks: dict[tuple[str, Any], Any] = {}
+
+    @classmethod
+    def wrap(cls, obj: _AsyncStateManager) -> Self:
+        """Return a blocking view of an existing async StateManager."""
+        view = super().wrap(obj)
+        view._callbacks = {}
+        return view
+
+    def subscribe(self, pattern: str, callback: Any, *, on_overflow: Any = None) -> None:
+        """As `agenticstate.StateManager.subscribe`; sync callbacks run in a worker thread."""
+        runner = _threaded(callback)
+        _call(self._async.subscribe, pattern, runner, on_overflow=_threaded(on_overflow))
+        self._callbacks.setdefault((pattern, callback), runner)
+
+    def unsubscribe(self, pattern: str, callback: Any) -> bool:
+        """Stop calling `callback` for `pattern`; return whether it was subscribed."""
+        runner = self._callbacks.pop((pattern, callback), None)
+        if runner is None:
+            return False
+        result: bool = _call(self._async.unsubscribe, pattern, runner)
+        return result
+
+
+class ScopedState(Blocking[_scope.ScopedState], wraps=_scope.ScopedState):
+    """Blocking `agenticstate.ScopedState` (from `sync.StateManager.scope(prefix)`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._callbacks: dict[tuple[str, Any], Any] = {}
+
+    @classmethod
+    def wrap(cls, obj: _scope.ScopedState) -> Self:
+        """Return a blocking view of an existing async ScopedState."""
+        view = super().wrap(obj)
+        view._callbacks = {}
+        return view
+
+    def subscribe(self, pattern: str, callback: Any, *, on_overflow: Any = None) -> None:
+        """As `agenticstate.ScopedState.subscribe`; sync callbacks run in a worker thread."""
+        runner = _threaded(callback)
+        _call(self._async.subscribe, pattern, runner, on_overflow=_threaded(on_overflow))
+        self._callbacks.setdefault((pattern, callback), runner)
+
+    def unsubscribe(self, pattern: str, callback: Any) -> bool:
+        """Stop calling `callback` for `pattern`; return whether it was subscribed."""
+        runner = self._callbacks.pop((pattern, callback), None)
+        if runner is None:
+            return False
+        result: bool = _call(self._async.unsubscribe, pattern, runner)
+        return result
+
+
+class AgentStateStore(Blocking[_managers.AgentStateStore], wraps=_managers.AgentStateStore):
+    """Blocking `agenticstate.AgentStateStore`."""
+
+
+class AgentRecoveryManager(
+    Blocking[_managers.AgentRecoveryManager], wraps=_managers.AgentRecoveryManager
+):
+    """Blocking `agenticstate.AgentRecoveryManager`."""
+
+
+class WorkflowStateManager(
+    Blocking[_managers.WorkflowStateManager], wraps=_managers.WorkflowStateManager
+):
+    """Blocking `agenticstate.WorkflowStateManager` (`step` is a blocking context manager)."""
+
+
+class OrchestrationStateManager(
+    Blocking[_managers.OrchestrationStateManager], wraps=_managers.OrchestrationStateManager
+):
+    """Blocking `agenticstate.OrchestrationStateManager`."""
+
+
+class KnowledgeStateManager(
+    Blocking[_managers.KnowledgeStateManager], wraps=_managers.KnowledgeStateManager
+):
+    """Blocking `agenticstate.KnowledgeStateManager`."""
+
+
+class ToolStateManager(Blocking[_managers.ToolStateManager], wraps=_managers.ToolStateManager):
+    """Blocking `agenticstate.ToolStateManager`."""
+
+
+class SpeechStateManager(
+    Blocking[_managers.SpeechStateManager], wraps=_managers.SpeechStateManager
+):
+    """Blocking `agenticstate.SpeechStateManager`."""
+
+
+class SessionManager(Blocking[_managers.SessionManager], wraps=_managers.SessionManager):
+    """Blocking `agenticstate.SessionManager`."""
+
+
+def _threaded(callback: Any) -> Any:
+    """Run a sync callback in a worker thread (so it may block); pass async ones through."""
+    if callback is None or not callable(callback):
+        return callback
+    if inspect.iscoroutinefunction(callback) or inspect.iscoroutinefunction(
+        getattr(callback, "__call__", None)  # noqa: B004  # an object with an async __call__
+    ):
+        return callback
+
+    async def in_thread(*args: Any) -> None:
+        await anyio.to_thread.run_sync(lambda: callback(*args))
+
+    in_thread.__qualname__ = getattr(callback, "__qualname__", type(callback).__name__)
+    return in_thread
+
+
+def close_all() -> None:
+    """Close every object built by this module, then stop its event loop (run at exit).
+
+    Idempotent; the next blocking call starts a new loop.
+    """
+    if _LOOP.thread_id is None:
+        return
+    for obj in list(_OWNED):
+        try:
+            obj.close()
+        except Exception as exc:  # noqa: BLE001  # at exit, close what can be closed
+            log.warning("sync_close_failed", obj=type(obj).__name__, error=type(exc).__name__)
+    _LOOP.stop()
+
+
+atexit.register(close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_LOOP.after_fork)

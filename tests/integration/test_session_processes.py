@@ -1,0 +1,90 @@
+"""Two real processes appending to one session at once lose nothing and agree on the order."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+
+from agenticstate import SessionManager, StateManager, open_backend
+from tests._procs import LineProcess
+from tests.conftest import unique_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+MESSAGES_EACH = 150
+
+
+def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"{request.getfixturevalue('redis_url')}?key_prefix={unique_prefix()}"
+
+
+def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"{request.getfixturevalue('redis_cluster_url')}?key_prefix={unique_prefix()}"
+
+
+# Every backend several processes can share, as a URL `open_backend` accepts. A new shared
+# backend (SQLite) adds one line here.
+SHARED_BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
+    "redis": _redis,
+    "redis-cluster": _redis_cluster,
+}
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", list(SHARED_BACKENDS))
+async def test_two_processes_append_to_one_session(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Two processes appending at once: every message stored once, numbered 1..N, one order."""
+    url = SHARED_BACKENDS[kind](request, tmp_path)
+    async with StateManager(backend=open_backend(url)) as state:
+        session = await SessionManager(state_manager=state).create_session("u1")
+    workers = [
+        LineProcess(
+            "tests.integration._session_worker", url, session.session_id, tag, str(MESSAGES_EACH)
+        )
+        for tag in ("a", "b")
+    ]
+    try:
+        for worker in workers:
+            assert worker.wait_lines(1), worker.close()
+            assert worker.lines[0] == "ready"
+        for worker in workers:  # start both at once
+            assert worker.process.stdin is not None
+            worker.process.stdin.write("go\n")
+            worker.process.stdin.flush()
+        numbers: list[list[int]] = []
+        for worker in workers:
+            assert worker.wait_lines(2), worker.close()
+            numbers.append(json.loads(worker.lines[1].removeprefix("done ")))
+        for worker in workers:
+            assert worker.process.stdin is not None
+            worker.process.stdin.write("read\n")
+            worker.process.stdin.flush()
+        orders = []
+        for worker in workers:
+            assert worker.wait_lines(3), worker.close()
+            orders.append(json.loads(worker.lines[2].removeprefix("order ")))
+            worker.stop()
+            assert worker.process.returncode == 0, worker.close()
+    finally:
+        for worker in workers:
+            worker.close()
+    # Distinct numbers covering 1..2N, increasing within each writer.
+    assert sorted(numbers[0] + numbers[1]) == list(range(1, 2 * MESSAGES_EACH + 1))
+    assert all(seqs == sorted(seqs) for seqs in numbers)
+    # The two processes read the same history, in the same order; nothing lost or doubled.
+    assert orders[0] == orders[1]
+    assert sorted(orders[0]) == sorted(f"{t}-{i}" for t in "ab" for i in range(MESSAGES_EACH))
+    async with StateManager(backend=open_backend(url)) as state:
+        messages = await SessionManager(state_manager=state).get_messages(session.session_id)
+    assert [m.seq for m in messages] == list(range(1, 2 * MESSAGES_EACH + 1))
+    assert [m.content for m in messages] == orders[0]
+    # Each writer's messages keep the order it wrote them in.
+    for tag in "ab":
+        mine = [m.content for m in messages if m.metadata["writer"] == tag]
+        assert mine == [f"{tag}-{i}" for i in range(MESSAGES_EACH)]
