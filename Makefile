@@ -6,15 +6,16 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 export AGENTICSTATE_REQUIRE_REDIS ?= 1
+export AGENTICSTATE_REQUIRE_BROWSER ?= 1
 
-.PHONY: all setup test lint typecheck pytest demo docs docs-check bench clean redis-server compat
+.PHONY: all setup test lint typecheck pytest demo docs docs-check bench clean redis-server chromium compat
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install --quiet -e ".[redis,trio,encryption]" --group dev --group docs
+	$(BIN)/python -m pip install --quiet -e ".[redis,trio,encryption,langgraph,ui]" --group dev --group docs
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -29,7 +30,11 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-pytest: setup redis-server
+# Debian's chromium, headless: the inspector's browser tests (tests/ui) drive it.
+chromium:
+	@(command -v chromium || command -v chromium-browser) >/dev/null 2>&1 || bash scripts/install-chromium.sh
+
+pytest: setup redis-server chromium
 	bash scripts/run-pytest.sh $(BIN)/python
 
 test: lint typecheck docs-check pytest

@@ -20,6 +20,7 @@ from agenticstate.backends import (
     FileBackend,
     MemoryBackend,
     RedisBackend,
+    SQLiteBackend,
     open_backend,
     register_backend,
 )
@@ -169,6 +170,7 @@ __all__ = [
     "RedisBackend",
     "RetryExhaustedError",
     "RetryState",
+    "SQLiteBackend",
     "STTState",
     "ScopedState",
     "SerializationError",

@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
     from typing import Any
 
-__all__ = ["EventLike", "event_factory", "soon_scheduler", "spawn_detached", "spawn_service"]
+__all__ = [
+    "EventLike",
+    "current_loop",
+    "event_factory",
+    "soon_scheduler",
+    "spawn_detached",
+    "spawn_service",
+    "threadsafe_scheduler",
+]
 
 
 class EventLike(Protocol):
@@ -131,3 +139,29 @@ def spawn_service(fn: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> 
 
         return trio.lowlevel.spawn_system_task(fn, name=name)
     return loop.create_task(fn(), name=name)
+
+
+def threadsafe_scheduler() -> Callable[[Callable[[], object]], object]:
+    """A function another thread calls to run a callback on the running event loop, soon.
+
+    asyncio's `loop.call_soon_threadsafe`, or trio's `TrioToken.run_sync_soon` (thread-safe by
+    design); the callback must not raise. Worker threads that own a resource (the SQLite
+    backend's connections) hand their results back through it without blocking.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        import trio  # only reached under trio, where it is installed
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    return loop.call_soon_threadsafe
+
+
+def current_loop() -> object:
+    """An object that identifies the running event loop (the asyncio loop or trio's token)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        import trio  # only reached under trio, where it is installed
+
+        return trio.lowlevel.current_trio_token()

@@ -7,14 +7,18 @@ agenticstate set agent:researcher '{"status": "idle"}' --ttl 3600
 agenticstate watch 'agent:*'
 agenticstate inspect workflows
 agenticstate demo
+agenticstate copy sqlite://./state/state.db redis://localhost:6379/0 'agent:*'
+agenticstate export redis://localhost:6379/0 backup.jsonl
+agenticstate import backup.jsonl sqlite://./restored.db
+agenticstate ui --allow-writes
 ```
 
 The store comes from `--url` (or `AGENTICSTATE_URL`, else `file://./state`): `memory://`,
-`file://DIR`, `redis://...`, `rediss://...`, `unix://...`. `--json` prints machine-readable output.
-Global options go before or after the command. Long operations (`keys`, `inspect`, `demo`) show a
-live counter on stderr when it is a terminal, unless `--json` or `--no-progress` is given; stdout
-never carries it. Only `set` (and `demo`) create a file store: the other commands on a store that
-does not exist say so and exit 1.
+`file://DIR`, `sqlite://FILE`, `redis://...`, `rediss://...`, `unix://...`, or any scheme a
+backend registered. `--json` prints machine-readable output. Global options go before or after
+the command. Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is
+a terminal, unless `--json` or `--no-progress` is given; stdout never carries it. The read-only
+commands on a file store that does not exist say so and exit 1 (only `set` creates one).
 
 Exit codes: 0 success, 1 the key, record or store was not found, 2 bad usage or input, 3 the
 backend failed (unreachable, in use by another process, corrupt, unsupported server).
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -51,6 +56,8 @@ from agenticstate.manager import StateManager
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
+
+    from agenticstate.backends import Backend
 
 __all__ = ["configure_logging", "main"]
 
@@ -107,17 +114,23 @@ def _manager(args: argparse.Namespace) -> StateManager:
         backend = open_backend(url, key_prefix=args.prefix)
     except ConfigurationError as exc:
         raise _CommandError(str(exc), EXIT_USAGE) from None
-    if (
-        args.command in _READ_ONLY
-        and isinstance(backend, FileBackend)
-        and not (backend.snapshot_path.exists() or backend.log_path.exists())
-    ):
+    if args.command in _READ_ONLY:
         # Opening would create an empty store: a typo in --url must not look like success.
-        raise _CommandError(
-            f"no store at {backend.base_path} ({url}): {backend.snapshot_path.name} does not "
-            "exist; check --url (only `set` creates a store)",
-            EXIT_NOT_FOUND,
-        )
+        if isinstance(backend, FileBackend) and not (
+            backend.snapshot_path.exists() or backend.log_path.exists()
+        ):
+            raise _CommandError(
+                f"no store at {backend.base_path} ({url}): {backend.snapshot_path.name} does "
+                "not exist; check --url (only `set` creates a store)",
+                EXIT_NOT_FOUND,
+            )
+        path = getattr(backend, "path", None)  # the SQLite backend's database file
+        if type(backend).__name__ == "SQLiteBackend" and path is not None and not path.exists():
+            raise _CommandError(
+                f"no store at {path} ({url}): the database does not exist; check --url "
+                "(only `set` creates a store)",
+                EXIT_NOT_FOUND,
+            )
     return StateManager(backend=backend)
 
 
@@ -404,6 +417,61 @@ def _global_options(parser: argparse.ArgumentParser, *, here: bool) -> None:
     )
 
 
+# -- `agenticstate ui`: the web inspector (agenticstate[ui]) ---------------------------------
+
+
+def _ui_parser(commands: Any) -> None:
+    ui = commands.add_parser("ui", help="serve the live web inspector (agenticstate[ui])")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="the port (0: any free one)")
+    ui.add_argument("--allow-writes", action="store_true", help="let the page edit and delete keys")
+    ui.add_argument(
+        "--require-token",
+        action="store_true",
+        help="require the printed token on 127.0.0.1 too (always required elsewhere)",
+    )
+    ui.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another host name browsers may use to reach it (a reverse proxy); repeatable",
+    )
+    ui.add_argument(
+        "--sample-interval", type=float, default=2.0, help="seconds between queue chart points"
+    )
+
+
+async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
+    try:
+        from agenticstate import ui  # only this command needs it
+    except ImportError as exc:
+        raise _CommandError(str(exc), EXIT_USAGE) from None
+
+    def ready(address: str) -> None:
+        mode = "edits allowed" if args.allow_writes else "read-only"
+        _out(f"agenticstate inspector ({mode}) on {address}")
+        sys.stderr.write("open that address in a browser; Ctrl-C to stop\n")
+        sys.stderr.flush()
+
+    try:
+        await ui.serve(
+            state,
+            host=args.host,
+            port=args.port,
+            allow_writes=args.allow_writes,
+            require_token=args.require_token,
+            allowed_hosts=args.allowed_host,
+            sample_interval=args.sample_interval,
+            ready=ready,
+        )
+    except OSError as exc:
+        raise _CommandError(
+            f"cannot listen on {args.host}:{args.port}: {exc}", EXIT_USAGE
+        ) from None
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agenticstate",
@@ -449,7 +517,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=["agents", "workflows", "teams", "knowledge", "tools", "speech"],
         help="which manager's records: %(choices)s",
     )
-    command("demo", "run the demo pipeline on a file store in ./.state/demo (whatever --url says)")
+    command("demo", "run the demo pipeline in ./.state/demo (whatever --url says)")
+    _add_transfer_commands(commands)
+    _ui_parser(commands)
     return parser
 
 
@@ -460,7 +530,77 @@ _COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awai
     "delete": _delete,
     "watch": _watch,
     "inspect": _inspect,
+    "ui": _ui,
 }
+
+
+# ---------------------------------------------------------------- copy, export, import
+# Each names its own stores (not --url); --prefix applies to every store it opens.
+
+
+def _add_transfer_commands(commands: Any) -> None:
+    copy = commands.add_parser("copy", help="copy keys, TTLs and indexes from one store to another")
+    copy.add_argument("source", metavar="SRC_URL", help="the store to read")
+    copy.add_argument("destination", metavar="DST_URL", help="the store to write")
+    copy.add_argument("pattern", nargs="?", default="*", help="a Redis glob (default: *)")
+    export = commands.add_parser("export", help="write a store to a JSON-lines dump file")
+    export.add_argument("source", metavar="URL", help="the store to read")
+    export.add_argument("file", metavar="FILE", help="the dump file to write")
+    export.add_argument("pattern", nargs="?", default="*", help="a Redis glob (default: *)")
+    load = commands.add_parser("import", help="write a dump file (from export) into a store")
+    load.add_argument("file", metavar="FILE", help="a dump file from export")
+    load.add_argument("destination", metavar="URL", help="the store to write")
+
+
+def _open_url(url: str, prefix: str) -> Backend:
+    try:
+        return open_backend(url, key_prefix=prefix)
+    except ConfigurationError as exc:
+        raise _CommandError(str(exc), EXIT_USAGE) from None
+
+
+async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
+    from agenticstate import transfer  # only these commands need it
+
+    def show(done: transfer.TransferProgress) -> None:
+        progress.update(f"{args.command}: keys", done.entries, "key")
+
+    async with contextlib.AsyncExitStack() as stack:
+        if args.command == "import":
+            destination = await stack.enter_async_context(_open_url(args.destination, args.prefix))
+            try:
+                done = await transfer.import_state(args.file, destination, progress=show)
+            except OSError as exc:
+                raise _CommandError(
+                    f"cannot read {args.file}: {exc.strerror}", EXIT_USAGE
+                ) from None
+        else:
+            source = await stack.enter_async_context(_open_url(args.source, args.prefix))
+            if args.command == "copy":
+                destination = await stack.enter_async_context(
+                    _open_url(args.destination, args.prefix)
+                )
+                done = await transfer.copy_state(source, destination, args.pattern, progress=show)
+            else:
+                try:
+                    done = await transfer.export_state(
+                        source, args.file, args.pattern, progress=show
+                    )
+                except OSError as exc:
+                    message = f"cannot write {args.file}: {exc.strerror}"
+                    raise _CommandError(message, EXIT_USAGE) from None
+    progress.clear()
+    totals = {"entries": done.entries, "indexes": done.indexes, "skipped": done.skipped}
+    _out(
+        _dump(totals)
+        if args.json
+        else f"{args.command}: {done.entries} keys, "
+        f"{done.indexes} indexes, {done.skipped} skipped (expired or gone)"
+    )
+    return EXIT_OK
+
+
+_TRANSFERS = {"copy": _transfer, "export": _transfer, "import": _transfer}
 
 
 def _seconds() -> Callable[[], int]:
@@ -521,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     progress = Progress.on_stderr(enabled=wanted)
     configure_logging(progress)
-    _guarded(_run, args, progress)
+    _guarded(_TRANSFERS.get(args.command, _run), args, progress)
 
 
 async def _demo(progress: Progress) -> int:

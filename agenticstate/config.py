@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agenticstate._registry import check_backend_name
 from agenticstate.encryption import Encryption  # pydantic needs it at runtime
 from agenticstate.exceptions import ConfigurationError
 from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
@@ -77,6 +78,7 @@ class StateConfig(BaseModel):
     ```python
     StateConfig(backend="memory")
     StateConfig(backend="file", file_path="./state/app_state.json", auto_save=True)
+    StateConfig(backend="sqlite", sqlite_path="./state/app.db")
     StateConfig(backend="redis", redis_url="redis://localhost:6379", key_prefix="agenticai:",
                 ttl=3600)
     ```
@@ -89,8 +91,10 @@ class StateConfig(BaseModel):
         frozen=True, extra="forbid", validate_default=True, arbitrary_types_allowed=True
     )
 
-    backend: Literal["memory", "file", "redis"] = "memory"
-    """Where state lives: in this process, in a crash-safe local store, or in Redis."""
+    backend: str = "memory"
+    """Where state lives, by registered backend name: `"memory"` (this process), `"file"` (a
+    crash-safe local store, one process), `"sqlite"` (an SQLite database several processes on one
+    host share), `"redis"`, or a name added with `register_backend`."""
     auto_save: bool = True
     """File backend: rewrite the snapshot in the background every `save_interval` seconds (the log
     makes every acknowledged write durable either way)."""
@@ -98,6 +102,8 @@ class StateConfig(BaseModel):
     """Seconds between background snapshot rewrites when `auto_save` is on."""
     file_path: Path | None = None
     """File backend: the snapshot path (`./state/app_state.json`); default `./state/state.json`."""
+    sqlite_path: Path | None = None
+    """SQLite backend: the database file (`./state/app.db`); default `./state/state.db`."""
     redis_url: str | None = Field(default=None, repr=False)
     """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, `unix://`, or
     `redis+cluster://host:port,host:port` for Redis Cluster."""
@@ -136,6 +142,14 @@ class StateConfig(BaseModel):
                 for error in exc.errors(include_url=False, include_input=False)
             )
             raise ConfigurationError(f"invalid StateConfig: {problems}") from None
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _check_backend(cls, value: object) -> str:
+        try:
+            return check_backend_name(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("ttl", mode="before")
     @classmethod

@@ -1,6 +1,6 @@
 """A small research pipeline on agenticstate: `python -m agenticstate.demo` (or `make demo`).
 
-It runs on the embedded default, the crash-safe file backend, in `.state/demo/`, and uses every
+It runs on the embedded default, the SQLite backend, in `.state/demo/state.db`, and uses every
 manager on one `StateManager`:
 
 - a team of three agents takes tasks from a leased queue (one task fails once and is retried);
@@ -13,9 +13,11 @@ manager on one `StateManager`:
 
 Run it again and it continues from the state the last run left: the run counter, the team, the
 finished tasks, workflows, cache, knowledge counts and recovery records are all still there.
-Afterwards, `agenticstate --url file://.state/demo inspect teams` (or agents, workflows, knowledge,
-tools, speech) shows the state; the demo's last lines say how to run the command from where you
-are (`.venv/bin/agenticstate` in the repository, `agenticstate` in an activated environment).
+Afterwards, `agenticstate --url sqlite://.state/demo/state.db inspect teams` (or agents, workflows,
+knowledge, tools, speech) shows the state, also while the demo runs: SQLite lets several processes
+share it; and `agenticstate --url sqlite://.state/demo/state.db ui` serves the live web inspector on
+it. The demo's last lines say how to run the command from where you are (`.venv/bin/agenticstate`
+in the repository, `agenticstate` in an activated environment).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from agenticstate import (
 )
 from agenticstate._progress import Progress
 
-STORE = Path(".state/demo/state.json")
+STORE = Path(".state/demo/state.db")
 TEAM = "research"
 AGENTS = {"researcher": ["research"], "analyst": ["analysis"], "writer": ["writing"]}
 TOPICS = ["llm agents", "state machines", "vector search", "tool use", "speech", "evaluation"]
@@ -235,7 +237,7 @@ async def main(progress: Progress | None = None) -> None:
         progress: Where to count the writes while the pipeline runs (the command passes one
             drawn on stderr when the report does not go to the terminal).
     """
-    config = StateConfig(backend="file", file_path=STORE)
+    config = StateConfig(backend="sqlite", sqlite_path=STORE)
     progress = progress or Progress(None)
     async with StateManager(config=config) as state:
 
@@ -247,9 +249,10 @@ async def main(progress: Progress | None = None) -> None:
             await pipeline(state)
     command = cli_command()
     say(
-        f"inspect it: {command} --url file://.state/demo inspect teams "
+        f"inspect it: {command} --url sqlite://.state/demo/state.db inspect teams "
         "(or agents, workflows, knowledge, tools, speech)"
     )
+    say(f"see it live: {command} --url sqlite://.state/demo/state.db ui   (open the address)")
     say(f"run `{command} demo` again to continue from this state")
 
 
@@ -275,7 +278,8 @@ async def pipeline(state: StateManager) -> None:
     """One round of the pipeline on `state`, reported line by line."""
     run = await state.update("demo:runs", lambda n: n + 1, default=0)
     say(f"agenticstate demo, run {run}")
-    say(f"state lives in {STORE.parent.resolve()} (file backend: crash-safe log + snapshot)")
+    where = STORE.parent.resolve() / STORE.name
+    say(f"state lives in {where} (SQLite backend: durable, shared by processes)")
     orch = OrchestrationStateManager(state_manager=state)
     workflows = WorkflowStateManager(state_manager=state, checkpoint_interval=2)
     tools = ToolStateManager(state_manager=state, cache_ttl=3600)

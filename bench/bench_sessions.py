@@ -2,8 +2,8 @@
 
 Run: `python -m bench.bench_sessions` (starts its own redis-server on loopback TCP).
 
-- `add_message` and `get_messages(last=50)` on a session holding 100 messages and on one holding
-  100,000, on Redis and memory (target: the 100,000-message figures within 1.5x of the 100-message
+- `add_message` and `get_messages(last=50)` on sessions holding 100 and 100,000 messages, on
+  Redis, SQLite and memory (target: the 100,000-message figures within 1.5x of the 100-message
   ones). The long history is filled with `save_many` in the manager's key layout (a fill through
   `add_message` would take minutes and measure nothing more).
 - A blocking `sync.StateManager.get` against an awaited `StateManager.get`, on the memory backend
@@ -16,6 +16,7 @@ the machine's speed drifts; tables show the median ratio and the range.
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 
 import anyio
@@ -103,7 +104,9 @@ def run() -> str:
         overheads["Redis"] = sync_overhead(redis_config, 1000)
     overheads["memory"] = sync_overhead(StateConfig(backend="memory"), 3000)
     results["memory"] = anyio.run(history_rates, StateConfig(backend="memory"))
-    # Another backend (SQLite) adds one line here: results["SQLite"] = anyio.run(...).
+    with tempfile.TemporaryDirectory() as directory:
+        sqlite_config = StateConfig(backend="sqlite", sqlite_path=f"{directory}/sessions.db")
+        results["SQLite"] = anyio.run(history_rates, sqlite_config)
     rows = []
     for backend, rates in results.items():
         for op, label in (("add", "add_message"), ("last", "get_messages(last=50)")):

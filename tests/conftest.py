@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agenticstate import FileBackend, MemoryBackend, RedisBackend, StateConfig, StateManager
+from agenticstate import (
+    FileBackend,
+    MemoryBackend,
+    RedisBackend,
+    SQLiteBackend,
+    StateConfig,
+    StateManager,
+)
 from tests._redis_cluster import RedisClusterServers
 from tests._redis_server import RedisServer, require_redis
 
@@ -90,10 +97,17 @@ async def _file(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield backend
 
 
+@asynccontextmanager
+async def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    async with SQLiteBackend(tmp_path / "store" / "state.db") as backend:
+        yield backend
+
+
 # Each backend module adds its maker here; the contract suite runs against every one.
 BACKEND_MAKERS: dict[str, BackendMaker] = {
     "memory": _memory,
     "file": _file,
+    "sqlite": _sqlite,
     "redis": _redis,
     "redis-cluster": _redis_cluster,
 }

@@ -1,4 +1,4 @@
-"""`make demo`: the job runs on the file backend and a second run continues from the first."""
+"""`make demo`: the job runs on the SQLite backend and a second run continues from the first."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_demo_uses_every_manager_and_continues(tmp_path: Path) -> None:
         "knowledge base: 6 notes",
     ):
         assert line in first, line
-    assert (tmp_path / ".state" / "demo" / "state.json").exists()
+    assert (tmp_path / ".state" / "demo" / "state.db").exists()
     second = run_demo(tmp_path)
     assert "continuing from the last run: 6 tasks completed, 6 notes indexed" in second
     assert "search_web: 2 identical calls, the tool ran 0 time(s)" in second

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import unique_prefix
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agenticstate.managers._base import Persistence
 
 logger = logging.getLogger(__name__)
@@ -23,11 +25,17 @@ logger = logging.getLogger(__name__)
 @pytest.fixture(
     params=[
         "memory",
+        "sqlite",
         pytest.param("redis", marks=pytest.mark.redis),
     ]
 )
-def persistence(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Persistence:
-    """The seed's `persistence=`; for Redis, AGENTICSTATE_REDIS_URL names the test server."""
+def persistence(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Persistence:
+    """The seed's `persistence=`; for Redis, AGENTICSTATE_REDIS_URL names the test server; SQLite
+    writes its default ./state/state.db in a fresh directory."""
+    if request.param == "sqlite":
+        monkeypatch.chdir(tmp_path)
     if request.param == "redis":
         monkeypatch.setenv("AGENTICSTATE_REDIS_URL", request.getfixturevalue("redis_url"))
     value: Persistence = request.param

@@ -88,3 +88,32 @@ def test_file_backend_runs_under_trio(tmp_path: Path) -> None:
 
     anyio.run(main, backend="trio")
     assert results == {"first": ("n", 1), "n": 50, "agent": {"status": "idle"}}
+
+
+def test_sqlite_backend_runs_under_trio(tmp_path: Path) -> None:
+    """The SQLite backend (its writer, reader and notifier threads) works on trio."""
+    pytest.importorskip("trio")
+    results: dict[str, Any] = {}
+
+    async def main() -> None:
+        config = StateConfig(backend="sqlite", sqlite_path=tmp_path / "state.db")
+        async with StateManager(config) as state, state.watch("n") as changes:
+            async with anyio.create_task_group() as tg:
+                for _ in range(50):
+                    tg.start_soon(partial(state.update, "n", lambda n: n + 1, default=0))
+            with anyio.fail_after(5):
+                first = await changes.__anext__()
+            await state.save("agent:1", {"status": "idle"})
+            results["first"] = (first.key, first.new_value)
+            results["keys"] = await state.list_keys("agent:*")
+        async with StateManager(config) as state:
+            results["n"] = await state.get("n")
+            results["agent"] = await state.get("agent:1")
+
+    anyio.run(main, backend="trio")
+    assert results == {
+        "first": ("n", 1),
+        "keys": ["agent:1"],
+        "n": 50,
+        "agent": {"status": "idle"},
+    }

@@ -5,11 +5,13 @@ Construct one directly, or by URL with `open_backend`:
 ```python
 open_backend("memory://")
 open_backend("file:///var/lib/app/state")          # FileBackend(base_path=...)
+open_backend("sqlite:///var/lib/app/state.db")     # SQLiteBackend(path=...)
 open_backend("redis://localhost:6379/0")           # RedisBackend(url=...)
 ```
 
-Schemes map to factories registered with `register_backend`; third-party backends register their
-own.
+Schemes map to factories in one registry (`agenticstate._registry`), which `StateConfig.backend`,
+the managers' `persistence=` and the CLI's `--url` read too; third-party backends add theirs with
+`register_backend`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from agenticstate._registry import add_backend, config_factory, url_factory, url_schemes
 from agenticstate.backends._shared import SharedFileBackend
 from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
 from agenticstate.backends.file import FileBackend
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.redis import RedisBackend
+from agenticstate.backends.sqlite import SQLiteBackend
 from agenticstate.config import redact_url
 from agenticstate.exceptions import ConfigurationError
 
@@ -39,26 +43,26 @@ __all__ = [
     "FileBackend",
     "MemoryBackend",
     "RedisBackend",
+    "SQLiteBackend",
     "open_backend",
     "open_config_backend",
     "register_backend",
 ]
 
 
-_factories: dict[str, Callable[..., Backend]] = {
-    "memory": MemoryBackend.from_url,
-    "file": SharedFileBackend.from_url,  # one open store per path in this process
-    "redis": RedisBackend.from_url,
-    "rediss": RedisBackend.from_url,
-    "unix": RedisBackend.from_url,
-    "redis+cluster": RedisBackend.from_url,
-    "rediss+cluster": RedisBackend.from_url,
-}
+def register_backend(
+    scheme: str,
+    factory: Callable[..., Backend],
+    *,
+    from_config: Callable[[StateConfig], Backend] | None = None,
+) -> None:
+    """Register a backend under a URL scheme, which is also its backend name.
 
-
-def register_backend(scheme: str, factory: Callable[..., Backend]) -> None:
-    """Make `open_backend` call `factory(url, **options)` for URLs with `scheme`."""
-    _factories[scheme.lower()] = factory
+    `open_backend("scheme://...")` and the CLI's `--url` then call `factory(url, **options)`;
+    `StateConfig(backend="scheme")` and the managers' `persistence="scheme"` call
+    `from_config(config)`, by default `factory("scheme://", key_prefix=config.key_prefix)`.
+    """
+    add_backend(scheme, factory, from_config)
 
 
 def open_backend(url: str, **options: Any) -> Backend:
@@ -75,33 +79,44 @@ def open_backend(url: str, **options: Any) -> Backend:
         scheme = urlsplit(url).scheme.lower()
     except ValueError as exc:
         raise ConfigurationError(f"malformed backend URL {redact_url(url)!r}: {exc}") from None
-    factory = _factories.get(scheme)
+    factory = url_factory(scheme)
     if factory is None:
-        known = ", ".join(sorted(f"{name}://" for name in _factories))
+        known = ", ".join(f"{name}://" for name in url_schemes())
         raise ConfigurationError(f"unknown backend scheme {scheme!r}; known: {known}")
     return factory(url, **options)
 
 
 def open_config_backend(config: StateConfig) -> Backend:
-    """Build the backend a `StateConfig` describes."""
-    if config.backend == "memory":
-        return MemoryBackend(key_prefix=config.key_prefix)
-    if config.backend == "file":
-        path = Path(config.file_path) if config.file_path is not None else Path("state/state.json")
-        return SharedFileBackend(  # one open store per path in this process
-            base_path=path.parent,
-            file_name=path.name,
-            format=config.format or "json",
-            compression=config.compression,
-            key_prefix=config.key_prefix,
-            auto_save=config.auto_save,
-            save_interval=config.save_interval,
-        )
-    if config.backend == "redis":
-        return RedisBackend(
-            url=config.redis_url or "redis://localhost:6379",
-            db=config.db if config.db else None,
-            key_prefix=config.key_prefix,
-            connection_pool_size=config.connection_pool_size,
-        )
-    raise ConfigurationError(f"the {config.backend!r} backend is not available in this build")
+    """Build the backend a `StateConfig` describes (by its registered name)."""
+    return config_factory(config.backend)(config)
+
+
+def _memory_from_config(config: StateConfig) -> Backend:
+    return MemoryBackend(key_prefix=config.key_prefix)
+
+
+def _file_from_config(config: StateConfig) -> Backend:
+    path = Path(config.file_path) if config.file_path is not None else Path("state/state.json")
+    return SharedFileBackend(  # one open store per path in this process
+        base_path=path.parent,
+        file_name=path.name,
+        format=config.format or "json",
+        compression=config.compression,
+        key_prefix=config.key_prefix,
+        auto_save=config.auto_save,
+        save_interval=config.save_interval,
+    )
+
+
+def _sqlite_from_config(config: StateConfig) -> Backend:
+    path = config.sqlite_path if config.sqlite_path is not None else Path("state/state.db")
+    return SQLiteBackend(path=path, key_prefix=config.key_prefix)
+
+
+def _redis_from_config(config: StateConfig) -> Backend:
+    return RedisBackend(
+        url=config.redis_url or "redis://localhost:6379",
+        db=config.db if config.db else None,
+        key_prefix=config.key_prefix,
+        connection_pool_size=config.connection_pool_size,
+    )

@@ -16,12 +16,20 @@ if TYPE_CHECKING:
 
 __all__ = ["LocalStore"]
 
+_HEAP_SLACK = 64  # stale heap items tolerated beyond twice the keys (small stores rebuild rarely)
+
 
 class LocalStore:
     """Entries by key with wall-clock expiry, and named sorted indexes.
 
     Expired entries are dropped when read and, in order of expiry, whenever `sweep` runs (on
     writes, scans and batch reads), so memory stays bounded without a timer task.
+
+    The expiry heap gets an item per write with a TTL; an item whose key was rewritten or
+    deleted since is stale and skipped when popped. So that rewriting one key many times does
+    not grow the heap with the write rate, it is rebuilt from the live entries whenever it
+    holds more than twice as many items as there are keys (plus `_HEAP_SLACK`): it stays
+    bounded by the keys, at an amortized constant cost per write.
     """
 
     __slots__ = ("data", "expiries", "indexes")
@@ -52,7 +60,20 @@ class LocalStore:
         """Keep `entry` (replacing the one at its key)."""
         self.data[entry.key] = entry
         if entry.expires_at is not None:
-            heapq.heappush(self.expiries, (entry.expires_at, entry.key))
+            expiries = self.expiries
+            heapq.heappush(expiries, (entry.expires_at, entry.key))
+            if len(expiries) > 2 * len(self.data) + _HEAP_SLACK:
+                self._rebuild_expiries()
+
+    def _rebuild_expiries(self) -> None:
+        """Keep one heap item per entry that expires, dropping the stale ones."""
+        expiries = [
+            (entry.expires_at, key)
+            for key, entry in self.data.items()
+            if entry.expires_at is not None
+        ]
+        heapq.heapify(expiries)
+        self.expiries = expiries
 
     def drop(self, key: str) -> None:
         """Forget `key`."""

@@ -48,10 +48,12 @@ import errno
 import fcntl
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
 import time
+import weakref
 import zlib
 from collections import deque
 from contextlib import asynccontextmanager
@@ -111,8 +113,73 @@ _SNAPSHOT_MAGIC = "agenticstate-snapshot"
 _SNAPSHOT_VERSION = 2  # 2: with a checksum of its entries and indexes
 _MISSING = object()
 _MILLISECOND = timedelta(milliseconds=1)
+
+
+def _json_encoder(*, allow_nan: bool, separators: tuple[str, str]) -> Callable[[Any], str]:
+    """`json.dumps` with these options (and `ensure_ascii=False`), minus its cost per call.
+
+    `JSONEncoder.encode` builds the C encoder anew on every call, which costs more than encoding
+    a small value; snapshots encode one value per entry, so the C encoder is built once here.
+    If the running Python has none, or it encodes a probe differently, `encode` is used.
+    """
+    fallback = json.JSONEncoder(ensure_ascii=False, allow_nan=allow_nan, separators=separators)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return fallback.encode
+
+    def refuse(value: object) -> object:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+    item_key = separators  # json's order; the C encoder takes the key separator first
+    try:
+        chunks = make(
+            None,
+            refuse,
+            json.encoder.encode_basestring,
+            None,
+            item_key[1],
+            item_key[0],
+            False,
+            False,
+            allow_nan,
+        )
+    except TypeError:
+        return fallback.encode
+
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
+
+    probe = {"a": [1, 2.5, -0.0, 10**30, "é\ud800\n", None, True], "": {}}
+    return encode if encode(probe) == fallback.encode(probe) else fallback.encode
+
+
+# How a JSON value embedded in a snapshot becomes the stored bytes again.
+_encode_json = _json_encoder(allow_nan=False, separators=(",", ":"))
+_encode_readable = _json_encoder(allow_nan=True, separators=(", ", ": "))  # snapshot lines
 _MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z, the last instant a datetime holds
 _FRAME_RECORDS = 16
+_MAX_REQUESTS = 8  # fsync requests unanswered at a time (each 8 bytes; a pipe holds 64 KiB)
+_STAGE_CHUNK = 512  # records `set_many` stages between two yields to the event loop
+_AGENT_EXIT_TIMEOUT = 2.0  # seconds `aclose()` waits for the agent to exit before killing it
+_READABLE_DEPTH = 64  # deeper JSON values go into a JSON snapshot as base64 (see _readable_json)
+_MSGPACK_INT = (-(2**63), 2**64 - 1)  # the integers msgpack (the snapshot checksum) can pack
+
+
+# Stores open in this process. A forked child inherits their descriptors (the lock, the log,
+# the agent's request pipe): it closes its copies at once, so that it neither keeps the
+# agent alive (which would block the owner's `aclose()`) nor keeps the lock after the owner
+# dies. Closing a copy never releases the owner's lock: only the last descriptor of an open
+# file description does.
+_OPEN_STORES: weakref.WeakSet[FileBackend] = weakref.WeakSet()
+
+
+def _disown_after_fork() -> None:
+    for store in list(_OPEN_STORES):
+        store._disown(os.getppid())
+    _OPEN_STORES.clear()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
 
 
 def _ms(moment: datetime | None) -> int | None:
@@ -126,6 +193,23 @@ def _from_ms(value: int | None) -> datetime | None:
 def _now() -> datetime:
     # Millisecond precision, like every timestamp the store persists.
     return datetime.fromtimestamp(round(time.time() * 1000) / 1000, UTC)
+
+
+class _Times:
+    """Epoch milliseconds to datetimes, each built once: a batch's records share their times."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[int | None, datetime | None] = {None: None}
+
+    def __call__(self, ms: int | None) -> Any:
+        found = self._cache.get(ms, _MISSING)
+        if found is _MISSING:
+            if len(self._cache) > 65536:
+                self._cache = {None: None}
+            found = self._cache[ms] = _from_ms(ms)
+        return found
 
 
 class _Clock:
@@ -289,10 +373,22 @@ class _FsyncAgent:
             os.close(request_read)
             os.close(ack_write)
         os.set_blocking(self.acks, False)
+        # Never block the event loop on the agent: the store keeps at most `_MAX_REQUESTS`
+        # requests unanswered (far below a pipe's capacity), and a full pipe anyway means "ask
+        # again when the next answer comes", not a stalled loop.
+        os.set_blocking(self.requests, False)
 
-    def request(self, seq: int) -> None:
-        """Ask for an fsync covering every frame appended so far (answered on `acks`)."""
-        os.write(self.requests, seq.to_bytes(8, "little"))
+    def request(self, seq: int) -> bool:
+        """Ask for an fsync covering every frame appended so far (answered on `acks`).
+
+        Returns:
+            False if the request pipe is full (nothing was sent).
+        """
+        try:
+            os.write(self.requests, seq.to_bytes(8, "little"))  # 8 bytes: all or nothing
+        except BlockingIOError:
+            return False
+        return True
 
     def stop(self) -> None:
         """Close the request pipe: the agent answers what it has read and exits."""
@@ -323,7 +419,11 @@ class FileBackend(Backend):
         auto_save: Rewrite the snapshot every `save_interval` seconds (checked after writes).
         save_interval: Seconds between automatic snapshots.
         file_name: The snapshot's file name (default `state.json` or `state.msgpack`).
-        compact_bytes: Rewrite the snapshot whenever the log grows past this many bytes.
+        compact_bytes: Rewrite the snapshot whenever the log grows past this many bytes (or
+            past half the snapshot's size, if that is more).
+        close_snapshot_keys: Closing rewrites the snapshot only for stores of at most this many
+            keys (or when a snapshot is due anyway); a larger store leaves its log for the next
+            open to replay, so closing it is fast. `flush()` always rewrites the snapshot.
     """
 
     def __init__(
@@ -338,6 +438,7 @@ class FileBackend(Backend):
         save_interval: float = 30.0,
         file_name: str | None = None,
         compact_bytes: int = 64 * 1024 * 1024,
+        close_snapshot_keys: int = 10_000,
     ) -> None:
         if format not in ("json", "msgpack"):
             raise ConfigurationError(f"format must be 'json' or 'msgpack', not {format!r}")
@@ -345,6 +446,9 @@ class FileBackend(Backend):
             raise ConfigurationError(f"durability must be 'fsync' or 'none', not {durability!r}")
         if not save_interval > 0 or compact_bytes < 1:
             raise ConfigurationError("save_interval and compact_bytes must be positive")
+        if type(close_snapshot_keys) is not int or close_snapshot_keys < 0:
+            raise ConfigurationError("close_snapshot_keys must be an int >= 0")
+        self._explicit_name = file_name is not None
         name = file_name or f"state.{'json' if format == 'json' else 'msgpack'}"
         if not name or "/" in name or name in (".", ".."):
             raise ConfigurationError(f"file_name must be a plain file name, not {name!r}")
@@ -357,6 +461,7 @@ class FileBackend(Backend):
         self.auto_save = auto_save
         self.save_interval = save_interval
         self.compact_bytes = compact_bytes
+        self.close_snapshot_keys = close_snapshot_keys
         self.snapshot_path = self.base_path / name
         self.log_path = self.base_path / f"{name}.log"
         self.lock_path = self.base_path / f"{name}.lock"
@@ -366,17 +471,22 @@ class FileBackend(Backend):
         self._is_open = False
         self._closed = False
         self._failed: str | None = None
+        self._closed_reason = "this FileBackend is closed"
         self._lock_fd: int | None = None
         self._log_fd: int | None = None
         self._log_size = 0
         self._lsn = 0  # the last sequence number given to a staged record
         self._applied_lsn = 0  # the last one applied (durable and visible)
         self._snapshot_lsn = 0
+        self._snapshot_bytes = 0  # the size of the snapshot file, as last written or read
         self._last_snapshot = time.monotonic()
         self._agent: _FsyncAgent | None = None
         self._ack_reader: object = None  # the task reading the agent's answers
         self._ack_reader_done: anyio.Event | None = None
-        self._seq = 0  # the last fsync request number
+        self._seq = 0  # the number of the last frame appended (what an fsync request names)
+        self._frame_records = _FRAME_RECORDS  # a frame is sealed when it holds this many
+        self._requested: deque[int] = deque()  # requests sent and not yet answered
+        self._acked_seq = 0  # the last request number answered
         self._new_event: Callable[[], EventLike] = anyio.Event
         self._clock = _Clock()
         self._open_batch = _Job()  # gathering writes
@@ -408,7 +518,7 @@ class FileBackend(Backend):
         if self._is_open:
             return
         if self._closed:
-            raise BackendError("this FileBackend is closed")
+            raise BackendError(self._closed_reason)
         if self._open_lock is None:
             self._open_lock = anyio.Lock()
             self._snapshot_lock = anyio.Lock()
@@ -430,10 +540,10 @@ class FileBackend(Backend):
         with _translate(f"create the store directory {self.base_path}"):
             self.base_path.mkdir(parents=True, exist_ok=True)
         self._take_lock()
+        _OPEN_STORES.add(self)
         try:
-            for stray in self.base_path.glob(f"{self.snapshot_path.name}.*.tmp"):
-                stray.unlink(missing_ok=True)
-                log.info("file_store_removed_temp", path=str(stray))
+            self._refuse_other_format()
+            self._remove_stray_temps()
             self._load_snapshot()
             self._replay_log()
             if self.durability == "fsync":
@@ -450,34 +560,89 @@ class FileBackend(Backend):
             raise
 
     def _take_lock(self) -> None:
-        with _translate(f"open the lock file {self.lock_path}"):
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = "another process"
-            with contextlib.suppress(OSError, ValueError):
-                text = os.pread(fd, 32, 0).decode().strip()
-                if text:
-                    holder = f"process {int(text)}"
-            os.close(fd)
+        fd = _lock_or_holder(self.lock_path)
+        if isinstance(fd, str):
             raise BackendError(
-                f"the store {self.snapshot_path} is in use by {holder}; one process owns a "
+                f"the store {self.snapshot_path} is in use by {fd}; one process owns a "
                 "store at a time"
-            ) from None
-        except OSError as exc:
-            os.close(fd)
-            raise BackendError(f"could not lock {self.lock_path}: {exc.strerror}") from exc
+            )
         with _translate(f"write the lock file {self.lock_path}"):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
+    def _refuse_other_format(self) -> None:
+        """Refuse a directory that holds the other format's store under its default name.
+
+        The default snapshot name follows the format (`state.json`, `state.msgpack`), so opening
+        a JSON store as msgpack would otherwise show an empty store under a second lock, and two
+        processes could each own the directory. With an explicit `file_name` there is one name
+        and one lock whatever the format, and both formats are read.
+        """
+        if self._explicit_name:
+            return
+        other = "msgpack" if self.format == "json" else "json"
+        snapshot = self.base_path / f"state.{other}"
+        lock = self.base_path / f"state.{other}.lock"
+        hint = (
+            f"open it with format={other!r}, or pass file_name={snapshot.name!r} to read it and "
+            f"go on writing it as {self.format}"
+        )
+        if lock.exists():
+            fd = _lock_or_holder(lock)
+            if isinstance(fd, str):
+                raise BackendError(
+                    f"{self.base_path} holds a {other} store ({snapshot.name}) in use by {fd}; "
+                    + hint
+                )
+            os.close(fd)  # free again: only checking that nobody is writing it now
+        for path in (snapshot, self.base_path / f"state.{other}.log"):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_size > 0:
+                    raise ConfigurationError(
+                        f"{self.base_path} holds a {other} store ({path.name}), not a "
+                        f"{self.format} one; " + hint
+                    )
+
+    def _remove_stray_temps(self) -> None:
+        """Remove the temporary files of this store's interrupted snapshots, and no others.
+
+        They are named `<name>.<pid>.tmp`; a store named `<name>.x` in the same directory has
+        temporary files `<name>.x.<pid>.tmp`, which a glob `<name>.*.tmp` would also match.
+        """
+        pattern = re.compile(re.escape(self.snapshot_path.name) + r"\.[0-9]+\.tmp")
+        with _translate(f"list the store directory {self.base_path}"):
+            names = os.listdir(self.base_path)
+        for name in names:
+            if pattern.fullmatch(name):
+                (self.base_path / name).unlink(missing_ok=True)
+                log.info("file_store_removed_temp", path=str(self.base_path / name))
+
+    def _disown(self, owner: int) -> None:
+        """In a forked child: close this process's copies of the store's descriptors."""
+        agent, self._agent = self._agent, None
+        fds = [self._lock_fd, self._log_fd]
+        if agent is not None:
+            fds += [agent.requests, agent.acks]
+            agent.process.returncode = 0  # not this process's child: never wait for it here
+        for fd in fds:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._lock_fd = self._log_fd = None
+        self._closed_reason = (
+            f"this store belongs to process {owner}; a process forked from it cannot use it"
+        )
+        self._closed = True
+        self._is_open = False
+
     def _release_lock(self) -> None:
+        _OPEN_STORES.discard(self)
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
                 os.close(fd)
 
     def _load_snapshot(self) -> None:
@@ -487,6 +652,7 @@ class FileBackend(Backend):
             return
         except OSError as exc:
             raise BackendError(f"could not read the snapshot {self.snapshot_path}") from exc
+        self._snapshot_bytes = len(raw)
         try:
             if raw[:1] == b"\x78":  # a zlib stream: the snapshot was compressed
                 raw = zlib.decompress(raw)
@@ -501,11 +667,11 @@ class FileBackend(Backend):
             ):
                 raise ValueError("its checksum does not match its entries")
             self._snapshot_lsn = self._lsn = int(document["lsn"])
-            now = _now()
+            now, times, store = _now(), _Times(), self._local.store
             for key, item in entries.items():
-                entry = self._entry_from_snapshot(validate_key(key), item)
+                entry = self._entry_from_snapshot(validate_key(key), item, times)
                 if entry.expires_at is None or entry.expires_at > now:
-                    self._local.store(entry)
+                    store(entry)
             for name, members in indexes.items():
                 self._apply_index(
                     validate_key(name), {validate_key(m): float(s) for m, s in members.items()}
@@ -528,32 +694,21 @@ class FileBackend(Backend):
                 "restore it from a backup or move it away"
             ) from exc
 
-    def _entry_from_snapshot(self, key: str, item: dict[str, Any]) -> Entry:
+    def _entry_from_snapshot(self, key: str, item: dict[str, Any], times: _Times) -> Entry:
         if "json" in item:
-            text = json.dumps(
-                item["json"], ensure_ascii=False, allow_nan=False, separators=(",", ":")
-            )
-            value = b"\x02" + text.encode()
+            value = b"\x02" + _encode_json(item["json"]).encode()
         elif "base64" in item:
             value = base64.b64decode(item["base64"], validate=True)
         else:
             value = bytes(item["value"])
-        created = _from_ms(item["created"])
-        updated = _from_ms(item["updated"])
-        assert created is not None  # noqa: S101
-        assert updated is not None  # noqa: S101
-        return Entry(
-            key=key,
-            value=value,
-            version=int(item["version"]),
-            created_at=created,
-            updated_at=updated,
-            expires_at=_from_ms(item["expires"]),
-        )
+        created, updated = times(item["created"]), times(item["updated"])
+        if created is None or updated is None:
+            raise ValueError("an entry without its creation or update time")
+        return new_entry(key, value, int(item["version"]), created, updated, times(item["expires"]))
 
     def _replay_log(self) -> None:
         with _translate(f"open the log {self.log_path}"):
-            fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._log_fd = fd
         with _translate(f"read the log {self.log_path}"):
             size = os.fstat(fd).st_size
@@ -561,6 +716,8 @@ class FileBackend(Backend):
         offset = 0
         replayed = 0
         now = _now()
+        now_ms = _ms(now)
+        snapshot_lsn, local, times = self._snapshot_lsn, self._local, _Times()
         while offset + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, offset)
             body = data[offset + _RECORD.size : offset + _RECORD.size + length]
@@ -578,10 +735,22 @@ class FileBackend(Backend):
             offset += _RECORD.size + length
             for fields in records:
                 lsn = fields[0]
-                if lsn <= self._snapshot_lsn:
+                if lsn <= snapshot_lsn:
                     continue  # already in the snapshot (a crash between snapshot and log reset)
-                self._lsn = max(self._lsn, lsn)
-                self._apply_logged(fields, now)
+                if lsn > self._lsn:
+                    self._lsn = lsn
+                if fields[1] == "s":  # most records: the fast path of `_apply_logged`
+                    _, _, key, value, version, created, updated, expires = fields
+                    if expires is not None and expires <= now_ms:
+                        local.drop(key)
+                    else:
+                        local.store(
+                            new_entry(
+                                key, value, version, times(created), times(updated), times(expires)
+                            )
+                        )
+                else:
+                    self._apply_logged(fields, now)
                 replayed += 1
         if offset < len(data):
             log.warning(
@@ -640,7 +809,7 @@ class FileBackend(Backend):
         if not self._is_open:
             await self.open()
         if self._closed:
-            raise BackendError("this FileBackend is closed")
+            raise BackendError(self._closed_reason)
 
     async def get(self, key: str) -> Entry | None:
         """Return the entry at `key`, or `None` if missing or expired."""
@@ -731,7 +900,7 @@ class FileBackend(Backend):
         if len(records) == 1:
             # Everything staged until the event loop gets round to this goes in one frame.
             self._call_soon(self._seal)
-        elif len(records) >= _FRAME_RECORDS:
+        elif len(records) >= self._frame_records:
             self._seal()
 
     async def _commit(self, batch: _Job) -> None:
@@ -775,10 +944,27 @@ class FileBackend(Backend):
         self._seq += 1
         batch.seq = self._seq
         self._unacked.append(batch)
+        self._request_fsync()
+
+    def _request_fsync(self) -> None:
+        """Ask the agent to sync every frame appended so far, unless enough requests wait.
+
+        The agent answers once for all the requests it read together, so a few requests in
+        flight keep it busy; more would only fill the pipes. Frames appended meanwhile are
+        covered by the request sent when the next answer arrives (`_read_acks`).
+        """
+        agent, requested = self._agent, self._requested
+        if agent is None or self._seq <= (requested[-1] if requested else self._acked_seq):
+            return
+        if len(requested) >= _MAX_REQUESTS:
+            return
         try:
-            self._agent.request(self._seq)
+            sent = agent.request(self._seq)
         except OSError as exc:
             self._lose_agent(f"the fsync agent is gone ({exc.strerror})")
+            return
+        if sent:
+            requested.append(self._seq)
 
     async def _read_acks(self) -> None:
         """Complete batches as the agent reports their fsyncs (the store's one service task)."""
@@ -802,6 +988,7 @@ class FileBackend(Backend):
                 for offset in range(0, usable, _ACK.size):
                     self._acked(*_ACK.unpack_from(pending, offset))
                 pending = pending[usable:]
+                self._request_fsync()  # the frames appended while those requests waited
                 if self._snapshot_job is not None:
                     await self._snapshot_if_idle()
         except Exception as exc:  # a service task must not raise: fail the writes, loudly
@@ -813,6 +1000,10 @@ class FileBackend(Backend):
     def _acked(self, seq: int, code: int) -> None:
         """Apply the batches an fsync covered, or fail them and cut them from the log."""
         self._counters["fsyncs"] += 1
+        requested = self._requested
+        while requested and requested[0] <= seq:
+            requested.popleft()
+        self._acked_seq = max(self._acked_seq, seq)
         unacked = self._unacked
         if code == 0:
             while unacked and unacked[0].seq <= seq:
@@ -932,9 +1123,20 @@ class FileBackend(Backend):
         self._log_size = start + len(frame)
 
     def _should_snapshot(self) -> bool:
-        if self._log_size >= self.compact_bytes:
+        """Whether a snapshot is due: the log passed its limit, or `save_interval` passed.
+
+        The interval's snapshot waits until the log holds at least a quarter of the last
+        snapshot's size, and the log's limit is at least half of it: rewriting a large store
+        every interval, or every `compact_bytes`, would make writes slower the larger the store.
+        This way the cost of snapshots stays proportional to what was written.
+        """
+        if self._log_size >= self._compact_limit():
             return True
-        return self.auto_save and time.monotonic() - self._last_snapshot >= self.save_interval
+        return (
+            self.auto_save
+            and time.monotonic() - self._last_snapshot >= self.save_interval
+            and self._log_size * 4 >= self._snapshot_bytes
+        )
 
     async def set(
         self,
@@ -969,18 +1171,39 @@ class FileBackend(Backend):
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
     ) -> list[Change]:
-        """Store several values with one fsync."""
+        """Store several values, sharing fsyncs; a batch of any size leaves the loop running.
+
+        A large batch is staged `_STAGE_CHUNK` records at a time with a yield to the event loop
+        between chunks, so other tasks (and the reader of fsync answers) keep running; frames
+        are appended as they fill and synced while the rest is staged.
+        """
         for key, _ in items:
             validate_key(key)
         check_ttl(ttl)
         await self._ready()
         clock = self._clock()
         self._local.sweep(clock[0])
-        records = [self._stage(key, value, ttl, None, clock) for key, value in items]
+        records: list[_Record] = []
+        stage = self._stage
+        for start in range(0, len(items), _STAGE_CHUNK):
+            if start:
+                await anyio.lowlevel.checkpoint()
+                clock = self._clock()
+            # One frame per chunk: its writes are acknowledged together anyway. Nothing in the
+            # chunk yields, so no other writer sees the larger frame limit.
+            self._frame_records = _STAGE_CHUNK
+            try:
+                for key, value in items[start : start + _STAGE_CHUNK]:
+                    record = stage(key, value, ttl, None, clock)
+                    assert record is not None  # noqa: S101  # a set always stages a record
+                    records.append(record)
+            finally:
+                self._frame_records = _FRAME_RECORDS
+            self._seal()
         # Large batches span frames: every frame must be durable (dict keeps them in order).
-        for batch in {record.batch: None for record in records if record is not None}:
+        for batch in {record.batch: None for record in records}:
             await self._commit(batch)
-        return [record.change for record in records if record is not None]
+        return [record.change for record in records]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
         """Delete `key` durably; see `Backend.delete`."""
@@ -1166,20 +1389,27 @@ class FileBackend(Backend):
         """Replace the snapshot atomically and empty the log (in the I/O thread)."""
         document = self._snapshot_document(entries, indexes, lsn)
         if self.format == "json":
-            data = json.dumps(document, ensure_ascii=False, indent=1).encode()
+            data = _json_snapshot(document)
         else:
             data = msgpack.packb(document, use_bin_type=True)
         if self.compression:
             data = zlib.compress(data, 6)
         temp = self.base_path / f"{self.snapshot_path.name}.{os.getpid()}.tmp"
         with _translate(f"write the snapshot {self.snapshot_path}"):
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, data)
-                _fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, self.snapshot_path)
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    _write_all(fd, data)
+                    _fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(temp, self.snapshot_path)
+                self._snapshot_bytes = len(data)
+            except BaseException:
+                # A partial snapshot on a nearly full disk would eat the space the log needs.
+                with contextlib.suppress(OSError):
+                    temp.unlink(missing_ok=True)
+                raise
             _fsync_directory(self.base_path)
             self._snapshot_lsn = lsn
             # Every record in the log is in the snapshot: this thread writes the log, and no
@@ -1220,20 +1450,57 @@ class FileBackend(Backend):
                     self._seal()
                     await (self._unacked[-1] if self._unacked else batch).done.wait()
                 # Nothing written since the last snapshot (a read-only session): keep it as it is
-                # rather than rewrite a large store for nothing.
+                # rather than rewrite a large store for nothing. A large store keeps its log
+                # too: the next open replays it, and closing costs nothing.
                 unchanged = self._applied_lsn == self._snapshot_lsn and self._log_size == 0
                 if self._failed is None and not unchanged:
-                    self._request_snapshot()
-                    await self._snapshot_if_idle()
+                    if self._compacts_on_close():
+                        self._request_snapshot()
+                        await self._snapshot_if_idle()
+                    elif self.durability == "none" and self._log_fd is not None:
+                        with _translate(f"sync the log {self.log_path}"):
+                            await anyio.to_thread.run_sync(_fsync, self._log_fd)
             finally:
                 agent = self._agent
                 if agent is not None:
-                    agent.stop()
-                    if self._ack_reader_done is not None:
-                        await self._ack_reader_done.wait()
-                    await anyio.to_thread.run_sync(agent.wait)
+                    await self._stop_agent(agent)
                     self._agent = None
                 self._close_files()
+
+    def _compact_limit(self) -> int:
+        return max(self.compact_bytes, self._snapshot_bytes // 2)
+
+    def _compacts_on_close(self) -> bool:
+        """Whether closing rewrites the snapshot: for small stores, or a log past its limit.
+
+        A small store's snapshot is cheap and keeps the (readable) snapshot current. A large
+        one's log is durable already and replays on open at least as fast as a snapshot loads:
+        rewriting every entry on close would make closing cost as much as the whole store.
+        """
+        return (
+            len(self._local.data) <= self.close_snapshot_keys
+            or self._log_size >= self._compact_limit()
+        )
+
+    async def _stop_agent(self, agent: _FsyncAgent) -> None:
+        """End the agent, within a bound: nothing waits for its answers any more.
+
+        It exits once its request pipe is closed everywhere. A child forked without Python's
+        fork hooks could still hold a copy; then the agent is killed after a grace period
+        rather than `aclose()` waiting for that child.
+        """
+        agent.stop()
+        done = self._ack_reader_done
+        if done is not None:
+            with anyio.move_on_after(_AGENT_EXIT_TIMEOUT):
+                await done.wait()
+            if not done.is_set():
+                log.warning("file_store_agent_killed", path=str(self.log_path))
+                with contextlib.suppress(OSError):
+                    agent.process.kill()
+                with anyio.move_on_after(_AGENT_EXIT_TIMEOUT):
+                    await done.wait()
+        await anyio.to_thread.run_sync(agent.wait)
 
     def _close_files(self) -> None:
         fd, self._log_fd = self._log_fd, None
@@ -1242,6 +1509,30 @@ class FileBackend(Backend):
                 os.close(fd)
         self._release_lock()
         self._is_open = False
+
+
+def _lock_or_holder(path: Path) -> int | str:
+    """Lock `path` (exclusive `flock`, close-on-exec): its descriptor, or who holds it.
+
+    Raises:
+        BackendError: The lock file cannot be opened or locked for another reason.
+    """
+    with _translate(f"open the lock file {path}"):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = "another process"
+        with contextlib.suppress(OSError, ValueError):
+            text = os.pread(fd, 32, 0).decode().strip()
+            if text:
+                holder = f"process {int(text)}"
+        os.close(fd)
+        return holder
+    except OSError as exc:
+        os.close(fd)
+        raise BackendError(f"could not lock {path}: {exc.strerror}") from exc
+    return fd
 
 
 def _snapshot_checksum(entries: dict[str, Any], indexes: dict[str, Any]) -> int:
@@ -1259,6 +1550,28 @@ def _is_stamp(value: object) -> bool:
 
 def _check_logged(record: object) -> None:
     """Raise ValueError unless `record` is a well-formed log record (see `_Record.payload`)."""
+    if type(record) is list and len(record) == 8:
+        # The common case, a write, in one expression; anything unusual takes the long way.
+        lsn, op, key, value, version, created, updated, expires = record
+        if (
+            op == "s"
+            and type(lsn) is int
+            and lsn >= 1
+            and type(key) is str
+            and type(value) is bytes
+            and type(version) is int
+            and version >= 1
+            and type(created) is int
+            and type(updated) is int
+            and 0 <= created <= _MAX_MS
+            and 0 <= updated <= _MAX_MS
+            and (expires is None or (type(expires) is int and 0 <= expires <= _MAX_MS))
+        ):
+            try:
+                validate_key(key)
+            except InvalidKeyError as exc:
+                raise ValueError(f"bad key: {exc}") from None
+            return
     if not isinstance(record, list) or len(record) != 8:
         raise ValueError("a record is not a list of 8 fields")
     lsn, op, key, value, version, created, updated, expires = record
@@ -1290,13 +1603,69 @@ def _check_logged(record: object) -> None:
 
 
 def _readable_json(value: bytes) -> Any:
-    """The parsed JSON of an uncompressed JSON payload, if re-encoding it gives the same bytes."""
+    """The parsed JSON of an uncompressed JSON payload, if it can be embedded as it is.
+
+    That is, if re-encoding it gives the same bytes and the snapshot's checksum (msgpack) can
+    hold it. Anything else (NaN, lone surrogates, integers beyond 64 bits, deep nesting) is
+    embedded as base64: no value a store accepted may stop its snapshots.
+    """
     try:
         if payload_format(value) != "json" or value[0] & 0x80:
             return _MISSING
-        parsed = json.loads(value[1:])
-        again = json.dumps(parsed, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (ValueError, UnicodeDecodeError, DecodeError, RecursionError):
-        # NaN, Infinity, nesting beyond the interpreter's depth: kept as base64 instead.
+        text = value[1:]
+        parsed = json.loads(text)
+        # Few brackets and no integer of 19 digits or more: it fits without looking closer.
+        simple = text.count(b"[") + text.count(b"{") < _READABLE_DEPTH
+        if not (simple and _LONG_DIGITS.search(text) is None) and not _fits_checksum(parsed):
+            return _MISSING
+        same = _encode_json(parsed).encode() == text
+    except (ValueError, UnicodeError, DecodeError, RecursionError):
         return _MISSING
-    return parsed if again.encode() == value[1:] else _MISSING
+    return parsed if same else _MISSING
+
+
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")  # 2**63 has 19 digits; shorter integers always fit
+
+
+def _json_snapshot(document: dict[str, Any]) -> bytes:
+    """A JSON snapshot with one entry per line, written by the C encoder.
+
+    `json.dumps(..., indent=...)` falls back to the pure-Python encoder, many times slower on
+    a large store; one line per entry is as readable and as easy to diff.
+    """
+    encode = _encode_readable
+    lines = ["{"]
+    lines.extend(
+        f" {encode(name)}: {encode(value)},"
+        for name, value in document.items()
+        if name not in ("entries", "indexes")
+    )
+    entries = document["entries"]
+    lines.append(' "entries": {' + ("" if entries else "},"))
+    last = len(entries) - 1
+    lines.extend(
+        f"  {encode(key)}: {encode(item)}{',' if n < last else ''}"
+        for n, (key, item) in enumerate(entries.items())
+    )
+    if entries:
+        lines.append(" },")
+    lines.append(f' "indexes": {encode(document["indexes"])}')
+    lines.append("}\n")
+    return "\n".join(lines).encode()
+
+
+def _fits_checksum(parsed: object) -> bool:
+    """Whether msgpack can pack `parsed` at the depth a snapshot nests it, without recursing."""
+    low, high = _MSGPACK_INT
+    stack: list[tuple[object, int]] = [(parsed, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is int:
+            if not low <= item <= high:
+                return False
+        elif isinstance(item, list | dict):
+            if depth >= _READABLE_DEPTH:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from agenticstate._keys import escape_glob
 from agenticstate._log import get_logger
+from agenticstate._registry import backend_names, check_backend_name
 from agenticstate.config import StateConfig
 from agenticstate.exceptions import ConfigurationError, InvalidArgumentError
 from agenticstate.manager import StateManager
@@ -23,7 +24,8 @@ __all__ = ["DEFAULT_REDIS_URL", "Persistence", "StateManagerBase", "sort_time", 
 
 M = TypeVar("M", bound=BaseModel)
 
-Persistence = Literal["memory", "file", "redis"]
+Persistence = Literal["memory", "file", "sqlite", "redis"] | str
+"""A registered backend name: the built-in ones, or one added with `register_backend`."""
 
 DEFAULT_REDIS_URL = "redis://localhost:6379"
 """The Redis URL `persistence="redis"` uses when none is given (or `AGENTICSTATE_REDIS_URL`)."""
@@ -63,19 +65,27 @@ def build_state_manager(
             )
         return state_manager
     kind = persistence or "memory"
-    if kind == "memory":
-        return StateManager(StateConfig(backend="memory", key_prefix=key_prefix))
+    try:
+        check_backend_name(kind)
+    except ConfigurationError:
+        known = ", ".join(repr(name) for name in backend_names())
+        raise ConfigurationError(
+            f"persistence must be one of {known}, not {persistence!r}"
+        ) from None
     if kind == "file":
         path = Path(base_path) if base_path is not None else Path("./state")
         return StateManager(
             StateConfig(backend="file", file_path=path / "state.json", key_prefix=key_prefix)
         )
+    if kind == "sqlite":
+        path = Path(base_path) if base_path is not None else Path("./state")
+        return StateManager(
+            StateConfig(backend="sqlite", sqlite_path=path / "state.db", key_prefix=key_prefix)
+        )
     if kind == "redis":
         url = redis_url or os.environ.get("AGENTICSTATE_REDIS_URL") or DEFAULT_REDIS_URL
         return StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=key_prefix))
-    raise ConfigurationError(
-        f"persistence must be 'memory', 'file' or 'redis', not {persistence!r}"
-    )
+    return StateManager(StateConfig(backend=kind, key_prefix=key_prefix))
 
 
 def key_part(value: str, what: str) -> str:
@@ -106,10 +116,12 @@ class StateManagerBase:
     Args:
         state_manager: The StateManager to store records in. Managers built from the shorthand
             own theirs and close it on `aclose()`; one passed in is left open.
-        persistence: The seed page's shorthand: `"memory"` (default), `"file"` or `"redis"`.
+        persistence: The seed page's shorthand: `"memory"` (default), `"file"`, `"sqlite"`,
+            `"redis"`, or any backend name added with `register_backend`.
         redis_url: With `persistence="redis"`: the URL (default `AGENTICSTATE_REDIS_URL`, else
             `redis://localhost:6379`).
-        base_path: With `persistence="file"`: the directory of the store (default `./state`).
+        base_path: With `persistence="file"` or `"sqlite"`: the directory of the store (default
+            `./state`; the SQLite database is `state.db` in it).
         key_prefix: With the shorthand: a namespace before every key.
     """
 

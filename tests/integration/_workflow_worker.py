@@ -37,7 +37,11 @@ def emit(event: str, **fields: object) -> None:
 
 
 def manager(url: str, prefix: str) -> WorkflowStateManager:
-    state = StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=prefix))
+    if url.startswith("sqlite://"):  # the same roles on one SQLite file (test_sqlite_processes)
+        config = StateConfig(backend="sqlite", sqlite_path=url.removeprefix("sqlite://"))
+        state = StateManager(config.model_copy(update={"key_prefix": prefix}))
+    else:
+        state = StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=prefix))
     return WorkflowStateManager(state_manager=state, checkpoint_interval=3)
 
 

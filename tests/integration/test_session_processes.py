@@ -26,11 +26,16 @@ def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"{request.getfixturevalue('redis_cluster_url')}?key_prefix={unique_prefix()}"
 
 
+def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'sessions.db'}"
+
+
 # Every backend several processes can share, as a URL `open_backend` accepts. A new shared
-# backend (SQLite) adds one line here.
+# backend adds one line here.
 SHARED_BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
     "redis": _redis,
     "redis-cluster": _redis_cluster,
+    "sqlite": _sqlite,
 }
 
 

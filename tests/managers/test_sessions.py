@@ -562,7 +562,7 @@ def test_sessions_run_under_trio(persistence: str, tmp_path: Path) -> None:
 
     async def main() -> list[int]:
         async with SessionManager(
-            persistence=persistence,  # type: ignore[arg-type]
+            persistence=persistence,
             base_path=tmp_path if persistence == "file" else None,
             default_state={"n": 0},
         ) as sessions:

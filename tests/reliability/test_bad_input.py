@@ -323,7 +323,7 @@ BAD: list[Any] = [
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path, file_name="../x")), ConfigurationError, "file_name must be a plain file name", only="memory"), id="file-name-traversal"),
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path, durability=anything("maybe"))), ConfigurationError, "durability must be 'fsync' or 'none'", only="memory"), id="file-durability"),
     pytest.param(Bad(sync(lambda c: Serializer(anything("xml"))), InvalidArgumentError, "format must be 'msgpack' or 'json', not 'xml'", only="memory"), id="serializer-format"),
-    pytest.param(Bad(sync(lambda c: WorkflowStateManager(persistence=anything("sqlite"))), ConfigurationError, "persistence must be 'memory', 'file' or 'redis', not 'sqlite'", only="memory"), id="manager-persistence"),
+    pytest.param(Bad(sync(lambda c: WorkflowStateManager(persistence=anything("postgres"))), ConfigurationError, "persistence must be one of 'file', 'memory', 'redis', 'sqlite', not 'postgres'", only="memory"), id="manager-persistence"),
     pytest.param(Bad(sync(lambda c: WorkflowStateManager(state_manager=c.state, persistence="memory")), ConfigurationError, "not both", only="memory"), id="manager-both-sources"),
     pytest.param(Bad(sync(lambda c: WorkflowStateManager(state_manager=c.state, checkpoint_interval=-1)), InvalidArgumentError, "checkpoint_interval must be an int >= 0", only="memory"), id="manager-bad-option"),
 ]  # fmt: skip

@@ -41,6 +41,7 @@ from agenticstate import (
     FileBackend,
     MemoryBackend,
     RedisBackend,
+    SQLiteBackend,
     StateConfig,
     StateManager,
 )
@@ -365,6 +366,40 @@ async def test_file_cancelled_writes_are_whole_or_absent_and_reopen_the_same(
     _report(record_property, figures)
     # Cancelled while waiting for their fsync, staged writes still take effect.
     assert figures["cancelled_writes_applied"] > 0, figures
+
+
+async def test_sqlite_cancelled_writes_are_whole_or_absent_and_reopen_the_same(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """Cancelled SQLite writes are whole or absent, no lock stays held, and reopening agrees."""
+    started = time.perf_counter()
+    async with SQLiteBackend(tmp_path / "state.db") as backend:
+        figures, finals = await exercise(backend, "sqlite")
+    async with SQLiteBackend(tmp_path / "state.db") as reopened:
+        for key, entry in finals.items():
+            assert await reopened.get(key) == entry, f"{key!r} changed across reopening"
+        assert sorted([key async for key in reopened.scan("*")]) == sorted(KEYS)
+    figures["seconds"] = round(time.perf_counter() - started)
+    _report(record_property, figures)
+
+
+def test_sqlite_cancellation_under_trio(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """Under trio too, cancelled SQLite writes are whole or absent; reopening agrees."""
+
+    async def main() -> dict[str, int]:
+        async with SQLiteBackend(tmp_path / "state.db") as backend:
+            figures, finals = await exercise(backend, "sqlite-trio")
+        async with SQLiteBackend(tmp_path / "state.db") as reopened:
+            for key, entry in finals.items():
+                assert await reopened.get(key) == entry, f"{key!r} changed across reopening"
+        return figures
+
+    figures = anyio.run(main, backend="trio")
+    for name, value in figures.items():
+        record_property(name, value)
+    assert figures["cancelled"] >= 1000, figures
 
 
 def test_memory_and_file_cancellation_under_trio(

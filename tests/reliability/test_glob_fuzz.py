@@ -25,7 +25,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agenticstate import FileBackend, MemoryBackend, RedisBackend, StateManager
+from agenticstate import FileBackend, MemoryBackend, RedisBackend, SQLiteBackend, StateManager
 from agenticstate._glob import GlobMatcher, glob_match
 from agenticstate._keys import escape_glob
 from tests.reliability._bad_glob import (
@@ -132,7 +132,7 @@ def test_glob_agrees_with_redis_hypothesis(
 
 
 @pytest.fixture(
-    params=["memory", "file", pytest.param("redis", marks=pytest.mark.redis)],
+    params=["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)],
 )
 async def listing_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     """A backend for the list_keys comparison (Redis on its own database, so SCAN stays short)."""
@@ -141,6 +141,8 @@ async def listing_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Bac
         backend = MemoryBackend()
     elif request.param == "file":
         backend = FileBackend(base_path=tmp_path / "store", durability="none", auto_save=False)
+    elif request.param == "sqlite":
+        backend = SQLiteBackend(tmp_path / "state.db", synchronous="normal")
     else:
         url = request.getfixturevalue("redis_url")
         backend = RedisBackend(url=url, db=GLOB_DB, key_prefix=f"glob[{uuid.uuid4().hex[:6]}]*:")

@@ -55,6 +55,7 @@ from agenticstate import (
     NotFoundError,
     RedisBackend,
     SerializationError,
+    SQLiteBackend,
     StateConfig,
     StateManager,
 )
@@ -664,6 +665,19 @@ def test_file_backend_matches_the_model(
         return functools.partial(FileBackend, base_path=path)
 
     with _harness("file", new_store, can_reopen=True) as harness:
+        _run(harness, record_property)
+
+
+def test_sqlite_backend_matches_the_model(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """The SQLite backend answers as the model does, notifies exactly, and reopens to its state."""
+
+    def new_store() -> Callable[[], Backend]:
+        path = tmp_path / f"{uuid.uuid4().hex}.db"
+        return functools.partial(SQLiteBackend, path, synchronous="normal")
+
+    with _harness("sqlite", new_store, can_reopen=True) as harness:
         _run(harness, record_property)
 
 

@@ -1,0 +1,115 @@
+"""The SQLite backend's table layout, its statements, and the helpers for its rows."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from agenticstate._glob import compile_glob
+from agenticstate.backends._sqlite_feed import from_us
+from agenticstate.backends.base import Entry, new_entry
+from agenticstate.exceptions import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from agenticstate._glob import GlobMatcher
+
+__all__ = [
+    "CHUNK",
+    "DELETE",
+    "GET",
+    "LOG",
+    "PAGE",
+    "PUT",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "SELECT_MANY",
+    "SET",
+    "Row",
+    "as_bytes",
+    "entry",
+    "is_prefix_pattern",
+    "live",
+    "now_us",
+    "ttl_us",
+]
+
+SCHEMA_VERSION = 1
+"""The layout this module writes (`PRAGMA user_version`); a newer file is refused."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL,
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, expires_at INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY, key TEXT NOT NULL, op INTEGER NOT NULL,
+    old BLOB, new BLOB, version INTEGER NOT NULL, ts INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idx (
+    name TEXT NOT NULL, member TEXT NOT NULL, score REAL NOT NULL, PRIMARY KEY (name, member)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idx_order ON idx (name, score, member);
+"""
+GET = "SELECT value, version, created_at, updated_at, expires_at FROM kv WHERE key = ?"
+SELECT_MANY = "SELECT key, value, version, created_at, updated_at, expires_at FROM kv WHERE key IN"
+PUT = "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)"
+LOG = "INSERT INTO changes (key, op, old, new, version, ts) VALUES (?, ?, ?, ?, ?, ?)"
+SET, DELETE = 0, 1
+CHUNK = 1000  # bound parameters per IN (...) query
+PAGE = 50_000  # keys per scan page (one hop to the reader thread each)
+Row = tuple[bytes, int, int, int, int | None]
+
+
+def now_us() -> int:
+    """Microseconds since the epoch, now."""
+    return time.time_ns() // 1000
+
+
+def live(row: Row | None, now: int) -> Row | None:
+    """`row` unless it is missing or expired at `now`."""
+    if row is None or (row[4] is not None and row[4] <= now):
+        return None
+    return row
+
+
+def entry(key: str, row: Row) -> Entry:
+    """The `Entry` a `kv` row holds."""
+    value, version, created, updated, expires = row
+    return new_entry(
+        key,
+        value,
+        version,
+        from_us(created),
+        from_us(updated),
+        from_us(expires) if expires is not None else None,
+    )
+
+
+def ttl_us(ttl: timedelta | None) -> int | None:
+    """A TTL in whole microseconds (at least 1)."""
+    return None if ttl is None else ttl // timedelta(microseconds=1) or 1
+
+
+def is_prefix_pattern(pattern: str, matcher: GlobMatcher) -> bool:
+    r"""Whether `pattern` is a literal prefix followed by one unescaped `*` (`agent:\[1\]:*`)."""
+    if not pattern.endswith("*"):
+        return False
+    head = pattern[:-1]
+    escapes = len(head) - len(head.rstrip("\\"))
+    if escapes % 2:
+        return False  # the star is escaped: a literal `*`
+    literal = compile_glob(head) if head else None
+    return literal is None or (
+        literal.is_literal and literal.literal_prefix == matcher.literal_prefix
+    )
+
+
+def as_bytes(value: object) -> bytes:
+    """`value` as `bytes`; anything but bytes-like raises `InvalidArgumentError`."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidArgumentError(f"a backend stores bytes, not {type(value).__name__}")
