@@ -616,3 +616,13 @@ def test_a_closed_pipe_ends_quietly(big_store: Path, tmp_path: Path) -> None:
     assert process.stderr is not None
     assert process.stderr.read() == b""
     process.stderr.close()
+
+
+def test_read_only_commands_do_not_create_a_sqlite_database(tmp_path: Path) -> None:
+    """A mistyped sqlite:// path is not found (exit 1), and no database file appears."""
+    result = cli("--url", "sqlite://.state/dmeo/state.db", "keys", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "the database does not exist" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert cli("--url", "sqlite://s.db", "set", "k", "1", cwd=tmp_path).returncode == 0
+    assert cli("--url", "sqlite://s.db", "keys", cwd=tmp_path).stdout == "k\n"
