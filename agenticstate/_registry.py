@@ -42,7 +42,7 @@ _names: dict[str, Callable[[StateConfig], Backend] | str] = {}
 
 _BUILTIN_URLS = {
     "memory": "agenticstate.backends.memory:MemoryBackend.from_url",
-    "file": "agenticstate.backends.file:FileBackend.from_url",
+    "file": "agenticstate.backends._shared:SharedFileBackend.from_url",  # one store per path
     "sqlite": "agenticstate.backends.sqlite:SQLiteBackend.from_url",
     "redis": "agenticstate.backends.redis:RedisBackend.from_url",
 }

@@ -16,12 +16,13 @@ agenticstate ui --allow-writes
 
 The store comes from `--url` (or `AGENTICSTATE_URL`, else `file://./state`): `memory://`,
 `file://DIR`, `sqlite://FILE`, `redis://...`, `rediss://...`, `unix://...`, or any scheme a
-backend registered. `--json` prints machine-readable output.
-Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is a terminal,
-unless `--json` or `--no-progress` is given; stdout never carries it.
+backend registered. `--json` prints machine-readable output. Global options go before or after
+the command. Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is
+a terminal, unless `--json` or `--no-progress` is given; stdout never carries it. The read-only
+commands on a file store that does not exist say so and exit 1 (only `set` creates one).
 
-Exit codes: 0 success, 1 the key or record was not found, 2 bad usage or input, 3 the backend
-failed (unreachable, in use by another process, corrupt).
+Exit codes: 0 success, 1 the key, record or store was not found, 2 bad usage or input, 3 the
+backend failed (unreachable, in use by another process, corrupt, unsupported server).
 """
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ import logging
 import os
 import sys
 import time
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
 
 import anyio
-import structlog
 
 from agenticstate._keys import validate_pattern
 from agenticstate._progress import Progress, is_terminal
-from agenticstate.backends import open_backend
+from agenticstate._version import __version__
+from agenticstate.backends import ChangeOp, FileBackend, open_backend
 from agenticstate.exceptions import (
     AgenticStateError,
     BackendError,
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 __all__ = ["configure_logging", "main"]
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_BACKEND = 0, 1, 2, 3
+DEFAULT_URL = "file://./state"
+_READ_ONLY = frozenset({"keys", "get", "delete", "watch", "inspect", "usage"})
 
 
 class _CommandError(Exception):
@@ -73,6 +76,8 @@ class _CommandError(Exception):
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, bytes):
@@ -105,11 +110,28 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def _manager(args: argparse.Namespace) -> StateManager:
-    url = args.url or os.environ.get("AGENTICSTATE_URL") or "file://./state"
+    url = args.url or os.environ.get("AGENTICSTATE_URL") or DEFAULT_URL
     try:
         backend = open_backend(url, key_prefix=args.prefix)
     except ConfigurationError as exc:
         raise _CommandError(str(exc), EXIT_USAGE) from None
+    if args.command in _READ_ONLY:
+        # Opening would create an empty store: a typo in --url must not look like success.
+        if isinstance(backend, FileBackend) and not (
+            backend.snapshot_path.exists() or backend.log_path.exists()
+        ):
+            raise _CommandError(
+                f"no store at {backend.base_path} ({url}): {backend.snapshot_path.name} does "
+                "not exist; check --url (only `set` creates a store)",
+                EXIT_NOT_FOUND,
+            )
+        path = getattr(backend, "path", None)  # the SQLite backend's database file
+        if type(backend).__name__ == "SQLiteBackend" and path is not None and not path.exists():
+            raise _CommandError(
+                f"no store at {path} ({url}): the database does not exist; check --url "
+                "(only `set` creates a store)",
+                EXIT_NOT_FOUND,
+            )
     return StateManager(backend=backend)
 
 
@@ -163,7 +185,7 @@ async def _get(state: StateManager, args: argparse.Namespace, progress: Progress
     if entry is None:
         raise _CommandError(f"no state at key {args.key!r}", EXIT_NOT_FOUND)
     if args.json:
-        _out(_dump(entry.model_dump()))
+        _out(_dump(entry.model_dump()))  # ttl in seconds
     else:
         _out(_dump(entry.value, pretty=True))
         ttl = f", expires in {entry.ttl}" if entry.ttl is not None else ""
@@ -194,20 +216,38 @@ async def _delete(state: StateManager, args: argparse.Namespace, progress: Progr
     return EXIT_OK
 
 
+def _change_line(change: Any) -> str:
+    head = f"{change.timestamp.isoformat()}  {change.op.value:<6} {change.key}  v{change.version}"
+    if change.op == ChangeOp.DELETE:
+        return f"{head}  {_dump(change.old_value)} -> (deleted)"
+    if change.op == ChangeOp.RESYNC:
+        # Re-read after a gap in delivery (a reconnect): the old value is unknown, and a key
+        # with no value now was deleted while the connection was down.
+        if change.new_value is None:
+            return f"{head}  (gone: deleted while the connection was down)"
+        return f"{head}  (old value unknown) -> {_dump(change.new_value)}"
+    return f"{head}  {_dump(change.old_value)} -> {_dump(change.new_value)}"
+
+
 async def _watch(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     seen = 0
+    if not isinstance(state.backend, FileBackend):
+        # One plain read first: a server that is down, refuses us or is unsupported is reported
+        # with its reason, rather than as a subscription that never confirmed.
+        await state.exists("agenticstate-cli-probe")
     async with state.watch(args.pattern) as changes:
         # On stderr, once subscribed: from here on no change is missed.
-        sys.stderr.write(f"watching {args.pattern!r} (Ctrl-C to stop)\n")
+        note = f"watching {args.pattern!r} (Ctrl-C to stop)"
+        if isinstance(state.backend, FileBackend):
+            note += (
+                f"; this process now holds the file store {state.backend.base_path}: other "
+                "processes cannot open it, so cannot write, until watch stops"
+            )
+        sys.stderr.write(note + "\n")
         sys.stderr.flush()
         async for change in changes:
-            if args.json:
-                _out(_dump(change.model_dump()))
-            else:
-                _out(
-                    f"{change.timestamp.isoformat()}  {change.op.value:<6} {change.key}  "
-                    f"v{change.version}  {_dump(change.old_value)} -> {_dump(change.new_value)}"
-                )
+            # _out flushes each line: a pipe (`| grep`) sees every change as it happens.
+            _out(_dump(change.model_dump()) if args.json else _change_line(change))
             seen += 1
             if args.count and seen >= args.count:
                 break
@@ -224,6 +264,8 @@ async def _inspect(state: StateManager, args: argparse.Namespace, progress: Prog
 
 async def _inspected(state: StateManager, what: str) -> tuple[list[dict[str, Any]], list[str]]:
     from agenticstate.managers import (  # only this command needs them
+        AgentStateStore,
+        KnowledgeStateManager,
         OrchestrationStateManager,
         SpeechStateManager,
         ToolStateManager,
@@ -290,6 +332,41 @@ async def _inspected(state: StateManager, what: str) -> tuple[list[dict[str, Any
                 }
             )
         columns = ["tool", "runs", "success", "cache hits", "avg ms", "p95 ms", "pending retries"]
+    elif what == "agents":
+        agents = AgentStateStore(state_manager=state)
+        rows = []
+        for agent_id in await agents.list_agents():
+            latest = await agents.get_latest_checkpoint(agent_id)
+            snapshots = await agents.list_snapshots(agent_id)
+            saved = await agents.list_checkpoints(agent_id)
+            rows.append(
+                {
+                    "agent": agent_id,
+                    "snapshots": len(snapshots),
+                    "checkpoints": len(saved),
+                    "latest checkpoint": latest.checkpoint_id if latest else "-",
+                    "step": latest.step if latest else "-",
+                }
+            )
+        columns = ["agent", "snapshots", "checkpoints", "latest checkpoint", "step"]
+    elif what == "knowledge":
+        kb = KnowledgeStateManager(state_manager=state)
+        rows = []
+        for kb_id in await kb.list_knowledge_bases():
+            overview = await kb.get_knowledge_base_state(kb_id)
+            rows.append(
+                {
+                    "knowledge base": kb_id,
+                    "documents": overview.total_documents,
+                    "embeddings": overview.total_embeddings,
+                    "pending": overview.documents_pending,
+                    "failed": overview.failed_documents,
+                    "indexing": overview.indexing_status.value if overview.indexing_status else "-",
+                    "sources": len(overview.sources),
+                }
+            )
+        columns = ["knowledge base", "documents", "embeddings", "pending", "failed", "indexing"]
+        columns.append("sources")
     else:
         speech = SpeechStateManager(state_manager=state)
         rows = [
@@ -304,6 +381,66 @@ async def _inspected(state: StateManager, what: str) -> tuple[list[dict[str, Any
         ]
         columns = ["session", "type", "mode", "status", "created"]
     return rows, columns
+
+
+_EPILOG = f"""\
+the store: --url, else the AGENTICSTATE_URL environment variable, else {DEFAULT_URL}
+(the directory ./state). Only `set` and `demo` create a file store.
+
+exit codes:
+  0  success
+  1  the key, record or store was not found
+  2  bad usage or input
+  3  the backend failed: unreachable, in use by another process, corrupt, unsupported server
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {text}")
+    return value
+
+
+def _ttl_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _global_options(parser: argparse.ArgumentParser, *, here: bool) -> None:
+    # On the main parser with their defaults; on each command with SUPPRESS, so an option given
+    # after the command sets it and one left out does not reset what was given before.
+    def default(value: object) -> object:
+        return value if here else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--url",
+        default=default(None),
+        help=f"memory://, file://DIR, redis://..., rediss://..., unix://... "
+        f"(default: $AGENTICSTATE_URL, else {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=default(""),
+        help="the key prefix (namespace) to work in, on Redis (a file store is one namespace)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="machine-readable output"
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        default=default(False),
+        help="no live progress on stderr (shown only on a terminal, never with --json)",
+    )
 
 
 # -- `agenticstate ui`: the web inspector (agenticstate[ui]) ---------------------------------
@@ -363,38 +500,53 @@ async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="agenticstate", description="Look at and change agenticstate state."
+        prog="agenticstate",
+        description="Look at and change agenticstate state.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--url", help="memory://, file://DIR, sqlite://FILE, redis://..., rediss://..., unix://..."
+    parser.add_argument("--version", action="version", version=f"agenticstate {__version__}")
+    _global_options(parser, here=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _global_options(sub, here=False)
+        return sub
+
+    keys = command("keys", "list keys matching a Redis glob")
+    keys.add_argument(
+        "pattern", nargs="?", default="*", help="a Redis glob such as 'agent:*' (default: *)"
     )
-    parser.add_argument("--prefix", default="", help="the key prefix (namespace) to work in")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no live progress on stderr (shown only on a terminal, never with --json)",
+    get = command("get", "show a key's value and version")
+    get.add_argument("key", help="the key to read")
+    put = command("set", "store a JSON value (creates the store if needed)")
+    put.add_argument("key", help="the key to write")
+    put.add_argument("value", help='a JSON document, such as \'{"status": "idle"}\'')
+    put.add_argument("--ttl", type=_ttl_seconds, default=None, help="seconds until it expires")
+    delete = command("delete", "delete a key")
+    delete.add_argument("key", help="the key to delete")
+    watch = command("watch", "stream changes (old -> new) until Ctrl-C")
+    watch.add_argument("pattern", help="a Redis glob such as 'agent:*'")
+    watch.add_argument(
+        "--count", type=_positive_int, default=None, help="stop after this many changes"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    keys = commands.add_parser("keys", help="list keys matching a Redis glob")
-    keys.add_argument("pattern", nargs="?", default="*")
-    usage = commands.add_parser("usage", help="keys and stored bytes, per namespace")
-    usage.add_argument("pattern", nargs="?", default="*")
+    usage = command("usage", "keys and stored bytes, per namespace")
+    usage.add_argument("pattern", nargs="?", default="*", help="a Redis glob (default: every key)")
     usage.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
-    get = commands.add_parser("get", help="show a key's value and version")
-    get.add_argument("key")
-    put = commands.add_parser("set", help="store a JSON value")
-    put.add_argument("key")
-    put.add_argument("value", help="a JSON document")
-    put.add_argument("--ttl", type=float, default=None, help="seconds until it expires")
-    delete = commands.add_parser("delete", help="delete a key")
-    delete.add_argument("key")
-    watch = commands.add_parser("watch", help="stream changes (old -> new) until Ctrl-C")
-    watch.add_argument("pattern")
-    watch.add_argument("--count", type=int, default=0, help="stop after this many changes")
-    inspect = commands.add_parser("inspect", help="summaries of the managers' records")
-    inspect.add_argument("what", choices=["workflows", "teams", "tools", "speech"])
-    commands.add_parser("demo", help="run the demo job on the file backend")
+    inspect = command("inspect", "summaries of the managers' records")
+    inspect.add_argument(
+        "what",
+        choices=["agents", "workflows", "teams", "knowledge", "tools", "speech"],
+        help="which manager's records: %(choices)s",
+    )
+    command("demo", "run the demo pipeline in ./.state/demo (whatever --url says)")
     _add_transfer_commands(commands)
     _ui_parser(commands)
     return parser
@@ -418,16 +570,16 @@ _COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awai
 
 def _add_transfer_commands(commands: Any) -> None:
     copy = commands.add_parser("copy", help="copy keys, TTLs and indexes from one store to another")
-    copy.add_argument("source", metavar="SRC_URL")
-    copy.add_argument("destination", metavar="DST_URL")
-    copy.add_argument("pattern", nargs="?", default="*")
+    copy.add_argument("source", metavar="SRC_URL", help="the store to read")
+    copy.add_argument("destination", metavar="DST_URL", help="the store to write")
+    copy.add_argument("pattern", nargs="?", default="*", help="a Redis glob (default: *)")
     export = commands.add_parser("export", help="write a store to a JSON-lines dump file")
-    export.add_argument("source", metavar="URL")
-    export.add_argument("file", metavar="FILE")
-    export.add_argument("pattern", nargs="?", default="*")
+    export.add_argument("source", metavar="URL", help="the store to read")
+    export.add_argument("file", metavar="FILE", help="the dump file to write")
+    export.add_argument("pattern", nargs="?", default="*", help="a Redis glob (default: *)")
     load = commands.add_parser("import", help="write a dump file (from export) into a store")
-    load.add_argument("file", metavar="FILE")
-    load.add_argument("destination", metavar="URL")
+    load.add_argument("file", metavar="FILE", help="a dump file from export")
+    load.add_argument("destination", metavar="URL", help="the store to write")
 
 
 def _open_url(url: str, prefix: str) -> Backend:
@@ -500,18 +652,26 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def configure_logging(progress: Progress | None = None) -> None:
-    """Send warnings and worse to stderr, never mixed into the output a script reads.
+    """Send the library's warnings and worse to stderr, never into the output a script reads.
 
-    The library never configures logging; the command and the demo are applications, so they do.
+    The library never configures logging; the command and the demo are applications, so they
+    do: one handler on the `agenticstate` logger, which does not propagate to the root logger.
 
     Args:
         progress: A progress line on stderr to erase before each log line.
     """
     stream = progress.wrap(sys.stderr) if progress is not None else sys.stderr
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
     )
+    logger = logging.getLogger("agenticstate")
+    for old in [h for h in logger.handlers if getattr(h, "_agenticstate_cli", False)]:
+        logger.removeHandler(old)
+    handler._agenticstate_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -524,21 +684,37 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     wanted = not args.json and not args.no_progress
     if args.command == "demo":
-        from agenticstate import demo  # only this command needs it
-
         # The demo prints its report as it goes: a counter only when that goes somewhere else.
         progress = Progress.on_stderr(enabled=wanted and not is_terminal(sys.stdout))
         configure_logging(progress)
-        anyio.run(demo.main, progress)
+        _guarded(_demo, progress)
         return
     progress = Progress.on_stderr(enabled=wanted)
     configure_logging(progress)
+    _guarded(_TRANSFERS.get(args.command, _run), args, progress)
+
+
+async def _demo(progress: Progress) -> int:
+    from agenticstate import demo  # only this command needs it
+
+    await demo.main(progress)
+    return EXIT_OK
+
+
+def _guarded(run: Callable[..., Awaitable[int]], *args: Any) -> NoReturn:
+    # Every failure the user can cause or meet becomes one line on stderr and an exit code.
     try:
-        code = anyio.run(_TRANSFERS.get(args.command, _run), args, progress)
+        code = anyio.run(run, *args)
     except _CommandError as exc:
         _fail(str(exc), exc.code)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except BrokenPipeError:
+        # The reader went away (`agenticstate keys | head -1`); the store was closed properly.
+        # Exit as a process stopped by SIGPIPE would, without a traceback or a flush error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(141) from None
     except (InvalidArgumentError, SerializationError) as exc:
         _fail(str(exc), EXIT_USAGE)
     except NotFoundError as exc:

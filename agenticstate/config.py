@@ -54,6 +54,9 @@ def _as_ttl(value: object) -> timedelta | None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"ttl must be a finite number of seconds, not {value!r}")
     if isinstance(value, (int, float)):
+        if value <= 0:
+            # Say what was typed: timedelta(seconds=-5) would print as "-1 day, 23:59:55".
+            raise ValueError(f"ttl must be positive, not {value!r} seconds")
         try:
             value = timedelta(seconds=value)
         except OverflowError:

@@ -13,14 +13,18 @@ manager on one `StateManager`:
 
 Run it again and it continues from the state the last run left: the run counter, the team, the
 finished tasks, workflows, cache, knowledge counts and recovery records are all still there.
-Afterwards, `agenticstate --url sqlite://.state/demo/state.db inspect teams` (or workflows, tools,
-speech) shows the state, also while the demo runs: SQLite lets several processes share it; and
-`agenticstate --url sqlite://.state/demo/state.db ui` serves the live web inspector on it.
+Afterwards, `agenticstate --url sqlite://.state/demo/state.db inspect teams` (or agents, workflows,
+knowledge, tools, speech) shows the state, also while the demo runs: SQLite lets several processes
+share it; and `agenticstate --url sqlite://.state/demo/state.db ui` serves the live web inspector on
+it. The demo's last lines say how to run the command from where you are (`.venv/bin/agenticstate`
+in the repository, `agenticstate` in an activated environment).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shlex
+import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -243,12 +247,31 @@ async def main(progress: Progress | None = None) -> None:
 
         async with progress.ticking("demo", writes, "write"):
             await pipeline(state)
+    command = cli_command()
     say(
-        "inspect it: agenticstate --url sqlite://.state/demo/state.db inspect teams "
-        "(workflows, tools, speech)"
+        f"inspect it: {command} --url sqlite://.state/demo/state.db inspect teams "
+        "(or agents, workflows, knowledge, tools, speech)"
     )
-    say("see it live: agenticstate --url sqlite://.state/demo/state.db ui   (open the address)")
-    say("run `make demo` again to continue from this state")
+    say(f"see it live: {command} --url sqlite://.state/demo/state.db ui   (open the address)")
+    say(f"run `{command} demo` again to continue from this state")
+
+
+def cli_command() -> str:
+    """How to run the `agenticstate` command of this interpreter, from here.
+
+    `agenticstate` when that is on PATH and is this environment's; else the script next to this
+    interpreter (`.venv/bin/agenticstate` in the repository); else `python -m agenticstate`.
+    """
+    bin_dir = Path(sys.executable).parent
+    on_path = shutil.which("agenticstate")
+    if on_path is not None and Path(on_path).parent.resolve() == bin_dir.resolve():
+        return "agenticstate"
+    script = bin_dir / "agenticstate"
+    target = script if script.exists() else Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        target = target.absolute().relative_to(Path.cwd())
+    shown = shlex.quote(str(target) if target.is_absolute() else f"{target}")
+    return shown if script.exists() else f"{shown} -m agenticstate"
 
 
 async def pipeline(state: StateManager) -> None:

@@ -13,10 +13,10 @@ from datetime import datetime  # pydantic needs it at runtime
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import structlog
 from pydantic import BaseModel, ConfigDict
 
 from agenticstate._glob import GlobMatcher, compile_glob
+from agenticstate._log import get_logger
 from agenticstate.backends.base import Change, ChangeOp
 from agenticstate.exceptions import InvalidArgumentError, SubscriptionClosedError
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChangeFanout", "ChangeStream", "StateChange"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class StateChange(BaseModel):

@@ -24,11 +24,11 @@ from datetime import datetime, timedelta  # pydantic needs them at runtime
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
-import structlog
 from pydantic import BaseModel, ConfigDict
 
 from agenticstate import _otel
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate._tasks import spawn_detached
 from agenticstate.backends import Backend, open_config_backend
 from agenticstate.backends.base import Change, Entry, check_expected_version
@@ -70,7 +70,7 @@ __all__ = [
     "Watch",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 D = TypeVar("D")

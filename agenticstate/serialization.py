@@ -154,9 +154,11 @@ class _Encoder:
             return self.special(bytes(value))
         if isinstance(value, (dict, list, tuple)):
             return self.container(value, depth)
-        raise UnsupportedTypeError(
+        error = UnsupportedTypeError(
             f"cannot store a value of type {kind.__qualname__}", path=_format_path(self.path)
         )
+        error.args = (f"{error.args[0]}{_unsupported_hint(value)}",)  # what to store instead
+        raise error
 
     def container(self, value: object, depth: int) -> object:
         if depth >= self.max_depth:
@@ -479,3 +481,28 @@ class Serializer:
         if not inflater.eof:
             raise DecodeError("stored value is truncated", path="")
         return body
+
+
+def _unsupported_hint(value: object) -> str:
+    """What to store instead of a value of an unsupported type (docs/concepts/values.md)."""
+    import dataclasses  # only this message needs them
+    import decimal
+    import enum
+    import os
+    from datetime import timedelta
+
+    if dataclasses.is_dataclass(value):
+        return "; store dataclasses.asdict(value), or make it a pydantic model"
+    if isinstance(value, (set, frozenset)):
+        return "; store a list instead, such as sorted(value)"
+    if isinstance(value, decimal.Decimal):
+        return "; store str(value) to keep it exact, or float(value)"
+    if isinstance(value, enum.Enum):
+        return "; store value.value, or use a StrEnum or IntEnum"
+    if isinstance(value, timedelta):
+        return "; store value.total_seconds()"
+    if isinstance(value, os.PathLike):
+        return "; store str(value)"
+    if isinstance(value, complex):
+        return "; store [value.real, value.imag]"
+    return ""

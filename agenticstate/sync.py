@@ -46,11 +46,11 @@ import threading
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 import anyio
-import structlog
 from anyio.from_thread import BlockingPortal
 
 from agenticstate import managers as _managers
 from agenticstate import scope as _scope
+from agenticstate._log import get_logger
 from agenticstate.exceptions import AgenticStateError, InvalidArgumentError
 from agenticstate.manager import StateManager as _AsyncStateManager
 
@@ -79,7 +79,7 @@ A = TypeVar("A")
 T = TypeVar("T")
 
 _CLOSE_TIMEOUT = 10.0
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class SyncDeadlockError(AgenticStateError, RuntimeError):

@@ -48,10 +48,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import anyio
-import structlog
 
 from agenticstate import StateConfig, StateManager
 from bench._soak_probe import (
@@ -73,9 +71,6 @@ from bench._soak_probe import (
 )
 from bench._soak_workload import RESIDUE, Timings, Workload
 from bench._util import machine, redis_server
-
-if TYPE_CHECKING:
-    from collections.abc import MutableMapping
 
 BLOCKS_TOLERANCE = 2_000
 """Live allocated blocks may end at most this many above the baseline after the run (see
@@ -108,17 +103,17 @@ def mib(value: float | None) -> str:
 # ------------------------------------------------------------------ logging
 
 
-class LogCounter:
-    """A structlog processor that counts events by level and name, and drops them."""
+class LogCounter(logging.Handler):
+    """A handler on the `agenticstate` loggers that counts events by level and name."""
 
     def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
         self.counts: Counter[tuple[str, str]] = Counter()
 
-    def __call__(
-        self, logger: object, method: str, event: MutableMapping[str, Any]
-    ) -> MutableMapping[str, Any]:
-        self.counts[(method, str(event.get("event")))] += 1
-        raise structlog.DropEvent
+    def emit(self, record: logging.LogRecord) -> None:
+        # The library's records carry their event dict as the message.
+        event = record.msg.get("event") if isinstance(record.msg, dict) else record.getMessage()
+        self.counts[(record.levelname.lower(), str(event))] += 1
 
     def at(self, *levels: str) -> dict[str, int]:
         return {
@@ -131,11 +126,10 @@ class LogCounter:
 def configure_logging() -> LogCounter:
     """Count the library's log events at info level and above instead of printing them."""
     counter = LogCounter()
-    structlog.configure(
-        processors=[counter],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        cache_logger_on_first_use=True,
-    )
+    library = logging.getLogger("agenticstate")
+    library.addHandler(counter)
+    library.setLevel(logging.INFO)
+    library.propagate = False
     return counter
 
 

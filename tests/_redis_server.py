@@ -1,7 +1,9 @@
 """Start and stop real redis-server processes for the tests (no fakes).
 
 A server listens on a unix socket in a temporary directory and on a free loopback TCP port, keeps
-nothing on disk, and is ready when it prints "Ready to accept connections".
+nothing on disk, and is ready when it prints "Ready to accept connections". The binary is
+`$AGENTICSTATE_REDIS_SERVER` when set (a Valkey or older Redis build: `make compat`), else the
+`redis-server` on PATH.
 """
 
 from __future__ import annotations
@@ -50,9 +52,7 @@ class RedisServer:
         return f"{scheme}://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 20.0) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise FileNotFoundError("redis-server is not installed (make test installs it)")
+        binary = server_binary()
         self.directory.mkdir(parents=True, exist_ok=True)
         ports = ["--port", str(self.port)]
         if self.tls_files is not None:
@@ -83,6 +83,7 @@ class RedisServer:
         )
         ready = threading.Event()
         output: list[bytes] = []
+        accepting = [False]
 
         def read() -> None:
             assert process.stdout is not None
@@ -90,15 +91,19 @@ class RedisServer:
                 for line in process.stdout:
                     output.append(line)
                     if b"Ready to accept connections" in line:
+                        accepting[0] = True
                         ready.set()
             ready.set()  # the process ended: stop waiting
 
         process = self.process
         self.reader = threading.Thread(target=read, daemon=True)
         self.reader.start()
-        if not ready.wait(timeout) or self.process.poll() is not None:
+        # Only the "Ready" line means it runs: a server that died at start closes its output
+        # (which also ends the wait) before its exit status can be seen, so poll() alone could
+        # take it for a running one.
+        if not ready.wait(timeout) or not accepting[0] or self.process.poll() is not None:
             self.stop()
-            raise RuntimeError("redis-server did not start:\n" + b"".join(output).decode())
+            raise RuntimeError(f"{binary} did not start:\n" + b"".join(output).decode())
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -116,6 +121,23 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+SERVER_VARIABLE = "AGENTICSTATE_REDIS_SERVER"
+"""The redis-server binary the tests start (`make compat` points it at Valkey or Redis 6.2)."""
+
+
+def server_binary() -> str:
+    """The server binary: `$AGENTICSTATE_REDIS_SERVER` if set, else `redis-server` on PATH."""
+    chosen = os.environ.get(SERVER_VARIABLE)
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise FileNotFoundError(f"{SERVER_VARIABLE}={chosen} is not an executable")
+        return chosen
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server is not installed (make test installs it)")
+    return binary
 
 
 def require_redis() -> bool:

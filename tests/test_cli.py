@@ -2,33 +2,37 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
 import pty
+import queue
 import re
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
+import agenticstate
 from agenticstate import StateManager, WorkflowState, WorkflowStateManager
 from agenticstate._progress import Progress
 from agenticstate.backends import FileBackend
+from agenticstate.cli import _parser
 from tests._procs import LineProcess
+from tests._redis_server import RedisServer
 from tests.conftest import unique_prefix
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m agenticstate ARGS...` (the package's __main__), as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "agenticstate.cli", *args],
+        [sys.executable, "-m", "agenticstate", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -70,7 +74,9 @@ def test_errors_have_exit_codes_and_messages(
     tmp_path: Path, args: tuple[str, ...], code: int, message: str
 ) -> None:
     """Not found exits 1, bad input exits 2, each with a message on stderr."""
-    result = cli("--url", f"file://{tmp_path / 'store'}", *args, cwd=tmp_path)
+    url = f"file://{tmp_path / 'store'}"
+    assert cli("--url", url, "set", "other", "1", cwd=tmp_path).returncode == 0
+    result = cli("--url", url, *args, cwd=tmp_path)
     assert result.returncode == code
     assert message in result.stderr
     assert result.stdout == ""
@@ -143,11 +149,260 @@ def test_watch_streams_changes_from_another_process(redis_url: str, tmp_path: Pa
 
 
 def test_demo_command(tmp_path: Path) -> None:
-    """`agenticstate demo` runs the demo job."""
+    """`agenticstate demo` runs the demo job; `inspect` then shows what every manager left."""
     result = cli("demo", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "agenticstate demo, run 1" in result.stdout
     assert "queue: 6 completed" in result.stdout
+    # The closing hints name a command that works from here (this interpreter's script).
+    hint = next(line for line in result.stdout.splitlines() if line.startswith("inspect it: "))
+    command = hint.removeprefix("inspect it: ").split(" --url ")[0]
+    assert command in ("agenticstate", str(Path(sys.executable).parent / "agenticstate"))
+    url = "sqlite://.state/demo/state.db"
+    for what, expected in [
+        ("agents", "writer"),
+        ("knowledge", "research-notes"),
+        ("teams", "research"),
+        ("workflows", "pipeline-run1"),
+        ("tools", "search_web"),
+        ("speech", "briefing"),
+    ]:
+        shown = cli("--url", url, "inspect", what, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert expected in shown.stdout, (what, shown.stdout)
+    rows = json.loads(cli("--url", url, "inspect", "knowledge", "--json", cwd=tmp_path).stdout)
+    assert rows[0]["documents"] == 6
+
+
+# --------------------------------------------------------------------------- conventions
+
+
+def test_version() -> None:
+    """--version prints the package version and exits 0."""
+    result = cli("--version", cwd=Path.cwd())
+    assert result.returncode == 0
+    assert result.stdout == f"agenticstate {agenticstate.__version__}\n"
+
+
+def test_help_names_the_default_url_the_variable_and_the_exit_codes(tmp_path: Path) -> None:
+    """--help says where the store comes from and what each exit code means."""
+    for args in (("--help",), ("get", "--help")):
+        shown = cli(*args, cwd=tmp_path).stdout
+        assert "file://./state" in shown
+        assert "AGENTICSTATE_URL" in shown
+        for code in ("0  success", "1  the key, record or store was not found", "2  bad usage"):
+            assert code in shown, (args, shown)
+        assert "3  the backend failed" in shown
+
+
+def test_every_positional_argument_has_help() -> None:
+    """Each command's positional arguments are explained in its --help."""
+    parser = _parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands.choices) >= {"keys", "get", "set", "delete", "watch", "inspect", "demo"}
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if not action.option_strings:
+                assert action.help, f"{name} {action.dest} has no help"
+
+
+def test_global_options_after_the_command(tmp_path: Path) -> None:
+    """--url, --prefix and --json work after the command as well as before it."""
+    url = f"file://{tmp_path / 'store'}"
+    assert cli("set", "k", "1", "--url", url, "--prefix", "p:", cwd=tmp_path).returncode == 0
+    after = cli("get", "k", "--json", "--url", url, "--prefix", "p:", cwd=tmp_path)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["value"] == 1
+    before = cli("--url", url, "--json", "--prefix", "p:", "get", "k", cwd=tmp_path)
+    assert json.loads(before.stdout)["value"] == 1
+    mixed = cli("--url", url, "keys", "--json", cwd=tmp_path)
+    assert json.loads(mixed.stdout) == ["k"]
+    # An option left out after the command keeps the value given before it.
+    kept = cli("--json", "keys", "--url", url, cwd=tmp_path)
+    assert json.loads(kept.stdout) == ["k"]
+
+
+@pytest.mark.parametrize("store", ["file", pytest.param("redis", marks=pytest.mark.redis)])
+def test_json_get_of_a_key_with_a_ttl(
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
+) -> None:
+    """--json get on a key with a TTL prints the TTL in seconds (it crashed on a timedelta)."""
+    if store == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = unique_prefix()
+    else:
+        url, prefix = f"file://{tmp_path / 'store'}", ""
+    saved = cli("--url", url, "--prefix", prefix, "set", "k", '"v"', "--ttl", "300", cwd=tmp_path)
+    assert saved.returncode == 0, saved.stderr
+    shown = cli("--url", url, "--prefix", prefix, "--json", "get", "k", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    entry = json.loads(shown.stdout)
+    assert entry["value"] == "v"
+    assert 290 < entry["ttl"] <= 300
+    readable = cli("--url", url, "--prefix", prefix, "get", "k", cwd=tmp_path)
+    assert "expires in 0:04:" in readable.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("keys",), "no store at"),
+        (("get", "k"), "no store at"),
+        (("delete", "k"), "no store at"),
+        (("inspect", "teams"), "no store at"),
+        (("watch", "*", "--count", "1"), "no store at"),
+    ],
+)
+def test_read_only_commands_do_not_create_a_store(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """A typo in --url (or no --url, no ./state) is not found, exit 1, and creates nothing."""
+    typo = cli("--url", "file://.state/dmeo", *args, cwd=tmp_path)
+    assert typo.returncode == 1
+    assert message in typo.stderr
+    assert "check --url" in typo.stderr
+    assert typo.stdout == ""
+    default = cli(*args, cwd=tmp_path)
+    assert default.returncode == 1
+    assert "file://./state" in default.stderr
+    assert list(tmp_path.iterdir()) == []  # neither .state/dmeo nor ./state was made
+
+
+def test_set_creates_the_store(tmp_path: Path) -> None:
+    """set is the one command that creates a store (in ./state by default)."""
+    assert cli("set", "k", "1", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "state" / "state.json").exists()
+    assert cli("keys", cwd=tmp_path).stdout == "k\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("watch", "*", "--count", "-1"), "must be 1 or more"),
+        (("watch", "*", "--count", "0"), "must be 1 or more"),
+        (("watch", "*", "--count", "x"), "must be a whole number"),
+        (("set", "k", "1", "--ttl", "-5"), "must be a positive number of seconds, not -5"),
+        (("set", "k", "1", "--ttl", "nan"), "must be a positive number of seconds, not nan"),
+        (("inspect", "nothing"), "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_2_saying_what_was_typed(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """Bad numbers are refused up front, quoting what the user typed."""
+    result = cli("--url", f"file://{tmp_path / 'store'}", *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_demo_on_a_broken_store_fails_in_one_line(tmp_path: Path) -> None:
+    """The demo, like every command, reports a store it cannot use in one line and exits 3,
+    also when its progress shows on a terminal (it printed a 50-line traceback)."""
+    store = tmp_path / ".state" / "demo" / "state.db"
+    store.parent.mkdir(parents=True)
+    store.write_bytes(b"this is not a database" * 100)
+    terminal, stdout = on_terminal("demo", cwd=tmp_path, code=3)
+    assert stdout == ""
+    [line] = screen(terminal)
+    assert line.startswith("agenticstate: "), terminal
+    assert "Traceback" not in terminal
+
+
+def test_watch_on_a_file_store_says_it_holds_the_store(tmp_path: Path) -> None:
+    """On a file store, watch says up front that other processes cannot write until it stops."""
+    store = tmp_path / "store"
+    assert cli("--url", f"file://{store}", "set", "k", "1", cwd=tmp_path).returncode == 0
+    watcher = LineProcess("agenticstate", "--url", f"file://{store}", "watch", "*")
+    try:
+        with watcher.changed:
+            said = watcher.changed.wait_for(
+                lambda: any("holds the file store" in line for line in watcher.errors), 30
+            )
+        assert said, watcher.close()
+        [note] = watcher.errors
+        assert "other processes cannot open it, so cannot write, until watch stops" in note
+        refused = cli("--url", f"file://{store}", "set", "k", "2", cwd=tmp_path)
+        assert refused.returncode == 3
+        assert f"in use by process {watcher.process.pid}" in refused.stderr
+    finally:
+        watcher.close()
+
+
+class Lines:
+    """A process's stdout read line by line as it arrives, with no PYTHONUNBUFFERED help."""
+
+    def __init__(self, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agenticstate", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.errors: queue.Queue[str] = queue.Queue()
+        for pipe, into in ((self.process.stdout, self.lines), (self.process.stderr, self.errors)):
+            threading.Thread(target=self._read, args=(pipe, into), daemon=True).start()
+
+    @staticmethod
+    def _read(pipe: Any, into: queue.Queue[str]) -> None:
+        with pipe:
+            for line in pipe:
+                into.put(line.rstrip("\n"))
+
+    def next(self, into: queue.Queue[str] | None = None, timeout: float = 30) -> str:
+        return (into or self.lines).get(timeout=timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=30)
+
+
+@pytest.mark.redis
+def test_watch_flushes_each_line_into_a_pipe(redis_url: str, tmp_path: Path) -> None:
+    """Each change reaches a pipe as it happens (the next change is made only after the line
+    for the last one arrived), and the lines say what happened."""
+    prefix = unique_prefix()
+    watcher = Lines("--url", redis_url, "--prefix", prefix, "watch", "agent:*", "--count", "3")
+    try:
+        assert "watching 'agent:*'" in watcher.next(watcher.errors)
+        base = ("--url", redis_url, "--prefix", prefix)
+        cli(*base, "set", "agent:1", '{"n": 1}', cwd=tmp_path)
+        assert watcher.next().endswith('set    agent:1  v1  null -> {"n": 1}')
+        cli(*base, "set", "agent:1", '{"n": 2}', cwd=tmp_path)
+        assert watcher.next().endswith('set    agent:1  v2  {"n": 1} -> {"n": 2}')
+        cli(*base, "delete", "agent:1", cwd=tmp_path)
+        assert watcher.next().endswith('delete agent:1  v2  {"n": 2} -> (deleted)')
+        assert watcher.process.wait(timeout=30) == 0
+    finally:
+        watcher.close()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_watch_shows_a_key_deleted_while_redis_was_down_as_gone(tmp_path: Path) -> None:
+    """After a Redis restart that lost a key, its resync line says it is gone."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        watcher = Lines("--url", server.tcp_url, "watch", "agent:*", "--count", "2")
+        try:
+            assert "watching" in watcher.next(watcher.errors)
+            cli("--url", server.tcp_url, "set", "agent:z", "1", cwd=tmp_path)
+            assert watcher.next().endswith("set    agent:z  v1  null -> 1")
+            server.restart()  # keeps nothing: agent:z is gone
+            line = watcher.next(timeout=60)
+            assert line.endswith(
+                "resync agent:z  v1  (gone: deleted while the connection was down)"
+            )
+            assert watcher.process.wait(timeout=30) == 0
+        finally:
+            watcher.close()
+    finally:
+        server.stop()
 
 
 # --------------------------------------------------------------------------- progress
@@ -344,3 +599,30 @@ def test_demo_shows_progress_when_its_report_goes_elsewhere(tmp_path: Path) -> N
     both, _ = on_terminal("demo", cwd=tmp_path, stdout_too=True)
     assert "agenticstate demo, run 2" in both
     assert "demo... " not in both  # the report itself shows the progress
+
+
+def test_a_closed_pipe_ends_quietly(big_store: Path, tmp_path: Path) -> None:
+    """`agenticstate keys | head -1`: no traceback when the reader goes away early."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agenticstate", "--url", f"file://{big_store}", "keys"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"agent:0000\n"
+    process.stdout.close()  # the reader is gone
+    assert process.wait(timeout=60) == 141
+    assert process.stderr is not None
+    assert process.stderr.read() == b""
+    process.stderr.close()
+
+
+def test_read_only_commands_do_not_create_a_sqlite_database(tmp_path: Path) -> None:
+    """A mistyped sqlite:// path is not found (exit 1), and no database file appears."""
+    result = cli("--url", "sqlite://.state/dmeo/state.db", "keys", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "the database does not exist" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert cli("--url", "sqlite://s.db", "set", "k", "1", cwd=tmp_path).returncode == 0
+    assert cli("--url", "sqlite://s.db", "keys", cwd=tmp_path).stdout == "k\n"

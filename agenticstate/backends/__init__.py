@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from agenticstate._registry import add_backend, config_factory, url_factory, url_schemes
+from agenticstate.backends._shared import SharedFileBackend
 from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
 from agenticstate.backends.file import FileBackend
 from agenticstate.backends.memory import MemoryBackend
@@ -96,7 +97,7 @@ def _memory_from_config(config: StateConfig) -> Backend:
 
 def _file_from_config(config: StateConfig) -> Backend:
     path = Path(config.file_path) if config.file_path is not None else Path("state/state.json")
-    return FileBackend(
+    return SharedFileBackend(  # one open store per path in this process
         base_path=path.parent,
         file_name=path.name,
         format=config.format or "json",

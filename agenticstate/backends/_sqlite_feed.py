@@ -25,8 +25,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import anyio
-import structlog
 
+from agenticstate._log import get_logger
 from agenticstate.backends.base import Change, ChangeOp, new_change
 from agenticstate.exceptions import InvalidArgumentError, SubscriptionClosedError
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Feed", "SQLiteChangeStream", "from_us", "key_range", "to_us"]
 
-log = structlog.get_logger("agenticstate.backends.sqlite")
+log = get_logger("agenticstate.backends.sqlite")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _OPS = (ChangeOp.SET, ChangeOp.DELETE)

@@ -66,10 +66,10 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import msgpack
-import structlog
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
 from agenticstate.backends._local import LocalStore
 from agenticstate.backends.base import (
@@ -102,7 +102,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Durability", "FileBackend", "FileFormat"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FileFormat = Literal["json", "msgpack"]
 Durability = Literal["fsync", "none"]
@@ -257,7 +257,8 @@ def _call_now(callback: Callable[[], object]) -> None:
 
 
 def _describe_errno(code: int, action: str) -> str:
-    detail = "the disk is full" if code == errno.ENOSPC else errno.errorcode.get(code, str(code))
+    name = errno.errorcode.get(code, str(code))
+    detail = "the disk is full" if code == errno.ENOSPC else f"{os.strerror(code).lower()} ({name})"
     return f"could not {action}: {detail}"
 
 

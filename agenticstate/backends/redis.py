@@ -85,7 +85,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
-import structlog
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import (
@@ -95,6 +94,7 @@ from agenticstate._keys import (
     validate_key_prefix,
     validate_pattern,
 )
+from agenticstate._log import get_logger
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -130,7 +130,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 CHANNEL_NAMESPACE = "__agenticstate__:"
 """What every change channel starts with (before the key prefix)."""
@@ -764,8 +764,14 @@ class RedisBackend(Backend):
                 )
             if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
                 return BackendTimeoutError(f"Redis at {self.url} did not answer in time")
-            return BackendUnavailableError(
-                f"cannot reach Redis at {self.url}: {type(exc).__name__}"
+            return BackendUnavailableError(f"cannot reach Redis at {self.url}: {_reason(exc)}")
+        reply = str(exc).lower().replace("`", "'")  # Redis 5 and 6 quote with backticks
+        if isinstance(exc, rexc.ResponseError) and "unknown command 'hello'" in reply:
+            # Redis before 6.0 has no HELLO, so it cannot speak RESP3.
+            return BackendError(
+                f"the server at {self.url} is not supported: it rejected the RESP3 handshake "
+                "(HELLO), so it is older than Redis 6.0; agenticstate needs Redis 6.0 or newer "
+                "(or Valkey)"
             )
         if isinstance(exc, rexc.RedisError):
             return BackendError(f"Redis error: {type(exc).__name__}: {exc}")
@@ -1571,3 +1577,20 @@ def _failed_to_connect(exc: BaseException) -> bool:
                 return True
             frame = frame.tb_next
     return False
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a connection failed, in words: "connection refused", "host name not resolved"."""
+    import os  # kept local: this is the only function here that needs them
+    import socket
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, socket.gaierror):
+            return f"host name not resolved ({current.strerror})"
+        if isinstance(current, OSError) and current.errno:
+            return os.strerror(current.errno).lower()
+        current = current.__cause__ or current.__context__
+    return str(exc) or type(exc).__name__

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
-import structlog
 from pydantic import BaseModel
 
 from agenticstate._keys import escape_glob
+from agenticstate._log import get_logger
 from agenticstate._registry import backend_names, check_backend_name
 from agenticstate.config import StateConfig
 from agenticstate.exceptions import ConfigurationError, InvalidArgumentError
@@ -142,7 +142,7 @@ class StateManagerBase:
             base_path=base_path,
             key_prefix=key_prefix,
         )
-        self.log = structlog.get_logger(type(self).__module__).bind(manager=type(self).__name__)
+        self.log = get_logger(type(self).__module__).bind(manager=type(self).__name__)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(state={self.state!r})"

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import anyio
-import structlog
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -25,6 +24,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate.exceptions import (
     AgenticStateError,
     ConflictError,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from agenticstate.events import StateChange
     from agenticstate.manager import StateManager, Watch
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 COOKIE = "agenticstate_ui_token"
 """The cookie that carries the token once the browser has opened the printed address (its name

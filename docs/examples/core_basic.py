@@ -1,4 +1,4 @@
-"""The seed page's core examples, run as written on the memory backend."""
+"""The core calls of the AgenticAI Framework state-management API, run as written in memory."""
 
 import logging
 

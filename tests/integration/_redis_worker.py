@@ -9,10 +9,10 @@ python -m tests.integration._redis_worker subscribe URL PREFIX PATTERN
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import anyio
-import structlog
 
 from agenticstate import StateConfig, StateManager
 
@@ -46,7 +46,7 @@ async def subscribe(state: StateManager, pattern: str) -> None:
 
 async def main(mode: str, url: str, prefix: str, arg: str) -> None:
     # Stdout carries the events; the library's logs go to stderr.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     config = StateConfig(
         backend="redis", redis_url=url, key_prefix=prefix, subscriber_buffer=100_000
     )

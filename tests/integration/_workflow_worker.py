@@ -13,6 +13,7 @@ Modes:
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import anyio
@@ -60,11 +61,20 @@ async def run_steps(workflows: WorkflowStateManager, first: int, hold_after: int
 
 
 async def main(mode: str, url: str, prefix: str) -> None:
-    # Log events as JSON lines on stdout, so the test can see "workflow_waiting" as it happens.
-    structlog.configure(
-        processors=[structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+    # The library's log events as JSON lines on stdout (docs/operations.md's ProcessorFormatter
+    # recipe), so the test can see "workflow_waiting" as it happens.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.JSONRenderer(),
+            ]
+        )
     )
+    logging.getLogger("agenticstate").addHandler(handler)
+    logging.getLogger("agenticstate").setLevel(logging.DEBUG)
     workflows = manager(url, prefix)
     try:
         if mode in ("run", "crashy"):

@@ -22,13 +22,13 @@ not applied (`BackendUnavailableError`, `BackendTimeoutError`, an update that lo
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sys
 import time
 from typing import Any
 
 import anyio
-import structlog
 
 from agenticstate import (
     BackendTimeoutError,
@@ -85,7 +85,7 @@ async def main(
     socket_timeout: float,
     keys: list[str],
 ) -> None:
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     rng = random.Random(seed)
     known = dict.fromkeys(keys, 0)  # the last version this process saw for each key
     backend = RedisBackend(

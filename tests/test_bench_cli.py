@@ -1,0 +1,65 @@
+"""`python -m bench` has a command line: help, a choice of benchmarks, rounds and output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMES = sorted(path.stem.removeprefix("bench_") for path in (ROOT / "bench").glob("bench_*.py"))
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_help_prints_help_and_runs_nothing() -> None:
+    """--help names the benchmarks and options and exits at once (it used to start the run)."""
+    result = bench("--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: python -m bench")
+    shown = " ".join(result.stdout.split())  # argparse wraps the lines
+    for text in (", ".join(NAMES), "--rounds", "--output", "--report-only"):
+        assert text in shown
+    assert "## bench_" not in result.stdout
+
+
+def test_list_and_unknown_names() -> None:
+    """--list prints the names; an unknown name or a bad --rounds is a usage error (exit 2)."""
+    assert {"cluster", "file", "managers", "redis"} <= set(NAMES)
+    assert bench("--list").stdout.split() == NAMES
+    unknown = bench("files")
+    assert unknown.returncode == 2
+    assert f"unknown benchmark files; choose from {', '.join(NAMES)}" in unknown.stderr
+    rounds = bench("file", "--rounds", "0")
+    assert rounds.returncode == 2
+    assert "--rounds: must be 1 or more, not 0" in rounds.stderr
+
+
+def test_report_only_into_another_directory(tmp_path: Path) -> None:
+    """--report-only --output DIR runs nothing and writes the report from DIR's results only."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "file.md").write_text("### File backend\n\n| a |\n", encoding="utf-8")
+    result = bench("--report-only", "--output", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = (tmp_path / "index.md").read_text(encoding="utf-8")
+    assert report.startswith("# Benchmark results")
+    assert "## File backend" in report
+    assert "redis" not in report.split("## File backend", 1)[1]  # no results: no section
+
+
+def test_output_directory_is_made(tmp_path: Path) -> None:
+    """--output names a directory that need not exist yet."""
+    out = tmp_path / "new" / "dir"
+    result = bench("--report-only", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (out / "index.md").exists()
+    assert (out / "results").is_dir()

@@ -1,0 +1,164 @@
+"""Redis-compatible servers: an unsupported one is named as such, connection failures say why,
+and the test fixture only takes a server that is running (see `make compat`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agenticstate import StateConfig, StateManager
+from agenticstate.exceptions import BackendError, BackendUnavailableError
+from tests._redis_server import SERVER_VARIABLE, RedisServer, free_port, server_binary
+
+
+def test_the_fixture_refuses_a_server_that_died_at_start(tmp_path: Path) -> None:
+    """A redis-server that exits at start (a bad directive) is an error, not a running server."""
+    server = RedisServer(tmp_path / "bad", extra_args=("--no-such-directive", "yes"))
+    with pytest.raises(RuntimeError, match="did not start") as caught:
+        server.start()
+    assert "no-such-directive" in str(caught.value)  # the server's own words are shown
+    assert server.process is None
+
+
+def test_the_server_binary_comes_from_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """AGENTICSTATE_REDIS_SERVER picks the binary; one that is not there is named."""
+    monkeypatch.setenv(SERVER_VARIABLE, sys.executable)
+    assert server_binary() == sys.executable
+    monkeypatch.setenv(SERVER_VARIABLE, str(tmp_path / "missing-server"))
+    with pytest.raises(FileNotFoundError, match="missing-server is not an executable"):
+        server_binary()
+    # A binary that is not a Redis server never prints "Ready": refused too.
+    monkeypatch.setenv(SERVER_VARIABLE, "/bin/true")
+    with pytest.raises(RuntimeError, match="/bin/true did not start"):
+        RedisServer(tmp_path / "true").start()
+
+
+@pytest.mark.redis
+async def test_a_server_without_resp3_is_named_unsupported(tmp_path: Path) -> None:
+    """A server that rejects HELLO (Redis before 6.0; here a real redis-server with HELLO
+    disabled, which answers exactly as Redis 5 does) is reported as unsupported, not as
+    unreachable."""
+    server = RedisServer(tmp_path / "old", extra_args=("--rename-command", "HELLO", ""))
+    server.start()
+    try:
+        state = StateManager(StateConfig(backend="redis", redis_url=server.tcp_url))
+        with pytest.raises(BackendError, match="not supported") as caught:
+            await state.get("k")
+        await state.aclose()
+        message = str(caught.value)
+        assert not isinstance(caught.value, BackendUnavailableError)
+        assert "rejected the RESP3 handshake (HELLO)" in message
+        assert "agenticstate needs Redis 6.0 or newer" in message
+        assert "cannot reach" not in message
+        shown = subprocess.run(
+            [sys.executable, "-m", "agenticstate", "--url", server.tcp_url, "set", "k", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert shown.returncode == 3
+        assert "is not supported" in shown.stderr
+        watched = subprocess.run(
+            [sys.executable, "-m", "agenticstate", "--url", server.tcp_url, "watch", "*"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert watched.returncode == 3
+        assert watched.stderr.splitlines()[-1].startswith(
+            f"agenticstate: the server at {server.tcp_url} is not supported"
+        )
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        (f"redis://127.0.0.1:{free_port()}/0", "connection refused"),
+        ("redis://no-such-host.invalid:6379/0", "host name not resolved"),
+        ("unix:///nonexistent/redis.sock", "no such file or directory"),
+    ],
+)
+async def test_unreachable_says_why(url: str, reason: str) -> None:
+    """Refused, not resolved and a missing socket each say so (they all read ConnectionError)."""
+    state = StateManager(StateConfig(backend="redis", redis_url=url))
+    with pytest.raises(BackendUnavailableError) as caught:
+        await state.get("k")
+    await state.aclose()
+    assert str(caught.value).startswith(f"cannot reach Redis at {url}: {reason}")
+
+
+ACL_COMMANDS = "+@read +@write +@scripting +@pubsub +ping +hello +time"
+ACL_RECIPES = {
+    # docs/operations.md, word for word apart from the leading "ACL SETUSER".
+    "all-channels": (
+        f"app on >secret ~myapp:* ~__agenticstate_idx__:myapp:* allchannels {ACL_COMMANDS}"
+    ),
+    "exact-channels": (
+        "app on >secret resetchannels ~myapp:* ~__agenticstate_idx__:myapp:* "
+        f"&__agenticstate__:myapp:* &__agenticstate__:myapp:agent:* {ACL_COMMANDS}"
+    ),
+}
+
+
+def test_the_documented_acl_recipes_are_the_tested_ones() -> None:
+    """The recipes in docs/operations.md are the ones tested below."""
+    page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    for recipe in ACL_RECIPES.values():
+        assert f"ACL SETUSER {recipe}" in " ".join(page.split()), recipe
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("recipe", sorted(ACL_RECIPES))
+async def test_acl_recipe_works(tmp_path: Path, recipe: str) -> None:
+    """An ACL user made by the documented recipe saves, updates, lists, watches and uses a
+    manager's index, and cannot touch keys outside its prefix (run by `make compat` against
+    Valkey and Redis 6.2 too)."""
+    from redis import Redis
+    from redis.exceptions import NoPermissionError
+
+    from agenticstate.managers import WorkflowState, WorkflowStateManager
+
+    server = RedisServer(tmp_path / "acl")
+    server.start()
+    admin = Redis(unix_socket_path=str(server.socket_path))
+    try:
+        admin.execute_command("ACL", "SETUSER", *ACL_RECIPES[recipe].split())  # type: ignore[no-untyped-call]
+        url = f"redis://app:secret@127.0.0.1:{server.port}/0"
+        config = StateConfig(backend="redis", redis_url=url, key_prefix="myapp:")
+        async with StateManager(config) as state:
+            async with state.watch("agent:*") as changes:
+                await state.save("agent:1", {"a": 1})
+                await state.update("agent:1", {"b": 2})
+                with anyio.fail_after(20):
+                    seen = [change.new_value async for change in _take(changes, 2)]
+            assert seen == [{"a": 1}, {"a": 1, "b": 2}]
+            assert await state.list_keys("agent:*") == ["agent:1"]
+            workflows = WorkflowStateManager(state_manager=state)
+            await workflows.create(WorkflowState(workflow_id="w", total_steps=2))
+            assert [w.workflow_id for w in await workflows.list_workflows()] == ["w"]
+        user = Redis(host="127.0.0.1", port=server.port, username="app", password="secret")  # noqa: S106
+        with pytest.raises(NoPermissionError):
+            user.set("otherapp:k", "1")
+        user.close()
+    finally:
+        admin.close()
+        server.stop()
+
+
+async def _take(changes: Any, count: int) -> Any:
+    async for change in changes:
+        yield change
+        count -= 1
+        if count == 0:
+            return
