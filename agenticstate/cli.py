@@ -1,7 +1,7 @@
 """The `agenticstate` command: look at and change state from a shell.
 
 ```console
-agenticstate --url file://./state keys 'agent:*'
+agenticstate --url sqlite://./state/state.db keys 'agent:*'
 agenticstate --url redis://localhost:6379/0 --prefix agenticai: get agent:researcher
 agenticstate set agent:researcher '{"status": "idle"}' --ttl 3600
 agenticstate watch 'agent:*'
@@ -14,7 +14,7 @@ agenticstate import backup.jsonl sqlite://./restored.db
 agenticstate ui --allow-writes
 ```
 
-The store comes from `--url` (or `AGENTICSTATE_URL`, else `file://./state`): `memory://`,
+The store comes from `--url` (or `AGENTICSTATE_URL`, else `sqlite://./state/state.db`): `memory://`,
 `file://DIR`, `sqlite://FILE`, `redis://...`, `rediss://...`, `unix://...`, or any scheme a
 backend registered. `--json` prints machine-readable output. Global options go before or after
 the command. Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["configure_logging", "main"]
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_BACKEND = 0, 1, 2, 3
-DEFAULT_URL = "file://./state"
+DEFAULT_URL = "sqlite://./state/state.db"
 _READ_ONLY = frozenset({"keys", "get", "delete", "watch", "inspect", "usage"})
 
 

@@ -188,7 +188,7 @@ def test_help_names_the_default_url_the_variable_and_the_exit_codes(tmp_path: Pa
     """--help says where the store comes from and what each exit code means."""
     for args in (("--help",), ("get", "--help")):
         shown = cli(*args, cwd=tmp_path).stdout
-        assert "file://./state" in shown
+        assert "sqlite://./state/state.db" in shown
         assert "AGENTICSTATE_URL" in shown
         for code in ("0  success", "1  the key, record or store was not found", "2  bad usage"):
             assert code in shown, (args, shown)
@@ -264,14 +264,14 @@ def test_read_only_commands_do_not_create_a_store(
     assert typo.stdout == ""
     default = cli(*args, cwd=tmp_path)
     assert default.returncode == 1
-    assert "file://./state" in default.stderr
+    assert "sqlite://./state/state.db" in default.stderr
     assert list(tmp_path.iterdir()) == []  # neither .state/dmeo nor ./state was made
 
 
 def test_set_creates_the_store(tmp_path: Path) -> None:
-    """set is the one command that creates a store (in ./state by default)."""
+    """set is the one command that creates a store (./state/state.db by default)."""
     assert cli("set", "k", "1", cwd=tmp_path).returncode == 0
-    assert (tmp_path / "state" / "state.json").exists()
+    assert (tmp_path / "state" / "state.db").exists()
     assert cli("keys", cwd=tmp_path).stdout == "k\n"
 
 
