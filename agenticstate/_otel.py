@@ -230,7 +230,16 @@ def _instrumented_classes() -> list[tuple[type, str]]:
 
 
 def _backend_name(backend: object) -> str:
-    name = type(backend).__name__
+    # A private variant (the shared file store's lease) reports as the public backend it extends.
+    cls = next(
+        (
+            c
+            for c in type(backend).__mro__
+            if not c.__module__.startswith("agenticstate.backends._")
+        ),
+        type(backend),
+    )
+    name = cls.__name__
     return name.removesuffix("Backend").lower() or name
 
 
