@@ -71,6 +71,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
+from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._local import LocalStore
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -87,7 +88,6 @@ from agenticstate.backends.base import (
     new_change,
     new_entry,
 )
-from agenticstate.events import ChangeFanout, ChangeStream
 from agenticstate.exceptions import (
     BackendError,
     ConfigurationError,

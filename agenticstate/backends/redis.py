@@ -95,6 +95,7 @@ from agenticstate._keys import (
     validate_pattern,
 )
 from agenticstate._log import get_logger
+from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -111,7 +112,6 @@ from agenticstate.backends.base import (
     new_change,
 )
 from agenticstate.config import redact_url
-from agenticstate.events import ChangeFanout, ChangeStream
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
