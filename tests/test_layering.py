@@ -6,6 +6,8 @@
   managers.
 - The managers use `StateManager` through its public API only, plus the few private core modules
   listed in `MANAGER_PRIVATE_IMPORTS`.
+- Every import between layers goes downward (`LAYERS`, `MAY_IMPORT`: the table the Architecture
+  page draws).
 """
 
 from __future__ import annotations
@@ -186,3 +188,106 @@ def test_the_private_attribute_check_sees_a_violation() -> None:
     core = _private_names_defined([PACKAGE / "manager.py"])
     assert {"_pumps", "_encode", "_ensure_open"} <= core
     assert not {"_pumps", "_encode", "_ensure_open"} & own
+
+
+# The layers, bottom up, as docs/extending/architecture.md draws them. A module not listed is an
+# integration (langgraph, ui, sync, telemetry and _otel, transfer, cli, demo, testing, ...).
+FOUNDATION = {
+    "agenticstate._glob",
+    "agenticstate._keys",
+    "agenticstate._log",
+    "agenticstate._registry",
+    "agenticstate._tasks",
+    "agenticstate._version",
+    "agenticstate.config",
+    "agenticstate.encryption",
+    "agenticstate.exceptions",
+    "agenticstate.serialization",
+}
+CORE = {"agenticstate.manager", "agenticstate.events", "agenticstate.scope", "agenticstate._usage"}
+TELEMETRY_HOOKS = "agenticstate._otel"  # the core and the managers call its hooks (no-ops if off)
+MAY_IMPORT = {
+    "foundation": {"foundation"},
+    "backends": {"foundation", "backends"},
+    "core": {"foundation", "backends", "core", "telemetry-hooks"},
+    "managers": {"foundation", "core", "managers", "telemetry-hooks"},
+}
+
+
+def _layer(module: str) -> str:
+    if module in FOUNDATION:
+        return "foundation"
+    if module == "agenticstate.backends" or module.startswith("agenticstate.backends."):
+        return "backends"
+    if module in CORE:
+        return "core"
+    if module == "agenticstate.managers" or module.startswith("agenticstate.managers."):
+        return "managers"
+    if module == TELEMETRY_HOOKS:
+        return "telemetry-hooks"
+    if module == "agenticstate":
+        return "package"
+    return "integrations"
+
+
+def _runtime_imports(path: Path) -> list[tuple[str, int]]:
+    """The agenticstate modules `path` imports outside `if TYPE_CHECKING:` blocks (annotations
+    may name any layer), `from agenticstate import _otel` resolved to the module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(inner) for inner in ast.walk(node))
+    found = []
+    for module, name, line in _imports(path):
+        if not module.startswith("agenticstate"):
+            continue
+        if (
+            name
+            and (PACKAGE.parent / f"{module}.{name}".replace(".", "/")).with_suffix(".py").exists()
+        ):
+            module = f"{module}.{name}"
+        found.append((module, line))
+    lines_typing = {
+        getattr(node, "lineno", -1)
+        for node in ast.walk(tree)
+        if id(node) in typing_only and isinstance(node, (ast.Import, ast.ImportFrom))
+    }
+    return [(module, line) for module, line in found if line not in lines_typing]
+
+
+def test_imports_go_down_the_layers() -> None:
+    """Foundation < backends < core < managers < integrations: no module imports a layer above
+    its own (the core and the managers may call the telemetry hooks in `_otel`)."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = _layer(_module_name(path))
+        allowed = MAY_IMPORT.get(importer)
+        if allowed is None:  # integrations and the package itself may import any layer
+            continue
+        for module, line in _runtime_imports(path):
+            if _layer(module) not in allowed:
+                offenders.append(f"{path.relative_to(ROOT)}:{line} ({importer}) imports {module}")
+    assert offenders == []
+
+
+def test_every_layer_has_modules() -> None:
+    """The table names real modules (a renamed module would silently leave its layer)."""
+    modules = set(_modules())
+    assert modules >= FOUNDATION
+    assert modules >= CORE
+    assert TELEMETRY_HOOKS in modules
+    assert _layer("agenticstate.backends._fanout") == "backends"
+    assert _layer("agenticstate.langgraph") == "integrations"
+
+
+def test_the_layer_walk_resolves_and_filters() -> None:
+    """`from agenticstate import _otel` counts as the module `_otel`; an import under
+    `if TYPE_CHECKING:` does not count; a function-level import does."""
+    found = {module for module, _ in _runtime_imports(PACKAGE / "manager.py")}
+    assert "agenticstate._otel" in found
+    assert "agenticstate.backends.base" in found
+    registry = {module for module, _ in _runtime_imports(PACKAGE / "_registry.py")}
+    assert "agenticstate.backends.base" not in registry  # only under TYPE_CHECKING there
+    otel = {module for module, _ in _runtime_imports(PACKAGE / "_otel.py")}
+    assert "agenticstate.managers.agents" in otel  # imported inside a function
