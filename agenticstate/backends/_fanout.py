@@ -63,6 +63,17 @@ class ChangeStream:
     def __aiter__(self) -> ChangeStream:
         return self
 
+    @property
+    def buffered(self) -> int:
+        """How many changes wait unread in this subscription's buffer (0 while it is not open).
+
+        A backend that paces its own reading by its subscribers' backlog (Redis) reads this.
+        """
+        subscriber = self._subscriber
+        if not subscriber.is_open:
+            return 0
+        return subscriber.send.statistics().current_buffer_used
+
     def open(self) -> None:
         """Start receiving (a subscription made with `start_open=False` drops changes until then).
 

@@ -440,23 +440,8 @@ class _Group:
         """How full the fullest open subscription's buffer is (0.0 empty, 1.0 full)."""
         fullest = 0.0
         for stream, max_buffer in self.streams:
-            fullest = max(fullest, _buffered(stream) / max_buffer)
+            fullest = max(fullest, stream.buffered / max_buffer)
         return fullest
-
-
-def _buffered(stream: ChangeStream) -> int:
-    """The changes `stream` holds unread (0 if the stream does not say).
-
-    The one place that reads `ChangeStream` internals: the memory object stream's statistics.
-    """
-    subscriber = getattr(stream, "_subscriber", None)
-    send = getattr(subscriber, "send", None)
-    if send is None or not getattr(subscriber, "is_open", True):
-        return 0
-    try:
-        return int(send.statistics().current_buffer_used)
-    except Exception:  # noqa: BLE001  # a closed stream has no statistics: nothing buffered
-        return 0
 
 
 class _Barrier:
