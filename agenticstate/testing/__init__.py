@@ -32,7 +32,13 @@ See the docs page "Writing a backend".
 
 from __future__ import annotations
 
-import pytest
+from agenticstate.exceptions import MissingDependencyError
+
+try:
+    import pytest
+    import pytest_asyncio  # noqa: F401 (fail here, not at the first async fixture)
+except ImportError as exc:
+    raise MissingDependencyError(exc.name or "pytest", "testing") from exc
 
 from agenticstate.testing._events import EventsContract
 from agenticstate.testing._expiry import ExpiryContract

@@ -126,3 +126,30 @@ def test_a_broken_backend_fails_the_suite(tmp_path: Path, broken: str) -> None:
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
     assert _counts(result.stdout).get("failed", 0) >= 1
     assert failing in result.stdout
+
+
+def test_without_pytest_the_error_names_the_extra(tmp_path: Path) -> None:
+    """Importing `agenticstate.testing` where pytest is missing says which extra to install."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('pytest', 'pytest_asyncio', '_pytest'):\n"
+        "            raise ImportError(name=name.split('.')[0])\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from agenticstate.exceptions import MissingDependencyError\n"
+        "try:\n"
+        "    import agenticstate.testing\n"
+        "except MissingDependencyError as exc:\n"
+        "    print(exc.extra, exc.package)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["testing", "pytest"]
