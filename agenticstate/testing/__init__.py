@@ -40,12 +40,23 @@ try:
 except ImportError as exc:
     raise MissingDependencyError(exc.name or "pytest", "testing") from exc
 
-from agenticstate.testing._events import EventsContract
-from agenticstate.testing._expiry import ExpiryContract
-from agenticstate.testing._index import IndexContract
-from agenticstate.testing._manager import ManagerContract
-from agenticstate.testing._scan import ScanContract
-from agenticstate.testing._storage import StorageContract
+# pytest rewrites the asserts of test modules only; these are library modules, so ask for it (by
+# their full names: this package is already importing, and naming it would warn). A failing
+# contract test then shows the values it compared, as the author's own tests do.
+pytest.register_assert_rewrite(
+    *(
+        f"agenticstate.testing._{part}"
+        for part in ("events", "expiry", "index", "manager", "scan", "storage")
+    )
+)
+
+# After the registration above, or the asserts stay plain.
+from agenticstate.testing._events import EventsContract  # noqa: E402
+from agenticstate.testing._expiry import ExpiryContract  # noqa: E402
+from agenticstate.testing._index import IndexContract  # noqa: E402
+from agenticstate.testing._manager import ManagerContract  # noqa: E402
+from agenticstate.testing._scan import ScanContract  # noqa: E402
+from agenticstate.testing._storage import StorageContract  # noqa: E402
 
 __all__ = [
     "BackendContract",
