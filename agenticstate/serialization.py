@@ -1,4 +1,11 @@
-"""Values to bytes and back: the one module that imports msgpack and json.
+"""Values to bytes and back: the one place a stored value is encoded or decoded.
+
+Every value `StateManager` stores goes through `Serializer` here, and only here is the payload
+format (the header byte below, msgpack, JSON and their type tags) written or read; other modules
+ask `payload_format` and `payload_is_compressed` rather than look at the bytes. Other modules do
+use json and msgpack for formats of their own, never for a stored value's payload: the file
+backend's snapshot and log framing, `transfer`'s dump lines, the CLI's and the inspector's
+output, and the managers' canonical texts (the tools cache key, a session message's text).
 
 What can be stored: `dict` (str keys), `list`, `tuple` (read back as a list), `str` (without lone
 surrogates, which have no UTF-8 form), `int` (64-bit), `float` (finite), `bool`, `None`,
@@ -53,6 +60,7 @@ __all__ = [
     "Serializer",
     "pack",
     "payload_format",
+    "payload_is_compressed",
 ]
 
 Format = Literal["msgpack", "json"]
@@ -348,6 +356,16 @@ def payload_format(raw: bytes) -> Format:
     if kind == _JSON:
         return "json"
     raise DecodeError(f"unknown payload header 0x{raw[0]:02x}", path="")
+
+
+def payload_is_compressed(raw: bytes) -> bool:
+    """Return whether an encoded value's payload is zlib-compressed (after its header byte).
+
+    Raises:
+        DecodeError: `raw` does not start with a valid header byte.
+    """
+    payload_format(raw)
+    return bool(raw[0] & _COMPRESSED)
 
 
 class Serializer:

@@ -14,6 +14,7 @@ PUBLIC_MODULES = [
     "agenticstate.managers",
     "agenticstate.sync",
     "agenticstate.telemetry",
+    "agenticstate.testing",
 ]
 
 # The names the seed page ("State Management") imports from agenticaiframework.state.

@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from agenticstate._glob import glob_match
+from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._registry import add_backend, config_factory, url_factory, url_schemes
+from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._shared import SharedFileBackend
 from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
 from agenticstate.backends.file import FileBackend
@@ -38,15 +41,20 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "Change",
+    "ChangeFanout",
     "ChangeOp",
+    "ChangeStream",
     "Entry",
     "FileBackend",
     "MemoryBackend",
     "RedisBackend",
     "SQLiteBackend",
+    "glob_match",
     "open_backend",
     "open_config_backend",
     "register_backend",
+    "validate_key",
+    "validate_pattern",
 ]
 
 

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
     from datetime import timedelta
 
+    from agenticstate.backends._fanout import ChangeStream
     from agenticstate.backends.base import Change, Entry
-    from agenticstate.events import ChangeStream
 
 __all__ = ["SharedFileBackend"]
 

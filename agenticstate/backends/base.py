@@ -1,8 +1,9 @@
 r"""The contract every backend implements: a versioned byte store with expiry, scans and events.
 
 `StateManager` does serialization, validation of values, callbacks and logging once, above every
-backend; a backend stores bytes. The contract test suite (`tests/contract/`) runs against every
-backend, and a backend is done when it passes all of it.
+backend; a backend stores bytes. The contract test suite (`agenticstate.testing.BackendContract`,
+public so a third-party backend runs it too) runs against every backend, and a backend is done
+when it passes all of it.
 
 The rules, which every backend follows exactly:
 

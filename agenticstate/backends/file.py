@@ -16,22 +16,26 @@ there; stray temporary files from an interrupted snapshot are removed. Because t
 records the last sequence number it contains, a crash between writing a snapshot and emptying
 the log replays nothing twice.
 
-Group commit. Each open store has one I/O thread that owns its files. The event loop only
-stages writes and encodes them; the thread appends and fsyncs, one batch at a time, and reports
-back. While it syncs one batch, new writes gather in the next, so concurrent writers share
-fsyncs, and a batch is one log frame (one checksum) because all of its writes are acknowledged
-together. A write is visible to readers (and emitted to subscribers) once its batch is durable;
-compare-and-set and `update` see writes still waiting in a batch, so versions stay exact. If a
-batch fails (disk full, I/O error), the log is cut back to where it was, every write in that
-batch and the next fails with `BackendError`, and the previous values stay in place.
+Group commit. The event loop stages writes, encodes them and appends each batch to the log as one
+frame (one checksum, because all of its writes are acknowledged together); a small **fsync
+agent** process (`_fsync_agent.py`) makes the log durable on request and reports back. While it
+syncs, new writes gather in the next frames and one later fsync covers them all, so concurrent
+writers share fsyncs and the loop never waits for an fsync (a process, not a thread, so the
+fsync never competes for the GIL). A write is visible to readers (and emitted to subscribers)
+once its batch is durable; compare-and-set and `update` see writes still waiting in a batch, so
+versions stay exact. If a sync fails (disk full, I/O error), the log is cut back to where the
+first failed batch began, every write in it and in the batches after it fails with
+`BackendError`, and the previous values stay in place; if the agent dies, the writes waiting
+fail the same way and the store refuses new writes until it is reopened.
 
 Durability modes: `"fsync"` (the default: every acknowledged write is on disk) or `"none"`
 (records are written to the operating system on the event loop, without fsync: fast, and a
 process crash loses nothing, but a power loss may lose the last writes).
 
 Snapshots are rewritten every `save_interval` seconds when `auto_save` is on (and whenever the
-log grows past `compact_bytes`), on `flush()`, and on `aclose()`. The I/O thread builds and
-writes them from a copy of the entries, so the event loop only pauses to copy a dict. With
+log grows past `compact_bytes`), on `flush()`, and on `aclose()`. A worker thread builds and
+writes them from a copy of the entries, so the event loop only pauses to copy a dict; no frame is
+appended meanwhile, so the log can be emptied when the snapshot is in place. With
 `format="json"` the snapshot is readable JSON with JSON values embedded as JSON; `"msgpack"` is
 compact; `compression=True` compresses the snapshot and large log records.
 
@@ -71,6 +75,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
+from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._local import LocalStore
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -87,7 +92,6 @@ from agenticstate.backends.base import (
     new_change,
     new_entry,
 )
-from agenticstate.events import ChangeFanout, ChangeStream
 from agenticstate.exceptions import (
     BackendError,
     ConfigurationError,
@@ -95,7 +99,7 @@ from agenticstate.exceptions import (
     InvalidArgumentError,
     InvalidKeyError,
 )
-from agenticstate.serialization import pack, payload_format
+from agenticstate.serialization import pack, payload_format, payload_is_compressed
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -1386,7 +1390,7 @@ class FileBackend(Backend):
     def _write_snapshot(
         self, entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int
     ) -> None:
-        """Replace the snapshot atomically and empty the log (in the I/O thread)."""
+        """Replace the snapshot atomically and empty the log (in a worker thread)."""
         document = self._snapshot_document(entries, indexes, lsn)
         if self.format == "json":
             data = _json_snapshot(document)
@@ -1412,8 +1416,8 @@ class FileBackend(Backend):
                 raise
             _fsync_directory(self.base_path)
             self._snapshot_lsn = lsn
-            # Every record in the log is in the snapshot: this thread writes the log, and no
-            # batch runs while a snapshot does.
+            # Every record in the log is in the snapshot: no frame is appended while a snapshot
+            # is wanted (`_seal` waits), and it runs only when no batch waits for its fsync.
             if self._log_fd is not None:
                 os.ftruncate(self._log_fd, 0)
                 if self.durability == "fsync":
@@ -1610,7 +1614,7 @@ def _readable_json(value: bytes) -> Any:
     embedded as base64: no value a store accepted may stop its snapshots.
     """
     try:
-        if payload_format(value) != "json" or value[0] & 0x80:
+        if payload_format(value) != "json" or payload_is_compressed(value):
             return _MISSING
         text = value[1:]
         parsed = json.loads(text)

@@ -14,6 +14,7 @@ import anyio.lowlevel
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._local import LocalStore
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -29,7 +30,6 @@ from agenticstate.backends.base import (
     conflict,
     utcnow,
 )
-from agenticstate.events import ChangeFanout, ChangeStream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence

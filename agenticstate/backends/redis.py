@@ -95,6 +95,7 @@ from agenticstate._keys import (
     validate_pattern,
 )
 from agenticstate._log import get_logger
+from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -111,7 +112,6 @@ from agenticstate.backends.base import (
     new_change,
 )
 from agenticstate.config import redact_url
-from agenticstate.events import ChangeFanout, ChangeStream
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -440,23 +440,8 @@ class _Group:
         """How full the fullest open subscription's buffer is (0.0 empty, 1.0 full)."""
         fullest = 0.0
         for stream, max_buffer in self.streams:
-            fullest = max(fullest, _buffered(stream) / max_buffer)
+            fullest = max(fullest, stream.buffered / max_buffer)
         return fullest
-
-
-def _buffered(stream: ChangeStream) -> int:
-    """The changes `stream` holds unread (0 if the stream does not say).
-
-    The one place that reads `ChangeStream` internals: the memory object stream's statistics.
-    """
-    subscriber = getattr(stream, "_subscriber", None)
-    send = getattr(subscriber, "send", None)
-    if send is None or not getattr(subscriber, "is_open", True):
-        return 0
-    try:
-        return int(send.statistics().current_buffer_used)
-    except Exception:  # noqa: BLE001  # a closed stream has no statistics: nothing buffered
-        return 0
 
 
 class _Barrier:

@@ -1,0 +1,291 @@
+"""The in-process change fan-out every backend shares.
+
+`ChangeFanout` delivers committed changes to every subscription whose glob matches, without ever
+blocking the writer: each subscription has a bounded buffer, and one that falls behind is closed
+with `SubscriptionClosedError(reason="overflow")` after it has read what was buffered. That is the
+overflow policy everywhere in agenticstate: a slow subscriber is told, never silently dropped.
+
+It lives under `backends/` because backends are its only users: it depends on `backends.base`
+and the glob matcher, never on `events` or `manager` (see the Architecture page).
+`agenticstate.events` re-exports `ChangeFanout` and `ChangeStream` under their old path.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import anyio
+
+from agenticstate._glob import GlobMatcher, compile_glob
+from agenticstate._log import get_logger
+from agenticstate.backends.base import Change
+from agenticstate.exceptions import InvalidArgumentError, SubscriptionClosedError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+__all__ = ["ChangeFanout", "ChangeStream"]
+
+log = get_logger(__name__)
+
+
+class _Subscriber:
+    __slots__ = ("is_open", "label", "matcher", "max_buffer", "overflowed", "receive", "send")
+
+    def __init__(
+        self, matcher: GlobMatcher, max_buffer: int, label: str, *, is_open: bool = True
+    ) -> None:
+        self.matcher = matcher
+        self.max_buffer = max_buffer
+        self.label = label  # the pattern as the user wrote it, for logs and errors
+        self.is_open = is_open  # a subscription that starts closed drops changes until opened
+        self.overflowed = False
+        self.send: MemoryObjectSendStream[Change]
+        self.receive: MemoryObjectReceiveStream[Change]
+        self.send, self.receive = anyio.create_memory_object_stream[Change](max_buffer)
+
+
+class ChangeStream:
+    """An async iterator of `Change`s for one subscription.
+
+    Iteration ends when the backend closes; it raises `SubscriptionClosedError(reason="overflow")`
+    once the subscriber has read every change buffered before it fell behind.
+    """
+
+    __slots__ = ("_subscriber",)
+
+    def __init__(self, subscriber: _Subscriber) -> None:
+        self._subscriber = subscriber
+
+    def __aiter__(self) -> ChangeStream:
+        return self
+
+    @property
+    def buffered(self) -> int:
+        """How many changes wait unread in this subscription's buffer (0 while it is not open).
+
+        A backend that paces its own reading by its subscribers' backlog (Redis) reads this.
+        """
+        subscriber = self._subscriber
+        if not subscriber.is_open:
+            return 0
+        return subscriber.send.statistics().current_buffer_used
+
+    def open(self) -> None:
+        """Start receiving (a subscription made with `start_open=False` drops changes until then).
+
+        Backends call it at a barrier: every change published before it was committed before
+        the subscription was asked for, every change after it is delivered.
+        """
+        self._subscriber.is_open = True
+
+    async def __anext__(self) -> Change:
+        try:
+            return await self._subscriber.receive.receive()
+        except anyio.EndOfStream:
+            if self._subscriber.overflowed:
+                raise SubscriptionClosedError(
+                    "overflow",
+                    f"subscription to {self._subscriber.label!r} fell more than "
+                    f"{self._subscriber.max_buffer} changes behind; re-read the state and "
+                    "subscribe again",
+                ) from None
+            raise StopAsyncIteration from None
+        except anyio.ClosedResourceError:
+            raise StopAsyncIteration from None
+
+
+class _Index:
+    """The subscribers of a fan-out, arranged so a key finds its candidates without a scan.
+
+    A glob's literal prefix (the text before its first metacharacter) starts every key it
+    matches, and its literal suffix (after its last wildcard or class) ends every such key.
+    Subscribers are grouped by prefix, or by suffix when the pattern starts with a wildcard; a
+    key looks up its own prefixes and suffixes of each length some group has. A change then
+    costs one dict lookup per distinct length (a handful for patterns like `agent:{id}:*`) plus
+    a glob for each real candidate, not one glob per subscriber. Literal patterns are found by
+    the key itself; only patterns with wildcards at both ends (`*`, `*:x:*`) are tried one by
+    one. Adding or removing a subscriber costs the size of its group, not of the index.
+    """
+
+    __slots__ = (
+        "by_prefix",
+        "by_suffix",
+        "exact",
+        "lengths",
+        "prefix_lengths",
+        "scan",
+        "subscribers",
+        "suffix_lengths",
+    )
+
+    def __init__(self) -> None:
+        self.subscribers: dict[_Subscriber, None] = {}  # in subscription order
+        self.exact: dict[str, list[_Subscriber]] = {}
+        self.by_prefix: dict[str, list[_Subscriber]] = {}
+        self.by_suffix: dict[str, list[_Subscriber]] = {}
+        self.scan: list[_Subscriber] = []
+        self.prefix_lengths: list[int] = []
+        self.suffix_lengths: list[int] = []
+        # How many groups of each dict have texts of each length.
+        self.lengths: dict[int, dict[int, int]] = {id(self.by_prefix): {}, id(self.by_suffix): {}}
+
+    def _group(self, subscriber: _Subscriber) -> tuple[dict[str, list[_Subscriber]] | None, str]:
+        matcher = subscriber.matcher
+        if matcher.is_literal:
+            return self.exact, matcher.literal_prefix
+        if matcher.literal_prefix:
+            return self.by_prefix, matcher.literal_prefix
+        if matcher.literal_suffix:
+            return self.by_suffix, matcher.literal_suffix
+        return None, ""
+
+    def add(self, subscriber: _Subscriber) -> None:
+        self.subscribers[subscriber] = None
+        groups, text = self._group(subscriber)
+        if groups is None:
+            self.scan = [*self.scan, subscriber]
+            return
+        group = groups.get(text)
+        if group is None:
+            groups[text] = [subscriber]
+            self._count_length(groups, len(text), 1)
+        else:
+            # A new list, not an append: a lookup may be iterating the old one.
+            groups[text] = [*group, subscriber]
+
+    def remove(self, subscriber: _Subscriber) -> None:
+        if self.subscribers.pop(subscriber, _MISSING) is _MISSING:
+            return
+        groups, text = self._group(subscriber)
+        if groups is None:
+            self.scan = [s for s in self.scan if s is not subscriber]
+            return
+        rest = [s for s in groups[text] if s is not subscriber]
+        if rest:
+            groups[text] = rest
+        else:
+            del groups[text]
+            self._count_length(groups, len(text), -1)
+
+    def _count_length(self, groups: dict[str, list[_Subscriber]], length: int, step: int) -> None:
+        counts = self.lengths.get(id(groups))
+        if counts is None:  # the exact dict: looked up by the whole key, no lengths
+            return
+        count = counts.get(length, 0) + step
+        if count:
+            counts[length] = count
+            if count > 1 or step < 0:
+                return
+        else:
+            del counts[length]
+        if groups is self.by_prefix:
+            self.prefix_lengths = sorted(counts)
+        else:
+            self.suffix_lengths = sorted(counts)
+
+    def matching(self, key: str) -> list[_Subscriber]:
+        """The subscribers whose pattern matches `key` (each one's changes keep their order)."""
+        found = [s for s in self.scan if s.matcher.match(key)] if self.scan else []
+        exact = self.exact.get(key)
+        if exact is not None:
+            found.extend(exact)
+        size = len(key)
+        if self.prefix_lengths:
+            by_prefix = self.by_prefix
+            for length in self.prefix_lengths:
+                if length > size:
+                    break
+                group = by_prefix.get(key[:length])
+                if group is not None:
+                    found.extend(s for s in group if s.matcher.match(key))
+        if self.suffix_lengths:
+            by_suffix = self.by_suffix
+            for length in self.suffix_lengths:
+                if length > size:
+                    break
+                group = by_suffix.get(key[size - length :])
+                if group is not None:
+                    found.extend(s for s in group if s.matcher.match(key))
+        return found
+
+
+_MISSING = object()
+
+
+class ChangeFanout:
+    """Deliver changes to glob subscriptions in one process, in publish order.
+
+    Args:
+        label: The pattern to name in logs and errors instead of each subscription's own (a
+            backend that fans one server-side subscription out under `*` passes the user's).
+    """
+
+    __slots__ = ("_closed", "_index", "_label")
+
+    def __init__(self, *, label: str | None = None) -> None:
+        self._index = _Index()
+        self._closed = False
+        self._label = label
+
+    @property
+    def has_subscribers(self) -> bool:
+        """Whether any subscription is open (so changes need building at all)."""
+        return bool(self._index.subscribers)
+
+    def publish(self, change: Change) -> None:
+        """Hand `change` to every matching subscription without blocking."""
+        index = self._index
+        if not index.subscribers:
+            return
+        for subscriber in index.matching(change.key):
+            if not subscriber.is_open:
+                continue
+            try:
+                subscriber.send.send_nowait(change)
+            except anyio.WouldBlock:
+                self._overflow(subscriber)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._drop(subscriber)
+
+    def _overflow(self, subscriber: _Subscriber) -> None:
+        subscriber.overflowed = True
+        log.warning("subscriber_overflow", pattern=subscriber.label, buffer=subscriber.max_buffer)
+        self._drop(subscriber)
+
+    def _drop(self, subscriber: _Subscriber) -> None:
+        subscriber.send.close()
+        # publish() iterates a list `matching()` built, never the index itself: safe to change.
+        self._index.remove(subscriber)
+
+    @asynccontextmanager
+    async def subscribe(
+        self, pattern: str, max_buffer: int, *, start_open: bool = True
+    ) -> AsyncIterator[ChangeStream]:
+        """Open a subscription to keys matching `pattern`; it is active on entry.
+
+        With `start_open=False` it receives nothing until `ChangeStream.open()`.
+        """
+        if type(max_buffer) is not int or max_buffer < 1:
+            raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
+        label = pattern if self._label is None else self._label
+        subscriber = _Subscriber(compile_glob(pattern), max_buffer, label, is_open=start_open)
+        if self._closed:
+            subscriber.send.close()
+        else:
+            self._index.add(subscriber)
+        try:
+            yield ChangeStream(subscriber)
+        finally:
+            self._drop(subscriber)
+            subscriber.receive.close()
+
+    def close(self) -> None:
+        """End every subscription (their iteration stops) and refuse new ones."""
+        self._closed = True
+        for subscriber in self._index.subscribers:
+            subscriber.send.close()
+        self._index = _Index()
