@@ -1,10 +1,11 @@
 """Background tasks for objects that are used without `async with`.
 
 A `StateManager` entered with `async with` runs its subscription pumps in its own anyio task group,
-on asyncio or trio. The seed API also lets users call `subscribe()` on a manager they never
-entered; there is no task group to put the pump in then, so on asyncio this module starts a plain
-`asyncio` task (the one place in the core that imports asyncio). Trio has no detached tasks by
-design, so there `async with StateManager(...)` is required before subscribing a callback.
+on asyncio or trio. The AgenticAI Framework state-management API also lets users call
+`subscribe()` on a manager they never entered; there is no task group to put the pump in then,
+so on asyncio this module starts a plain `asyncio` task (the one place in the core that imports
+asyncio). Trio has no detached tasks by design, so there `async with StateManager(...)` is
+required before subscribing a callback.
 
 A few resources need one long-lived task of their own whatever the caller does (the file
 backend's reader of fsync acknowledgements): `spawn_service` starts it as an asyncio task or a

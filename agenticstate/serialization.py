@@ -383,7 +383,7 @@ class Serializer:
 
     def __init__(
         self,
-        format: Format = "msgpack",  # noqa: A002  # the seed page's name for it
+        format: Format = "msgpack",  # noqa: A002  # the AgenticAI Framework state-management API's name for it
         *,
         compression: bool = False,
         compression_threshold: int = 1024,

@@ -1,4 +1,4 @@
-"""What every manager shares: a StateManager, the seed's `persistence=` shorthand, key helpers."""
+"""What every manager shares: a StateManager, the `persistence=` shorthand, key helpers."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def build_state_manager(
     base_path: str | Path | None,
     key_prefix: str,
 ) -> StateManager:
-    """Return `state_manager`, or one built from the seed page's shorthand arguments."""
+    """Return `state_manager`, or one built from the AgenticAI Framework shorthand arguments."""
     if state_manager is not None:
         if persistence is not None or redis_url is not None or base_path is not None:
             raise ConfigurationError(
@@ -116,7 +116,7 @@ class StateManagerBase:
     Args:
         state_manager: The StateManager to store records in. Managers built from the shorthand
             own theirs and close it on `aclose()`; one passed in is left open.
-        persistence: The seed page's shorthand: `"memory"` (default), `"file"`, `"sqlite"`,
+        persistence: The AgenticAI Framework shorthand: `"memory"` (default), `"file"`, `"sqlite"`,
             `"redis"`, or any backend name added with `register_backend`.
         redis_url: With `persistence="redis"`: the URL (default `AGENTICSTATE_REDIS_URL`, else
             `redis://localhost:6379`).

@@ -256,7 +256,8 @@ class OrchestrationStateManager(StateManagerBase):
 
     Args:
         state_manager: Where to store records (or use the shorthand below).
-        persistence: `"memory"`, `"file"` or `"redis"` (the seed page's shorthand).
+        persistence: `"memory"`, `"file"`, `"sqlite"`, `"redis"` or any registered backend
+            name (the AgenticAI Framework shorthand).
         redis_url: With `persistence="redis"`.
         base_path: With `persistence="file"`.
         key_prefix: With the shorthand: a namespace before every key.
@@ -549,8 +550,8 @@ class OrchestrationStateManager(StateManagerBase):
     async def enqueue_task(self, team_id: str, task: dict[str, Any] | TaskItem) -> TaskItem:
         """Add a task to the team's queue (priority high/normal/low, then first in, first out).
 
-        A dict takes the seed page's shape (`id`, `type`, `priority`, `data`; other keys go into
-        `data`).
+        A dict takes the AgenticAI Framework state-management API's shape (`id`, `type`,
+        `priority`, `data`; other keys go into `data`).
 
         Raises:
             ConflictError: A task with this id is in the team's queue already.

@@ -191,7 +191,7 @@ class RetryState(BaseModel):
     """A failing execution's retry schedule.
 
     Timestamps the library computes here are naive local time, like `datetime.now()`, so the
-    seed page's `retry.next_retry_at <= datetime.now()` works; ones you pass keep their
+    AgenticAI Framework's `retry.next_retry_at <= datetime.now()` works; ones you pass keep their
     tz-awareness.
     """
 
@@ -280,7 +280,7 @@ def _cache_ttl(ttl: object) -> float | None:
 
 
 def _naive_now() -> datetime:
-    return datetime.now()  # noqa: DTZ005  # see RetryState: the seed compares with naive now()
+    return datetime.now()  # noqa: DTZ005  # see RetryState: the AgenticAI Framework API compares with naive now()
 
 
 class _Flight:
@@ -299,7 +299,8 @@ class ToolStateManager(StateManagerBase):
 
     Args:
         state_manager: Where to store records (or use the shorthand below).
-        persistence: `"memory"`, `"file"` or `"redis"` (the seed page's shorthand).
+        persistence: `"memory"`, `"file"`, `"sqlite"`, `"redis"` or any registered backend
+            name (the AgenticAI Framework shorthand).
         redis_url: With `persistence="redis"`.
         base_path: With `persistence="file"`.
         key_prefix: With the shorthand: a namespace before every key.

@@ -193,7 +193,8 @@ class WorkflowStateManager(StateManagerBase):
 
     Args:
         state_manager: Where to store records (or use the shorthand below).
-        persistence: `"memory"`, `"file"` or `"redis"` (the seed page's shorthand).
+        persistence: `"memory"`, `"file"`, `"sqlite"`, `"redis"` or any registered backend
+            name (the AgenticAI Framework shorthand).
         redis_url: With `persistence="redis"`.
         base_path: With `persistence="file"`.
         key_prefix: With the shorthand: a namespace before every key.
