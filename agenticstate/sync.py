@@ -258,8 +258,10 @@ class Blocking(Generic[A]):
         super().__init_subclass__(**kwargs)
         cls._async_class = wraps
         _WRAPPERS[wraps] = cls
+        # Methods written by hand, on the class or on a mixin before Blocking, are kept.
+        own = cls.__mro__[: cls.__mro__.index(Blocking)]
         for name, member in inspect.getmembers(wraps):
-            if name.startswith("_") or name in cls.__dict__:
+            if name.startswith("_") or any(name in klass.__dict__ for klass in own):
                 continue
             if inspect.iscoroutinefunction(member):
                 setattr(cls, name, _blocking_method(name, member))
@@ -373,65 +375,51 @@ class BlockingStream:
 # ------------------------------------------------------------------ the blocking classes
 
 
-class StateManager(Blocking[_AsyncStateManager], wraps=_AsyncStateManager):
+class _Subscriptions(Generic[A]):
+    """`subscribe`/`unsubscribe` for a blocking view: sync callbacks run in a worker thread."""
+
+    _async: Any
+    _callbacks: dict[tuple[str, Any], Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._callbacks = {}
+
+    @classmethod
+    def wrap(cls, obj: A) -> Self:
+        """Return a blocking view of an existing async object (closing it stays your call)."""
+        view: Self = super().wrap(obj)  # type: ignore[misc]
+        view._callbacks = {}
+        return view
+
+    def subscribe(self, pattern: str, callback: Any, *, on_overflow: Any = None) -> None:
+        """As the async `subscribe`; sync callbacks run in a worker thread."""
+        runner = _threaded(callback)
+        _call(self._async.subscribe, pattern, runner, on_overflow=_threaded(on_overflow))
+        self._callbacks.setdefault((pattern, callback), runner)
+
+    def unsubscribe(self, pattern: str, callback: Any) -> bool:
+        """Stop calling `callback` for `pattern`; return whether it was subscribed."""
+        runner = self._callbacks.pop((pattern, callback), None)
+        if runner is None:
+            return False
+        result: bool = _call(self._async.unsubscribe, pattern, runner)
+        return result
+
+
+class StateManager(
+    _Subscriptions[_AsyncStateManager], Blocking[_AsyncStateManager], wraps=_AsyncStateManager
+):
     """Blocking `agenticstate.StateManager`.
 
     `subscribe` runs a sync callback in a worker thread, so the callback may use this API.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._callbacks: dict[tuple[str, Any], Any] = {}
 
-    @classmethod
-    def wrap(cls, obj: _AsyncStateManager) -> Self:
-        """Return a blocking view of an existing async StateManager."""
-        view = super().wrap(obj)
-        view._callbacks = {}
-        return view
-
-    def subscribe(self, pattern: str, callback: Any, *, on_overflow: Any = None) -> None:
-        """As `agenticstate.StateManager.subscribe`; sync callbacks run in a worker thread."""
-        runner = _threaded(callback)
-        _call(self._async.subscribe, pattern, runner, on_overflow=_threaded(on_overflow))
-        self._callbacks.setdefault((pattern, callback), runner)
-
-    def unsubscribe(self, pattern: str, callback: Any) -> bool:
-        """Stop calling `callback` for `pattern`; return whether it was subscribed."""
-        runner = self._callbacks.pop((pattern, callback), None)
-        if runner is None:
-            return False
-        result: bool = _call(self._async.unsubscribe, pattern, runner)
-        return result
-
-
-class ScopedState(Blocking[_scope.ScopedState], wraps=_scope.ScopedState):
+class ScopedState(
+    _Subscriptions[_scope.ScopedState], Blocking[_scope.ScopedState], wraps=_scope.ScopedState
+):
     """Blocking `agenticstate.ScopedState` (from `sync.StateManager.scope(prefix)`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._callbacks: dict[tuple[str, Any], Any] = {}
-
-    @classmethod
-    def wrap(cls, obj: _scope.ScopedState) -> Self:
-        """Return a blocking view of an existing async ScopedState."""
-        view = super().wrap(obj)
-        view._callbacks = {}
-        return view
-
-    def subscribe(self, pattern: str, callback: Any, *, on_overflow: Any = None) -> None:
-        """As `agenticstate.ScopedState.subscribe`; sync callbacks run in a worker thread."""
-        runner = _threaded(callback)
-        _call(self._async.subscribe, pattern, runner, on_overflow=_threaded(on_overflow))
-        self._callbacks.setdefault((pattern, callback), runner)
-
-    def unsubscribe(self, pattern: str, callback: Any) -> bool:
-        """Stop calling `callback` for `pattern`; return whether it was subscribed."""
-        runner = self._callbacks.pop((pattern, callback), None)
-        if runner is None:
-            return False
-        result: bool = _call(self._async.unsubscribe, pattern, runner)
-        return result
 
 
 class AgentStateStore(Blocking[_managers.AgentStateStore], wraps=_managers.AgentStateStore):
