@@ -273,7 +273,11 @@ class SQLiteBackend(Backend):
         return job.result
 
     def _begin(self, conn: sqlite3.Connection) -> None:
-        """Take the write lock (`BEGIN IMMEDIATE`), waiting for other processes' transactions."""
+        """Take the write lock (`BEGIN IMMEDIATE`), waiting for other processes' transactions.
+
+        Runs in the writer thread only (opening its connection, and each batch), never on the
+        event loop: the blocking `time.sleep` between tries waits there.
+        """
         deadline = time.monotonic() + self._lock_timeout
         attempt = 0
         while True:
