@@ -50,6 +50,7 @@ docs: setup
 
 bench: setup redis-server
 	$(BIN)/python -m pip install --quiet --group bench
+	$(BIN)/python -m pip install --quiet --no-deps "arq>=0.28"  # see pyproject's bench group
 	$(BIN)/python -m bench
 
 # Opt-in, not part of `make test` or CI: 100,000 mixed operations on the file and Redis backends,

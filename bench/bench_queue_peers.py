@@ -1,7 +1,9 @@
 """The managers against what users would pick instead (issue #21, point 4), in one run on one Redis.
 
-Run: `python -m bench.bench_queue_peers` (starts its own redis-server on loopback TCP; needs the
-`bench` dependency group for arq and SAQ, and leaves their rows out without them).
+Run: `python -m bench.bench_queue_peers` (starts its own redis-server on loopback TCP). SAQ comes
+with the `bench` dependency group; arq is installed apart (`make bench` runs
+`pip install --no-deps arq`: arq caps redis-py below 6, see pyproject.toml). A peer that is not
+installed is left out of the table, with a note.
 
 - Task queues: arq and SAQ (PyPI) draining no-op jobs, against agenticstate's
   OrchestrationStateManager `claim_task` + `complete_task`, with 1 and 4 worker processes each.
@@ -269,7 +271,7 @@ def run() -> tuple[str, list[tuple[str, float]]]:
     ]
     if len(kinds) < len(PEERS):
         missing = ", ".join(PEERS[kind] for kind in PEERS if kind not in kinds)
-        notes.append(f"Not installed here, so not measured: {missing} (the bench group).")
+        notes.append(f"Not installed here, so not measured: {missing} (see `make bench`).")
     text = table(
         "Managers against the peers users would pick instead (Redis)",
         ["workload", "rate", "ratio", "target", "target met"],
