@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import anyio
 import redis.asyncio as aioredis
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from redis.asyncio.client import Monitor
 
 _HELPER_COMMANDS = frozenset({"info"})  # the INFO calls are the helper's own
+MARKER_TIMEOUT = 20.0  # seconds for a primary's end marker to come out of its MONITOR stream
 
 
 @dataclass
@@ -111,8 +113,9 @@ async def command_counts(url: str) -> AsyncIterator[CommandCounts]:
     async with AsyncExitStack() as stack:
         urls = await _primaries(url)
         # Two clients per primary (each its own connection pool): one for INFO and the ECHO,
-        # one for MONITOR. Both connect before the MONITOR starts, so their handshakes (HELLO)
-        # and the MONITORs themselves stay out of both counts.
+        # one for MONITOR. Each connects before the primary's MONITOR starts (the first with an
+        # INFO, the second with the MONITOR itself), so their handshakes (HELLO) and the
+        # MONITORs stay out of both counts.
         clients = [aioredis.Redis.from_url(address) for address in urls]
         watchers = [aioredis.Redis.from_url(address) for address in urls]
         for client in [*clients, *watchers]:
@@ -127,7 +130,8 @@ async def command_counts(url: str) -> AsyncIterator[CommandCounts]:
         calls: Counter[str] = Counter()
         for client, monitor, earlier in zip(clients, monitors, before, strict=True):
             await client.echo(marker)
-            sent += await _sent_until(monitor, marker)
+            with anyio.fail_after(MARKER_TIMEOUT):
+                sent += await _sent_until(monitor, marker)
             after = await _commandstats(client)
             after["echo"] -= 1  # the marker
             after.subtract(earlier)
