@@ -67,6 +67,11 @@ for a single server).
 
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
 entry point raises `ConfigurationError` before touching the network.
+
+Modules. This one keeps `RedisBackend`, the Backend API. The record layout and the Lua scripts
+are in `_redis_scripts`; redis-py's clients, the held connections and the one mapping of foreign
+errors (`translate`) in `_redis_wire`, the only module that imports redis-py or touches its
+internals; the pub/sub reader, its barriers and the resync in `_redis_pubsub`.
 """
 
 from __future__ import annotations
