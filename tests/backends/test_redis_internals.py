@@ -94,46 +94,61 @@ def _changed(how: str) -> str:
     )
 
 
-def _runtime_tree(path: Path) -> list[ast.AST]:
-    """The nodes of `path` outside `if TYPE_CHECKING:` blocks (annotations may name anything)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _redis_imports(source: str) -> list[int]:
+    """The lines of `source` that import redis-py outside `if TYPE_CHECKING:` blocks
+    (annotations may name anything)."""
+    tree = ast.parse(source)
     typing_only: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             typing_only.update(id(inner) for inner in ast.walk(node))
-    return [node for node in ast.walk(tree) if id(node) not in typing_only]
+    lines = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if id(node) not in typing_only and any(
+            name == "redis" or name.startswith("redis.") for name in names
+        ):
+            lines.append(node.lineno)  # type: ignore[attr-defined]
+    return lines
+
+
+def _internal_uses(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """Where `source` uses an attribute named in `names`: `(line, name)`."""
+    return [
+        (node.lineno, node.attr)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in names
+    ]
+
+
+def _others() -> list[Path]:
+    return [path for path in sorted(PACKAGE.rglob("*.py")) if path != WIRE]
 
 
 def test_only_the_wire_module_imports_redis_py() -> None:
     """No module but `_redis_wire.py` imports redis-py at run time."""
-    offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path == WIRE:
-            continue
-        for node in _runtime_tree(path):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            if any(name == "redis" or name.startswith("redis.") for name in names):
-                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")  # type: ignore[attr-defined]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _others()
+        for line in _redis_imports(path.read_text())
+    ]
     assert offenders == []
 
 
 def test_only_the_wire_module_touches_redis_py_internals() -> None:
     """The connection-level names appear in `_redis_wire.py` and nowhere else."""
     offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path == WIRE:
-            continue
+    for path in _others():
         names = INTERNAL_NAMES | (
             INTERNAL_NAMES_IN_REDIS_MODULES if path in REDIS_MODULES else set()
         )
         offenders += [
-            f"{path.relative_to(ROOT)}:{node.lineno} uses .{node.attr}"
-            for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
-            if isinstance(node, ast.Attribute) and node.attr in names
+            f"{path.relative_to(ROOT)}:{line} uses .{name}"
+            for line, name in _internal_uses(path.read_text(), names)
         ]
     assert offenders == []
     used = {
@@ -142,6 +157,22 @@ def test_only_the_wire_module_touches_redis_py_internals() -> None:
         if isinstance(node, ast.Attribute)
     }
     assert used >= INTERNAL_NAMES  # the list names what the wire module really uses
+
+
+def test_the_checks_see_a_violation() -> None:
+    """The walkers find a run-time import of redis-py (not one under TYPE_CHECKING) and a use
+    of an internal (so `offenders == []` above means something)."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import redis.asyncio\n"
+        "def f(client):\n"
+        "    from redis.exceptions import ResponseError\n"
+        "    return client.connection_pool.make_connection().read_response()\n"
+    )
+    assert _redis_imports(source) == [5]
+    found = {name for _, name in _internal_uses(source, INTERNAL_NAMES)}
+    assert found == {"connection_pool", "make_connection", "read_response"}
+    assert len(REDIS_MODULES) >= 4  # redis.py and the three _redis_* modules
 
 
 @pytest.mark.parametrize(
