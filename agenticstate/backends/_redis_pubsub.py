@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Subscriber"]
 
-log = get_logger("agenticstate.backends.redis")
+log = get_logger("agenticstate.backends.redis")  # the backend's logger: its events keep their name
 
 _BARRIER = "agenticstate-barrier:"  # PING payloads on the pub/sub connection (+ a token)
 _GONE_KEPT_MS = 10_000  # how long a resync remembers a key it found gone
