@@ -1,0 +1,203 @@
+"""The Redis backend's data layout and the Lua scripts that write it.
+
+A state key is one Redis string, `{key_prefix}{key}`: a fixed 65-byte ASCII header (version,
+created, updated and expiry times in server milliseconds, 0 = never) followed by the value bytes.
+A change is published on `{CHANNEL_NAMESPACE}{key_prefix}{key}` by the script that made it, with
+the exact old and new bytes (`parse_message` reads it back). A sorted index lives at
+`{INDEX_NAMESPACE}{key_prefix}{index}`. The scripts are sent by SHA (`SET_SHA`, ...) and loaded
+after a NOSCRIPT reply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import UTC, datetime, timedelta
+
+from agenticstate.backends.base import Change, ChangeOp, Entry
+from agenticstate.exceptions import BackendError
+
+__all__ = [
+    "CHANNEL_NAMESPACE",
+    "DELETE",
+    "DELETE_SHA",
+    "HEADER",
+    "INDEX_NAMESPACE",
+    "SET",
+    "SET_MANY",
+    "SET_MANY_SHA",
+    "SET_SHA",
+    "STRLEN",
+    "entry",
+    "from_ms",
+    "parse_message",
+    "to_ms",
+    "ttl_ms",
+]
+
+CHANNEL_NAMESPACE = "__agenticstate__:"
+"""What every change channel starts with (before the key prefix)."""
+INDEX_NAMESPACE = "__agenticstate_idx__:"
+"""What every sorted index's Redis key starts with (before the key prefix)."""
+
+HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
+
+# The stored length of each key, 0 for a missing one (usage(): sizes without reading values).
+STRLEN = """
+local sizes = {}
+for i, name in ipairs(KEYS) do sizes[i] = redis.call('STRLEN', name) end
+return sizes
+"""
+
+# One write: check the version, store header + value, apply the TTL, publish old and new.
+# Returns {1, version, old-or-false, now} or {0, actual version} on a version conflict.
+_WRITE_FUNCTION = """
+local function write(key, value, ttl, expected, channel, now)
+  local cur = redis.call('GET', key)
+  local ver = 0
+  local created = nil
+  local old = false
+  if cur then
+    ver = tonumber(string.sub(cur, 1, 20))
+    created = string.sub(cur, 21, 35)
+    old = string.sub(cur, 66)
+  end
+  if expected >= 0 and expected ~= ver then
+    return {0, ver}
+  end
+  local nowstr = string.format('%015d', now)
+  if not created then created = nowstr end
+  local expires = 0
+  if ttl > 0 then expires = now + ttl end
+  ver = ver + 1
+  local verstr = string.format('%020d', ver)
+  local record = verstr .. created .. nowstr .. string.format('%015d', expires) .. value
+  if ttl > 0 then
+    redis.call('SET', key, record, 'PX', ttl)
+  else
+    redis.call('SET', key, record)
+  end
+  local oldpart = '0'
+  if old then oldpart = '1' .. string.format('%010d', #old) .. old end
+  redis.call('PUBLISH', channel, 'W' .. verstr .. nowstr .. string.format('%015d', expires)
+    .. oldpart .. value)
+  return {1, ver, old, now}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
+SET = (
+    _WRITE_FUNCTION
+    + """
+return write(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], now)
+"""
+)
+
+# KEYS: the keys; ARGV: ttl ms, then a value and a channel per key. Each write is unconditional;
+# the reply is each write's reply, in order.
+SET_MANY = (
+    _WRITE_FUNCTION
+    + """
+local ttl = tonumber(ARGV[1])
+local replies = {}
+for i = 1, #KEYS do
+  replies[i] = write(KEYS[i], ARGV[2 * i], ttl, -1, ARGV[2 * i + 1], now)
+end
+return replies
+"""
+)
+
+# KEYS[1] the key; ARGV: expected version (-1 = any), channel.
+# Returns {1, version, old, now}, {2} when missing, or {0, actual version} on a conflict.
+DELETE = """
+local cur = redis.call('GET', KEYS[1])
+local ver = 0
+if cur then ver = tonumber(string.sub(cur, 1, 20)) end
+local expected = tonumber(ARGV[1])
+if expected >= 0 and expected ~= ver then
+  return {0, ver}
+end
+if not cur then return {2} end
+local old = string.sub(cur, 66)
+redis.call('DEL', KEYS[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local verstr = string.format('%020d', ver)
+redis.call('PUBLISH', ARGV[2], 'D' .. verstr .. string.format('%015d', now) .. '1'
+  .. string.format('%010d', #old) .. old)
+return {1, ver, old, now}
+"""
+
+
+def from_ms(value: int) -> datetime:
+    """A server time in milliseconds since the epoch, as an aware UTC datetime."""
+    return datetime.fromtimestamp(value / 1000, UTC)
+
+
+def entry(key: str, raw: bytes) -> Entry:
+    """The entry a stored record (header + value) holds."""
+    if len(raw) < HEADER:
+        raise BackendError(f"the record at {key!r} is not an agenticstate record")
+    try:
+        version = int(raw[0:20])
+        created = int(raw[20:35])
+        updated = int(raw[35:50])
+        expires = int(raw[50:65])
+    except ValueError:
+        raise BackendError(f"the record at {key!r} is not an agenticstate record") from None
+    return Entry(
+        key=key,
+        value=raw[HEADER:],
+        version=version,
+        created_at=from_ms(created),
+        updated_at=from_ms(updated),
+        expires_at=from_ms(expires) if expires else None,
+    )
+
+
+def parse_message(key: str, data: bytes) -> tuple[Change, int]:
+    """Decode a published change and when the key expires (server ms, 0 = never).
+
+    `W`: a write (op, version, timestamp, expiry, optional old, new); `D`: a delete (no expiry);
+    `S`: a write published by an earlier version of this library (no expiry).
+    """
+    kind = data[:1]
+    op = ChangeOp.DELETE if kind == b"D" else ChangeOp.SET
+    version = int(data[1:21])
+    stamp = int(data[21:36])
+    position = 36
+    expires = 0
+    if kind == b"W":
+        expires = int(data[36:51])
+        position = 51
+    old: bytes | None = None
+    if data[position : position + 1] == b"1":
+        size = int(data[position + 1 : position + 11])
+        old = data[position + 11 : position + 11 + size]
+        position += 11 + size
+    else:
+        position += 1
+    new = data[position:] if op is ChangeOp.SET else None
+    change = Change(key=key, op=op, old=old, new=new, version=version, timestamp=from_ms(stamp))
+    return change, expires
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
+
+
+def ttl_ms(ttl: timedelta | None) -> int:
+    """A TTL in whole milliseconds, rounded up (0 = none)."""
+    return 0 if ttl is None else max(1, math.ceil(ttl.total_seconds() * 1000))
+
+
+def to_ms(moment: datetime) -> int:
+    """Milliseconds since the epoch (the inverse of `from_ms`)."""
+    return round(moment.timestamp() * 1000)
+
+
+SET_SHA = _sha(SET)
+SET_MANY_SHA = _sha(SET_MANY)
+DELETE_SHA = _sha(DELETE)

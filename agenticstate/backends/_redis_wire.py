@@ -1,0 +1,442 @@
+"""The Redis backend's wire: redis-py's clients, held connections, and its errors mapped.
+
+This is the only module of the package that imports redis-py, and the only one that touches
+its internals (`tests/backends/test_redis_internals.py` holds both, and fails by name when an
+upgrade removes one):
+
+- the connection class: `connection_pool.make_connection()`, `connect()`, `is_connected`,
+  `can_read()`, `send_packed_command()`, `read_response()`, `disconnect(nowait=True)`; a pub/sub
+  object's `connect()`, `connection` and `send_command()` (the server clock read on it);
+- the names of the functions that connect (`_CONNECT_FRAMES`): redis-py raises the same
+  exception types for a failed connect and for a lost reply, so a traceback through one of them
+  is how a write is known not to have been sent.
+
+Commands on a single server go through `Connections` (see "Commands" in `backends/redis.py`):
+packed here (`pack`), sent on a connection held by the backend, the reply read back. Every
+failure of redis-py, the socket or a timeout becomes one of our exceptions in `translate`, the
+one place this backend maps foreign errors (as httpx's `map_httpcore_exceptions` maps
+httpcore's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections import deque
+from typing import TYPE_CHECKING, Any, cast
+
+from agenticstate.config import redact_url
+from agenticstate.exceptions import (
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ConfigurationError,
+    MissingDependencyError,
+    WriteOutcomeUnknownError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import redis.asyncio as aioredis
+    from redis.asyncio.client import PubSub
+    from redis.asyncio.connection import AbstractConnection
+
+__all__ = [
+    "Attempt",
+    "Connections",
+    "cluster_options",
+    "connect_pubsub",
+    "make_client",
+    "node_client",
+    "pack",
+    "require_asyncio",
+    "require_redis",
+    "translate",
+    "translated",
+    "unknown_script",
+]
+
+
+def require_redis() -> None:
+    """Raise `MissingDependencyError` unless redis-py is installed."""
+    try:
+        import redis.asyncio  # noqa: F401  # optional dependency
+    except ImportError:
+        raise MissingDependencyError("redis", "redis") from None
+
+
+def require_asyncio() -> None:
+    """Raise `ConfigurationError` unless an asyncio event loop runs (not trio)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigurationError(
+            "RedisBackend runs under asyncio only (redis-py's client is asyncio-only); "
+            "use the memory or file backend under trio"
+        ) from None
+
+
+# clients
+
+
+def cluster_options(url: str) -> dict[str, Any]:
+    """RedisCluster's arguments from a `redis+cluster://[user:password@]h:p,h:p` URL."""
+    from urllib.parse import unquote, urlsplit
+
+    from redis.asyncio.cluster import ClusterNode
+
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    nodes = []
+    for host_port in filter(None, hosts.split(",")):
+        host, _, port = host_port.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(
+                f"cluster URL {redact_url(url)!r}: each node must be host:port"
+            )
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    if not nodes:
+        raise ConfigurationError(f"cluster URL {redact_url(url)!r} names no node")
+    options: dict[str, Any] = {"startup_nodes": nodes}
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        options["username"] = unquote(user) or None
+        options["password"] = unquote(password) if password else None
+    if parts.scheme.lower().startswith("rediss"):
+        options["ssl"] = True
+    return options
+
+
+def make_client(
+    url: str,
+    *,
+    cluster: bool,
+    db: int | None,
+    pool_size: int,
+    connect_timeout: float,
+    options: dict[str, Any],
+) -> aioredis.Redis:
+    """The backend's client: a `Redis` on a pool from the URL, or a `RedisCluster`.
+
+    redis-py's own retries are off: retries are ours to decide, and a write whose outcome is
+    unknown is never resent.
+    """
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    if cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        try:
+            made: Any = RedisCluster(
+                **cluster_options(url),
+                socket_timeout=None,
+                socket_connect_timeout=connect_timeout,
+                max_connections=pool_size + 2,
+                retry=Retry(NoBackoff(), 0),
+                **options,
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"invalid Redis Cluster URL {redact_url(url)!r}: {exc}"
+            ) from None
+        return cast("aioredis.Redis", made)
+
+    settings: dict[str, Any] = {
+        # Reply timeouts are enforced around each call with asyncio.timeout (cheap);
+        # redis-py's own socket timeout starts a task per read.
+        "socket_timeout": None,
+        "socket_connect_timeout": connect_timeout,
+        # Commands are limited to pool_size at once by `Connections`; the pool keeps room for
+        # the pub/sub connection on top.
+        "max_connections": pool_size + 2,
+        **options,
+    }
+    if db is not None:
+        settings["db"] = db
+    try:
+        pool = aioredis.ConnectionPool.from_url(url, **settings)
+        return aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
+
+
+def node_client(
+    url: str, node: Any, *, connect_timeout: float, options: dict[str, Any]
+) -> aioredis.Redis:
+    """A plain client to one cluster `node` (for the pub/sub connection)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    settings = cluster_options(url)
+    settings.pop("startup_nodes")
+    return aioredis.Redis(
+        host=node.host,
+        port=node.port,
+        socket_connect_timeout=connect_timeout,
+        # No silent reconnects: the reader must see every drop, to resync after it.
+        retry=Retry(NoBackoff(), 0),
+        **settings,
+        **options,
+    )
+
+
+async def connect_pubsub(pubsub: PubSub) -> int:
+    """Connect `pubsub` and read the server's clock on its connection (milliseconds).
+
+    Read before subscribing, on the pub/sub connection itself (before it enters subscribed
+    mode): every write after the subscription is stamped at or after it.
+    """
+    await pubsub.connect()  # type: ignore[no-untyped-call]
+    connection: Any = pubsub.connection
+    await connection.send_command("TIME")
+    seconds, micros = await connection.read_response()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+# commands on held connections
+
+
+def pack(args: tuple[str | bytes | int | float, ...]) -> bytes:
+    """One command in the Redis protocol (RESP), ready to send."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if type(arg) is str:
+            data = arg.encode()
+        elif type(arg) is bytes:
+            data = arg
+        elif type(arg) is int:
+            data = b"%d" % arg
+        else:
+            data = repr(float(arg)).encode()  # scores
+        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return b"".join(parts)
+
+
+class Attempt:
+    """A command in flight, as the error mapping needs to know it.
+
+    `write_key`: the key of a write (None for a read); `sent`: whether the command may have
+    reached the server.
+    """
+
+    __slots__ = ("sent", "write_key")
+
+    def __init__(self, write_key: str | None, *, sent: bool) -> None:
+        self.write_key = write_key
+        self.sent = sent
+
+
+class Connections:
+    """Connections held for commands: a free list, and callers waiting in order when all are busy.
+
+    At most `size` exist. Each is made from redis-py's pool settings (address, TLS, credentials,
+    database) but owned here, connected lazily under the calling command's timeout, and closed
+    when the backend closes. Taking a connection never fails and never does I/O, so a waiter is
+    only ever handed a connection.
+    """
+
+    __slots__ = ("closed", "free", "made", "size", "waiters")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.made: list[AbstractConnection] = []
+        self.free: list[AbstractConnection] = []
+        self.waiters: deque[asyncio.Future[AbstractConnection]] = deque()
+        self.closed = False
+
+    async def call(
+        self,
+        client: aioredis.Redis,
+        args: tuple[str | bytes | int | float, ...],
+        attempt: Attempt,
+    ) -> Any:
+        """Send one command on a held connection and return its reply.
+
+        Run it under a timeout: everything it waits for, a free connection, connecting and the
+        reply, counts against it. `attempt.sent` turns true just before the command goes out, so a
+        failure before it is never an unknown outcome. Failures are redis-py's, the socket's or
+        `TimeoutError` (see `translate`).
+        """
+        from redis.exceptions import ResponseError
+
+        connection: AbstractConnection | None = None
+        try:
+            connection = await self.take(client)
+            if connection.is_connected and await connection.can_read():
+                await connection.disconnect()  # end of file or stray data: reconnect
+            if not connection.is_connected:
+                await connection.connect()  # type: ignore[no-untyped-call]
+            attempt.sent = True
+            await connection.send_packed_command(pack(args), check_health=False)
+            return await connection.read_response()
+        except BaseException as exc:
+            if connection is not None and not isinstance(exc, ResponseError):
+                # The reply may still be on its way: never reuse the connection as it is.
+                with contextlib.suppress(Exception):
+                    await connection.disconnect(nowait=True)
+            raise
+        finally:
+            if connection is not None:
+                if self.closed:
+                    with contextlib.suppress(Exception):
+                        await connection.disconnect(nowait=True)
+                else:
+                    self.give(connection)
+
+    async def take(self, client: aioredis.Redis) -> AbstractConnection:
+        if self.free:
+            return self.free.pop()
+        if len(self.made) < self.size:
+            connection: AbstractConnection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            self.made.append(connection)
+            return connection
+        waiter: asyncio.Future[AbstractConnection] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give(waiter.result())  # handed over just as we were cancelled
+            raise
+
+    def give(self, connection: AbstractConnection) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
+        self.free.append(connection)
+
+    async def close(self) -> None:
+        """Disconnect every connection (in use ones are dropped when they come back)."""
+        self.closed = True
+        made, self.made, self.free = self.made, [], []
+        for connection in made:
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+
+
+# errors
+
+
+@contextlib.contextmanager
+def translate(url: str, write_key: str | None = None, *, sent: bool = True) -> Iterator[Attempt]:
+    """Raise the failures of the commands inside as our exceptions (see `translated`).
+
+    `url` is the one shown in messages (redacted). For a write, `write_key` names its key; with
+    `sent=False` the command counts as sent only once the code inside sets `attempt.sent`.
+    """
+    attempt = Attempt(write_key, sent=sent)
+    try:
+        yield attempt
+    except Exception as exc:
+        ours = translated(exc, url, attempt.write_key if attempt.sent else None)
+        if ours is exc:
+            raise
+        raise ours from exc
+
+
+def translated(exc: Exception, url: str, write_key: str | None) -> Exception:
+    """Our exception for a failed command (redis-py's, OSError or a timeout), in one place.
+
+    A failure of the connection during a write (`write_key`) is `WriteOutcomeUnknownError`,
+    unless it happened while connecting, before anything was sent. Anything else not redis-py's
+    is returned as it is.
+    """
+    from redis import exceptions as rexc
+
+    if isinstance(exc, rexc.AuthenticationError):
+        return BackendUnavailableError(f"Redis refused the credentials for {url}")
+    unserved = (
+        rexc.ClusterDownError,
+        rexc.TryAgainError,
+        rexc.MasterDownError,
+        rexc.MaxConnectionsError,
+        rexc.RedisClusterException,
+    )
+    if isinstance(exc, unserved):
+        # The cluster refused the command without running it (reconfiguring, no coverage).
+        return BackendUnavailableError(
+            f"the Redis Cluster at {url} is not serving this key now: {type(exc).__name__}"
+        )
+    if isinstance(exc, (TimeoutError, rexc.ConnectionError, rexc.TimeoutError, OSError)):
+        before_send = _failed_to_connect(exc)
+        if write_key is not None and not before_send:
+            return WriteOutcomeUnknownError(
+                write_key,
+                f"the connection to Redis failed during the write to {write_key!r}; "
+                "it may or may not have been applied",
+            )
+        if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
+            return BackendTimeoutError(f"Redis at {url} did not answer in time")
+        return BackendUnavailableError(f"cannot reach Redis at {url}: {_reason(exc)}")
+    reply = str(exc).lower().replace("`", "'")  # Redis 5 and 6 quote with backticks
+    if isinstance(exc, rexc.ResponseError) and "unknown command 'hello'" in reply:
+        # Redis before 6.0 has no HELLO, so it cannot speak RESP3.
+        return BackendError(
+            f"the server at {url} is not supported: it rejected the RESP3 handshake "
+            "(HELLO), so it is older than Redis 6.0; agenticstate needs Redis 6.0 or newer "
+            "(or Valkey)"
+        )
+    if isinstance(exc, rexc.RedisError):
+        return BackendError(f"Redis error: {type(exc).__name__}: {exc}")
+    return exc
+
+
+def unknown_script(exc: BaseException) -> bool:
+    """Whether `exc` (from `translate`) was a NOSCRIPT reply: the script did not run."""
+    from redis.exceptions import NoScriptError
+
+    return isinstance(exc.__cause__, NoScriptError)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _chain_has(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    return any(isinstance(link, kinds) for link in _chain(exc))
+
+
+# The functions of redis-py's connection classes that connect (a failure inside one of them
+# sent nothing). tests/backends/test_redis_internals.py checks they still exist.
+_CONNECT_FRAMES = frozenset({"connect", "_connect", "on_connect", "on_connect_check_health"})
+
+
+def _failed_to_connect(exc: BaseException) -> bool:
+    """Whether the failure happened while connecting, before any command was sent.
+
+    redis-py raises the same exception types for a failed connect and for a lost reply, so the
+    traceback decides: a failure inside the connection's connect step sent nothing.
+    """
+    for link in _chain(exc):
+        if isinstance(link, (ConnectionRefusedError, FileNotFoundError)):
+            return True
+        frame = link.__traceback__
+        while frame is not None:
+            code = frame.tb_frame.f_code
+            if code.co_name in _CONNECT_FRAMES and "redis" in code.co_filename:
+                return True
+            frame = frame.tb_next
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a connection failed, in words: "connection refused", "host name not resolved"."""
+    for link in _chain(exc):
+        if isinstance(link, socket.gaierror):
+            return f"host name not resolved ({link.strerror})"
+        if isinstance(link, OSError) and link.errno:
+            return os.strerror(link.errno).lower()
+    return str(exc) or type(exc).__name__
