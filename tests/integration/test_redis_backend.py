@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +90,16 @@ def _view(lines: list[str]) -> dict[str, tuple[int, Any]]:
     return view
 
 
+def _pubsub_connected(client: sync_redis.Redis, within: float = 30.0) -> bool:
+    """Wait until the server has a pub/sub connection (polled: another process reconnects)."""
+    deadline = time.monotonic() + within
+    while not client.client_list(_type="pubsub"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)  # polling another process's state, with a deadline
+    return True
+
+
 async def test_subscriber_converges_although_its_connection_is_killed(redis_url: str) -> None:
     """A subscriber process ends on the final value of all 50 keys after 10,000 writes,
     although its pub/sub connection is killed 5 times along the way."""
@@ -104,6 +115,9 @@ async def test_subscriber_converges_although_its_connection_is_killed(redis_url:
                 key = f"k:{n % 50}"
                 expected[key] = (await state.save(key, n), n)
                 if n % 2000 == 1000:
+                    # The subscriber reconnects on its own time: kill once it is back (the
+                    # 2,000 saves since the last kill can finish before it is).
+                    assert _pubsub_connected(killer), "the subscriber never reconnected"
                     killed = killer.client_kill_filter(_type="pubsub")
                     assert killed >= 1
         converged = subscriber.wait_until(lambda lines: _view(lines) == expected, timeout=60)
