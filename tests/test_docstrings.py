@@ -18,7 +18,7 @@ PACKAGE = ROOT / "agenticstate"
 # lists them (never for a stored value's payload). A new one means revisiting that docstring.
 OWN_FORMATS = {
     "agenticstate/serialization.py",
-    "agenticstate/backends/file.py",  # snapshot and log framing
+    "agenticstate/backends/_file_format.py",  # snapshot and log framing
     "agenticstate/transfer.py",  # dump lines
     "agenticstate/cli.py",  # output
     "agenticstate/ui/_app.py",  # the inspector's output
