@@ -93,7 +93,7 @@ MALFORMED_SNAPSHOT = (
     TypeError,
     AttributeError,
     OverflowError,
-    OSError,
+    OSError,  # datetime.fromtimestamp, for a time out of the platform's range
     zlib.error,
     msgpack.UnpackException,
     InvalidKeyError,
