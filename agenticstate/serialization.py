@@ -382,7 +382,7 @@ def json_text(raw: bytes) -> bytes | None:
 
 
 def json_payload(text: bytes) -> bytes:
-    """Return the encoded value (uncompressed JSON) whose JSON text is `text`: `json_text`'s inverse."""
+    """Return the encoded value (uncompressed JSON) whose JSON text is `text` (see `json_text`)."""
     return bytes((_JSON,)) + text
 
 
