@@ -1,10 +1,11 @@
-"""The file backend's system calls, and the one place where `OSError` becomes `BackendError`.
+"""The file backend's writes and syncs, and the one place where `OSError` becomes `BackendError`.
 
 `translate` is that place: every step of the file backend that can meet an `OSError` (creating
 the directory, the lock file, the log, the snapshot, the fsync agent's pipes) runs inside it and
 raises `BackendError` naming what it could not do and why, in words with the errno name after
 them ("could not append to the log ...: the disk is full"). `describe_errno` words an errno that
-arrives as a number (the fsync agent reports one).
+arrives as a number (the fsync agent reports one). Only cleanup (closing a descriptor, removing a
+partial temporary file) ignores an `OSError` instead.
 
 The writes and syncs are small functions called through this module, so that tests can replace
 one to inject a fault (ENOSPC, EIO).

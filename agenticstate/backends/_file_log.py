@@ -10,8 +10,9 @@ failed them. While an fsync runs, frames keep being appended, and one later fsyn
 all: concurrent writers share fsyncs, and the event loop never waits for the disk.
 
 This module keeps the log's bookkeeping (its size, the requests in flight, the batches waiting
-for their fsync) and the log file's system calls; what a durable or failed batch means for the
-store (entries applied, subscribers told, writes failed) is `FileBackend`'s.
+for their fsync) and opens, appends to, cuts back and empties the log file; what a durable or
+failed batch means for the store (entries applied, subscribers told, writes failed) is
+`FileBackend`'s.
 """
 
 from __future__ import annotations

@@ -47,9 +47,9 @@ The backend in modules, by concern (as redis-py separates its client from its co
 this module is the `Backend` API (opening and recovery, reads, staging writes, snapshots and
 closing); `_file_format` encodes and checks the log's frames and the snapshot (no I/O);
 `_file_log` appends frames and runs group commit with the fsync agent; `_file_lock` holds the
-owner lock and lets go of it in a forked child; `_file_io` makes the system calls and is the one
-place where an `OSError` becomes `BackendError`. Every event they log is logged here, under
-this module's logger.
+owner lock and lets go of it in a forked child; `_file_io` holds the writes and syncs that tests
+replace to inject faults, and `translate`, the one place where an `OSError` becomes
+`BackendError`. Every event they log is logged here, under this module's logger.
 """
 
 from __future__ import annotations
@@ -492,9 +492,9 @@ class FileBackend(Backend):
     ) -> Record | None:
         if self._failed is not None:
             raise BackendError(self._failed)
-        now, now_ms = clock
+        moment, now_ms = clock
         if current is MISSING:
-            current = self._current(key, now)
+            current = self._current(key, moment)
         version = current.version if current is not None else 0
         if expected is not None and expected != version:
             raise conflict(key, expected, version)
@@ -502,21 +502,21 @@ class FileBackend(Backend):
         if value is None:
             if current is None:
                 return None
-            change = new_change(key, ChangeOp.DELETE, current.value, None, version, now)
+            change = new_change(key, ChangeOp.DELETE, current.value, None, version, moment)
             entry = None
         else:
             if current is None:
-                old, created, created_ms = None, now, now_ms
+                old, created, created_ms = None, moment, now_ms
             else:
                 old, created = current.value, current.created_at
                 created_ms = round(created.timestamp() * 1000)
             if ttl is None:
                 expires, expires_ms = None, None
             else:
-                expires = now + ttl
+                expires = moment + ttl
                 expires_ms = now_ms + round(ttl / _MILLISECOND)
-            entry = new_entry(key, value, version + 1, created, now, expires)
-            change = new_change(key, ChangeOp.SET, old, value, version + 1, now)
+            entry = new_entry(key, value, version + 1, created, moment, expires)
+            change = new_change(key, ChangeOp.SET, old, value, version + 1, moment)
             stamps = (created_ms, now_ms, expires_ms)
         self._lsn += 1
         record = Record(self._lsn, key, entry, change, stamps)
