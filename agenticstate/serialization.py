@@ -2,7 +2,8 @@
 
 Every value `StateManager` stores goes through `Serializer` here, and only here is the payload
 format (the header byte below, msgpack, JSON and their type tags) written or read; other modules
-ask `payload_format` and `payload_is_compressed` rather than look at the bytes. Other modules do
+ask `payload_format`, `payload_is_compressed` and `json_text` (and build a JSON value from its
+text with `json_payload`) rather than look at the bytes. Other modules do
 use json and msgpack for formats of their own, never for a stored value's payload: the file
 backend's snapshot and log framing, `transfer`'s dump lines, the CLI's and the inspector's
 output, and the managers' canonical texts (the tools cache key, a session message's text).
@@ -58,6 +59,8 @@ __all__ = [
     "DEFAULT_MAX_SIZE",
     "Format",
     "Serializer",
+    "json_payload",
+    "json_text",
     "pack",
     "payload_format",
     "payload_is_compressed",
@@ -366,6 +369,21 @@ def payload_is_compressed(raw: bytes) -> bool:
     """
     payload_format(raw)
     return bool(raw[0] & _COMPRESSED)
+
+
+def json_text(raw: bytes) -> bytes | None:
+    """Return the JSON text of an uncompressed JSON-encoded value; `None` for any other value.
+
+    Raises:
+        DecodeError: `raw` does not start with a valid header byte.
+    """
+    payload_format(raw)
+    return raw[1:] if raw[0] == _JSON else None
+
+
+def json_payload(text: bytes) -> bytes:
+    """Return the encoded value (uncompressed JSON) whose JSON text is `text` (see `json_text`)."""
+    return bytes((_JSON,)) + text
 
 
 class Serializer:

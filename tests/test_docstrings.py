@@ -18,7 +18,7 @@ PACKAGE = ROOT / "agenticstate"
 # lists them (never for a stored value's payload). A new one means revisiting that docstring.
 OWN_FORMATS = {
     "agenticstate/serialization.py",
-    "agenticstate/backends/file.py",  # snapshot and log framing
+    "agenticstate/backends/_file_format.py",  # snapshot and log framing
     "agenticstate/transfer.py",  # dump lines
     "agenticstate/cli.py",  # output
     "agenticstate/ui/_app.py",  # the inspector's output
@@ -77,3 +77,46 @@ def test_no_docstring_describes_the_file_backends_old_io_thread() -> None:
     assert stale == []
     text = (PACKAGE / "backends" / "file.py").read_text()
     assert "fsync\nagent** process" in text or "fsync agent" in text
+
+
+FILE_BACKEND = [PACKAGE / "backends" / "file.py", *(PACKAGE / "backends").glob("_file_*.py")]
+
+
+def _handled_names(handler: ast.ExceptHandler) -> set[str]:
+    kinds = handler.type
+    nodes = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds] if kinds else []
+    return {node.id for node in nodes if isinstance(node, ast.Name)}
+
+
+def test_the_file_backend_maps_os_errors_in_one_place() -> None:
+    """`_file_io.translate` is the one `except OSError` of the file backend's modules (cleanup
+    that ignores an error, `contextlib.suppress(OSError)`, maps nothing)."""
+    assert len(FILE_BACKEND) >= 5  # file.py and its _file_* modules
+    handlers = [
+        path.name
+        for path in FILE_BACKEND
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.ExceptHandler) and "OSError" in _handled_names(node)
+    ]
+    assert handlers == ["_file_io.py"]
+
+
+def test_the_file_backend_writes_no_payload_header_byte() -> None:
+    """A stored value's header byte is serialization's: the file backend asks `json_text` and
+    `json_payload` and holds no one-byte literal of a header (`b"\\x02"`)."""
+    headers = {bytes((kind | flag,)) for kind in (0x01, 0x02) for flag in (0, 0x80)}
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in FILE_BACKEND
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Constant) and node.value in headers
+    ]
+    assert found == []
+
+
+def test_the_file_backend_logs_from_file_py_only() -> None:
+    """file.py's docstring: every event of the file backend is logged under its logger, so its
+    private modules hold no logger."""
+    for path in FILE_BACKEND:
+        if path.name != "file.py":
+            assert "get_logger" not in path.read_text(), path.name

@@ -67,9 +67,10 @@ async def main(directory: str, mode: str, fmt: str) -> None:
     await backend.open()
     await backend.set("owner", b"\x02" + b'"acked"')
     emit("acked")
-    agent = backend._agent
+    agent = backend._commit_log.agent
     assert agent is not None
-    fds = [fd for fd in (backend._lock_fd, backend._log_fd, agent.requests) if fd is not None]
+    owned = (backend._lock.fd, backend._commit_log.fd, agent.requests)
+    fds = [fd for fd in owned if fd is not None]
     pool = None
     if mode == "pool":
         pool = multiprocessing.get_context("fork").Pool(2)

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 import agenticstate.backends.file as file_module
 from agenticstate import BackendError, FileBackend, StateConfig, StateManager
+from agenticstate.backends import _file_io
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -258,7 +259,7 @@ async def test_io_error_on_write_is_typed(tmp_path: Path, monkeypatch: pytest.Mo
         def broken(fd: int, data: bytes) -> None:
             raise OSError(errno.EIO, "Input/output error")
 
-        monkeypatch.setattr(file_module, "_write_all", broken)
+        monkeypatch.setattr(_file_io, "write_all", broken)
         with pytest.raises(BackendError, match="EIO"):
             await backend.set("k", b"new")
         monkeypatch.undo()
@@ -275,7 +276,7 @@ async def test_killed_fsync_agent_fails_writes_and_loses_nothing_acknowledged(
     acknowledged before reads back after reopening."""
     async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
         await backend.set("k", b"kept")
-        agent = backend._agent
+        agent = backend._commit_log.agent
         assert agent is not None
         agent.process.kill()
 

@@ -107,7 +107,7 @@ async def test_fsync_requests_in_flight_stay_bounded(tmp_path: Path) -> None:
 
         def watched() -> None:
             original()
-            seen.append(len(backend._requested))
+            seen.append(len(backend._commit_log.requested))
 
         backend._request_fsync = watched  # type: ignore[method-assign]
         changes = await backend.set_many([(f"k{n}", b"v") for n in range(50_000)])

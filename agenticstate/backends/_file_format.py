@@ -1,0 +1,468 @@
+"""The file backend's on-disk formats: log frames and snapshots, encoded and checked (no I/O).
+
+A **log frame** is `length (4 bytes) | CRC-32 (4 bytes) | flags (1 byte) | payload`: the length
+and checksum cover the flags and the payload, and `FLAG_COMPRESSED` in the flags says the payload
+is zlib-compressed. The payload is a msgpack list of records (stores written before 0.2 hold one
+record per frame), each a list of eight fields: `[lsn, op, key, value, version, created, updated,
+expires]` with times in epoch milliseconds. `op` is `OP_SET` (value: the stored bytes),
+`OP_DELETE`, `OP_INDEX_ADD` (value: members and scores) or `OP_INDEX_REMOVE` (value: members).
+`check_record` refuses anything else, so a frame whose checksum holds but whose records do not
+make sense is reported as damage rather than applied.
+
+A **snapshot** is a JSON or msgpack document (optionally zlib-compressed as a whole) holding
+`SNAPSHOT_MAGIC`, its format version, the last sequence number it contains, a CRC-32 of its
+entries and indexes (`snapshot_checksum`), the entries and the indexes. In a JSON snapshot a
+value that is itself uncompressed JSON is embedded as JSON (readable, diffable), when it reads
+back to the very same bytes; any other value is embedded as base64. A msgpack snapshot holds the
+bytes as they are. The bytes of a stored value are `serialization`'s payload: this module asks
+`serialization.json_text` and `json_payload` for them and never reads a header bit itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import struct
+import time
+import zlib
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgpack
+
+from agenticstate._keys import validate_key
+from agenticstate.backends.base import new_entry
+from agenticstate.exceptions import DecodeError, InvalidKeyError
+from agenticstate.serialization import json_payload, json_text, pack
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from agenticstate.backends.base import Entry
+
+__all__ = [
+    "FLAG_COMPRESSED",
+    "FRAME_HEADER",
+    "MALFORMED_FRAME",
+    "MALFORMED_SNAPSHOT",
+    "MISSING",
+    "OP_DELETE",
+    "OP_INDEX_ADD",
+    "OP_INDEX_REMOVE",
+    "OP_SET",
+    "Clock",
+    "FileFormat",
+    "Times",
+    "check_record",
+    "decode_frame",
+    "decode_snapshot",
+    "encode_frame",
+    "encode_snapshot",
+    "entry_from_snapshot",
+    "from_ms",
+    "ms",
+    "now",
+    "whole_frames",
+]
+
+FileFormat = Literal["json", "msgpack"]
+
+FRAME_HEADER = struct.Struct(">II")  # length of flags+payload, CRC-32 of flags+payload
+FLAG_COMPRESSED = 0x01  # in a frame's flags byte: the payload is zlib-compressed
+_COMPRESS_ABOVE = 256  # with compression on, payloads longer than this are compressed
+OP_SET, OP_DELETE, OP_INDEX_ADD, OP_INDEX_REMOVE = "s", "d", "ia", "ir"
+
+SNAPSHOT_MAGIC = "agenticstate-snapshot"
+SNAPSHOT_VERSION = 2  # 2: with a checksum of its entries and indexes
+_ZLIB_STREAM = b"\x78"  # the first byte of a zlib stream: a compressed snapshot
+_JSON_DOCUMENT = b"{"  # the first byte of a JSON snapshot (a msgpack one starts with a map)
+
+MAX_MS = 253402300799999  # 9999-12-31T23:59:59.999Z, the last instant a datetime holds
+_READABLE_DEPTH = 64  # deeper JSON values go into a JSON snapshot as base64 (see _readable_json)
+_MSGPACK_INT = (-(2**63), 2**64 - 1)  # the integers msgpack (the snapshot checksum) can pack
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")  # 2**63 has 19 digits; shorter integers always fit
+
+MISSING: Any = object()  # "no value", where None is a value
+
+# What decoding a damaged frame or snapshot raises (beyond BackendError).
+MALFORMED_FRAME = (ValueError, TypeError, zlib.error, msgpack.UnpackException)
+MALFORMED_SNAPSHOT = (
+    ValueError,
+    KeyError,
+    TypeError,
+    AttributeError,
+    OverflowError,
+    OSError,  # datetime.fromtimestamp, for a time out of the platform's range
+    zlib.error,
+    msgpack.UnpackException,
+    InvalidKeyError,
+)
+
+
+# Times: the log and the snapshot hold epoch milliseconds.
+
+
+def ms(moment: datetime | None) -> int | None:
+    return None if moment is None else round(moment.timestamp() * 1000)
+
+
+def from_ms(value: int | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value / 1000, UTC)
+
+
+def now() -> datetime:
+    """Now, at millisecond precision, like every timestamp the store persists."""
+    return datetime.fromtimestamp(round(time.time() * 1000) / 1000, UTC)
+
+
+class Times:
+    """Epoch milliseconds to datetimes, each built once: a batch's records share their times."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[int | None, datetime | None] = {None: None}
+
+    def __call__(self, ms: int | None) -> Any:
+        found = self._cache.get(ms, MISSING)
+        if found is MISSING:
+            if len(self._cache) > 65536:
+                self._cache = {None: None}
+            found = self._cache[ms] = from_ms(ms)
+        return found
+
+
+class Clock:
+    """Now, as a datetime and in epoch milliseconds (the log's form), the same instant.
+
+    Busy stores write many times a millisecond: the datetime is built once per millisecond.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[datetime, int] = (datetime.fromtimestamp(0, UTC), 0)
+
+    def __call__(self) -> tuple[datetime, int]:
+        ms = round(time.time() * 1000)
+        if ms != self._last[1]:
+            self._last = (datetime.fromtimestamp(ms / 1000, UTC), ms)
+        return self._last
+
+
+# Log frames.
+
+
+def encode_frame(records: list[list[Any]], *, compress: bool) -> bytes:
+    """One log frame holding `records` (acknowledged together, so one checksum)."""
+    payload = pack(records)
+    flags = 0
+    if compress and len(payload) > _COMPRESS_ABOVE:
+        packed = zlib.compress(payload, 1)
+        if len(packed) < len(payload):
+            payload, flags = packed, FLAG_COMPRESSED
+    body = bytes((flags,)) + payload
+    return FRAME_HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+def whole_frames(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """`(offset, flags and payload)` of each frame in `data` that is whole and checks out.
+
+    Stops at the first frame that is torn (cut short) or fails its checksum: what follows it
+    cannot be trusted. The frame ends at `offset + FRAME_HEADER.size + len(body)`.
+    """
+    offset, header = 0, FRAME_HEADER.size
+    while offset + header <= len(data):
+        length, crc = FRAME_HEADER.unpack_from(data, offset)
+        body = data[offset + header : offset + header + length]
+        if len(body) < length or length == 0 or zlib.crc32(body) != crc:
+            return
+        yield offset, body
+        offset += header + length
+
+
+def decode_frame(body: bytes) -> list[list[Any]]:
+    """The records of one frame (its flags and payload): a batch, or before 0.2 one record.
+
+    Raises:
+        One of `MALFORMED_FRAME`: the frame does not hold well-formed records.
+    """
+    flags, payload = body[0], body[1:]
+    if flags & FLAG_COMPRESSED:
+        payload = zlib.decompress(payload)
+    fields = msgpack.unpackb(payload, raw=False)
+    if not isinstance(fields, list) or not fields:
+        raise ValueError("bad frame")
+    records = fields if isinstance(fields[0], list) else [fields]
+    for record in records:
+        check_record(record)
+    return records
+
+
+def _is_stamp(value: object) -> bool:
+    return value is None or (type(value) is int and 0 <= value <= MAX_MS)
+
+
+def check_record(record: object) -> None:
+    """Raise ValueError unless `record` is a well-formed log record (see the module docstring)."""
+    if type(record) is list and len(record) == 8:
+        # The common case, a write, in one expression; anything unusual takes the long way.
+        lsn, op, key, value, version, created, updated, expires = record
+        if (
+            op == OP_SET
+            and type(lsn) is int
+            and lsn >= 1
+            and type(key) is str
+            and type(value) is bytes
+            and type(version) is int
+            and version >= 1
+            and type(created) is int
+            and type(updated) is int
+            and 0 <= created <= MAX_MS
+            and 0 <= updated <= MAX_MS
+            and (expires is None or (type(expires) is int and 0 <= expires <= MAX_MS))
+        ):
+            try:
+                validate_key(key)
+            except InvalidKeyError as exc:
+                raise ValueError(f"bad key: {exc}") from None
+            return
+    if not isinstance(record, list) or len(record) != 8:
+        raise ValueError("a record is not a list of 8 fields")
+    lsn, op, key, value, version, created, updated, expires = record
+    if type(lsn) is not int or lsn < 1 or not isinstance(key, str) or type(version) is not int:
+        raise ValueError("bad sequence number, key or version")
+    try:
+        validate_key(key)
+    except InvalidKeyError as exc:
+        raise ValueError(f"bad key: {exc}") from None
+    if op == OP_SET:
+        if not isinstance(value, bytes) or version < 1 or created is None or updated is None:
+            raise ValueError("bad write record")
+        if not (_is_stamp(created) and _is_stamp(updated) and _is_stamp(expires)):
+            raise ValueError("bad timestamps")
+    elif op == OP_DELETE:
+        if value is not None:
+            raise ValueError("bad delete record")
+    elif op == OP_INDEX_ADD:
+        if not isinstance(value, dict) or not all(
+            isinstance(m, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            for m, v in value.items()
+        ):
+            raise ValueError("bad index record")
+    elif op == OP_INDEX_REMOVE:
+        if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+            raise ValueError("bad index record")
+    else:
+        raise ValueError(f"unknown operation {op!r}")
+
+
+# Snapshots.
+
+
+def encode_snapshot(
+    entries: dict[str, Entry],
+    indexes: dict[str, dict[str, float]],
+    lsn: int,
+    *,
+    format: FileFormat,  # noqa: A002  # FileBackend's name for it
+    compression: bool,
+) -> bytes:
+    """The bytes of a snapshot of `entries` (those not expired) and `indexes`, up to `lsn`."""
+    document = _snapshot_document(entries, indexes, lsn, readable=format == "json")
+    if format == "json":
+        data = _json_snapshot(document)
+    else:
+        data = msgpack.packb(document, use_bin_type=True)
+    if compression:
+        data = zlib.compress(data, 6)
+    return data
+
+
+def decode_snapshot(raw: bytes) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """The last sequence number, the entries (see `entry_from_snapshot`) and the indexes.
+
+    Reads either format, compressed or not.
+
+    Raises:
+        One of `MALFORMED_SNAPSHOT`: `raw` is not an intact snapshot.
+    """
+    if raw[:1] == _ZLIB_STREAM:
+        raw = zlib.decompress(raw)
+    document = json.loads(raw) if raw[:1] == _JSON_DOCUMENT else msgpack.unpackb(raw, raw=False)
+    if not isinstance(document, dict) or document.get("magic") != SNAPSHOT_MAGIC:
+        raise ValueError("not an agenticstate snapshot")
+    entries, indexes = document["entries"], document.get("indexes", {})
+    if not isinstance(entries, dict) or not isinstance(indexes, dict):
+        raise TypeError("entries and indexes must be maps")
+    if document.get("format_version", 1) >= 2 and document.get("checksum") != (
+        snapshot_checksum(entries, indexes)
+    ):
+        raise ValueError("its checksum does not match its entries")
+    return int(document["lsn"]), entries, indexes
+
+
+def entry_from_snapshot(key: str, item: dict[str, Any], times: Times) -> Entry:
+    """The entry a snapshot holds at `key`."""
+    if "json" in item:
+        value = json_payload(_encode_json(item["json"]).encode())
+    elif "base64" in item:
+        value = base64.b64decode(item["base64"], validate=True)
+    else:
+        value = bytes(item["value"])
+    created, updated = times(item["created"]), times(item["updated"])
+    if created is None or updated is None:
+        raise ValueError("an entry without its creation or update time")
+    return new_entry(key, value, int(item["version"]), created, updated, times(item["expires"]))
+
+
+def snapshot_checksum(entries: dict[str, Any], indexes: dict[str, Any]) -> int:
+    """CRC-32 of a snapshot's entries and indexes, in a form both formats read back the same.
+
+    JSON keeps key order and round-trips floats exactly, so what `json.loads` gives back packs
+    to the same bytes as what was written; damage inside a value or a version does not.
+    """
+    return zlib.crc32(msgpack.packb([entries, indexes], use_bin_type=True))
+
+
+def _snapshot_document(
+    entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int, *, readable: bool
+) -> dict[str, Any]:
+    moment = now()
+    items: dict[str, Any] = {}
+    for key, entry in entries.items():
+        if entry.expires_at is not None and entry.expires_at <= moment:
+            continue
+        item: dict[str, Any] = {
+            "version": entry.version,
+            "created": ms(entry.created_at),
+            "updated": ms(entry.updated_at),
+            "expires": ms(entry.expires_at),
+        }
+        if readable:
+            parsed = _readable_json(entry.value)
+            if parsed is not MISSING:
+                item["json"] = parsed
+            else:
+                item["base64"] = base64.b64encode(entry.value).decode("ascii")
+        else:
+            item["value"] = entry.value
+        items[key] = item
+    return {
+        "magic": SNAPSHOT_MAGIC,
+        "format_version": SNAPSHOT_VERSION,
+        "lsn": lsn,
+        "checksum": snapshot_checksum(items, indexes),
+        "entries": items,
+        "indexes": indexes,
+    }
+
+
+def _json_encoder(*, allow_nan: bool, separators: tuple[str, str]) -> Callable[[Any], str]:
+    """`json.dumps` with these options (and `ensure_ascii=False`), minus its cost per call.
+
+    `JSONEncoder.encode` builds the C encoder anew on every call, which costs more than encoding
+    a small value; snapshots encode one value per entry, so the C encoder is built once here.
+    If the running Python has none, or it encodes a probe differently, `encode` is used.
+    """
+    fallback = json.JSONEncoder(ensure_ascii=False, allow_nan=allow_nan, separators=separators)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return fallback.encode
+
+    def refuse(value: object) -> object:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+    item_key = separators  # json's order; the C encoder takes the key separator first
+    try:
+        chunks = make(
+            None,
+            refuse,
+            json.encoder.encode_basestring,
+            None,
+            item_key[1],
+            item_key[0],
+            False,
+            False,
+            allow_nan,
+        )
+    except TypeError:
+        return fallback.encode
+
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
+
+    probe = {"a": [1, 2.5, -0.0, 10**30, "é\ud800\n", None, True], "": {}}
+    return encode if encode(probe) == fallback.encode(probe) else fallback.encode
+
+
+# How a JSON value embedded in a snapshot becomes the stored bytes again.
+_encode_json = _json_encoder(allow_nan=False, separators=(",", ":"))
+_encode_readable = _json_encoder(allow_nan=True, separators=(", ", ": "))  # snapshot lines
+
+
+def _readable_json(value: bytes) -> Any:
+    """The parsed JSON of an uncompressed JSON payload, if it can be embedded as it is.
+
+    That is, if re-encoding it gives the same bytes and the snapshot's checksum (msgpack) can
+    hold it. Anything else (NaN, lone surrogates, integers beyond 64 bits, deep nesting) is
+    embedded as base64: no value a store accepted may stop its snapshots.
+    """
+    try:
+        text = json_text(value)
+        if text is None:
+            return MISSING
+        parsed = json.loads(text)
+        # Few brackets and no integer of 19 digits or more: it fits without looking closer.
+        simple = text.count(b"[") + text.count(b"{") < _READABLE_DEPTH
+        if not (simple and _LONG_DIGITS.search(text) is None) and not _fits_checksum(parsed):
+            return MISSING
+        same = _encode_json(parsed).encode() == text
+    except (ValueError, UnicodeError, DecodeError, RecursionError):
+        return MISSING
+    return parsed if same else MISSING
+
+
+def _json_snapshot(document: dict[str, Any]) -> bytes:
+    """A JSON snapshot with one entry per line, written by the C encoder.
+
+    `json.dumps(..., indent=...)` falls back to the pure-Python encoder, many times slower on
+    a large store; one line per entry is as readable and as easy to diff.
+    """
+    encode = _encode_readable
+    lines = ["{"]
+    lines.extend(
+        f" {encode(name)}: {encode(value)},"
+        for name, value in document.items()
+        if name not in ("entries", "indexes")
+    )
+    entries = document["entries"]
+    lines.append(' "entries": {' + ("" if entries else "},"))
+    last = len(entries) - 1
+    lines.extend(
+        f"  {encode(key)}: {encode(item)}{',' if n < last else ''}"
+        for n, (key, item) in enumerate(entries.items())
+    )
+    if entries:
+        lines.append(" },")
+    lines.append(f' "indexes": {encode(document["indexes"])}')
+    lines.append("}\n")
+    return "\n".join(lines).encode()
+
+
+def _fits_checksum(parsed: object) -> bool:
+    """Whether msgpack can pack `parsed` at the depth a snapshot nests it, without recursing."""
+    low, high = _MSGPACK_INT
+    stack: list[tuple[object, int]] = [(parsed, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is int:
+            if not low <= item <= high:
+                return False
+        elif isinstance(item, list | dict):
+            if depth >= _READABLE_DEPTH:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
