@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agenticstate import StateConfig, StateManager, ToolStateManager
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 pytestmark = pytest.mark.redis
 
