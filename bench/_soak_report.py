@@ -428,35 +428,15 @@ def check_closed(report: Report, results: Results) -> None:
         not extra,
         f"extra: {sorted(extra.elements())}" if extra else "",
     )
-    report.check(
-        "threads after close (vs before open)",
-        before.os_threads,
-        closed.os_threads,
-        closed.os_threads <= before.os_threads,
-        f"anyio workers {before.anyio_workers} -> {closed.anyio_workers}",
+    counts = (
+        ("threads", before.os_threads, closed.os_threads),
+        ("file descriptors", before.fds, closed.fds),
+        ("child processes", before.children, closed.children),
+        ("Redis connected clients", before.redis_clients, closed.redis_clients),
     )
-    report.check(
-        "file descriptors after close (vs before open)",
-        before.fds,
-        closed.fds,
-        closed.fds <= before.fds,
-    )
-    report.check(
-        "child processes after close (vs before open)",
-        before.children,
-        closed.children,
-        closed.children <= before.children,
-    )
-    if before.redis_clients is not None and closed.redis_clients is not None:
-        report.check(
-            "Redis connected clients after close (vs before open)",
-            before.redis_clients,
-            closed.redis_clients,
-            closed.redis_clients <= before.redis_clients,
-        )
-        report.check(
-            "Redis server keys after close",
-            results.base.store.redis_keys,
-            results.closed_redis_keys,
-            results.closed_redis_keys == results.base.store.redis_keys,
-        )
+    for name, was, now in counts:
+        if was is not None and now is not None:
+            report.check(f"{name} after close (vs before open)", was, now, now <= was)
+    if before.redis_clients is not None:
+        keys, closed_keys = results.base.store.redis_keys, results.closed_redis_keys
+        report.check("Redis server keys after close", keys, closed_keys, closed_keys == keys)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -97,16 +97,7 @@ class Timings:
     @property
     def longest(self) -> float:
         """The longest time anything created waits for its TTL (every field but `lease`)."""
-        return max(
-            self.plain_ttl,
-            self.cache_ttl,
-            self.ended_session_ttl,
-            self.session_ttl,
-            self.agent_max_age,
-            self.finished_task_ttl,
-            self.short_lease,
-            self.flight_timeout,
-        )
+        return float(max(getattr(self, f.name) for f in fields(self) if f.name != "lease"))
 
 
 class Failed(Exception):  # noqa: N818  # a check inside a scenario that did not hold

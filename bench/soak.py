@@ -3,30 +3,21 @@
 Run: `python -m bench.soak [--backend memory|file|redis] [--ops 100000]` (`make soak` runs the
 file and Redis backends; Redis gets a throwaway redis-server on loopback). Opt-in, never in CI:
 it takes a few minutes per backend. Linux only (it reads /proc/self). It uses the library's
-public API only.
+public API only. docs/reliability.md says what it checks and why the tolerances are what they are.
 
-The phases, one function each (`soak()` runs them in order):
+`soak()` runs the phases, one function each:
 
-1. `before_open`: count asyncio tasks, threads, file descriptors, child processes and (Redis)
-   the server's connected clients.
-2. `run_cycle` (the warm-up), then `take_reading` (the baseline): one cycle of the workload, so
-   every code path, cache and connection has been used; then keys, the file store's snapshot
-   and log after `flush()`, the Redis server's keys and memory, tasks, threads, descriptors,
-   children, and live allocated blocks (`sys.getallocatedblocks()` after a full collection) and
-   RSS.
-3. `run_cycle` (the run): `--ops` operations from `--workers` tasks on one StateManager shared by
-   all six managers (`bench/_soak_workload.py` says what each scenario does and how it ends
-   what it creates), with short TTLs and tight retention (`run_workload`); `drain` through the
-   managers' own API; `wait_for_expiry` (printing progress, with a deadline) until no key has a
-   TTL left and the longest TTL has passed since the last write; `sweep_expired` with one write.
-   Any key left then is one no public API would remove: a leak, and the soak fails.
+1. `before_open`: tasks, threads, descriptors, children and Redis clients before the store opens.
+2. `run_cycle` (the warm-up: every code path, cache and connection used once), then
+   `take_reading`: the baseline of keys, files, Redis keys and memory, the process, live memory.
+3. `run_cycle` (the run): `run_workload` (`--ops` operations from `--workers` tasks on one
+   StateManager shared by the six managers; `bench/_soak_workload.py`), `drain` through the
+   managers' API, `wait_for_expiry` until no key has a TTL left, `sweep_expired` with one write;
+   any key left then is one no public API would remove: a leak.
 4. `take_reading` again, compared with the baseline.
-5. `traced_leg`: tracemalloc on, two more cycles of `--traced-ops` / 2 operations each, and the
-   traced bytes the second one leaves alive beyond the first, by source line. Comparing two
-   traced cycles (not "before tracing" with "after") keeps the comparison fair: a long-lived
-   container reallocated during the leg (the store's dict) frees a block tracemalloc never saw.
-   tracemalloc makes the workload 3-5x slower, so it traces a twentieth of the run, not all.
-6. `after_close`: close the store and compare the process with step 1.
+5. `traced_leg`: two more cycles of `--traced-ops` / 2 under tracemalloc, and the traced bytes
+   the second leaves alive beyond the first, by source line.
+6. `after_close`: the process once the store closed, compared with phase 1.
 
 `bench/_soak_report.py` prints a report with a PASS/FAIL per check; the soak exits 1 on any
 FAIL. Not a test: pytest never collects it (testpaths is tests/, and nothing here is named
