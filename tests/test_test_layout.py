@@ -1,8 +1,10 @@
-"""The test suite's own layout: shared helpers come from `tests/helpers.py`, never `conftest.py`.
+"""The layout of the code around the package: the test suite's helpers, and bench/.
 
-pytest imports every conftest.py itself; a test module importing `tests.conftest` as well gets
-a second copy of it under another name (two sets of fixtures, two `BACKEND_MAKERS`). Helpers
-that are not fixtures live in `tests/helpers.py`, and every test module imports them there.
+- Shared helpers come from `tests/helpers.py`, never `conftest.py`. pytest imports every
+  conftest.py itself; a test module importing `tests.conftest` as well gets a second copy of it
+  under another name (two sets of fixtures, two `BACKEND_MAKERS`).
+- bench/ uses agenticstate's public API only: no private module, name or attribute, so that a
+  benchmark or the soak measures what users get and survives a refactoring of the internals.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
+BENCH = TESTS.parent / "bench"
+# Private attributes of the standard library bench/ may use (not agenticstate's).
+STDLIB_PRIVATE = {"_clear_type_cache", "_exit"}
 
 
 def _imported_modules(path: Path) -> list[tuple[str, int]]:
@@ -47,3 +52,58 @@ def test_the_rule_sees_an_import_from_conftest(tmp_path: Path) -> None:
     )
     modules = [module for module, _ in _imported_modules(sample)]
     assert modules == ["tests.conftest", "tests.conftest", ".conftest"]
+
+
+def _private_uses(path: Path) -> list[str]:
+    """agenticstate's private modules and names imported, and private attributes read (but on
+    `self` and the few of the standard library in `STDLIB_PRIVATE`)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agenticstate"):
+            parts = (node.module or "").split(".") + [alias.name for alias in node.names]
+            found += [f"{node.lineno}: from {node.module}" for part in parts if part[:1] == "_"]
+        elif isinstance(node, ast.Import):
+            found += [
+                f"{node.lineno}: import {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("agenticstate") and "._" in alias.name
+            ]
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and node.attr not in STDLIB_PRIVATE
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            found.append(f"{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_bench_uses_the_public_api_only() -> None:
+    """No module of bench/ imports a private agenticstate module or name, or reads a private
+    attribute."""
+    offenders = [
+        f"bench/{path.name}:{use}"
+        for path in sorted(BENCH.glob("*.py"))
+        for use in _private_uses(path)
+    ]
+    assert not offenders, "bench/ uses private internals:\n" + "\n".join(offenders)
+
+
+def test_the_bench_rule_sees_private_uses(tmp_path: Path) -> None:
+    """The check above finds a private module, a private name and a private attribute."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from agenticstate.backends import _local\n"
+        "from agenticstate._keys import validate_key\n"
+        "import agenticstate._glob\n"
+        "size = state.backend._connections\n"
+        "self._fine = sys._clear_type_cache\n",
+        encoding="utf-8",
+    )
+    assert _private_uses(sample) == [
+        "1: from agenticstate.backends",
+        "2: from agenticstate._keys",
+        "3: import agenticstate._glob",
+        "4: ._connections",
+    ]
