@@ -61,7 +61,8 @@ def _private_uses(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agenticstate"):
             parts = (node.module or "").split(".") + [alias.name for alias in node.names]
-            found += [f"{node.lineno}: from {node.module}" for part in parts if part[:1] == "_"]
+            private = [part for part in parts if part.startswith("_")]
+            found += [f"{node.lineno}: from {node.module}: {part}" for part in private]
         elif isinstance(node, ast.Import):
             found += [
                 f"{node.lineno}: import {alias.name}"
@@ -76,6 +77,16 @@ def _private_uses(path: Path) -> list[str]:
             and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
         ):
             found.append(f"{node.lineno}: .{node.attr}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and str(node.args[1].value).startswith("_")
+            and not str(node.args[1].value).startswith("__")
+        ):
+            found.append(f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
     return found
 
 
@@ -98,12 +109,14 @@ def test_the_bench_rule_sees_private_uses(tmp_path: Path) -> None:
         "from agenticstate._keys import validate_key\n"
         "import agenticstate._glob\n"
         "size = state.backend._connections\n"
-        "self._fine = sys._clear_type_cache\n",
+        "self._fine = sys._clear_type_cache\n"
+        "pool = getattr(backend, '_local', None)\n",
         encoding="utf-8",
     )
     assert _private_uses(sample) == [
-        "1: from agenticstate.backends",
-        "2: from agenticstate._keys",
+        "1: from agenticstate.backends: _local",
+        "2: from agenticstate._keys: _keys",
         "3: import agenticstate._glob",
         "4: ._connections",
+        "6: getattr(..., '_local')",
     ]
