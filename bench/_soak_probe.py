@@ -1,5 +1,5 @@
 """What the soak measures: the process (tasks, threads, descriptors, children, memory), the
-store (keys, entries held, sorted indexes, files on disk) and the Redis server (INFO).
+store (keys, files on disk) and the Redis server (INFO), through public APIs only.
 
 Linux only: it reads /proc/self.
 """
@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import inspect
 import os
 import sys
 import threading
 import tracemalloc
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
-from agenticstate import _glob, _keys
-from agenticstate.backends import _local
+from agenticstate import FileBackend
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agenticstate import StateManager
 
 ANYIO_WORKER = "AnyIO worker thread"
@@ -70,9 +70,7 @@ class Process:
     other_threads: list[str]
     fds: int
     children: int
-    timers: tuple[int, int] = (0, 0)  # the event loop's scheduled timers, and the cancelled ones
-    redis_clients: int | None = None
-    pool: tuple[int, int] | None = None  # Redis: connections the backend holds, and its cap
+    redis_clients: int | None = None  # the server's connected clients, our INFO one included
 
     @property
     def threads_besides_pool(self) -> int:
@@ -80,15 +78,11 @@ class Process:
         return self.os_threads - self.anyio_workers
 
 
-def measure_process(redis_clients: int | None = None, state: StateManager | None = None) -> Process:
-    """Tasks on the running loop (but the caller's), threads, descriptors and children; with a
-    Redis `state`, the connections its backend holds."""
+def measure_process(redis_clients: int | None = None) -> Process:
+    """Tasks on the running loop (but the caller's), threads, descriptors and children."""
     current = asyncio.current_task()
     tasks = sorted(describe_task(t) for t in asyncio.all_tasks() if t is not current)
     names = [thread.name for thread in threading.enumerate()]
-    # Cancelled timers (asyncio.timeout, anyio.fail_after) stay in the loop's heap until they
-    # are due, or until they are more than half of it: a bounded, time-limited residue.
-    scheduled = getattr(asyncio.get_running_loop(), "_scheduled", [])
     return Process(
         tasks=tasks,
         os_threads=len(os.listdir("/proc/self/task")),
@@ -96,20 +90,8 @@ def measure_process(redis_clients: int | None = None, state: StateManager | None
         other_threads=sorted(name for name in names if name != ANYIO_WORKER),
         fds=len(os.listdir("/proc/self/fd")),
         children=len(children()),
-        timers=(len(scheduled), sum(handle.cancelled() for handle in scheduled)),
         redis_clients=redis_clients,
-        pool=held_connections(state) if state is not None else None,
     )
-
-
-def held_connections(state: StateManager) -> tuple[int, int] | None:
-    """The Redis backend's command connections (it makes them when needed and keeps them, up
-    to `connection_pool_size`), and that cap; None elsewhere. A private attribute: figures for
-    the report only."""
-    pool = getattr(state.backend, "_connections", None)
-    if pool is None:
-        return None
-    return len(pool.made), int(pool.size)
 
 
 @dataclass
@@ -119,40 +101,52 @@ class Memory:
     blocks: int
     rss: int
     traced: int | None = None
-    caches: dict[str, int] = field(default_factory=dict)  # entries dropped from bounded caches
 
 
-def clear_bounded_caches() -> dict[str, int]:
-    """Empty three bounded caches; return how many entries the library's two held.
+# Larger than the library's two bounded caches: key validation remembers up to 4,096 keys, the
+# glob compiler an LRU of 1,024 patterns (docs/reliability.md).
+PRIMER_KEYS = tuple(f"soak:primer:{n}" for n in range(4096))
+PRIMER_PATTERNS = tuple(f"soak:primer:{n}:*" for n in range(1024))
+OTHER_PATTERNS = tuple(f"soak:other:{n}:*" for n in range(1024))
 
-    All three are capped, so they are not leaks, but they fill during the run and would blur a
-    comparison of live memory: key validation keeps up to 4,096 recently validated keys, the
-    glob compiler an LRU of 1,024 patterns, and CPython's type attribute cache (4,096 slots)
-    keeps the last attribute name looked up in each slot alive. That last one holds a fresh
-    "utcoffset" string per slot: `datetime.timestamp()` on an aware datetime (the managers'
-    `sort_time`) looks the tzinfo's method up by a name it builds each time.
+
+async def prime_bounded_caches(
+    state: StateManager, patterns: tuple[str, ...] = PRIMER_PATTERNS
+) -> None:
+    """Fill the library's bounded caches with the soak's own keys and patterns.
+
+    Both caches are capped, so they are not leaks, but they fill during the run with the run's
+    keys and patterns and would blur a comparison of live memory. Through the public API the
+    soak cannot empty them, so before each reading it fills them with strings it keeps alive
+    anyway: after `get_many` of `PRIMER_KEYS` the key cache holds only those keys (it empties
+    itself when full), and after a `watch` on each of `PRIMER_PATTERNS` the LRU holds exactly
+    those patterns' matchers. (`OTHER_PATTERNS` evict them all, so that the next priming makes
+    them anew: under tracemalloc, that is the start of the traced leg.)
     """
-    held = {
-        "validated keys (cap 4,096)": len(_keys._VALID_KEYS),
-        "compiled globs (cap 1,024)": _glob.compile_glob.cache_info().currsize,
-    }
-    _keys._VALID_KEYS.clear()
-    _glob.compile_glob.cache_clear()
+    await state.get_many(list(PRIMER_KEYS))
+    for pattern in patterns:
+        async with state.watch(pattern):
+            pass
+
+
+def clear_type_cache() -> None:
+    """Empty CPython's type attribute cache (4,096 slots), which keeps the last attribute name
+    looked up in each slot alive: `datetime.timestamp()` on an aware datetime (the managers'
+    `sort_time`) looks the tzinfo's method up by a name it builds each time, a fresh
+    "utcoffset" string per slot."""
     sys._clear_type_cache()
-    return held
 
 
-def measure_memory(*, clear_caches: bool = True) -> Memory:
-    """Collect garbage (a full collection also empties the free lists), optionally empty the
-    bounded caches, and read the live blocks, traced bytes and RSS."""
-    caches = clear_bounded_caches() if clear_caches else {}
+def measure_memory() -> Memory:
+    """Collect garbage (a full collection also empties the free lists) and read the live
+    blocks, traced bytes and RSS. Call `prime_bounded_caches` first."""
+    clear_type_cache()
     gc.collect()
     gc.collect()
     return Memory(
         blocks=sys.getallocatedblocks(),
         rss=rss_bytes(),
         traced=tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None,
-        caches=caches,
     )
 
 
@@ -176,38 +170,39 @@ def dump_allocations(path: Path) -> None:
     gc.collect()
 
 
-def store_table_line() -> tuple[str, int] | None:
-    """Where the memory and file stores' dict grows its table: `self.data[key] = entry` in
-    `LocalStore.store`. Nothing else is allocated on that line, so its traced size is the table
-    (a dict reallocates its table when it resizes and keeps its largest size meanwhile)."""
-    lines, start = inspect.getsourcelines(_local.LocalStore.store)
-    for offset, text in enumerate(lines):
-        if "self.data[" in text and "] = " in text:
-            return str(Path(_local.__file__).resolve()), start + offset
-    return None
+@dataclass
+class Growth:
+    """Traced allocations that grew between two snapshots, by source line."""
+
+    lines: list[str]  # the largest, formatted
+    total: int  # bytes, every line
+    resized: int  # bytes on lines that grew by at most one block: containers reallocated
 
 
-def traced_growth(before: Path, limit: int = 8) -> tuple[list[str], int | None]:
-    """The source lines whose traced allocations grew most since the snapshot at `before`, and
-    how much of the growth is the store's dict table (None: not a memory or file store's, or
-    the line was not found)."""
+def traced_growth(before: Path, limit: int = 8) -> Growth:
+    """The source lines whose traced allocations grew most since the snapshot at `before`.
+
+    A line that grew by at most one block is a container that reallocated its table when it
+    resized (the store's dict, the key cache's set): a dict or set keeps the table of its
+    largest size, so that growth is bounded by the most items ever held. It is counted apart
+    (`resized`); a leak of an object per operation adds a block per operation.
+    """
     old = tracemalloc.Snapshot.load(str(before))
     new = tracemalloc.take_snapshot()
     ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
     stats = new.filter_traces(ignore).compare_to(old.filter_traces(ignore), "lineno")
-    table = store_table_line()
-    table_growth: int | None = None
-    lines: list[str] = []
+    growth = Growth([], sum(stat.size_diff for stat in stats), 0)
     for stat in stats:
         frame = stat.traceback[0]
-        if table is not None and (str(Path(frame.filename).resolve()), frame.lineno) == table:
-            table_growth = stat.size_diff
-        if len(lines) < limit:
-            lines.append(
+        one_block = stat.count_diff <= 1 and stat.size_diff > 0
+        if one_block:
+            growth.resized += stat.size_diff
+        if len(growth.lines) < limit:
+            growth.lines.append(
                 f"{stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  "
-                f"{frame.filename}:{frame.lineno}"
+                f"{frame.filename}:{frame.lineno}" + ("  (one block: resized)" if one_block else "")
             )
-    return lines, table_growth
+    return growth
 
 
 @dataclass
@@ -215,33 +210,28 @@ class Store:
     """What the store holds."""
 
     keys: int
-    held_entries: int | None = None  # memory/file: entries in the dict, expired ones included
-    indexes: int | None = None  # memory/file: sorted indexes
-    snapshot_bytes: int | None = None
+    snapshot_bytes: int | None = None  # file
     log_bytes: int | None = None
     files: list[str] | None = None
     redis_keys: int | None = None  # the whole server, sorted-set indexes included
     redis_memory: int | None = None
 
 
-def local_store(state: StateManager) -> Any:
-    """The memory or file backend's in-process store, or None (a private attribute: figures
-    for the report only)."""
-    return getattr(state.backend, "_local", None)
+def store_files(state: StateManager) -> tuple[Path, Path] | None:
+    """A file store's snapshot and log paths; None on other backends."""
+    backend = state.backend
+    if isinstance(backend, FileBackend):
+        return backend.snapshot_path, backend.log_path
+    return None
 
 
 async def measure_store(state: StateManager, redis: RedisProbe | None) -> Store:
-    """Count keys, entries held and indexes; on a file store, the files after a flush()."""
+    """Count keys; on a file store, the files (after a flush(), for comparable sizes)."""
     store = Store(keys=len(await state.list_keys("*")))
-    local = local_store(state)
-    if local is not None:
-        store.held_entries = len(local.data)
-        store.indexes = len(local.indexes)
-    snapshot_path: Path | None = getattr(state.backend, "snapshot_path", None)
-    log_path: Path | None = getattr(state.backend, "log_path", None)
-    if snapshot_path is not None and log_path is not None:
-        store.snapshot_bytes, store.log_bytes = file_sizes(snapshot_path, log_path)
-        store.files = sorted(path.name for path in snapshot_path.parent.iterdir())
+    paths = store_files(state)
+    if paths is not None:
+        store.snapshot_bytes, store.log_bytes = file_sizes(*paths)
+        store.files = sorted(path.name for path in paths[0].parent.iterdir())
     if redis is not None:
         info = await redis.info()
         store.redis_keys = info["keys"]
@@ -251,7 +241,7 @@ async def measure_store(state: StateManager, redis: RedisProbe | None) -> Store:
 
 def file_sizes(snapshot_path: Path, log_path: Path) -> tuple[int, int]:
     """The snapshot's and the log's sizes in bytes (0 when missing)."""
-    sizes = []
+    sizes: list[int] = []
     for path in (snapshot_path, log_path):
         try:
             sizes.append(path.stat().st_size)
@@ -266,7 +256,11 @@ class RedisProbe:
     def __init__(self, url: str) -> None:
         import redis.asyncio as aioredis
 
-        self.client = aioredis.Redis.from_url(url)
+        self.client: aioredis.Redis = aioredis.Redis.from_url(url)
+
+    async def clients(self) -> int:
+        """The server's connected clients (this one included)."""
+        return (await self.info())["connected_clients"]
 
     async def info(self) -> dict[str, int]:
         """Connected clients, keys in db 0 and used memory."""
@@ -283,7 +277,7 @@ class RedisProbe:
 
 
 async def settle_process(
-    target: Process, redis: RedisProbe | None, give_up_after: float, say: Any
+    target: Process, redis: RedisProbe | None, give_up_after: float, say: Callable[[str], None]
 ) -> tuple[Process, float]:
     """Measure the process until it is back to `target` or `give_up_after` seconds pass.
 
@@ -293,7 +287,7 @@ async def settle_process(
     start = anyio.current_time()
     while True:
         await anyio.to_thread.run_sync(lambda: None)
-        clients = (await redis.info())["connected_clients"] if redis is not None else None
+        clients = await redis.clients() if redis is not None else None
         now = measure_process(clients)
         waited = anyio.current_time() - start
         settled = (

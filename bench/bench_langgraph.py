@@ -139,15 +139,15 @@ async def run(redis_url: str) -> str:
         "agenticstate sqlite": "AsyncSqliteSaver",
     }
     rows = []
-    for name, measured in rates.items():
+    for name, samples in rates.items():
         row = [name]
         for op in ("put", "get_tuple", "list"):
-            median = statistics.median(m[op] for m in measured)
+            median = statistics.median(m[op] for m in samples)
             cell = f"{median:,.0f}/s"
             base = baselines.get(name)
             if base is not None:
-                ratios = sorted(m[op] / b[op] for m, b in zip(measured, rates[base], strict=True))
-                best = max(m[op] for m in measured) / max(b[op] for b in rates[base])
+                ratios = sorted(m[op] / b[op] for m, b in zip(samples, rates[base], strict=True))
+                best = max(m[op] for m in samples) / max(b[op] for b in rates[base])
                 cell += (
                     f" ({statistics.median(ratios):.2f}x {base}, "
                     f"{ratios[0]:.2f}-{ratios[-1]:.2f}; best-of {best:.2f}x)"

@@ -4,8 +4,8 @@ Run: `python -m bench.bench_sessions` (starts its own redis-server on loopback T
 
 - `add_message` and `get_messages(last=50)` on sessions holding 100 and 100,000 messages, on
   Redis, SQLite and memory (target: the 100,000-message figures within 1.5x of the 100-message
-  ones). The long history is filled with `save_many` in the manager's key layout (a fill through
-  `add_message` would take minutes and measure nothing more).
+  ones). The long history is filled with `save_many` in the manager's documented key layout
+  (docs/sessions.md; a fill through `add_message` would take minutes and measure nothing more).
 - A blocking `sync.StateManager.get` against an awaited `StateManager.get`, on the memory backend
   (target: under 2x the time) and on Redis.
 
@@ -18,16 +18,34 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agenticstate import SessionManager, SessionMessage, StateConfig, StateManager, sync
 from bench._util import publish, rate, redis_server, sync_rate, table
 
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
 SIZES = (100, 100_000)
 ROUNDS = 6
 OPS = 200
 FILL_BATCH = 2000
+
+
+def message_key(session_id: str, seq: int) -> str:
+    """The key of message `seq` in the documented layout (docs/sessions.md)."""
+    return f"sessions:{{{session_id}}}:msg:{seq:012d}"
+
+
+def meta_key(session_id: str) -> str:
+    """The key of the `Session` record in the documented layout (docs/sessions.md)."""
+    return f"sessions:{{{session_id}}}:meta"
+
+
+def set_count(count: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda meta: {**meta, "message_count": count}
 
 
 async def fill(sessions: SessionManager, session_id: str, count: int) -> None:
@@ -36,15 +54,23 @@ async def fill(sessions: SessionManager, session_id: str, count: int) -> None:
         stop = min(count, start + FILL_BATCH - 1)
         await sessions.state.save_many(
             {
-                sessions._msg_key(session_id, n): SessionMessage(
+                message_key(session_id, n): SessionMessage(
                     session_id=session_id, seq=n, role="user", content=f"message {n} " * 8
                 )
                 for n in range(start, stop + 1)
             },
             ttl=None,
         )
-    await sessions.state.update(
-        sessions._key(session_id, "meta"), lambda meta: {**meta, "message_count": count}
+    await sessions.state.update(meta_key(session_id), set_count(count))
+
+
+def operations(
+    sessions: SessionManager, session_id: str
+) -> tuple[Callable[[int], Awaitable[object]], Callable[[int], Awaitable[object]]]:
+    """The two measured operations on `session_id`: add a message, read the last 50."""
+    return (
+        lambda n: sessions.add_message(session_id, "user", f"m{n}"),
+        lambda _: sessions.get_messages(session_id, last=50),
     )
 
 
@@ -62,13 +88,9 @@ async def history_rates(config: StateConfig) -> dict[str, list[float]]:
             # Alternate which size goes first, so a drift in the machine's speed within a
             # round does not always favour the same size.
             for size in SIZES if round_number % 2 == 0 else SIZES[::-1]:
-                sid = ids[size]
-                rates.setdefault(f"add{size}", []).append(
-                    await rate(lambda n, sid=sid: sessions.add_message(sid, "user", f"m{n}"), OPS)
-                )
-                rates.setdefault(f"last{size}", []).append(
-                    await rate(lambda _, sid=sid: sessions.get_messages(sid, last=50), OPS)
-                )
+                add, last = operations(sessions, ids[size])
+                rates.setdefault(f"add{size}", []).append(await rate(add, OPS))
+                rates.setdefault(f"last{size}", []).append(await rate(last, OPS))
         return rates
 
 

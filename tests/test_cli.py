@@ -24,9 +24,8 @@ from agenticstate import StateManager, WorkflowState, WorkflowStateManager
 from agenticstate._progress import Progress
 from agenticstate.backends import FileBackend
 from agenticstate.cli import _parser
-from tests._procs import LineProcess
 from tests._redis_server import RedisServer
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -35,7 +35,7 @@ from agenticstate import (
     telemetry,
 )
 from agenticstate._otel import key_namespace
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -27,7 +27,7 @@ from agenticstate import (
 )
 from agenticstate.exceptions import ConfigurationError
 from agenticstate.transfer import DUMP_FORMAT, copy_state, export_state, import_state
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -24,7 +24,7 @@ from agenticstate import (
     StateUsage,
 )
 from agenticstate.backends import FileBackend, RedisBackend
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 from tests.test_cli import on_terminal, screen
 
 if TYPE_CHECKING:

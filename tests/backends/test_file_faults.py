@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agenticstate import BackendError, ConfigurationError, FileBackend, MemoryBackend
-from tests._procs import LineProcess
+from tests.helpers import LineProcess
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -30,7 +30,7 @@ from agenticstate.backends import open_config_backend, register_backend
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.sqlite import SCHEMA_VERSION
 from agenticstate.exceptions import BackendError
-from tests._procs import LineProcess
+from tests.helpers import LineProcess
 from tests.test_cli import cli
 
 if TYPE_CHECKING:

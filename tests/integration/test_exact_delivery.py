@@ -43,8 +43,7 @@ from agenticstate import (
 from agenticstate._glob import glob_match
 from agenticstate.backends.base import Change, ChangeOp
 from agenticstate.events import ChangeFanout
-from tests._procs import LineProcess
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 from tests.integration._exact_worker import process_patterns, process_writes
 from tests.reliability._fault_server import running_server
 from tests.reliability._proxy import FaultProxy, Faults

@@ -31,7 +31,7 @@ from agenticstate import (
     SubscriptionClosedError,
 )
 from agenticstate._glob import glob_match
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

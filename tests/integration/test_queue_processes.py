@@ -17,8 +17,7 @@ from agenticstate import (
     StateManager,
     TeamState,
 )
-from tests._procs import LineProcess
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 from tests.integration._queue_worker import TEAM
 
 pytestmark = pytest.mark.redis

@@ -21,9 +21,8 @@ from agenticstate import (
     StateManager,
     WriteOutcomeUnknownError,
 )
-from tests._procs import LineProcess
 from tests._redis_server import RedisServer, make_test_ca
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agenticstate import SessionManager, StateManager, open_backend
-from tests._procs import LineProcess
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -25,10 +25,14 @@ from agenticstate import (
     WorkflowStatus,
 )
 from agenticstate.backends import Change, ChangeOp
-from tests._procs import LineProcess
+from tests.helpers import LineProcess
+from tests.helpers import json_events as events
+from tests.helpers import run_workflow_worker as run_to_end
+from tests.helpers import spawn_workflow_worker as spawn
+from tests.helpers import stop_process as stop
+from tests.helpers import wait_for_event as wait_for
 from tests.integration._queue_worker import TEAM
 from tests.integration._workflow_worker import STEPS, WORKFLOW
-from tests.integration.test_workflow_processes import events, run_to_end, spawn, stop, wait_for
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from agenticstate import StateConfig, StateManager, ToolStateManager
-from tests.conftest import unique_prefix
+from tests.helpers import start_module, unique_prefix
 
 pytestmark = pytest.mark.redis
-
-ROOT = Path(__file__).parent.parent.parent
 
 
 async def test_identical_calls_from_four_processes_run_the_tool_once(redis_url: str) -> None:
     """100 identical cached_calls spread over 4 processes run the tool exactly once."""
     prefix = unique_prefix()
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.integration._flight_worker", redis_url, prefix, "25"],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        for _ in range(4)
+        start_module("tests.integration._flight_worker", redis_url, prefix, "25") for _ in range(4)
     ]
     try:
         for proc in procs:

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -20,59 +16,15 @@ from agenticstate import (
     WorkflowStatus,
 )
 from agenticstate.managers.workflows import StepStatus
-from tests.conftest import unique_prefix
+from tests.helpers import json_events as events
+from tests.helpers import run_workflow_worker as run_to_end
+from tests.helpers import spawn_workflow_worker as spawn
+from tests.helpers import stop_process as stop
+from tests.helpers import unique_prefix
+from tests.helpers import wait_for_event as wait_for
 from tests.integration._workflow_worker import STEPS, WORKFLOW
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
 pytestmark = pytest.mark.redis
-
-ROOT = Path(__file__).parent.parent.parent
-
-
-def spawn(mode: str, url: str, prefix: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.integration._workflow_worker", mode, url, prefix, *extra],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stdin=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    process.kill()
-    process.wait()
-    for pipe in (process.stdin, process.stdout, process.stderr):
-        if pipe is not None:
-            pipe.close()
-
-
-def events(process: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
-    """Yield the process's JSON lines as they come (readline blocks until the next one)."""
-    assert process.stdout is not None
-    for line in process.stdout:
-        yield json.loads(line)
-
-
-def wait_for(
-    stream: Iterator[dict[str, Any]], name: str, seen: list[dict[str, Any]]
-) -> dict[str, Any]:
-    for event in stream:
-        seen.append(event)
-        if event["event"] == name:
-            return event
-    raise AssertionError(f"process ended before {name!r}; saw {seen}")
-
-
-def run_to_end(mode: str, url: str, prefix: str) -> list[dict[str, Any]]:
-    process = spawn(mode, url, prefix)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines()]
 
 
 async def stored(url: str, prefix: str) -> Any:

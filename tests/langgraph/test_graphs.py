@@ -18,7 +18,7 @@ from langgraph.types import Command
 from agenticstate import StateConfig, StateManager
 from agenticstate.backends import open_backend
 from agenticstate.langgraph import CheckpointSaver, StaleCheckpointError
-from tests._procs import LineProcess
+from tests.helpers import LineProcess
 from tests.langgraph._graph_worker import Counter, approval_graph, counter_graph, fan_graph
 
 if TYPE_CHECKING:

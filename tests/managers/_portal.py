@@ -11,24 +11,21 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-import pytest
 from anyio.from_thread import start_blocking_portal
 
 from agenticstate import StateConfig, StateManager
-from tests.conftest import BACKEND_MAKERS, REDIS_BACKENDS
+from tests.helpers import BACKEND_MAKERS, backend_params
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    import pytest
     from anyio.from_thread import BlockingPortal
 
     from agenticstate.backends import Backend
 
-BACKEND_NAMES = [
-    pytest.param(name, marks=pytest.mark.redis) if name in REDIS_BACKENDS else name
-    for name in BACKEND_MAKERS
-]
+BACKEND_NAMES = backend_params()
 """Parametrise `backend_name` with this: every backend, Redis ones marked."""
 
 

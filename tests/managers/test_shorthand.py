@@ -20,7 +20,7 @@ from agenticstate import (
     WorkflowState,
     WorkflowStateManager,
 )
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from pathlib import Path

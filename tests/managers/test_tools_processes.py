@@ -7,21 +7,19 @@ run the tool itself, not wait out `flight_timeout` (60 s here).
 
 from __future__ import annotations
 
-import os
 import select
-import subprocess
-import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
 
 from agenticstate import StateConfig, StateManager, ToolStateManager
-from tests.conftest import unique_prefix
+from tests.helpers import start_module, unique_prefix
+
+if TYPE_CHECKING:
+    import subprocess
 
 pytestmark = pytest.mark.redis
-
-ROOT = Path(__file__).parent.parent.parent
 
 
 def _line(proc: subprocess.Popen[str], timeout: float = 20) -> str:
@@ -33,15 +31,7 @@ def _line(proc: subprocess.Popen[str], timeout: float = 20) -> str:
 
 
 def _spawn(role: str, url: str, prefix: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.managers._flight_failure_worker", role, url, prefix],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    return start_module("tests.managers._flight_failure_worker", role, url, prefix)
 
 
 @pytest.mark.parametrize("server", ["redis_url", "redis_cluster_url"])

@@ -86,7 +86,7 @@ from agenticstate import (
 from agenticstate._keys import escape_glob
 from agenticstate.config import redact_url
 from agenticstate.serialization import DEFAULT_MAX_SIZE
-from tests.conftest import BACKEND_MAKERS, REDIS_BACKENDS, unique_prefix
+from tests.helpers import BACKEND_MAKERS, REDIS_BACKENDS, unique_prefix
 from tests.reliability._bad_payloads import zlib_bomb
 from tests.reliability._bad_rows import Bad, Ctx, anything, seed, snapshot, sync
 

@@ -27,7 +27,7 @@ from agenticstate import (
     StateManager,
     WriteOutcomeUnknownError,
 )
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 from tests.reliability._fault_server import running_server
 from tests.reliability._fault_workload import Budgets, FaultWorkload, KeyState, View
 from tests.reliability._proxy import FaultProxy, Faults

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agenticstate import FileBackend
-from tests._procs import LineProcess
+from tests.helpers import LineProcess
 
 if TYPE_CHECKING:
     from pathlib import Path

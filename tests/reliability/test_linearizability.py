@@ -24,8 +24,7 @@ import pytest
 import redis as sync_redis
 
 from agenticstate import StateConfig, StateManager
-from tests._procs import LineProcess
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 from tests.reliability._fault_server import running_server
 from tests.reliability._linearizability import (
     MISSING,

@@ -66,7 +66,7 @@ from agenticstate import (
     StateConfig,
     StateManager,
 )
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 from tests.reliability._model_state import (
     KEYS,
     MATCHES,

@@ -26,7 +26,7 @@ from agenticstate import (
     StateConfig,
     StateManager,
 )
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

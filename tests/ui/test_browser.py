@@ -33,8 +33,7 @@ from agenticstate.managers import (
     WorkflowState,
     WorkflowStateManager,
 )
-from tests._procs import LineProcess
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 from tests.ui._cdp import Chromium, Page, chromium_path
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests._procs import LineProcess
+from tests.helpers import LineProcess
 
 if TYPE_CHECKING:
     from pathlib import Path

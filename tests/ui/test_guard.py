@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from agenticstate import StateConfig, StateManager, ui
 from agenticstate.ui import create_app, is_loopback
 from agenticstate.ui._app import InspectorSettings, _Guard
-from tests._procs import LineProcess
+from tests.helpers import LineProcess
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
