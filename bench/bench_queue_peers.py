@@ -50,7 +50,7 @@ RAW = json.dumps(VALUE).encode()
 PEERS = {"arq": "arq", "saq": "SAQ"}
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
     Operation = Callable[[int], Awaitable[object]]
 
@@ -189,7 +189,7 @@ async def singles(url: str) -> list[Single]:
 
 
 async def interleaved(
-    operations: dict[str, Callable[[int], Awaitable[object]]],
+    operations: Mapping[str, Callable[[int], Awaitable[object]]],
 ) -> dict[str, float]:
     """Each operation's rate over OPS calls, run in alternating slices of SLICE calls.
 

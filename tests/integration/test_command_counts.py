@@ -29,7 +29,7 @@ from agenticstate import (
     ToolStateManager,
 )
 from tests._commandstats import command_counts, count_commands
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
