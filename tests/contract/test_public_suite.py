@@ -21,6 +21,7 @@ from agenticstate.testing import (
     ManagerContract,
     ScanContract,
     StorageContract,
+    TransactContract,
 )
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "docs" / "examples"
@@ -96,6 +97,7 @@ def test_the_contract_is_all_the_parts() -> None:
         EventsContract,
         ScanContract,
         IndexContract,
+        TransactContract,
         ManagerContract,
     ):
         assert issubclass(BackendContract, part)
