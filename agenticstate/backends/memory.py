@@ -247,7 +247,7 @@ class _MemoryStep:
         self._now = now
 
     def txn_get(self, key: str) -> Entry | None:
-        return self._backend._local.live(key, self._now)  # its own module
+        return self._backend._local.live(key, self._now)
 
     def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
         return self._backend._write(key, value, ttl, None, self._now)

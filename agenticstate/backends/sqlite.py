@@ -741,7 +741,7 @@ class _SQLiteStep:
         return self._backend.key_prefix + index
 
     def txn_get(self, key: str) -> Entry | None:
-        row = self._backend._current(self._conn, key, self._now)  # its own module
+        row = self._backend._current(self._conn, key, self._now)
         return schema.entry(key, row) if row is not None else None
 
     def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
