@@ -133,6 +133,19 @@ def test_a_broken_backend_fails_the_suite(tmp_path: Path, broken: str) -> None:
         assert "assert [1, 8, 8, 8, 8] == [1, 2, 3, 4, 5]" in result.stdout, result.stdout[-3000:]
 
 
+def test_a_backend_without_transact_skips_the_transaction_tests(tmp_path: Path) -> None:
+    """`transact` is optional: a backend whose `transact` raises `UnsupportedOperationError` (the
+    base class's default) skips the transaction tests and passes the rest."""
+    extra = (
+        "async def transact(self, compare, then, orelse=()):\n"
+        "        from agenticstate import UnsupportedOperationError\n"
+        "        raise UnsupportedOperationError('not here')\n"
+    )
+    result = _pytest(_project(tmp_path, "Mine", extra), "-k", "compares_pick or get_missing")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert re.search(r"1 passed, 1 skipped", result.stdout), result.stdout[-3000:]
+
+
 def test_without_pytest_the_error_names_the_extra(tmp_path: Path) -> None:
     """Importing `agenticstate.testing` where pytest is missing says which extra to install."""
     code = (
