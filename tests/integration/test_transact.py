@@ -141,6 +141,27 @@ async def test_file_logs_a_transaction_as_one_frame(tmp_path: Path) -> None:
         assert await backend.index_range("idx") == [("a", 1.0), ("b", 2.0)]
 
 
+async def test_file_replays_a_torn_transaction_not_at_all(tmp_path: Path) -> None:
+    """A crash that tears the step's frame (its last bytes never reached the disk) loses the
+    whole step on reopen, never part of it; what was logged before it stays."""
+    store, crashed = tmp_path / "store", tmp_path / "crashed"
+    async with FileBackend(base_path=store, auto_save=False) as backend:
+        await backend.set("before", b"kept")
+        start = backend.log_path.stat().st_size
+        await backend.transact([], [Put(f"k{i}", b"x" * 100) for i in range(30)])
+        assert backend.log_path.stat().st_size > start
+        # The files as a crash would leave them, the step's frame cut short: a copy taken now.
+        crashed.mkdir()
+        for path in store.iterdir():
+            if not path.name.endswith(".lock"):
+                (crashed / path.name).write_bytes(path.read_bytes())
+        log = crashed / backend.log_path.name
+        log.write_bytes(log.read_bytes()[:-10])
+    async with FileBackend(base_path=crashed) as reopened:
+        assert (await reopened.get("before")) is not None
+        assert [key async for key in reopened.scan("k*")] == []
+
+
 # --------------------------------------------------------------------- processes
 
 
