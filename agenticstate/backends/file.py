@@ -103,7 +103,7 @@ from agenticstate.exceptions import (
 from agenticstate.serialization import pack, payload_format, payload_is_compressed
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 
     from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
@@ -1755,10 +1755,14 @@ class _FileStep:
         return pending
 
     def txn_score(self, index: str, member: str) -> float | None:
-        pending = self._pending(index)
-        if member in pending:
-            return pending[member]
-        return self._backend._local.index_score(index, member)
+        return self._scores(index, [member])[0]
+
+    def _scores(self, index: str, members: Iterable[str]) -> list[float | None]:
+        pending, local = self._pending(index), self._backend._local
+        return [
+            pending[member] if member in pending else local.index_score(index, member)
+            for member in members
+        ]
 
     def _stage(self, index: str, members: dict[str, float] | list[str]) -> None:
         backend = self._backend
@@ -1766,12 +1770,12 @@ class _FileStep:
         backend._add_to_batch(_IndexRecord(backend._lsn, index, members))
 
     def txn_index_add(self, index: str, members: dict[str, float]) -> int:
-        added = sum(self.txn_score(index, member) is None for member in members)
+        added = sum(score is None for score in self._scores(index, members))
         self._stage(index, members)
         return added
 
     def txn_index_remove(self, index: str, members: list[str]) -> int:
-        removed = sum(self.txn_score(index, member) is not None for member in members)
+        removed = sum(score is not None for score in self._scores(index, members))
         self._stage(index, members)
         return removed
 
