@@ -25,6 +25,7 @@ from agenticstate.backends import (
     RedisBackend,
     SQLiteBackend,
     Version,
+    open_backend,
 )
 from tests._procs import LineProcess
 from tests.integration._transact_worker import INDEX, KEY
@@ -160,6 +161,16 @@ async def test_file_replays_a_torn_transaction_not_at_all(tmp_path: Path) -> Non
     async with FileBackend(base_path=crashed) as reopened:
         assert (await reopened.get("before")) is not None
         assert [key async for key in reopened.scan("k*")] == []
+
+
+async def test_shared_file_leases_transact_on_one_store(tmp_path: Path) -> None:
+    """Two leases on one file store (`open_backend("file://...")`): a step through one is seen,
+    and its compare honoured, through the other."""
+    async with open_backend(f"file://{tmp_path}") as one, open_backend(f"file://{tmp_path}") as two:
+        assert (await one.transact([Version("k", 0)], [Put("k", b"1")])).succeeded
+        result = await two.transact([Version("k", 0)], [Put("k", b"2")], [Get("k")])
+        assert not result.succeeded
+        assert result.results[0].value == b"1"
 
 
 # --------------------------------------------------------------------- processes
