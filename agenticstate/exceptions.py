@@ -15,7 +15,7 @@ AgenticStateError
  │   ├─ BackendUnavailableError           cannot connect, connection lost
  │   ├─ BackendTimeoutError(TimeoutError)
  │   ├─ WriteOutcomeUnknownError          the write may or may not have been applied
- │   └─ UnsupportedOperationError(NotImplementedError)  this backend lacks an optional operation
+ │   └─ UnsupportedOperationError(NotImplementedError)  an optional operation (transact) is missing
  ├─ SerializationError                    a value cannot be encoded, or stored bytes decoded
  │   ├─ UnsupportedTypeError(TypeError)   sets, arbitrary objects, functions, ...
  │   ├─ NonStringKeyError(TypeError)      a dict key that is not a str
