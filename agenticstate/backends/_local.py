@@ -194,7 +194,7 @@ def run_transaction(
     return TxnResult(succeeded, results)
 
 
-def _run(target: TxnTarget, op: TxnOp) -> Any:  # one return per kind
+def _run(target: TxnTarget, op: TxnOp) -> Any:
     match op:
         case Get(key=key):
             return target.txn_get(key)

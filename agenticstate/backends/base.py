@@ -342,7 +342,7 @@ def _checked_compare(compare: object) -> TxnCompare:
     )
 
 
-def _checked_op(op: object) -> TxnOp:  # one return per kind of operation
+def _checked_op(op: object) -> TxnOp:
     if type(op) is Get or type(op) is Delete:
         validate_key(op.key)
         return op
@@ -359,10 +359,12 @@ def _checked_op(op: object) -> TxnOp:  # one return per kind of operation
         return op
     if type(op) is IndexAdd:
         validate_key(op.index)
+        if not hasattr(op.members, "items"):
+            raise InvalidArgumentError(f"IndexAdd({op.index!r}) takes a mapping of member: score")
         return IndexAdd(op.index, check_index_members(op.members))
     if type(op) is IndexRemove:
         validate_key(op.index)
-        if isinstance(op.members, (str, bytes)):
+        if isinstance(op.members, (str, bytes)) or not hasattr(op.members, "__iter__"):
             raise InvalidArgumentError(f"IndexRemove({op.index!r}) takes a list of members")
         return IndexRemove(op.index, [validate_key(member) for member in op.members])
     if type(op) is IndexIncr:

@@ -206,6 +206,8 @@ class TransactContract:
             IndexAdd(IDX, {"m": float("nan")}),
             IndexAdd(IDX, {"bad\nmember": 1}),
             IndexRemove(IDX, ["bad\nmember"]),
+            IndexRemove(IDX, "m"),  # a str, not a list of members
+            IndexAdd(IDX, ["m"]),  # type: ignore[arg-type]
             IndexIncr(IDX, "m", float("inf")),
             IndexRange(IDX, limit=-1),
             Get("bad\nkey"),
