@@ -14,7 +14,8 @@ AgenticStateError
  ├─ BackendError                          the storage layer failed
  │   ├─ BackendUnavailableError           cannot connect, connection lost
  │   ├─ BackendTimeoutError(TimeoutError)
- │   └─ WriteOutcomeUnknownError          the write may or may not have been applied
+ │   ├─ WriteOutcomeUnknownError          the write may or may not have been applied
+ │   └─ UnsupportedOperationError(NotImplementedError)  an optional operation (transact) is missing
  ├─ SerializationError                    a value cannot be encoded, or stored bytes decoded
  │   ├─ UnsupportedTypeError(TypeError)   sets, arbitrary objects, functions, ...
  │   ├─ NonStringKeyError(TypeError)      a dict key that is not a str
@@ -59,6 +60,7 @@ __all__ = [
     "SubscriptionClosedError",
     "TooDeepError",
     "TooLargeError",
+    "UnsupportedOperationError",
     "UnsupportedTypeError",
     "WorkflowCancelledError",
     "WriteOutcomeUnknownError",
@@ -125,6 +127,13 @@ class WriteOutcomeUnknownError(BackendError):
     def __init__(self, key: str, message: str = "") -> None:
         super().__init__(message or f"the outcome of the write to {key!r} is unknown")
         self.key = key
+
+
+class UnsupportedOperationError(BackendError, NotImplementedError):
+    """This backend does not implement an optional operation (`Backend.transact`).
+
+    Callers that can do without it catch it and fall back to the operations every backend has.
+    """
 
 
 class SerializationError(AgenticStateError):

@@ -25,7 +25,24 @@ from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._registry import add_backend, config_factory, url_factory, url_schemes
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._shared import SharedFileBackend
-from agenticstate.backends.base import Backend, Change, ChangeOp, Entry
+from agenticstate.backends.base import (
+    Backend,
+    Change,
+    ChangeOp,
+    Delete,
+    Entry,
+    Exists,
+    Get,
+    IndexAdd,
+    IndexIncr,
+    IndexRange,
+    IndexRemove,
+    Put,
+    TxnCompare,
+    TxnOp,
+    TxnResult,
+    Version,
+)
 from agenticstate.backends.file import FileBackend
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.redis import RedisBackend
@@ -44,11 +61,23 @@ __all__ = [
     "ChangeFanout",
     "ChangeOp",
     "ChangeStream",
+    "Delete",
     "Entry",
+    "Exists",
     "FileBackend",
+    "Get",
+    "IndexAdd",
+    "IndexIncr",
+    "IndexRange",
+    "IndexRemove",
     "MemoryBackend",
+    "Put",
     "RedisBackend",
     "SQLiteBackend",
+    "TxnCompare",
+    "TxnOp",
+    "TxnResult",
+    "Version",
     "glob_match",
     "open_backend",
     "open_config_backend",

@@ -38,6 +38,10 @@ class SortedIndex:
             bisect.insort(self._order, (score, member))
         return added
 
+    def score(self, member: str) -> float | None:
+        """`member`'s score, or `None` if it is not in the index."""
+        return self._scores.get(member)
+
     def remove(self, members: Iterable[str]) -> int:
         """Remove members; return how many were there."""
         removed = 0

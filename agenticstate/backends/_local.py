@@ -1,20 +1,36 @@
-"""The in-process part the memory and file backends share: entries, expiry, sorted indexes."""
+"""The in-process part the memory and file backends share: entries, expiry, sorted indexes.
+
+`run_transaction` is the step that runs a transaction over a `TxnTarget`; the memory and file
+backends run it on the event loop, SQLite in its writer thread.
+"""
 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agenticstate.backends._index import SortedIndex
+from agenticstate.backends.base import (
+    Delete,
+    Exists,
+    Get,
+    IndexAdd,
+    IndexIncr,
+    IndexRange,
+    IndexRemove,
+    Put,
+    TxnResult,
+    Version,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
-    from datetime import datetime
+    from collections.abc import Iterable, Mapping, Sequence
+    from datetime import datetime, timedelta
 
     from agenticstate._glob import GlobMatcher
-    from agenticstate.backends.base import Entry
+    from agenticstate.backends.base import Change, Entry, TxnCompare, TxnOp
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalStore", "TxnTarget", "run_transaction"]
 
 _HEAP_SLACK = 64  # stale heap items tolerated beyond twice the keys (small stores rebuild rarely)
 
@@ -105,7 +121,94 @@ class LocalStore:
             del self.indexes[name]
         return removed
 
+    def index_score(self, name: str, member: str) -> float | None:
+        """`member`'s score in the sorted index `name`, or `None`."""
+        found = self.indexes.get(name)
+        return found.score(member) if found is not None else None
+
     def index_range(self, name: str, limit: int | None) -> list[tuple[str, float]]:
         """The lowest-scored members of the sorted index `name`."""
         found = self.indexes.get(name)
         return found.range(limit) if found is not None else []
+
+
+class TxnTarget(Protocol):
+    """What `run_transaction` needs of a store: synchronous reads and writes inside one step.
+
+    Reads see the step's earlier writes; writes emit (or stage) their changes as the backend's
+    `set` and `delete` do.
+    """
+
+    def txn_get(self, key: str) -> Entry | None:
+        """The live entry at `key`."""
+        ...
+
+    def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
+        """Write `key` unconditionally."""
+        ...
+
+    def txn_delete(self, key: str) -> Change | None:
+        """Delete `key`; `None` if it was missing."""
+        ...
+
+    def txn_score(self, index: str, member: str) -> float | None:
+        """`member`'s score in `index`, or `None`."""
+        ...
+
+    def txn_index_add(self, index: str, members: dict[str, float]) -> int:
+        """Add members; how many were new."""
+        ...
+
+    def txn_index_remove(self, index: str, members: list[str]) -> int:
+        """Remove members; how many were there."""
+        ...
+
+    def txn_index_range(self, index: str, limit: int | None) -> list[tuple[str, float]]:
+        """The lowest-scored members."""
+        ...
+
+
+def run_transaction(
+    target: TxnTarget,
+    compare: Sequence[TxnCompare],
+    then: Sequence[TxnOp],
+    orelse: Sequence[TxnOp],
+) -> TxnResult:
+    """Check `compare` and run the branch it picks on `target`, without yielding anywhere.
+
+    The caller has validated everything (`check_transaction`) and holds whatever makes the step
+    atomic (the event loop, a database transaction).
+    """
+    succeeded = True
+    for item in compare:
+        entry = target.txn_get(item.key)
+        if type(item) is Version:
+            holds = (entry.version if entry is not None else 0) == item.version
+        else:
+            assert type(item) is Exists  # noqa: S101  # check_transaction allows no other
+            holds = entry is not None
+        if not holds:
+            succeeded = False
+            break
+    results: list[Any] = [_run(target, op) for op in (then if succeeded else orelse)]
+    return TxnResult(succeeded, results)
+
+
+def _run(target: TxnTarget, op: TxnOp) -> Any:
+    match op:
+        case Get(key=key):
+            return target.txn_get(key)
+        case Put(key=key, value=value, ttl=ttl):
+            return target.txn_put(key, value, ttl)
+        case Delete(key=key):
+            return target.txn_delete(key)
+        case IndexAdd(index=index, members=members):
+            return target.txn_index_add(index, dict(members))
+        case IndexRemove(index=index, members=members):
+            return target.txn_index_remove(index, list(dict.fromkeys(members)))
+        case IndexIncr(index=index, member=member, delta=delta):
+            score = (target.txn_score(index, member) or 0.0) + delta
+            target.txn_index_add(index, {member: score})
+            return score
+        case IndexRange(index=index, limit=limit):
+            return target.txn_index_range(index, limit)

@@ -51,7 +51,7 @@ return sizes
 
 # One write: check the version, store header + value, apply the TTL, publish old and new.
 # Returns {1, version, old-or-false, now} or {0, actual version} on a version conflict.
-_WRITE_FUNCTION = """
+WRITE_FUNCTION = """
 local function write(key, value, ttl, expected, channel, now)
   local cur = redis.call('GET', key)
   local ver = 0
@@ -89,7 +89,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
 SET = (
-    _WRITE_FUNCTION
+    WRITE_FUNCTION
     + """
 return write(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], now)
 """
@@ -98,7 +98,7 @@ return write(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], no
 # KEYS: the keys; ARGV: ttl ms, then a value and a channel per key. Each write is unconditional;
 # the reply is each write's reply, in order.
 SET_MANY = (
-    _WRITE_FUNCTION
+    WRITE_FUNCTION
     + """
 local ttl = tonumber(ARGV[1])
 local replies = {}

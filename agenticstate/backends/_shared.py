@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from agenticstate.backends._fanout import ChangeStream
-    from agenticstate.backends.base import Change, Entry
+    from agenticstate.backends.base import Change, Entry, TxnCompare, TxnOp, TxnResult
 
 __all__ = ["SharedFileBackend"]
 
@@ -237,6 +237,15 @@ class SharedFileBackend(FileBackend):
         if store is not None:
             return store.backend.update(key, fn, ttl=ttl, max_attempts=max_attempts)
         return self._later("update", key, fn, ttl=ttl, max_attempts=max_attempts)
+
+    async def transact(
+        self,
+        compare: Sequence[TxnCompare],
+        then: Sequence[TxnOp],
+        orelse: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        """See `Backend.transact`."""
+        return await (await self._backend()).transact(compare, then, orelse)
 
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
         """See `Backend.index_add`."""

@@ -36,6 +36,10 @@ The rules, which every backend follows exactly:
   are never returned by `get`, listed by `scan` or announced as changes. Each call is atomic;
   Redis keeps them as sorted sets, the other backends in memory (the file backend logs them).
   Managers use them where a scan of keys would not scale (a task queue's pending tasks).
+- **Transactions** (`transact`): compares (`Version`, `Exists`) and then one of two lists of
+  operations (`Get`, `Put`, `Delete`, `IndexAdd`, `IndexRemove`, `IndexIncr`, `IndexRange`), all
+  in one atomic step, modelled on etcd's `Txn`. See `Backend.transact`; a backend that cannot run
+  it atomically raises `UnsupportedOperationError`, and callers fall back to the calls above.
 - **Errors.** Storage failures raise `BackendError` subclasses; library exceptions (`OSError`,
   redis, msgpack) never leak.
 """
@@ -47,12 +51,16 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 
 from agenticstate._keys import validate_key
-from agenticstate.exceptions import ConflictError, InvalidArgumentError
+from agenticstate.exceptions import (
+    ConflictError,
+    InvalidArgumentError,
+    UnsupportedOperationError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -64,11 +72,24 @@ __all__ = [
     "Backend",
     "Change",
     "ChangeOp",
+    "Delete",
     "Entry",
+    "Exists",
+    "Get",
+    "IndexAdd",
+    "IndexIncr",
+    "IndexRange",
+    "IndexRemove",
+    "Put",
+    "TxnCompare",
+    "TxnOp",
+    "TxnResult",
+    "Version",
     "backoff",
     "check_expected_version",
     "check_index_members",
     "check_limit",
+    "check_transaction",
     "check_ttl",
     "conflict",
     "new_change",
@@ -200,6 +221,181 @@ def new_change(
     _set_change_version(change, version)
     _set_timestamp(change, timestamp)
     return change
+
+
+# Transactions (`Backend.transact`): compares, then operations, in one atomic step.
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """Compare: `key` is at `version` (0: the key is missing)."""
+
+    key: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Exists:
+    """Compare: `key` is present (written and not expired)."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    """Operation: read `key`; its result is the `Entry`, or `None` if missing."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Operation: store `value` at `key` with `ttl`; its result is the `Change`.
+
+    It bumps the version and emits the change, as `set` does.
+    """
+
+    key: str
+    value: bytes
+    ttl: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Operation: delete `key`; its result is the `Change`, or `None` if it was missing.
+
+    It emits the change, as `delete` does.
+    """
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexAdd:
+    """Operation: `index_add`; its result is how many members were new."""
+
+    index: str
+    members: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRemove:
+    """Operation: `index_remove`; its result is how many members were there."""
+
+    index: str
+    members: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexIncr:
+    """Operation: add `delta` to `member`'s score in `index`; its result is the new score.
+
+    A member that is not there is added with score `delta`: a counter.
+    """
+
+    index: str
+    member: str
+    delta: float
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRange:
+    """Operation: `index_range`; its result is the list of `(member, score)`, lowest first."""
+
+    index: str
+    limit: int | None = None
+
+
+TxnCompare = Version | Exists
+"""A condition of `Backend.transact`."""
+TxnOp = Get | Put | Delete | IndexAdd | IndexRemove | IndexIncr | IndexRange
+"""An operation of `Backend.transact`."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """What `Backend.transact` did.
+
+    Attributes:
+        succeeded: Every compare held, so `then` ran (else `orelse` ran).
+        results: One result per operation of the branch that ran, in order (see each
+            operation's class for what it returns).
+    """
+
+    succeeded: bool
+    results: list[Any]
+
+
+def _checked_compare(compare: object) -> TxnCompare:
+    if type(compare) is Version:
+        validate_key(compare.key)
+        if type(compare.version) is not int or compare.version < 0:
+            raise InvalidArgumentError(
+                f"Version({compare.key!r}) needs an int >= 0, not {compare.version!r}"
+            )
+        return compare
+    if type(compare) is Exists:
+        validate_key(compare.key)
+        return compare
+    raise InvalidArgumentError(
+        f"a transaction compare is Version or Exists, not {type(compare).__name__}"
+    )
+
+
+def _checked_op(op: object) -> TxnOp:
+    if type(op) is Get or type(op) is Delete:
+        validate_key(op.key)
+        return op
+    if type(op) is Put:
+        validate_key(op.key)
+        check_ttl(op.ttl)
+        value = op.value
+        if type(value) is not bytes:
+            if not isinstance(value, (bytearray, memoryview)):
+                raise InvalidArgumentError(
+                    f"Put({op.key!r}) stores bytes, not {type(value).__name__}"
+                )
+            return Put(op.key, bytes(value), op.ttl)
+        return op
+    if type(op) is IndexAdd:
+        validate_key(op.index)
+        if not hasattr(op.members, "items"):
+            raise InvalidArgumentError(f"IndexAdd({op.index!r}) takes a mapping of member: score")
+        return IndexAdd(op.index, check_index_members(op.members))
+    if type(op) is IndexRemove:
+        validate_key(op.index)
+        if isinstance(op.members, (str, bytes)) or not hasattr(op.members, "__iter__"):
+            raise InvalidArgumentError(f"IndexRemove({op.index!r}) takes a list of members")
+        return IndexRemove(op.index, [validate_key(member) for member in op.members])
+    if type(op) is IndexIncr:
+        validate_key(op.index)
+        delta = check_index_members({op.member: op.delta})[op.member]
+        return IndexIncr(op.index, op.member, delta)
+    if type(op) is IndexRange:
+        validate_key(op.index)
+        check_limit(op.limit)
+        return op
+    raise InvalidArgumentError(f"not a transaction operation: {type(op).__name__}")
+
+
+def check_transaction(
+    compare: Sequence[TxnCompare], then: Sequence[TxnOp], orelse: Sequence[TxnOp]
+) -> tuple[list[TxnCompare], list[TxnOp], list[TxnOp]]:
+    """Validate a transaction's compares and operations, all of them, before any runs.
+
+    Returns them normalized (index scores as floats, values as `bytes`).
+
+    Raises:
+        InvalidArgumentError: A compare or operation is invalid (`InvalidKeyError` for a key).
+    """
+    for part in (compare, then, orelse):
+        if isinstance(part, (str, bytes)) or not hasattr(part, "__iter__"):
+            raise InvalidArgumentError("compare, then and orelse are sequences")
+    return (
+        [_checked_compare(item) for item in compare],
+        [_checked_op(item) for item in then],
+        [_checked_op(item) for item in orelse],
+    )
 
 
 def check_ttl(ttl: timedelta | None) -> timedelta | None:
@@ -419,6 +615,51 @@ class Backend(ABC):
     @abstractmethod
     async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
         """Return up to `limit` members with their scores, lowest score first (ties by member)."""
+
+    async def transact(
+        self,
+        compare: Sequence[TxnCompare],
+        then: Sequence[TxnOp],
+        orelse: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        """Check every compare and run `then` if all hold, else `orelse`: one atomic step.
+
+        Modelled on etcd's `Txn`. No other write, by any task or process, comes between the
+        compares and the operations; reads in the step see its earlier writes (a `Get` after a
+        `Put` of the same key returns the new entry). `Put` and `Delete` emit their changes
+        exactly as `set` and `delete` do. Everything is validated before anything runs: an
+        invalid compare or operation raises `InvalidArgumentError` (`InvalidKeyError` for a
+        key) and changes nothing. Empty `then` and `orelse` make a pure compare.
+
+        <!-- snippet: setup=backend -->
+        ```python
+        from agenticstate.backends import IndexIncr, Put, Version
+
+        result = await backend.transact(
+            [Version("job:1", 0)],  # only while job:1 is missing
+            [Put("job:1", b"claimed"), IndexIncr("stats", "claims", 1)],
+        )
+        print(result.succeeded, result.results[1])  # True 1.0
+        ```
+
+        Values stay opaque bytes: a transaction compares versions and existence, never values.
+        On Redis Cluster every key and index of one call must hash to one slot (a `{...}` hash
+        tag), or it raises `InvalidArgumentError`.
+
+        This default raises `UnsupportedOperationError`: a backend that cannot run the step
+        atomically must not pretend to. Callers (the managers) catch it once and fall back to
+        the single-key calls (`set` with `expected_version`, `index_add`, ...), as they did
+        before transactions existed.
+
+        Raises:
+            UnsupportedOperationError: This backend has no atomic transactions.
+            InvalidArgumentError: A compare or operation is invalid; nothing ran.
+        """
+        check_transaction(compare, then, orelse)
+        raise UnsupportedOperationError(
+            f"{type(self).__name__} does not implement transact(); "
+            "use the single-key operations instead"
+        )
 
     async def flush(self) -> None:  # noqa: B027  # optional hook: most backends have nothing to flush
         """Make every acknowledged write durable now (file snapshot); no-op where not needed."""

@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -98,7 +99,7 @@ from agenticstate.backends._file_format import (
 from agenticstate.backends._file_io import translate
 from agenticstate.backends._file_lock import OwnerLock, holder_of
 from agenticstate.backends._file_log import CommitLog, FsyncAgent, IndexRecord, Job, Record
-from agenticstate.backends._local import LocalStore
+from agenticstate.backends._local import LocalStore, run_transaction
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -109,6 +110,7 @@ from agenticstate.backends.base import (
     check_expected_version,
     check_index_members,
     check_limit,
+    check_transaction,
     check_ttl,
     conflict,
     new_change,
@@ -117,7 +119,9 @@ from agenticstate.backends.base import (
 from agenticstate.exceptions import BackendError, ConfigurationError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+
+    from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
 __all__ = ["Durability", "FileBackend", "FileFormat"]
 
@@ -802,6 +806,43 @@ class FileBackend(Backend):
         await self._commit(record.batch)
         return record.change
 
+    async def transact(
+        self,
+        compare: Sequence[TxnCompare],
+        then: Sequence[TxnOp],
+        orelse: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        """Compare, then write, in one step on the event loop, logged as one frame.
+
+        Nothing awaits between the compares and the writes, and every record the step stages
+        goes into one log frame (one checksum: after a crash the whole step is replayed or none
+        of it). Like `update`, the step sees writes still waiting for their fsync, and returns
+        once its frame is durable; see `Backend.transact`.
+        """
+        checked = check_transaction(compare, then, orelse)
+        await self._ready()
+        if self._failed is not None:
+            raise BackendError(self._failed)
+        clock = self._clock()
+        self._local.sweep(clock[0])
+        step = _FileStep(self, clock)
+        self._frame_records = sys.maxsize  # the step's records never split across frames
+        try:
+            result = run_transaction(step, *checked)
+        finally:
+            self._frame_records = _FRAME_RECORDS
+        # Wait for the last batch holding anything the step wrote or read: batches apply in order.
+        batch = self._open_batch if self._open_batch.records else None
+        if batch is None and self._commit_log.unacked:
+            batch = self._commit_log.unacked[-1]
+        if batch is None:
+            await anyio.lowlevel.checkpoint()
+            return result
+        if len(batch.records) >= _FRAME_RECORDS and batch is self._open_batch:
+            self._seal()
+        await self._commit(batch)
+        return result
+
     # sorted indexes
 
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
@@ -1029,3 +1070,80 @@ class FileBackend(Backend):
         self._commit_log.close()
         self._release_lock()
         self._is_open = False
+
+
+class _FileStep:
+    """A `TxnTarget` over a `FileBackend` at one moment: staged writes count, as in `update`.
+
+    Sorted indexes apply their records only once durable, so the step reads an index as the
+    applied one with the records still waiting (in every unapplied batch, its own included)
+    laid over it.
+    """
+
+    __slots__ = ("_backend", "_clock")
+
+    def __init__(self, backend: FileBackend, clock: tuple[datetime, int]) -> None:
+        self._backend = backend
+        self._clock = clock
+
+    def txn_get(self, key: str) -> Entry | None:
+        return self._backend._current(key, self._clock[0])
+
+    def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
+        record = self._backend._stage(key, value, ttl, None, self._clock)
+        assert record is not None  # noqa: S101  # a set always stages a record
+        return record.change
+
+    def txn_delete(self, key: str) -> Change | None:
+        record = self._backend._stage(key, None, None, None, self._clock)
+        return None if record is None else record.change
+
+    def _pending(self, index: str) -> dict[str, float | None]:
+        """The members of `index` that waiting records set (a score) or removed (`None`)."""
+        backend = self._backend
+        pending: dict[str, float | None] = {}
+        for job in (*backend._commit_log.unacked, backend._open_batch):
+            for record in job.records:
+                if isinstance(record, IndexRecord) and record.index == index:
+                    if isinstance(record.members, dict):
+                        pending.update(record.members)
+                    else:
+                        pending.update(dict.fromkeys(record.members))
+        return pending
+
+    def txn_score(self, index: str, member: str) -> float | None:
+        return self._scores(index, [member])[0]
+
+    def _scores(self, index: str, members: Iterable[str]) -> list[float | None]:
+        pending, local = self._pending(index), self._backend._local
+        return [
+            pending[member] if member in pending else local.index_score(index, member)
+            for member in members
+        ]
+
+    def _stage(self, index: str, members: dict[str, float] | list[str]) -> None:
+        backend = self._backend
+        backend._lsn += 1
+        backend._add_to_batch(IndexRecord(backend._lsn, index, members))
+
+    def txn_index_add(self, index: str, members: dict[str, float]) -> int:
+        added = sum(score is None for score in self._scores(index, members))
+        self._stage(index, members)
+        return added
+
+    def txn_index_remove(self, index: str, members: list[str]) -> int:
+        removed = sum(score is not None for score in self._scores(index, members))
+        self._stage(index, members)
+        return removed
+
+    def txn_index_range(self, index: str, limit: int | None) -> list[tuple[str, float]]:
+        local = self._backend._local
+        pending = self._pending(index)
+        if not pending:
+            return local.index_range(index, limit)
+        # At most len(pending) of the applied members are moved or removed by waiting records.
+        applied = local.index_range(index, None if limit is None else limit + len(pending))
+        merged = [(member, score) for member, score in applied if member not in pending]
+        merged += [(member, score) for member, score in pending.items() if score is not None]
+        merged.sort(key=lambda item: (item[1], item[0]))
+        return merged if limit is None else merged[:limit]

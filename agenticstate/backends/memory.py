@@ -15,7 +15,7 @@ import anyio.lowlevel
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
-from agenticstate.backends._local import LocalStore
+from agenticstate.backends._local import LocalStore, run_transaction
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -26,6 +26,7 @@ from agenticstate.backends.base import (
     check_expected_version,
     check_index_members,
     check_limit,
+    check_transaction,
     check_ttl,
     conflict,
     utcnow,
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
     from datetime import datetime, timedelta
+
+    from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
 __all__ = ["MemoryBackend"]
 
@@ -148,12 +151,33 @@ class MemoryBackend(Backend):
             raise conflict(key, expected_version, version)
         if current is None:
             return None
-        self._local.drop(key)
+        return self._drop(current, now)
+
+    def _drop(self, current: Entry, now: datetime) -> Change:
+        self._local.drop(current.key)
         change = Change(
-            key=key, op=ChangeOp.DELETE, old=current.value, new=None, version=version, timestamp=now
+            key=current.key,
+            op=ChangeOp.DELETE,
+            old=current.value,
+            new=None,
+            version=current.version,
+            timestamp=now,
         )
         self._fanout.publish(change)
         return change
+
+    async def transact(
+        self,
+        compare: Sequence[TxnCompare],
+        then: Sequence[TxnOp],
+        orelse: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        """Compare, then write, in one step with no await inside; see `Backend.transact`."""
+        checked = check_transaction(compare, then, orelse)
+        await anyio.lowlevel.checkpoint()
+        now = utcnow()
+        self._local.sweep(now)
+        return run_transaction(_MemoryStep(self, now), *checked)
 
     async def update(
         self,
@@ -211,3 +235,35 @@ class MemoryBackend(Backend):
         """End every subscription; the data stays readable until the object is dropped."""
         self._closed = True
         self._fanout.close()
+
+
+class _MemoryStep:
+    """A `TxnTarget` over a `MemoryBackend` at one moment (`run_transaction`'s view)."""
+
+    __slots__ = ("_backend", "_now")
+
+    def __init__(self, backend: MemoryBackend, now: datetime) -> None:
+        self._backend = backend
+        self._now = now
+
+    def txn_get(self, key: str) -> Entry | None:
+        return self._backend._local.live(key, self._now)
+
+    def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
+        return self._backend._write(key, value, ttl, None, self._now)
+
+    def txn_delete(self, key: str) -> Change | None:
+        current = self.txn_get(key)
+        return None if current is None else self._backend._drop(current, self._now)
+
+    def txn_score(self, index: str, member: str) -> float | None:
+        return self._backend._local.index_score(index, member)
+
+    def txn_index_add(self, index: str, members: dict[str, float]) -> int:
+        return self._backend._local.index_add(index, members)
+
+    def txn_index_remove(self, index: str, members: list[str]) -> int:
+        return self._backend._local.index_remove(index, members)
+
+    def txn_index_range(self, index: str, limit: int | None) -> list[tuple[str, float]]:
+        return self._backend._local.index_range(index, limit)

@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
 from agenticstate.backends import _redis_scripts as scripts
+from agenticstate.backends import _redis_txn
 from agenticstate.backends import _redis_wire as wire
 from agenticstate.backends._redis_pubsub import Subscriber
 from agenticstate.backends._redis_scripts import CHANNEL_NAMESPACE
@@ -93,9 +94,11 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    TxnResult,
     check_expected_version,
     check_index_members,
     check_limit,
+    check_transaction,
     check_ttl,
     conflict,
     new_change,
@@ -115,6 +118,7 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
     from agenticstate.backends._fanout import ChangeStream
+    from agenticstate.backends.base import TxnCompare, TxnOp
 
 __all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
 
@@ -498,6 +502,30 @@ class RedisBackend(Subscriber, Backend):
         return new_change(
             key, ChangeOp.DELETE, reply[2], None, int(reply[1]), scripts.from_ms(int(reply[3]))
         )
+
+    async def transact(
+        self,
+        compare: Sequence[TxnCompare],
+        then: Sequence[TxnOp],
+        orelse: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        """Compare, then write, in one Lua script (one EVALSHA); see `Backend.transact`.
+
+        On a cluster, every key and index of the call must hash to one slot (a `{...}` hash
+        tag), or it raises `InvalidArgumentError` before anything is sent.
+        """
+        checked = check_transaction(compare, then, orelse)
+        call = _redis_txn.pack(
+            *checked, channels=CHANNEL_NAMESPACE, state_key=self._k, index_key=self._index_key
+        )
+        if not call.keys:
+            return TxnResult(succeeded=True, results=[])
+        client: Any = self._client or await self._redis()
+        if self.is_cluster:
+            _redis_txn.check_one_slot(call, client.keyslot)
+        source, sha = _redis_txn.script(scripts.WRITE_FUNCTION)
+        reply = await self._script(sha, source, call.keys, *call.args, write_key=call.write_key)
+        return _redis_txn.result(checked, reply, scripts.entry)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the keys matching `pattern` with SCAN (never KEYS), without the prefix."""

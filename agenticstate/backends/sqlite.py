@@ -51,6 +51,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
+from agenticstate.backends._local import run_transaction
 from agenticstate.backends._sqlite_feed import Feed, SQLiteChangeStream, from_us, key_range
 from agenticstate.backends._sqlite_schema import SCHEMA_VERSION
 from agenticstate.backends._sqlite_worker import Job, Worker, connect, translate, translated
@@ -65,6 +66,7 @@ from agenticstate.backends.base import (
     check_expected_version,
     check_index_members,
     check_limit,
+    check_transaction,
     check_ttl,
     conflict,
     new_change,
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
 
     from agenticstate._glob import GlobMatcher
     from agenticstate._tasks import EventLike
+    from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend", "SQLiteChangeStream"]
 
@@ -601,15 +604,39 @@ class SQLiteBackend(Backend):
                 raise conflict(key, expected_version, version)
             if current is None:
                 return None
-            full = self.key_prefix + key
-            self._flush_writes(conn)  # the staged writes come first, in order
-            self._rows[full] = None
-            conn.execute("DELETE FROM kv WHERE key = ?", (full,))
-            conn.execute(schema.LOG, (full, schema.DELETE, current[0], None, version, now))
-            self._logged += 1
-            return new_change(key, ChangeOp.DELETE, current[0], None, version, from_us(now))
+            return self._drop(conn, key, current, now)
 
         result: Change | None = await self._call(True, run, self.key_prefix + key)
+        return result
+
+    def _drop(self, conn: sqlite3.Connection, key: str, current: schema.Row, now: int) -> Change:
+        """Delete the live row `current` of `key` and log the change (in the writer thread)."""
+        full = self.key_prefix + key
+        self._flush_writes(conn)  # the staged writes come first, in order
+        self._rows[full] = None
+        conn.execute("DELETE FROM kv WHERE key = ?", (full,))
+        conn.execute(schema.LOG, (full, schema.DELETE, current[0], None, current[1], now))
+        self._logged += 1
+        return new_change(key, ChangeOp.DELETE, current[0], None, current[1], from_us(now))
+
+    async def transact(
+        self,
+        compare: Sequence[TxnCompare],
+        then: Sequence[TxnOp],
+        orelse: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        """Compare, then write, in one transaction of the writer thread; see `Backend.transact`.
+
+        The step runs inside the batch's `BEGIN IMMEDIATE` transaction, so no other process
+        writes between its compares and its writes; its changes go to the `changes` table in
+        that same transaction, as `set`'s do.
+        """
+        checked = check_transaction(compare, then, orelse)
+
+        def run(conn: sqlite3.Connection) -> TxnResult:
+            return run_transaction(_SQLiteStep(self, conn, schema.now_us()), *checked)
+
+        result: TxnResult = await self._call(True, run)
         return result
 
     async def update(
@@ -698,3 +725,63 @@ class SQLiteBackend(Backend):
         assert self._feed is not None  # noqa: S101  # set by open()
         async with self._feed.subscribe(matcher, max_buffer, since) as stream:
             yield stream
+
+
+class _SQLiteStep:
+    """A `TxnTarget` over one write transaction of a `SQLiteBackend` (in its writer thread)."""
+
+    __slots__ = ("_backend", "_conn", "_now")
+
+    def __init__(self, backend: SQLiteBackend, conn: sqlite3.Connection, now: int) -> None:
+        self._backend = backend
+        self._conn = conn
+        self._now = now
+
+    def _name(self, index: str) -> str:
+        return self._backend.key_prefix + index
+
+    def txn_get(self, key: str) -> Entry | None:
+        row = self._backend._current(self._conn, key, self._now)
+        return schema.entry(key, row) if row is not None else None
+
+    def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
+        backend, now = self._backend, self._now
+        current = backend._current(self._conn, key, now)
+        return backend._put(key, value, schema.ttl_us(ttl), current, now)
+
+    def txn_delete(self, key: str) -> Change | None:
+        backend, now = self._backend, self._now
+        current = backend._current(self._conn, key, now)
+        return None if current is None else backend._drop(self._conn, key, current, now)
+
+    def txn_score(self, index: str, member: str) -> float | None:
+        row = self._conn.execute(
+            "SELECT score FROM idx WHERE name = ? AND member = ?", (self._name(index), member)
+        ).fetchone()
+        return None if row is None else float(row[0])
+
+    def txn_index_add(self, index: str, members: dict[str, float]) -> int:
+        name, conn = self._name(index), self._conn
+        added = 0
+        for member in members:
+            found = conn.execute(
+                "SELECT 1 FROM idx WHERE name = ? AND member = ?", (name, member)
+            ).fetchone()
+            added += found is None
+        conn.executemany(
+            "INSERT OR REPLACE INTO idx VALUES (?, ?, ?)",
+            [(name, member, score) for member, score in members.items()],
+        )
+        return added
+
+    def txn_index_remove(self, index: str, members: list[str]) -> int:
+        name, conn = self._name(index), self._conn
+        before = conn.total_changes
+        conn.executemany(
+            "DELETE FROM idx WHERE name = ? AND member = ?", [(name, m) for m in members]
+        )
+        return conn.total_changes - before
+
+    def txn_index_range(self, index: str, limit: int | None) -> list[tuple[str, float]]:
+        sql = "SELECT member, score FROM idx WHERE name = ? ORDER BY score, member LIMIT ?"
+        return list(self._conn.execute(sql, (self._name(index), -1 if limit is None else limit)))

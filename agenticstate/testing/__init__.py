@@ -17,14 +17,15 @@ class TestDictBackend(BackendContract):
             yield backend
 ```
 
-pytest then collects every contract test (storage, expiry, events, scan, index, and
+pytest then collects every contract test (storage, expiry, events, scan, index, transactions, and
 `StateManager` over the backend) as methods of `TestDictBackend`. The suite needs `pytest` and
 `pytest-asyncio` (the `testing` extra installs both); it works in pytest-asyncio's `auto` and
 `strict` modes. Each test gets its own `backend`; a backend over a shared server should give each
 test its own namespace (as `RedisBackend(key_prefix=...)` does in our own run).
 
 The parts are importable on their own (`StorageContract`, `ExpiryContract`, `EventsContract`,
-`ScanContract`, `IndexContract`, `ManagerContract`) for a backend that is built up in steps;
+`ScanContract`, `IndexContract`, `TransactContract`, `ManagerContract`) for a backend that is
+built up in steps;
 `BackendContract` is all of them, and what "passes the contract" means.
 
 See the docs page "Writing a backend".
@@ -46,7 +47,7 @@ except ImportError as exc:
 pytest.register_assert_rewrite(
     *(
         f"agenticstate.testing._{part}"
-        for part in ("events", "expiry", "index", "manager", "scan", "storage")
+        for part in ("events", "expiry", "index", "manager", "scan", "storage", "txn")
     )
 )
 
@@ -57,6 +58,7 @@ from agenticstate.testing._index import IndexContract  # noqa: E402
 from agenticstate.testing._manager import ManagerContract  # noqa: E402
 from agenticstate.testing._scan import ScanContract  # noqa: E402
 from agenticstate.testing._storage import StorageContract  # noqa: E402
+from agenticstate.testing._txn import TransactContract  # noqa: E402
 
 __all__ = [
     "BackendContract",
@@ -66,6 +68,7 @@ __all__ = [
     "ManagerContract",
     "ScanContract",
     "StorageContract",
+    "TransactContract",
 ]
 
 
@@ -76,6 +79,7 @@ class BackendContract(
     EventsContract,
     ScanContract,
     IndexContract,
+    TransactContract,
     ManagerContract,
 ):
     """The whole backend contract. Subclass it (name the subclass `Test...`) and give it a

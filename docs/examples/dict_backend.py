@@ -14,7 +14,16 @@ from agenticstate.backends import (
     Change,
     ChangeFanout,
     ChangeOp,
+    Delete,
     Entry,
+    Get,
+    IndexAdd,
+    IndexIncr,
+    IndexRange,
+    IndexRemove,
+    Put,
+    TxnResult,
+    Version,
     glob_match,
     open_backend,
     register_backend,
@@ -26,6 +35,7 @@ from agenticstate.backends.base import (
     check_expected_version,
     check_index_members,
     check_limit,
+    check_transaction,
     check_ttl,
     conflict,
 )
@@ -33,6 +43,8 @@ from agenticstate.backends.base import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
+
+    from agenticstate.backends import TxnCompare, TxnOp
 
 
 class DictBackend(Backend):
@@ -74,6 +86,11 @@ class DictBackend(Backend):
         check_ttl(ttl)
         check_expected_version(expected_version)
         await anyio.lowlevel.checkpoint()
+        return self._write(key, value, ttl, expected_version)
+
+    def _write(
+        self, key: str, value: bytes, ttl: timedelta | None, expected_version: int | None
+    ) -> Change:
         current = self._live(key)
         version = current.version if current else 0
         if expected_version is not None and expected_version != version:
@@ -96,6 +113,9 @@ class DictBackend(Backend):
         validate_key(key)
         check_expected_version(expected_version)
         await anyio.lowlevel.checkpoint()
+        return self._drop(key, expected_version)
+
+    def _drop(self, key: str, expected_version: int | None) -> Change | None:
         current = self._live(key)
         version = current.version if current else 0
         if expected_version is not None and expected_version != version:
@@ -123,14 +143,20 @@ class DictBackend(Backend):
         validate_key(index)
         checked = check_index_members(members)
         await anyio.lowlevel.checkpoint()
+        return self._index_add(index, checked)
+
+    def _index_add(self, index: str, members: dict[str, float]) -> int:
         scores = self._indexes.setdefault(index, {})
-        added = len(checked.keys() - scores.keys())
-        scores.update(checked)
+        added = len(members.keys() - scores.keys())
+        scores.update(members)
         return added
 
     async def index_remove(self, index: str, members: Sequence[str]) -> int:
         validate_key(index)
         await anyio.lowlevel.checkpoint()
+        return self._index_remove(index, members)
+
+    def _index_remove(self, index: str, members: Sequence[str]) -> int:
         scores = self._indexes.get(index, {})
         return sum(scores.pop(member, None) is not None for member in set(members))
 
@@ -138,8 +164,50 @@ class DictBackend(Backend):
         validate_key(index)
         check_limit(limit)
         await anyio.lowlevel.checkpoint()
+        return self._index_range(index, limit)
+
+    def _index_range(self, index: str, limit: int | None) -> list[tuple[str, float]]:
         ranked = sorted(self._indexes.get(index, {}).items(), key=lambda item: (item[1], item[0]))
         return ranked if limit is None else ranked[:limit]
+
+    async def transact(
+        self, compare: Sequence[TxnCompare], then: Sequence[TxnOp], orelse: Sequence[TxnOp] = ()
+    ) -> TxnResult:
+        # Optional: without this method the base class raises UnsupportedOperationError, the
+        # contract's transaction tests skip, and the managers use the single-key calls.
+        compare, then, orelse = check_transaction(compare, then, orelse)  # all, before anything
+        await anyio.lowlevel.checkpoint()
+        # Nothing awaits from here to the return: on one event loop, the step is atomic.
+        holds = all(
+            self._version(item.key) == item.version
+            if isinstance(item, Version)
+            else self._version(item.key) > 0
+            for item in compare
+        )
+        return TxnResult(holds, [self._run(op) for op in (then if holds else orelse)])
+
+    def _version(self, key: str) -> int:
+        entry = self._live(key)
+        return entry.version if entry else 0
+
+    def _run(self, op: TxnOp) -> Any:
+        match op:
+            case Get(key=key):
+                return self._live(key)
+            case Put(key=key, value=value, ttl=ttl):
+                return self._write(key, value, ttl, None)
+            case Delete(key=key):
+                return self._drop(key, None)
+            case IndexAdd(index=index, members=members):
+                return self._index_add(index, dict(members))
+            case IndexRemove(index=index, members=members):
+                return self._index_remove(index, members)
+            case IndexIncr(index=index, member=member, delta=delta):
+                score = self._indexes.get(index, {}).get(member, 0.0) + delta
+                self._index_add(index, {member: score})
+                return score
+            case IndexRange(index=index, limit=limit):
+                return self._index_range(index, limit)
 
     async def aclose(self) -> None:
         self._fanout.close()  # ends every subscription's iteration

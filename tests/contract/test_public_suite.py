@@ -21,6 +21,7 @@ from agenticstate.testing import (
     ManagerContract,
     ScanContract,
     StorageContract,
+    TransactContract,
 )
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "docs" / "examples"
@@ -96,6 +97,7 @@ def test_the_contract_is_all_the_parts() -> None:
         EventsContract,
         ScanContract,
         IndexContract,
+        TransactContract,
         ManagerContract,
     ):
         assert issubclass(BackendContract, part)
@@ -129,6 +131,19 @@ def test_a_broken_backend_fails_the_suite(tmp_path: Path, broken: str) -> None:
     if broken == "versions":  # an assert fails (the others fail by timeout or exception)
         # pytest rewrote the suite's asserts: the report shows what was compared.
         assert "assert [1, 8, 8, 8, 8] == [1, 2, 3, 4, 5]" in result.stdout, result.stdout[-3000:]
+
+
+def test_a_backend_without_transact_skips_the_transaction_tests(tmp_path: Path) -> None:
+    """`transact` is optional: a backend whose `transact` raises `UnsupportedOperationError` (the
+    base class's default) skips the transaction tests and passes the rest."""
+    extra = (
+        "async def transact(self, compare, then, orelse=()):\n"
+        "        from agenticstate import UnsupportedOperationError\n"
+        "        raise UnsupportedOperationError('not here')\n"
+    )
+    result = _pytest(_project(tmp_path, "Mine", extra), "-k", "compares_pick or get_missing")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert re.search(r"1 passed, 1 skipped", result.stdout), result.stdout[-3000:]
 
 
 def test_without_pytest_the_error_names_the_extra(tmp_path: Path) -> None:

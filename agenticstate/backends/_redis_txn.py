@@ -1,0 +1,293 @@
+"""`RedisBackend.transact`: one Lua script per transaction, its arguments and its reply.
+
+The script gets every key and index the transaction names as `KEYS` (each once) and the
+compares and both branches as `ARGV`, checks the compares (each key's version, read from its
+record header), then runs one branch, op by op, and returns `{succeeded, results}`. Redis runs a
+script as one atomic step, so nothing else writes between the compares and the writes, and one
+transaction is one command (EVALSHA). `Put` is the same `write` function `set` runs (record
+header, TTL, PUBLISH of old and new); `Delete` publishes as `delete` does.
+
+`ARGV` layout: `[channel namespace, compares, then_at, else_at, end_at, compares..., then ops...,
+else ops...]`, positions 1-based as Lua counts. A compare is `kind, key, version` (`v`: at
+version, `e`: exists). An op is its code, its key's position in `KEYS`, and its fields:
+
+| op | fields | result |
+| --- | --- | --- |
+| `g` | | the raw record, or nil |
+| `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms}` |
+| `d` | | `{version, old, now ms}`, or nil |
+| `ia` | n, then score, member n times | members added |
+| `ir` | n, then n members | members removed |
+| `ii` | member, delta | the new score (a string) |
+| `r` | limit (-1: all) | member, score, member, score, ... |
+
+On a cluster a script's keys must share a slot: `check_one_slot` refuses a transaction that
+does not, naming its keys, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from agenticstate.backends.base import (
+    ChangeOp,
+    Delete,
+    Get,
+    IndexAdd,
+    IndexIncr,
+    IndexRange,
+    IndexRemove,
+    Put,
+    TxnResult,
+    Version,
+    new_change,
+)
+from agenticstate.exceptions import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from agenticstate.backends.base import Entry, TxnCompare, TxnOp
+
+__all__ = ["TxnCall", "check_one_slot", "pack", "parse", "result", "script"]
+
+_MS = timedelta(milliseconds=1)
+
+# Runs after the `write` function (and `now`) of redis.py's write scripts.
+_TXN_BODY = """
+local ns = ARGV[1]
+local ok = 1
+local i = 6
+for c = 1, tonumber(ARGV[2]) do
+  local head = redis.call('GETRANGE', KEYS[tonumber(ARGV[i + 1])], 0, 19)
+  local ver = 0
+  if head ~= '' then ver = tonumber(head) end
+  if ARGV[i] == 'v' then
+    if ver ~= tonumber(ARGV[i + 2]) then ok = 0 end
+  elseif ver == 0 then
+    ok = 0
+  end
+  i = i + 3
+end
+local from, to = tonumber(ARGV[3]), tonumber(ARGV[4])
+if ok == 0 then from, to = tonumber(ARGV[4]), tonumber(ARGV[5]) end
+local function zmany(cmd, key, first, count, width)
+  local total = 0
+  -- at most 500 members per command: Lua's unpack has a stack limit
+  for start = 0, count - 1, 500 do
+    local n = math.min(500, count - start)
+    local a = first + start * width
+    total = total + redis.call(cmd, key, unpack(ARGV, a, a + n * width - 1))
+  end
+  return total
+end
+local results = {}
+i = from
+while i < to do
+  local op = ARGV[i]
+  local key = KEYS[tonumber(ARGV[i + 1])]
+  local r = false
+  if op == 'g' then
+    r = redis.call('GET', key)
+    i = i + 2
+  elseif op == 'p' then
+    r = write(key, ARGV[i + 2], tonumber(ARGV[i + 3]), -1, ns .. key, now)
+    i = i + 4
+  elseif op == 'd' then
+    local cur = redis.call('GET', key)
+    if cur then
+      local old = string.sub(cur, 66)
+      local verstr = string.sub(cur, 1, 20)
+      redis.call('DEL', key)
+      redis.call('PUBLISH', ns .. key, 'D' .. verstr .. string.format('%015d', now) .. '1'
+        .. string.format('%010d', #old) .. old)
+      r = {tonumber(verstr), old, now}
+    end
+    i = i + 2
+  elseif op == 'ia' then
+    local n = tonumber(ARGV[i + 2])
+    r = zmany('ZADD', key, i + 3, n, 2)
+    i = i + 3 + 2 * n
+  elseif op == 'ir' then
+    local n = tonumber(ARGV[i + 2])
+    r = zmany('ZREM', key, i + 3, n, 1)
+    i = i + 3 + n
+  elseif op == 'ii' then
+    r = redis.call('ZINCRBY', key, ARGV[i + 3], ARGV[i + 2])
+    i = i + 4
+  else
+    local limit = tonumber(ARGV[i + 2])
+    if limit == 0 then
+      r = {}
+    else
+      local stop = -1
+      if limit > 0 then stop = limit - 1 end
+      r = redis.call('ZRANGE', key, 0, stop, 'WITHSCORES')
+    end
+    i = i + 3
+  end
+  results[#results + 1] = r
+end
+return {ok, results}
+"""
+
+
+@functools.cache
+def script(write_function: str) -> tuple[str, str]:
+    """The transaction script built on `write_function` (redis.py's), and its SHA-1."""
+    source = write_function + _TXN_BODY
+    return source, hashlib.sha1(source.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
+
+
+@dataclass(frozen=True, slots=True)
+class TxnCall:
+    """One transaction as the script takes it.
+
+    Attributes:
+        keys: The Redis keys (`KEYS`), each once.
+        args: `ARGV`.
+        names: Each Redis key's name as the caller gave it (a key or an index), for messages.
+        write_key: The key whose write outcome an unknown reply leaves open.
+    """
+
+    keys: list[str]
+    args: list[str | bytes | int]
+    names: list[str]
+    write_key: str
+
+
+def _ttl_ms(op: Put) -> int:
+    if op.ttl is None:
+        return 0
+    return max(1, -(-op.ttl // _MS))
+
+
+def pack(
+    compare: Sequence[TxnCompare],
+    then: Sequence[TxnOp],
+    orelse: Sequence[TxnOp],
+    *,
+    channels: str,
+    state_key: Callable[[str], str],
+    index_key: Callable[[str], str],
+) -> TxnCall:
+    """Pack a validated transaction (`check_transaction`'s output) for the script."""
+    keys: list[str] = []
+    names: list[str] = []
+    positions: dict[str, int] = {}
+
+    def position(name: str, given: str) -> int:
+        found = positions.get(name)
+        if found is None:
+            keys.append(name)
+            names.append(given)
+            found = positions[name] = len(keys)
+        return found
+
+    args: list[str | bytes | int] = [channels, len(compare), 0, 0, 0]
+    for item in compare:
+        kind, version = ("v", item.version) if type(item) is Version else ("e", 0)
+        args += [kind, position(state_key(item.key), item.key), version]
+    args[2] = len(args) + 1
+    _pack_ops(then, args, position, state_key, index_key)
+    args[3] = len(args) + 1
+    _pack_ops(orelse, args, position, state_key, index_key)
+    args[4] = len(args) + 1
+    written = [op.key for op in (*then, *orelse) if type(op) is Put or type(op) is Delete]
+    return TxnCall(keys, args, names, (written or names or [""])[0])
+
+
+def _pack_ops(
+    ops: Sequence[TxnOp],
+    args: list[str | bytes | int],
+    position: Callable[[str, str], int],
+    state_key: Callable[[str], str],
+    index_key: Callable[[str], str],
+) -> None:
+    for op in ops:
+        match op:
+            case Get(key=key):
+                args += ["g", position(state_key(key), key)]
+            case Put(key=key, value=value):
+                args += ["p", position(state_key(key), key), value, _ttl_ms(op)]
+            case Delete(key=key):
+                args += ["d", position(state_key(key), key)]
+            case IndexAdd(index=index, members=members):
+                args += ["ia", position(index_key(index), index), len(members)]
+                for member, score in members.items():
+                    args += [repr(float(score)), member]
+            case IndexRemove(index=index, members=members):
+                unique = list(dict.fromkeys(members))
+                args += ["ir", position(index_key(index), index), len(unique), *unique]
+            case IndexIncr(index=index, member=member, delta=delta):
+                args += ["ii", position(index_key(index), index), member, repr(float(delta))]
+            case IndexRange(index=index, limit=limit):
+                args += ["r", position(index_key(index), index), -1 if limit is None else limit]
+
+
+def check_one_slot(call: TxnCall, slot_of: Callable[[str], int]) -> None:
+    """On a cluster: refuse a transaction whose keys live in more than one slot.
+
+    Raises:
+        InvalidArgumentError: Naming the keys and their slots.
+    """
+    slots = [slot_of(key) for key in call.keys]
+    if len(set(slots)) > 1:
+        listed = ", ".join(
+            f"{name!r} (slot {slot})" for name, slot in zip(call.names, slots, strict=True)
+        )
+        raise InvalidArgumentError(
+            "on Redis Cluster every key and index of one transaction must hash to one slot "
+            f"(give them one {{hash tag}}); these do not: {listed}"
+        )
+
+
+def parse(
+    ops: Sequence[TxnOp],
+    reply: list[Any],
+    entry: Callable[[str, bytes], Entry],
+) -> list[Any]:
+    """The results of the branch that ran (`ops`), from the script's reply."""
+    results: list[Any] = []
+    for op, raw in zip(ops, reply, strict=True):
+        match op:
+            case Get(key=key):
+                results.append(None if raw is None else entry(key, raw))
+            case Put(key=key, value=value):
+                results.append(
+                    new_change(key, ChangeOp.SET, raw[2], value, int(raw[1]), _at(raw[3]))
+                )
+            case Delete(key=key):
+                results.append(
+                    None
+                    if raw is None
+                    else new_change(key, ChangeOp.DELETE, raw[1], None, int(raw[0]), _at(raw[2]))
+                )
+            case IndexAdd() | IndexRemove():
+                results.append(int(raw))
+            case IndexIncr():
+                results.append(float(raw))
+            case IndexRange():
+                if raw and not isinstance(raw[0], list):
+                    raw = list(zip(raw[::2], raw[1::2], strict=True))
+                results.append([(member.decode(), float(score)) for member, score in raw])
+    return results
+
+
+def result(
+    compare_then_orelse: tuple[Sequence[TxnCompare], Sequence[TxnOp], Sequence[TxnOp]],
+    reply: list[Any],
+    entry: Callable[[str, bytes], Entry],
+) -> TxnResult:
+    """The `TxnResult` of the script's reply `{succeeded, results}`."""
+    _, then, orelse = compare_then_orelse
+    succeeded = int(reply[0]) == 1
+    return TxnResult(succeeded, parse(then if succeeded else orelse, reply[1], entry))
+
+
+def _at(ms: Any) -> datetime:
+    return datetime.fromtimestamp(int(ms) / 1000, UTC)
