@@ -32,6 +32,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -41,6 +42,7 @@ from uuid import UUID
 
 import anyio
 
+from agenticstate._checks import as_ttl
 from agenticstate._keys import validate_pattern
 from agenticstate._progress import Progress, is_terminal
 from agenticstate._version import __version__
@@ -410,8 +412,14 @@ def _ttl_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    try:
+        as_ttl(value)
+    except InvalidArgumentError as exc:
+        if value > 0 and math.isfinite(value):  # too long: say so
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, not {text}"
+        ) from None
     return value
 
 
