@@ -115,6 +115,60 @@ def test_inspect_workflows(tmp_path: Path) -> None:
     assert rows[0]["status"] == "running"
 
 
+@pytest.mark.parametrize(
+    ("what", "column", "shown"),
+    [
+        ("agents", "agent", ["critic", "writer"]),
+        ("workflows", "workflow", ["run-a", "run-b"]),
+        ("teams", "team", ["band", "crew"]),
+        ("knowledge", "knowledge base", ["docs", "notes"]),
+        ("tools", "tool", ["calculator", "search_web"]),
+        ("sessions", "session", ["chat-1", "chat-2"]),  # the latest activity first
+        ("speech", "session", ["voice-b", "voice-a"]),  # the oldest first
+    ],
+)
+def test_inspect_each_target(tmp_path: Path, what: str, column: str, shown: list[str]) -> None:
+    """`inspect <what>` lists the records of each manager, read through its list methods."""
+    from tests.managers.test_list_methods import _fill  # records of every manager
+
+    store = tmp_path / "store"
+
+    async def make() -> None:
+        async with StateManager(backend=FileBackend(base_path=store)) as state:
+            await _fill(state)
+
+    anyio.run(make)
+    result = cli("--url", f"file://{store}", "--json", "inspect", what, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    assert [row[column] for row in rows] == shown
+    table = cli("--url", f"file://{store}", "inspect", what, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split()[0] == column.split()[0]
+    assert all(name in table.stdout for name in shown)
+
+
+def test_inspect_targets_are_the_table() -> None:
+    """The `inspect` choices are the keys of the one table mapping a target to its reader."""
+    from agenticstate.cli import _INSPECTORS
+
+    commands = next(
+        action for action in _parser()._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    inspect = commands.choices["inspect"]
+    what = next(action for action in inspect._actions if action.dest == "what")
+    assert list(what.choices or []) == list(_INSPECTORS)
+    assert set(_INSPECTORS) == {
+        "agents",
+        "workflows",
+        "teams",
+        "knowledge",
+        "tools",
+        "sessions",
+        "speech",
+    }
+
+
 @pytest.mark.redis
 def test_watch_streams_changes_from_another_process(redis_url: str, tmp_path: Path) -> None:
     """watch prints each change (old -> new) made by another process."""
