@@ -337,6 +337,8 @@ def test_set_creates_the_store(tmp_path: Path) -> None:
         (("watch", "*", "--count", "x"), "must be a whole number"),
         (("set", "k", "1", "--ttl", "-5"), "must be a positive number of seconds, not -5"),
         (("set", "k", "1", "--ttl", "nan"), "must be a positive number of seconds, not nan"),
+        (("set", "k", "1", "--ttl", "inf"), "must be a positive number of seconds, not inf"),
+        (("set", "k", "1", "--ttl", "1e20"), "ttl of 1e+20 seconds is too long"),
         (("inspect", "nothing"), "invalid choice"),
     ],
 )
