@@ -336,12 +336,7 @@ class TaskQueue:
     async def enqueue_task(self, team_id: str, task: dict[str, Any] | TaskItem) -> TaskItem:
         """Add a task to the team's queue (priority high/normal/low, then first in, first out).
 
-        A dict takes the AgenticAI Framework state-management API's shape (`id`, `type`,
-        `priority`, `data`; other keys go into `data`).
-
-        Raises:
-            ConflictError: A task with this id is in the team's queue already.
-            NotFoundError: No such team.
+        See `OrchestrationStateManager.enqueue_task`.
         """
         item = _task_from(task)
         await self._require_team(team_id)
@@ -363,11 +358,7 @@ class TaskQueue:
         return item
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
-        """Return one task.
-
-        Raises:
-            NotFoundError: No such task in the team.
-        """
+        """Return one task (see `OrchestrationStateManager.get_task`)."""
         task = await self._load(self.keys.task(team_id, task_id), TaskItem)
         if task is None:
             raise NotFoundError(f"team {team_id!r} has no task {task_id!r}")
@@ -420,12 +411,7 @@ class TaskQueue:
     async def assign_task(self, team_id: str, task_id: str, agent_id: str) -> TaskItem:
         """Assign a pending task to an agent, atomically across processes (no lease).
 
-        This is a coordinator's decision: unlike `claim_task`, it does not check the task's
-        `capability` against the agent's.
-
-        Raises:
-            ConflictError: The task is not pending (another agent has it, or it is done).
-            NotFoundError: No such task.
+        See `OrchestrationStateManager.assign_task`.
         """
         key_part(agent_id, "agent_id")
         self.keys.task(team_id, task_id)  # check the ids before indexing anything
@@ -455,18 +441,7 @@ class TaskQueue:
     ) -> TaskClaim | None:
         """Take the next pending task for `agent_id`, under a lease.
 
-        The next task is the highest-priority, oldest pending one the agent may take. A task
-        that needs a capability goes only to an agent of the team that has it (its
-        `capabilities` in the team's record); an agent that is not in the team has no
-        capabilities, so it may take only tasks that need none. `capability=` narrows the claim
-        further: tasks that need another capability are passed over (tasks that need none
-        still come). The lease lasts `lease` (default `default_lease`); `heartbeat` extends it,
-        and once it expires `reap_expired` puts the task back.
-
-        The agent's record is read only when a candidate task needs a capability.
-
-        Returns:
-            The claim, or None when no task is available.
+        See `OrchestrationStateManager.claim_task`.
         """
         key_part(agent_id, "agent_id")
         lease = lease or self.default_lease
@@ -560,11 +535,7 @@ class TaskQueue:
         *,
         lease: timedelta | None = None,
     ) -> TaskItem:
-        """Extend a claim's lease.
-
-        Raises:
-            ConflictError: The lease was lost (expired and reaped, or the task finished).
-        """
+        """Extend a claim's lease (see `OrchestrationStateManager.heartbeat`)."""
         life = lease or self.default_lease
 
         def extend(task: TaskItem) -> TaskItem:
@@ -587,12 +558,7 @@ class TaskQueue:
     ) -> TaskItem:
         """Mark an in-progress task completed with its result.
 
-        Pass the claim's `lease_token` (or the `agent_id` it was assigned to): a completion by a
-        holder whose lease expired and was handed on is refused. With `finished_task_ttl`, the
-        completed task expires after it.
-
-        Raises:
-            ConflictError: The task is not in progress, or is held under another lease.
+        See `OrchestrationStateManager.complete_task`.
         """
 
         def complete(task: TaskItem) -> TaskItem:
@@ -642,12 +608,7 @@ class TaskQueue:
     ) -> TaskItem:
         """Record a failure: the task is retried, or dead-lettered after `max_retries`.
 
-        The task goes back to pending (keeping its place in the queue) until it has failed more
-        than its `max_retries` times; then it moves to the dead-letter list (and, with
-        `finished_task_ttl`, expires after it).
-
-        Raises:
-            ConflictError: The task is not in progress, or is held under another lease.
+        See `OrchestrationStateManager.fail_task`.
         """
         # The TTL is chosen before the write: expect a retry, and redo the write in the rare
         # case that it turns out to be the dead letter (only when the two TTLs differ).
@@ -692,12 +653,7 @@ class TaskQueue:
     async def delete_task(self, team_id: str, task_id: str) -> TaskItem:
         """Delete a task in any status, with its index entries; return it as it was.
 
-        Deleting a task in progress takes it from its holder: the holder's `heartbeat`,
-        `complete_task` or `fail_task` then raise `NotFoundError`, and the holder, if a member
-        of the team, is set idle.
-
-        Raises:
-            NotFoundError: No such task in the team.
+        See `OrchestrationStateManager.delete_task`.
         """
         key = self.keys.task(team_id, task_id)
         while True:
@@ -723,15 +679,7 @@ class TaskQueue:
     async def purge_finished(self, team_id: str, *, older_than: timedelta | None = None) -> int:
         """Delete the team's completed and dead-lettered tasks, oldest first.
 
-        Args:
-            team_id: The team.
-            older_than: Only tasks that finished at least this long ago (None: all of them).
-
-        Returns:
-            How many tasks were deleted.
-
-        Raises:
-            NotFoundError: No such team.
+        See `OrchestrationStateManager.purge_finished`.
         """
         if older_than is not None and (
             not isinstance(older_than, timedelta) or older_than < timedelta(0)
@@ -789,16 +737,7 @@ class TaskQueue:
     async def reap_expired(self, team_id: str) -> list[str]:
         """Put tasks whose lease expired back to pending; restore lost index entries.
 
-        A lease expires when its holder died (or stopped heartbeating). Only the claims that are
-        due are read (the in-progress index is scored by lease expiry), so the cost does not
-        grow with the tasks pending or finished. The first call for a team in a process, and
-        then one every 60 `sync_interval`s, also checks every task record of the team against
-        the indexes and restores what a crash left out of them.
-
-        Run it every `sync_interval` or so from any process; concurrent reapers are safe.
-
-        Returns:
-            The ids of the tasks put back.
+        See `OrchestrationStateManager.reap_expired`.
         """
         await self._check_indexes(team_id)
         now = utcnow()
@@ -932,12 +871,7 @@ class TaskQueue:
     ) -> TaskQueueState:
         """Return the team's tasks grouped by status, each list in queue order.
 
-        The tasks are read through the indexes, not by scanning the store.
-
-        Args:
-            team_id: The team.
-            include_finished: Whether to read the completed and dead-lettered tasks too; without
-                them the cost depends only on the tasks pending and in progress.
+        See `OrchestrationStateManager.get_queue_status`.
         """
         await self._check_indexes(team_id)
         ids = [task_id for task_id, _ in await self.state.index_range(self.keys.pending(team_id))]

@@ -25,6 +25,10 @@ found, and a periodic check of every task record against the indexes (the first 
 or `get_queue_status` of a team in a process, then at most every 60 `sync_interval`s) restores
 what a crash left out.
 
+This module keeps the teams and their agents; the queue (claims, leases, retries, dead letters
+and the indexes) is a `TaskQueue` in `managers/_task_queue.py`, to which the manager delegates
+every queue call, and `TeamKeys` there builds every key below.
+
 Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Redis Cluster slot):
 
 | Record | Key |
@@ -145,6 +149,9 @@ class OrchestrationStateManager(StateManagerBase):
             `purge_finished` and `delete_task` remove finished tasks before that.
     """
 
+    _keys = TeamKeys()
+    """Every key of a team, built in one place (the layout is in the module docstring)."""
+
     def __init__(
         self,
         *,
@@ -183,9 +190,6 @@ class OrchestrationStateManager(StateManagerBase):
             max_retries=max_retries,
             finished_task_ttl=finished_task_ttl,
         )
-
-    _keys = TeamKeys()
-    """Every key of a team, built in one place (the layout is in the module docstring)."""
 
     # the queue's settings, kept by the queue
 
