@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import io
 import json
 import os
@@ -659,15 +660,21 @@ def test_demo_shows_progress_when_its_report_goes_elsewhere(tmp_path: Path) -> N
 
 def test_a_closed_pipe_ends_quietly(big_store: Path, tmp_path: Path) -> None:
     """`agenticstate keys | head -1`: no traceback when the reader goes away early."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agenticstate", "--url", f"file://{big_store}", "keys"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    assert process.stdout.readline() == b"agent:0000\n"
-    process.stdout.close()  # the reader is gone
+    # The keys (about 35 KB) would fit in a default 64 KB pipe: the command could write them
+    # all and exit 0 before the reader goes, as it did on a busy machine. A 4 KB pipe makes it
+    # wait for the reader, so it always meets the closed pipe.
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    with os.fdopen(read_end, "rb") as reader:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agenticstate", "--url", f"file://{big_store}", "keys"],
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        )
+        os.close(write_end)
+        assert reader.readline() == b"agent:0000\n"
+    # the reader is gone
     assert process.wait(timeout=60) == 141
     assert process.stderr is not None
     assert process.stderr.read() == b""
