@@ -32,6 +32,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -41,6 +42,7 @@ from uuid import UUID
 
 import anyio
 
+from agenticstate._checks import as_ttl
 from agenticstate._keys import validate_pattern
 from agenticstate._progress import Progress, is_terminal
 from agenticstate._version import __version__
@@ -263,124 +265,163 @@ async def _inspect(state: StateManager, args: argparse.Namespace, progress: Prog
 
 
 async def _inspected(state: StateManager, what: str) -> tuple[list[dict[str, Any]], list[str]]:
-    from agenticstate.managers import (  # only this command needs them
-        AgentStateStore,
-        KnowledgeStateManager,
-        OrchestrationStateManager,
-        SpeechStateManager,
-        ToolStateManager,
-        WorkflowStateManager,
-    )
+    """The rows and columns of `inspect <what>`: one manager's records, read by its list methods."""
+    return await _INSPECTORS[what](state)
 
-    rows: list[dict[str, Any]]
-    if what == "workflows":
-        workflows = WorkflowStateManager(state_manager=state)
-        found = await workflows.list_workflows()
-        rows = []
-        for workflow in found:
-            checkpoints = await workflows.list_checkpoints(workflow.workflow_id)
-            rows.append(
-                {
-                    "workflow": workflow.workflow_id,
-                    "status": workflow.status.value,
-                    "step": f"{workflow.current_step}/{workflow.total_steps}",
-                    "checkpoints": len(checkpoints),
-                    "latest checkpoint": checkpoints[0].checkpoint_id if checkpoints else "-",
-                }
-            )
-        columns = ["workflow", "status", "step", "checkpoints", "latest checkpoint"]
-    elif what == "teams":
-        orch = OrchestrationStateManager(state_manager=state)
-        rows = []
-        for team_id in await orch.list_teams():
-            team = await orch.get_team(team_id)
-            queue = team.task_queue
-            rows.append(
-                {
-                    "team": team_id,
-                    "agents": ", ".join(
-                        f"{a.agent_id}:{a.status.value}" for a in team.agents.values()
-                    ),
-                    "pending": len(queue.pending),
-                    "in progress": len(queue.in_progress),
-                    "completed": len(queue.completed),
-                    "dead letter": len(queue.dead_letter),
-                }
-            )
-        columns = ["team", "agents", "pending", "in progress", "completed", "dead letter"]
-    elif what == "tools":
-        tools = ToolStateManager(state_manager=state)
-        names = sorted(
+
+Rows = tuple[list[dict[str, Any]], list[str]]
+
+
+async def _inspect_agents(state: StateManager) -> Rows:
+    from agenticstate.managers import AgentStateStore  # only `inspect` needs the managers
+
+    agents = AgentStateStore(state_manager=state)
+    rows = []
+    for agent_id in await agents.list_agents():
+        latest = await agents.get_latest_checkpoint(agent_id)
+        snapshots = await agents.list_snapshots(agent_id)
+        saved = await agents.list_checkpoints(agent_id)
+        rows.append(
             {
-                key.split("}", 1)[0][len("tools:{") :]
-                for key in await state.list_keys("tools:{*}:stats")
+                "agent": agent_id,
+                "snapshots": len(snapshots),
+                "checkpoints": len(saved),
+                "latest checkpoint": latest.checkpoint_id if latest else "-",
+                "step": latest.step if latest else "-",
             }
         )
-        pending = await tools.get_pending_retries(due_only=False)
-        rows = []
-        for name in names:
-            stats = await tools.get_tool_stats(name)
-            rows.append(
-                {
-                    "tool": name,
-                    "runs": stats.total_executions,
-                    "success": f"{stats.success_rate:.0%}",
-                    "cache hits": f"{stats.cache_hit_rate:.0%}",
-                    "avg ms": f"{stats.avg_duration_ms:.1f}",
-                    "p95 ms": f"{stats.p95_duration_ms:.1f}",
-                    "pending retries": sum(1 for r in pending if r.tool_name == name),
-                }
-            )
-        columns = ["tool", "runs", "success", "cache hits", "avg ms", "p95 ms", "pending retries"]
-    elif what == "agents":
-        agents = AgentStateStore(state_manager=state)
-        rows = []
-        for agent_id in await agents.list_agents():
-            latest = await agents.get_latest_checkpoint(agent_id)
-            snapshots = await agents.list_snapshots(agent_id)
-            saved = await agents.list_checkpoints(agent_id)
-            rows.append(
-                {
-                    "agent": agent_id,
-                    "snapshots": len(snapshots),
-                    "checkpoints": len(saved),
-                    "latest checkpoint": latest.checkpoint_id if latest else "-",
-                    "step": latest.step if latest else "-",
-                }
-            )
-        columns = ["agent", "snapshots", "checkpoints", "latest checkpoint", "step"]
-    elif what == "knowledge":
-        kb = KnowledgeStateManager(state_manager=state)
-        rows = []
-        for kb_id in await kb.list_knowledge_bases():
-            overview = await kb.get_knowledge_base_state(kb_id)
-            rows.append(
-                {
-                    "knowledge base": kb_id,
-                    "documents": overview.total_documents,
-                    "embeddings": overview.total_embeddings,
-                    "pending": overview.documents_pending,
-                    "failed": overview.failed_documents,
-                    "indexing": overview.indexing_status.value if overview.indexing_status else "-",
-                    "sources": len(overview.sources),
-                }
-            )
-        columns = ["knowledge base", "documents", "embeddings", "pending", "failed", "indexing"]
-        columns.append("sources")
-    else:
-        speech = SpeechStateManager(state_manager=state)
-        rows = [
+    return rows, ["agent", "snapshots", "checkpoints", "latest checkpoint", "step"]
+
+
+async def _inspect_workflows(state: StateManager) -> Rows:
+    from agenticstate.managers import WorkflowStateManager
+
+    workflows = WorkflowStateManager(state_manager=state)
+    rows = []
+    for workflow in await workflows.list_workflows():
+        checkpoints = await workflows.list_checkpoints(workflow.workflow_id)
+        rows.append(
             {
-                "session": session.session_id,
-                "type": session.session_type,
-                "mode": session.streaming_mode.value,
-                "status": session.status.value,
-                "created": session.created_at.isoformat(timespec="seconds"),
+                "workflow": workflow.workflow_id,
+                "status": workflow.status.value,
+                "step": f"{workflow.current_step}/{workflow.total_steps}",
+                "checkpoints": len(checkpoints),
+                "latest checkpoint": checkpoints[0].checkpoint_id if checkpoints else "-",
             }
-            for session in await speech.list_sessions(active_only=False)
-        ]
-        columns = ["session", "type", "mode", "status", "created"]
-    return rows, columns
+        )
+    return rows, ["workflow", "status", "step", "checkpoints", "latest checkpoint"]
+
+
+async def _inspect_teams(state: StateManager) -> Rows:
+    from agenticstate.managers import OrchestrationStateManager
+
+    orch = OrchestrationStateManager(state_manager=state)
+    rows = []
+    for team_id in await orch.list_teams():
+        team = await orch.get_team(team_id)
+        queue = team.task_queue
+        rows.append(
+            {
+                "team": team_id,
+                "agents": ", ".join(f"{a.agent_id}:{a.status.value}" for a in team.agents.values()),
+                "pending": len(queue.pending),
+                "in progress": len(queue.in_progress),
+                "completed": len(queue.completed),
+                "dead letter": len(queue.dead_letter),
+            }
+        )
+    return rows, ["team", "agents", "pending", "in progress", "completed", "dead letter"]
+
+
+async def _inspect_knowledge(state: StateManager) -> Rows:
+    from agenticstate.managers import KnowledgeStateManager
+
+    kb = KnowledgeStateManager(state_manager=state)
+    rows = []
+    for kb_id in await kb.list_knowledge_bases():
+        overview = await kb.get_knowledge_base_state(kb_id)
+        rows.append(
+            {
+                "knowledge base": kb_id,
+                "documents": overview.total_documents,
+                "embeddings": overview.total_embeddings,
+                "pending": overview.documents_pending,
+                "failed": overview.failed_documents,
+                "indexing": overview.indexing_status.value if overview.indexing_status else "-",
+                "sources": len(overview.sources),
+            }
+        )
+    columns = ["knowledge base", "documents", "embeddings", "pending", "failed", "indexing"]
+    return rows, [*columns, "sources"]
+
+
+async def _inspect_tools(state: StateManager) -> Rows:
+    from agenticstate.managers import ToolStateManager
+
+    tools = ToolStateManager(state_manager=state)
+    pending = await tools.get_pending_retries(due_only=False)
+    rows = []
+    for name in await tools.list_tools():
+        stats = await tools.get_tool_stats(name)
+        rows.append(
+            {
+                "tool": name,
+                "runs": stats.total_executions,
+                "success": f"{stats.success_rate:.0%}",
+                "cache hits": f"{stats.cache_hit_rate:.0%}",
+                "avg ms": f"{stats.avg_duration_ms:.1f}",
+                "p95 ms": f"{stats.p95_duration_ms:.1f}",
+                "pending retries": sum(1 for r in pending if r.tool_name == name),
+            }
+        )
+    return rows, ["tool", "runs", "success", "cache hits", "avg ms", "p95 ms", "pending retries"]
+
+
+async def _inspect_sessions(state: StateManager) -> Rows:
+    from agenticstate.managers import SessionManager
+
+    sessions = SessionManager(state_manager=state)
+    found = await sessions.get_sessions(await sessions.list_session_ids())
+    rows = [
+        {
+            "session": session.session_id,
+            "user": session.user_id,
+            "name": session.name or "-",
+            "messages": session.message_count,
+            "updated": session.updated_at.isoformat(timespec="seconds"),
+        }
+        for session in sorted(found, key=lambda s: s.updated_at.timestamp(), reverse=True)
+    ]
+    return rows, ["session", "user", "name", "messages", "updated"]
+
+
+async def _inspect_speech(state: StateManager) -> Rows:
+    from agenticstate.managers import SpeechStateManager
+
+    speech = SpeechStateManager(state_manager=state)
+    rows = [
+        {
+            "session": session.session_id,
+            "type": session.session_type,
+            "mode": session.streaming_mode.value,
+            "status": session.status.value,
+            "created": session.created_at.isoformat(timespec="seconds"),
+        }
+        for session in await speech.list_sessions(active_only=False)
+    ]
+    return rows, ["session", "type", "mode", "status", "created"]
+
+
+_INSPECTORS: dict[str, Callable[[StateManager], Awaitable[Rows]]] = {
+    "agents": _inspect_agents,
+    "workflows": _inspect_workflows,
+    "teams": _inspect_teams,
+    "knowledge": _inspect_knowledge,
+    "tools": _inspect_tools,
+    "sessions": _inspect_sessions,
+    "speech": _inspect_speech,
+}
+"""`inspect <what>`: the manager records each target shows."""
 
 
 _EPILOG = f"""\
@@ -410,8 +451,14 @@ def _ttl_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    try:
+        as_ttl(value)
+    except InvalidArgumentError as exc:
+        if value > 0 and math.isfinite(value):  # too long: say so
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, not {text}"
+        ) from None
     return value
 
 
@@ -543,7 +590,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect = command("inspect", "summaries of the managers' records")
     inspect.add_argument(
         "what",
-        choices=["agents", "workflows", "teams", "knowledge", "tools", "speech"],
+        choices=list(_INSPECTORS),
         help="which manager's records: %(choices)s",
     )
     command("demo", "run the demo pipeline in ./.state/demo (whatever --url says)")

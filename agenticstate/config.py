@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agenticstate._checks import as_ttl as _as_ttl  # the one TTL check; this name stays
 from agenticstate._registry import check_backend_name
 from agenticstate.encryption import Encryption  # pydantic needs it at runtime
 from agenticstate.exceptions import ConfigurationError
@@ -44,32 +44,6 @@ def redact_url(url: str) -> str:
         url = head + question_mark + _PASSWORD_PARAMETER.sub(r"\1***", query)
         url += hash_mark + fragment
     return url
-
-
-def _as_ttl(value: object) -> timedelta | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError("ttl must be seconds or a timedelta, not a bool")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"ttl must be a finite number of seconds, not {value!r}")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            # Say what was typed: timedelta(seconds=-5) would print as "-1 day, 23:59:55".
-            raise ValueError(f"ttl must be positive, not {value!r} seconds")
-        try:
-            value = timedelta(seconds=value)
-        except OverflowError:
-            raise ValueError(f"ttl of {value!r} seconds is too long") from None
-    if not isinstance(value, timedelta):
-        raise ValueError(f"ttl must be seconds or a timedelta, not {type(value).__name__}")
-    if value <= timedelta(0):
-        raise ValueError(f"ttl must be positive, not {value}")
-    try:
-        datetime.now(UTC) + value
-    except OverflowError:
-        raise ValueError(f"ttl {value} is too long: it would expire after the year 9999") from None
-    return value
 
 
 class StateConfig(BaseModel):

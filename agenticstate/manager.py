@@ -27,12 +27,13 @@ import anyio
 from pydantic import BaseModel, ConfigDict
 
 from agenticstate import _otel
+from agenticstate._checks import as_ttl
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import spawn_detached
 from agenticstate.backends import Backend, open_config_backend
 from agenticstate.backends.base import Change, Entry, check_expected_version
-from agenticstate.config import StateConfig, _as_ttl
+from agenticstate.config import StateConfig
 from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.events import StateChange
 from agenticstate.exceptions import (
@@ -629,10 +630,7 @@ class StateManager:
     def _ttl(self, ttl: object) -> timedelta | None:
         if ttl is DEFAULT:
             return self.config.ttl
-        try:
-            return _as_ttl(ttl)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from None
+        return as_ttl(ttl)
 
     async def save(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import io
 import json
 import os
@@ -112,6 +113,60 @@ def test_inspect_workflows(tmp_path: Path) -> None:
         cli("--url", f"file://{store}", "--json", "inspect", "workflows", cwd=tmp_path).stdout
     )
     assert rows[0]["status"] == "running"
+
+
+@pytest.mark.parametrize(
+    ("what", "column", "shown"),
+    [
+        ("agents", "agent", ["critic", "writer"]),
+        ("workflows", "workflow", ["run-a", "run-b"]),
+        ("teams", "team", ["band", "crew"]),
+        ("knowledge", "knowledge base", ["docs", "notes"]),
+        ("tools", "tool", ["calculator", "search_web"]),
+        ("sessions", "session", ["chat-1", "chat-2"]),  # the latest activity first
+        ("speech", "session", ["voice-b", "voice-a"]),  # the oldest first
+    ],
+)
+def test_inspect_each_target(tmp_path: Path, what: str, column: str, shown: list[str]) -> None:
+    """`inspect <what>` lists the records of each manager, read through its list methods."""
+    from tests.managers.test_list_methods import _fill  # records of every manager
+
+    store = tmp_path / "store"
+
+    async def make() -> None:
+        async with StateManager(backend=FileBackend(base_path=store)) as state:
+            await _fill(state)
+
+    anyio.run(make)
+    result = cli("--url", f"file://{store}", "--json", "inspect", what, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    assert [row[column] for row in rows] == shown
+    table = cli("--url", f"file://{store}", "inspect", what, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split()[0] == column.split()[0]
+    assert all(name in table.stdout for name in shown)
+
+
+def test_inspect_targets_are_the_table() -> None:
+    """The `inspect` choices are the keys of the one table mapping a target to its reader."""
+    from agenticstate.cli import _INSPECTORS
+
+    commands = next(
+        action for action in _parser()._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    inspect = commands.choices["inspect"]
+    what = next(action for action in inspect._actions if action.dest == "what")
+    assert list(what.choices or []) == list(_INSPECTORS)
+    assert set(_INSPECTORS) == {
+        "agents",
+        "workflows",
+        "teams",
+        "knowledge",
+        "tools",
+        "sessions",
+        "speech",
+    }
 
 
 @pytest.mark.redis
@@ -282,6 +337,8 @@ def test_set_creates_the_store(tmp_path: Path) -> None:
         (("watch", "*", "--count", "x"), "must be a whole number"),
         (("set", "k", "1", "--ttl", "-5"), "must be a positive number of seconds, not -5"),
         (("set", "k", "1", "--ttl", "nan"), "must be a positive number of seconds, not nan"),
+        (("set", "k", "1", "--ttl", "inf"), "must be a positive number of seconds, not inf"),
+        (("set", "k", "1", "--ttl", "1e20"), "ttl of 1e+20 seconds is too long"),
         (("inspect", "nothing"), "invalid choice"),
     ],
 )
@@ -602,15 +659,21 @@ def test_demo_shows_progress_when_its_report_goes_elsewhere(tmp_path: Path) -> N
 
 def test_a_closed_pipe_ends_quietly(big_store: Path, tmp_path: Path) -> None:
     """`agenticstate keys | head -1`: no traceback when the reader goes away early."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agenticstate", "--url", f"file://{big_store}", "keys"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    assert process.stdout.readline() == b"agent:0000\n"
-    process.stdout.close()  # the reader is gone
+    # The keys (about 35 KB) would fit in a default 64 KB pipe: the command could write them
+    # all and exit 0 before the reader goes, as it did on a busy machine. A 4 KB pipe makes it
+    # wait for the reader, so it always meets the closed pipe.
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    with os.fdopen(read_end, "rb") as reader:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agenticstate", "--url", f"file://{big_store}", "keys"],
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        )
+        os.close(write_end)
+        assert reader.readline() == b"agent:0000\n"
+    # the reader is gone
     assert process.wait(timeout=60) == 141
     assert process.stderr is not None
     assert process.stderr.read() == b""

@@ -29,7 +29,7 @@ MANAGER_PRIVATE_IMPORTS = {
     "agenticstate._log": "get_logger: the project's loggers",
     "agenticstate._otel": "spans for manager operations (telemetry integration)",
     "agenticstate._registry": "backend names for the persistence= shorthand (one registry)",
-    "agenticstate.config._as_ttl": "the one TTL validator (tools.py)",
+    "agenticstate._checks": "as_ttl, positive_timedelta: the argument checks shared with the core",
 }
 # Public core modules the managers may import from.
 MANAGER_PUBLIC_IMPORTS = {
@@ -193,6 +193,7 @@ def test_the_private_attribute_check_sees_a_violation() -> None:
 # The layers, bottom up, as docs/extending/architecture.md draws them. A module not listed is an
 # integration (langgraph, ui, sync, telemetry and _otel, transfer, cli, demo, testing, ...).
 FOUNDATION = {
+    "agenticstate._checks",
     "agenticstate._glob",
     "agenticstate._keys",
     "agenticstate._log",

@@ -20,7 +20,14 @@ from agenticstate.manager import StateManager
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["DEFAULT_REDIS_URL", "Persistence", "StateManagerBase", "sort_time", "utcnow"]
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "Persistence",
+    "StateManagerBase",
+    "TaggedKeys",
+    "sort_time",
+    "utcnow",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -101,6 +108,43 @@ def key_part(value: str, what: str) -> str:
 def glob_part(value: str) -> str:
     """Escape an id for use inside a glob pattern."""
     return escape_glob(value)
+
+
+class TaggedKeys:
+    """Keys shaped `<namespace>:{<id>}:<part>...`: one record family's ids sit in a hash tag.
+
+    Every key of one id shares a Redis Cluster slot. Each manager builds its keys from one of
+    these, in one `_Keys` class of its module, so its key layout is written down in one place.
+
+    Args:
+        namespace: The first part of every key (`"agents"`).
+        id_name: What the id is called in error messages (`"agent_id"`).
+    """
+
+    def __init__(self, namespace: str, id_name: str) -> None:
+        self.namespace = namespace
+        self.id_name = id_name
+
+    def key(self, id_: str, *parts: str) -> str:
+        """`<namespace>:{<id>}:<parts joined by ':'>` (the id checked with `key_part`)."""
+        return ":".join([f"{self.namespace}:{{{key_part(id_, self.id_name)}}}", *parts])
+
+    def glob(self, id_: str, *parts: str) -> str:
+        """A glob over one id's keys: `parts` are glob text (`"checkpoints", "*"`)."""
+        tag = glob_part(key_part(id_, self.id_name))
+        return ":".join([f"{self.namespace}:{{{tag}}}", *parts])
+
+    def every(self, *parts: str) -> str:
+        """A glob over every id's keys: `<namespace>:{*}:<parts>`."""
+        return ":".join([f"{self.namespace}:{{*}}", *parts])
+
+    def id_of(self, key: str) -> str:
+        """The id in one of these keys (`agents:{a}:recovery` -> `a`)."""
+        return key[len(self.namespace) + 2 :].split("}", 1)[0]
+
+    async def ids(self, state: StateManager, *parts: str) -> list[str]:
+        """The ids that have a key matching `every(*parts)` (any key: `"*"`), sorted."""
+        return sorted({self.id_of(key) for key in await state.list_keys(self.every(*parts))})
 
 
 async def maybe_await(value: object) -> Any:

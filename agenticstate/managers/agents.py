@@ -26,6 +26,7 @@ from uuid import uuid4
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate._checks import positive_timedelta
 from agenticstate.exceptions import (
     InvalidArgumentError,
     NotFoundError,
@@ -33,8 +34,7 @@ from agenticstate.exceptions import (
 )
 from agenticstate.managers._base import (
     StateManagerBase,
-    glob_part,
-    key_part,
+    TaggedKeys,
     maybe_await,
     sort_time,
     utcnow,
@@ -192,8 +192,7 @@ class AgentStateStore(StateManagerBase):
         for name, limit in (("max_snapshots", max_snapshots), ("max_checkpoints", max_checkpoints)):
             if limit is not None and (type(limit) is not int or limit < 1):
                 raise InvalidArgumentError(f"{name} must be an int >= 1 or None, not {limit!r}")
-        if max_age is not None and (not isinstance(max_age, timedelta) or max_age <= timedelta(0)):
-            raise InvalidArgumentError(f"max_age must be a positive timedelta, not {max_age!r}")
+        positive_timedelta(max_age, "max_age")
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -205,19 +204,21 @@ class AgentStateStore(StateManagerBase):
         self.max_checkpoints = max_checkpoints
         self.max_age = max_age
 
-    # keys
+    # keys: every key this manager writes is built here (the layout is in the module docstring)
+
+    _keys = TaggedKeys("agents", "agent_id")
 
     @staticmethod
     def _key(agent_id: str, kind: str, item_id: str) -> str:
-        return f"agents:{{{key_part(agent_id, 'agent_id')}}}:{kind}:{item_id}"
+        return AgentStateStore._keys.key(agent_id, kind, item_id)
 
     @staticmethod
     def _pattern(agent_id: str, kind: str) -> str:
-        return f"agents:{{{glob_part(key_part(agent_id, 'agent_id'))}}}:{kind}:*"
+        return AgentStateStore._keys.glob(agent_id, kind, "*")
 
     @staticmethod
     def _recovery_key(agent_id: str) -> str:
-        return f"agents:{{{key_part(agent_id, 'agent_id')}}}:recovery"
+        return AgentStateStore._keys.key(agent_id, "recovery")
 
     def _recovery_ttl(self) -> dict[str, Any]:
         # Without max_age the record keeps the store's default TTL, as it always did.
@@ -291,17 +292,12 @@ class AgentStateStore(StateManagerBase):
 
     async def list_agents(self) -> list[str]:
         """Return the ids of agents with any stored state, sorted."""
-        ids = set()
-        for key in await self.state.list_keys("agents:{*}:*"):
-            inner = key[len("agents:{") :]
-            ids.add(inner[: inner.index("}")])
-        return sorted(ids)
+        return await self._keys.ids(self.state, "*")
 
     async def delete_agent(self, agent_id: str) -> int:
         """Delete every snapshot, checkpoint and recovery record of an agent; return how many."""
-        pattern = f"agents:{{{glob_part(key_part(agent_id, 'agent_id'))}}}:*"
         deleted = 0
-        for key in await self.state.list_keys(pattern):
+        for key in await self.state.list_keys(self._keys.glob(agent_id, "*")):
             deleted += await self.state.delete(key)
         return deleted
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agenticstate.exceptions import InvalidArgumentError, NotFoundError
 from agenticstate.managers._base import (
     StateManagerBase,
-    glob_part,
+    TaggedKeys,
     key_part,
     sort_time,
     utcnow,
@@ -205,14 +205,17 @@ class KnowledgeStateManager(StateManagerBase):
             key_prefix=key_prefix,
         )
 
+    # keys: every key this manager writes is built here (the layout is in the module docstring)
+
+    _keys = TaggedKeys("knowledge", "knowledge_base_id")
+
     @staticmethod
     def _progress_key(kb_id: str) -> str:
-        return f"knowledge:{{{key_part(kb_id, 'knowledge_base_id')}}}:progress"
+        return KnowledgeStateManager._keys.key(kb_id, "progress")
 
     @staticmethod
     def _source_key(kb_id: str, source_id: str) -> str:
-        kb = key_part(kb_id, "knowledge_base_id")
-        return f"knowledge:{{{kb}}}:sources:{key_part(source_id, 'source_id')}"
+        return KnowledgeStateManager._keys.key(kb_id, "sources", key_part(source_id, "source_id"))
 
     # progress
 
@@ -323,8 +326,9 @@ class KnowledgeStateManager(StateManagerBase):
 
     async def get_sources(self, knowledge_base_id: str) -> list[SourceState]:
         """Return every source of a knowledge base, by id."""
-        kb = glob_part(key_part(knowledge_base_id, "knowledge_base_id"))
-        found = await self._load_many(f"knowledge:{{{kb}}}:sources:*", SourceState)
+        found = await self._load_many(
+            self._keys.glob(knowledge_base_id, "sources", "*"), SourceState
+        )
         return sorted(found, key=lambda source: source.source_id)
 
     async def remove_source(self, knowledge_base_id: str, source_id: str) -> bool:
@@ -343,9 +347,8 @@ class KnowledgeStateManager(StateManagerBase):
         Raises:
             NotFoundError: No state exists for this knowledge base.
         """
-        kb = glob_part(key_part(knowledge_base_id, "knowledge_base_id"))
         deleted = 0
-        for key in await self.state.list_keys(f"knowledge:{{{kb}}}:*"):
+        for key in await self.state.list_keys(self._keys.glob(knowledge_base_id, "*")):
             deleted += await self.state.delete(key)
         if not deleted:
             raise NotFoundError(f"no state for knowledge base {knowledge_base_id!r}")
@@ -354,11 +357,7 @@ class KnowledgeStateManager(StateManagerBase):
 
     async def list_knowledge_bases(self) -> list[str]:
         """Return the ids of knowledge bases with any state, sorted."""
-        ids = set()
-        for key in await self.state.list_keys("knowledge:{*}:*"):
-            inner = key[len("knowledge:{") :]
-            ids.add(inner[: inner.index("}")])
-        return sorted(ids)
+        return await self._keys.ids(self.state, "*")
 
     # the overview
 

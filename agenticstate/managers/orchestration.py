@@ -25,6 +25,10 @@ found, and a periodic check of every task record against the indexes (the first 
 or `get_queue_status` of a team in a process, then at most every 60 `sync_interval`s) restores
 what a crash left out.
 
+This module keeps the teams and their agents; the queue (claims, leases, retries, dead letters
+and the indexes) is a `TaskQueue` in `managers/_task_queue.py`, to which the manager delegates
+every queue call, and `TeamKeys` there builds every key below.
+
 Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Redis Cluster slot):
 
 | Record | Key |
@@ -40,33 +44,26 @@ Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Red
 
 from __future__ import annotations
 
-import math
-import random
-import time
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
-from uuid import uuid4
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate import _otel
-from agenticstate.exceptions import (
-    ConflictError,
-    InvalidArgumentError,
-    InvalidTransitionError,
-    NotFoundError,
-)
-from agenticstate.managers._base import (
-    StateManagerBase,
-    glob_part,
-    key_part,
-    sort_time,
-    utcnow,
+from agenticstate._checks import positive_timedelta
+from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
+from agenticstate.managers._base import StateManagerBase, utcnow
+from agenticstate.managers._task_queue import (
+    TaskClaim,
+    TaskItem,
+    TaskPriority,
+    TaskQueue,
+    TaskQueueState,
+    TaskStatus,
+    TeamKeys,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from pathlib import Path
 
     from agenticstate.manager import StateManager
@@ -100,45 +97,6 @@ class AgentStatus(StrEnum):
     """Needs attention."""
 
 
-class TaskPriority(StrEnum):
-    """Queue order: high before normal before low, then first in, first out."""
-
-    HIGH = "high"
-    NORMAL = "normal"
-    LOW = "low"
-
-    @property
-    def rank(self) -> int:
-        """0 for high, 1 for normal, 2 for low."""
-        return _RANKS[self]
-
-
-_RANKS = {TaskPriority.HIGH: 0, TaskPriority.NORMAL: 1, TaskPriority.LOW: 2}
-
-_NO_LEASE = 1e15
-"""The in-progress index score of a task assigned without a lease: never due."""
-_UNLEASED = "-"
-"""The token part of the in-progress entry of a task that has no lease token."""
-_REPAIR_EVERY = 60
-"""`sync_interval`s between two checks of a team's task records against its indexes."""
-
-
-class TaskStatus(StrEnum):
-    """Where a task is."""
-
-    PENDING = "pending"
-    """Waiting in the queue."""
-    IN_PROGRESS = "in_progress"
-    """Assigned to an agent (under a lease when claimed)."""
-    COMPLETED = "completed"
-    """Done (terminal)."""
-    DEAD_LETTER = "dead_letter"
-    """Failed more often than its retries allow (terminal)."""
-
-
-_FINISHED = frozenset({TaskStatus.COMPLETED, TaskStatus.DEAD_LETTER})
-
-
 class AgentCoordinationState(BaseModel):
     """One agent's place in a team."""
 
@@ -150,48 +108,6 @@ class AgentCoordinationState(BaseModel):
     current_task: str | None = None
     updated_at: datetime = Field(default_factory=utcnow)
     metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-class TaskItem(BaseModel):
-    """A task in a team's queue."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    task_id: str
-    type: str = "task"
-    priority: TaskPriority = TaskPriority.NORMAL
-    data: dict[str, Any] = Field(default_factory=dict)
-    capability: str | None = None
-    """Only agents with this capability may claim the task (None: anyone)."""
-    status: TaskStatus = TaskStatus.PENDING
-    sequence: int = 0
-    """Enqueue order within the team."""
-    assigned_to: str | None = None
-    lease_token: str | None = None
-    """Changes at every assignment; completions must present the current one."""
-    lease_expires_at: datetime | None = None
-    """When a claimed task goes back to pending unless its holder heartbeats."""
-    attempts: int = 0
-    """How often the task has been assigned."""
-    failures: int = 0
-    max_retries: int = 3
-    """Failures allowed before the task moves to the dead-letter list."""
-    result: Any = None
-    error: str | None = None
-    enqueued_at: datetime = Field(default_factory=utcnow)
-    updated_at: datetime = Field(default_factory=utcnow)
-    completed_at: datetime | None = None
-
-
-class TaskQueueState(BaseModel):
-    """A team's tasks grouped by status (each list in queue order)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    pending: list[TaskItem] = Field(default_factory=list)
-    in_progress: list[TaskItem] = Field(default_factory=list)
-    completed: list[TaskItem] = Field(default_factory=list)
-    dead_letter: list[TaskItem] = Field(default_factory=list)
 
 
 class TeamState(BaseModel):
@@ -214,43 +130,6 @@ class _TeamRecord(BaseModel):
     created_at: datetime = Field(default_factory=utcnow)
 
 
-class TaskClaim(BaseModel):
-    """What a worker holds after `claim_task`: the task and its lease."""
-
-    model_config = ConfigDict(frozen=True)
-
-    team_id: str
-    task: TaskItem
-    lease_token: str
-    lease_expires_at: datetime
-
-    @property
-    def task_id(self) -> str:
-        """The claimed task's id."""
-        return self.task.task_id
-
-
-class _Mispredicted(Exception):  # noqa: N818  # internal signal, never raised to callers
-    """A failure's outcome (retry or dead letter) differed from the one its TTL was chosen for."""
-
-
-def _task_from(task: dict[str, Any] | TaskItem) -> TaskItem:
-    if isinstance(task, TaskItem):
-        return task
-    if not isinstance(task, dict):
-        raise InvalidArgumentError("a task is a dict (with an 'id') or a TaskItem")
-    fields = dict(task)
-    task_id = fields.pop("id", None) or fields.pop("task_id", None) or uuid4().hex
-    known = set(TaskItem.model_fields) - {"task_id"}
-    extra = {key: fields.pop(key) for key in list(fields) if key not in known}
-    if extra:
-        fields["data"] = {**fields.get("data", {}), **extra}
-    try:
-        return TaskItem(task_id=str(task_id), **fields)
-    except ValidationError as exc:
-        raise InvalidArgumentError(f"invalid task: {exc.error_count()} error(s): {exc}") from None
-
-
 class OrchestrationStateManager(StateManagerBase):
     """Teams, agent status and a reliable task queue shared by any number of processes.
 
@@ -270,6 +149,9 @@ class OrchestrationStateManager(StateManagerBase):
             `purge_finished` and `delete_task` remove finished tasks before that.
     """
 
+    _keys = TeamKeys()
+    """Every key of a team, built in one place (the layout is in the module docstring)."""
+
     def __init__(
         self,
         *,
@@ -287,12 +169,7 @@ class OrchestrationStateManager(StateManagerBase):
             raise InvalidArgumentError("sync_interval must be positive")
         if type(max_retries) is not int or max_retries < 0:
             raise InvalidArgumentError("max_retries must be an int >= 0")
-        if finished_task_ttl is not None and (
-            not isinstance(finished_task_ttl, timedelta) or finished_task_ttl <= timedelta(0)
-        ):
-            raise InvalidArgumentError(
-                f"finished_task_ttl must be a positive timedelta or None, not {finished_task_ttl!r}"
-            )
+        positive_timedelta(finished_task_ttl, "finished_task_ttl")
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -300,70 +177,57 @@ class OrchestrationStateManager(StateManagerBase):
             base_path=base_path,
             key_prefix=key_prefix,
         )
-        self.sync_interval = sync_interval
-        self.default_lease = default_lease or timedelta(seconds=30 * sync_interval)
-        self.max_retries = max_retries
-        self.finished_task_ttl = finished_task_ttl
-        self._checked: dict[str, float] = {}  # team id -> when its indexes were last checked
-        self._finishes = 0  # tasks finished by this manager: every 32nd tidies the index
+        self._queue = TaskQueue(
+            self.state,
+            self.log,
+            self._keys,
+            require_team=self._require_team,
+            capabilities=self._capabilities,
+            agent_took=self._agent_took,
+            agent_freed=self._agent_freed,
+            sync_interval=sync_interval,
+            default_lease=default_lease or timedelta(seconds=30 * sync_interval),
+            max_retries=max_retries,
+            finished_task_ttl=finished_task_ttl,
+        )
 
-    # keys
+    # the queue's settings, kept by the queue
 
-    @staticmethod
-    def _base(team_id: str) -> str:
-        return f"teams:{{{key_part(team_id, 'team_id')}}}"
+    @property
+    def sync_interval(self) -> float:
+        """Seconds between heartbeats and reaper passes (`default_lease` is sized against it)."""
+        return self._queue.sync_interval
 
-    def _team_key(self, team_id: str) -> str:
-        return f"{self._base(team_id)}:team"
+    @sync_interval.setter
+    def sync_interval(self, value: float) -> None:
+        self._queue.sync_interval = value
 
-    def _agent_key(self, team_id: str, agent_id: str) -> str:
-        return f"{self._base(team_id)}:agents:{key_part(agent_id, 'agent_id')}"
+    @property
+    def default_lease(self) -> timedelta:
+        """How long a claim lasts without a heartbeat."""
+        return self._queue.default_lease
 
-    def _task_key(self, team_id: str, task_id: str) -> str:
-        return f"{self._base(team_id)}:tasks:{key_part(task_id, 'task_id')}"
+    @default_lease.setter
+    def default_lease(self, value: timedelta) -> None:
+        self._queue.default_lease = value
 
-    def _pending(self, team_id: str) -> str:
-        return f"{self._base(team_id)}:pending"
+    @property
+    def max_retries(self) -> int:
+        """Default failures a task may have before it is dead-lettered."""
+        return self._queue.max_retries
 
-    def _in_progress(self, team_id: str) -> str:
-        return f"{self._base(team_id)}:in-progress"
+    @max_retries.setter
+    def max_retries(self, value: int) -> None:
+        self._queue.max_retries = value
 
-    def _finished(self, team_id: str) -> str:
-        return f"{self._base(team_id)}:finished"
+    @property
+    def finished_task_ttl(self) -> timedelta | None:
+        """How long a completed or dead-lettered task is kept (None: the store's default)."""
+        return self._queue.finished_task_ttl
 
-    @staticmethod
-    def _member(task_id: str, lease_token: str | None) -> str:
-        # One in-progress entry per claim, so that no writer ever moves or removes another's.
-        return f"{task_id}:{lease_token or _UNLEASED}"
-
-    @staticmethod
-    def _claim_of(member: str) -> tuple[str, str | None]:
-        task_id, _, token = member.rpartition(":")
-        return task_id, token if token != _UNLEASED else None
-
-    @staticmethod
-    def _lease_score(task: TaskItem) -> float:
-        expires = task.lease_expires_at
-        return sort_time(expires) if expires is not None else _NO_LEASE
-
-    @staticmethod
-    def _finished_score(task: TaskItem) -> float:
-        return sort_time(task.completed_at or task.updated_at)
-
-    def _finished_ttl(self, finished: bool) -> dict[str, Any]:
-        # Without finished_task_ttl, writes keep the store's default TTL, as every other write.
-        if finished and self.finished_task_ttl is not None:
-            return {"ttl": self.finished_task_ttl}
-        return {}
-
-    @staticmethod
-    def _order(task: TaskItem) -> dict[str, float]:
-        # Priority first, then enqueue order: exact in a float up to 2**53.
-        return {task.task_id: task.priority.rank * 1e15 + task.sequence}
-
-    @staticmethod
-    def _glob(team_id: str, kind: str) -> str:
-        return f"teams:{{{glob_part(key_part(team_id, 'team_id'))}}}:{kind}:*"
+    @finished_task_ttl.setter
+    def finished_task_ttl(self, value: timedelta | None) -> None:
+        self._queue.finished_task_ttl = value
 
     # teams and agents
 
@@ -379,13 +243,13 @@ class OrchestrationStateManager(StateManagerBase):
             team_id=team.team_id, metadata=team.metadata, created_at=team.created_at
         )
         try:
-            await self.state.save(self._team_key(team.team_id), record, expected_version=0)
+            await self.state.save(self._keys.team(team.team_id), record, expected_version=0)
         except ConflictError:
             raise ConflictError(f"team {team.team_id!r} exists already") from None
         for agent_id, agent in team.agents.items():
             if agent.agent_id != agent_id:
                 raise InvalidArgumentError(f"agent key {agent_id!r} != agent_id {agent.agent_id!r}")
-            await self.state.save(self._agent_key(team.team_id, agent_id), agent)
+            await self.state.save(self._keys.agent(team.team_id, agent_id), agent)
         queue = team.task_queue
         for task in queue.pending:
             await self.enqueue_task(team.team_id, task)
@@ -396,26 +260,11 @@ class OrchestrationStateManager(StateManagerBase):
             (TaskStatus.DEAD_LETTER, queue.dead_letter),
         ):
             for task in tasks:
-                item = task.model_copy(update={"status": status})
-                await self.state.save(
-                    self._task_key(team.team_id, task.task_id),
-                    item,
-                    expected_version=0,
-                    **self._finished_ttl(status in _FINISHED),
-                )
-                if status is TaskStatus.IN_PROGRESS:
-                    member = self._member(item.task_id, item.lease_token)
-                    await self.state.index_add(
-                        self._in_progress(team.team_id), {member: self._lease_score(item)}
-                    )
-                else:
-                    await self.state.index_add(
-                        self._finished(team.team_id), {item.task_id: self._finished_score(item)}
-                    )
+                await self._queue.restore(team.team_id, task.model_copy(update={"status": status}))
         return await self.get_team(team.team_id)
 
     async def _require_team(self, team_id: str) -> _TeamRecord:
-        record = await self._load(self._team_key(team_id), _TeamRecord)
+        record = await self._load(self._keys.team(team_id), _TeamRecord)
         if record is None:
             raise NotFoundError(f"no team {team_id!r}")
         return record
@@ -427,7 +276,9 @@ class OrchestrationStateManager(StateManagerBase):
             NotFoundError: No such team.
         """
         record = await self._require_team(team_id)
-        agents = await self._load_many(self._glob(team_id, "agents"), AgentCoordinationState)
+        agents = await self._load_many(
+            self._keys.records(team_id, "agents"), AgentCoordinationState
+        )
         return TeamState(
             team_id=record.team_id,
             agents={agent.agent_id: agent for agent in agents},
@@ -438,8 +289,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     async def list_teams(self) -> list[str]:
         """Return the ids of every team, sorted."""
-        keys = await self.state.list_keys("teams:{*}:team")
-        return sorted(key[len("teams:{") : -len("}:team")] for key in keys)
+        return await self._keys.ids(self.state, "team")
 
     async def add_agent(self, team_id: str, agent: AgentCoordinationState) -> None:
         """Add an agent to a team.
@@ -450,14 +300,14 @@ class OrchestrationStateManager(StateManagerBase):
         await self._require_team(team_id)
         try:
             await self.state.save(
-                self._agent_key(team_id, agent.agent_id), agent, expected_version=0
+                self._keys.agent(team_id, agent.agent_id), agent, expected_version=0
             )
         except ConflictError:
             raise ConflictError(f"team {team_id!r} has agent {agent.agent_id!r} already") from None
 
     async def remove_agent(self, team_id: str, agent_id: str) -> bool:
         """Remove an agent from a team; return whether it was there."""
-        return await self.state.delete(self._agent_key(team_id, agent_id))
+        return await self.state.delete(self._keys.agent(team_id, agent_id))
 
     async def delete_team(self, team_id: str) -> int:
         """Delete a team: its record, agents, tasks (in any status), sequence and indexes.
@@ -474,16 +324,16 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such team (and nothing of one left).
         """
-        deleted = int(await self.state.delete(self._team_key(team_id)))
-        pattern = f"teams:{{{glob_part(key_part(team_id, 'team_id'))}}}:*"
-        for key in await self.state.list_keys(pattern):
+        deleted = int(await self.state.delete(self._keys.team(team_id)))
+        for key in await self.state.list_keys(self._keys.glob(team_id, "*")):
             deleted += await self.state.delete(key)
         entries = 0
-        for index in (self._pending(team_id), self._in_progress(team_id), self._finished(team_id)):
+        keys = self._keys
+        for index in (keys.pending(team_id), keys.in_progress(team_id), keys.finished(team_id)):
             members = [member for member, _ in await self.state.index_range(index)]
             if members:
                 entries += await self.state.index_remove(index, members)
-        self._checked.pop(team_id, None)
+        self._queue.forget(team_id)
         if not deleted and not entries:
             raise NotFoundError(f"no team {team_id!r}")
         self.log.info("team_deleted", team_id=team_id, records=deleted)
@@ -495,7 +345,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such agent in the team.
         """
-        agent = await self._load(self._agent_key(team_id, agent_id), AgentCoordinationState)
+        agent = await self._load(self._keys.agent(team_id, agent_id), AgentCoordinationState)
         if agent is None:
             raise NotFoundError(f"team {team_id!r} has no agent {agent_id!r}")
         return agent
@@ -525,7 +375,7 @@ class OrchestrationStateManager(StateManagerBase):
             )
 
         try:
-            value = await self.state.update(self._agent_key(team_id, agent_id), change)
+            value = await self.state.update(self._keys.agent(team_id, agent_id), change)
         except NotFoundError:
             raise NotFoundError(f"team {team_id!r} has no agent {agent_id!r}") from None
         return AgentCoordinationState.model_validate(value)
@@ -534,7 +384,9 @@ class OrchestrationStateManager(StateManagerBase):
         self, team_id: str, capability: str | None = None
     ) -> list[AgentCoordinationState]:
         """Return the idle agents of a team that have `capability` (any, if None), by id."""
-        agents = await self._load_many(self._glob(team_id, "agents"), AgentCoordinationState)
+        agents = await self._load_many(
+            self._keys.records(team_id, "agents"), AgentCoordinationState
+        )
         return sorted(
             (
                 agent
@@ -545,7 +397,27 @@ class OrchestrationStateManager(StateManagerBase):
             key=lambda agent: agent.agent_id,
         )
 
-    # the queue
+    async def _capabilities(self, team_id: str, agent_id: str) -> set[str]:
+        """The agent's capabilities in the team; none for an agent that is not in it."""
+        agent = await self._load(self._keys.agent(team_id, agent_id), AgentCoordinationState)
+        return set(agent.capabilities) if agent is not None else set()
+
+    async def _agent_took(self, team_id: str, agent_id: str, task_id: str) -> None:
+        await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
+
+    async def _agent_freed(self, team_id: str, agent_id: str) -> None:
+        await self._set_agent_if_member(team_id, agent_id, AgentStatus.IDLE, None)
+
+    async def _set_agent_if_member(
+        self, team_id: str, agent_id: str, status: AgentStatus, current_task: str | None
+    ) -> None:
+        # Workers need not be registered team members; update them only when they are.
+        try:
+            await self.update_agent_status(team_id, agent_id, status, current_task)
+        except NotFoundError:
+            return
+
+    # the queue: delegated to the TaskQueue
 
     async def enqueue_task(self, team_id: str, task: dict[str, Any] | TaskItem) -> TaskItem:
         """Add a task to the team's queue (priority high/normal/low, then first in, first out).
@@ -557,26 +429,7 @@ class OrchestrationStateManager(StateManagerBase):
             ConflictError: A task with this id is in the team's queue already.
             NotFoundError: No such team.
         """
-        item = _task_from(task)
-        await self._require_team(team_id)
-        sequence = await self.state.update(
-            f"{self._base(team_id)}:sequence", lambda n: n + 1, default=0
-        )
-        item = item.model_copy(
-            update={
-                "sequence": sequence,
-                "status": TaskStatus.PENDING,
-                "max_retries": item.max_retries
-                if "max_retries" in item.model_fields_set
-                else self.max_retries,
-            }
-        )
-        try:
-            await self.state.save(self._task_key(team_id, item.task_id), item, expected_version=0)
-        except ConflictError:
-            raise ConflictError(f"task {item.task_id!r} is in team {team_id!r} already") from None
-        await self.state.index_add(self._pending(team_id), self._order(item))
-        return item
+        return await self._queue.enqueue_task(team_id, task)
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
         """Return one task.
@@ -584,54 +437,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such task in the team.
         """
-        task = await self._load(self._task_key(team_id, task_id), TaskItem)
-        if task is None:
-            raise NotFoundError(f"team {team_id!r} has no task {task_id!r}")
-        return task
-
-    async def _change_task(
-        self,
-        team_id: str,
-        task_id: str,
-        fn: Callable[[TaskItem], TaskItem],
-        *,
-        finished: bool = False,
-    ) -> tuple[TaskItem, TaskItem]:
-        """Change a task atomically; return it as it was just before the change, and after."""
-        before: list[TaskItem] = []
-
-        def apply(current: Any) -> Any:
-            task = TaskItem.model_validate(current)
-            before[:] = [task]  # the last run is the one that committed
-            return fn(task).model_copy(update={"updated_at": utcnow()})
-
-        try:
-            value = await self.state.update(
-                self._task_key(team_id, task_id), apply, **self._finished_ttl(finished)
-            )
-        except NotFoundError:
-            raise NotFoundError(f"team {team_id!r} has no task {task_id!r}") from None
-        return before[0], TaskItem.model_validate(value)
-
-    @staticmethod
-    def _take(
-        task: TaskItem, agent_id: str, lease_token: str, lease_expires_at: datetime | None
-    ) -> TaskItem:
-        if task.status is not TaskStatus.PENDING:
-            raise ConflictError(
-                f"task {task.task_id!r} is {task.status.value}"
-                + (f" (held by {task.assigned_to!r})" if task.assigned_to else ""),
-                key=task.task_id,
-            )
-        return task.model_copy(
-            update={
-                "status": TaskStatus.IN_PROGRESS,
-                "assigned_to": agent_id,
-                "lease_token": lease_token,
-                "lease_expires_at": lease_expires_at,
-                "attempts": task.attempts + 1,
-            }
-        )
+        return await self._queue.get_task(team_id, task_id)
 
     async def assign_task(self, team_id: str, task_id: str, agent_id: str) -> TaskItem:
         """Assign a pending task to an agent, atomically across processes (no lease).
@@ -643,23 +449,7 @@ class OrchestrationStateManager(StateManagerBase):
             ConflictError: The task is not pending (another agent has it, or it is done).
             NotFoundError: No such task.
         """
-        key_part(agent_id, "agent_id")
-        self._task_key(team_id, task_id)  # check the ids before indexing anything
-        token = uuid4().hex
-        in_progress = self._in_progress(team_id)
-        member = self._member(task_id, token)
-        # Indexed before the task is taken, so that no assigned task is ever missing from it.
-        await self.state.index_add(in_progress, {member: _NO_LEASE})
-        try:
-            _, task = await self._change_task(
-                team_id, task_id, lambda t: self._take(t, agent_id, token, None)
-            )
-        except (ConflictError, NotFoundError):
-            await self.state.index_remove(in_progress, [member])
-            raise
-        await self.state.index_remove(self._pending(team_id), [task.task_id])
-        await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
-        return task
+        return await self._queue.assign_task(team_id, task_id, agent_id)
 
     async def claim_task(
         self,
@@ -684,94 +474,7 @@ class OrchestrationStateManager(StateManagerBase):
         Returns:
             The claim, or None when no task is available.
         """
-        key_part(agent_id, "agent_id")
-        lease = lease or self.default_lease
-        capabilities: set[str] | None = None  # the agent's, read at the first task needing one
-        pending = self._pending(team_id)
-        in_progress = self._in_progress(team_id)
-        skipped: set[str] = set()
-        contended = False
-        page = 16
-        while True:
-            candidates = [
-                (task_id, score)
-                for task_id, score in await self.state.index_range(pending, limit=page)
-                if task_id not in skipped
-            ]
-            if not candidates:
-                return None
-            while candidates:
-                task_id, score = candidates[0]
-                if contended:
-                    # After losing a race, spread over the next few candidates of the same
-                    # priority instead of all racing for the head again: every round some
-                    # worker wins, so nobody livelocks, and priorities never invert.
-                    rank = score // 1e15
-                    window = [c for c in candidates[:4] if c[1] // 1e15 == rank]
-                    task_id, score = random.choice(window)  # noqa: S311  # load spreading
-                candidates.remove((task_id, score))
-                key = self._task_key(team_id, task_id)
-                entry = await self.state.get_entry(key, model=TaskItem)
-                task: TaskItem | None = entry.value if entry is not None else None
-                if entry is None or task is None or task.status is not TaskStatus.PENDING:
-                    # A stale entry (the task was taken or finished): tidy it away.
-                    await self.state.index_remove(pending, [task_id])
-                    continue
-                if task.capability is not None:
-                    if capability is not None and task.capability != capability:
-                        skipped.add(task_id)  # narrowed away: no need to read the agent
-                        continue
-                    if capabilities is None:
-                        capabilities = await self._capabilities(team_id, agent_id)
-                    if task.capability not in capabilities:
-                        skipped.add(task_id)
-                        continue
-                now = utcnow()
-                taken = self._take(task, agent_id, uuid4().hex, now + lease).model_copy(
-                    update={"updated_at": now}
-                )
-                assert taken.lease_token is not None  # noqa: S101  # set by _take
-                assert taken.lease_expires_at is not None  # noqa: S101
-                # The claim is indexed before the task is taken, so that a worker dying between
-                # the two leaves a stale entry (tidied by the reaper), never an unreapable task.
-                member = self._member(task_id, taken.lease_token)
-                await self.state.index_add(in_progress, {member: self._lease_score(taken)})
-                try:
-                    # Compare-and-set on the version just read: one round trip, and only one
-                    # claimer can win it.
-                    await self.state.save(key, taken, expected_version=entry.version)
-                except ConflictError:
-                    await self.state.index_remove(in_progress, [member])
-                    contended = True
-                    continue  # another worker won this one
-                await self.state.index_remove(pending, [task_id])
-                await self._set_agent_if_member(team_id, agent_id, AgentStatus.WORKING, task_id)
-                return TaskClaim(
-                    team_id=team_id,
-                    task=taken,
-                    lease_token=taken.lease_token,
-                    lease_expires_at=taken.lease_expires_at,
-                )
-            page *= 2  # every candidate on this page was skipped or lost: look further
-
-    async def _capabilities(self, team_id: str, agent_id: str) -> set[str]:
-        """The agent's capabilities in the team; none for an agent that is not in it."""
-        agent = await self._load(self._agent_key(team_id, agent_id), AgentCoordinationState)
-        return set(agent.capabilities) if agent is not None else set()
-
-    @staticmethod
-    def _check_holder(task: TaskItem, lease_token: str | None, agent_id: str | None) -> None:
-        if task.status is not TaskStatus.IN_PROGRESS:
-            raise ConflictError(f"task {task.task_id!r} is {task.status.value}", key=task.task_id)
-        if lease_token is not None and lease_token != task.lease_token:
-            raise ConflictError(
-                f"task {task.task_id!r} is no longer held under this lease", key=task.task_id
-            )
-        if agent_id is not None and agent_id != task.assigned_to:
-            raise ConflictError(
-                f"task {task.task_id!r} is held by {task.assigned_to!r}, not {agent_id!r}",
-                key=task.task_id,
-            )
+        return await self._queue.claim_task(team_id, agent_id, capability=capability, lease=lease)
 
     async def heartbeat(
         self,
@@ -786,16 +489,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             ConflictError: The lease was lost (expired and reaped, or the task finished).
         """
-        life = lease or self.default_lease
-
-        def extend(task: TaskItem) -> TaskItem:
-            self._check_holder(task, lease_token, None)
-            return task.model_copy(update={"lease_expires_at": utcnow() + life})
-
-        # The in-progress index keeps the older expiry: when it comes due, the reaper finds the
-        # lease extended and moves the entry (one index write per lease, not per heartbeat).
-        _, task = await self._change_task(team_id, task_id, extend)
-        return task
+        return await self._queue.heartbeat(team_id, task_id, lease_token, lease=lease)
 
     async def complete_task(
         self,
@@ -815,42 +509,9 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             ConflictError: The task is not in progress, or is held under another lease.
         """
-
-        def complete(task: TaskItem) -> TaskItem:
-            self._check_holder(task, lease_token, agent_id)
-            return task.model_copy(
-                update={
-                    "status": TaskStatus.COMPLETED,
-                    "result": result,
-                    "lease_expires_at": None,
-                    "completed_at": utcnow(),
-                }
-            )
-
-        before, task = await self._change_task(team_id, task_id, complete, finished=True)
-        await self._finish(team_id, before, task)
-        return task
-
-    async def _finish(self, team_id: str, before: TaskItem, task: TaskItem) -> None:
-        """Move a task that just left in-progress to its next index; set its holder idle."""
-        member = self._member(before.task_id, before.lease_token)
-        # The new index entry goes in before the old one goes, so a reader of the indexes
-        # (get_queue_status) never finds the task in neither.
-        if task.status is TaskStatus.PENDING:
-            await self.state.index_add(self._pending(team_id), self._order(task))
-        else:
-            await self.state.index_add(
-                self._finished(team_id), {task.task_id: self._finished_score(task)}
-            )
-        await self.state.index_remove(self._in_progress(team_id), [member])
-        if before.assigned_to is not None:
-            await self._set_agent_if_member(team_id, before.assigned_to, AgentStatus.IDLE, None)
-        if task.status in _FINISHED:
-            self._finishes += 1
-            if self.finished_task_ttl is not None and self._finishes % 32 == 0:
-                # Expired tasks leave their index entries behind: tidy them as tasks finish, so
-                # the index stays bounded even where nobody runs reap_expired.
-                await self._tidy_finished(team_id)
+        return await self._queue.complete_task(
+            team_id, task_id, result, lease_token=lease_token, agent_id=agent_id
+        )
 
     async def fail_task(
         self,
@@ -870,45 +531,9 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             ConflictError: The task is not in progress, or is held under another lease.
         """
-        # The TTL is chosen before the write: expect a retry, and redo the write in the rare
-        # case that it turns out to be the dead letter (only when the two TTLs differ).
-        expect_dead = False
-        predicting = self.finished_task_ttl is not None
-
-        def fail(task: TaskItem) -> TaskItem:
-            self._check_holder(task, lease_token, agent_id)
-            failures = task.failures + 1
-            dead = failures > task.max_retries
-            if predicting and dead is not expect_dead:
-                raise _Mispredicted
-            return task.model_copy(
-                update={
-                    "status": TaskStatus.DEAD_LETTER if dead else TaskStatus.PENDING,
-                    "failures": failures,
-                    "error": error,
-                    "assigned_to": None,
-                    "lease_token": None,
-                    "lease_expires_at": None,
-                }
-            )
-
-        while True:
-            try:
-                before, task = await self._change_task(team_id, task_id, fail, finished=expect_dead)
-            except _Mispredicted:
-                expect_dead = not expect_dead
-                continue
-            break
-        await self._finish(team_id, before, task)
-        self.log.info(
-            "task_failed",
-            team_id=team_id,
-            task_id=task_id,
-            dead_letter=task.status is TaskStatus.DEAD_LETTER,
+        return await self._queue.fail_task(
+            team_id, task_id, error, lease_token=lease_token, agent_id=agent_id
         )
-        if task.status is TaskStatus.PENDING:
-            _otel.record_retry(self.state.backend, "task")
-        return task
 
     async def delete_task(self, team_id: str, task_id: str) -> TaskItem:
         """Delete a task in any status, with its index entries; return it as it was.
@@ -920,26 +545,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such task in the team.
         """
-        key = self._task_key(team_id, task_id)
-        while True:
-            entry = await self.state.get_entry(key, model=TaskItem)
-            if entry is None:
-                raise NotFoundError(f"team {team_id!r} has no task {task_id!r}")
-            try:
-                await self.state.delete(key, expected_version=entry.version)
-            except ConflictError:
-                continue  # it changed meanwhile: delete what it is now
-            break
-        task: TaskItem = entry.value
-        await self.state.index_remove(self._pending(team_id), [task_id])
-        await self.state.index_remove(self._finished(team_id), [task_id])
-        if task.status is TaskStatus.IN_PROGRESS:
-            await self.state.index_remove(
-                self._in_progress(team_id), [self._member(task_id, task.lease_token)]
-            )
-            if task.assigned_to is not None:
-                await self._set_agent_if_member(team_id, task.assigned_to, AgentStatus.IDLE, None)
-        return task
+        return await self._queue.delete_task(team_id, task_id)
 
     async def purge_finished(self, team_id: str, *, older_than: timedelta | None = None) -> int:
         """Delete the team's completed and dead-lettered tasks, oldest first.
@@ -954,58 +560,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such team.
         """
-        if older_than is not None and (
-            not isinstance(older_than, timedelta) or older_than < timedelta(0)
-        ):
-            raise InvalidArgumentError(f"older_than must be a timedelta >= 0, not {older_than!r}")
-        await self._require_team(team_id)
-        cutoff = sort_time(utcnow() - older_than) if older_than is not None else math.inf
-        finished = self._finished(team_id)
-        purged = 0
-        while entries := await self._due(finished, cutoff, limit=256):
-            found = await self.state.get_many(
-                [self._task_key(team_id, task_id) for task_id, _ in entries], model=TaskItem
-            )
-            for task_id, _ in entries:
-                task = found.get(self._task_key(team_id, task_id))
-                # Finished is terminal: only a deletion (and a new task with the same id) can
-                # change the record now, so a plain delete deletes exactly what was read.
-                if task is not None and task.status in _FINISHED:
-                    purged += await self.state.delete(self._task_key(team_id, task_id))
-            await self.state.index_remove(finished, [task_id for task_id, _ in entries])
-        if purged:
-            self.log.info("finished_tasks_purged", team_id=team_id, count=purged)
-        return purged
-
-    async def _due(
-        self, index: str, cutoff: float, *, limit: int | None = None
-    ) -> list[tuple[str, float]]:
-        """The entries of `index` scored at most `cutoff`, lowest first (at most `limit`)."""
-        page = 64 if limit is None else min(64, limit)
-        while True:
-            entries = await self.state.index_range(index, limit=page)
-            due = [(member, score) for member, score in entries if score <= cutoff]
-            if len(due) < len(entries) or len(entries) < page:
-                return due
-            if limit is not None and page >= limit:
-                return due
-            page = page * 2 if limit is None else min(page * 2, limit)
-
-    async def _tidy_finished(self, team_id: str) -> None:
-        """Drop the finished-index entries of tasks that have expired (`finished_task_ttl`)."""
-        if self.finished_task_ttl is None:
-            return
-        cutoff = sort_time(utcnow() - self.finished_task_ttl)
-        entries = await self._due(self._finished(team_id), cutoff, limit=256)
-        if not entries:
-            return
-        keys = [self._task_key(team_id, task_id) for task_id, _ in entries]
-        found = await self.state.get_many(keys, model=TaskItem)
-        gone = [
-            task_id for (task_id, _), key in zip(entries, keys, strict=True) if key not in found
-        ]
-        if gone:
-            await self.state.index_remove(self._finished(team_id), gone)
+        return await self._queue.purge_finished(team_id, older_than=older_than)
 
     async def reap_expired(self, team_id: str) -> list[str]:
         """Put tasks whose lease expired back to pending; restore lost index entries.
@@ -1021,132 +576,7 @@ class OrchestrationStateManager(StateManagerBase):
         Returns:
             The ids of the tasks put back.
         """
-        await self._check_indexes(team_id)
-        now = utcnow()
-        in_progress = self._in_progress(team_id)
-        due = await self._due(in_progress, sort_time(now))
-        requeued: list[str] = []
-        if due:
-            claims = [(member, *self._claim_of(member)) for member, _ in due]
-            keys = {task_id: self._task_key(team_id, task_id) for _, task_id, _ in claims}
-            found = await self.state.get_many(list(keys.values()), model=TaskItem)
-            stale: list[str] = []
-            moved: dict[str, float] = {}
-            for member, task_id, token in claims:
-                task = found.get(keys[task_id])
-                if task is None or task.status is not TaskStatus.IN_PROGRESS:
-                    stale.append(member)  # finished, failed, reaped or deleted meanwhile
-                elif task.lease_token != token:
-                    stale.append(member)  # a claim that lost its race or was handed on
-                elif task.lease_expires_at is None:
-                    moved[member] = _NO_LEASE
-                elif sort_time(task.lease_expires_at) > sort_time(now):
-                    moved[member] = self._lease_score(task)  # heartbeats extended it
-                elif await self._release(team_id, task):
-                    stale.append(member)
-                    requeued.append(task_id)
-            if stale:
-                await self.state.index_remove(in_progress, stale)
-            if moved:
-                await self.state.index_add(in_progress, moved)
-        await self._tidy_finished(team_id)
-        _otel.record_lease_expiries(self.state.backend, team_id, len(requeued))
-        return requeued
-
-    async def _release(self, team_id: str, task: TaskItem) -> bool:
-        """Put a task whose lease ran out back to pending; False if it changed meanwhile."""
-        token = task.lease_token
-
-        def release(current: TaskItem) -> TaskItem:
-            if current.status is not TaskStatus.IN_PROGRESS or current.lease_token != token:
-                raise InvalidTransitionError("lease renewed or task finished meanwhile")
-            expires = current.lease_expires_at
-            if expires is not None and sort_time(expires) > time.time():
-                raise InvalidTransitionError("lease renewed meanwhile")
-            return current.model_copy(
-                update={
-                    "status": TaskStatus.PENDING,
-                    "assigned_to": None,
-                    "lease_token": None,
-                    "lease_expires_at": None,
-                }
-            )
-
-        try:
-            _, back = await self._change_task(team_id, task.task_id, release)
-        except (InvalidTransitionError, NotFoundError):
-            return False
-        await self.state.index_add(self._pending(team_id), self._order(back))
-        if task.assigned_to is not None:
-            await self._set_agent_if_member(team_id, task.assigned_to, AgentStatus.IDLE, None)
-        self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
-        return True
-
-    async def _check_indexes(self, team_id: str) -> None:
-        """Check the team's task records against its indexes, when that is due."""
-        now = time.monotonic()
-        last = self._checked.get(team_id)
-        if last is not None and now - last < _REPAIR_EVERY * self.sync_interval:
-            return
-        self._checked[team_id] = now
-        pending, in_progress, finished = (
-            self._pending(team_id),
-            self._in_progress(team_id),
-            self._finished(team_id),
-        )
-        # The indexes are read before the records: an entry whose task is missing from the
-        # records read afterwards was stale already.
-        queued = {task_id for task_id, _ in await self.state.index_range(pending)}
-        claims = dict(await self.state.index_range(in_progress))
-        done = {task_id for task_id, _ in await self.state.index_range(finished)}
-        tasks = {
-            task.task_id: task
-            for task in await self._load_many(self._glob(team_id, "tasks"), TaskItem)
-        }
-        add_pending: dict[str, float] = {}
-        add_claims: dict[str, float] = {}
-        add_done: dict[str, float] = {}
-        for task in tasks.values():
-            if task.status is TaskStatus.PENDING and task.task_id not in queued:
-                add_pending.update(self._order(task))
-            elif task.status is TaskStatus.IN_PROGRESS:
-                member = self._member(task.task_id, task.lease_token)
-                if member not in claims:
-                    add_claims[member] = self._lease_score(task)
-            elif task.status in _FINISHED and task.task_id not in done:
-                add_done[task.task_id] = self._finished_score(task)
-        # Finished entries whose task expired or was deleted, and claims without a lease that
-        # are not their task's current one (claims with a lease are tidied when they come due).
-        gone = [t for t in done if t not in tasks or tasks[t].status not in _FINISHED]
-        unleased = [
-            member
-            for member, score in claims.items()
-            if score >= _NO_LEASE
-            and (
-                (current := tasks.get(self._claim_of(member)[0])) is None
-                or current.status is not TaskStatus.IN_PROGRESS
-                or self._member(current.task_id, current.lease_token) != member
-            )
-        ]
-        for index, adds in (
-            (pending, add_pending),
-            (in_progress, add_claims),
-            (finished, add_done),
-        ):
-            if adds:
-                await self.state.index_add(index, adds)
-        if gone:
-            await self.state.index_remove(finished, gone)
-        if unleased:
-            await self.state.index_remove(in_progress, unleased)
-        if add_pending or add_claims or add_done:
-            self.log.info(
-                "task_indexes_restored",
-                team_id=team_id,
-                pending=len(add_pending),
-                in_progress=len(add_claims),
-                finished=len(add_done),
-            )
+        return await self._queue.reap_expired(team_id)
 
     async def get_queue_status(
         self, team_id: str, *, include_finished: bool = True
@@ -1160,49 +590,4 @@ class OrchestrationStateManager(StateManagerBase):
             include_finished: Whether to read the completed and dead-lettered tasks too; without
                 them the cost depends only on the tasks pending and in progress.
         """
-        await self._check_indexes(team_id)
-        ids = [task_id for task_id, _ in await self.state.index_range(self._pending(team_id))]
-        ids += [
-            self._claim_of(member)[0]
-            for member, _ in await self.state.index_range(self._in_progress(team_id))
-        ]
-        finished_ids: list[str] = []
-        if include_finished:
-            finished_ids = [
-                task_id for task_id, _ in await self.state.index_range(self._finished(team_id))
-            ]
-        # A task sent back from in-progress to pending after the first read of pending was
-        # read in neither: read pending again (entries are added before the old ones go).
-        ids += [task_id for task_id, _ in await self.state.index_range(self._pending(team_id))]
-        ids = list(dict.fromkeys(ids))
-        keys = {task_id: self._task_key(team_id, task_id) for task_id in [*ids, *finished_ids]}
-        found = await self.state.get_many(list(keys.values()), model=TaskItem) if keys else {}
-        # Grouped by each record's own status: the indexes are only hints.
-        tasks = [
-            task for task in found.values() if include_finished or task.status not in _FINISHED
-        ]
-        tasks.sort(key=lambda task: (task.priority.rank, task.sequence))
-        groups: dict[TaskStatus, list[TaskItem]] = {status: [] for status in TaskStatus}
-        for task in tasks:
-            groups[task.status].append(task)
-        gone = [task_id for task_id in finished_ids if keys[task_id] not in found]
-        if gone:  # expired (finished_task_ttl) or deleted
-            await self.state.index_remove(self._finished(team_id), gone)
-        _otel.record_queue_depth(
-            self.state.backend, team_id, {status.value: len(groups[status]) for status in groups}
-        )
-        return TaskQueueState(
-            pending=groups[TaskStatus.PENDING],
-            in_progress=groups[TaskStatus.IN_PROGRESS],
-            completed=groups[TaskStatus.COMPLETED],
-            dead_letter=groups[TaskStatus.DEAD_LETTER],
-        )
-
-    async def _set_agent_if_member(
-        self, team_id: str, agent_id: str, status: AgentStatus, current_task: str | None
-    ) -> None:
-        # Workers need not be registered team members; update them only when they are.
-        try:
-            await self.update_agent_status(team_id, agent_id, status, current_task)
-        except NotFoundError:
-            return
+        return await self._queue.get_queue_status(team_id, include_finished=include_finished)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from copy import deepcopy
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,10 +39,11 @@ from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from agenticstate._checks import as_ttl
 from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
 from agenticstate.managers._base import (
     StateManagerBase,
-    glob_part,
+    TaggedKeys,
     key_part,
     maybe_await,
     sort_time,
@@ -169,14 +170,7 @@ def _as_datetime(value: object) -> datetime | None:
 
 
 def _positive_ttl(ttl: timedelta | float | None) -> timedelta | None:
-    if ttl is None:
-        return None
-    if isinstance(ttl, bool) or not isinstance(ttl, timedelta | int | float):
-        raise InvalidArgumentError(f"ttl must be a timedelta, seconds or None, not {ttl!r}")
-    life = ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
-    if not life > timedelta(0):
-        raise InvalidArgumentError(f"ttl must be positive, not {ttl!r}")
-    return life
+    return as_ttl(ttl)
 
 
 def _optional_count(value: int | None, what: str, *, minimum: int) -> int | None:
@@ -226,10 +220,13 @@ class SessionManager(StateManagerBase):
         self._expiries: dict[str, datetime | None] = {}
 
     # ---------------------------------------------------------------- keys
+    # Every key this manager writes is built here (the layout is in the module docstring).
+
+    _keys = TaggedKeys("sessions", "session_id")
 
     @staticmethod
     def _key(session_id: str, part: str) -> str:
-        return f"sessions:{{{key_part(session_id, 'session_id')}}}:{part}"
+        return SessionManager._keys.key(session_id, part)
 
     @staticmethod
     def _msg_key(session_id: str, seq: int) -> str:
@@ -351,6 +348,25 @@ class SessionManager(StateManagerBase):
             await self.state.index_remove(index, stale)
         return sessions[:limit] if limit is not None else sessions
 
+    async def list_session_ids(self, *, limit: int | None = None) -> list[str]:
+        """Return the ids of every session, of every user, sorted.
+
+        Args:
+            limit: At most this many (the first ones in that order).
+        """
+        _optional_count(limit, "limit", minimum=1)
+        ids = await self._keys.ids(self.state, "meta")
+        return ids[:limit] if limit is not None else ids
+
+    async def get_sessions(self, session_ids: Sequence[str]) -> list[Session]:
+        """Return the sessions with these ids that exist, in the order given (read in pages)."""
+        sessions: list[Session] = []
+        for start in range(0, len(session_ids), _PAGE):
+            keys = [self._key(sid, "meta") for sid in session_ids[start : start + _PAGE]]
+            found = await self.state.get_many(keys, model=Session)
+            sessions.extend(found[key] for key in keys if key in found)
+        return sessions
+
     async def rename_session(self, session_id: str, name: str | None) -> Session:
         """Set the session's display name; return the session.
 
@@ -392,8 +408,7 @@ class SessionManager(StateManagerBase):
             await self.state.index_remove(self._user_index(owner), [session_id])
         keys = int(existed)
         messages = 0
-        pattern = f"sessions:{{{glob_part(key_part(session_id, 'session_id'))}}}:*"
-        for key in await self.state.list_keys(pattern):
+        for key in await self.state.list_keys(self._keys.glob(session_id, "*")):
             if await self.state.delete(key):
                 keys += 1
                 messages += ":msg:" in key

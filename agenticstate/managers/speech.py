@@ -36,13 +36,14 @@ from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate._checks import positive_timedelta
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
 )
-from agenticstate.managers._base import StateManagerBase, key_part, utcnow
+from agenticstate.managers._base import StateManagerBase, TaggedKeys, utcnow
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -217,9 +218,8 @@ class SpeechStateManager(StateManagerBase):
         ended_session_ttl: timedelta = timedelta(hours=1),
         session_ttl: timedelta | None = None,
     ) -> None:
-        for name, value in (("ended_session_ttl", ended_session_ttl), ("session_ttl", session_ttl)):
-            if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
-                raise InvalidArgumentError(f"{name} must be a positive timedelta")
+        positive_timedelta(ended_session_ttl, "ended_session_ttl")
+        positive_timedelta(session_ttl, "session_ttl")
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -235,9 +235,13 @@ class SpeechStateManager(StateManagerBase):
         self._lease = session_ttl * 2 if session_ttl is not None else None
         self._renew_below = session_ttl * 1.5 if session_ttl is not None else None
 
+    # keys: every key this manager writes is built here (the layout is in the module docstring)
+
+    _keys = TaggedKeys("speech", "session_id")
+
     @staticmethod
     def _key(session_id: str, part: str) -> str:
-        return f"speech:{{{key_part(session_id, 'session_id')}}}:{part}"
+        return SpeechStateManager._keys.key(session_id, part)
 
     # sessions
 
@@ -394,10 +398,14 @@ class SpeechStateManager(StateManagerBase):
 
     async def list_sessions(self, *, active_only: bool = True) -> list[AudioSession]:
         """Return sessions (by default those not ended), oldest first."""
-        found = await self._load_many("speech:{*}:session", AudioSession)
+        found = await self._load_many(self._keys.every("session"), AudioSession)
         if active_only:
             found = [s for s in found if s.status is not AudioSessionStatus.ENDED]
         return sorted(found, key=lambda s: (s.created_at.timestamp(), s.session_id))
+
+    async def list_session_ids(self) -> list[str]:
+        """Return the ids of every session (ended ones too, until their keys expire), sorted."""
+        return await self._keys.ids(self.state, "session")
 
     async def list_active_sessions(self) -> list[AudioSession]:
         """Return the sessions that have not ended."""

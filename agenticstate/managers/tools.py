@@ -40,7 +40,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate import _otel
-from agenticstate.config import _as_ttl
+from agenticstate._checks import as_ttl
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -50,7 +50,7 @@ from agenticstate.exceptions import (
 )
 from agenticstate.managers._base import (
     StateManagerBase,
-    glob_part,
+    TaggedKeys,
     key_part,
     sort_time,
     utcnow,
@@ -272,8 +272,8 @@ def _cache_ttl(ttl: object) -> float | None:
     if ttl is None:
         return None
     try:
-        life = _as_ttl(ttl)
-    except ValueError as exc:
+        life = as_ttl(ttl)
+    except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"cached_call: {exc}") from None
     assert life is not None  # noqa: S101  # only None maps to None
     return life.total_seconds()
@@ -341,27 +341,32 @@ class ToolStateManager(StateManagerBase):
         self._flights: dict[str, _Flight] = {}
         self._owner = uuid4().hex
 
-    # keys
+    # keys: every key this manager writes is built here (the layout is in the module docstring)
 
-    @staticmethod
-    def _tool(tool_name: str) -> str:
-        return f"tools:{{{key_part(tool_name, 'tool_name')}}}"
+    _keys = TaggedKeys("tools", "tool_name")
 
     def _execution_key(self, tool_name: str, execution_id: str) -> str:
-        return f"{self._tool(tool_name)}:executions:{key_part(execution_id, 'execution_id')}"
+        return self._keys.key(tool_name, "executions", key_part(execution_id, "execution_id"))
+
+    def _executions_glob(self, tool_name: str) -> str:
+        return self._keys.glob(tool_name, "executions", "*")
 
     @staticmethod
     def _index_key(execution_id: str) -> str:
         return f"tools:execution-ids:{key_part(execution_id, 'execution_id')}"
 
     def _cache_key(self, tool_name: str, parameters_hash: str) -> str:
-        return f"{self._tool(tool_name)}:cache:{key_part(parameters_hash, 'parameters_hash')}"
+        return self._keys.key(tool_name, "cache", key_part(parameters_hash, "parameters_hash"))
 
     def _flight_key(self, tool_name: str, parameters_hash: str) -> str:
-        return f"{self._tool(tool_name)}:flight:{parameters_hash}"
+        return self._keys.key(tool_name, "flight", parameters_hash)
+
+    def _cache_and_flight_glob(self, tool_name: str, parameters_hash: str) -> str:
+        # One subscription sees both the result arriving and the lock being released.
+        return self._keys.glob(tool_name, "*", parameters_hash)
 
     def _stats_key(self, tool_name: str) -> str:
-        return f"{self._tool(tool_name)}:stats"
+        return self._keys.key(tool_name, "stats")
 
     @staticmethod
     def _retry_key(execution_id: str) -> str:
@@ -478,14 +483,12 @@ class ToolStateManager(StateManagerBase):
         self, tool_name: str, limit: int | None = 100
     ) -> list[ToolExecution]:
         """Return a tool's executions, newest first."""
-        pattern = f"tools:{{{glob_part(key_part(tool_name, 'tool_name'))}}}:executions:*"
-        found = await self._load_many(pattern, ToolExecution)
+        found = await self._load_many(self._executions_glob(tool_name), ToolExecution)
         found.sort(key=lambda e: sort_time(e.started_at), reverse=True)
         return found[:limit] if limit is not None else found
 
     async def _prune_history(self, tool_name: str) -> None:
-        pattern = f"tools:{{{glob_part(tool_name)}}}:executions:*"
-        keys = await self.state.list_keys(pattern)
+        keys = await self.state.list_keys(self._executions_glob(tool_name))
         # Prune in batches once the history is 10% over its limit, not on every start.
         if len(keys) <= self.history_limit + max(1, self.history_limit // 10):
             return
@@ -509,9 +512,8 @@ class ToolStateManager(StateManagerBase):
         Returns:
             How many executions were deleted.
         """
-        pattern = f"tools:{{{glob_part(key_part(tool_name, 'tool_name'))}}}:executions:*"
         deleted = 0
-        for execution in await self._load_many(pattern, ToolExecution):
+        for execution in await self._load_many(self._executions_glob(tool_name), ToolExecution):
             if not include_running and execution.status in (
                 ToolExecutionStatus.RUNNING,
                 ToolExecutionStatus.PENDING,
@@ -561,6 +563,14 @@ class ToolStateManager(StateManagerBase):
         if hit is not None:
             _otel.record_cache_lookup(self.state.backend, hit=hit)
 
+    async def list_tools(self) -> list[str]:
+        """Return the names of the tools with any stored record, sorted.
+
+        A tool is listed while it has executions, cached results or statistics (retry
+        schedules alone do not list it: they are kept by execution id).
+        """
+        return await self._keys.ids(self.state, "*")
+
     async def get_tool_stats(self, tool_name: str) -> ToolStats:
         """Return a tool's statistics (zeros for a tool never used)."""
         stats = await self._load(self._stats_key(tool_name), ToolStats)
@@ -609,9 +619,8 @@ class ToolStateManager(StateManagerBase):
             return int(
                 await self.state.delete(self._cache_key(tool_name, hash_parameters(parameters)))
             )
-        pattern = f"tools:{{{glob_part(key_part(tool_name, 'tool_name'))}}}:cache:*"
         dropped = 0
-        for key in await self.state.list_keys(pattern):
+        for key in await self.state.list_keys(self._keys.glob(tool_name, "cache", "*")):
             dropped += await self.state.delete(key)
         return dropped
 
@@ -701,8 +710,7 @@ class ToolStateManager(StateManagerBase):
     ) -> T:
         lock = self._flight_key(tool_name, digest)
         cache = self._cache_key(tool_name, digest)
-        # One subscription sees both the result arriving and the lock being released.
-        both = f"tools:{{{glob_part(tool_name)}}}:*:{digest}"
+        both = self._cache_and_flight_glob(tool_name, digest)
         while True:
             async with self.state.watch(both) as changes:
                 try:

@@ -38,8 +38,7 @@ from agenticstate.exceptions import (
 )
 from agenticstate.managers._base import (
     StateManagerBase,
-    glob_part,
-    key_part,
+    TaggedKeys,
     sort_time,
     utcnow,
 )
@@ -230,19 +229,21 @@ class WorkflowStateManager(StateManagerBase):
         self.checkpoint_interval = checkpoint_interval
         self.max_checkpoints = max_checkpoints
 
-    # keys
+    # keys: every key this manager writes is built here (the layout is in the module docstring)
+
+    _keys = TaggedKeys("workflows", "workflow_id")
 
     @staticmethod
     def _key(workflow_id: str) -> str:
-        return f"workflows:{{{key_part(workflow_id, 'workflow_id')}}}:state"
+        return WorkflowStateManager._keys.key(workflow_id, "state")
 
     @staticmethod
     def _checkpoint_key(workflow_id: str, checkpoint_id: str) -> str:
-        return f"workflows:{{{key_part(workflow_id, 'workflow_id')}}}:checkpoints:{checkpoint_id}"
+        return WorkflowStateManager._keys.key(workflow_id, "checkpoints", checkpoint_id)
 
     @staticmethod
     def _checkpoint_pattern(workflow_id: str) -> str:
-        return f"workflows:{{{glob_part(key_part(workflow_id, 'workflow_id'))}}}:checkpoints:*"
+        return WorkflowStateManager._keys.glob(workflow_id, "checkpoints", "*")
 
     # reads
 
@@ -271,7 +272,7 @@ class WorkflowStateManager(StateManagerBase):
 
     async def list_workflows(self) -> list[WorkflowState]:
         """Return every workflow, by id."""
-        found = await self._load_many("workflows:{*}:state", WorkflowState)
+        found = await self._load_many(self._keys.every("state"), WorkflowState)
         return sorted(found, key=lambda workflow: workflow.workflow_id)
 
     # the state machine

@@ -36,7 +36,6 @@ from agenticstate.exceptions import (
 )
 from agenticstate.managers import (
     OrchestrationStateManager,
-    Session,
     SessionManager,
     SpeechStateManager,
     ToolStateManager,
@@ -258,11 +257,6 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     if not low <= number <= high:
         raise InvalidArgumentError(f"{name} must be between {low} and {high}, not {number}")
     return number
-
-
-def _brace_id(key: str, prefix: str) -> str:
-    """`teams:{a}:meta` -> `a` for the prefix `teams:{`."""
-    return key[len(prefix) :].split("}", 1)[0]
 
 
 class Inspector:
@@ -547,13 +541,9 @@ class Inspector:
 
     async def tools_view(self, request: Request) -> Response:
         """Per-tool statistics: runs, success and error rates, cache hit ratio, durations."""
-        # ToolStateManager has no list of tools: the names come from the stats keys.
-        names = sorted(
-            {_brace_id(key, "tools:{") for key in await self.state.list_keys("tools:{*}:stats")}
-        )
         pending = await self.tools.get_pending_retries(due_only=False)
         rows = []
-        for name in names:
+        for name in await self.tools.list_tools():
             stats = await self.tools.get_tool_stats(name)
             rows.append(
                 {
@@ -572,10 +562,10 @@ class Inspector:
 
     async def sessions_view(self, request: Request) -> Response:
         """Every session (newest first), across users."""
-        # SessionManager lists one user's sessions: read every session's record instead.
-        keys, more = await self._scan("sessions:{*}:meta", MAX_KEYS)
-        found = await self.state.get_many(keys, model=Session) if keys else {}
-        sessions = sorted(found.values(), key=lambda s: s.updated_at, reverse=True)
+        ids = await self.sessions.list_session_ids(limit=MAX_KEYS + 1)
+        more = len(ids) > MAX_KEYS
+        found = await self.sessions.get_sessions(ids[:MAX_KEYS])
+        sessions = sorted(found, key=lambda s: s.updated_at, reverse=True)
         return _reply({"sessions": [s.model_dump(mode="json") for s in sessions], "more": more})
 
     async def session_messages(self, request: Request) -> Response:
