@@ -119,6 +119,7 @@ from agenticstate.managers import (
 )
 from agenticstate.scope import ScopedState
 from agenticstate.serialization import Serializer
+from agenticstate.view import LocalView, ViewEntry
 
 try:
     __version__ = version("agenticstate")
@@ -160,6 +161,7 @@ __all__ = [
     "InvalidTransitionError",
     "KnowledgeBaseState",
     "KnowledgeStateManager",
+    "LocalView",
     "MemoryBackend",
     "MergeError",
     "MissingDependencyError",
@@ -214,6 +216,7 @@ __all__ = [
     "ToolStats",
     "TranscriptionStatus",
     "UnsupportedTypeError",
+    "ViewEntry",
     "VoiceConversationState",
     "Watch",
     "WorkflowCancelledError",

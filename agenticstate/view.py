@@ -1,0 +1,621 @@
+"""LocalView: the keys matching a pattern, kept in memory and fresh by a subscription.
+
+```python
+async with state.view("agent:*") as view:           # subscribe, then load every matching key
+    view.get("agent:1")                              # no round trip
+    await view.update("agent:1", {"status": "busy"}) # one conditional write
+```
+
+Built on `StateManager`'s public API only: `watch` (live on entry), `list_keys`, `get_entry` and
+`save(..., expected_version=...)`. How it stays exact:
+
+- **Open.** The watch is entered first (live: every change committed from then on will arrive),
+  then every matching key is read, then the buffered changes are applied. A change never moves a
+  key backwards: one whose version is not newer than the view's is skipped.
+- **Writes are conditional.** `update` computes the new value from the cached value and writes it
+  with `expected_version` set to the cached version: one round trip when the view is current. If
+  another writer got in first, the write is refused (`ConflictError`), the key is read fresh (one
+  round trip) and the update retried. A stale view can cost a retry; it can never cause a lost
+  update.
+- **Own writes.** After a successful write, the view stores the written value at once, unless the
+  feed or a fresh read has meanwhile shown something at or past that write (then the feed's order
+  wins, and the write's own change arrives with it).
+- **Fresh reads** (after a conflict, or to learn an expiry) are stored only if no change to that
+  key arrived while the read was in flight, so a slow reply never overwrites newer news.
+- **Gaps.** If the subscription overflows (the view fell more than `max_buffer` changes behind) or
+  the backend reports a resync (a Redis reconnect, SQLite changes trimmed by retention), the view
+  subscribes again and reloads every matching key.
+- **Expiry** emits no change on any backend, so the view tracks each key's expiry: known from
+  reads and from its own writes, and learned by a background read for a key another writer
+  changed (writes state their TTL). An expired key reads as missing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from agenticstate._glob import compile_glob
+from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._log import get_logger
+from agenticstate._tasks import spawn_service
+from agenticstate.backends.base import ChangeOp, backoff, utcnow
+from agenticstate.exceptions import (
+    AgenticStateError,
+    BackendError,
+    ConflictError,
+    InvalidArgumentError,
+    MergeError,
+    NotFoundError,
+    SerializationError,
+    SubscriptionClosedError,
+)
+from agenticstate.manager import DEFAULT, deep_merge
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from agenticstate.events import StateChange
+    from agenticstate.manager import StateEntry, StateManager
+
+__all__ = ["LocalView", "ViewEntry"]
+
+log = get_logger(__name__)
+
+_MISSING: Any = object()
+_READ_BATCH = 64  # keys read at once while loading or learning expiries
+
+
+class ViewEntry(BaseModel):
+    """A key's value and version, as a `LocalView` holds it.
+
+    Attributes:
+        key: The key.
+        value: The value (the caller's own copy).
+        version: The version the view last saw.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    key: str
+    value: Any
+    version: int
+
+
+class _Cached:
+    """One key in the view: the encoded value (decoded per read: callers never share it)."""
+
+    __slots__ = ("expires_at", "expiry_known", "raw", "version")
+
+    def __init__(
+        self, raw: bytes, version: int, expires_at: datetime | None, *, expiry_known: bool
+    ) -> None:
+        self.raw = raw
+        self.version = version
+        self.expires_at = expires_at
+        self.expiry_known = expiry_known
+
+    def is_expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+
+class _Window:
+    """A write or read of one key in flight: `passed` once something newer may have been seen.
+
+    `version` is the version an own write will create (`None` for a read). A change older than
+    that (a set with a lower version) does not pass a write: it was committed before it.
+    """
+
+    __slots__ = ("passed", "version")
+
+    def __init__(self, version: int | None) -> None:
+        self.version = version
+        self.passed = False
+
+
+class _Resync(Exception):  # noqa: N818  # control flow, never raised to a caller
+    """The feed reported a gap (or an undecodable change): subscribe again and reload."""
+
+
+def _as_ttl(ttl: object, default: timedelta | None) -> timedelta | None:
+    """The TTL a successful `save(ttl=ttl)` applied (save has validated it)."""
+    if ttl is DEFAULT:
+        return default
+    if ttl is None or isinstance(ttl, timedelta):
+        return ttl
+    return timedelta(seconds=float(ttl))  # type: ignore[arg-type]  # save accepted it
+
+
+def _updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """What `StateManager.update` applies: a deep merge for a dict, else the function."""
+    if isinstance(change, Mapping):
+        partial = change
+
+        def merge(current: Any) -> Any:
+            if not isinstance(current, dict):
+                raise MergeError(
+                    f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
+                )
+            return deep_merge(current, partial)
+
+        return merge
+    if callable(change):
+        return change
+    raise InvalidArgumentError(f"update() takes a dict or a function, not {type(change).__name__}")
+
+
+class LocalView:
+    """The keys matching a pattern, held in memory and kept fresh by a subscription.
+
+    Reads (`get`, `entry`, `keys`, `len`, `in`) cost no round trip. `update` sends one
+    conditional write when the view is current, and reads the key only after a conflict. The
+    view costs memory for every matching key's encoded value and one subscription; a write by
+    another process costs it one background read too (to learn the key's expiry).
+
+    <!-- snippet: setup=state -->
+    ```python
+    await state.save("agent:1", {"status": "idle", "runs": 0})
+    async with state.view("agent:*") as view:
+        print(view.get("agent:1"))                                  # {'status': 'idle', 'runs': 0}
+        await view.update("agent:1", lambda a: {**a, "runs": a["runs"] + 1})  # one write
+        print(view.entry("agent:1").version)                        # 2
+    ```
+
+    Reads show what the subscription has delivered: a write by another process appears when
+    its change arrives (after its commit, usually well under a millisecond on one machine).
+    `update` never writes over a change it has not seen: each write is conditional on the
+    version it was computed from.
+
+    Args:
+        state: The manager to read, write and subscribe through.
+        pattern: A Redis glob, as for `StateManager.list_keys`.
+        max_buffer: Changes the subscription buffers before it overflows (then the view
+            reloads); by default `StateConfig.subscriber_buffer`.
+
+    Enter it with `async with` (or call `open()` and later `aclose()`). `StateManager.view`
+    builds one.
+    """
+
+    def __init__(self, state: StateManager, pattern: str, *, max_buffer: int | None = None) -> None:
+        validate_pattern(pattern)
+        if max_buffer is None:
+            max_buffer = state.config.subscriber_buffer
+        elif type(max_buffer) is not int or max_buffer < 1:
+            raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
+        self._state = state
+        self._pattern = pattern
+        self._matcher = compile_glob(pattern)
+        self._max_buffer = max_buffer
+        self._serializer = state.serializer
+        self._entries: dict[str, _Cached] = {}
+        self._windows: dict[str, list[_Window]] = {}
+        self._unknown_expiry: dict[str, None] = {}  # keys to read for their expiry, in order
+        self._probe_wake = anyio.Event()
+        self._changed: anyio.Event | None = None  # set on the next change (for wait_until)
+        self._ready = anyio.Event()
+        self._done = anyio.Event()
+        self._scope = anyio.CancelScope()
+        self._task: object = None
+        self._error: BaseException | None = None
+        self._is_open = False
+        self._is_live = False
+        self._closed = False
+        self._reloads = 0
+
+    def __repr__(self) -> str:
+        state = "live" if self._is_live else "closed" if self._closed else "not live"
+        return f"LocalView({self._pattern!r}, {len(self._entries)} keys, {state})"
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> Self:
+        """Subscribe, load every matching key, and follow changes from then on; return self.
+
+        Raises:
+            BackendError: The first subscription or load failed (nothing keeps running).
+        """
+        if self._is_open or self._closed:
+            raise InvalidArgumentError("a LocalView opens once")
+        self._is_open = True
+        # A task of its own, not a task group of the caller's: the view outlives this call
+        # (and the blocking API enters and exits it in different tasks).
+        self._task = spawn_service(self._run, name=f"agenticstate:view:{self._pattern}")
+        await self._ready.wait()
+        if self._error is not None:
+            self._closed = True
+            raise self._error
+        return self
+
+    async def aclose(self) -> None:
+        """Stop following changes. Reads and updates raise `SubscriptionClosedError` after."""
+        self._closed = True
+        self._is_live = False
+        self._scope.cancel()
+        if self._task is not None:
+            with anyio.CancelScope(shield=True):
+                await self._done.wait()
+        self._entries.clear()
+        self._wake()
+
+    @property
+    def pattern(self) -> str:
+        """The pattern the view follows."""
+        return self._pattern
+
+    @property
+    def is_live(self) -> bool:
+        """Whether the view is subscribed and loaded (false while it reloads after a gap)."""
+        return self._is_live and not self._closed
+
+    @property
+    def reloads(self) -> int:
+        """How many times the view reloaded every key after a gap in its subscription."""
+        return self._reloads
+
+    # ---------------------------------------------------------------- reads (no round trip)
+
+    def get(self, key: str, default: Any = None, *, model: type[BaseModel] | None = None) -> Any:
+        """Return the value at `key` as the view holds it, or `default` if missing or expired.
+
+        Args:
+            key: The key (it must match the view's pattern).
+            default: What to return when the key is missing.
+            model: A pydantic model to validate the value as.
+        """
+        cached = self._cached(key)
+        if cached is None:
+            return default
+        if model is not None:
+            return self._serializer.load_model(cached.raw, model)
+        return self._serializer.loads(cached.raw)
+
+    def entry(self, key: str) -> ViewEntry | None:
+        """Return the value at `key` with the version the view holds, or `None`."""
+        cached = self._cached(key)
+        if cached is None:
+            return None
+        return ViewEntry(key=key, value=self._serializer.loads(cached.raw), version=cached.version)
+
+    def keys(self) -> list[str]:
+        """Return the keys the view holds (present and not expired), sorted."""
+        self._check_open()
+        now = utcnow()
+        expired = [key for key, cached in self._entries.items() if cached.is_expired(now)]
+        for key in expired:  # gone from the store: forget them (a later write brings them back)
+            del self._entries[key]
+        return sorted(self._entries)
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._cached(key) is not None
+
+    async def wait_until(self, predicate: Callable[[LocalView], bool]) -> None:
+        """Wait until `predicate(view)` holds, checking it after each change the view applies.
+
+        Bound the wait with `anyio.fail_after`. Raises `SubscriptionClosedError` if the view
+        closes first.
+        """
+        while not predicate(self):
+            self._check_open()
+            if self._changed is None:
+                self._changed = anyio.Event()
+            await self._changed.wait()
+
+    def _check_open(self) -> None:
+        if self._closed or not self._is_open:
+            state = "closed" if self._closed else "not open (enter it with `async with`)"
+            raise SubscriptionClosedError("closed", f"the view of {self._pattern!r} is {state}")
+
+    def _cached(self, key: str) -> _Cached | None:
+        self._check_open()
+        cached = self._entries.get(key)
+        if cached is None or cached.is_expired(utcnow()):
+            return None
+        return cached
+
+    # ---------------------------------------------------------------- update
+
+    async def update(
+        self,
+        key: str,
+        change: Mapping[str, Any] | Callable[[Any], Any],
+        *,
+        default: object = _MISSING,
+        ttl: timedelta | float | None = DEFAULT,
+    ) -> Any:
+        """Change the value at `key` with one conditional write; return the new value.
+
+        The same semantics as `StateManager.update` (a dict deep-merges, a function maps the
+        old value to the new one; it may run more than once and gets its own copy), computed
+        from the view's value and written with `expected_version` set to the view's version. If
+        another writer got in first, the key is read fresh and the update retried.
+
+        Args:
+            key: The key; it must match the view's pattern.
+            change: A partial dict to merge, or a function from the old value to the new one.
+            default: The current value to assume when the key is missing; without it, a
+                missing key raises `NotFoundError`.
+            ttl: As for `StateManager.save`.
+
+        Raises:
+            NotFoundError: The key is missing and no `default` was given.
+            MergeError: A dict was given but the value is not a dict.
+            ConflictError: The update lost `StateConfig.update_max_attempts` races in a row.
+            InvalidArgumentError: The key is outside the view's pattern.
+        """
+        validate_key(key)
+        if not self._matcher.match(key):
+            raise InvalidArgumentError(f"key {key!r} is outside the view of {self._pattern!r}")
+        apply = _updater(key, change)
+        serializer = self._serializer
+        attempts = self._state.config.update_max_attempts
+        fresh: tuple[bytes | None, int] | None = None  # what a read after a conflict found
+        for attempt in range(attempts):
+            if fresh is None:
+                cached = self._cached(key)
+                raw, version = (None, 0) if cached is None else (cached.raw, cached.version)
+            else:
+                self._check_open()
+                raw, version = fresh
+            if raw is not None:
+                current = serializer.loads(raw)
+            elif default is _MISSING:
+                raise NotFoundError(f"no state at key {key!r}")
+            else:
+                current = serializer.loads(serializer.dumps(default))
+            new = apply(current)
+            if inspect.isawaitable(new):
+                if inspect.iscoroutine(new):
+                    new.close()
+                raise InvalidArgumentError("update() functions must be synchronous")
+            window = self._open_window(key, version + 1)
+            started = utcnow()
+            try:
+                await self._state.save(key, new, ttl=ttl, expected_version=version)
+            except ConflictError:
+                self._close_window(key, window)
+                await anyio.sleep(backoff(attempt))
+                fresh = await self._read_fresh(key)
+                continue
+            except BaseException:
+                self._close_window(key, window)
+                raise
+            self._close_window(key, window)
+            current_entry = self._entries.get(key)
+            if not window.passed and (current_entry is None or current_entry.version <= version):
+                life = _as_ttl(ttl, self._state.config.ttl)
+                # Measured from before the write: the view hides the key no later than the store.
+                expires_at = None if life is None else started + life
+                self._store(
+                    key,
+                    _Cached(serializer.dumps(new), version + 1, expires_at, expiry_known=True),
+                    window,
+                )
+            return new
+        raise ConflictError(f"update of {key!r} lost {attempts} races in a row; try again", key=key)
+
+    # ---------------------------------------------------------------- keeping fresh
+
+    def _open_window(self, key: str, version: int | None) -> _Window:
+        window = _Window(version)
+        self._windows.setdefault(key, []).append(window)
+        return window
+
+    def _close_window(self, key: str, window: _Window) -> None:
+        windows = self._windows.get(key)
+        if windows is not None:
+            windows.remove(window)
+            if not windows:
+                del self._windows[key]
+
+    def _store(self, key: str, cached: _Cached | None, source: _Window | None = None) -> None:
+        """Put what a read or own write found; whatever else is in flight for `key` is passed."""
+        for window in self._windows.get(key, ()):
+            if window is not source:
+                window.passed = True
+        if cached is None:
+            self._entries.pop(key, None)
+        else:
+            self._entries[key] = cached
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def _apply(self, change: StateChange) -> None:
+        """Apply one change from the feed (commit order for its key), never going backwards."""
+        key = change.key
+        is_set = change.op is ChangeOp.SET
+        for window in self._windows.get(key, ()):
+            # Only a set older than an own write leaves it current; anything else may be newer.
+            if not (is_set and window.version is not None and change.version < window.version):
+                window.passed = True
+        current = self._entries.get(key)
+        if not is_set:
+            if current is not None and current.version <= change.version:
+                del self._entries[key]
+                self._wake()
+            return
+        if current is not None and change.version <= current.version:
+            return
+        # Another writer's change: its TTL is unknown until read (expiry emits no change).
+        raw = self._serializer.dumps(change.new_value)
+        self._entries[key] = _Cached(raw, change.version, None, expiry_known=False)
+        self._want_expiry(key)
+        self._wake()
+
+    def _want_expiry(self, key: str) -> None:
+        self._unknown_expiry[key] = None
+        self._probe_wake.set()
+
+    def _from_entry(self, entry: StateEntry) -> _Cached:
+        raw = self._serializer.dumps(entry.value)
+        return _Cached(raw, entry.version, entry.expires_at, expiry_known=True)
+
+    async def _read_fresh(self, key: str) -> tuple[bytes | None, int]:
+        """Read `key` (one round trip); store it unless a newer change arrived meanwhile."""
+        window = self._open_window(key, None)
+        try:
+            entry = await self._state.get_entry(key)
+        finally:
+            self._close_window(key, window)
+        cached = None if entry is None else self._from_entry(entry)
+        if not window.passed:
+            self._store(key, cached)
+        elif key in self._entries and not self._entries[key].expiry_known:
+            self._want_expiry(key)
+        return (None, 0) if cached is None else (cached.raw, cached.version)
+
+    async def _read_entries(self, keys: list[str]) -> list[StateEntry | None]:
+        found: list[StateEntry | None] = [None] * len(keys)
+        failed: list[BackendError] = []
+
+        async def read(index: int, key: str) -> None:
+            try:
+                found[index] = await self._state.get_entry(key)
+            except SerializationError as exc:  # unreadable: left out of the view, and said so
+                log.warning("view_value_undecodable", key=key, error=type(exc).__name__)
+            except BackendError as exc:
+                failed.append(exc)
+
+        for start in range(0, len(keys), _READ_BATCH):
+            async with anyio.create_task_group() as group:
+                for index in range(start, min(start + _READ_BATCH, len(keys))):
+                    group.start_soon(read, index, keys[index])
+            if failed:
+                raise failed[0]
+        return found
+
+    async def _reload(self) -> None:
+        """Read every matching key (the subscription is already live)."""
+        keys = await self._state.list_keys(self._pattern)
+        entries = await self._read_entries(keys)
+        loaded = {
+            key: self._from_entry(entry)
+            for key, entry in zip(keys, entries, strict=True)
+            if entry is not None
+        }
+        for windows in self._windows.values():
+            for window in windows:
+                window.passed = True
+        self._entries = loaded
+        self._unknown_expiry.clear()
+        self._wake()
+
+    async def _run(self) -> None:
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._learn_expiries)
+                    try:
+                        await self._follow()
+                    except Exception as exc:  # noqa: BLE001  # a service task must never raise
+                        if not self._ready.is_set():
+                            self._error = exc  # open() raises it
+                        else:
+                            log.error(
+                                "view_failed", pattern=self._pattern, error=type(exc).__name__
+                            )
+                    group.cancel_scope.cancel()
+        finally:
+            self._closed = True
+            self._is_live = False
+            self._ready.set()
+            self._done.set()
+            self._wake()
+
+    async def _follow(self) -> None:
+        """Subscribe, load, apply changes; after a gap, again. Return when the manager closes."""
+        failures = 0
+        while True:
+            try:
+                async with self._state.watch(self._pattern, max_buffer=self._max_buffer) as feed:
+                    await self._reload()
+                    failures = 0
+                    self._is_live = True
+                    self._ready.set()
+                    while True:
+                        try:
+                            change = await feed.__anext__()
+                        except StopAsyncIteration:
+                            return  # the manager closed
+                        except SerializationError as exc:
+                            log.warning("view_value_undecodable", error=type(exc).__name__)
+                            raise _Resync from None
+                        if change.op is ChangeOp.RESYNC:
+                            # The backend lost changes (a reconnect, trimmed history): what it
+                            # re-sent may not name every key the view holds. Reload them all.
+                            raise _Resync
+                        self._apply(change)
+            except _Resync:
+                reason = "resync"
+            except SubscriptionClosedError as exc:
+                if exc.reason != "overflow":
+                    return
+                reason = "overflow"
+            except BackendError as exc:
+                if not self._ready.is_set():
+                    raise
+                failures += 1
+                log.warning(
+                    "view_subscription_failed",
+                    pattern=self._pattern,
+                    error=type(exc).__name__,
+                    attempt=failures,
+                )
+                self._is_live = False
+                await anyio.sleep(min(0.05 * 2**failures, 5.0))
+                continue
+            self._is_live = False
+            self._reloads += 1
+            log.warning("view_reloading", pattern=self._pattern, reason=reason)
+
+    async def _learn_expiries(self) -> None:
+        """Read the keys another writer changed, for their expiry (and value), in batches."""
+        failed = False
+
+        async def learn(key: str) -> None:
+            nonlocal failed
+            try:
+                await self._read_fresh(key)
+            except AgenticStateError as exc:
+                failed = True
+                log.warning("view_expiry_read_failed", key=key, error=type(exc).__name__)
+                cached = self._entries.get(key)
+                if cached is not None and not cached.expiry_known:
+                    self._unknown_expiry[key] = None
+
+        while True:
+            await self._probe_wake.wait()
+            self._probe_wake = anyio.Event()
+            while self._unknown_expiry:
+                batch = list(islice(self._unknown_expiry, _READ_BATCH))
+                for key in batch:
+                    del self._unknown_expiry[key]
+                async with anyio.create_task_group() as group:
+                    for key in batch:
+                        group.start_soon(learn, key)
+                if failed:  # the backend is failing: do not spin on it
+                    failed = False
+                    await anyio.sleep(0.1)
