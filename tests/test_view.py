@@ -1,0 +1,398 @@
+"""LocalView (issue 21, point 3): a pattern's keys held locally, `update` in one conditional write.
+
+Every test runs on each backend (memory, file, SQLite, Redis, Redis Cluster). The Redis tests at
+the end count the commands an update sends (`INFO commandstats` deltas). Cross-process tests are
+in `tests/integration/test_view_processes.py`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+
+from agenticstate import (
+    ConflictError,
+    InvalidArgumentError,
+    LocalView,
+    MergeError,
+    NotFoundError,
+    RedisBackend,
+    StateConfig,
+    StateManager,
+    SubscriptionClosedError,
+    ViewEntry,
+)
+from tests.conftest import unique_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from agenticstate.backends import Backend
+
+
+@pytest.fixture
+async def other(backend: Backend) -> AsyncIterator[StateManager]:
+    """A second manager over the same store: writes the view did not make."""
+    manager = StateManager(StateConfig(), backend=backend, close_backend=False)
+    try:
+        yield manager
+    finally:
+        await manager.aclose()
+
+
+async def _until(view: LocalView, predicate: Callable[[LocalView], bool]) -> None:
+    with anyio.fail_after(10):
+        await view.wait_until(predicate)
+
+
+async def _poll(condition: Callable[[], bool], seconds: float = 10) -> None:
+    """Wait for a condition that no change announces (an expiry), with a deadline."""
+    with anyio.fail_after(seconds):
+        while not condition():  # noqa: ASYNC110  # expiry emits no change to wait on
+            await anyio.sleep(0.01)
+
+
+def _at(view: LocalView, key: str, version: int) -> bool:
+    entry = view.entry(key)
+    return entry is not None and entry.version == version
+
+
+async def test_view_loads_keys_and_follows_another_manager(
+    state: StateManager, other: StateManager
+) -> None:
+    """The view holds what was there when it opened, then every later write, delete and create."""
+    await state.save("agent:1", {"status": "idle"})
+    await state.save("agent:2", {"status": "busy"})
+    await state.save("agent:2", {"status": "done"})
+    await state.save("job:1", "elsewhere")
+    async with state.view("agent:*") as view:
+        assert view.keys() == ["agent:1", "agent:2"]
+        assert len(view) == 2
+        assert view.entry("agent:2") == ViewEntry(
+            key="agent:2", value={"status": "done"}, version=2
+        )
+        assert "job:1" not in view
+        assert view.is_live
+        await other.save("agent:1", {"status": "running"})
+        await other.save("agent:3", [1, 2])
+        await other.delete("agent:2")
+        await _until(view, lambda v: _at(v, "agent:1", 2) and "agent:3" in v and "agent:2" not in v)
+        assert view.get("agent:1") == {"status": "running"}
+        assert view.get("agent:3") == [1, 2]
+        assert view.get("agent:2", "gone") == "gone"
+        assert view.keys() == ["agent:1", "agent:3"]
+
+
+async def test_reads_return_the_callers_own_copy(state: StateManager) -> None:
+    """Changing a value read from the view changes neither the view nor the next read."""
+    await state.save("agent:1", {"tags": ["a"]})
+    async with state.view("agent:*") as view:
+        value = view.get("agent:1")
+        value["tags"].append("b")
+        assert view.get("agent:1") == {"tags": ["a"]}
+
+        def grow(current: Any) -> Any:
+            current["tags"].append("c")
+            return current
+
+        result = await view.update("agent:1", grow)
+        result["tags"].append("mutated after")
+        assert view.get("agent:1") == {"tags": ["a", "c"]}
+
+
+async def test_update_has_the_semantics_of_state_update(state: StateManager) -> None:
+    """Dicts deep-merge, functions map, `default` fills a missing key; errors as `update`'s."""
+    await state.save("agent:1", {"a": {"b": 1, "c": 2}, "n": 1})
+    await state.save("agent:n", 5)
+    async with LocalView(state, "agent:*") as view:
+        assert await view.update("agent:1", {"a": {"b": 10}}) == {"a": {"b": 10, "c": 2}, "n": 1}
+        assert await view.update("agent:n", lambda n: n * 2) == 10
+        assert await view.update("agent:new", {"x": 1}, default={"y": 2}) == {"y": 2, "x": 1}
+        assert await state.get("agent:1") == {"a": {"b": 10, "c": 2}, "n": 1}
+        assert await state.get("agent:n") == 10
+        assert (await state.get_entry("agent:new")).version == 1  # type: ignore[union-attr]
+        with pytest.raises(NotFoundError):
+            await view.update("agent:missing", {"x": 1})
+        with pytest.raises(MergeError):
+            await view.update("agent:n", {"x": 1})
+
+        async def not_sync(current: Any) -> Any:
+            return current
+
+        with pytest.raises(InvalidArgumentError):
+            await view.update("agent:n", not_sync)
+        with pytest.raises(InvalidArgumentError):
+            await view.update("agent:n", 3)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            await view.update("job:1", {"x": 1}, default={})  # outside the pattern
+        assert await state.get("agent:n") == 10  # nothing was written by a failed update
+
+
+async def test_own_update_is_seen_at_once(state: StateManager) -> None:
+    """After `update` returns, the view already holds the new value and version."""
+    async with state.view("counter:*") as view:
+        for expected in range(1, 21):
+            assert await view.update("counter:a", lambda n: n + 1, default=0) == expected
+            assert view.entry("counter:a") == ViewEntry(
+                key="counter:a", value=expected, version=expected
+            )
+    assert await state.get("counter:a") == 20
+
+
+async def test_stale_view_retries_and_never_writes_over_a_change(
+    state: StateManager, other: StateManager
+) -> None:
+    """Updates racing another writer lose nothing: each write is conditional on what it read."""
+    async with state.view("counter:*") as view:
+
+        async def through_view() -> None:
+            for _ in range(25):
+                await view.update("counter:x", lambda n: n + 1, default=0)
+
+        async def through_state() -> None:
+            for _ in range(25):
+                await other.update("counter:x", lambda n: n + 1, default=0)
+
+        async with anyio.create_task_group() as group:
+            for _ in range(3):
+                group.start_soon(through_view)
+            group.start_soon(through_state)
+        assert await state.get("counter:x") == 100
+        await _until(view, lambda v: v.get("counter:x") == 100)
+
+
+async def test_update_gives_up_after_max_attempts(backend: Backend) -> None:
+    """A key that changes under every attempt ends in ConflictError, like `StateManager.update`."""
+    config = StateConfig(update_max_attempts=3)
+    async with StateManager(config, backend=backend, close_backend=False) as state:
+        await state.save("agent:1", 0)
+        async with state.view("agent:*") as view:
+            calls = 0
+
+            def meddle(current: Any) -> Any:
+                # Another write lands between each read and its conditional write.
+                nonlocal calls
+                calls += 1
+                return current + 1
+
+            async def racing_update() -> None:
+                await view.update("agent:1", meddle)
+
+            original = state.save
+
+            async def save_after_a_rival(key: str, value: object, **kwargs: Any) -> int:
+                await original(key, -100)
+                return await original(key, value, **kwargs)
+
+            state.save = save_after_a_rival  # type: ignore[method-assign]
+            try:
+                with pytest.raises(ConflictError):
+                    await racing_update()
+            finally:
+                del state.save
+            assert calls == 3
+            assert await state.get("agent:1") == -100
+
+
+async def test_overflow_reloads_the_view(backend: Backend, other: StateManager) -> None:
+    """A view that falls more than its buffer behind subscribes again and reloads every key."""
+    async with StateManager(StateConfig(), backend=backend, close_backend=False) as state:
+        await state.save("agent:gone", 1)
+        async with state.view("agent:*", max_buffer=1) as view:
+            round_ = 0
+            while view.reloads == 0:
+                round_ += 1
+                assert round_ <= 20, "the view never overflowed"
+                await other.save_many({f"agent:{round_}:{i}": {"i": i} for i in range(100)})
+            await other.delete("agent:gone")
+            expected = {f"agent:{r}:{i}" for r in range(1, round_ + 1) for i in range(100)}
+            await _until(view, lambda v: set(v.keys()) == expected)
+            assert view.get(f"agent:{round_}:7") == {"i": 7}
+
+
+async def test_expired_keys_leave_the_view(state: StateManager, other: StateManager) -> None:
+    """Keys that expire (no change is announced) read as missing: loaded, written elsewhere,
+    or written by the view itself."""
+    await state.save("agent:loaded", 1, ttl=0.3)
+    await state.save("agent:kept", 1)
+    async with state.view("agent:*") as view:
+        assert "agent:loaded" in view
+        await other.save("agent:other", 2, ttl=0.3)
+        await view.update("agent:own", lambda n: n + 1, default=0, ttl=timedelta(seconds=0.3))
+        await _until(view, lambda v: "agent:other" in v)
+        await _poll(lambda: view.keys() == ["agent:kept"])
+        assert view.get("agent:other") is None
+        # Written again after it expired: a new life, at version 1.
+        assert await view.update("agent:own", lambda n: n + 1, default=0) == 1
+        assert view.entry("agent:own") == ViewEntry(key="agent:own", value=1, version=1)
+
+
+async def test_a_later_write_without_ttl_keeps_the_key(
+    state: StateManager, other: StateManager
+) -> None:
+    """Every write states its TTL: a key rewritten without one no longer expires in the view."""
+    async with state.view("agent:*") as view:
+        await other.save("agent:1", 1, ttl=0.5)
+        await _until(view, lambda v: "agent:1" in v)
+        await other.save("agent:1", 2)
+        await _until(view, lambda v: _at(v, "agent:1", 2))
+        await _poll(lambda: view._entries["agent:1"].expiry_known)
+        await anyio.sleep(0.6)  # past the first TTL: the key must still be there
+        assert view.get("agent:1") == 2
+
+
+async def test_a_closed_view_refuses_reads(state: StateManager) -> None:
+    """After aclose() (or before open), reads and updates raise SubscriptionClosedError."""
+    view = state.view("agent:*")
+    with pytest.raises(SubscriptionClosedError):
+        view.get("agent:1")
+    await view.open()
+    assert view.keys() == []
+    await view.aclose()
+    with pytest.raises(SubscriptionClosedError):
+        view.keys()
+    with pytest.raises(SubscriptionClosedError):
+        await view.update("agent:1", {}, default={})
+
+
+async def test_the_view_closes_with_its_manager() -> None:
+    """When the manager closes (and its backend with it), the view stops and says so instead
+    of going stale."""
+    state = StateManager(StateConfig())
+    view = await state.view("agent:*").open()
+    await state.aclose()
+    with anyio.fail_after(5):
+        while view.is_live:  # noqa: ASYNC110  # the view's task ends on its own
+            await anyio.sleep(0.01)
+    with pytest.raises(SubscriptionClosedError):
+        view.get("agent:1")
+    await view.aclose()
+
+
+# ---------------------------------------------------------------- commands sent (Redis)
+
+
+def _admin_clients(url: str) -> list[aioredis.Redis]:
+    """A plain client to every server behind `url` (each node of a cluster)."""
+    parts = urlsplit(url)
+    if parts.scheme.endswith("+cluster"):
+        nodes = [hp.rpartition(":") for hp in parts.netloc.rpartition("@")[2].split(",")]
+        return [aioredis.Redis(host=host, port=int(port)) for host, _, port in nodes]
+    return [aioredis.Redis.from_url(url)]
+
+
+# Our own INFO and connection handshakes; pub/sub keepalives.
+_NOT_COUNTED = {"cmdstat_info", "cmdstat_hello", "cmdstat_client|setinfo", "cmdstat_ping"}
+
+
+async def _commands(url: str) -> Counter[str]:
+    """Calls per command, summed over every server behind `url` (INFO commandstats)."""
+    total: Counter[str] = Counter()
+    for admin in _admin_clients(url):
+        async with admin:
+            stats = await admin.info("commandstats")
+        for name, fields in stats.items():
+            if name not in _NOT_COUNTED:
+                total[name] += int(fields["calls"])
+    return total
+
+
+async def _sent(url: str, operation: Awaitable[object]) -> Counter[str]:
+    """The commands the server ran for `operation`.
+
+    Redis counts the commands a script runs (GET, SET, PUBLISH, TIME inside the write script)
+    beside the EVALSHA that ran it, so tests compare with the profile of a known operation (one
+    `save`: one round trip) rather than with a bare count.
+    """
+    before = await _commands(url)
+    await operation
+    after = await _commands(url)
+    return after - before
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def redis_any_url(request: pytest.FixtureRequest) -> str:
+    """A plain redis-server, then the 3-primary cluster."""
+    name = "redis_url" if request.param == "redis" else "redis_cluster_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.mark.redis
+async def test_update_with_a_known_version_is_one_command(redis_any_url: str) -> None:
+    """With the view current, `update` sends exactly what one conditional `save` sends (one
+    EVALSHA), merge or function alike; `StateManager.update` sends a read more."""
+    config = StateConfig(backend="redis", redis_url=redis_any_url, key_prefix=unique_prefix())
+    async with StateManager(config) as state:
+        assert isinstance(state.backend, RedisBackend)
+        await state.save("agent:1", {"n": 0})
+        async with state.view("agent:*") as view:
+            await view.update("agent:1", {"warm": True})  # loads the script once
+            # Profiles taken on a key outside the view (a change the view sees costs it a read).
+            one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}))
+            assert one_save["cmdstat_evalsha"] == 1
+            for change in ({"n": 1}, lambda value: {**value, "n": value["n"] + 1}):
+                assert await _sent(redis_any_url, view.update("agent:1", change)) == one_save
+            through_state = await _sent(redis_any_url, state.update("other:1", {"n": 5}))
+            assert through_state == one_save + Counter(cmdstat_get=1)
+            assert view.get("agent:1") == {"n": 2, "warm": True}
+
+
+@pytest.mark.redis
+async def test_a_stale_update_costs_one_read_and_a_retry(redis_any_url: str) -> None:
+    """A view that has not yet seen another writer's change: the write is refused, the key read
+    fresh (one GET), and the update written on what was read, keeping the other change."""
+    config = StateConfig(backend="redis", redis_url=redis_any_url, key_prefix=unique_prefix())
+    async with StateManager(config) as state:
+        await state.save("agent:1", {"n": 0})
+        async with state.view("agent:*") as view:
+            await view.update("agent:1", {"warm": True})
+            await state.save("agent:1", {"n": 10, "warm": True, "rival": True})
+            await _until(view, lambda v: _at(v, "agent:1", 3))
+            await _poll(lambda: view._entries["agent:1"].expiry_known)  # its read is done
+            one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}))
+            one_refusal = await _refusal(redis_any_url, state)
+            # As if the rival's change were still on its way: the view holds version 2.
+            view._entries["agent:1"] = _stale_copy(view, "agent:1", {"n": 0, "warm": True}, 2)
+            sent = await _sent(
+                redis_any_url, view.update("agent:1", lambda value: {**value, "n": value["n"] + 1})
+            )
+            assert sent == one_refusal + Counter(cmdstat_get=1) + one_save
+            assert await state.get("agent:1") == {"n": 11, "warm": True, "rival": True}
+            assert view.entry("agent:1") == ViewEntry(
+                key="agent:1", value={"n": 11, "warm": True, "rival": True}, version=4
+            )
+
+
+async def _refusal(url: str, state: StateManager) -> Counter[str]:
+    """What a conditional save that is refused sends."""
+    before = await _commands(url)
+    with pytest.raises(ConflictError):
+        await state.save("other:1", {"n": 1}, expected_version=5)
+    return await _commands(url) - before
+
+
+def _stale_copy(view: LocalView, key: str, value: object, version: int) -> Any:
+    """A cache entry for `key` at an older `version` (white box: a view lagging its feed)."""
+    cached = view._entries[key]
+    return type(cached)(
+        view._serializer.dumps(value), version, cached.expires_at, expiry_known=True
+    )
+
+
+async def test_a_stale_view_reads_fresh_on_conflict(state: StateManager) -> None:
+    """On every backend: an update computed from an old version is refused, and retried on the
+    value read fresh, which the view keeps."""
+    await state.save("agent:1", {"n": 0})
+    async with state.view("agent:*") as view:
+        await state.save("agent:1", {"n": 10})
+        await _until(view, lambda v: _at(v, "agent:1", 2))
+        view._entries["agent:1"] = _stale_copy(view, "agent:1", {"n": 0}, 1)
+        assert await view.update("agent:1", {"m": 1}) == {"n": 10, "m": 1}
+        assert view.entry("agent:1") == ViewEntry(key="agent:1", value={"n": 10, "m": 1}, version=3)
+        assert state.stats().conflicts == 1
