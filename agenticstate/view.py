@@ -6,10 +6,11 @@ async with state.view("agent:*") as view:           # subscribe, then load every
     await view.update("agent:1", {"status": "busy"}) # one conditional write
 ```
 
-Built on `StateManager`'s public API only: `watch` (live on entry), `list_keys`, `get_entry` and
-`save(..., expected_version=...)`. How it stays exact:
+Built on public API only: the change feed of the manager's backend (what `StateManager.watch`
+wraps, here without decoding the changes the view skips), and the manager's `list_keys`,
+`get_entry` and `save(..., expected_version=...)`. How it stays exact:
 
-- **Open.** The watch is entered first (live: every change committed from then on will arrive),
+- **Open.** The feed is entered first (live: every change committed from then on will arrive),
   then every matching key is read, then the buffered changes are applied. A change never moves a
   key backwards: one whose version is not newer than the view's is skipped.
 - **Writes are conditional.** `update` computes the new value from the cached value and writes it
@@ -46,6 +47,7 @@ from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import spawn_service
 from agenticstate.backends.base import ChangeOp, backoff, utcnow
+from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.exceptions import (
     AgenticStateError,
     BackendError,
@@ -61,7 +63,7 @@ from agenticstate.manager import DEFAULT, deep_merge
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from agenticstate.events import StateChange
+    from agenticstate.backends.base import Change
     from agenticstate.manager import StateEntry, StateManager
 
 __all__ = ["LocalView", "ViewEntry"]
@@ -69,6 +71,7 @@ __all__ = ["LocalView", "ViewEntry"]
 log = get_logger(__name__)
 
 _MISSING: Any = object()
+_ENCRYPTED = bytes((ENCRYPTED_HEADER,))
 _READ_BATCH = 64  # keys read at once while loading or learning expiries
 
 
@@ -124,12 +127,14 @@ class _Resync(Exception):  # noqa: N818  # control flow, never raised to a calle
 
 
 def _as_ttl(ttl: object, default: timedelta | None) -> timedelta | None:
-    """The TTL a successful `save(ttl=ttl)` applied (save has validated it)."""
+    """The TTL `save(ttl=ttl)` applies; `None` for none, or for a TTL save will refuse."""
     if ttl is DEFAULT:
         return default
-    if ttl is None or isinstance(ttl, timedelta):
+    if isinstance(ttl, timedelta):
         return ttl
-    return timedelta(seconds=float(ttl))  # type: ignore[arg-type]  # save accepted it
+    if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and 0 < ttl < 1e10:
+        return timedelta(seconds=ttl)
+    return None  # None, or invalid: save raises InvalidArgumentError before anything is stored
 
 
 def _updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -193,6 +198,7 @@ class LocalView:
         self._matcher = compile_glob(pattern)
         self._max_buffer = max_buffer
         self._serializer = state.serializer
+        self._encryption = state.config.encryption
         self._entries: dict[str, _Cached] = {}
         self._windows: dict[str, list[_Window]] = {}
         self._unknown_expiry: dict[str, None] = {}  # keys to read for their expiry, in order
@@ -328,7 +334,10 @@ class LocalView:
     def _cached(self, key: str) -> _Cached | None:
         self._check_open()
         cached = self._entries.get(key)
-        if cached is None or cached.is_expired(utcnow()):
+        if cached is None:
+            return None
+        expires_at = cached.expires_at
+        if expires_at is not None and expires_at <= utcnow():
             return None
         return cached
 
@@ -388,7 +397,9 @@ class LocalView:
                     new.close()
                 raise InvalidArgumentError("update() functions must be synchronous")
             window = self._open_window(key, version + 1)
-            started = utcnow()
+            life = _as_ttl(ttl, self._state.config.ttl)
+            # Measured from before the write: the view hides the key no later than the store.
+            started = None if life is None else utcnow()
             try:
                 await self._state.save(key, new, ttl=ttl, expected_version=version)
             except ConflictError:
@@ -402,9 +413,7 @@ class LocalView:
             self._close_window(key, window)
             current_entry = self._entries.get(key)
             if not window.passed and (current_entry is None or current_entry.version <= version):
-                life = _as_ttl(ttl, self._state.config.ttl)
-                # Measured from before the write: the view hides the key no later than the store.
-                expires_at = None if life is None else started + life
+                expires_at = None if started is None or life is None else started + life
                 self._store(
                     key,
                     _Cached(serializer.dumps(new), version + 1, expires_at, expiry_known=True),
@@ -443,8 +452,12 @@ class LocalView:
         if changed is not None:
             changed.set()
 
-    def _apply(self, change: StateChange) -> None:
-        """Apply one change from the feed (commit order for its key), never going backwards."""
+    def _apply(self, change: Change) -> None:
+        """Apply one change from the feed (commit order for its key), never going backwards.
+
+        Changes arrive as the backend's bytes: one the view skips (its own write, already
+        stored) is never decoded, and one it keeps is stored as it came, decoded per read.
+        """
         key = change.key
         is_set = change.op is ChangeOp.SET
         for window in self._windows.get(key, ()):
@@ -459,11 +472,30 @@ class LocalView:
             return
         if current is not None and change.version <= current.version:
             return
-        # Another writer's change: its TTL is unknown until read (expiry emits no change).
-        raw = self._serializer.dumps(change.new_value)
-        self._entries[key] = _Cached(raw, change.version, None, expiry_known=False)
-        self._want_expiry(key)
+        raw = self._plaintext(key, change.new)
+        if raw is None:
+            self._entries.pop(key, None)
+        else:
+            # Another writer's change: its TTL is unknown until read (expiry emits no change).
+            self._entries[key] = _Cached(raw, change.version, None, expiry_known=False)
+            self._want_expiry(key)
         self._wake()
+
+    def _plaintext(self, key: str, raw: bytes | None) -> bytes | None:
+        """The serialized value in a change (decrypted), or `None` if this view cannot read it."""
+        if raw is None:  # a set always carries its bytes; never trust a backend blindly
+            return None
+        encryption = self._encryption
+        try:
+            if encryption is not None:
+                return encryption.decrypt(self._state.backend.key_prefix, key, raw)
+        except SerializationError as exc:
+            log.warning("view_value_undecodable", key=key, error=type(exc).__name__)
+            return None
+        if raw[:1] == _ENCRYPTED:  # encrypted, and this manager has no keys: as get() would
+            log.warning("view_value_undecodable", key=key, error="DecryptionError")
+            return None
+        return raw
 
     def _want_expiry(self, key: str) -> None:
         self._unknown_expiry[key] = None
@@ -550,7 +582,11 @@ class LocalView:
         failures = 0
         while True:
             try:
-                async with self._state.watch(self._pattern, max_buffer=self._max_buffer) as feed:
+                await self._state.open()
+                # The backend's own feed (what `watch` wraps), live on entry: its changes carry
+                # bytes, so the view decodes only what it keeps.
+                changes = self._state.backend.changes(self._pattern, max_buffer=self._max_buffer)
+                async with changes as feed:
                     await self._reload()
                     failures = 0
                     self._is_live = True
@@ -559,10 +595,7 @@ class LocalView:
                         try:
                             change = await feed.__anext__()
                         except StopAsyncIteration:
-                            return  # the manager closed
-                        except SerializationError as exc:
-                            log.warning("view_value_undecodable", error=type(exc).__name__)
-                            raise _Resync from None
+                            return  # the backend closed
                         if change.op is ChangeOp.RESYNC:
                             # The backend lost changes (a reconnect, trimmed history): what it
                             # re-sent may not name every key the view holds. Reload them all.
