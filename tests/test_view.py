@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from agenticstate import (
     ConflictError,
+    Encryption,
     InvalidArgumentError,
     LocalView,
     MergeError,
@@ -396,3 +397,25 @@ async def test_a_stale_view_reads_fresh_on_conflict(state: StateManager) -> None
         assert await view.update("agent:1", {"m": 1}) == {"n": 10, "m": 1}
         assert view.entry("agent:1") == ViewEntry(key="agent:1", value={"n": 10, "m": 1}, version=3)
         assert state.stats().conflicts == 1
+
+
+async def test_an_encrypted_store_is_read_through_its_keys(backend: Backend) -> None:
+    """Changes from another writer arrive encrypted; the view decrypts them with the manager's
+    keys, and a view without the keys leaves the values out instead of showing ciphertext."""
+    encryption = Encryption({"k1": Encryption.generate_key()})
+    config = StateConfig(encryption=encryption)
+    async with (
+        StateManager(config, backend=backend, close_backend=False) as state,
+        StateManager(config, backend=backend, close_backend=False) as writer,
+        StateManager(StateConfig(), backend=backend, close_backend=False) as keyless,
+    ):
+        await writer.save("agent:1", {"secret": 1})
+        async with state.view("agent:*") as view, keyless.view("agent:*") as blind:
+            assert view.get("agent:1") == {"secret": 1}
+            assert blind.keys() == []
+            await writer.save("agent:2", {"secret": 2})
+            await _until(view, lambda v: "agent:2" in v)
+            assert view.get("agent:2") == {"secret": 2}
+            assert await view.update("agent:2", {"more": True}) == {"secret": 2, "more": True}
+            assert await writer.get("agent:2") == {"secret": 2, "more": True}
+            assert blind.keys() == []
