@@ -419,3 +419,24 @@ async def test_an_encrypted_store_is_read_through_its_keys(backend: Backend) -> 
             assert await view.update("agent:2", {"more": True}) == {"secret": 2, "more": True}
             assert await writer.get("agent:2") == {"secret": 2, "more": True}
             assert blind.keys() == []
+
+
+@pytest.mark.redis
+async def test_a_redis_resync_reloads_the_view(redis_any_url: str) -> None:
+    """Changes made while the pub/sub connection was down come back as a resync; the view then
+    reloads every key, so even a delete of a key it never saw change is not missed."""
+    config = StateConfig(backend="redis", redis_url=redis_any_url, key_prefix=unique_prefix())
+    async with StateManager(config) as state:
+        await state.save("agent:{a}", 1)  # loaded, never changed while the view is open
+        async with state.view("agent:*") as view:
+            assert view.keys() == ["agent:{a}"]
+            killed = 0
+            for admin in _admin_clients(redis_any_url):
+                async with admin:
+                    killed += int(await admin.client_kill_filter(_type="pubsub"))
+            assert killed >= 1
+            await state.delete("agent:{a}")  # in the gap: lost with the connection
+            await state.save("agent:{a}c", 3)  # also in the gap: the resync reports it
+            await _until(view, lambda v: v.reloads >= 1 and v.keys() == ["agent:{a}c"])
+            assert view.get("agent:{a}c") == 3
+            assert view.is_live
