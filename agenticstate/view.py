@@ -34,7 +34,7 @@ wraps, here without decoding the changes the view skips), and the manager's `lis
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Self
@@ -311,6 +311,9 @@ class LocalView:
     def __len__(self) -> int:
         return len(self.keys())
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._cached(key) is not None
 
@@ -437,9 +440,15 @@ class LocalView:
                 del self._windows[key]
 
     def _store(self, key: str, cached: _Cached | None, source: _Window | None = None) -> None:
-        """Put what a read or own write found; whatever else is in flight for `key` is passed."""
+        """Put what a read or own write found, and pass what else is in flight for `key`.
+
+        An own write still in flight is passed only by something at or past the version it
+        will create: an older state (or none) was read before that write committed, or the
+        feed has yet to deliver what came after it (and will, moving the key forward again).
+        """
+        version = 0 if cached is None else cached.version
         for window in self._windows.get(key, ()):
-            if window is not source:
+            if window is not source and (window.version is None or version >= window.version):
                 window.passed = True
         if cached is None:
             self._entries.pop(key, None)

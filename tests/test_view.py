@@ -7,12 +7,14 @@ in `tests/integration/test_view_processes.py`.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.lowlevel
 import pytest
 import redis.asyncio as aioredis
 
@@ -440,3 +442,73 @@ async def test_a_redis_resync_reloads_the_view(redis_any_url: str) -> None:
             await _until(view, lambda v: v.reloads >= 1 and v.keys() == ["agent:{a}c"])
             assert view.get("agent:{a}c") == 3
             assert view.is_live
+
+
+async def _snapshot(state: StateManager, pattern: str) -> dict[str, tuple[Any, int]]:
+    found = {}
+    for key in await state.list_keys(pattern):
+        entry = await state.get_entry(key)
+        if entry is not None:
+            found[key] = (entry.value, entry.version)
+    return found
+
+
+def _holds(view: LocalView, expected: dict[str, tuple[Any, int]]) -> bool:
+    held = {}
+    for key in view:
+        entry = view.entry(key)
+        if entry is not None:
+            held[key] = (entry.value, entry.version)
+    return held == expected
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_views_converge_under_a_random_mix_of_writers(
+    backend: Backend, other: StateManager, seed: int
+) -> None:
+    """Updates through three views (two on one manager), saves, deletes and plain updates from
+    other tasks, on a few keys: every counter is exact, and every view ends holding exactly what
+    the store holds (values and versions)."""
+    rng = random.Random(seed)
+    state = StateManager(StateConfig(), backend=backend, close_backend=False)
+    async with (
+        state,
+        state.view("k:*") as first,
+        state.view("k:*", max_buffer=5) as second,
+        other.view("k:*") as third,
+    ):
+        views = [first, second, third]
+        keys = [f"k:{i}" for i in range(4)]
+        added = dict.fromkeys(keys, 0)
+
+        def bump(value: Any) -> Any:
+            return {"n": value.get("n", 0) + 1, "by": "view"}
+
+        async def updater(view: LocalView) -> None:
+            for _ in range(40):
+                key = rng.choice(keys)
+                await view.update(key, bump, default={})
+                added[key] += 1
+
+        async def meddler() -> None:
+            for _ in range(40):
+                key = rng.choice(keys[2:])  # only these are ever deleted or overwritten
+                roll = rng.random()
+                if roll < 0.2:
+                    await state.delete(key)
+                elif roll < 0.4:
+                    await other.save(key, {"n": -1000, "by": "save"})
+                else:
+                    await other.update(key, {"by": "merge"}, default={})
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as group:
+            for view in views:
+                group.start_soon(updater, view)
+            group.start_soon(meddler)
+        expected = await _snapshot(state, "k:*")
+        for key in keys[:2]:  # never deleted or overwritten: every increment is there
+            assert expected[key][0]["n"] == added[key]
+        for view in views:
+            with anyio.fail_after(10):
+                await view.wait_until(lambda v: _holds(v, expected))
