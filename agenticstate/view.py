@@ -359,7 +359,8 @@ class LocalView:
         The same semantics as `StateManager.update` (a dict deep-merges, a function maps the
         old value to the new one; it may run more than once and gets its own copy), computed
         from the view's value and written with `expected_version` set to the view's version. If
-        another writer got in first, the key is read fresh and the update retried.
+        another writer got in first, the key is read fresh and the update retried. The
+        manager's `stats()` counts each write as a save, and each refused one as a conflict.
 
         Args:
             key: The key; it must match the view's pattern.

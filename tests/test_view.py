@@ -512,3 +512,22 @@ async def test_views_converge_under_a_random_mix_of_writers(
         for view in views:
             with anyio.fail_after(10):
                 await view.wait_until(lambda v: _holds(v, expected))
+
+
+def test_a_view_runs_under_trio() -> None:
+    """On trio (memory backend): load, follow a write, update in one write, close."""
+
+    async def main() -> None:
+        async with StateManager(StateConfig()) as state:
+            await state.save("agent:1", {"n": 1})
+            async with state.view("agent:*") as view:
+                assert view.get("agent:1") == {"n": 1}
+                await state.save("agent:2", {"n": 2})
+                with anyio.fail_after(5):
+                    await view.wait_until(lambda v: "agent:2" in v)
+                assert await view.update("agent:1", {"m": 1}) == {"n": 1, "m": 1}
+                assert view.entry("agent:1") == ViewEntry(
+                    key="agent:1", value={"n": 1, "m": 1}, version=2
+                )
+
+    anyio.run(main, backend="trio")
