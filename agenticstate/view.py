@@ -202,11 +202,12 @@ class LocalView:
         self._entries: dict[str, _Cached] = {}
         self._windows: dict[str, list[_Window]] = {}
         self._unknown_expiry: dict[str, None] = {}  # keys to read for their expiry, in order
-        self._probe_wake = anyio.Event()
         self._changed: anyio.Event | None = None  # set on the next change (for wait_until)
-        self._ready = anyio.Event()
-        self._done = anyio.Event()
-        self._scope = anyio.CancelScope()
+        # Made by open(), on the event loop (a view may be built outside one).
+        self._probe_wake: anyio.Event
+        self._ready: anyio.Event
+        self._done: anyio.Event
+        self._scope: anyio.CancelScope
         self._task: object = None
         self._error: BaseException | None = None
         self._is_open = False
@@ -240,10 +241,19 @@ class LocalView:
         if self._is_open or self._closed:
             raise InvalidArgumentError("a LocalView opens once")
         self._is_open = True
+        self._probe_wake = anyio.Event()
+        self._ready = anyio.Event()
+        self._done = anyio.Event()
+        self._scope = anyio.CancelScope()
         # A task of its own, not a task group of the caller's: the view outlives this call
         # (and the blocking API enters and exits it in different tasks).
         self._task = spawn_service(self._run, name=f"agenticstate:view:{self._pattern}")
-        await self._ready.wait()
+        try:
+            await self._ready.wait()
+        except BaseException:  # cancelled while loading: stop the task, leave nothing running
+            self._closed = True
+            self._scope.cancel()
+            raise
         if self._error is not None:
             self._closed = True
             raise self._error
@@ -253,8 +263,8 @@ class LocalView:
         """Stop following changes. Reads and updates raise `SubscriptionClosedError` after."""
         self._closed = True
         self._is_live = False
-        self._scope.cancel()
         if self._task is not None:
+            self._scope.cancel()
             with anyio.CancelScope(shield=True):
                 await self._done.wait()
         self._entries.clear()

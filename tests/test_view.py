@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from agenticstate import (
+    AgenticStateError,
     ConflictError,
     Encryption,
     InvalidArgumentError,
@@ -35,6 +36,7 @@ from tests.conftest import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
+    from pathlib import Path
 
     from agenticstate.backends import Backend
 
@@ -531,3 +533,24 @@ def test_a_view_runs_under_trio() -> None:
                 )
 
     anyio.run(main, backend="trio")
+
+
+def test_a_view_can_be_built_outside_the_event_loop() -> None:
+    """Building a view needs no running loop (opening it does)."""
+    view = StateManager().view("agent:*")
+    assert view.pattern == "agent:*"
+    assert not view.is_live
+
+
+async def test_opening_fails_cleanly_when_the_store_is_unreachable(tmp_path: Path) -> None:
+    """A view whose first load fails raises from open() and keeps nothing running."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    config = StateConfig(backend="sqlite", sqlite_path=str(blocker / "state.db"))
+    state = StateManager(config)
+    view = state.view("agent:*")
+    with pytest.raises(AgenticStateError):
+        await view.open()
+    assert not view.is_live
+    with pytest.raises(SubscriptionClosedError):
+        view.keys()
