@@ -23,9 +23,11 @@ wraps, here without decoding the changes the view skips), and the manager's `lis
   wins, and the write's own change arrives with it).
 - **Fresh reads** (after a conflict, or to learn an expiry) are stored only if no change to that
   key arrived while the read was in flight, so a slow reply never overwrites newer news.
-- **Gaps.** If the subscription overflows (the view fell more than `max_buffer` changes behind) or
-  the backend reports a resync (a Redis reconnect, SQLite changes trimmed by retention), the view
-  subscribes again and reloads every matching key.
+- **Gaps.** If the subscription overflows (the view fell more than `max_buffer` changes behind),
+  the view subscribes again and reloads every matching key. If the backend reports a resync (a
+  Redis reconnect, SQLite changes trimmed by retention), the view applies what it re-sent and
+  then re-reads every matching key while following the feed, since a resync may not name them
+  all (a delete of a key it never delivered).
 - **Expiry** emits no change on any backend, so the view tracks each key's expiry: known from
   reads and from its own writes, and learned by a background read for a key another writer
   changed (writes state their TTL). An expired key reads as missing.
@@ -40,6 +42,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
+import anyio.lowlevel
 from pydantic import BaseModel, ConfigDict
 
 from agenticstate._glob import compile_glob
@@ -120,10 +123,6 @@ class _Window:
     def __init__(self, version: int | None) -> None:
         self.version = version
         self.passed = False
-
-
-class _Resync(Exception):  # noqa: N818  # control flow, never raised to a caller
-    """The feed reported a gap (or an undecodable change): subscribe again and reload."""
 
 
 def _as_ttl(ttl: object, default: timedelta | None) -> timedelta | None:
@@ -214,6 +213,7 @@ class LocalView:
         self._is_live = False
         self._closed = False
         self._reloads = 0
+        self._reconcile_wanted = False
 
     def __repr__(self) -> str:
         state = "live" if self._is_live else "closed" if self._closed else "not live"
@@ -479,7 +479,8 @@ class LocalView:
         stored) is never decoded, and one it keeps is stored as it came, decoded per read.
         """
         key = change.key
-        is_set = change.op is ChangeOp.SET
+        # A resync change carries the key's current value (or none: gone) like a set (a delete).
+        is_set = change.new is not None and change.op is not ChangeOp.DELETE
         for window in self._windows.get(key, ()):
             # Only a set older than an own write leaves it current; anything else may be newer.
             if not (is_set and window.version is not None and change.version < window.version):
@@ -573,6 +574,7 @@ class LocalView:
                 window.passed = True
         self._entries = loaded
         self._unknown_expiry.clear()
+        self._reconcile_wanted = False
         self._wake()
 
     async def _run(self) -> None:
@@ -616,17 +618,16 @@ class LocalView:
                             change = await feed.__anext__()
                         except StopAsyncIteration:
                             return  # the backend closed
-                        if change.op is ChangeOp.RESYNC:
-                            # The backend lost changes (a reconnect, trimmed history): what it
-                            # re-sent may not name every key the view holds. Reload them all.
-                            raise _Resync
                         self._apply(change)
-            except _Resync:
-                reason = "resync"
+                        if change.op is ChangeOp.RESYNC:
+                            # The backend lost changes (a reconnect, trimmed history) and re-sent
+                            # what it knows of; that may not name every key the view holds
+                            # (a delete of a key it never delivered). Re-read them all, once the
+                            # burst is over, while following the feed.
+                            self._want_reconcile()
             except SubscriptionClosedError as exc:
                 if exc.reason != "overflow":
                     return
-                reason = "overflow"
             except BackendError as exc:
                 if not self._ready.is_set():
                     raise
@@ -642,33 +643,78 @@ class LocalView:
                 continue
             self._is_live = False
             self._reloads += 1
-            log.warning("view_reloading", pattern=self._pattern, reason=reason)
+            log.warning("view_reloading", pattern=self._pattern, reason="overflow")
 
-    async def _learn_expiries(self) -> None:
-        """Read the keys another writer changed, for their expiry (and value), in batches."""
-        failed = False
+    def _want_reconcile(self) -> None:
+        self._reconcile_wanted = True
+        self._probe_wake.set()
+
+    async def _learn(self, key: str) -> bool:
+        """Read `key` fresh in the background; return False (and queue it again) on failure."""
+        try:
+            await self._read_fresh(key)
+        except AgenticStateError as exc:
+            log.warning("view_read_failed", key=key, error=type(exc).__name__)
+            cached = self._entries.get(key)
+            if cached is not None and not cached.expiry_known:
+                self._unknown_expiry[key] = None
+            return False
+        return True
+
+    async def _read_each(self, keys: list[str]) -> bool:
+        """Read `keys` fresh, `_READ_BATCH` at a time; return whether every read worked."""
+        done: list[bool] = []
 
         async def learn(key: str) -> None:
-            nonlocal failed
-            try:
-                await self._read_fresh(key)
-            except AgenticStateError as exc:
-                failed = True
-                log.warning("view_expiry_read_failed", key=key, error=type(exc).__name__)
-                cached = self._entries.get(key)
-                if cached is not None and not cached.expiry_known:
-                    self._unknown_expiry[key] = None
+            done.append(await self._learn(key))
 
+        for start in range(0, len(keys), _READ_BATCH):
+            async with anyio.create_task_group() as group:
+                for key in keys[start : start + _READ_BATCH]:
+                    group.start_soon(learn, key)
+        return all(done)
+
+    async def _reconcile(self) -> bool:
+        """Re-read every matching key while the feed goes on: a resync may not name them all.
+
+        Each read is stored only if no change to its key arrived meanwhile (see `_read_fresh`);
+        a held key no longer listed is dropped unless a change to it arrived during the listing.
+        """
+        self._reconcile_wanted = False
+        held = [(key, self._open_window(key, None)) for key in list(self._entries)]
+        try:
+            listed = await self._state.list_keys(self._pattern)
+        except AgenticStateError as exc:
+            log.warning("view_read_failed", pattern=self._pattern, error=type(exc).__name__)
+            self._reconcile_wanted = True
+            return False
+        finally:
+            for key, window in held:
+                self._close_window(key, window)
+        present = set(listed)
+        for key, window in held:
+            if key not in present and not window.passed:
+                self._store(key, None)
+        self._reloads += 1
+        log.warning("view_reloading", pattern=self._pattern, reason="resync")
+        return await self._read_each(listed)
+
+    async def _learn_expiries(self) -> None:
+        """Re-read every key after a resync, and read changed keys for their expiry, in batches.
+
+        Runs beside the feed. A key another writer changed is read for its expiry (and value).
+        """
         while True:
             await self._probe_wake.wait()
             self._probe_wake = anyio.Event()
-            while self._unknown_expiry:
-                batch = list(islice(self._unknown_expiry, _READ_BATCH))
-                for key in batch:
-                    del self._unknown_expiry[key]
-                async with anyio.create_task_group() as group:
+            await anyio.lowlevel.checkpoint()  # let a burst of changes (a resync) arrive first
+            while self._reconcile_wanted or self._unknown_expiry:
+                if self._reconcile_wanted:
+                    worked = await self._reconcile()
+                else:
+                    batch = list(islice(self._unknown_expiry, _READ_BATCH))
                     for key in batch:
-                        group.start_soon(learn, key)
-                if failed:  # the backend is failing: do not spin on it
-                    failed = False
+                        del self._unknown_expiry[key]
+                    worked = await self._read_each(batch)
+                if not worked:  # the backend is failing: do not spin on it
                     await anyio.sleep(0.1)
