@@ -31,6 +31,7 @@ from agenticstate import (
     StateManager,
     SubscriptionClosedError,
     ViewEntry,
+    sync,
 )
 from tests.conftest import unique_prefix
 
@@ -554,3 +555,18 @@ async def test_opening_fails_cleanly_when_the_store_is_unreachable(tmp_path: Pat
     assert not view.is_live
     with pytest.raises(SubscriptionClosedError):
         view.keys()
+
+
+def test_the_blocking_api_has_views() -> None:
+    """`agenticstate.sync`: `with state.view(...) as view` opens a blocking view."""
+    with sync.StateManager() as state:
+        state.save("agent:1", {"n": 1})
+        with state.view("agent:*") as view:
+            assert isinstance(view, sync.LocalView)
+            assert view.get("agent:1") == {"n": 1}
+            assert (len(view), "agent:1" in view, list(view)) == (1, True, ["agent:1"])
+            assert view.update("agent:1", {"m": 2}) == {"n": 1, "m": 2}
+            assert view.entry("agent:1") == ViewEntry(
+                key="agent:1", value={"n": 1, "m": 2}, version=2
+            )
+        assert not view.is_live
