@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Self
 
@@ -50,6 +49,7 @@ from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import spawn_service
 from agenticstate.backends.base import ChangeOp, backoff, utcnow
+from agenticstate.config import _as_ttl
 from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.exceptions import (
     AgenticStateError,
@@ -64,6 +64,7 @@ from agenticstate.exceptions import (
 from agenticstate.manager import DEFAULT, deep_merge
 
 if TYPE_CHECKING:
+    from datetime import datetime, timedelta
     from types import TracebackType
 
     from agenticstate.backends.base import Change
@@ -125,15 +126,14 @@ class _Window:
         self.passed = False
 
 
-def _as_ttl(ttl: object, default: timedelta | None) -> timedelta | None:
+def _life(ttl: object, default: timedelta | None) -> timedelta | None:
     """The TTL `save(ttl=ttl)` applies; `None` for none, or for a TTL save will refuse."""
     if ttl is DEFAULT:
         return default
-    if isinstance(ttl, timedelta):
-        return ttl
-    if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and 0 < ttl < 1e10:
-        return timedelta(seconds=ttl)
-    return None  # None, or invalid: save raises InvalidArgumentError before anything is stored
+    try:
+        return _as_ttl(ttl)
+    except ValueError:
+        return None  # save raises InvalidArgumentError before anything is stored
 
 
 def _updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -411,7 +411,7 @@ class LocalView:
                     new.close()
                 raise InvalidArgumentError("update() functions must be synchronous")
             window = self._open_window(key, version + 1)
-            life = _as_ttl(ttl, self._state.config.ttl)
+            life = _life(ttl, self._state.config.ttl)
             # Measured from before the write: the view hides the key no later than the store.
             started = None if life is None else utcnow()
             try:
