@@ -391,21 +391,30 @@ class LocalView:
         apply = _updater(key, change)
         serializer = self._serializer
         attempts = self._state.config.update_max_attempts
-        fresh: tuple[bytes | None, int] | None = None  # what a read after a conflict found
-        for attempt in range(attempts):
+        conflicts = 0
+        fresh: tuple[bytes | None, int] | None = None  # what a read found, once one was needed
+        while True:
             if fresh is None:
                 cached = self._cached(key)
                 raw, version = (None, 0) if cached is None else (cached.raw, cached.version)
             else:
                 self._check_open()
                 raw, version = fresh
-            if raw is not None:
-                current = serializer.loads(raw)
-            elif default is _MISSING:
-                raise NotFoundError(f"no state at key {key!r}")
-            else:
-                current = serializer.loads(serializer.dumps(default))
-            new = apply(current)
+            try:
+                if raw is not None:
+                    current = serializer.loads(raw)
+                elif default is _MISSING:
+                    raise NotFoundError(f"no state at key {key!r}")
+                else:
+                    current = serializer.loads(serializer.dumps(default))
+                new = apply(current)
+            except Exception:
+                if fresh is not None:
+                    raise
+                # Computed from the view's copy: confirm on the stored value before failing
+                # (a key the view has not yet seen created, a value it has not yet seen change).
+                fresh = await self._read_fresh(key)
+                continue
             if inspect.isawaitable(new):
                 if inspect.iscoroutine(new):
                     new.close()
@@ -418,7 +427,12 @@ class LocalView:
                 await self._state.save(key, new, ttl=ttl, expected_version=version)
             except ConflictError:
                 self._close_window(key, window)
-                await anyio.sleep(backoff(attempt))
+                conflicts += 1
+                if conflicts >= attempts:
+                    raise ConflictError(
+                        f"update of {key!r} lost {attempts} races in a row; try again", key=key
+                    ) from None
+                await anyio.sleep(backoff(conflicts - 1))
                 fresh = await self._read_fresh(key)
                 continue
             except BaseException:
@@ -434,7 +448,6 @@ class LocalView:
                     window,
                 )
             return new
-        raise ConflictError(f"update of {key!r} lost {attempts} races in a row; try again", key=key)
 
     # ---------------------------------------------------------------- keeping fresh
 

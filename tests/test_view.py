@@ -570,3 +570,25 @@ def test_the_blocking_api_has_views() -> None:
                 key="agent:1", value={"n": 1, "m": 2}, version=2
             )
         assert not view.is_live
+
+
+async def test_an_error_from_a_stale_copy_is_confirmed_on_the_store(state: StateManager) -> None:
+    """A view that has not yet seen a key created, or a value change type, reads the key before
+    raising NotFoundError or MergeError: it fails only if the stored value fails too."""
+    async with state.view("agent:*") as view:
+        await state.save("agent:new", {"n": 1})
+        await state.save("agent:typed", {"n": 1})
+        await _until(view, lambda v: "agent:new" in v and "agent:typed" in v)
+        del view._entries["agent:new"]  # as if its creation were still on its way
+        view._entries["agent:typed"] = _stale_copy(view, "agent:typed", "a string", 1)
+        assert await view.update("agent:new", {"m": 2}) == {"n": 1, "m": 2}
+        assert await view.update("agent:typed", {"m": 2}) == {"n": 1, "m": 2}
+        assert view.entry("agent:typed") == ViewEntry(
+            key="agent:typed", value={"n": 1, "m": 2}, version=2
+        )
+        await state.save("agent:text", "plain")
+        await _until(view, lambda v: "agent:text" in v)
+        with pytest.raises(MergeError):
+            await view.update("agent:text", {"m": 2})  # the stored value is not a dict either
+        with pytest.raises(NotFoundError):
+            await view.update("agent:nowhere", {"m": 2})
