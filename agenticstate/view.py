@@ -282,7 +282,7 @@ class LocalView:
 
     @property
     def reloads(self) -> int:
-        """How many times the view reloaded every key after a gap in its subscription."""
+        """How many times the view re-read every key after a gap (an overflow or a resync)."""
         return self._reloads
 
     # ---------------------------------------------------------------- reads (no round trip)
@@ -291,11 +291,15 @@ class LocalView:
         """Return the value at `key` as the view holds it, or `default` if missing or expired.
 
         Args:
-            key: The key (it must match the view's pattern).
+            key: The key.
             default: What to return when the key is missing.
             model: A pydantic model to validate the value as.
+
+        Raises:
+            InvalidArgumentError: The key is outside the view's pattern (the view cannot know
+                it: read it with `StateManager.get`).
         """
-        cached = self._cached(key)
+        cached = self._cached(self._inside(key))
         if cached is None:
             return default
         if model is not None:
@@ -303,8 +307,12 @@ class LocalView:
         return self._serializer.loads(cached.raw)
 
     def entry(self, key: str) -> ViewEntry | None:
-        """Return the value at `key` with the version the view holds, or `None`."""
-        cached = self._cached(key)
+        """Return the value at `key` with the version the view holds, or `None`.
+
+        Raises:
+            InvalidArgumentError: The key is outside the view's pattern.
+        """
+        cached = self._cached(self._inside(key))
         if cached is None:
             return None
         return ViewEntry(key=key, value=self._serializer.loads(cached.raw), version=cached.version)
@@ -325,7 +333,7 @@ class LocalView:
         return iter(self.keys())
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self._cached(key) is not None
+        return isinstance(key, str) and self._matcher.match(key) and self._cached(key) is not None
 
     async def wait_until(self, predicate: Callable[[LocalView], bool]) -> None:
         """Wait until `predicate(view)` holds, checking it after each change the view applies.
@@ -338,6 +346,11 @@ class LocalView:
             if self._changed is None:
                 self._changed = anyio.Event()
             await self._changed.wait()
+
+    def _inside(self, key: str) -> str:
+        if not self._matcher.match(validate_key(key)):
+            raise InvalidArgumentError(f"key {key!r} is outside the view of {self._pattern!r}")
+        return key
 
     def _check_open(self) -> None:
         if self._closed or not self._is_open:
@@ -385,9 +398,7 @@ class LocalView:
             ConflictError: The update lost `StateConfig.update_max_attempts` races in a row.
             InvalidArgumentError: The key is outside the view's pattern.
         """
-        validate_key(key)
-        if not self._matcher.match(key):
-            raise InvalidArgumentError(f"key {key!r} is outside the view of {self._pattern!r}")
+        self._inside(key)
         apply = _updater(key, change)
         serializer = self._serializer
         attempts = self._state.config.update_max_attempts

@@ -84,6 +84,8 @@ async def test_view_loads_keys_and_follows_another_manager(
             key="agent:2", value={"status": "done"}, version=2
         )
         assert "job:1" not in view
+        with pytest.raises(InvalidArgumentError):
+            view.get("job:1")  # outside the pattern: the view cannot know it
         assert view.is_live
         await other.save("agent:1", {"status": "running"})
         await other.save("agent:3", [1, 2])
