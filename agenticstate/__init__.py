@@ -120,6 +120,7 @@ from agenticstate.managers import (
 )
 from agenticstate.scope import ScopedState
 from agenticstate.serialization import Serializer
+from agenticstate.view import LocalView, ViewEntry
 
 try:
     __version__ = version("agenticstate")
@@ -161,6 +162,7 @@ __all__ = [
     "InvalidTransitionError",
     "KnowledgeBaseState",
     "KnowledgeStateManager",
+    "LocalView",
     "MemoryBackend",
     "MergeError",
     "MissingDependencyError",
@@ -216,6 +218,7 @@ __all__ = [
     "TranscriptionStatus",
     "UnsupportedOperationError",
     "UnsupportedTypeError",
+    "ViewEntry",
     "VoiceConversationState",
     "Watch",
     "WorkflowCancelledError",

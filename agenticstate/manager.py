@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
     from agenticstate._usage import StateUsage
     from agenticstate.scope import ScopedState
+    from agenticstate.view import LocalView
 
 __all__ = [
     "DEFAULT",
@@ -1109,3 +1110,13 @@ class StateManager:
             subscriptions=len(self._pumps),
             **self._counters,
         )
+
+    def view(self, pattern: str = "*", *, max_buffer: int | None = None) -> LocalView:
+        """Return a `LocalView` of the keys matching `pattern`; enter it to load and follow them.
+
+        Reads from the view cost no round trip, and `LocalView.update` is one conditional write
+        when the view is current (see `agenticstate.LocalView`).
+        """
+        from agenticstate.view import LocalView  # here: view.py imports this module
+
+        return LocalView(self, pattern, max_buffer=max_buffer)

@@ -50,6 +50,7 @@ from anyio.from_thread import BlockingPortal
 
 from agenticstate import managers as _managers
 from agenticstate import scope as _scope
+from agenticstate import view as _view
 from agenticstate._log import get_logger
 from agenticstate.exceptions import AgenticStateError, InvalidArgumentError
 from agenticstate.manager import StateManager as _AsyncStateManager
@@ -64,6 +65,7 @@ __all__ = [
     "Blocking",
     "BlockingStream",
     "KnowledgeStateManager",
+    "LocalView",
     "OrchestrationStateManager",
     "ScopedState",
     "SessionManager",
@@ -420,6 +422,27 @@ class ScopedState(
     _Subscriptions[_scope.ScopedState], Blocking[_scope.ScopedState], wraps=_scope.ScopedState
 ):
     """Blocking `agenticstate.ScopedState` (from `sync.StateManager.scope(prefix)`)."""
+
+
+class LocalView(Blocking[_view.LocalView], wraps=_view.LocalView):
+    """Blocking `agenticstate.LocalView`: `with state.view("agent:*") as view:` opens it.
+
+    Reads (`get`, `entry`, `keys`, `len`, `in`) are plain calls; `update` blocks until written.
+    """
+
+    def __enter__(self) -> Self:
+        _await(self._async.open)
+        return self
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        result: bool = _call(self._async.__contains__, key)
+        return result
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
 
 
 class AgentStateStore(Blocking[_managers.AgentStateStore], wraps=_managers.AgentStateStore):

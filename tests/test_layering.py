@@ -205,7 +205,13 @@ FOUNDATION = {
     "agenticstate.exceptions",
     "agenticstate.serialization",
 }
-CORE = {"agenticstate.manager", "agenticstate.events", "agenticstate.scope", "agenticstate._usage"}
+CORE = {
+    "agenticstate.manager",
+    "agenticstate.events",
+    "agenticstate.scope",
+    "agenticstate.view",
+    "agenticstate._usage",
+}
 TELEMETRY_HOOKS = "agenticstate._otel"  # the core and the managers call its hooks (no-ops if off)
 MAY_IMPORT = {
     "foundation": {"foundation"},
