@@ -33,7 +33,7 @@ from agenticstate import (
     ViewEntry,
     sync,
 )
-from tests.conftest import unique_prefix
+from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable

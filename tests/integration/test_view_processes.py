@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from tests._procs import LineProcess
-from tests.conftest import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 from tests.integration._view_worker import manager
 
 if TYPE_CHECKING:
