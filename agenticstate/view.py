@@ -44,12 +44,12 @@ import anyio
 import anyio.lowlevel
 from pydantic import BaseModel, ConfigDict
 
+from agenticstate._checks import as_ttl
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import spawn_service
 from agenticstate.backends.base import ChangeOp, backoff, utcnow
-from agenticstate.config import _as_ttl
 from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.exceptions import (
     AgenticStateError,
@@ -131,7 +131,7 @@ def _life(ttl: object, default: timedelta | None) -> timedelta | None:
     if ttl is DEFAULT:
         return default
     try:
-        return _as_ttl(ttl)
+        return as_ttl(ttl)
     except ValueError:
         return None  # save raises InvalidArgumentError before anything is stored
 
