@@ -9,18 +9,19 @@ moved to another key or namespace). Backends only ever see the bytes; the codec 
 from __future__ import annotations
 
 from datetime import datetime, timedelta  # pydantic needs them at runtime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import BaseModel, ConfigDict
 
 from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.events import StateChange
 from agenticstate.exceptions import DecryptionError
+from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
-    from agenticstate.backends.base import Change, Entry
+    from agenticstate.backends.base import Backend, Change, Entry
+    from agenticstate.config import StateConfig
     from agenticstate.encryption import Encryption
-    from agenticstate.serialization import Serializer
 
 __all__ = ["Codec", "StateEntry"]
 
@@ -69,6 +70,18 @@ class Codec:
         self.serializer = serializer
         self.encryption = encryption
         self.namespace = namespace
+
+    @classmethod
+    def for_backend(cls, config: StateConfig, backend: Backend) -> Self:
+        """Return the codec `config` asks for over `backend` (its format preference and prefix)."""
+        serializer = Serializer(
+            config.format or backend.preferred_format or "msgpack",
+            compression=config.compression,
+            compression_threshold=config.compression_threshold,
+            max_size=config.max_value_size,
+            max_depth=config.max_depth,
+        )
+        return cls(serializer, config.encryption, backend.key_prefix)
 
     def encode(self, key: str, value: object) -> bytes:
         """Return the bytes to store at `key` for `value`.

@@ -48,7 +48,6 @@ from agenticstate.exceptions import (
     MergeError,
     NotFoundError,
 )
-from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Iterable
@@ -60,6 +59,7 @@ if TYPE_CHECKING:
     from agenticstate._usage import StateUsage
     from agenticstate.backends.base import Entry
     from agenticstate.scope import ScopedState
+    from agenticstate.serialization import Serializer
 
 __all__ = [
     "DEFAULT",
@@ -88,6 +88,16 @@ class _Default:
 DEFAULT: Any = _Default()
 """Use the configured default (for `ttl`: `StateConfig.ttl`)."""
 _MISSING: Any = object()
+_COUNTERS = (  # what `stats()` reports, besides the backend and the subscriptions
+    "saves",
+    "reads",
+    "updates",
+    "deletes",
+    "conflicts",
+    "events_delivered",
+    "callback_errors",
+    "overflows",
+)
 
 
 class StateStats(BaseModel):
@@ -135,6 +145,42 @@ def _updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Call
     raise InvalidArgumentError(f"update() takes a dict or a function, not {type(change).__name__}")
 
 
+class _UpdateStep:
+    """One `update`'s read-modify-write step: current entry in, bytes to store out.
+
+    The backend calls it with the current entry, again after each lost compare-and-set.
+    """
+
+    __slots__ = ("apply", "attempts", "codec", "default", "key", "result")
+
+    def __init__(
+        self, codec: Codec, key: str, apply: Callable[[Any], Any], default: object
+    ) -> None:
+        self.codec = codec
+        self.key = key
+        self.apply = apply
+        self.default = default
+        self.attempts = 0  # more than one: the compare-and-set lost a race and retried
+        self.result: Any = None  # the value the last call encoded
+
+    def __call__(self, entry: Entry | None) -> bytes:
+        self.attempts += 1
+        if entry is None:
+            if self.default is _MISSING:
+                raise NotFoundError(f"no state at key {self.key!r}")
+            current = self.codec.copy(self.default)
+        else:
+            current = self.codec.decode(self.key, entry.value)
+        new = self.apply(current)
+        if inspect.isawaitable(new):
+            if inspect.iscoroutine(new):
+                new.close()
+            raise InvalidArgumentError("update() functions must be synchronous")
+        raw = self.codec.encode(self.key, new)
+        self.result = new
+        return raw
+
+
 class StateManager:
     """Save, read, update, delete, list and watch state on a pluggable backend.
 
@@ -158,32 +204,13 @@ class StateManager:
             raise ConfigurationError(f"config must be a StateConfig, not {type(config).__name__}")
         self.config = config or StateConfig()
         self.backend: Backend = backend if backend is not None else open_config_backend(self.config)
-        serializer = Serializer(
-            self.config.format or self.backend.preferred_format or "msgpack",
-            compression=self.config.compression,
-            compression_threshold=self.config.compression_threshold,
-            max_size=self.config.max_value_size,
-            max_depth=self.config.max_depth,
-        )
-        self._codec = Codec(serializer, self.config.encryption, self.backend.key_prefix)
+        self._codec = Codec.for_backend(self.config, self.backend)
         self._close_backend = close_backend
         self._is_open = False
         self._closed = False
         self._open_lock: anyio.Lock | None = None
         self._task_group: TaskGroup | None = None
-        self._counters: dict[str, int] = dict.fromkeys(
-            (
-                "saves",
-                "reads",
-                "updates",
-                "deletes",
-                "conflicts",
-                "events_delivered",
-                "callback_errors",
-                "overflows",
-            ),
-            0,
-        )
+        self._counters = dict.fromkeys(_COUNTERS, 0)
         self._pumps = CallbackPumps(
             open_backend=self._ensure_open,
             codec=self._codec,
@@ -191,7 +218,6 @@ class StateManager:
             buffer=self.config.subscriber_buffer,
             backend=self.backend,
         )
-        self._pending = self._pumps.pending  # the same set: the hot path reads it without a hop
         _otel.auto_instrument()  # once a tracer or meter provider is configured; else free
 
     def __repr__(self) -> str:
@@ -234,14 +260,14 @@ class StateManager:
 
     def _ready_backend(self) -> Backend | None:
         # The hot path: open, not closed, no subscription still starting. Saves an await.
-        if self._is_open and not self._pending and not self._closed:
+        if self._is_open and not self._pumps.pending and not self._closed:
             return self.backend
         return None
 
     async def _opened_backend(self) -> Backend:
         # Opened, and every callback subscribed before this call is live (so it sees the call).
         backend = await self._ensure_open()
-        if self._pending:
+        if self._pumps.pending:
             await self._pumps.wait_ready()
         return backend
 
@@ -466,38 +492,17 @@ class StateManager:
             ConflictError: The update lost `update_max_attempts` races in a row.
         """
         validate_key(key)
-        apply = _updater(key, change)
+        step = _UpdateStep(self._codec, key, _updater(key, change), default)
         life = self._ttl(ttl)
-        codec = self._codec
-        result: list[Any] = []
-        attempts = [0]  # more than one: the compare-and-set lost a race and retried
-
-        def step(entry: Entry | None) -> bytes:
-            attempts[0] += 1
-            if entry is None:
-                if default is _MISSING:
-                    raise NotFoundError(f"no state at key {key!r}")
-                current = codec.copy(default)
-            else:
-                current = codec.decode(key, entry.value)
-            new = apply(current)
-            if inspect.isawaitable(new):
-                if inspect.iscoroutine(new):
-                    new.close()
-                raise InvalidArgumentError("update() functions must be synchronous")
-            raw = codec.encode(key, new)
-            result[:] = [new]
-            return raw
-
         backend = await self._opened_backend()
         try:
             await self._counted_write(
                 backend.update(key, step, ttl=life, max_attempts=self.config.update_max_attempts)
             )
         finally:
-            _otel.record_retry(self.backend, "update", attempts[0] - 1)
+            _otel.record_retry(self.backend, "update", step.attempts - 1)
         self._counters["updates"] += 1
-        return result[0]
+        return step.result
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
         """Delete `key`; return whether it existed.
