@@ -65,9 +65,6 @@ StateCallback = Callable[[str, Any, Any], "Awaitable[None] | None"]
 OverflowCallback = Callable[[str], "Awaitable[None] | None"]
 """Called with the pattern when a callback subscription fell behind and changes were missed."""
 
-_SUBSCRIBE_WAIT = 30.0  # seconds a write waits for a callback's subscription to start
-_CLOSE_GRACE = 5.0  # seconds aclose() lets callbacks receive what was committed before it
-
 
 class StateChange(BaseModel):
     """A committed change to one key, as subscribers receive it.
@@ -377,7 +374,7 @@ class CallbackPumps:
         self._stop(pump, force=False)
         return True
 
-    async def wait_ready(self) -> None:
+    async def wait_ready(self, *, within: float) -> None:
         """Wait until every new pump's backend subscription is active (or failed and logged why).
 
         A callback subscribed just before a write must see that write. This depends on the
@@ -385,24 +382,25 @@ class CallbackPumps:
         subscription is ready, so a callback that reads or writes cannot wait on itself.
 
         Raises:
-            BackendTimeoutError: A subscription did not start in time.
+            BackendTimeoutError: A subscription did not start within `within` seconds.
         """
         for pump in list(self.pending):
-            with anyio.move_on_after(_SUBSCRIBE_WAIT):
+            with anyio.move_on_after(within):
                 await pump.ready.wait()
             if not pump.ready.is_set():
                 raise BackendTimeoutError(
                     f"the subscription to {pump.pattern!r} did not start within "
-                    f"{_SUBSCRIBE_WAIT:g} s; nothing was done"
+                    f"{within:g} s; nothing was done"
                 )
 
-    async def close(self, backend: Backend | None) -> None:
+    async def close(self, backend: Backend | None, *, grace: float) -> None:
         """Stop every pump, closing `backend` first if given.
 
         Closing the backend ends each subscription after its buffered changes, so the pumps
-        deliver what was committed before the close (for up to 5 seconds) and then finish.
-        Called from a callback or overflow handler, the pump running it cannot finish before
-        this returns: the others are waited for, and that one ends when its callback returns.
+        deliver what was committed before the close (for up to `grace` seconds) and then
+        finish. Called from a callback or overflow handler, the pump running it cannot finish
+        before this returns: the others are waited for, and that one ends when its callback
+        returns.
         """
         self.closed = True
         current = _running_pump.get()
@@ -410,12 +408,12 @@ class CallbackPumps:
         with anyio.CancelScope(shield=True):
             if backend is not None:
                 await backend.aclose()
-                with anyio.move_on_after(_CLOSE_GRACE):
+                with anyio.move_on_after(grace):
                     for pump in others:
                         await pump.done.wait()
             for pump in list(self.running.values()):
                 self._stop(pump, force=pump is not current)
-            with anyio.move_on_after(_CLOSE_GRACE):
+            with anyio.move_on_after(grace):
                 for pump in others:
                     await pump.done.wait()
             self.running.clear()

@@ -88,6 +88,8 @@ class _Default:
 DEFAULT: Any = _Default()
 """Use the configured default (for `ttl`: `StateConfig.ttl`)."""
 _MISSING: Any = object()
+_SUBSCRIBE_WAIT = 30.0  # seconds a write waits for a callback's subscription to start
+_CLOSE_GRACE = 5.0  # seconds aclose() lets callbacks receive what was committed before it
 _COUNTERS = (  # what `stats()` reports, besides the backend and the subscriptions
     "saves",
     "reads",
@@ -268,7 +270,7 @@ class StateManager:
         # Opened, and every callback subscribed before this call is live (so it sees the call).
         backend = await self._ensure_open()
         if self._pumps.pending:
-            await self._pumps.wait_ready()
+            await self._pumps.wait_ready(within=_SUBSCRIBE_WAIT)
         return backend
 
     async def _ensure_open(self) -> Backend:
@@ -297,7 +299,7 @@ class StateManager:
         if self._closed:
             return
         self._closed = True
-        await self._pumps.close(self.backend if self._close_backend else None)
+        await self._pumps.close(self.backend if self._close_backend else None, grace=_CLOSE_GRACE)
 
     # ---------------------------------------------------------------- reads
 
