@@ -58,7 +58,7 @@ __all__ = [
     "Watch",
 ]
 
-log = get_logger("agenticstate.manager")  # the logger these events always had: filters keep working
+log = get_logger(__name__)
 
 StateCallback = Callable[[str, Any, Any], "Awaitable[None] | None"]
 """A subscription callback: `callback(key, old_value, new_value)`, sync or async."""
