@@ -8,10 +8,13 @@
   callback, one call at a time, re-subscribing after an overflow or a failure. `Subscription`
   is the handle `subscribe()` returns.
 
-This module sits below `agenticstate.manager` and never imports it: it reaches its manager
-through the few members `_Manager` names. The in-process fan-out backends share (`ChangeFanout`,
-`ChangeStream`) lives in `agenticstate.backends._fanout`, below this layer; it is re-exported here
-under its old import path, unchanged.
+This module sits below `agenticstate.manager` and never imports it: a `Watch` uses the few
+members of its manager the `_Manager` protocol names, and `CallbackPumps` is handed what it needs
+(open the backend, the codec, the counters) when the manager builds it.
+
+The in-process fan-out backends share (`ChangeFanout`, `ChangeStream`) lives in
+`agenticstate.backends._fanout`, below this layer; it is re-exported here under its old import
+path, unchanged.
 """
 
 from __future__ import annotations
