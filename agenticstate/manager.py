@@ -10,17 +10,22 @@ async with state.watch("agent:*") as changes:                        # or an asy
     async for change in changes: ...
 ```
 
-The manager validates keys and values, serializes them (`agenticstate.serialization`), and turns
-the backend's byte-level changes into `StateChange`s for watchers and callbacks. It opens its
-backend lazily on first use; `async with StateManager(...)` opens it eagerly and closes it on exit.
+The manager is the facade: it validates arguments, counts what it does and opens its backend
+lazily on first use (`async with StateManager(...)` opens it eagerly and closes it on exit). The
+work is done below it:
+
+- `agenticstate._codec.Codec`: values to bytes and back (serializer, encryption, namespace).
+- `agenticstate.events`: `Watch`, and the callback pumps behind `subscribe` (`CallbackPumps`).
+- `agenticstate._reencrypt`, `agenticstate._usage`: operations over the backend.
+
+`Watch`, `Subscription`, `StateCallback`, `OverflowCallback` (from `events`), `StateEntry` (from
+`_codec`) and `deep_merge` (from `_merge`) are re-exported here under their old import paths.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
-from datetime import datetime, timedelta  # pydantic needs them at runtime
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
@@ -28,37 +33,34 @@ from pydantic import BaseModel, ConfigDict
 
 from agenticstate import _otel
 from agenticstate._checks import as_ttl
+from agenticstate._codec import Codec, StateEntry
 from agenticstate._keys import validate_key, validate_pattern
-from agenticstate._log import get_logger
-from agenticstate._tasks import spawn_detached
+from agenticstate._merge import deep_merge
+from agenticstate._reencrypt import reencrypt
 from agenticstate.backends import Backend, open_config_backend
-from agenticstate.backends.base import Change, Entry, check_expected_version
+from agenticstate.backends.base import check_expected_version
 from agenticstate.config import StateConfig
-from agenticstate.encryption import ENCRYPTED_HEADER
-from agenticstate.events import StateChange
+from agenticstate.events import CallbackPumps, OverflowCallback, StateCallback, Subscription, Watch
 from agenticstate.exceptions import (
     BackendError,
-    BackendTimeoutError,
     ConfigurationError,
     ConflictError,
-    DecryptionError,
     InvalidArgumentError,
     MergeError,
     NotFoundError,
-    SubscriptionClosedError,
 )
-from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
-    import asyncio
-    from collections.abc import AsyncIterator, Awaitable, Generator, Iterable
-    from contextlib import AbstractAsyncContextManager
+    from collections.abc import Awaitable, Iterable
+    from datetime import timedelta
     from types import TracebackType
 
     from anyio.abc import TaskGroup
 
     from agenticstate._usage import StateUsage
+    from agenticstate.backends.base import Entry
     from agenticstate.scope import ScopedState
+    from agenticstate.serialization import Serializer
     from agenticstate.view import LocalView
 
 __all__ = [
@@ -70,18 +72,12 @@ __all__ = [
     "StateStats",
     "Subscription",
     "Watch",
+    "deep_merge",
 ]
-
-log = get_logger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 D = TypeVar("D")
 T = TypeVar("T")
-
-StateCallback = Callable[[str, Any, Any], "Awaitable[None] | None"]
-"""A subscription callback: `callback(key, old_value, new_value)`, sync or async."""
-OverflowCallback = Callable[[str], "Awaitable[None] | None"]
-"""Called with the pattern when a callback subscription fell behind and changes were missed."""
 
 
 class _Default:
@@ -96,31 +92,16 @@ DEFAULT: Any = _Default()
 _MISSING: Any = object()
 _SUBSCRIBE_WAIT = 30.0  # seconds a write waits for a callback's subscription to start
 _CLOSE_GRACE = 5.0  # seconds aclose() lets callbacks receive what was committed before it
-_ENCRYPTED = bytes((ENCRYPTED_HEADER,))
-
-
-class StateEntry(BaseModel):
-    """A value with its metadata, as `StateManager.get_entry` returns it.
-
-    Attributes:
-        key: The key.
-        value: The stored value (or the validated model, with `model=`).
-        version: 1 after the first write, one more after each later write.
-        created_at: When the key was first written (UTC).
-        updated_at: When it was last written (UTC).
-        expires_at: When it expires (UTC), or `None` for never.
-        ttl: The time left before it expires, or `None` for never.
-    """
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    key: str
-    value: Any
-    version: int
-    created_at: datetime
-    updated_at: datetime
-    expires_at: datetime | None
-    ttl: timedelta | None
+_COUNTERS = (  # what `stats()` reports, besides the backend and the subscriptions
+    "saves",
+    "reads",
+    "updates",
+    "deletes",
+    "conflicts",
+    "events_delivered",
+    "callback_errors",
+    "overflows",
+)
 
 
 class StateStats(BaseModel):
@@ -150,224 +131,58 @@ class StateStats(BaseModel):
     """Callbacks currently subscribed."""
 
 
-def deep_merge(base: dict[str, Any], partial: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge `partial` into `base` in place: nested dicts merge, everything else replaces."""
-    for key, value in partial.items():
-        current = base.get(key)
-        if isinstance(value, Mapping) and isinstance(current, dict):
-            base[key] = deep_merge(current, value)
-        else:
-            base[key] = value
-    return base
+def _updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The function `update` applies to the current value: `change`, or a deep merge of it."""
+    if isinstance(change, Mapping):
+        partial = change
+
+        def merge(current: Any) -> Any:
+            if not isinstance(current, dict):
+                raise MergeError(
+                    f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
+                )
+            return deep_merge(current, partial)
+
+        return merge
+    if callable(change):
+        return change
+    raise InvalidArgumentError(f"update() takes a dict or a function, not {type(change).__name__}")
 
 
-class _Pump:
-    """Delivers one pattern's changes to one callback, in order, in one task.
+class _UpdateStep:
+    """One `update`'s read-modify-write step: current entry in, bytes to store out.
 
-    Each subscribed callback has its own pump and backend subscription, opened when it is
-    subscribed: so it receives exactly the changes committed after `subscribe()`, never ones a
-    pattern's earlier callbacks still had queued.
+    The backend calls it with the current entry, again after each lost compare-and-set.
     """
 
-    __slots__ = (
-        "busy",
-        "callback",
-        "done",
-        "error",
-        "handle",
-        "live",
-        "on_overflow",
-        "pattern",
-        "ready",
-        "scope",
-        "settled",
-        "stopped",
-        "task",
-    )
+    __slots__ = ("apply", "attempts", "codec", "default", "key", "result")
 
     def __init__(
-        self,
-        manager: StateManager,
-        pattern: str,
-        callback: StateCallback,
-        on_overflow: OverflowCallback | None,
+        self, codec: Codec, key: str, apply: Callable[[Any], Any], default: object
     ) -> None:
-        self.pattern = pattern
-        self.callback = callback
-        self.on_overflow = on_overflow
-        self.handle = Subscription(manager, self)
-        # Set while the backend subscription is active, or once an attempt failed: writes of
-        # this manager wait on it, so none made after subscribe() is missed.
-        self.ready = anyio.Event()
-        self.live = anyio.Event()  # set once the backend subscription was first active
-        self.settled = anyio.Event()  # live, failed once, or stopped: wait_live() may answer
-        self.error: BackendError | None = None  # the last failed attempt, while not live
-        self.done = anyio.Event()
-        self.scope = anyio.CancelScope()
-        self.busy = False  # a callback or overflow handler is running: never cancel it
-        self.stopped = False  # unsubscribed: deliver nothing more
-        self.task: asyncio.Task[None] | None = None
+        self.codec = codec
+        self.key = key
+        self.apply = apply
+        self.default = default
+        self.attempts = 0  # more than one: the compare-and-set lost a race and retried
+        self.result: Any = None  # the value the last call encoded
 
-
-_running_pump: ContextVar[_Pump | None] = ContextVar("agenticstate_running_pump", default=None)
-"""The pump whose task is running: set in each pump's task (tasks copy their context)."""
-
-
-class Subscription:
-    """A callback subscribed with `StateManager.subscribe`.
-
-    `subscribe()` returns at once; the subscription becomes live (its backend subscription
-    active) in the background. Writes through the same manager wait for that, so each one
-    made after `subscribe()` returned is delivered. Writes from other managers or processes are
-    delivered once it is live: `await` the handle, or call `wait_live()`, to know when.
-
-    <!-- snippet: setup=state -->
-    ```python
-    def on_change(key, old, new):
-        print(key, old, new)
-
-    subscription = await state.subscribe("agent:*", on_change)  # live: nothing is missed
-    subscription.unsubscribe()
-    ```
-    """
-
-    __slots__ = ("_manager", "_pump")
-
-    def __init__(self, manager: StateManager, pump: _Pump) -> None:
-        self._manager = manager
-        self._pump = pump
-
-    def __repr__(self) -> str:
-        state = "live" if self.is_live else "closed" if self._pump.stopped else "starting"
-        return f"Subscription({self._pump.pattern!r}, {state})"
-
-    @property
-    def pattern(self) -> str:
-        """The pattern subscribed to."""
-        return self._pump.pattern
-
-    @property
-    def callback(self) -> StateCallback:
-        """The callback it calls."""
-        return self._pump.callback
-
-    @property
-    def is_live(self) -> bool:
-        """Whether it is subscribed and its backend subscription has been active."""
-        pump = self._pump
-        return pump.live.is_set() and not pump.stopped and not self._manager._closed
-
-    async def wait_live(self) -> None:
-        """Wait until every change committed from now on, by any process, will be delivered.
-
-        Raises:
-            BackendError: The attempt to subscribe failed (the subscription keeps retrying
-                in the background; call again to wait for the next attempt).
-            SubscriptionClosedError: It was unsubscribed, or the manager closed.
-        """
-        pump = self._pump
-        while True:
-            if pump.stopped or self._manager._closed:
-                raise SubscriptionClosedError(
-                    "closed", f"the subscription to {pump.pattern!r} was closed"
-                )
-            if pump.live.is_set():
-                return
-            if pump.error is not None:
-                raise pump.error
-            await pump.settled.wait()
-
-    def __await__(self) -> Generator[Any, None, Subscription]:
-        return self._live().__await__()
-
-    async def _live(self) -> Subscription:
-        await self.wait_live()
-        return self
-
-    def unsubscribe(self) -> bool:
-        """Stop calling the callback; see `StateManager.unsubscribe`."""
-        pump = self._pump
-        if self._manager._pumps.get((pump.pattern, pump.callback)) is not pump:
-            return False
-        return self._manager.unsubscribe(pump.pattern, pump.callback)
-
-
-class Watch:
-    """A live stream of `StateChange`s for keys matching a pattern.
-
-    Enter it to subscribe before you write, so nothing is missed:
-
-    <!-- snippet: setup=state -->
-    ```python
-    async with state.watch("agent:*") as changes:
-        await state.save("agent:1", {"status": "idle"})
-        async for change in changes:
-            print(change.key, change.old_value, change.new_value)  # agent:1 None {...}
-            break
-    ```
-
-    Entered with `async with`, it is live on entry: every change committed after that, by this
-    manager or any other process, is delivered. Iterating without `async with` subscribes on
-    the first `__anext__` (changes committed before that are not). Iteration ends when the
-    manager closes, and raises `SubscriptionClosedError(reason="overflow")` if the consumer falls
-    more than the buffer behind.
-    """
-
-    def __init__(self, manager: StateManager, pattern: str, max_buffer: int) -> None:
-        self._manager = manager
-        self._pattern = pattern
-        self._max_buffer = max_buffer
-        self._context: AbstractAsyncContextManager[AsyncIterator[Change]] | None = None
-        self._stream: AsyncIterator[Change] | None = None
-        self._implicit = False
-
-    def __repr__(self) -> str:
-        return f"Watch({self._pattern!r})"
-
-    async def __aenter__(self) -> Self:
-        if self._context is not None:
-            raise InvalidArgumentError("this watch is already open")
-        backend = await self._manager._opened_backend()
-        context = backend.changes(self._pattern, max_buffer=self._max_buffer)
-        self._stream = await context.__aenter__()
-        self._context = context
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc: BaseException | None = None,
-        tb: TracebackType | None = None,
-    ) -> None:
-        context, self._context, self._stream = self._context, None, None
-        if context is not None:
-            await context.__aexit__(exc_type, exc, tb)
-
-    async def aclose(self) -> None:
-        """Unsubscribe."""
-        await self.__aexit__()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> StateChange:
-        if self._stream is None:
-            if self._implicit:
-                raise StopAsyncIteration
-            self._implicit = True
-            await self.__aenter__()
-        assert self._stream is not None  # noqa: S101  # set by __aenter__
-        try:
-            change = await self._stream.__anext__()
-        except BaseException as exc:
-            if isinstance(exc, SubscriptionClosedError):
-                _otel.record_overflow(self._manager.backend, "watch")
-            if self._implicit:
-                with anyio.CancelScope(shield=True):
-                    await self.__aexit__()
-            raise
-        _otel.record_subscriber_lag(self._manager.backend, change.timestamp, "watch")
-        return self._manager._state_change(change)
+    def __call__(self, entry: Entry | None) -> bytes:
+        self.attempts += 1
+        if entry is None:
+            if self.default is _MISSING:
+                raise NotFoundError(f"no state at key {self.key!r}")
+            current = self.codec.copy(self.default)
+        else:
+            current = self.codec.decode(self.key, entry.value)
+        new = self.apply(current)
+        if inspect.isawaitable(new):
+            if inspect.iscoroutine(new):
+                new.close()
+            raise InvalidArgumentError("update() functions must be synchronous")
+        raw = self.codec.encode(self.key, new)
+        self.result = new
+        return raw
 
 
 class StateManager:
@@ -393,38 +208,33 @@ class StateManager:
             raise ConfigurationError(f"config must be a StateConfig, not {type(config).__name__}")
         self.config = config or StateConfig()
         self.backend: Backend = backend if backend is not None else open_config_backend(self.config)
-        self.serializer = Serializer(
-            self.config.format or self.backend.preferred_format or "msgpack",
-            compression=self.config.compression,
-            compression_threshold=self.config.compression_threshold,
-            max_size=self.config.max_value_size,
-            max_depth=self.config.max_depth,
-        )
-        self._encryption = self.config.encryption
+        self._codec = Codec.for_backend(self.config, self.backend)
         self._close_backend = close_backend
         self._is_open = False
         self._closed = False
         self._open_lock: anyio.Lock | None = None
-        self._pumps: dict[tuple[str, StateCallback], _Pump] = {}
-        self._pending: set[_Pump] = set()
         self._task_group: TaskGroup | None = None
-        self._counters: dict[str, int] = dict.fromkeys(
-            (
-                "saves",
-                "reads",
-                "updates",
-                "deletes",
-                "conflicts",
-                "events_delivered",
-                "callback_errors",
-                "overflows",
-            ),
-            0,
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._pumps = CallbackPumps(
+            open_backend=self._ensure_open,
+            codec=self._codec,
+            counters=self._counters,
+            buffer=self.config.subscriber_buffer,
+            backend=self.backend,
         )
         _otel.auto_instrument()  # once a tracer or meter provider is configured; else free
 
     def __repr__(self) -> str:
         return f"StateManager(backend={self.backend!r})"
+
+    @property
+    def serializer(self) -> Serializer:
+        """How values become bytes (`StateConfig.format`, compression, size limits)."""
+        return self._codec.serializer
+
+    @serializer.setter
+    def serializer(self, serializer: Serializer) -> None:
+        self._codec.serializer = serializer
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -454,14 +264,15 @@ class StateManager:
 
     def _ready_backend(self) -> Backend | None:
         # The hot path: open, not closed, no subscription still starting. Saves an await.
-        if self._is_open and not self._pending and not self._closed:
+        if self._is_open and not self._pumps.pending and not self._closed:
             return self.backend
         return None
 
     async def _opened_backend(self) -> Backend:
+        # Opened, and every callback subscribed before this call is live (so it sees the call).
         backend = await self._ensure_open()
-        if self._pending:
-            await self._wait_pumps_ready()
+        if self._pumps.pending:
+            await self._pumps.wait_ready(within=_SUBSCRIBE_WAIT)
         return backend
 
     async def _ensure_open(self) -> Backend:
@@ -475,20 +286,6 @@ class StateManager:
                     await self.backend.open()
                     self._is_open = True
         return self.backend
-
-    async def _wait_pumps_ready(self) -> None:
-        # A callback subscribed just before a write must see that write: wait until every new
-        # pump's backend subscription is active (or has failed and logged why). That depends
-        # on the backend only: a pump never runs a user's callback or overflow handler before
-        # its subscription is ready, so a callback that reads or writes cannot wait on itself.
-        for pump in list(self._pending):
-            with anyio.move_on_after(_SUBSCRIBE_WAIT):
-                await pump.ready.wait()
-            if not pump.ready.is_set():
-                raise BackendTimeoutError(
-                    f"the subscription to {pump.pattern!r} did not start within "
-                    f"{_SUBSCRIBE_WAIT:g} s; nothing was done"
-                )
 
     async def flush(self) -> None:
         """Make every acknowledged write durable now (the file backend's snapshot)."""
@@ -504,25 +301,7 @@ class StateManager:
         if self._closed:
             return
         self._closed = True
-        # Called from a callback or overflow handler, the pump running it cannot finish before
-        # this returns: wait for the others, and let that one end when its callback returns.
-        current = _running_pump.get()
-        others = [pump for pump in self._pumps.values() if pump is not current]
-        with anyio.CancelScope(shield=True):
-            if self._close_backend:
-                # Closing the backend ends each subscription after its buffered changes, so the
-                # pumps deliver what was committed and then finish by themselves.
-                await self.backend.aclose()
-                with anyio.move_on_after(_CLOSE_GRACE):
-                    for pump in others:
-                        await pump.done.wait()
-            for pump in list(self._pumps.values()):
-                self._stop(pump, force=pump is not current)
-            with anyio.move_on_after(_CLOSE_GRACE):
-                for pump in others:
-                    await pump.done.wait()
-            self._pumps.clear()
-            self._pending.clear()
+        await self._pumps.close(self.backend if self._close_backend else None, grace=_CLOSE_GRACE)
 
     # ---------------------------------------------------------------- reads
 
@@ -554,7 +333,7 @@ class StateManager:
         self._counters["reads"] += 1
         if entry is None:
             return default
-        return self._decode(key, entry.value, model)
+        return self._codec.decode(key, entry.value, model)
 
     async def get_entry(
         self, key: str, *, model: type[BaseModel] | None = None
@@ -564,7 +343,7 @@ class StateManager:
         backend = await self._opened_backend()
         entry = await backend.get(key)
         self._counters["reads"] += 1
-        return None if entry is None else self._state_entry(entry, model)
+        return None if entry is None else self._codec.state_entry(entry, model)
 
     async def get_many(
         self, keys: Iterable[str], *, model: type[BaseModel] | None = None
@@ -574,8 +353,9 @@ class StateManager:
         backend = await self._opened_backend()
         entries = await backend.get_many(wanted)
         self._counters["reads"] += len(wanted)
+        decode = self._codec.decode
         return {
-            key: self._decode(key, entry.value, model)
+            key: decode(key, entry.value, model)
             for key, entry in zip(wanted, entries, strict=True)
             if entry is not None
         }
@@ -658,9 +438,7 @@ class StateManager:
         if expected_version is not None:
             check_expected_version(expected_version)
         life = self.config.ttl if ttl is DEFAULT else self._ttl(ttl)
-        raw = self.serializer.dumps(value)
-        if self._encryption is not None:
-            raw = self._encryption.encrypt(self.backend.key_prefix, key, raw)
+        raw = self._codec.encode(key, value)
         backend = self._ready_backend() or await self._opened_backend()
         try:
             change = await backend.set(key, raw, ttl=life, expected_version=expected_version)
@@ -679,7 +457,9 @@ class StateManager:
         the batch is not a transaction.
         """
         life = self._ttl(ttl)
-        encoded = [(validate_key(key), self._encode(key, value)) for key, value in items.items()]
+        encoded = [
+            (validate_key(key), self._codec.encode(key, value)) for key, value in items.items()
+        ]
         backend = await self._opened_backend()
         changes = await backend.set_many(encoded, ttl=life)
         self._counters["saves"] += len(changes)
@@ -713,55 +493,17 @@ class StateManager:
             ConflictError: The update lost `update_max_attempts` races in a row.
         """
         validate_key(key)
-        apply: Callable[[Any], Any]
-        if isinstance(change, Mapping):
-            partial = change
-
-            def merge(current: Any) -> Any:
-                if not isinstance(current, dict):
-                    raise MergeError(
-                        f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
-                    )
-                return deep_merge(current, partial)
-
-            apply = merge
-
-        elif callable(change):
-            apply = change
-        else:
-            raise InvalidArgumentError(
-                f"update() takes a dict or a function, not {type(change).__name__}"
-            )
+        step = _UpdateStep(self._codec, key, _updater(key, change), default)
         life = self._ttl(ttl)
-        result: list[Any] = []
-        attempts = [0]  # more than one: the compare-and-set lost a race and retried
-
-        def step(entry: Entry | None) -> bytes:
-            attempts[0] += 1
-            if entry is None:
-                if default is _MISSING:
-                    raise NotFoundError(f"no state at key {key!r}")
-                current = self.serializer.loads(self.serializer.dumps(default))
-            else:
-                current = self._decode(key, entry.value, None)
-            new = apply(current)
-            if inspect.isawaitable(new):
-                if inspect.iscoroutine(new):
-                    new.close()
-                raise InvalidArgumentError("update() functions must be synchronous")
-            raw = self._encode(key, new)
-            result[:] = [new]
-            return raw
-
         backend = await self._opened_backend()
         try:
             await self._counted_write(
                 backend.update(key, step, ttl=life, max_attempts=self.config.update_max_attempts)
             )
         finally:
-            _otel.record_retry(self.backend, "update", attempts[0] - 1)
+            _otel.record_retry(self.backend, "update", step.attempts - 1)
         self._counters["updates"] += 1
-        return result[0]
+        return step.result
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
         """Delete `key`; return whether it existed.
@@ -794,31 +536,11 @@ class StateManager:
             ConfigurationError: The manager has no `StateConfig(encryption=...)`.
             DecryptionError: A value is under a key the keyring lacks, or was altered.
         """
-        encryption = self._encryption
-        if encryption is None:
+        if self._codec.encryption is None:
             raise ConfigurationError("reencrypt() needs StateConfig(encryption=...)")
         validate_pattern(pattern)
         backend = await self._opened_backend()
-        namespace = backend.key_prefix
-        rewritten = 0
-        for key in sorted({key async for key in backend.scan(pattern)}):
-            while True:
-                entry = await backend.get(key)
-                if entry is None or encryption.key_id_of(entry.value) == encryption.current:
-                    break
-                life = entry.ttl()
-                if life is not None and life <= timedelta(0):
-                    break  # expiring this instant: nothing to keep
-                raw = encryption.encrypt(
-                    namespace, key, encryption.decrypt(namespace, key, entry.value)
-                )
-                try:
-                    await backend.set(key, raw, ttl=life, expected_version=entry.version)
-                except ConflictError:
-                    continue
-                rewritten += 1
-                break
-        return rewritten
+        return await reencrypt(backend, self._codec, pattern)
 
     async def _counted_write(self, call: Awaitable[T]) -> T:
         try:
@@ -910,17 +632,7 @@ class StateManager:
             raise BackendError("this StateManager is closed")
         if on_overflow is not None and not callable(on_overflow):
             raise InvalidArgumentError("on_overflow must be callable")
-        existing = self._pumps.get((pattern, callback))
-        if existing is not None:
-            return existing.handle
-        pump = _Pump(self, pattern, callback, on_overflow)
-        if self._task_group is not None:
-            self._task_group.start_soon(self._run_pump, pump, name=f"agenticstate:{pattern}")
-        else:
-            pump.task = spawn_detached(lambda: self._run_pump(pump), name=f"agenticstate:{pattern}")
-        self._pumps[pattern, callback] = pump
-        self._pending.add(pump)
-        return pump.handle
+        return self._pumps.subscribe(pattern, callback, on_overflow, self._task_group)
 
     def unsubscribe(self, pattern: str, callback: StateCallback) -> bool:
         """Stop calling `callback` for `pattern`; return whether it was subscribed.
@@ -928,11 +640,7 @@ class StateManager:
         A call of the callback already running (an async callback that unsubscribes itself,
         say) runs to its end; no later change is delivered.
         """
-        pump = self._pumps.pop((pattern, callback), None)
-        if pump is None:
-            return False
-        self._stop(pump, force=False)
-        return True
+        return self._pumps.unsubscribe(pattern, callback)
 
     def watch(self, pattern: str, *, max_buffer: int | None = None) -> Watch:
         """Return a `Watch`: an async iterator (and context manager) of `StateChange`s.
@@ -947,167 +655,11 @@ class StateManager:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
         return Watch(self, pattern, max_buffer)
 
-    def _stop(self, pump: _Pump, *, force: bool) -> None:
-        """End `pump`: at once if it is idle (or `force`), else when its running call returns."""
-        pump.stopped = True
-        self._pending.discard(pump)
-        pump.ready.set()  # writes waiting for it need not any more
-        pump.settled.set()
-        if force or not pump.busy:
-            pump.scope.cancel()
-
-    async def _run_pump(self, pump: _Pump) -> None:
-        _running_pump.set(pump)
-        try:
-            with pump.scope:
-                await self._pump_changes(pump)
-        finally:
-            pump.stopped = True
-            self._pending.discard(pump)
-            pump.ready.set()
-            pump.settled.set()
-            pump.done.set()
-
-    def _mark_ready(self, pump: _Pump, error: BackendError | None = None) -> None:
-        pump.error = error
-        if error is None:
-            pump.live.set()
-        pump.ready.set()
-        pump.settled.set()
-        self._pending.discard(pump)
-
-    async def _pump_changes(self, pump: _Pump) -> None:
-        failures = 0
-        missed = False  # an overflow lost changes: tell on_overflow once subscribed again
-        while not self._closed and not pump.stopped:
-            try:
-                backend = await self._ensure_open()
-                async with backend.changes(
-                    pump.pattern, max_buffer=self.config.subscriber_buffer
-                ) as changes:
-                    self._mark_ready(pump)
-                    failures = 0
-                    if missed:
-                        missed = False
-                        await self._notify_overflow(pump)
-                        if pump.stopped:  # the handler unsubscribed
-                            return
-                    async for change in changes:
-                        if pump.stopped:
-                            return
-                        await self._dispatch(pump, change)
-                        if pump.stopped:  # unsubscribed during the call: deliver no more
-                            return
-                return
-            except SubscriptionClosedError as exc:
-                if exc.reason != "overflow":
-                    return
-                self._counters["overflows"] += 1
-                _otel.record_overflow(self.backend, "callback")
-                log.warning("subscription_reopened", pattern=pump.pattern, reason="overflow")
-                # Writes from now on wait until the pump has subscribed again, so none is missed.
-                if pump.ready.is_set():
-                    pump.ready = anyio.Event()
-                self._pending.add(pump)
-                missed = True
-            except BackendError as exc:
-                failures += 1
-                self._mark_ready(pump, exc)
-                log.warning(
-                    "subscription_failed",
-                    pattern=pump.pattern,
-                    error=type(exc).__name__,
-                    attempt=failures,
-                )
-                await anyio.sleep(min(0.05 * 2**failures, 5.0))
-                pump.error = None
-                pump.settled = anyio.Event()
-
-    async def _notify_overflow(self, pump: _Pump) -> None:
-        handler = pump.on_overflow
-        if handler is None:
-            return
-        pump.busy = True
-        try:
-            outcome = handler(pump.pattern)
-            if inspect.isawaitable(outcome):
-                await outcome
-        except Exception as exc:  # noqa: BLE001  # a handler must never stop the pump
-            self._counters["callback_errors"] += 1
-            log.error("overflow_handler_failed", pattern=pump.pattern, error=type(exc).__name__)
-        finally:
-            pump.busy = False
-
-    async def _dispatch(self, pump: _Pump, change: Change) -> None:
-        callback = pump.callback
-        pump.busy = True
-        try:
-            old = None if change.old is None else self._decode(change.key, change.old, None)
-            new = None if change.new is None else self._decode(change.key, change.new, None)
-            _otel.record_subscriber_lag(self.backend, change.timestamp, "callback")
-            outcome = callback(change.key, old, new)
-            if inspect.isawaitable(outcome):
-                await outcome
-            self._counters["events_delivered"] += 1
-        except Exception as exc:  # noqa: BLE001  # a callback must never break delivery
-            self._counters["callback_errors"] += 1
-            log.error(
-                "subscriber_callback_failed",
-                pattern=pump.pattern,
-                key=change.key,
-                callback=getattr(callback, "__qualname__", type(callback).__name__),
-                error=type(exc).__name__,
-            )
-        finally:
-            pump.busy = False
-
-    # ---------------------------------------------------------------- helpers
-
-    def _encode(self, key: str, value: object) -> bytes:
-        raw = self.serializer.dumps(value)
-        if self._encryption is None:
-            return raw
-        return self._encryption.encrypt(self.backend.key_prefix, key, raw)
-
-    def _decode(self, key: str, raw: bytes, model: type[BaseModel] | None) -> Any:
-        if self._encryption is not None:
-            raw = self._encryption.decrypt(self.backend.key_prefix, key, raw)
-        elif raw[:1] == _ENCRYPTED:
-            raise DecryptionError(
-                f"the value at {key!r} is encrypted; open the store with its keys "
-                "(StateConfig(encryption=...))",
-                path="",
-            )
-        if model is None:
-            return self.serializer.loads(raw)
-        return self.serializer.load_model(raw, model)
-
-    def _state_entry(self, entry: Entry, model: type[BaseModel] | None) -> StateEntry:
-        return StateEntry(
-            key=entry.key,
-            value=self._decode(entry.key, entry.value, model),
-            version=entry.version,
-            created_at=entry.created_at,
-            updated_at=entry.updated_at,
-            expires_at=entry.expires_at,
-            ttl=entry.ttl(),
-        )
-
-    def _state_change(self, change: Change) -> StateChange:
-        return StateChange.model_construct(
-            key=change.key,
-            old_value=None if change.old is None else self._decode(change.key, change.old, None),
-            new_value=None if change.new is None else self._decode(change.key, change.new, None),
-            version=change.version,
-            op=change.op,
-            timestamp=change.timestamp,
-        )
-
     def stats(self) -> StateStats:
         """Return counters of saves, reads, updates, conflicts, events and callback errors."""
         return StateStats(
             backend=type(self.backend).__name__,
-            subscriptions=len(self._pumps),
+            subscriptions=len(self._pumps.running),
             **self._counters,
         )
 

@@ -1,9 +1,9 @@
-"""The package's layers, held by tests (see docs/concepts/architecture.md).
+"""The package's layers, held by tests (see docs/extending/architecture.md).
 
 - Every module imports first, on its own, in a fresh interpreter: no import cycle hidden by the
   order `agenticstate/__init__.py` happens to import things in.
 - `agenticstate.backends` never imports the core above it (`manager`, `events`, `scope`) nor the
-  managers.
+  managers; `agenticstate.events` (Watch, the callback pumps) never imports `agenticstate.manager`.
 - The managers use `StateManager` through its public API only, plus the few private core modules
   listed in `MANAGER_PRIVATE_IMPORTS`.
 - Every import between layers goes downward (`LAYERS`, `MAY_IMPORT`: the table the Architecture
@@ -27,6 +27,7 @@ PACKAGE = ROOT / "agenticstate"
 MANAGER_PRIVATE_IMPORTS = {
     "agenticstate._keys": "escape_glob: building glob patterns from user-given key parts",
     "agenticstate._log": "get_logger: the project's loggers",
+    "agenticstate._merge": "deep_merge: a session's first state merges as update() merges a dict",
     "agenticstate._otel": "spans for manager operations (telemetry integration)",
     "agenticstate._registry": "backend names for the persistence= shorthand (one registry)",
     "agenticstate._checks": "as_ttl, positive_timedelta: the argument checks shared with the core",
@@ -108,6 +109,34 @@ def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     assert failed == {}
 
 
+def test_events_never_import_the_manager() -> None:
+    """`agenticstate.events` (Watch, the callback pumps) sits below `agenticstate.manager`, which
+    imports it: it never imports the manager back, not even for type annotations (it names what
+    it needs of its manager in a protocol), and neither do the codec and operations below."""
+    offenders = []
+    for name in ("events.py", "_codec.py", "_reencrypt.py", "_merge.py"):
+        for module, imported, line in _imports(PACKAGE / name):
+            full = f"{module}.{imported}" if imported else module
+            if module == "agenticstate.manager" or full == "agenticstate.manager":
+                offenders.append(f"agenticstate/{name}:{line} imports {full}")
+    assert offenders == []
+
+
+def test_the_manager_re_exports_what_moved() -> None:
+    """Names that moved out of `agenticstate.manager` (issue #18) still import from there."""
+    import agenticstate._codec
+    import agenticstate._merge
+    import agenticstate.events
+    import agenticstate.manager as manager
+
+    assert manager.Watch is agenticstate.events.Watch
+    assert manager.Subscription is agenticstate.events.Subscription
+    assert manager.StateCallback is agenticstate.events.StateCallback
+    assert manager.OverflowCallback is agenticstate.events.OverflowCallback
+    assert manager.StateEntry is agenticstate._codec.StateEntry
+    assert manager.deep_merge is agenticstate._merge.deep_merge
+
+
 def test_backends_never_import_the_layers_above() -> None:
     offenders = []
     for path in sorted((PACKAGE / "backends").rglob("*.py")):
@@ -183,11 +212,11 @@ def test_managers_use_only_the_public_core() -> None:
 
 def test_the_private_attribute_check_sees_a_violation() -> None:
     """`StateManager`'s private attributes are not among the managers' own names, so a manager
-    reaching for `state._pumps` or `state._encode` would be reported."""
+    reaching for `state._pumps` or `state._codec` would be reported."""
     own = _private_names_defined(sorted((PACKAGE / "managers").rglob("*.py")))
     core = _private_names_defined([PACKAGE / "manager.py"])
-    assert {"_pumps", "_encode", "_ensure_open"} <= core
-    assert not {"_pumps", "_encode", "_ensure_open"} & own
+    assert {"_pumps", "_codec", "_ensure_open"} <= core
+    assert not {"_pumps", "_codec", "_ensure_open"} & own
 
 
 # The layers, bottom up, as docs/extending/architecture.md draws them. A module not listed is an
@@ -199,6 +228,7 @@ FOUNDATION = {
     "agenticstate._log",
     "agenticstate._registry",
     "agenticstate._tasks",
+    "agenticstate._merge",
     "agenticstate._version",
     "agenticstate.config",
     "agenticstate.encryption",
@@ -210,6 +240,8 @@ CORE = {
     "agenticstate.events",
     "agenticstate.scope",
     "agenticstate.view",
+    "agenticstate._codec",
+    "agenticstate._reencrypt",
     "agenticstate._usage",
 }
 TELEMETRY_HOOKS = "agenticstate._otel"  # the core and the managers call its hooks (no-ops if off)

@@ -239,10 +239,10 @@ def test_no_module_uses_structlogs_global_logger() -> None:
                     offenders.append(f"{where} from structlog")
     assert offenders == []
     # And the loggers the modules hold write to `logging.getLogger("agenticstate.<module>")`.
-    from agenticstate import manager
+    from agenticstate import events
     from agenticstate.backends import _fanout, file
 
-    for module in (_fanout, manager, file):
+    for module in (_fanout, events, file):
         assert module.log._logger is logging.getLogger(module.__name__)
 
 

@@ -40,6 +40,7 @@ from uuid import uuid4
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from agenticstate._checks import as_ttl
+from agenticstate._merge import deep_merge
 from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
 from agenticstate.managers._base import (
     StateManagerBase,
@@ -150,17 +151,6 @@ class SessionDeletion(BaseModel):
     messages: int = 0
     keys: int = 0
     """Every key deleted: session records, states, messages and summaries."""
-
-
-def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge `patch` into `base` in place, as `StateManager.update` merges a dict."""
-    for key, value in patch.items():
-        current = base.get(key)
-        if isinstance(value, Mapping) and isinstance(current, dict):
-            base[key] = _merge(current, value)
-        else:
-            base[key] = value
-    return base
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -279,7 +269,7 @@ class SessionManager(StateManagerBase):
         life = _positive_ttl(ttl)
         first = deepcopy(self.default_state)
         if state:
-            first = _merge(first, deepcopy(dict(state)))
+            first = deep_merge(first, deepcopy(dict(state)))
         now = utcnow()
         session = Session(
             session_id=sid,
