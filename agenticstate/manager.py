@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from agenticstate import _otel
+from agenticstate import _otel, txn
 from agenticstate._checks import as_ttl
 from agenticstate._codec import Codec, StateEntry
 from agenticstate._keys import validate_key, validate_pattern
@@ -51,14 +51,14 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Iterable
+    from collections.abc import Awaitable, Iterable, Sequence
     from datetime import timedelta
     from types import TracebackType
 
     from anyio.abc import TaskGroup
 
     from agenticstate._usage import StateUsage
-    from agenticstate.backends.base import Entry
+    from agenticstate.backends.base import Entry, TxnCompare
     from agenticstate.scope import ScopedState
     from agenticstate.serialization import Serializer
     from agenticstate.view import LocalView
@@ -519,6 +519,42 @@ class StateManager:
             return False
         self._counters["deletes"] += 1
         return True
+
+    async def transact(
+        self,
+        compare: Sequence[TxnCompare],
+        then: Sequence[txn.Op],
+        orelse: Sequence[txn.Op] = (),
+    ) -> txn.TransactResult:
+        """Check `compare`, then run `then` (or `orelse`), as one atomic step; one round trip.
+
+        The operations and what each returns are in `agenticstate.txn`. Every value is encoded
+        and every operation checked before anything is sent: a bad one raises and changes
+        nothing. Writes emit their changes to subscribers as `save` and `delete` do.
+
+        Raises:
+            InvalidArgumentError: An operation or compare is malformed, or (Redis Cluster) its
+                keys do not share one hash slot.
+            UnsupportedOperationError: The backend has no atomic `transact`.
+        """
+        checked = txn.check_compares(compare)
+        first = txn.to_backend(then, self._codec, self._ttl_or_configured)
+        second = txn.to_backend(orelse, self._codec, self._ttl_or_configured)
+        backend = self._ready_backend() or await self._opened_backend()
+        done = await self._counted_write(backend.transact(checked, first, second))
+        ops = then if done.succeeded else orelse
+        results = txn.from_backend(ops, done.results, self._codec)
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(op, txn.Put):
+                self._counters["saves"] += 1
+            elif isinstance(op, txn.Get):
+                self._counters["reads"] += 1
+            elif isinstance(op, txn.Delete) and result:
+                self._counters["deletes"] += 1
+        return txn.TransactResult(done.succeeded, results)
+
+    def _ttl_or_configured(self, ttl: object) -> timedelta | None:
+        return self.config.ttl if ttl is txn.CONFIGURED else self._ttl(ttl)
 
     async def reencrypt(self, pattern: str = "*") -> int:
         """Rewrite the values matching `pattern` that are not under the current encryption key.

@@ -38,6 +38,8 @@ MANAGER_PUBLIC_IMPORTS = {
     "agenticstate.config",
     "agenticstate.exceptions",
     "agenticstate.manager",
+    "agenticstate.txn",
+    "agenticstate.view",
 }
 # Modules above the backends: a backend importing one of these is a layering error.
 ABOVE_BACKENDS = ("agenticstate.manager", "agenticstate.managers", "agenticstate.events")
@@ -240,6 +242,7 @@ CORE = {
     "agenticstate.events",
     "agenticstate.scope",
     "agenticstate.view",
+    "agenticstate.txn",
     "agenticstate._codec",
     "agenticstate._reencrypt",
     "agenticstate._usage",

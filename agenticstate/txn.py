@@ -1,0 +1,172 @@
+"""Atomic compound steps over values: `StateManager.transact`.
+
+One call checks conditions and, depending on them, runs one of two lists of operations, as one
+atomic step on every backend (one Lua script on Redis, one transaction on SQLite, one step under
+the store's lock on memory and file), in the manner of etcd's `Txn`:
+
+<!-- snippet: setup=state -->
+```python
+from agenticstate.txn import Exists, Get, IndexIncr, Put, Version
+
+# Count a hit only when the cached value is there, in one round trip.
+result = await state.transact(
+    compare=[Exists("cache:q1")],
+    then=[Get("cache:q1"), IndexIncr("cache:counters", "hits", 1)],
+)
+if result.succeeded:
+    entry, hits = result.results
+
+# Write only if nobody wrote since version 3 was read.
+await state.transact(compare=[Version("cache:q1", 3)], then=[Put("cache:q1", {"answer": 42})])
+```
+
+The compares (`Version`, `Exists`) and the index operations (`IndexAdd`, `IndexRemove`,
+`IndexIncr`, `IndexRange`) are the backend's own (`agenticstate.backends`); `Get`, `Put` and
+`Delete` here take and return values the way `get_entry`, `save` and `delete` do. On a Redis
+Cluster every key and index of one call must share a hash tag (`InvalidArgumentError` otherwise,
+before anything is sent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agenticstate.backends import base
+from agenticstate.backends.base import (
+    Exists,
+    IndexAdd,
+    IndexIncr,
+    IndexRange,
+    IndexRemove,
+    TxnCompare,
+    Version,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from datetime import timedelta
+
+    from pydantic import BaseModel
+
+    from agenticstate._codec import Codec, StateEntry
+
+
+class _Configured:
+    """The default of `Put.ttl`: the configured `StateConfig.ttl`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CONFIGURED"
+
+
+CONFIGURED: Any = _Configured()
+"""`Put`'s default TTL: the one `StateConfig.ttl` configures."""
+
+__all__ = [
+    "CONFIGURED",
+    "Delete",
+    "Exists",
+    "Get",
+    "IndexAdd",
+    "IndexIncr",
+    "IndexRange",
+    "IndexRemove",
+    "Op",
+    "Put",
+    "TransactResult",
+    "Version",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    """Operation: read `key`; its result is the `StateEntry` (decoded as `model`), or `None`."""
+
+    key: str
+    model: type[BaseModel] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Operation: store `value` at `key`; its result is the new version.
+
+    `ttl` is seconds or a timedelta, `None` for never; unset, the configured `StateConfig.ttl`.
+    """
+
+    key: str
+    value: object
+    ttl: timedelta | float | None = CONFIGURED
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Operation: delete `key`; its result is whether it was there."""
+
+    key: str
+
+
+Op = Get | Put | Delete | IndexAdd | IndexRemove | IndexIncr | IndexRange
+"""An operation of `StateManager.transact`."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransactResult:
+    """What `StateManager.transact` did.
+
+    Attributes:
+        succeeded: Every compare held, so `then` ran (else `orelse` ran).
+        results: One result per operation of the branch that ran, in order: a `StateEntry` or
+            `None` for `Get`, the new version for `Put`, whether the key was there for `Delete`,
+            and the backend's result for the index operations.
+    """
+
+    succeeded: bool
+    results: list[Any]
+
+
+def to_backend(
+    ops: Sequence[Op], codec: Codec, ttl: Callable[[object], timedelta | None]
+) -> list[base.TxnOp]:
+    """The backend's operations for `ops`: values encoded, TTLs resolved (nothing written)."""
+    mapped: list[base.TxnOp] = []
+    for op in ops:
+        if isinstance(op, Put):
+            mapped.append(base.Put(op.key, codec.encode(op.key, op.value), ttl(op.ttl)))
+        elif isinstance(op, Get):
+            mapped.append(base.Get(op.key))
+        elif isinstance(op, Delete):
+            mapped.append(base.Delete(op.key))
+        elif isinstance(op, IndexAdd | IndexRemove | IndexIncr | IndexRange):
+            mapped.append(op)
+        else:
+            raise TypeError(f"not a transact operation: {op!r}")
+    return mapped
+
+
+def from_backend(ops: Sequence[Op], results: Sequence[Any], codec: Codec) -> list[Any]:
+    """The results of `ops` as `StateManager.transact` returns them."""
+    out: list[Any] = []
+    for op, result in zip(ops, results, strict=True):
+        if isinstance(op, Get):
+            out.append(None if result is None else _entry(codec, result, op.model))
+        elif isinstance(op, Put):
+            out.append(result.version)
+        elif isinstance(op, Delete):
+            out.append(result is not None)
+        else:
+            out.append(result)
+    return out
+
+
+def _entry(codec: Codec, entry: base.Entry, model: type[BaseModel] | None) -> StateEntry:
+    return codec.state_entry(entry, model)
+
+
+def check_compares(compare: Sequence[TxnCompare]) -> list[TxnCompare]:
+    """The compares, each checked to be one (their keys are checked by the backend)."""
+    for item in compare:
+        if not isinstance(item, Version | Exists):
+            raise TypeError(f"not a transact compare: {item!r}")
+    return list(compare)
