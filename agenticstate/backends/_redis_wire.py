@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Attempt",
     "Connections",
+    "PubSubLink",
     "cluster_options",
     "connect_pubsub",
     "make_client",
@@ -197,6 +198,83 @@ async def connect_pubsub(pubsub: PubSub) -> int:
     await connection.send_command("TIME")
     seconds, micros = await connection.read_response()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+class PubSubLink:
+    """The pub/sub connection's commands and replies, sent and read here, not by `PubSub`.
+
+    redis-py's `get_message` spends tens of microseconds of bookkeeping on every message (a
+    health check, observability hooks, a retry wrapper, a timeout, a debug string of the whole
+    message, a dict). Here every reply already received is parsed in one go by the connection's
+    own hiredis reader (`gets()` until it needs more bytes) and handed over as it came:
+    `[b"pmessage", pattern, channel, data]`, `[b"psubscribe", pattern, count]`, ...; a PING's
+    answer is `[b"pong", data]` while subscribed, its bare `data` otherwise. Commands are
+    written at once, without waiting: two commands sent one after the other reach the server in
+    that order, whatever task sent them. Without hiredis (or if redis-py's connection no longer
+    has what this needs) replies are read one at a time through `read_response`.
+    """
+
+    __slots__ = ("_connection", "_feed", "_gets", "_stream", "_waiting", "_writer")
+
+    def __init__(self, pubsub: PubSub) -> None:
+        connection: Any = pubsub.connection
+        self._connection = connection
+        self._gets: Any = None
+        self._feed: Any = None
+        self._waiting: object = None
+        try:
+            from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
+
+            self._stream: asyncio.StreamReader = connection._reader
+            self._writer: asyncio.StreamWriter = connection._writer
+            parser = connection._parser
+            if isinstance(parser, _AsyncHiredisParser):
+                reader: Any = parser._reader
+                self._gets, self._feed, self._waiting = reader.gets, reader.feed, NOT_ENOUGH_DATA
+        except (ImportError, AttributeError):  # pragma: no cover  # another redis-py
+            pass
+
+    def send(self, *args: str | bytes) -> None:
+        """Write one command (dropped if the connection is closing: the reader reconnects)."""
+        transport = self._writer.transport
+        if not transport.is_closing():
+            transport.write(pack(args))
+
+    async def read(self, timeout: float) -> list[Any]:  # noqa: ASYNC109  # a poll's wait
+        """The replies waiting (at least one), or `[]` when none came within `timeout` seconds.
+
+        Raises `ConnectionError` when the server closed the connection, and a reply that is an
+        error.
+        """
+        gets = self._gets
+        if gets is None:  # pragma: no cover  # without hiredis
+            reply = await self._connection.read_response(
+                timeout=timeout, disconnect_on_error=False, push_request=True
+            )
+            return [] if reply is None else [reply]
+        replies = self._take(gets)
+        if replies:
+            return replies
+        try:
+            async with asyncio.timeout(timeout):
+                data = await self._stream.read(65536)
+        except TimeoutError:
+            return []
+        if not data:
+            raise ConnectionError("the server closed the pub/sub connection")
+        self._feed(data)
+        return self._take(gets)
+
+    def _take(self, gets: Any) -> list[Any]:
+        replies = []
+        waiting = self._waiting
+        reply = gets()
+        while reply is not waiting:
+            if isinstance(reply, Exception):
+                raise reply
+            replies.append(reply)
+            reply = gets()
+        return replies
 
 
 # commands on held connections

@@ -737,8 +737,10 @@ async def test_close_wakes_a_subscription_still_waiting_to_go_live() -> None:
     assert "closed" in str(failures[0])
 
 
-async def test_a_thousand_patterns_share_one_connection_and_one_psubscribe(redis_url: str) -> None:
-    """1,000 patterns on one backend: one pub/sub connection holding one pattern subscription."""
+async def test_a_thousand_patterns_share_one_connection_and_few_psubscribes(redis_url: str) -> None:
+    """1,000 patterns on one backend: one pub/sub connection holding at most 16 patterns (the
+    narrow prefixes `agent:0:` ... merged into `agent:0` ... `agent:9`: every pattern on a server
+    costs each PUBLISH a match)."""
     prefix = unique_prefix()
     async with (
         RedisBackend(url=redis_url, key_prefix=prefix) as writer,
@@ -752,7 +754,8 @@ async def test_a_thousand_patterns_share_one_connection_and_one_psubscribe(redis
         ]
         clients = await admin.client_list(_type="pubsub")
         subscribed = [c for c in clients if int(c.get("psub", 0)) > 0]
-        assert [int(c["psub"]) for c in subscribed] == [1]
+        assert len(subscribed) == 1
+        assert 1 <= int(subscribed[0]["psub"]) <= 16
         await writer.set("agent:999:x", b"x")
         with anyio.fail_after(5):
             change = await streams[999].__anext__()
