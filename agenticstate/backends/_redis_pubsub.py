@@ -291,6 +291,7 @@ class Subscriber:
         self._sent: dict[bytes, _Topic] = {}
         self._acked: dict[bytes, _Topic] = {}
         self._overlap = False  # some confirmed pattern covers another: a change may come twice
+        self._received = 0  # messages read (for tests: a subscription hears only its prefix)
         self._live = asyncio.Event()  # the connection is subscribed (and resynced) again
         self._tokens = itertools.count()
         self._barriers: dict[int, _Barrier] = {}  # waiting for their PONG or markers
@@ -565,6 +566,7 @@ class Subscriber:
                     else:
                         kind = reply[0]
                         if kind == b"pmessage":
+                            self._received += 1
                             channel = reply[2]
                             if self._overlap and not self._first_match(
                                 reply[1],
