@@ -1,12 +1,15 @@
 """The Redis backend's change subscriptions: one pub/sub connection, patterns, resync.
 
-One pub/sub connection per backend, with one PSUBSCRIBE for every change under the prefix,
-serves all its subscriptions: the reader (`_read_changes`) matches each change against the
-subscribed patterns through `_PatternIndex` (a few dict lookups per change however many patterns
-there are). Each pattern's subscriptions share a `_Group`, which remembers what was delivered to
-them. A subscription opens at a barrier (`_Barrier`): a PING on the subscribed connection, or on
-a cluster a marker published on every primary. After a drop the reader reconnects and resyncs
-(see "Delivery" in `backends/redis.py`).
+One pub/sub connection per backend serves all its subscriptions. It PSUBSCRIBEs the channels of
+the subscriptions' literal prefixes (`_wanted_patterns`: a prefix covers the longer ones under
+it, at most `_MAX_PATTERNS`), so it hears only what some subscription may want; the reader
+(`_read_changes`) matches each change against the subscribed patterns through `_PatternIndex`
+(a few dict lookups per change however many patterns there are). Each pattern's subscriptions
+share a `_Group`, which remembers what was delivered to them. A subscription opens at a barrier
+(`_Barrier`): a PING on the subscribed connection after its PSUBSCRIBE, or on a cluster a marker
+published on every primary once the PSUBSCRIBE is confirmed. After a drop the reader reconnects,
+subscribes every prefix again and resyncs (see "Delivery" in `backends/redis.py`). Replies are
+read through `_redis_wire.PubSubLink`, every reply of one read at once.
 
 `Subscriber` is mixed into `RedisBackend`: it runs on the backend's client, its commands and its
 scan, and keeps all of the pub/sub state.

@@ -806,7 +806,7 @@ async def test_overlapping_prefixes_deliver_each_change_once(url: str) -> None:
             await writer.set(key, b"v")
         for pattern, stream in zip(patterns, streams, strict=True):
             wanted = [k for k in keys if glob_match(pattern, k)]
-            got = []
+            got: list[str] = []
             with anyio.fail_after(5):
                 while len(got) < len(wanted):
                     got.append((await stream.__anext__()).key)
