@@ -54,6 +54,7 @@ _GONE_KEPT_MS = 10_000  # how long a resync remembers a key it found gone
 _PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
 _HEALTH = b"agenticstate-health"
 _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
+_IDLE_CHECK = 1.0  # the reader looks at the silence (and prunes) after about this long without one
 
 
 class _Group:
@@ -549,49 +550,40 @@ class Subscriber:
                     link = self._link
                     assert link is not None  # noqa: S101  # set by _connect_pubsub
                     heard, ping_sent = loop.time(), 0.0
-                replies = await link.read(1.0)
+                # One timeout for many reads, pushed back at most twice a second while replies
+                # come (not set and cancelled around each read): it fires after a silence.
+                deadline = loop.time() + _IDLE_CHECK
+                try:
+                    async with asyncio.timeout_at(deadline) as idle:
+                        while True:
+                            replies = await link.read()
+                            heard = now = loop.time()
+                            ping_sent = 0.0
+                            if deadline - now < _IDLE_CHECK / 2:
+                                deadline = now + _IDLE_CHECK
+                                idle.reschedule(deadline)
+                            for reply in replies:
+                                if type(reply) is not bytes and reply[0] == b"pmessage":
+                                    self._message(reply)
+                                elif self._control(reply):
+                                    # Subscribed again: resync (never cut short by the timeout).
+                                    idle.reschedule(None)
+                                    await self._subscribed()
+                                    failures = 0
+                                    deadline = loop.time() + _IDLE_CHECK
+                                    idle.reschedule(deadline)
+                except TimeoutError:
+                    if not idle.expired():
+                        raise
                 now = loop.time()
-                if not replies:
-                    self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
-                    # A connection can die without a word (a NAT or firewall forgets it): when
-                    # nothing came for a while, ask, and give up on it if no answer comes.
-                    if ping_sent and now - ping_sent > self.socket_timeout:
-                        raise ConnectionError("no answer to PING on the pub/sub connection")
-                    if not ping_sent and now - heard > _PUBSUB_IDLE:
-                        ping_sent = now
-                        link.send("PING", _HEALTH)
-                    continue
-                heard, ping_sent = now, 0.0
-                for reply in replies:
-                    if type(reply) is bytes:  # a PING's answer while nothing is subscribed
-                        data = b"" if reply == b"PONG" else reply
-                        kind = b"pong"
-                    else:
-                        kind = reply[0]
-                        if kind == b"pmessage":
-                            self._received += 1
-                            channel = reply[2]
-                            if self._overlap and not self._first_match(
-                                reply[1],
-                                channel[self._channel_cut :].decode("utf-8", "surrogateescape"),
-                            ):
-                                continue
-                            try:
-                                self._dispatch(channel, reply[3])
-                            except (ValueError, IndexError):
-                                # Not a change this library published (someone else's PUBLISH
-                                # on our channels): skip it, never drop the connection over it.
-                                log.debug("pubsub_message_skipped", size=len(reply[3]))
-                            continue
-                        data = reply[1]
-                    if kind == b"pong":
-                        if data == _SUBSCRIBED:
-                            await self._subscribed()
-                            failures = 0
-                        else:
-                            self._pong(data)
-                    elif kind in (b"psubscribe", b"punsubscribe"):
-                        self._confirmed(kind, data)
+                self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
+                # A connection can die without a word (a NAT or firewall forgets it): when
+                # nothing came for a while, ask, and give up on it if no answer comes.
+                if ping_sent and now - ping_sent > self.socket_timeout:
+                    raise ConnectionError("no answer to PING on the pub/sub connection")
+                if not ping_sent and now - heard > _PUBSUB_IDLE:
+                    ping_sent = now
+                    link.send("PING", _HEALTH)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001  # any failure: reconnect, then resync
@@ -609,6 +601,35 @@ class Subscriber:
                     self._resync_pending = True
                 await self._drop_pubsub()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
+
+    def _message(self, reply: list[Any]) -> None:
+        """A `pmessage` reply: `[b"pmessage", pattern, channel, data]`."""
+        self._received += 1
+        channel = reply[2]
+        if self._overlap and not self._first_match(
+            reply[1], channel[self._channel_cut :].decode("utf-8", "surrogateescape")
+        ):
+            return
+        try:
+            self._dispatch(channel, reply[3])
+        except (ValueError, IndexError):
+            # Not a change this library published (someone else's PUBLISH on our channels):
+            # skip it, never drop the connection over it.
+            log.debug("pubsub_message_skipped", size=len(reply[3]))
+
+    def _control(self, reply: Any) -> bool:
+        """Any other reply; true for the PING after a new connection's PSUBSCRIBEs."""
+        if type(reply) is bytes:  # a PING's answer while nothing is subscribed
+            kind, data = b"pong", (b"" if reply == b"PONG" else reply)
+        else:
+            kind, data = reply[0], reply[1]
+        if kind == b"pong":
+            if data == _SUBSCRIBED:
+                return True
+            self._pong(data)
+        elif kind in (b"psubscribe", b"punsubscribe"):
+            self._confirmed(kind, data)
+        return False
 
     async def _pubsub_client(self, client: aioredis.Redis) -> aioredis.Redis:
         """The client the pub/sub connection comes from.

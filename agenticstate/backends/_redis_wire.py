@@ -240,30 +240,27 @@ class PubSubLink:
         if not transport.is_closing():
             transport.write(pack(args))
 
-    async def read(self, timeout: float) -> list[Any]:  # noqa: ASYNC109  # a poll's wait
-        """The replies waiting (at least one), or `[]` when none came within `timeout` seconds.
+    async def read(self) -> list[Any]:
+        """The replies waiting, at least one (run it under a timeout to wait less).
 
         Raises `ConnectionError` when the server closed the connection, and a reply that is an
         error.
         """
         gets = self._gets
         if gets is None:  # pragma: no cover  # without hiredis
+            # No timeout (our clients' socket_timeout is None): the caller's bounds the wait.
             reply = await self._connection.read_response(
-                timeout=timeout, disconnect_on_error=False, push_request=True
+                disconnect_on_error=False, push_request=True
             )
-            return [] if reply is None else [reply]
+            return [reply]
         replies = self._take(gets)
-        if replies:
-            return replies
-        try:
-            async with asyncio.timeout(timeout):
-                data = await self._stream.read(65536)
-        except TimeoutError:
-            return []
-        if not data:
-            raise ConnectionError("the server closed the pub/sub connection")
-        self._feed(data)
-        return self._take(gets)
+        while not replies:
+            data = await self._stream.read(65536)
+            if not data:
+                raise ConnectionError("the server closed the pub/sub connection")
+            self._feed(data)
+            replies = self._take(gets)
+        return replies
 
     def _take(self, gets: Any) -> list[Any]:
         replies = []
