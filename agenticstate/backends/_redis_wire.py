@@ -6,7 +6,8 @@ upgrade removes one):
 
 - the connection class: `connection_pool.make_connection()`, `connect()`, `is_connected`,
   `can_read()`, `send_packed_command()`, `read_response()`, `disconnect(nowait=True)`; a pub/sub
-  object's `connect()`, `connection` and `send_command()` (the server clock read on it);
+  object's `connect()`, `connection` and `send_command()` (the server clock read on it); that
+  connection's stream reader and writer and its hiredis reader (`PubSubLink`);
 - the names of the functions that connect (`_CONNECT_FRAMES`): redis-py raises the same
   exception types for a failed connect and for a lost reply, so a traceback through one of them
   is how a write is known not to have been sent.
