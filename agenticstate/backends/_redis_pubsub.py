@@ -1,12 +1,15 @@
 """The Redis backend's change subscriptions: one pub/sub connection, patterns, resync.
 
-One pub/sub connection per backend, with one PSUBSCRIBE for every change under the prefix,
-serves all its subscriptions: the reader (`_read_changes`) matches each change against the
-subscribed patterns through `_PatternIndex` (a few dict lookups per change however many patterns
-there are). Each pattern's subscriptions share a `_Group`, which remembers what was delivered to
-them. A subscription opens at a barrier (`_Barrier`): a PING on the subscribed connection, or on
-a cluster a marker published on every primary. After a drop the reader reconnects and resyncs
-(see "Delivery" in `backends/redis.py`).
+One pub/sub connection per backend serves all its subscriptions. It PSUBSCRIBEs the channels of
+the subscriptions' literal prefixes (`_wanted_patterns`: a prefix covers the longer ones under
+it, at most `_MAX_PATTERNS`), so it hears only what some subscription may want; the reader
+(`_read_changes`) matches each change against the subscribed patterns through `_PatternIndex`
+(a few dict lookups per change however many patterns there are). Each pattern's subscriptions
+share a `_Group`, which remembers what was delivered to them. A subscription opens at a barrier
+(`_Barrier`): a PING on the subscribed connection after its PSUBSCRIBE, or on a cluster a marker
+published on every primary once the PSUBSCRIBE is confirmed. After a drop the reader reconnects,
+subscribes every prefix again and resyncs (see "Delivery" in `backends/redis.py`). Replies are
+read through `_redis_wire.PubSubLink`, every reply of one read at once.
 
 `Subscriber` is mixed into `RedisBackend`: it runs on the backend's client, its commands and its
 scan, and keeps all of the pub/sub state.
@@ -44,11 +47,14 @@ __all__ = ["Subscriber"]
 
 log = get_logger("agenticstate.backends.redis")  # the backend's logger: its events keep their name
 
-_BARRIER = "agenticstate-barrier:"  # PING payloads on the pub/sub connection (+ a token)
+_BARRIER = b"agenticstate-barrier:"  # PING payloads on the pub/sub connection (+ a token)
+_SUBSCRIBED = b"agenticstate-subscribed"  # the PING after a new connection's PSUBSCRIBE
+_MAX_PATTERNS = 16  # server-side patterns per connection at most (see `_bounded_cover`)
 _GONE_KEPT_MS = 10_000  # how long a resync remembers a key it found gone
 _PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
-_HEALTH = "agenticstate-health"
+_HEALTH = b"agenticstate-health"
 _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
+_IDLE_CHECK = 1.0  # the reader looks at the silence (and prunes) after about this long without one
 
 
 class _Group:
@@ -124,14 +130,21 @@ class _Group:
 
 
 class _Barrier:
-    """A subscription (or a drain, `stream=None`) waiting for its barrier messages."""
+    """A subscription (or a drain, `stream=None`) waiting for its barrier.
 
-    __slots__ = ("opened", "remaining", "stream")
+    The barrier is this backend's PING coming back on the pub/sub connection, or, for one that
+    waits for `markers` (a cluster's subscriptions), a marker from every primary, counted in
+    `remaining`, of its latest `round` (a round is sent again after a reconnect).
+    """
 
-    def __init__(self, stream: ChangeStream | None) -> None:
+    __slots__ = ("markers", "opened", "remaining", "round", "stream")
+
+    def __init__(self, stream: ChangeStream | None, *, markers: bool = False) -> None:
         self.stream = stream
+        self.markers = markers
         self.opened = asyncio.Event()
         self.remaining = 1  # barrier messages still to come
+        self.round = 0
 
     def open(self) -> None:
         if self.stream is not None:
@@ -187,6 +200,54 @@ class _PatternIndex:
         return [group for groups in self._by_prefix.values() for group in groups]
 
 
+# A server-side subscription's topic: a literal key prefix, or one exact key (`exact=True`).
+_Topic = tuple[str, bool]
+
+
+def _cover(topics: set[_Topic]) -> list[_Topic]:
+    """The fewest topics that cover `topics`: none covers another, so no change comes twice.
+
+    A prefix covers every topic that starts with it; sorted, those follow it directly.
+    """
+    chosen: list[_Topic] = []
+    covering: str | None = None  # the last prefix chosen
+    for text, exact in sorted(topics):  # a prefix sorts before the exact key of the same text
+        if covering is not None and text.startswith(covering):
+            continue
+        chosen.append((text, exact))
+        if not exact:
+            covering = text
+    return chosen
+
+
+def _bounded_cover(topics: set[_Topic]) -> list[_Topic]:
+    """`_cover(topics)` in at most `_MAX_PATTERNS` topics, cutting every prefix to one length.
+
+    Every pattern on a server costs every PUBLISH there a glob match, whoever subscribed it:
+    many narrow prefixes (`agent:1:`, `agent:2:`, ...) are merged into their shared start
+    (`agent:`), the longest cut that fits.
+    """
+    chosen = _cover(topics)
+    if len(chosen) <= _MAX_PATTERNS:
+        return chosen
+    low, high = 0, max(len(text) for text, _ in chosen)  # a cut at `low` always fits
+    best = [("", False)]
+    while low < high:
+        cut = (low + high + 1) // 2
+        trial = _cover(
+            {(text[:cut], False) if len(text) > cut else (text, exact) for text, exact in chosen}
+        )
+        if len(trial) <= _MAX_PATTERNS:
+            low, best = cut, trial
+        else:
+            high = cut - 1
+    return best
+
+
+def _covers(topic: _Topic, key: str) -> bool:
+    return key == topic[0] if topic[1] else key.startswith(topic[0])
+
+
 class Subscriber:
     """`RedisBackend`'s subscriptions (a mixin): `changes()` and the pub/sub reader behind it."""
 
@@ -213,22 +274,32 @@ class Subscriber:
         async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
 
     def _init_subscriber(self, key_prefix: str) -> None:
-        # One PSUBSCRIBE per backend: every change under the prefix, matched here by pattern.
-        self._subscription = escape_glob(f"{CHANNEL_NAMESPACE}{key_prefix}") + "*"
-        self._channel_prefix = f"{CHANNEL_NAMESPACE}{key_prefix}".encode()
+        self._channel_text = f"{CHANNEL_NAMESPACE}{key_prefix}"
+        self._channel_prefix = self._channel_text.encode()
         self._channel_cut = len(self._channel_prefix)
-        # Barrier messages go to a "key" no real key can be (keys may not use the reserved
+        # Barrier markers go to a "key" no real key can be (keys may not use the reserved
         # prefix), tagged with this backend's id so other subscribers ignore them.
         self._reserved = RESERVED_PREFIX.encode()
-        self._barrier_key = f"{RESERVED_PREFIX}:barrier:{uuid.uuid4().hex}:".encode()
+        barrier_key = f"{RESERVED_PREFIX}:barrier:{uuid.uuid4().hex}:"
+        self._barrier_key = barrier_key.encode()
+        # A cluster's subscriber always hears its own markers.
+        self._fixed_topics: set[_Topic] = {(barrier_key, False)} if self.is_cluster else set()
         self._groups: dict[str, _Group] = {}
         self._index = _PatternIndex()
         self._pubsub: Any = None
+        self._link: wire.PubSubLink | None = None  # the connection, once it is being subscribed
         self._pubsub_source: aioredis.Redis | None = None  # a cluster node's client for pub/sub
         self._reader: asyncio.Task[None] | None = None
-        self._live = asyncio.Event()  # the PSUBSCRIBE is confirmed on the current connection
+        # The server's patterns on the current connection: those PSUBSCRIBEd (and not since
+        # PUNSUBSCRIBEd), and those the server has confirmed (as of the last reply read).
+        self._sent: dict[bytes, _Topic] = {}
+        self._acked: dict[bytes, _Topic] = {}
+        self._overlap = False  # some confirmed pattern covers another: a change may come twice
+        self._received = 0  # messages read (for tests: a subscription hears only its prefix)
+        self._live = asyncio.Event()  # the connection is subscribed (and resynced) again
         self._tokens = itertools.count()
         self._barriers: dict[int, _Barrier] = {}  # waiting for their PONG or markers
+        self._connect_waiters: list[int] = []  # barriers opened when the connection is subscribed
         self._horizon = 0  # server ms: every change stamped before it was read (or was older)
         self._gap_from = 0  # the horizon when the connection last dropped
         self._resync_pending = False
@@ -262,14 +333,88 @@ class Subscriber:
             if group.users == 0 and self._groups.get(pattern) is group:
                 del self._groups[pattern]
                 self._index.remove(group)
+                self._subscribe_patterns()  # PUNSUBSCRIBE what no subscription needs now
+
+    # the server's patterns
+
+    def _wanted_patterns(self) -> dict[bytes, _Topic]:
+        """The patterns the connection should hold: each subscription's literal prefix, covered.
+
+        A subscription to `agent:*` needs the channels starting `agent:`, one to `job:7` that
+        key's channel, one with no literal prefix (`*`, `?x`) every channel of the key prefix.
+        """
+        topics = set(self._fixed_topics)
+        for group in self._groups.values():
+            matcher = group.matcher
+            topics.add((matcher.literal_prefix, matcher.is_literal))
+        return {
+            (escape_glob(self._channel_text + text) + ("" if exact else "*")).encode(): (
+                text,
+                exact,
+            )
+            for text, exact in _bounded_cover(topics)
+        }
+
+    def _subscribe_patterns(self) -> None:
+        """Bring the connection's patterns to what the subscriptions need (no reply awaited).
+
+        New patterns are PSUBSCRIBEd before old ones are PUNSUBSCRIBEd, so no change falls into
+        the gap; a change both match meanwhile comes twice, and `_first_match` keeps one.
+        """
+        link = self._link
+        if link is None:
+            return  # the reader subscribes what is wanted when it connects
+        wanted = self._wanted_patterns()
+        sent = self._sent
+        new = [pattern for pattern in wanted if pattern not in sent]
+        old = [pattern for pattern in sent if pattern not in wanted]
+        if new:
+            link.send("PSUBSCRIBE", *new)
+            for pattern in new:
+                sent[pattern] = wanted[pattern]
+        if old:
+            link.send("PUNSUBSCRIBE", *old)
+            for pattern in old:
+                del sent[pattern]
+
+    def _confirmed(self, kind: bytes, pattern: bytes) -> None:
+        """The server confirmed a PSUBSCRIBE or a PUNSUBSCRIBE of `pattern`."""
+        if kind == b"psubscribe":
+            topic = self._sent.get(pattern)
+            if topic is None:
+                return  # PUNSUBSCRIBEd since: its confirmation follows
+            self._acked[pattern] = topic
+        else:
+            self._acked.pop(pattern, None)
+        confirmed = sorted(self._acked.values())
+        self._overlap = any(
+            not exact and later.startswith(text)
+            for (text, exact), (later, _) in itertools.pairwise(confirmed)
+        )
+
+    def _first_match(self, pattern: bytes, key: str) -> bool:
+        """Whether the message `pattern` brought for `key` is the one to keep.
+
+        While two confirmed patterns overlap (between a PSUBSCRIBE and the PUNSUBSCRIBE it
+        replaces), a change under both comes once per pattern: the shortest keeps it. Confirmed
+        patterns are read in order with the messages, so they are the server's at publish time.
+        """
+        topic = self._acked.get(pattern)
+        if topic is None:
+            return False
+        matching = [other for other in self._acked.values() if _covers(other, key)]
+        return min(matching, key=lambda other: (len(other[0]), other[1])) == topic
+
+    # going live
 
     async def _go_live(self, stream: ChangeStream | None) -> None:
         """Open `stream` at a barrier on the live pub/sub connection (see "Delivery").
 
         The barrier is a message that arrives after every change already on its way: a PING on
-        the subscribed connection (answered after every message its server sent before), or on
-        a cluster a marker PUBLISHed on every primary (each shard's changes reach the
-        connection's node over the cluster bus, in order per shard). The reader opens the
+        the subscribed connection (answered after every message its server sent before, and
+        after the PSUBSCRIBE sent just before it took effect), or on a cluster a marker
+        PUBLISHed on every primary once that PSUBSCRIBE is confirmed (each shard's changes reach
+        the connection's node over the cluster bus, in order per shard). The reader opens the
         stream when the last one arrives, so it gets every change committed after entry and
         none from before the barrier. With `stream=None` this drains the connection.
         """
@@ -277,12 +422,19 @@ class Subscriber:
             raise BackendError("this RedisBackend is closed")
         self._start_reader()
         token = next(self._tokens)
-        barrier = _Barrier(stream)
+        barrier = _Barrier(stream, markers=self.is_cluster)
         self._barriers[token] = barrier
         try:
             async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
-                if self._live.is_set():
-                    await self._send_barrier(token, barrier)
+                link = self._link
+                if link is not None:
+                    self._subscribe_patterns()
+                    if self.is_cluster:
+                        await self._round_trip()  # the PSUBSCRIBE is in effect
+                        if not barrier.opened.is_set() and not self._closed:
+                            await self._send_markers(token, barrier)
+                    else:
+                        link.send("PING", _BARRIER + b"%d" % token)
                 # Otherwise the reader opens it once the connection is subscribed again.
                 await barrier.opened.wait()
         except TimeoutError:
@@ -294,25 +446,30 @@ class Subscriber:
         if self._closed and stream is not None:
             raise BackendError("this RedisBackend is closed")
 
-    async def _send_barrier(self, token: int, barrier: _Barrier) -> None:
-        if not self.is_cluster:
-            pubsub = self._pubsub
-            if pubsub is not None:
-                with contextlib.suppress(Exception):  # a failure reconnects, which opens it
-                    await pubsub.ping(f"{_BARRIER}{token}")
-            return
+    async def _round_trip(self) -> None:
+        """Wait for a PING on the pub/sub connection: every command sent before took effect."""
+        token = next(self._tokens)
+        barrier = _Barrier(None)
+        self._barriers[token] = barrier
+        try:
+            link = self._link
+            if link is not None:
+                link.send("PING", _BARRIER + b"%d" % token)
+            # If the connection drops meanwhile, the reader opens it once subscribed again.
+            await barrier.opened.wait()
+        finally:
+            self._barriers.pop(token, None)
+
+    async def _send_markers(self, token: int, barrier: _Barrier) -> None:
+        """PUBLISH a new round of `barrier`'s marker on every primary (a cluster)."""
         client = await self._redis()
         primaries = await self._primaries(client)
+        barrier.round += 1
         barrier.remaining = len(primaries)
-        channel = self._channel_prefix + self._barrier_key + b"%d" % token
+        channel = self._channel_prefix + self._barrier_key + b"%d:%d" % (token, barrier.round)
         for node in primaries:
             command = ("PUBLISH", channel, b"")
             await self._execute_on_cluster(client, command, None, target_nodes=node)
-
-    def _open_barriers(self) -> None:
-        """Open every waiting barrier: the connection was just subscribed again (and resynced)."""
-        for barrier in self._barriers.values():
-            barrier.open()
 
     def _start_reader(self) -> None:
         if self._reader is None or self._reader.done():
@@ -321,18 +478,25 @@ class Subscriber:
                 self._read_changes(), name="agenticstate-redis-pubsub"
             )
 
-    def _pong(self, data: bytes | str) -> None:
-        text = data.decode() if isinstance(data, bytes) else data
-        if not text.startswith(_BARRIER):
+    def _pong(self, data: bytes) -> None:
+        if not data.startswith(_BARRIER):
             return  # a health check
-        barrier = self._barriers.get(int(text[len(_BARRIER) :]))
-        if barrier is not None:
+        barrier = self._barriers.get(int(data[len(_BARRIER) :]))
+        if barrier is not None and not barrier.markers:
+            barrier.open()
+
+    def _marker(self, tail: bytes) -> None:
+        token, _, round_ = tail.partition(b":")
+        barrier = self._barriers.get(int(token))
+        if barrier is not None and barrier.markers and int(round_) == barrier.round:
             barrier.remaining -= 1
             if barrier.remaining <= 0:
                 barrier.open()
 
+    # the reader
+
     async def _connect_pubsub(self) -> None:
-        """Connect, read the server's clock, and PSUBSCRIBE to every change under the prefix."""
+        """Connect, read the server's clock, PSUBSCRIBE what is wanted and PING after it."""
         client = await self._redis()
         async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
             source = await self._pubsub_client(client)
@@ -342,7 +506,36 @@ class Subscriber:
             # Read the clock before subscribing: every write after the subscription is stamped
             # at or after it (see `_resync`).
             self._horizon = await wire.connect_pubsub(self._pubsub)
-            await self._pubsub.psubscribe(self._subscription)
+        self._sent.clear()
+        self._acked.clear()
+        self._overlap = False
+        link = self._link = wire.PubSubLink(self._pubsub)
+        self._subscribe_patterns()
+        # Barriers waiting now open at this PING's answer (their own PINGs, if any, were lost
+        # with the old connection); those that come after send their own.
+        self._connect_waiters = list(self._barriers)
+        link.send("PING", _SUBSCRIBED)
+
+    async def _subscribed(self) -> None:
+        """The connection's patterns are in effect: resync if a gap came before, then go live."""
+        since = self._horizon
+        if self._resync_pending:
+            # Live again: now re-read what the gap may have hidden.
+            await self._resync(self._gap_from, since)
+            self._resync_pending = False
+        self._live.set()
+        waiters, self._connect_waiters = self._connect_waiters, []
+        for token in waiters:
+            barrier = self._barriers.get(token)
+            if barrier is None:
+                continue
+            if barrier.markers:
+                # Changes other shards published before the PSUBSCRIBE may still be on their
+                # way over the cluster bus: open at markers from every primary, never before.
+                await self._send_markers(token, barrier)
+            else:
+                # One server: nothing published before the PSUBSCRIBE can still come.
+                barrier.open()
 
     async def _read_changes(self) -> None:
         """The one reader of the pub/sub connection: dispatch, reconnect, resync."""
@@ -351,52 +544,46 @@ class Subscriber:
         loop = asyncio.get_running_loop()
         while not self._closed:
             try:
-                if self._pubsub is None:
+                link = self._link
+                if link is None:
                     await self._connect_pubsub()
+                    link = self._link
+                    assert link is not None  # noqa: S101  # set by _connect_pubsub
                     heard, ping_sent = loop.time(), 0.0
-                message = await self._pubsub.get_message(timeout=1.0)
+                # One timeout for many reads, pushed back at most twice a second while replies
+                # come (not set and cancelled around each read): it fires after a silence.
+                deadline = loop.time() + _IDLE_CHECK
+                try:
+                    async with asyncio.timeout_at(deadline) as idle:
+                        while True:
+                            replies = await link.read()
+                            heard = now = loop.time()
+                            ping_sent = 0.0
+                            if deadline - now < _IDLE_CHECK / 2:
+                                deadline = now + _IDLE_CHECK
+                                idle.reschedule(deadline)
+                            for reply in replies:
+                                if type(reply) is not bytes and reply[0] == b"pmessage":
+                                    self._message(reply)
+                                elif self._control(reply):
+                                    # Subscribed again: resync (never cut short by the timeout).
+                                    idle.reschedule(None)
+                                    await self._subscribed()
+                                    failures = 0
+                                    deadline = loop.time() + _IDLE_CHECK
+                                    idle.reschedule(deadline)
+                except TimeoutError:
+                    if not idle.expired():
+                        raise
                 now = loop.time()
-                if message is None:
-                    self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
-                    # A connection can die without a word (a NAT or firewall forgets it): when
-                    # nothing came for a while, ask, and give up on it if no answer comes.
-                    if ping_sent and now - ping_sent > self.socket_timeout:
-                        raise ConnectionError("no answer to PING on the pub/sub connection")
-                    if not ping_sent and now - heard > _PUBSUB_IDLE:
-                        ping_sent = now
-                        await self._pubsub.ping(_HEALTH)
-                    continue
-                heard, ping_sent = now, 0.0
-                kind = message["type"]
-                if kind == "pmessage":
-                    try:
-                        self._dispatch(message["channel"], message["data"])
-                    except (ValueError, IndexError):
-                        # Not a change this library published (someone else's PUBLISH on our
-                        # channels): skip it, never drop the connection over it.
-                        log.debug("pubsub_message_skipped", size=len(message["data"]))
-                elif kind == "pong":
-                    self._pong(message["data"])
-                elif kind == "psubscribe":
-                    since = self._horizon
-                    if self._resync_pending:
-                        # Live again: now re-read what the gap may have hidden.
-                        await self._resync(self._gap_from, since)
-                        self._resync_pending = False
-                    self._live.set()
-                    failures = 0
-                    if self.is_cluster:
-                        # Changes other shards published before the PSUBSCRIBE may still be on
-                        # their way over the cluster bus: waiting subscriptions open at markers
-                        # from every primary (sent again: they may have been lost with the old
-                        # connection), never before.
-                        for token, barrier in list(self._barriers.items()):
-                            await self._send_barrier(token, barrier)
-                    else:
-                        # One server: nothing published before the PSUBSCRIBE can still come.
-                        # Waiting subscriptions are live from here (their barrier may have
-                        # been lost with the old connection).
-                        self._open_barriers()
+                self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
+                # A connection can die without a word (a NAT or firewall forgets it): when
+                # nothing came for a while, ask, and give up on it if no answer comes.
+                if ping_sent and now - ping_sent > self.socket_timeout:
+                    raise ConnectionError("no answer to PING on the pub/sub connection")
+                if not ping_sent and now - heard > _PUBSUB_IDLE:
+                    ping_sent = now
+                    link.send("PING", _HEALTH)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001  # any failure: reconnect, then resync
@@ -415,6 +602,35 @@ class Subscriber:
                 await self._drop_pubsub()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
 
+    def _message(self, reply: list[Any]) -> None:
+        """A `pmessage` reply: `[b"pmessage", pattern, channel, data]`."""
+        self._received += 1
+        channel = reply[2]
+        if self._overlap and not self._first_match(
+            reply[1], channel[self._channel_cut :].decode("utf-8", "surrogateescape")
+        ):
+            return
+        try:
+            self._dispatch(channel, reply[3])
+        except (ValueError, IndexError):
+            # Not a change this library published (someone else's PUBLISH on our channels):
+            # skip it, never drop the connection over it.
+            log.debug("pubsub_message_skipped", size=len(reply[3]))
+
+    def _control(self, reply: Any) -> bool:
+        """Any other reply; true for the PING after a new connection's PSUBSCRIBEs."""
+        if type(reply) is bytes:  # a PING's answer while nothing is subscribed
+            kind, data = b"pong", (b"" if reply == b"PONG" else reply)
+        else:
+            kind, data = reply[0], reply[1]
+        if kind == b"pong":
+            if data == _SUBSCRIBED:
+                return True
+            self._pong(data)
+        elif kind in (b"psubscribe", b"punsubscribe"):
+            self._confirmed(kind, data)
+        return False
+
     async def _pubsub_client(self, client: aioredis.Redis) -> aioredis.Redis:
         """The client the pub/sub connection comes from.
 
@@ -429,11 +645,11 @@ class Subscriber:
         )
 
     def _dispatch(self, channel: bytes, data: bytes) -> None:
-        if channel.startswith(self._reserved, self._channel_cut):
+        cut = self._channel_cut
+        if channel.startswith(self._reserved, cut):
             # No key starts with the reserved prefix: a barrier, this backend's or another's.
-            if channel.startswith(self._barrier_key, self._channel_cut):
-                token = channel[self._channel_cut + len(self._barrier_key) :]
-                self._pong(_BARRIER + token.decode())
+            if channel.startswith(self._barrier_key, cut):
+                self._marker(channel[cut + len(self._barrier_key) :])
             return
         stamp = int(data[21:36])
         if stamp > self._horizon:
@@ -445,7 +661,7 @@ class Subscriber:
                 # its expiry must still find it remembered (or it would be delivered twice).
                 self._pruned = stamp
                 self._prune(stamp - _PRUNE_LAG_MS)
-        key = channel[self._channel_cut :].decode("utf-8", "surrogateescape")
+        key = channel[cut:].decode("utf-8", "surrogateescape")
         groups = self._index.matching(key)
         if not groups:
             return
@@ -553,6 +769,7 @@ class Subscriber:
         return budget
 
     async def _drop_pubsub(self) -> None:
+        self._link = None
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):

@@ -14,7 +14,7 @@ import hashlib
 import math
 from datetime import UTC, datetime, timedelta
 
-from agenticstate.backends.base import Change, ChangeOp, Entry
+from agenticstate.backends.base import Change, ChangeOp, Entry, new_change
 from agenticstate.exceptions import BackendError
 
 __all__ = [
@@ -180,7 +180,7 @@ def parse_message(key: str, data: bytes) -> tuple[Change, int]:
     else:
         position += 1
     new = data[position:] if op is ChangeOp.SET else None
-    change = Change(key=key, op=op, old=old, new=new, version=version, timestamp=from_ms(stamp))
+    change = new_change(key, op, old, new, version, from_ms(stamp))  # Change(...), fast
     return change, expires
 
 

@@ -6,7 +6,8 @@ upgrade removes one):
 
 - the connection class: `connection_pool.make_connection()`, `connect()`, `is_connected`,
   `can_read()`, `send_packed_command()`, `read_response()`, `disconnect(nowait=True)`; a pub/sub
-  object's `connect()`, `connection` and `send_command()` (the server clock read on it);
+  object's `connect()`, `connection` and `send_command()` (the server clock read on it); that
+  connection's stream reader and writer and its hiredis reader (`PubSubLink`);
 - the names of the functions that connect (`_CONNECT_FRAMES`): redis-py raises the same
   exception types for a failed connect and for a lost reply, so a traceback through one of them
   is how a write is known not to have been sent.
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Attempt",
     "Connections",
+    "PubSubLink",
     "cluster_options",
     "connect_pubsub",
     "make_client",
@@ -197,6 +199,80 @@ async def connect_pubsub(pubsub: PubSub) -> int:
     await connection.send_command("TIME")
     seconds, micros = await connection.read_response()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+class PubSubLink:
+    """The pub/sub connection's commands and replies, sent and read here, not by `PubSub`.
+
+    redis-py's `get_message` spends tens of microseconds of bookkeeping on every message (a
+    health check, observability hooks, a retry wrapper, a timeout, a debug string of the whole
+    message, a dict). Here every reply already received is parsed in one go by the connection's
+    own hiredis reader (`gets()` until it needs more bytes) and handed over as it came:
+    `[b"pmessage", pattern, channel, data]`, `[b"psubscribe", pattern, count]`, ...; a PING's
+    answer is `[b"pong", data]` while subscribed, its bare `data` otherwise. Commands are
+    written at once, without waiting: two commands sent one after the other reach the server in
+    that order, whatever task sent them. Without hiredis (or if redis-py's connection no longer
+    has what this needs) replies are read one at a time through `read_response`.
+    """
+
+    __slots__ = ("_connection", "_feed", "_gets", "_stream", "_waiting", "_writer")
+
+    def __init__(self, pubsub: PubSub) -> None:
+        connection: Any = pubsub.connection
+        self._connection = connection
+        self._gets: Any = None
+        self._feed: Any = None
+        self._waiting: object = None
+        try:
+            from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
+
+            self._stream: asyncio.StreamReader = connection._reader
+            self._writer: asyncio.StreamWriter = connection._writer
+            parser = connection._parser
+            if isinstance(parser, _AsyncHiredisParser):
+                reader: Any = parser._reader
+                self._gets, self._feed, self._waiting = reader.gets, reader.feed, NOT_ENOUGH_DATA
+        except (ImportError, AttributeError):  # pragma: no cover  # another redis-py
+            pass
+
+    def send(self, *args: str | bytes) -> None:
+        """Write one command (dropped if the connection is closing: the reader reconnects)."""
+        transport = self._writer.transport
+        if not transport.is_closing():
+            transport.write(pack(args))
+
+    async def read(self) -> list[Any]:
+        """The replies waiting, at least one (run it under a timeout to wait less).
+
+        Raises `ConnectionError` when the server closed the connection, and a reply that is an
+        error.
+        """
+        gets = self._gets
+        if gets is None:  # pragma: no cover  # without hiredis
+            # No timeout (our clients' socket_timeout is None): the caller's bounds the wait.
+            reply = await self._connection.read_response(
+                disconnect_on_error=False, push_request=True
+            )
+            return [reply]
+        replies = self._take(gets)
+        while not replies:
+            data = await self._stream.read(65536)
+            if not data:
+                raise ConnectionError("the server closed the pub/sub connection")
+            self._feed(data)
+            replies = self._take(gets)
+        return replies
+
+    def _take(self, gets: Any) -> list[Any]:
+        replies = []
+        waiting = self._waiting
+        reply = gets()
+        while reply is not waiting:
+            if isinstance(reply, Exception):
+                raise reply
+            replies.append(reply)
+            reply = gets()
+        return replies
 
 
 # commands on held connections

@@ -268,3 +268,28 @@ async def test_a_reply_that_times_out_counts_as_maybe_sent(redis_url: str) -> No
     finally:
         await connection.disconnect(nowait=True)
         await pool.aclose()
+
+
+async def test_redis_py_has_what_the_pubsub_link_reads(redis_url: str) -> None:
+    """`PubSubLink` reads a connected pub/sub connection's stream reader and writer and its
+    hiredis reader (`_reader`, `_writer`, `_parser._reader`, `NOT_ENOUGH_DATA`): it takes the
+    fast path, and a PING written on it comes back as a reply."""
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
+    from redis.asyncio import Redis
+
+    assert NOT_ENOUGH_DATA is not None, _missing("redis._parsers.hiredis.NOT_ENOUGH_DATA")
+    client = Redis.from_url(redis_url)
+    pubsub = client.pubsub()
+    try:
+        await wire.connect_pubsub(pubsub)
+        connection: Any = pubsub.connection
+        parser = connection._parser
+        assert isinstance(parser, _AsyncHiredisParser), _changed("uses another parser")
+        link = wire.PubSubLink(pubsub)
+        assert link._gets is not None, _changed("moved the hiredis reader or its stream")
+        link.send("PING", b"hello")
+        async with asyncio.timeout(5):
+            assert await link.read() == [b"hello"]
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await client.aclose()

@@ -31,6 +31,7 @@ from agenticstate import (
     SubscriptionClosedError,
 )
 from agenticstate._glob import glob_match
+from agenticstate._keys import escape_glob
 from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
@@ -737,8 +738,10 @@ async def test_close_wakes_a_subscription_still_waiting_to_go_live() -> None:
     assert "closed" in str(failures[0])
 
 
-async def test_a_thousand_patterns_share_one_connection_and_one_psubscribe(redis_url: str) -> None:
-    """1,000 patterns on one backend: one pub/sub connection holding one pattern subscription."""
+async def test_a_thousand_patterns_share_one_connection_and_few_psubscribes(redis_url: str) -> None:
+    """1,000 patterns on one backend: one pub/sub connection holding at most 16 patterns (the
+    narrow prefixes `agent:0:` ... merged into `agent:0` ... `agent:9`: every pattern on a server
+    costs each PUBLISH a match)."""
     prefix = unique_prefix()
     async with (
         RedisBackend(url=redis_url, key_prefix=prefix) as writer,
@@ -752,8 +755,174 @@ async def test_a_thousand_patterns_share_one_connection_and_one_psubscribe(redis
         ]
         clients = await admin.client_list(_type="pubsub")
         subscribed = [c for c in clients if int(c.get("psub", 0)) > 0]
-        assert [int(c["psub"]) for c in subscribed] == [1]
+        assert len(subscribed) == 1
+        assert 1 <= int(subscribed[0]["psub"]) <= 16
         await writer.set("agent:999:x", b"x")
         with anyio.fail_after(5):
             change = await streams[999].__anext__()
         assert change.key == "agent:999:x"
+
+
+# Narrow subscriptions (issue 21): the connection holds each subscription's literal prefix.
+
+
+async def _psub(admin: aioredis.Redis) -> list[int]:
+    """The pattern count of every pub/sub connection that holds a pattern."""
+    clients = await admin.client_list(_type="pubsub")
+    return [int(c["psub"]) for c in clients if int(c.get("psub", 0)) > 0]
+
+
+async def test_a_subscription_reads_nothing_written_outside_its_prefix(url: str) -> None:
+    """`a:*` is subscribed as the prefix `a:`: 50 writes under `b:` never reach the reader."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix) as writer,
+        RedisBackend(url=url, key_prefix=prefix) as reader,
+        reader.changes("a:*") as stream,
+    ):
+        before = reader._received  # a cluster's barrier markers came before
+        for number in range(50):
+            await writer.set(f"b:{number}", b"x")
+        await writer.set("a:1", b"y")
+        with anyio.fail_after(5):
+            change = await stream.__anext__()
+        assert change.key == "a:1"
+        assert reader._received - before == 1
+
+
+async def test_overlapping_prefixes_deliver_each_change_once(url: str) -> None:
+    """`a:x:*`, `a:*`, `a:x:1` and `*a:x*` on one backend (covered by one prefix, then by none):
+    every subscription gets each of its changes once, in order."""
+    prefix = unique_prefix()
+    patterns = ["a:x:*", "a:*", "a:x:1", "*a:x*"]
+    async with (
+        RedisBackend(url=url, key_prefix=prefix) as writer,
+        RedisBackend(url=url, key_prefix=prefix) as reader,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        streams = [await stack.enter_async_context(reader.changes(p)) for p in patterns]
+        keys = ["a:x:1", "a:x:2", "a:y", "ba:x", "a:x:1", "end"]
+        for key in keys:
+            await writer.set(key, b"v")
+        for pattern, stream in zip(patterns, streams, strict=True):
+            wanted = [k for k in keys if glob_match(pattern, k)]
+            got: list[str] = []
+            with anyio.fail_after(5):
+                while len(got) < len(wanted):
+                    got.append((await stream.__anext__()).key)
+            assert got == wanted, pattern
+        # Nothing more came: a marker write every pattern but the exact one sees, then nothing.
+        await writer.set("a:x:end", b"v")
+        for pattern, stream in zip(patterns, streams, strict=True):
+            if glob_match(pattern, "a:x:end"):
+                with anyio.fail_after(5):
+                    assert (await stream.__anext__()).key == "a:x:end", pattern
+
+
+async def test_prefixes_subscribed_while_writes_go_on_lose_and_repeat_nothing(url: str) -> None:
+    """While one process sets and deletes `a:x:k` without pause, another subscribes and
+    unsubscribes `a:*` (which replaces `a:x:` on the server, then gives it back) and `a:x:1`:
+    the long-lived `a:x:*` subscription gets every set and every delete once, in order (a
+    delete is not deduplicated by version: a second copy would show)."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix) as writer,
+        RedisBackend(url=url, key_prefix=prefix) as reader,
+        reader.changes("a:x:*") as stream,
+    ):
+        done = anyio.Event()
+        rounds = 0
+
+        async def write() -> None:
+            nonlocal rounds
+            while not done.is_set() and rounds < 300:  # within the subscription's buffer
+                await writer.set("a:x:k", b"%d" % rounds)
+                await writer.delete("a:x:k")
+                rounds += 1
+                if rounds % 10 == 0:
+                    await anyio.lowlevel.checkpoint()
+
+        async def churn() -> None:
+            for number in range(40):
+                async with reader.changes("a:*" if number % 2 else "a:x:1"):
+                    await anyio.lowlevel.checkpoint()
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            tg.start_soon(churn)
+        await writer.set("a:x:k", b"end")
+        seen = []
+        with anyio.fail_after(10):
+            async for change in stream:
+                seen.append((change.op, change.new))
+                if change.new == b"end":
+                    break
+        expected = [
+            step
+            for number in range(rounds)
+            for step in ((ChangeOp.SET, b"%d" % number), (ChangeOp.DELETE, None))
+        ]
+        assert seen == [*expected, (ChangeOp.SET, b"end")]
+        assert rounds > 20
+
+
+async def test_a_change_two_confirmed_patterns_match_is_delivered_once(url: str) -> None:
+    """Between the PSUBSCRIBE of a wider prefix and the PUNSUBSCRIBE of the narrower one it
+    replaces, the server sends a change once per pattern: the subscriber keeps one. The window
+    is held open here (the backend sends the two commands together)."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix) as writer,
+        RedisBackend(url=url, key_prefix=prefix) as reader,
+        reader.changes("a:x:*") as stream,
+    ):
+        link = reader._link
+        assert link is not None
+        wider = escape_glob(reader._channel_text + "a:").encode() + b"*"
+        reader._sent[wider] = ("a:", False)
+        link.send("PSUBSCRIBE", wider)
+        await reader._round_trip()
+        assert reader._overlap
+        await writer.set("a:x:k", b"1")
+        await writer.delete("a:x:k")
+        del reader._sent[wider]
+        link.send("PUNSUBSCRIBE", wider)
+        await writer.set("a:x:k", b"end")
+        seen = []
+        with anyio.fail_after(5):
+            async for change in stream:
+                seen.append((change.op, change.new))
+                if change.new == b"end":
+                    break
+        assert seen == [(ChangeOp.SET, b"1"), (ChangeOp.DELETE, None), (ChangeOp.SET, b"end")]
+        assert not reader._overlap
+
+
+async def test_the_connection_holds_the_covering_prefixes_only(redis_url: str) -> None:
+    """`a:x:*` then `a:*` (covers it) then `*` (covers all): one pattern each time; leaving
+    them gives the narrower ones back, and the last one leaves none."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=redis_url, key_prefix=prefix) as reader,
+        aioredis.Redis.from_url(redis_url) as admin,
+        contextlib.AsyncExitStack() as outer,
+    ):
+        await outer.enter_async_context(reader.changes("a:x:*"))
+        assert await _psub(admin) == [1]
+        async with reader.changes("a:*"), reader.changes("b:1"):
+            assert await _psub(admin) == [2]  # `a:` and the key `b:1`
+            async with reader.changes("*"):
+                assert sorted(reader._sent.values()) == [("", False)]
+                await _wait_for_psub(admin, [1])
+        assert sorted(reader._sent.values()) == [("a:x:", False)]
+        await outer.aclose()
+        await _wait_for_psub(admin, [])
+
+
+async def _wait_for_psub(admin: aioredis.Redis, expected: list[int]) -> None:
+    """Wait until the server holds `expected` patterns (a PUNSUBSCRIBE gets no reply awaited)."""
+    with anyio.fail_after(5):
+        # A poll with a deadline: the server's state has no event to wait on.
+        while await _psub(admin) != expected:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
