@@ -224,9 +224,8 @@ async def run() -> tuple[str, list[tuple[str, float]]]:
             ]
         )
         if target is not None:
-            verdicts.append(
-                f"{operation} on {backend} {middle:.2f}x ({'met' if middle >= target else 'missed'})"
-            )
+            verdict = "met" if middle >= target else "missed"
+            verdicts.append(f"{operation} on {backend} {middle:.2f}x ({verdict})")
     gets = statistics.median(ours[1])
     notes = [
         f"Workload: {KEYS:,} keys `agent:0` to `agent:{KEYS - 1}`, each a {len(VALUE)}-field dict; "
