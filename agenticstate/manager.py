@@ -375,7 +375,11 @@ class StateManager:
         """
         validate_pattern(pattern)
         backend = await self._opened_backend()
-        return sorted({key async for key in backend.scan(pattern)})
+        keys: list[str] = []
+        async for batch in backend.scan_batches(pattern):  # whole pages, each key once
+            keys += batch
+        keys.sort()
+        return keys
 
     async def usage(
         self,
@@ -512,9 +516,14 @@ class StateManager:
             ConflictError: `expected_version` did not match; nothing was deleted.
         """
         validate_key(key)
-        check_expected_version(expected_version)
-        backend = await self._opened_backend()
-        change = await self._counted_write(backend.delete(key, expected_version=expected_version))
+        if expected_version is not None:
+            check_expected_version(expected_version)
+        backend = self._ready_backend() or await self._opened_backend()
+        try:
+            change = await backend.delete(key, expected_version=expected_version)
+        except ConflictError:
+            self._counters["conflicts"] += 1
+            raise
         if change is None:
             return False
         self._counters["deletes"] += 1

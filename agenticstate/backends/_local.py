@@ -7,6 +7,7 @@ backends run it on the event loop, SQLite in its writer thread.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agenticstate.backends._index import SortedIndex
@@ -24,7 +25,7 @@ from agenticstate.backends.base import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from datetime import datetime, timedelta
 
     from agenticstate._glob import GlobMatcher
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalStore", "TxnTarget", "run_transaction"]
 
 _HEAP_SLACK = 64  # stale heap items tolerated beyond twice the keys (small stores rebuild rarely)
+_ORDER_SLACK = 1024  # key changes the sorted key list takes in before it is dropped (see below)
 
 
 class LocalStore:
@@ -46,20 +48,41 @@ class LocalStore:
     not grow the heap with the write rate, it is rebuilt from the live entries whenever it
     holds more than twice as many items as there are keys (plus `_HEAP_SLACK`): it stays
     bounded by the keys, at an amortized constant cost per write.
+
+    Listing (`matching`) reads a sorted list of the keys, built on the first listing and then
+    kept: a pattern with a literal prefix (`agent:*`) is a bisected slice of it, and the keys
+    come out sorted. Writes never sort it: a key that appears is appended to `_added`, one
+    that goes is put in `_removed` (it stays in the lists until then), and the next listing
+    folds both in (one merge of two sorted runs). Rewriting a key that exists costs nothing
+    more. A store that changes its set of keys much more than it lists them drops the list
+    (after `_ORDER_SLACK` plus a quarter of its keys in changes) and sorts afresh when next
+    listed, so writes stay cheap when nobody lists.
     """
 
-    __slots__ = ("data", "expiries", "indexes")
+    __slots__ = ("_added", "_order", "_removed", "data", "expiries", "indexes")
 
     def __init__(self) -> None:
         self.data: dict[str, Entry] = {}
         self.expiries: list[tuple[datetime, str]] = []
         self.indexes: dict[str, SortedIndex] = {}
+        # The sorted keys as of the last listing, or None; then keys added and removed since.
+        self._order: list[str] | None = None
+        self._added: list[str] = []
+        self._removed: set[str] = set()
 
     def live(self, key: str, now: datetime) -> Entry | None:
         """The entry at `key` unless it is missing or expired."""
         entry = self.data.get(key)
         if entry is not None and entry.expires_at is not None and entry.expires_at <= now:
-            del self.data[key]
+            self._forget(key)
+            return None
+        return entry
+
+    def get(self, key: str, clock: Callable[[], datetime]) -> Entry | None:
+        """`live(key, clock())`, reading the clock only for an entry that can expire."""
+        entry = self.data.get(key)
+        if entry is not None and entry.expires_at is not None and entry.expires_at <= clock():
+            self._forget(key)
             return None
         return entry
 
@@ -70,11 +93,14 @@ class LocalStore:
             expires_at, key = heapq.heappop(expiries)
             entry = self.data.get(key)
             if entry is not None and entry.expires_at == expires_at:
-                del self.data[key]
+                self._forget(key)
 
     def store(self, entry: Entry) -> None:
         """Keep `entry` (replacing the one at its key)."""
-        self.data[entry.key] = entry
+        key = entry.key
+        if self._order is not None and key not in self.data:
+            self._note_added(key)
+        self.data[key] = entry
         if entry.expires_at is not None:
             expiries = self.expiries
             heapq.heappush(expiries, (entry.expires_at, entry.key))
@@ -93,19 +119,69 @@ class LocalStore:
 
     def drop(self, key: str) -> None:
         """Forget `key`."""
-        self.data.pop(key, None)
+        if key in self.data:
+            self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        del self.data[key]
+        if self._order is not None:
+            self._removed.add(key)
+            self._check_order_size()
+
+    def _note_added(self, key: str) -> None:
+        if key in self._removed:
+            self._removed.discard(key)  # still in the lists: present again
+        else:
+            self._added.append(key)
+            self._check_order_size()
+
+    def _check_order_size(self) -> None:
+        order = self._order
+        if order is not None and (
+            len(self._added) + len(self._removed) > _ORDER_SLACK + len(order) // 4
+        ):
+            self._order = None
+            self._added = []
+            self._removed = set()
+
+    def ordered(self) -> list[str]:
+        """Every key, sorted (the store's own list: read it, never change it)."""
+        order = self._order
+        if order is None:
+            order = sorted(self.data)
+        elif self._added or self._removed:
+            added, removed = self._added, self._removed
+            if removed:
+                order = [key for key in order if key not in removed]
+                added = [key for key in added if key not in removed]
+            if added:
+                added.sort()
+                order = order + added
+                order.sort()  # two sorted runs: one merge
+        self._order = order
+        self._added = []
+        self._removed = set()
+        return order
 
     def matching(self, matcher: GlobMatcher, now: datetime) -> list[str]:
-        """The present keys `matcher` selects (a snapshot: safe to iterate while writing)."""
-        self.sweep(now)  # a store that is only read still lets go of what expired
+        """The present keys `matcher` selects, sorted (a new list: safe to keep while writing)."""
+        self.sweep(now)  # after it every entry left is live at `now`
         if matcher.is_literal:
             key = matcher.literal_prefix
             return [key] if self.live(key, now) is not None else []
-        return [
-            key
-            for key, entry in self.data.items()
-            if (entry.expires_at is None or entry.expires_at > now) and matcher.match(key)
-        ]
+        order = self.ordered()
+        prefix = matcher.literal_prefix
+        if prefix:
+            start = bisect_left(order, prefix)
+            after = _after_prefix(prefix)
+            end = len(order) if after is None else bisect_left(order, after, start)
+            selected = order[start:end]
+        else:
+            selected = order[:]
+        if matcher.is_prefix:
+            return selected
+        match = matcher.match
+        return [key for key in selected if match(key)]
 
     def index_add(self, name: str, members: Mapping[str, float]) -> int:
         """Add members to the sorted index `name`; return how many were new."""
@@ -130,6 +206,16 @@ class LocalStore:
         """The lowest-scored members of the sorted index `name`."""
         found = self.indexes.get(name)
         return found.range(limit) if found is not None else []
+
+
+def _after_prefix(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix` (`None`: there is none)."""
+    while prefix:
+        last = ord(prefix[-1])
+        if last < 0x10FFFF:
+            return prefix[:-1] + chr(last + 1)
+        prefix = prefix[:-1]
+    return None
 
 
 class TxnTarget(Protocol):

@@ -465,12 +465,24 @@ class FileBackend(Backend):
         return [self._local.live(key, moment) for key in keys]
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
-        """Yield the present keys matching `pattern`."""
+        """Yield the present keys matching `pattern` (sorted, as it happens)."""
         matcher = compile_glob(validate_pattern(pattern))
         await self._ready()
         await anyio.lowlevel.checkpoint()
         for key in self._local.matching(matcher, now()):
             yield key
+
+    async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
+        """Yield the present keys matching `pattern` as one sorted list (none if no key matches).
+
+        A pattern with a literal prefix (`agent:*`) reads only that range of the sorted keys.
+        """
+        matcher = compile_glob(validate_pattern(pattern))
+        await self._ready()
+        await anyio.lowlevel.checkpoint()
+        keys = self._local.matching(matcher, now())
+        if keys:
+            yield keys
 
     # writing
 

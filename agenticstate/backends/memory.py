@@ -1,9 +1,15 @@
 """MemoryBackend: the in-process store for development and tests.
 
 Values are bytes produced by the serializer, so nothing a caller does to a dict after saving it,
-or after reading it, reaches the stored state. Every mutation runs to completion without awaiting,
+or after reading it, reaches the stored state. Every call runs to completion without awaiting,
 so on one event loop each call is atomic without a lock, and `update` runs its function inside
 that same step: concurrent updates never conflict, let alone lose anything.
+
+Every write, listing and index call yields to the event loop before it runs, so other tasks (a
+subscriber's pump, a task waiting for what a loop of writes causes) run between two writes. A
+read (`get`, `get_many`) yields only one time in `_YIELD_EVERY`: the yield costs more than the
+rest of a `get`, and yielding that often still keeps a loop of reads from starving other tasks
+(a task polling a key sees the write another task makes).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from agenticstate.backends.base import (
     check_transaction,
     check_ttl,
     conflict,
+    new_change,
+    new_entry,
     utcnow,
 )
 
@@ -40,6 +48,9 @@ if TYPE_CHECKING:
     from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
 __all__ = ["MemoryBackend"]
+
+_YIELD_EVERY = 64
+"""Reads that complete at once between two yields to the event loop (see the module docstring)."""
 
 
 class MemoryBackend(Backend):
@@ -57,6 +68,7 @@ class MemoryBackend(Backend):
         self._local = LocalStore()
         self._fanout = ChangeFanout()
         self._closed = False
+        self._turns = 0  # reads since the last yield to the event loop
 
     def __repr__(self) -> str:
         return f"MemoryBackend(key_prefix={self.key_prefix!r}, keys={len(self._local.data)})"
@@ -65,6 +77,14 @@ class MemoryBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:
         """Create a backend from `memory://` (any path or query is ignored)."""
         return cls(**options)
+
+    def _turn(self) -> bool:
+        """Whether this read is the one in `_YIELD_EVERY` that yields first."""
+        self._turns += 1
+        if self._turns < _YIELD_EVERY:
+            return False
+        self._turns = 0
+        return True
 
     def _write(
         self, key: str, value: bytes, ttl: timedelta | None, expected: int | None, now: datetime
@@ -75,22 +95,22 @@ class MemoryBackend(Backend):
             raise conflict(key, expected, version)
         expires_at = now + ttl if ttl is not None else None
         self._local.store(
-            Entry(
-                key=key,
-                value=value,
-                version=version + 1,
-                created_at=current.created_at if current is not None else now,
-                updated_at=now,
-                expires_at=expires_at,
+            new_entry(
+                key,
+                value,
+                version + 1,
+                current.created_at if current is not None else now,
+                now,
+                expires_at,
             )
         )
-        change = Change(
-            key=key,
-            op=ChangeOp.SET,
-            old=current.value if current is not None else None,
-            new=value,
-            version=version + 1,
-            timestamp=now,
+        change = new_change(
+            key,
+            ChangeOp.SET,
+            current.value if current is not None else None,
+            value,
+            version + 1,
+            now,
         )
         self._fanout.publish(change)
         return change
@@ -98,14 +118,16 @@ class MemoryBackend(Backend):
     async def get(self, key: str) -> Entry | None:
         """Return the entry at `key`, or `None` if missing or expired."""
         validate_key(key)
-        await anyio.lowlevel.checkpoint()
-        return self._local.live(key, utcnow())
+        if self._turn():
+            await anyio.lowlevel.checkpoint()
+        return self._local.get(key, utcnow)
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         """Return the entries at `keys`, in order."""
         for key in keys:
             validate_key(key)
-        await anyio.lowlevel.checkpoint()
+        if self._turn():
+            await anyio.lowlevel.checkpoint()
         now = utcnow()
         self._local.sweep(now)
         return [self._local.live(key, now) for key in keys]
@@ -142,27 +164,21 @@ class MemoryBackend(Backend):
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
         """Delete `key`; see `Backend.delete`."""
         validate_key(key)
-        check_expected_version(expected_version)
+        if expected_version is not None:
+            check_expected_version(expected_version)
         await anyio.lowlevel.checkpoint()
-        now = utcnow()
-        current = self._local.live(key, now)
-        version = current.version if current is not None else 0
-        if expected_version is not None and expected_version != version:
-            raise conflict(key, expected_version, version)
+        current = self._local.get(key, utcnow)
+        if expected_version is not None:
+            version = current.version if current is not None else 0
+            if expected_version != version:
+                raise conflict(key, expected_version, version)
         if current is None:
             return None
-        return self._drop(current, now)
+        return self._drop(current, utcnow())
 
     def _drop(self, current: Entry, now: datetime) -> Change:
         self._local.drop(current.key)
-        change = Change(
-            key=current.key,
-            op=ChangeOp.DELETE,
-            old=current.value,
-            new=None,
-            version=current.version,
-            timestamp=now,
-        )
+        change = new_change(current.key, ChangeOp.DELETE, current.value, None, current.version, now)
         self._fanout.publish(change)
         return change
 
@@ -198,12 +214,22 @@ class MemoryBackend(Backend):
         return self._write(key, value, ttl, current.version if current else 0, now)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
-        """Yield the present keys matching `pattern`."""
+        """Yield the present keys matching `pattern` (sorted, as it happens)."""
         matcher = compile_glob(validate_pattern(pattern))
         await anyio.lowlevel.checkpoint()
-        now = utcnow()
-        for key in self._local.matching(matcher, now):
+        for key in self._local.matching(matcher, utcnow()):
             yield key
+
+    async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
+        """Yield the present keys matching `pattern` as one sorted list (none if no key matches).
+
+        A pattern with a literal prefix (`agent:*`) reads only that range of the sorted keys.
+        """
+        matcher = compile_glob(validate_pattern(pattern))
+        await anyio.lowlevel.checkpoint()
+        keys = self._local.matching(matcher, utcnow())
+        if keys:
+            yield keys
 
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
         """Add members to a sorted index; see `Backend.index_add`."""

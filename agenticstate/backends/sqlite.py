@@ -78,7 +78,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 
     from agenticstate._glob import GlobMatcher
     from agenticstate._tasks import EventLike
@@ -429,6 +429,19 @@ class SQLiteBackend(Backend):
         A pattern that is a literal prefix and `*` (`agent:*`) is answered by the index range
         alone; any other is filtered by the glob matcher after the range is read.
         """
+        async with contextlib.aclosing(self._scan_pages(pattern)) as pages:
+            async for page in pages:
+                for key in page:
+                    yield key
+
+    async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
+        """Yield the present keys matching `pattern` a page at a time, in key order."""
+        async with contextlib.aclosing(self._scan_pages(pattern)) as pages:
+            async for page in pages:
+                if page:
+                    yield page
+
+    async def _scan_pages(self, pattern: str) -> AsyncGenerator[list[str]]:
         matcher = compile_glob(validate_pattern(pattern))
         low, high = key_range(self.key_prefix + matcher.literal_prefix)
         every = schema.is_prefix_pattern(pattern, matcher)
@@ -436,8 +449,7 @@ class SQLiteBackend(Backend):
         while True:
             run = self._scan_page(None if every else matcher, low, high, after)
             page, after = await self._call(False, run)
-            for key in page:
-                yield key
+            yield page
             if after is None:
                 return
 
