@@ -191,8 +191,8 @@ class RedisBackend(Subscriber, Backend):
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
-        self._cluster_slots = asyncio.Semaphore(connection_pool_size)
-        self._cluster_mapped = False
+        # In a cluster: the slot map, and as many connections again to each node.
+        self._cluster = wire.Cluster(connection_pool_size, self.url)
         self._update_locks: dict[str, _KeyLock] = {}
 
     @property
@@ -265,10 +265,10 @@ class RedisBackend(Subscriber, Backend):
         """
         wire.require_asyncio()
         client = self._client or await self._redis()
-        if self.is_cluster:
-            return await self._execute_on_cluster(client, args, write_key)
         with wire.translate(self.url, write_key, sent=False) as attempt:
             async with asyncio.timeout(self.socket_timeout):
+                if self.is_cluster:
+                    return await self._cluster.call(client, args, attempt)
                 return await self._connections.call(client, args, attempt)
 
     async def _execute_on_cluster(
@@ -276,22 +276,13 @@ class RedisBackend(Subscriber, Backend):
         client: aioredis.Redis,
         args: tuple[str | bytes | int | float, ...],
         write_key: str | None,
-        **options: Any,
+        *,
+        target_nodes: Any,
     ) -> Any:
-        """One command through redis-py's cluster client (it routes by slot, follows MOVED).
-
-        At most `connection_pool_size` run at once (redis-py's cluster client fails instead of
-        waiting when a node's connections run out).
-        """
-        if not self._cluster_mapped:
-            # Read the slot map before the first commands: redis-py's cluster client, when
-            # many first commands race to initialize it, closes connections others are using.
-            await self._primaries(client)
-            self._cluster_mapped = True
-        async with self._cluster_slots:
-            with wire.translate(self.url, write_key):
-                async with asyncio.timeout(self.socket_timeout):
-                    return await client.execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        """One command to one cluster node (`target_nodes`, from `_primaries`), as `_execute`."""
+        with wire.translate(self.url, write_key, sent=False) as attempt:
+            async with asyncio.timeout(self.socket_timeout):
+                return await self._cluster.call(client, args, attempt, target_nodes)
 
     async def _script(
         self, sha: str, source: str, keys: Sequence[str], *args: str | bytes | int, write_key: str
@@ -304,21 +295,21 @@ class RedisBackend(Subscriber, Backend):
                 raise
         if self.is_cluster:
             client = self._client or await self._redis()
-            with wire.translate(self.url):
-                async with asyncio.timeout(self.socket_timeout):
-                    await client.script_load(source)  # redis-py loads it on every primary
+            for node in await self._primaries(client):  # each primary keeps its own scripts
+                await self._execute_on_cluster(
+                    client, ("SCRIPT", "LOAD", source), None, target_nodes=node
+                )
         else:
             await self._execute("SCRIPT", "LOAD", source)
         return await self._execute("EVALSHA", sha, len(keys), *keys, *args, write_key=write_key)
 
     def _by_slot(self, names: Sequence[str]) -> list[list[int]]:
         """Positions of `names` grouped by cluster slot (one group for a single server)."""
-        if not self.is_cluster or self._client is None:
+        if not self.is_cluster:
             return [list(range(len(names)))]
-        client: Any = self._client
         groups: dict[int, list[int]] = {}
         for position, name in enumerate(names):
-            groups.setdefault(client.keyslot(name), []).append(position)
+            groups.setdefault(wire.key_slot(name), []).append(position)
         return list(groups.values())
 
     async def _read(self, *args: str | bytes | int) -> Any:
@@ -521,12 +512,12 @@ class RedisBackend(Subscriber, Backend):
                     break
 
     async def _primaries(self, client: aioredis.Redis) -> list[Any]:
-        """The cluster's primaries, reading the slot map first if the client has none yet."""
-        cluster: Any = client
-        with wire.translate(self.url):
-            async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
-                await cluster.initialize()
-        primaries: list[Any] = cluster.get_primaries()
+        """The cluster's primaries, reading the slot map first if it is not known or stale."""
+        if self._cluster.stale:
+            with wire.translate(self.url):
+                async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                    await self._cluster.refresh(client)
+        primaries = list(self._cluster.primaries)
         if not primaries:
             raise BackendUnavailableError(f"the Redis Cluster at {self.url} has no primary")
         return primaries
@@ -535,13 +526,9 @@ class RedisBackend(Subscriber, Backend):
         if node is None:
             return await self._read("SCAN", cursor, "MATCH", match, "COUNT", 1000)
         client = self._client or await self._redis()
-        reply = await self._execute_on_cluster(
+        return await self._execute_on_cluster(
             client, ("SCAN", cursor, "MATCH", match, "COUNT", 1000), None, target_nodes=node
         )
-        # redis-py's cluster client answers SCAN with ({node name: cursor}, keys).
-        cursors, keys = reply
-        cursor = next(iter(cursors.values())) if isinstance(cursors, dict) else cursors
-        return cursor, keys
 
     # sorted indexes (Redis sorted sets)
 
@@ -604,6 +591,7 @@ class RedisBackend(Subscriber, Backend):
         await self._close_subscriptions()
         client, self._client = self._client, None
         await self._connections.close()
+        await self._cluster.close()
         if client is not None and self._owns_client:
             with contextlib.suppress(Exception):
                 if self.is_cluster:
