@@ -247,11 +247,14 @@ class Connections:
     only ever handed a connection.
     """
 
-    __slots__ = ("closed", "free", "made", "make", "size", "waiters")
+    __slots__ = ("closed", "free", "made", "make", "reply_error", "size", "waiters")
 
     def __init__(self, size: int, make: Callable[[], AbstractConnection] | None = None) -> None:
         self.size = size
         self.make = make  # makes a connection (by default, from the client's pool settings)
+        from redis.exceptions import ResponseError  # bound once: an import per call costs
+
+        self.reply_error = ResponseError
         self.made: list[AbstractConnection] = []
         self.free: list[AbstractConnection] = []
         self.waiters: deque[asyncio.Future[AbstractConnection]] = deque()
@@ -273,8 +276,7 @@ class Connections:
         `TimeoutError` (see `translate`). `asking`: send ASKING first, on the same connection (a
         cluster's ASK redirect).
         """
-        from redis.exceptions import ResponseError
-
+        ResponseError = self.reply_error  # noqa: N806  # the class, under its name
         connection: AbstractConnection | None = None
         try:
             connection = await self.take(client)
@@ -397,9 +399,22 @@ class Cluster:
     run, so it is sent again, write or not.
     """
 
-    __slots__ = ("generation", "lock", "nodes", "primaries", "size", "slots", "stale", "url")
+    __slots__ = (
+        "errors",
+        "generation",
+        "lock",
+        "nodes",
+        "primaries",
+        "size",
+        "slots",
+        "stale",
+        "url",
+    )
 
     def __init__(self, size: int, url: str) -> None:
+        from redis.exceptions import AskError, MovedError, ResponseError
+
+        self.errors = (MovedError, AskError, ResponseError)  # bound once, for `call`
         self.size = size
         self.url = url  # redacted, for messages
         self.nodes: dict[str, Node] = {}
@@ -434,8 +449,7 @@ class Cluster:
 
         Follows MOVED and ASK replies; run it under a timeout, as `Connections.call`.
         """
-        from redis.exceptions import AskError, MovedError, ResponseError
-
+        MovedError, AskError, ResponseError = self.errors  # noqa: N806  # classes, by name
         if self.stale:
             await self.refresh(client)
         if node is None:
