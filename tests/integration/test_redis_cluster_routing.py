@@ -4,12 +4,14 @@ Commands go out on connections the backend holds to each primary, routed by a sl
 own (issue #21, 5). These tests move a slot from one primary to the other with CLUSTER SETSLOT
 and MIGRATE, as `redis-cli --cluster reshard` does, and check that the routing follows: ASK
 while the slot is migrating (a key not yet moved is served by the old owner, a moved or new key
-by the new one, after ASKING), MOVED once it has moved, and every write landing exactly once.
-Failover (coordinated and a killed primary) is in test_redis_cluster.py.
+by the new one, after ASKING), MOVED once it has moved, and every write landing exactly once;
+and that after a coordinated failover the demoted primary's MOVED replies lead to the new map.
+Failover under load (coordinated, then a killed primary) is in test_redis_cluster.py.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -190,3 +192,46 @@ async def test_ask_sends_a_key_not_yet_moved_to_the_new_owner_only_for_that_comm
             f"{TAG}:new",
             f"{TAG}:old",
         ]
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[RedisClusterServers]:
+    """3 primaries, each with a replica."""
+    servers = RedisClusterServers(tmp_path / "replicated", primaries=3, replicas=1)
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+async def test_after_a_coordinated_failover_commands_follow_without_an_error(
+    replicated: RedisClusterServers,
+) -> None:
+    """CLUSTER FAILOVER turns a primary into a replica: the connections held to it answer
+    MOVED, the backend re-reads the map and carries on, with no failed command at all."""
+    async with RedisBackend(url=replicated.url, key_prefix=unique_prefix()) as backend:
+        keys = [f"k{n}" for n in range(30)]  # spread over every primary
+        for key in keys:
+            await backend.set(key, b"1")
+        victim = replicated.primary_nodes()[0]
+        replica = replicated.replica_of(victim)
+        with replicated.client(replica) as client:
+            client.execute_command("CLUSTER FAILOVER")
+
+        def promoted() -> None:
+            deadline = time.monotonic() + 30
+            while replica not in replicated.primary_nodes() or victim in replicated.primary_nodes():
+                assert time.monotonic() < deadline, "the failover did not happen"
+                time.sleep(0.05)  # polling other processes' state, with a deadline
+
+        await anyio.to_thread.run_sync(promoted)
+        await anyio.to_thread.run_sync(replicated.wait_ready)
+        for key in keys:
+            change = await backend.set(key, b"2")
+            assert change.version == 2
+        entries = await backend.get_many(keys)
+        assert [entry.value for entry in entries if entry] == [b"2"] * len(keys)
+        assert replica.port in {node.port for node in backend._cluster.primaries}
+        assert victim.port not in {node.port for node in backend._cluster.primaries}
+    assert _stat(replicated, victim, "errorstats", "errorstat_MOVED") > 0  # it redirected us
