@@ -7,12 +7,17 @@ upgrade removes one):
 - the connection class: `connection_pool.make_connection()`, `connect()`, `is_connected`,
   `can_read()`, `send_packed_command()`, `read_response()`, `disconnect(nowait=True)`; a pub/sub
   object's `connect()`, `connection` and `send_command()` (the server clock read on it);
+- for a cluster: `RedisCluster.initialize()`, `get_nodes()` and `get_connection_kwargs()`,
+  `ClusterNode(...).acquire_connection()` (a node's connections, made with the cluster client's
+  settings), and `MovedError`/`AskError` with their `slot_id`, `host` and `port`;
 - the names of the functions that connect (`_CONNECT_FRAMES`): redis-py raises the same
   exception types for a failed connect and for a lost reply, so a traceback through one of them
   is how a write is known not to have been sent.
 
 Commands on a single server go through `Connections` (see "Commands" in `backends/redis.py`):
-packed here (`pack`), sent on a connection held by the backend, the reply read back. Every
+packed here (`pack`), sent on a connection held by the backend, the reply read back. On a
+cluster, `Cluster` routes each command by its key's slot to the `Connections` of that slot's
+primary, and follows redirections. Every
 failure of redis-py, the socket or a timeout becomes one of our exceptions in `translate`, the
 one place this backend maps foreign errors (as httpx's `map_httpcore_exceptions` maps
 httpcore's).

@@ -52,26 +52,28 @@ SET. Before reuse, a connection that saw end of file or stray data (a restarted 
 reconnected, as redis-py's pool does. Pub/sub keeps using the redis-py client.
 
 Cluster. `redis+cluster://host:port,host:port,...` (or `rediss+cluster://`) runs the same
-backend on Redis Cluster through redis-py's `RedisCluster`, which routes each command to the
-node owning its key's slot and follows MOVED/ASK redirects. Every atomic step touches one key
-(one slot), so it stays atomic; managers put a record's id in a `{...}` hash tag, so one team's
-records and its queue index, or one workflow's, live in one slot. `get_many` sends one MGET per
-slot, `save_many` one script call per slot, `scan` visits every primary, and PUBLISH reaches
-every node over the cluster bus, so one pub/sub connection to any node sees every shard's
-changes (each shard's in its order; the shards are not ordered with each other). Barriers
-(subscribe, close) PUBLISH a marker on every primary instead of a PING. After a failover the
-client re-reads the slot map on the next command (reads retry; writes report their outcome as
-usual), and the subscriber resyncs. redis-py's own retries stay
-off here too. Cluster mode sends commands through redis-py (the held-connection path above is
-for a single server).
+backend on Redis Cluster. Commands take the held-connection path above, to the primary owning
+their key's slot: the backend keeps its own slot map (CLUSTER SLOTS) and up to
+`connection_pool_size` connections to each primary (made with the settings of redis-py's
+`RedisCluster` client, which is kept for discovery); it follows MOVED (repoints the slot, re-reads
+the map before the next command) and ASK (ASKING on the same connection, once), and re-reads the
+map after a failed connection (a failover: reads retry; writes report their outcome as usual).
+Every atomic step touches one key (one slot), so it stays atomic; managers put a record's id in a
+`{...}` hash tag, so one team's records and its queue index, or one workflow's, live in one slot.
+`get_many` sends one MGET per slot, `save_many` one script call per slot, `scan` visits every
+primary, scripts load on every primary, and PUBLISH reaches every node over the cluster bus, so
+one pub/sub connection to any node sees every shard's changes (each shard's in its order; the
+shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a marker on every
+primary instead of a PING. The subscriber resyncs after a failover.
 
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
 entry point raises `ConfigurationError` before touching the network.
 
 Modules. This one keeps `RedisBackend`, the Backend API. The record layout and the Lua scripts
-are in `_redis_scripts`; redis-py's clients, the held connections and the one mapping of foreign
-errors (`translate`) in `_redis_wire`, the only module that imports redis-py or touches its
-internals; the pub/sub reader, its barriers and the resync in `_redis_pubsub`.
+are in `_redis_scripts`; redis-py's clients, the held connections, the cluster's slot map and the
+one mapping of foreign errors (`translate`) in `_redis_wire`, the only module that imports
+redis-py or touches its internals; the pub/sub reader, its barriers and the resync in
+`_redis_pubsub`.
 """
 
 from __future__ import annotations
