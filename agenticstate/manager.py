@@ -593,7 +593,11 @@ class StateManager:
         """
         validate_pattern(pattern)
         backend = await self._opened_backend()
-        return sorted({key async for key in backend.scan(pattern)})
+        keys: list[str] = []
+        async for batch in backend.scan_batches(pattern):  # whole pages, each key once
+            keys += batch
+        keys.sort()
+        return keys
 
     async def usage(
         self,

@@ -80,6 +80,7 @@ DEFAULT_MAX_BUFFER = 1000
 """Changes a subscription buffers before it overflows."""
 DEFAULT_UPDATE_ATTEMPTS = 64
 """Compare-and-set attempts `Backend.update` makes before it gives up with `ConflictError`."""
+_SCAN_BATCH = 1000  # keys per list in the default `Backend.scan_batches`
 
 
 def utcnow() -> datetime:
@@ -387,6 +388,22 @@ class Backend(ABC):
     @abstractmethod
     def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield every present key matching the Redis glob `pattern`, each once, in no order."""
+
+    async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
+        """Yield the keys `scan(pattern)` would, in lists (each key once over all of them).
+
+        For callers that want every key (`StateManager.list_keys`): a backend that reads keys
+        in pages (SCAN on Redis) hands each page over whole, with no step per key. The default
+        gathers `scan` into lists of up to 1,000.
+        """
+        batch: list[str] = []
+        async for key in self.scan(pattern):
+            batch.append(key)
+            if len(batch) >= _SCAN_BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
     @abstractmethod
     def changes(

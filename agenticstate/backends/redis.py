@@ -121,8 +121,18 @@ if TYPE_CHECKING:
 __all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
+# Slots a SCAN call visits: a page of 5,000 holds the server well under a millisecond, and
+# the next page is asked for while one is decoded, so few and large pages cost no waiting.
+_SCAN_COUNT = 5_000
+_RESERVED = "__agenticstate"  # our own keys (indexes) start with it: SCAN never lists them
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an abandoned future's outcome as seen (no "exception never retrieved" warning)."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _KeyLock:
@@ -494,24 +504,69 @@ class RedisBackend(Subscriber, Backend):
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the keys matching `pattern` with SCAN (never KEYS), without the prefix."""
+        async for batch in self.scan_batches(pattern):
+            for key in batch:
+                yield key
+
+    async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
+        """Yield the keys matching `pattern` one SCAN page at a time, sorted, without the prefix.
+
+        Each page is decoded whole (one join, one decode, one split) while the server already
+        walks the next one: the next SCAN goes out as soon as the cursor is known.
+        """
         match = escape_glob(self.key_prefix) + validate_pattern(pattern)
-        cut = len(self.key_prefix.encode())
-        seen: set[bytes] = set()
         client = await self._redis()
         # One SCAN per server; in a cluster, one per primary (each holds its own slots).
         nodes: list[Any] = await self._primaries(client) if self.is_cluster else [None]
+        seen: set[bytes] | None = None  # every name yielded, once there is a second page
+        first: list[bytes] = []
         for node in nodes:
-            cursor: bytes | int = 0
-            while True:
-                cursor, batch = await self._scan_page(node, cursor, match)
-                for raw in batch:
-                    if raw.startswith(b"__agenticstate"):
-                        continue  # our own index keys, visible to SCAN when the prefix is empty
-                    if raw not in seen:
-                        seen.add(raw)
-                        yield raw[cut:].decode("utf-8", "surrogateescape")
-                if int(cursor) == 0:
-                    break
+            page: asyncio.Future[Any] | None = asyncio.ensure_future(
+                self._scan_page(node, 0, match)
+            )
+            try:
+                while page is not None:
+                    cursor, raw = await page
+                    page = None
+                    if int(cursor) != 0:
+                        page = asyncio.ensure_future(self._scan_page(node, cursor, match))
+                        await asyncio.sleep(0)  # let it send its SCAN before we decode
+                    if not raw:
+                        continue
+                    # SCAN may return a name again on a later page (never twice in one page).
+                    if seen is None and first:
+                        seen = set(first)
+                    if seen is not None:
+                        again = seen.intersection(raw)
+                        seen.update(raw)
+                        if again:
+                            raw = [name for name in raw if name not in again]
+                    else:
+                        first = raw
+                    keys = self._key_names(raw)
+                    if keys:
+                        keys.sort()  # while the next page is on its way: sorting all is a merge
+                        yield keys
+            finally:
+                if page is not None:  # the caller stopped early, or this page failed
+                    page.cancel()
+                    page.add_done_callback(_retrieve)
+
+    def _key_names(self, raw: list[bytes]) -> list[str]:
+        """Keys as given to the backend: SCAN's names without the prefix, decoded in bulk."""
+        prefix = self.key_prefix
+        text = b"\n".join(raw).decode("utf-8", "surrogateescape")
+        if text.count("\n") == len(raw) - 1:  # no name holds a newline: split the whole page
+            # Every name starts with the prefix (SCAN matched it), so the prefix follows each
+            # newline; a key may hold the prefix again, but never after a newline.
+            keys = text[len(prefix) :].split("\n" + prefix) if prefix else text.split("\n")
+        else:  # a name with a newline (not written by agenticstate): one at a time
+            cut = len(prefix.encode())
+            keys = [name[cut:].decode("utf-8", "surrogateescape") for name in raw]
+        if _RESERVED.startswith(prefix) or prefix.startswith(_RESERVED):
+            # Our own index keys are visible to SCAN under the empty prefix: never list them.
+            keys = [key for key in keys if not (prefix + key).startswith(_RESERVED)]
+        return keys
 
     async def _primaries(self, client: aioredis.Redis) -> list[Any]:
         """The cluster's primaries, reading the slot map first if it is not known or stale."""
@@ -526,10 +581,10 @@ class RedisBackend(Subscriber, Backend):
 
     async def _scan_page(self, node: Any, cursor: bytes | int, match: str) -> Any:
         if node is None:
-            return await self._read("SCAN", cursor, "MATCH", match, "COUNT", 1000)
+            return await self._read("SCAN", cursor, "MATCH", match, "COUNT", _SCAN_COUNT)
         client = self._client or await self._redis()
         return await self._execute_on_cluster(
-            client, ("SCAN", cursor, "MATCH", match, "COUNT", 1000), None, target_nodes=node
+            client, ("SCAN", cursor, "MATCH", match, "COUNT", _SCAN_COUNT), None, target_nodes=node
         )
 
     # sorted indexes (Redis sorted sets)

@@ -75,6 +75,17 @@ class ScanContract:
         found = [key async for key in seeded.scan(pattern)]
         assert sorted(found) == sorted(expected)
         assert len(found) == len(set(found))
+        batched = [key async for batch in seeded.scan_batches(pattern) for key in batch]
+        assert sorted(batched) == sorted(expected)
+
+    async def test_scan_batches_can_stop_early(self, backend: Backend) -> None:
+        """A caller may leave `scan_batches` after the first list; the backend stays usable."""
+        await backend.set_many([(f"early:{i}", b"") for i in range(1500)])
+        batches = backend.scan_batches("early:*")
+        first = await anext(aiter(batches))
+        assert first
+        await batches.aclose()  # type: ignore[attr-defined]  # an async generator
+        assert len([key async for key in backend.scan("early:*")]) == 1500
 
     async def test_scan_skips_deleted_keys(self, seeded: Backend) -> None:
         """A deleted key is no longer listed."""
@@ -88,6 +99,9 @@ class ScanContract:
         found = [key async for key in backend.scan("bulk:*")]
         assert len(found) == len(keys)
         assert set(found) == set(keys)
+        batched = [key async for batch in backend.scan_batches("bulk:*") for key in batch]
+        assert len(batched) == len(keys)
+        assert set(batched) == set(keys)
 
     @pytest.mark.parametrize("bad", ["", "a\x00*", "a\n*", 5, None, "*" * 1025])
     async def test_invalid_pattern_is_rejected(self, backend: Backend, bad: object) -> None:
