@@ -17,10 +17,9 @@ upgrade removes one):
 Commands on a single server go through `Connections` (see "Commands" in `backends/redis.py`):
 packed here (`pack`), sent on a connection held by the backend, the reply read back. On a
 cluster, `Cluster` routes each command by its key's slot to the `Connections` of that slot's
-primary, and follows redirections. Every
-failure of redis-py, the socket or a timeout becomes one of our exceptions in `translate`, the
-one place this backend maps foreign errors (as httpx's `map_httpcore_exceptions` maps
-httpcore's).
+primary, and follows redirections. Every failure of redis-py, the socket or a timeout becomes
+one of our exceptions in `translate`, the one place this backend maps foreign errors (as httpx's
+`map_httpcore_exceptions` maps httpcore's).
 """
 
 from __future__ import annotations

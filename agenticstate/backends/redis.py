@@ -111,7 +111,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
     from datetime import timedelta
 
     import redis.asyncio as aioredis
@@ -504,11 +504,12 @@ class RedisBackend(Subscriber, Backend):
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the keys matching `pattern` with SCAN (never KEYS), without the prefix."""
-        async for batch in self.scan_batches(pattern):
-            for key in batch:
-                yield key
+        async with contextlib.aclosing(self.scan_batches(pattern)) as batches:
+            async for batch in batches:  # left early, the page on its way is dropped at once
+                for key in batch:
+                    yield key
 
-    async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
+    async def scan_batches(self, pattern: str) -> AsyncGenerator[list[str], None]:
         """Yield the keys matching `pattern` one SCAN page at a time, sorted, without the prefix.
 
         Each page is decoded whole (one join, one decode, one split) while the server already
