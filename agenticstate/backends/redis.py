@@ -154,7 +154,8 @@ class RedisBackend(Subscriber, Backend):
         key_prefix: Put before every key (and every change channel); keys are given and listed
             without it. Empty, or ending with `:` (`"agenticai:"`), so that no other prefix
             starts with it: sibling prefixes never see each other's keys.
-        connection_pool_size: The most connections held open (the pub/sub one is separate).
+        connection_pool_size: The most connections held open (the pub/sub one is separate); on
+            a cluster, to each primary.
         socket_timeout: Seconds to wait for a reply before `BackendTimeoutError`.
         connect_timeout: Seconds to wait for a connection.
         read_retries: Times a read or scan is retried after a connection failure or timeout.
