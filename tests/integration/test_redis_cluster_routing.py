@@ -211,7 +211,7 @@ async def test_after_a_coordinated_failover_commands_follow_without_an_error(
     replicated: RedisClusterServers,
 ) -> None:
     """CLUSTER FAILOVER turns a primary into a replica: the connections held to it answer
-    MOVED, the backend re-reads the map and carries on, with no failed command at all."""
+    MOVED once, the backend re-reads the map and carries on, with no failed command at all."""
     async with RedisBackend(url=replicated.url, key_prefix=unique_prefix()) as backend:
         keys = [f"k{n}" for n in range(30)]  # spread over every primary
         for key in keys:
@@ -243,4 +243,6 @@ async def test_after_a_coordinated_failover_commands_follow_without_an_error(
         assert [entry.value for entry in entries if entry] == [b"2"] * len(keys)
         assert replica.port in {node.port for node in backend._cluster.primaries}
         assert victim.port not in {node.port for node in backend._cluster.primaries}
-    assert _stat(replicated, victim, "errorstats", "errorstat_MOVED") > 0  # it redirected us
+    # The first MOVED repointed its slot and had the whole map read again: the demoted
+    # primary's other slots (about a third of the keys) were never sent there.
+    assert _stat(replicated, victim, "errorstats", "errorstat_MOVED") == 1
