@@ -145,11 +145,107 @@ async def measure(url: str) -> list[Row]:
     return rows
 
 
+LIST_KEYS = 10_000
+LIST_ROUNDS = 9
+
+
+async def listing(url: str) -> dict[str, list[float]]:
+    """Seconds per listing of 10,000 keys, per round: ours, a raw SCAN loop and the peer's.
+
+    `StateManager.list_keys("agent:*")` (sorted, prefix stripped) against a redis-py
+    `SCAN MATCH s:agent:* COUNT 1000` loop collecting the raw names, and the peer's
+    `StateManager.list("agent:")` (one KEYS, names decoded), over the same database: our 10,000
+    `agent:` keys and the peer's 10,000 (besides the other rows' few hundred keys).
+    """
+    raw = aioredis.Redis.from_url(url)
+    state = StateManager(StateConfig(backend="redis", redis_url=url, key_prefix="s:"))
+    peer = peer_client(url)
+    await state.save_many({f"agent:{n}": {"n": n} for n in range(LIST_KEYS)})
+    if peer is not None:
+        for n in range(LIST_KEYS):
+            peer.save(f"agent:{n}", {"n": n})
+
+    async def raw_scan() -> int:
+        found: list[bytes | str] = []
+        cursor = 0
+        while True:
+            cursor, names = await raw.scan(cursor, match="s:agent:*", count=1000)
+            found += names
+            if cursor == 0:
+                return len(found)
+
+    async def ours() -> int:
+        return len(await state.list_keys("agent:*"))
+
+    def theirs() -> int:
+        return len(peer.list("agent:"))
+
+    seconds: dict[str, list[float]] = {}
+    try:
+        for _ in range(LIST_ROUNDS + 1):  # the first round warms up
+            for name, operation in (("raw", raw_scan), ("ours", ours)):
+                start = time.perf_counter()
+                assert await operation() == LIST_KEYS
+                seconds.setdefault(name, []).append(time.perf_counter() - start)
+            if peer is not None:
+                start = time.perf_counter()
+                assert theirs() >= LIST_KEYS
+                seconds.setdefault("peer", []).append(time.perf_counter() - start)
+    finally:
+        await state.aclose()
+        await raw.aclose()
+    return {name: values[1:] for name, values in seconds.items()}
+
+
+def listing_table(seconds: dict[str, list[float]]) -> str:
+    rows = []
+    targets = {}
+    ms = {name: median(values) * 1000 for name, values in seconds.items()}
+    for base, label, target in (
+        ("raw", "raw SCAN ... COUNT 1000 loop", 0.8),
+        ("peer", "agenticaiframework list (KEYS)", 1.0),
+    ):
+        if base not in seconds:
+            continue
+        ratios = [b / o for o, b in zip(seconds["ours"], seconds[base], strict=True)]
+        ratio = median(ratios)
+        targets[f"list_keys >= {target}x {label}"] = ratio >= target
+        rows.append(
+            [
+                f"list_keys('agent:*'), {LIST_KEYS:,} keys",
+                f"{ms['ours']:.2f}",
+                f"{ms[base]:.2f} ({label})",
+                f"{ratio:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+            ]
+        )
+    notes = [
+        f"Milliseconds per listing (median of {LIST_ROUNDS} interleaved rounds; the ratio is the "
+        "baseline's time over ours, taken within each round). The database holds our 10,000 "
+        "`agent:` keys, the peer's 10,000 and the other rows' few hundred: SCAN and KEYS both "
+        "walk all of them.",
+        "Ours is a sorted list without the prefix: SCAN pages of 5,000 slots, the next asked for "
+        "while one is decoded and stripped in bulk. The peer sends one KEYS, which blocks the "
+        "server for the whole walk (agenticstate never sends KEYS; a SCAN over all the keys costs "
+        "the server about twice a KEYS), and does not sort (sorting 10,000 keys alone takes "
+        "about 1.3 ms in Python).",
+        *(
+            f"Target {name}: {'met' if ok else 'NOT met'} on this run."
+            for name, ok in targets.items()
+        ),
+    ]
+    return table(
+        "Redis backend: listing keys",
+        ["operation", "agenticstate ms", "baseline ms", "speed vs baseline (range)"],
+        rows,
+        notes,
+    )
+
+
 async def latency(url: str, per_second: int = 1000, seconds: float = 3.0) -> list[float]:
     """Cross-process notification delay: a writer here, a subscriber in another process."""
     count = int(per_second * seconds)
     subscriber = subprocess.Popen(  # noqa: ASYNC220  # started once, before measuring
-        [sys.executable, "-m", "bench._subscriber", url, "lat-", str(count)],
+        [sys.executable, "-m", "bench._subscriber", url, "lat:", str(count)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -173,6 +269,7 @@ def run() -> tuple[str, list[tuple[str, float]]]:
     with redis_server() as url:
         rows = anyio.run(measure, url)
         delays = anyio.run(latency, url)
+        listed = anyio.run(listing, url)
     table_rows = [
         [
             row.label,
@@ -213,7 +310,7 @@ def run() -> tuple[str, list[tuple[str, float]]]:
         table_rows,
         notes,
     )
-    return text, bars
+    return text + "\n" + listing_table(listed), bars
 
 
 def main() -> None:

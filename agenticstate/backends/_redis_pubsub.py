@@ -268,7 +268,8 @@ class Subscriber:
             client: aioredis.Redis,
             args: tuple[str | bytes | int | float, ...],
             write_key: str | None,
-            **options: Any,
+            *,
+            target_nodes: Any,
         ) -> Any: ...
         def scan(self, pattern: str) -> AsyncIterator[str]: ...
         async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...

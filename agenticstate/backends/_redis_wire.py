@@ -8,20 +8,25 @@ upgrade removes one):
   `can_read()`, `send_packed_command()`, `read_response()`, `disconnect(nowait=True)`; a pub/sub
   object's `connect()`, `connection` and `send_command()` (the server clock read on it); that
   connection's stream reader and writer and its hiredis reader (`PubSubLink`);
+- for a cluster: `RedisCluster.initialize()`, `get_nodes()` and `get_connection_kwargs()`,
+  `ClusterNode(...).acquire_connection()` (a node's connections, made with the cluster client's
+  settings), and `MovedError`/`AskError` with their `slot_id`, `host` and `port`;
 - the names of the functions that connect (`_CONNECT_FRAMES`): redis-py raises the same
   exception types for a failed connect and for a lost reply, so a traceback through one of them
   is how a write is known not to have been sent.
 
 Commands on a single server go through `Connections` (see "Commands" in `backends/redis.py`):
-packed here (`pack`), sent on a connection held by the backend, the reply read back. Every
-failure of redis-py, the socket or a timeout becomes one of our exceptions in `translate`, the
-one place this backend maps foreign errors (as httpx's `map_httpcore_exceptions` maps
-httpcore's).
+packed here (`pack`), sent on a connection held by the backend, the reply read back. On a
+cluster, `Cluster` routes each command by its key's slot to the `Connections` of that slot's
+primary, and follows redirections. Every failure of redis-py, the socket or a timeout becomes
+one of our exceptions in `translate`, the one place this backend maps foreign errors (as httpx's
+`map_httpcore_exceptions` maps httpcore's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import binascii
 import contextlib
 import os
 import socket
@@ -39,18 +44,23 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     import redis.asyncio as aioredis
     from redis.asyncio.client import PubSub
     from redis.asyncio.connection import AbstractConnection
 
 __all__ = [
+    "SLOTS",
     "Attempt",
+    "Cluster",
     "Connections",
+    "Node",
     "PubSubLink",
     "cluster_options",
+    "command_key",
     "connect_pubsub",
+    "key_slot",
     "make_client",
     "node_client",
     "pack",
@@ -317,10 +327,14 @@ class Connections:
     only ever handed a connection.
     """
 
-    __slots__ = ("closed", "free", "made", "size", "waiters")
+    __slots__ = ("closed", "free", "made", "make", "reply_error", "size", "waiters")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, make: Callable[[], AbstractConnection] | None = None) -> None:
         self.size = size
+        self.make = make  # makes a connection (by default, from the client's pool settings)
+        from redis.exceptions import ResponseError  # bound once: an import per call costs
+
+        self.reply_error = ResponseError
         self.made: list[AbstractConnection] = []
         self.free: list[AbstractConnection] = []
         self.waiters: deque[asyncio.Future[AbstractConnection]] = deque()
@@ -331,16 +345,18 @@ class Connections:
         client: aioredis.Redis,
         args: tuple[str | bytes | int | float, ...],
         attempt: Attempt,
+        *,
+        asking: bool = False,
     ) -> Any:
         """Send one command on a held connection and return its reply.
 
         Run it under a timeout: everything it waits for, a free connection, connecting and the
         reply, counts against it. `attempt.sent` turns true just before the command goes out, so a
         failure before it is never an unknown outcome. Failures are redis-py's, the socket's or
-        `TimeoutError` (see `translate`).
+        `TimeoutError` (see `translate`). `asking`: send ASKING first, on the same connection (a
+        cluster's ASK redirect).
         """
-        from redis.exceptions import ResponseError
-
+        ResponseError = self.reply_error  # noqa: N806  # the class, under its name
         connection: AbstractConnection | None = None
         try:
             connection = await self.take(client)
@@ -349,7 +365,15 @@ class Connections:
             if not connection.is_connected:
                 await connection.connect()  # type: ignore[no-untyped-call]
             attempt.sent = True
-            await connection.send_packed_command(pack(args), check_health=False)
+            if asking:
+                await connection.send_packed_command(_ASKING + pack(args), check_health=False)
+                try:
+                    await connection.read_response()  # +OK
+                except ResponseError:
+                    await connection.disconnect(nowait=True)  # the command's reply is unread
+                    raise
+            else:
+                await connection.send_packed_command(pack(args), check_health=False)
             return await connection.read_response()
         except BaseException as exc:
             if connection is not None and not isinstance(exc, ResponseError):
@@ -369,7 +393,9 @@ class Connections:
         if self.free:
             return self.free.pop()
         if len(self.made) < self.size:
-            connection: AbstractConnection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            connection: AbstractConnection = (
+                self.make() if self.make is not None else client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            )
             self.made.append(connection)
             return connection
         waiter: asyncio.Future[AbstractConnection] = asyncio.get_running_loop().create_future()
@@ -396,6 +422,198 @@ class Connections:
         for connection in made:
             with contextlib.suppress(Exception):
                 await connection.disconnect(nowait=True)
+
+
+# commands on a cluster
+
+SLOTS = 16384
+_MAX_REDIRECTS = 5  # MOVED or ASK replies followed for one command
+_ASKING = pack(("ASKING",))
+
+
+def key_slot(key: str | bytes) -> int:
+    """The cluster slot of `key`: CRC16 of its hash tag (`{...}`, if any) modulo 16384."""
+    data = key.encode() if type(key) is str else cast("bytes", key)
+    start = data.find(b"{")
+    if start > -1:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return binascii.crc_hqx(data, 0) % SLOTS
+
+
+def command_key(args: tuple[str | bytes | int | float, ...]) -> str | bytes | None:
+    """The key a command is routed by: a script's first key, else the first argument."""
+    if args[0] in ("EVALSHA", "EVAL"):
+        return cast("str | bytes", args[3]) if int(args[2]) else None
+    return cast("str | bytes", args[1]) if len(args) > 1 else None
+
+
+class Node:
+    """A cluster node: its address and the connections held to it.
+
+    Connections are made with the settings of the backend's `RedisCluster` client
+    (credentials, TLS, protocol).
+    """
+
+    __slots__ = ("connections", "host", "name", "port")
+
+    def __init__(self, host: str, port: int, connections: Connections) -> None:
+        self.host = host
+        self.port = port
+        self.name = f"{host}:{port}"
+        self.connections = connections
+
+    def __repr__(self) -> str:
+        return f"Node({self.name})"
+
+
+class Cluster:
+    """A Redis Cluster's slot map and the connections held to each node, for commands.
+
+    Commands go out as on a single server (`Connections.call`), to the node that owns their
+    key's slot. The map is read with CLUSTER SLOTS on first use and again after a MOVED reply
+    (the slot is repointed at once) or a failed connection (a failover): the next command
+    reads it first. An ASK reply (a slot being migrated) sends the command once to the named
+    node, after ASKING on the same connection. A redirect reply means the command did not
+    run, so it is sent again, write or not.
+    """
+
+    __slots__ = (
+        "errors",
+        "generation",
+        "lock",
+        "nodes",
+        "primaries",
+        "size",
+        "slots",
+        "stale",
+        "url",
+    )
+
+    def __init__(self, size: int, url: str) -> None:
+        from redis.exceptions import AskError, MovedError, ResponseError
+
+        self.errors = (MovedError, AskError, ResponseError)  # bound once, for `call`
+        self.size = size
+        self.url = url  # redacted, for messages
+        self.nodes: dict[str, Node] = {}
+        self.slots: list[Node | None] = [None] * SLOTS
+        self.primaries: list[Node] = []
+        self.stale = True
+        self.generation = 0  # maps read so far
+        self.lock = asyncio.Lock()
+
+    def node(self, client: aioredis.Redis, host: str, port: int) -> Node:
+        """The node at `host:port`, with connections made on first use."""
+        name = f"{host}:{port}"
+        node = self.nodes.get(name)
+        if node is None:
+            from redis.asyncio.cluster import ClusterNode
+
+            cluster: Any = client
+            settings = {**cluster.get_connection_kwargs(), "max_connections": self.size}
+            made = ClusterNode(host, port, **settings)
+            connections = Connections(self.size, made.acquire_connection)
+            node = self.nodes[name] = Node(host, port, connections)
+        return node
+
+    async def call(
+        self,
+        client: aioredis.Redis,
+        args: tuple[str | bytes | int | float, ...],
+        attempt: Attempt,
+        node: Node | None = None,
+    ) -> Any:
+        """Send one command to the node owning its key (or to `node`) and return its reply.
+
+        Follows MOVED and ASK replies; run it under a timeout, as `Connections.call`.
+        """
+        MovedError, AskError, ResponseError = self.errors  # noqa: N806  # classes, by name
+        if self.stale:
+            await self.refresh(client)
+        if node is None:
+            key = command_key(args)
+            node = self.slots[key_slot(key)] if key is not None else self.primaries[0]
+            if node is None:
+                self.stale = True
+                raise BackendUnavailableError(
+                    f"no node of the Redis Cluster at {self.url} serves slot {key_slot(key or '')}"
+                )
+        asking = False
+        for _ in range(_MAX_REDIRECTS):
+            try:
+                return await node.connections.call(client, args, attempt, asking=asking)
+            except MovedError as exc:
+                node = self.slots[exc.slot_id] = self.node(client, exc.host, exc.port)
+                self.stale = True  # more slots may have moved: read the map before the next
+                asking = False
+            except AskError as exc:
+                node = self.node(client, exc.host, exc.port)
+                asking = True
+            except ResponseError:
+                raise
+            except BaseException:
+                self.stale = True  # the node may be gone (a failover): read the map again
+                raise
+            attempt.sent = False  # a redirect reply: the command did not run
+        self.stale = True
+        raise BackendUnavailableError(
+            f"the Redis Cluster at {self.url} redirected a command {_MAX_REDIRECTS} times"
+        )
+
+    async def refresh(self, client: aioredis.Redis) -> None:
+        """Read the slot map (CLUSTER SLOTS) from the first node that answers."""
+        seen = self.generation
+        async with self.lock:
+            if self.generation != seen and not self.stale:
+                return  # read by another caller meanwhile
+            cluster: Any = client
+            await cluster.initialize()  # redis-py's discovery, once: the startup nodes
+            candidates = [*self.primaries]
+            candidates += [self.node(client, n.host, int(n.port)) for n in cluster.get_nodes()]
+            candidates += list(self.nodes.values())
+            failure: BaseException | None = None
+            tried: set[str] = set()
+            for node in candidates:
+                if node.name in tried:
+                    continue
+                tried.add(node.name)
+                try:
+                    reply = await node.connections.call(
+                        client, ("CLUSTER", "SLOTS"), Attempt(None, sent=False)
+                    )
+                except Exception as exc:  # noqa: BLE001  # try the next node
+                    failure = exc
+                    continue
+                if reply:
+                    self._apply(client, reply, node.host)
+                    return
+            raise BackendUnavailableError(
+                f"no node of the Redis Cluster at {self.url} answered with its slot map"
+                + (f": {_reason(failure)}" if failure is not None else "")
+            ) from failure
+
+    def _apply(self, client: aioredis.Redis, reply: list[Any], queried: str) -> None:
+        slots: list[Node | None] = [None] * SLOTS
+        primaries: dict[str, Node] = {}
+        for start, end, primary, *_ in reply:
+            host = _text(primary[0])
+            node = self.node(client, host if host not in ("", "?") else queried, int(primary[1]))
+            primaries.setdefault(node.name, node)
+            slots[int(start) : int(end) + 1] = [node] * (int(end) - int(start) + 1)
+        self.slots = slots
+        self.primaries = list(primaries.values())
+        self.generation += 1
+        self.stale = False
+
+    async def close(self) -> None:
+        for node in self.nodes.values():
+            await node.connections.close()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 # errors

@@ -52,26 +52,28 @@ SET. Before reuse, a connection that saw end of file or stray data (a restarted 
 reconnected, as redis-py's pool does. Pub/sub keeps using the redis-py client.
 
 Cluster. `redis+cluster://host:port,host:port,...` (or `rediss+cluster://`) runs the same
-backend on Redis Cluster through redis-py's `RedisCluster`, which routes each command to the
-node owning its key's slot and follows MOVED/ASK redirects. Every atomic step touches one key
-(one slot), so it stays atomic; managers put a record's id in a `{...}` hash tag, so one team's
-records and its queue index, or one workflow's, live in one slot. `get_many` sends one MGET per
-slot, `save_many` one script call per slot, `scan` visits every primary, and PUBLISH reaches
-every node over the cluster bus, so one pub/sub connection to any node sees every shard's
-changes (each shard's in its order; the shards are not ordered with each other). Barriers
-(subscribe, close) PUBLISH a marker on every primary instead of a PING. After a failover the
-client re-reads the slot map on the next command (reads retry; writes report their outcome as
-usual), and the subscriber resyncs. redis-py's own retries stay
-off here too. Cluster mode sends commands through redis-py (the held-connection path above is
-for a single server).
+backend on Redis Cluster. Commands take the held-connection path above, to the primary owning
+their key's slot: the backend keeps its own slot map (CLUSTER SLOTS) and up to
+`connection_pool_size` connections to each primary (made with the settings of redis-py's
+`RedisCluster` client, which is kept for discovery); it follows MOVED (repoints the slot, re-reads
+the map before the next command) and ASK (ASKING on the same connection, once), and re-reads the
+map after a failed connection (a failover: reads retry; writes report their outcome as usual).
+Every atomic step touches one key (one slot), so it stays atomic; managers put a record's id in a
+`{...}` hash tag, so one team's records and its queue index, or one workflow's, live in one slot.
+`get_many` sends one MGET per slot, `save_many` one script call per slot, `scan` visits every
+primary, scripts load on every primary, and PUBLISH reaches every node over the cluster bus, so
+one pub/sub connection to any node sees every shard's changes (each shard's in its order; the
+shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a marker on every
+primary instead of a PING. The subscriber resyncs after a failover.
 
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
 entry point raises `ConfigurationError` before touching the network.
 
 Modules. This one keeps `RedisBackend`, the Backend API. The record layout and the Lua scripts
-are in `_redis_scripts`; redis-py's clients, the held connections and the one mapping of foreign
-errors (`translate`) in `_redis_wire`, the only module that imports redis-py or touches its
-internals; the pub/sub reader, its barriers and the resync in `_redis_pubsub`.
+are in `_redis_scripts`; redis-py's clients, the held connections, the cluster's slot map and the
+one mapping of foreign errors (`translate`) in `_redis_wire`, the only module that imports
+redis-py or touches its internals; the pub/sub reader, its barriers and the resync in
+`_redis_pubsub`.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
     from datetime import timedelta
 
     import redis.asyncio as aioredis
@@ -123,8 +125,18 @@ if TYPE_CHECKING:
 __all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
+# Slots a SCAN call visits: a page of 5,000 holds the server well under a millisecond, and
+# the next page is asked for while one is decoded, so few and large pages cost no waiting.
+_SCAN_COUNT = 5_000
+_RESERVED = "__agenticstate"  # our own keys (indexes) start with it: SCAN never lists them
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an abandoned future's outcome as seen (no "exception never retrieved" warning)."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _KeyLock:
@@ -146,7 +158,8 @@ class RedisBackend(Subscriber, Backend):
         key_prefix: Put before every key (and every change channel); keys are given and listed
             without it. Empty, or ending with `:` (`"agenticai:"`), so that no other prefix
             starts with it: sibling prefixes never see each other's keys.
-        connection_pool_size: The most connections held open (the pub/sub one is separate).
+        connection_pool_size: The most connections held open (the pub/sub one is separate); on
+            a cluster, to each primary.
         socket_timeout: Seconds to wait for a reply before `BackendTimeoutError`.
         connect_timeout: Seconds to wait for a connection.
         read_retries: Times a read or scan is retried after a connection failure or timeout.
@@ -195,8 +208,8 @@ class RedisBackend(Subscriber, Backend):
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
-        self._cluster_slots = asyncio.Semaphore(connection_pool_size)
-        self._cluster_mapped = False
+        # In a cluster: the slot map, and as many connections again to each node.
+        self._cluster = wire.Cluster(connection_pool_size, self.url)
         self._update_locks: dict[str, _KeyLock] = {}
 
     @property
@@ -269,10 +282,10 @@ class RedisBackend(Subscriber, Backend):
         """
         wire.require_asyncio()
         client = self._client or await self._redis()
-        if self.is_cluster:
-            return await self._execute_on_cluster(client, args, write_key)
         with wire.translate(self.url, write_key, sent=False) as attempt:
             async with asyncio.timeout(self.socket_timeout):
+                if self.is_cluster:
+                    return await self._cluster.call(client, args, attempt)
                 return await self._connections.call(client, args, attempt)
 
     async def _execute_on_cluster(
@@ -280,22 +293,13 @@ class RedisBackend(Subscriber, Backend):
         client: aioredis.Redis,
         args: tuple[str | bytes | int | float, ...],
         write_key: str | None,
-        **options: Any,
+        *,
+        target_nodes: Any,
     ) -> Any:
-        """One command through redis-py's cluster client (it routes by slot, follows MOVED).
-
-        At most `connection_pool_size` run at once (redis-py's cluster client fails instead of
-        waiting when a node's connections run out).
-        """
-        if not self._cluster_mapped:
-            # Read the slot map before the first commands: redis-py's cluster client, when
-            # many first commands race to initialize it, closes connections others are using.
-            await self._primaries(client)
-            self._cluster_mapped = True
-        async with self._cluster_slots:
-            with wire.translate(self.url, write_key):
-                async with asyncio.timeout(self.socket_timeout):
-                    return await client.execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        """One command to one cluster node (`target_nodes`, from `_primaries`), as `_execute`."""
+        with wire.translate(self.url, write_key, sent=False) as attempt:
+            async with asyncio.timeout(self.socket_timeout):
+                return await self._cluster.call(client, args, attempt, target_nodes)
 
     async def _script(
         self, sha: str, source: str, keys: Sequence[str], *args: str | bytes | int, write_key: str
@@ -308,21 +312,21 @@ class RedisBackend(Subscriber, Backend):
                 raise
         if self.is_cluster:
             client = self._client or await self._redis()
-            with wire.translate(self.url):
-                async with asyncio.timeout(self.socket_timeout):
-                    await client.script_load(source)  # redis-py loads it on every primary
+            for node in await self._primaries(client):  # each primary keeps its own scripts
+                await self._execute_on_cluster(
+                    client, ("SCRIPT", "LOAD", source), None, target_nodes=node
+                )
         else:
             await self._execute("SCRIPT", "LOAD", source)
         return await self._execute("EVALSHA", sha, len(keys), *keys, *args, write_key=write_key)
 
     def _by_slot(self, names: Sequence[str]) -> list[list[int]]:
         """Positions of `names` grouped by cluster slot (one group for a single server)."""
-        if not self.is_cluster or self._client is None:
+        if not self.is_cluster:
             return [list(range(len(names)))]
-        client: Any = self._client
         groups: dict[int, list[int]] = {}
         for position, name in enumerate(names):
-            groups.setdefault(client.keyslot(name), []).append(position)
+            groups.setdefault(wire.key_slot(name), []).append(position)
         return list(groups.values())
 
     async def _read(self, *args: str | bytes | int) -> Any:
@@ -529,47 +533,89 @@ class RedisBackend(Subscriber, Backend):
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the keys matching `pattern` with SCAN (never KEYS), without the prefix."""
+        async with contextlib.aclosing(self.scan_batches(pattern)) as batches:
+            async for batch in batches:  # left early, the page on its way is dropped at once
+                for key in batch:
+                    yield key
+
+    async def scan_batches(self, pattern: str) -> AsyncGenerator[list[str], None]:
+        """Yield the keys matching `pattern` one SCAN page at a time, sorted, without the prefix.
+
+        Each page is decoded whole (one join, one decode, one split) while the server already
+        walks the next one: the next SCAN goes out as soon as the cursor is known.
+        """
         match = escape_glob(self.key_prefix) + validate_pattern(pattern)
-        cut = len(self.key_prefix.encode())
-        seen: set[bytes] = set()
         client = await self._redis()
         # One SCAN per server; in a cluster, one per primary (each holds its own slots).
         nodes: list[Any] = await self._primaries(client) if self.is_cluster else [None]
+        seen: set[bytes] | None = None  # every name yielded, once there is a second page
+        first: list[bytes] = []
         for node in nodes:
-            cursor: bytes | int = 0
-            while True:
-                cursor, batch = await self._scan_page(node, cursor, match)
-                for raw in batch:
-                    if raw.startswith(b"__agenticstate"):
-                        continue  # our own index keys, visible to SCAN when the prefix is empty
-                    if raw not in seen:
-                        seen.add(raw)
-                        yield raw[cut:].decode("utf-8", "surrogateescape")
-                if int(cursor) == 0:
-                    break
+            page: asyncio.Future[Any] | None = asyncio.ensure_future(
+                self._scan_page(node, 0, match)
+            )
+            try:
+                while page is not None:
+                    cursor, raw = await page
+                    page = None
+                    if int(cursor) != 0:
+                        page = asyncio.ensure_future(self._scan_page(node, cursor, match))
+                        await asyncio.sleep(0)  # let it send its SCAN before we decode
+                    if not raw:
+                        continue
+                    # SCAN may return a name again on a later page (never twice in one page).
+                    if seen is None and first:
+                        seen = set(first)
+                    if seen is not None:
+                        again = seen.intersection(raw)
+                        seen.update(raw)
+                        if again:
+                            raw = [name for name in raw if name not in again]
+                    else:
+                        first = raw
+                    keys = self._key_names(raw)
+                    if keys:
+                        keys.sort()  # while the next page is on its way: sorting all is a merge
+                        yield keys
+            finally:
+                if page is not None:  # the caller stopped early, or this page failed
+                    page.cancel()
+                    page.add_done_callback(_retrieve)
+
+    def _key_names(self, raw: list[bytes]) -> list[str]:
+        """Keys as given to the backend: SCAN's names without the prefix, decoded in bulk."""
+        prefix = self.key_prefix
+        text = b"\n".join(raw).decode("utf-8", "surrogateescape")
+        if text.count("\n") == len(raw) - 1:  # no name holds a newline: split the whole page
+            # Every name starts with the prefix (SCAN matched it), so the prefix follows each
+            # newline; a key may hold the prefix again, but never after a newline.
+            keys = text[len(prefix) :].split("\n" + prefix) if prefix else text.split("\n")
+        else:  # a name with a newline (not written by agenticstate): one at a time
+            cut = len(prefix.encode())
+            keys = [name[cut:].decode("utf-8", "surrogateescape") for name in raw]
+        if _RESERVED.startswith(prefix) or prefix.startswith(_RESERVED):
+            # Our own index keys are visible to SCAN under the empty prefix: never list them.
+            keys = [key for key in keys if not (prefix + key).startswith(_RESERVED)]
+        return keys
 
     async def _primaries(self, client: aioredis.Redis) -> list[Any]:
-        """The cluster's primaries, reading the slot map first if the client has none yet."""
-        cluster: Any = client
-        with wire.translate(self.url):
-            async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
-                await cluster.initialize()
-        primaries: list[Any] = cluster.get_primaries()
+        """The cluster's primaries, reading the slot map first if it is not known or stale."""
+        if self._cluster.stale:
+            with wire.translate(self.url):
+                async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                    await self._cluster.refresh(client)
+        primaries = list(self._cluster.primaries)
         if not primaries:
             raise BackendUnavailableError(f"the Redis Cluster at {self.url} has no primary")
         return primaries
 
     async def _scan_page(self, node: Any, cursor: bytes | int, match: str) -> Any:
         if node is None:
-            return await self._read("SCAN", cursor, "MATCH", match, "COUNT", 1000)
+            return await self._read("SCAN", cursor, "MATCH", match, "COUNT", _SCAN_COUNT)
         client = self._client or await self._redis()
-        reply = await self._execute_on_cluster(
-            client, ("SCAN", cursor, "MATCH", match, "COUNT", 1000), None, target_nodes=node
+        return await self._execute_on_cluster(
+            client, ("SCAN", cursor, "MATCH", match, "COUNT", _SCAN_COUNT), None, target_nodes=node
         )
-        # redis-py's cluster client answers SCAN with ({node name: cursor}, keys).
-        cursors, keys = reply
-        cursor = next(iter(cursors.values())) if isinstance(cursors, dict) else cursors
-        return cursor, keys
 
     # sorted indexes (Redis sorted sets)
 
@@ -632,6 +678,7 @@ class RedisBackend(Subscriber, Backend):
         await self._close_subscriptions()
         client, self._client = self._client, None
         await self._connections.close()
+        await self._cluster.close()
         if client is not None and self._owns_client:
             with contextlib.suppress(Exception):
                 if self.is_cluster:

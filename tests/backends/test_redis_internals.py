@@ -22,7 +22,7 @@ import pytest
 redis = pytest.importorskip("redis")
 
 from redis.asyncio.client import PubSub  # noqa: E402  # after the importorskip
-from redis.asyncio.cluster import RedisCluster  # noqa: E402
+from redis.asyncio.cluster import ClusterNode, RedisCluster  # noqa: E402
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool  # noqa: E402
 
 from agenticstate.backends import _redis_wire as wire  # noqa: E402
@@ -45,6 +45,8 @@ INTERNAL_NAMES = {
     "can_read",
     "is_connected",
     "connection_pool",
+    "acquire_connection",
+    "get_connection_kwargs",
 }
 INTERNAL_NAMES_IN_REDIS_MODULES = {"connect", "connection", "disconnect"}
 
@@ -63,17 +65,19 @@ USED: list[tuple[Any, str, tuple[str, ...]]] = [
     (PubSub, "psubscribe", ()),
     (PubSub, "aclose", ()),
     (RedisCluster, "initialize", ()),
-    (RedisCluster, "get_primaries", ()),
-    (RedisCluster, "keyslot", ("key",)),
-    (RedisCluster, "execute_command", ()),
-    (RedisCluster, "script_load", ()),
+    (RedisCluster, "get_nodes", ()),
+    (RedisCluster, "get_connection_kwargs", ()),
+    (ClusterNode, "__init__", ("host", "port", "max_connections")),
+    (ClusterNode, "acquire_connection", ()),
 ]
 EXCEPTIONS = (
+    "AskError",
     "AuthenticationError",
     "ClusterDownError",
     "ConnectionError",
     "MasterDownError",
     "MaxConnectionsError",
+    "MovedError",
     "NoScriptError",
     "RedisClusterException",
     "RedisError",
@@ -206,6 +210,29 @@ def test_redis_py_has_the_exceptions_the_mapping_names() -> None:
         kind = getattr(redis.exceptions, name, None)
         assert isinstance(kind, type), _missing(f"redis.exceptions.{name}")
         assert issubclass(kind, Exception)
+
+
+def test_redirect_replies_parse_into_slot_host_and_port() -> None:
+    """A MOVED or ASK reply is raised as MovedError or AskError with the slot and the address
+    the cluster routing follows (`Cluster.call`)."""
+    for kind in (redis.exceptions.MovedError, redis.exceptions.AskError):
+        error = kind("3999 127.0.0.1:6381")
+        assert (error.slot_id, error.host, error.port) == (3999, "127.0.0.1", 6381), _changed(
+            f"parses a redirect reply differently ({kind.__name__})"
+        )
+    assert issubclass(redis.exceptions.MovedError, redis.exceptions.ResponseError)
+    assert issubclass(redis.exceptions.AskError, redis.exceptions.ResponseError)
+
+
+def test_our_key_slot_is_redis_pys() -> None:
+    """`key_slot` (CRC16 of the hash tag) agrees with redis-py's on tags, empty tags and bytes."""
+    from redis.crc import key_slot
+
+    keys = ["", "a", "agent:1", "{team}:queue", "x{}y", "{}{a}", "a{b}{c}", "{a", "caf\u00e9"]
+    keys += [f"k{n}" for n in range(200)]
+    for key in keys:
+        assert wire.key_slot(key) == key_slot(key.encode()), key
+        assert wire.key_slot(key.encode()) == key_slot(key.encode()), key
 
 
 def test_the_connect_step_runs_through_the_named_functions() -> None:
