@@ -12,8 +12,10 @@ and PUBLISHes the change with the exact old and new bytes and the key's expiry, 
 atomic step. Clock readings come from the server (`TIME`), so every client agrees on
 timestamps and expiry.
 
-Delivery. One pub/sub connection per backend, with one PSUBSCRIBE for every change under the
-prefix, serves all its subscriptions: the reader matches each change against the subscribed
+Delivery. One pub/sub connection per backend serves all its subscriptions: it PSUBSCRIBEs the
+literal prefix of each subscribed pattern (a shorter prefix covers longer ones; past 16 they are
+cut to one shared length; a pattern without a literal prefix takes the whole key prefix), so a
+process hears only the changes near what it watches, and the reader matches each change against the subscribed
 patterns through an index on their literal prefixes (a few dict lookups per change however many
 patterns there are), with the same glob rules as Redis. A subscription is live when `changes()`
 is entered: the PSUBSCRIBE is confirmed and a barrier on the connection has come back (a PING;
@@ -49,7 +51,8 @@ for a connection, connecting and the reply all count against `socket_timeout`. r
 observability hooks, the retry wrapper): a command sent this way costs about 40% fewer
 instructions, which is what lets a scripted save, with its larger reply, keep up with a plain
 SET. Before reuse, a connection that saw end of file or stray data (a restarted server) is
-reconnected, as redis-py's pool does. Pub/sub keeps using the redis-py client.
+reconnected, as redis-py's pool does. Pub/sub uses redis-py's connection, read directly with
+hiredis (`_redis_wire.PubSubLink`).
 
 Cluster. `redis+cluster://host:port,host:port,...` (or `rediss+cluster://`) runs the same
 backend on Redis Cluster. Commands take the held-connection path above, to the primary owning
