@@ -308,9 +308,12 @@ class RedisBackend(Subscriber, Backend):
                 raise
         if self.is_cluster:
             client = self._client or await self._redis()
-            with wire.translate(self.url):
-                async with asyncio.timeout(self.socket_timeout):
-                    await client.script_load(source)  # redis-py loads it on every primary
+            # Under the same limit as every command: concurrent first calls would otherwise
+            # take a connection each beside the limited ones and exhaust a node's pool.
+            async with self._cluster_slots:
+                with wire.translate(self.url):
+                    async with asyncio.timeout(self.socket_timeout):
+                        await client.script_load(source)  # redis-py loads it on every primary
         else:
             await self._execute("SCRIPT", "LOAD", source)
         return await self._execute("EVALSHA", sha, len(keys), *keys, *args, write_key=write_key)
