@@ -56,4 +56,5 @@ async def main(url: str, prefix: str, count: str, hits: str = "0") -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, *sys.argv[1:])
+    url, prefix, count, *hits = sys.argv[1:]
+    anyio.run(main, url, prefix, count, *hits[:1] or ["0"])
