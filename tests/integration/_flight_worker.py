@@ -56,5 +56,5 @@ async def main(url: str, prefix: str, count: str, hits: str = "0") -> None:
 
 
 if __name__ == "__main__":
-    url, prefix, count, *hits = sys.argv[1:]
-    anyio.run(main, url, prefix, count, *hits[:1] or ["0"])
+    url, prefix, count, *more = sys.argv[1:]
+    anyio.run(main, url, prefix, count, more[0] if more else "0")
