@@ -431,17 +431,19 @@ class SpeechStateManager(StateManagerBase):
         """
         key = self._key(session_id, part)
         session_key = self._key(session_id, "session")
+        live = self._key(session_id, _LIVE)
+        write = txn.Put(key, value, ttl=self._lease)
+        # The marker's time left is the session's: read it only where renewal needs it.
+        then: list[txn.Op] = [write, txn.Get(live)] if self._renew_below is not None else [write]
         done = await self._try_transact(
-            [txn.Exists(self._key(session_id, _LIVE))],
-            [txn.Put(key, value, ttl=self._lease), txn.Get(self._key(session_id, _LIVE))],
-            [txn.Put(key, value, ttl=self._lease), txn.Get(session_key, model=AudioSession)],
+            [txn.Exists(live)], then, [write, txn.Get(session_key, model=AudioSession)]
         )
         if done is None:
             version = await self.state.save(key, value, ttl=self._lease)
             entry = await self.state.get_entry(session_key, model=AudioSession)
         elif done.succeeded:
-            marker = done.results[1]
-            await self._renew_if_due(session_id, marker.ttl if marker is not None else None)
+            if len(done.results) > 1 and done.results[1] is not None:
+                await self._renew_if_due(session_id, done.results[1].ttl)
             return  # a live session: the part lives as the session does
         else:
             version, entry = done.results
