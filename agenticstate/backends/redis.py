@@ -15,12 +15,12 @@ timestamps and expiry.
 Delivery. One pub/sub connection per backend serves all its subscriptions: it PSUBSCRIBEs the
 literal prefix of each subscribed pattern (a shorter prefix covers longer ones; past 16 they are
 cut to one shared length; a pattern without a literal prefix takes the whole key prefix), so a
-process hears only the changes near what it watches, and the reader matches each change against the subscribed
-patterns through an index on their literal prefixes (a few dict lookups per change however many
-patterns there are), with the same glob rules as Redis. A subscription is live when `changes()`
-is entered: the PSUBSCRIBE is confirmed and a barrier on the connection has come back (a PING;
-in a cluster, a marker published on every primary), so every change committed after entry is
-delivered and none from before it.
+process hears only the changes near what it watches, and the reader matches each change against the
+subscribed patterns through an index on their literal prefixes (a few dict lookups per change
+however many patterns there are), with the same glob rules as Redis. A subscription is live when
+`changes()` is entered: the PSUBSCRIBE is confirmed and a barrier on the connection has come back
+(a PING; in a cluster, a marker published on every primary), so every change committed after entry
+is delivered and none from before it.
 
 Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
 When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,

@@ -10,8 +10,15 @@ await speech_state.append_turn(session_id, "user", "Hello")
 await speech_state.end_session(session_id=session_id, reason="user_ended")
 ```
 
-STT and TTS updates are single writes of small records (no read-modify-write), followed by one
-read of the session record, so interim transcripts can stream at high frequency. Conversation
+STT and TTS updates are single writes of small records (no read-modify-write): while the session
+is live, one atomic step (`StateManager.transact`, one command on Redis) writes the record if the
+session's live marker is there, so interim transcripts can stream at high frequency. The marker
+(`speech:{<session_id>}:live`) exists exactly while the session is live, with the session's own
+time to live: it is written in the same step as every write of a live session record, and
+deleted in the same step as the session ends. Without it (ended, expired, never created, or a
+session stored before markers existed) the same step writes the record and reads the session
+instead, and the update is handled as a late one (below); a live session found that way gets
+its marker. A backend without `transact` writes, then reads the session, as two calls. Conversation
 turns are appended atomically, so turns from several writers are never lost. An ended session's
 keys expire after `ended_session_ttl`, and so does any STT, TTS or conversation update that
 arrives after the session ended or expired: it is kept, and expires with the ended session.
@@ -24,28 +31,34 @@ every half `session_ttl`, not on every write, and a write has half a `session_tt
 reach its renewal before a sibling record could run out.
 
 Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
-slot): `speech:{<session_id>}:session`, `:stt`, `:tts`, `:conversation`.
+slot): `speech:{<session_id>}:session`, `:stt`, `:tts`, `:conversation`, and the live marker
+`:live`.
 """
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import uuid4
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate import txn
 from agenticstate._checks import positive_timedelta
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
+    UnsupportedOperationError,
 )
 from agenticstate.managers._base import StateManagerBase, TaggedKeys, utcnow
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from agenticstate.manager import StateManager
@@ -181,6 +194,12 @@ E = TypeVar("E", bound=StrEnum)
 _PARTS = ("stt", "tts", "conversation")
 """The records a session has besides its own."""
 
+_LIVE = "live"
+"""The marker key's part: present exactly while the session is live."""
+
+_MARK_MARGIN = timedelta(milliseconds=50)
+"""A marker added to a session found without one expires this much before the session."""
+
 
 def _enum(kind: type[E], value: str) -> E:
     try:
@@ -234,6 +253,8 @@ class SpeechStateManager(StateManagerBase):
         # with half a session_ttl to spare for the write's own latency.
         self._lease = session_ttl * 2 if session_ttl is not None else None
         self._renew_below = session_ttl * 1.5 if session_ttl is not None else None
+        self._transact = True
+        """Whether the backend has `transact`; False once it raised UnsupportedOperationError."""
 
     # keys: every key this manager writes is built here (the layout is in the module docstring)
 
@@ -260,13 +281,80 @@ class SpeechStateManager(StateManagerBase):
             streaming_mode=_enum(StreamingMode, streaming_mode),
             config=config or {},
         )
-        await self.state.save(
-            self._key(session.session_id, "session"),
-            session,
-            ttl=self._lease,
-            expected_version=0,
+        key = self._key(session.session_id, "session")
+        done = await self._try_transact(
+            [txn.Version(key, 0)],
+            [
+                txn.Put(key, session, ttl=self._lease),
+                txn.Put(self._key(session.session_id, _LIVE), 1, ttl=self._lease),
+            ],
         )
+        if done is None or not done.succeeded:
+            # No transact, or the id is taken: the plain write (it raises the ConflictError).
+            await self.state.save(key, session, ttl=self._lease, expected_version=0)
         return session.session_id
+
+    async def _try_transact(
+        self,
+        compare: list[txn.Version | txn.Exists],
+        then: list[txn.Op],
+        orelse: list[txn.Op] | None = None,
+    ) -> txn.TransactResult | None:
+        """`state.transact(...)`, or None if the backend has none (asked only once)."""
+        if not self._transact:
+            return None
+        try:
+            return await self.state.transact(compare, then, orelse or [])
+        except UnsupportedOperationError:
+            self._transact = False
+            return None
+
+    async def _write_session(
+        self,
+        session_id: str,
+        fn: Callable[[AudioSession], AudioSession],
+        *,
+        ttl: timedelta | None,
+    ) -> AudioSession:
+        """Replace the session with `fn(session)`, its live marker following in the same step.
+
+        A compare-and-set on the session's version: the marker is written with the session's
+        TTL while it is live and deleted when it ends, so it never outlives a live session nor
+        survives its end. Without `transact`, an atomic update of the session alone.
+
+        Raises:
+            NotFoundError: No such session.
+            ConflictError: Every attempt lost a race (`update_max_attempts` of them).
+        """
+        key = self._key(session_id, "session")
+        live = self._key(session_id, _LIVE)
+        attempts = self.state.config.update_max_attempts
+        for attempt in range(attempts):
+            if not self._transact:
+                break
+            entry = await self.state.get_entry(key, model=AudioSession)
+            if entry is None:
+                raise NotFoundError(f"no speech session {session_id!r}")
+            session = fn(entry.value)
+            ended = session.status is AudioSessionStatus.ENDED
+            marker = txn.Delete(live) if ended else txn.Put(live, 1, ttl=ttl)
+            done = await self._try_transact(
+                [txn.Version(key, entry.version)], [txn.Put(key, session, ttl=ttl), marker]
+            )
+            if done is None:
+                break
+            if done.succeeded:
+                return session
+            await anyio.sleep(random.uniform(0, 0.001 * 2 ** min(attempt, 6)))  # noqa: S311  # jitter
+        else:
+            raise ConflictError(
+                f"session {session_id!r} changed {attempts} times in a row; try again", key=key
+            )
+
+        def step(current: Any) -> Any:
+            return fn(AudioSession.model_validate(current))
+
+        return AudioSession.model_validate(await self._update(session_id, "session", step, ttl=ttl))
 
     async def get_session(self, session_id: str) -> AudioSession | None:
         """Return the session, or None (also once an ended session has expired)."""
@@ -285,8 +373,7 @@ class SpeechStateManager(StateManagerBase):
         if target is AudioSessionStatus.ENDED:
             return await self.end_session(session_id)
 
-        def move(current: Any) -> Any:
-            session = AudioSession.model_validate(current)
+        def move(session: AudioSession) -> AudioSession:
             if target not in SESSION_TRANSITIONS[session.status]:
                 raise InvalidTransitionError(
                     f"session {session_id!r} cannot go from {session.status.value} "
@@ -294,7 +381,7 @@ class SpeechStateManager(StateManagerBase):
                 )
             return session.model_copy(update={"status": target, "updated_at": utcnow()})
 
-        moved = AudioSession.model_validate(await self._update(session_id, "session", move))
+        moved = await self._write_session(session_id, move, ttl=self._lease)
         if self._lease is not None:
             await self._renew_parts(session_id)  # the session got a fresh lease: so do they
         return moved
@@ -307,8 +394,7 @@ class SpeechStateManager(StateManagerBase):
             InvalidTransitionError: It has ended already.
         """
 
-        def end(current: Any) -> Any:
-            session = AudioSession.model_validate(current)
+        def end(session: AudioSession) -> AudioSession:
             if session.status is AudioSessionStatus.ENDED:
                 raise InvalidTransitionError(f"session {session_id!r} has ended already")
             now = utcnow()
@@ -321,9 +407,7 @@ class SpeechStateManager(StateManagerBase):
                 }
             )
 
-        ended = AudioSession.model_validate(
-            await self._update(session_id, "session", end, ttl=self.ended_session_ttl)
-        )
+        ended = await self._write_session(session_id, end, ttl=self.ended_session_ttl)
         for part in _PARTS:
             await self._expire_part(session_id, part, self.ended_session_ttl)
         self.log.info("speech_session_ended", session_id=session_id, reason=reason)
@@ -339,13 +423,32 @@ class SpeechStateManager(StateManagerBase):
     async def _save_part(self, session_id: str, part: str, value: BaseModel) -> None:
         """Write a part, then make sure it does not outlive a session that has ended.
 
-        The session is read after the write, so a concurrent `end_session` is always seen by one
-        of the two: either this read finds the session ended and gives the part the session's
-        remaining time, or `end_session` rewrites the part with its TTL after this write.
+        One atomic step: while the live marker is there, write the part (the session is live);
+        otherwise write it and read the session. A concurrent `end_session` is always seen by
+        one of the two: either this step finds the session ended (marker gone) and the part
+        gets the session's remaining time, or `end_session` rewrites the part with its TTL
+        after this write. Without `transact`: the write, then the read of the session.
         """
         key = self._key(session_id, part)
-        version = await self.state.save(key, value, ttl=self._lease)
-        entry = await self.state.get_entry(self._key(session_id, "session"), model=AudioSession)
+        session_key = self._key(session_id, "session")
+        live = self._key(session_id, _LIVE)
+        write = txn.Put(key, value, ttl=self._lease)
+        # The marker's time left is the session's: read it only where renewal needs it.
+        then: list[txn.Op] = [write, txn.Get(live)] if self._renew_below is not None else [write]
+        done = await self._try_transact(
+            [txn.Exists(live)], then, [write, txn.Get(session_key, model=AudioSession)]
+        )
+        if done is None:
+            version = await self.state.save(key, value, ttl=self._lease)
+            entry = await self.state.get_entry(session_key, model=AudioSession)
+        elif done.succeeded:
+            if len(done.results) > 1 and done.results[1] is not None:
+                await self._renew_if_due(session_id, done.results[1].ttl)
+            return  # a live session: the part lives as the session does
+        else:
+            version, entry = done.results
+            if entry is not None and entry.value.status is not AudioSessionStatus.ENDED:
+                await self._mark_live(session_id, entry.version, entry.ttl)
         if entry is None:
             life: timedelta | None = self.ended_session_ttl  # expired, or never created
         elif entry.value.status is AudioSessionStatus.ENDED:
@@ -362,6 +465,22 @@ class SpeechStateManager(StateManagerBase):
             return  # written again meanwhile: that write checks the session itself
         self.log.debug("speech_late_update", session_id=session_id, part=part)
 
+    async def _mark_live(self, session_id: str, version: int, left: timedelta | None) -> None:
+        """Give a live session found without a marker its marker, if it is still at `version`.
+
+        Such a session was stored before markers existed, or its marker just ran out. The
+        marker lives a little less than the session's `left` (read a moment ago), so it never
+        outlives the session.
+        """
+        if left is not None:
+            left -= _MARK_MARGIN
+            if left <= timedelta(0):
+                return
+        await self._try_transact(
+            [txn.Version(self._key(session_id, "session"), version)],
+            [txn.Put(self._key(session_id, _LIVE), 1, ttl=left)],
+        )
+
     async def _renew_if_due(self, session_id: str, left: timedelta | None) -> None:
         """Renew the lease of a live session and its records once it runs low (1.5 x session_ttl).
 
@@ -370,14 +489,13 @@ class SpeechStateManager(StateManagerBase):
         if self._renew_below is None or left is None or left >= self._renew_below:
             return
 
-        def renew(current: Any) -> Any:
-            session = AudioSession.model_validate(current)
+        def renew(session: AudioSession) -> AudioSession:
             if session.status is AudioSessionStatus.ENDED:
                 raise InvalidTransitionError(f"session {session_id!r} has ended")
-            return current
+            return session
 
         try:
-            await self._update(session_id, "session", renew, ttl=self._lease)
+            await self._write_session(session_id, renew, ttl=self._lease)
         except (InvalidTransitionError, NotFoundError):
             return  # ended or expired meanwhile: the write's own check handled it
         await self._renew_parts(session_id)

@@ -19,6 +19,12 @@ slot):
 | single-flight lock | `tools:{<tool>}:flight:<parameters_hash>` |
 | `RetryState` | `tools:retries:<execution_id>` |
 | statistics | `tools:{<tool>}:stats` |
+| cache-hit counter | sorted index `tools:{<tool>}:counters`, member `cache_hits` |
+
+A cache hit is one atomic step where the backend has `transact` (one command on Redis): the
+cached entry is read and the hit counted in the tool's counters index together, and
+`get_tool_stats` adds that counter to the statistics record's own `cache_hits` (which stores
+written before the index, or backends without `transact`, count in).
 """
 
 from __future__ import annotations
@@ -39,13 +45,14 @@ from uuid import UUID, uuid4
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate import _otel
+from agenticstate import _otel, txn
 from agenticstate._checks import as_ttl
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
     RetryExhaustedError,
+    UnsupportedOperationError,
     UnsupportedTypeError,
 )
 from agenticstate.managers._base import (
@@ -76,6 +83,9 @@ T = TypeVar("T")
 
 DURATION_WINDOW = 512
 """Durations kept per tool for the p95 (the average covers every execution)."""
+
+_HITS = "cache_hits"
+"""The member of a tool's counters index that counts its cache hits."""
 
 
 _TAG = "$"
@@ -340,6 +350,8 @@ class ToolStateManager(StateManagerBase):
         self.flight_timeout = flight_timeout
         self._flights: dict[str, _Flight] = {}
         self._owner = uuid4().hex
+        self._transact = True
+        """Whether the backend has `transact`; False once it raised UnsupportedOperationError."""
 
     # keys: every key this manager writes is built here (the layout is in the module docstring)
 
@@ -367,6 +379,10 @@ class ToolStateManager(StateManagerBase):
 
     def _stats_key(self, tool_name: str) -> str:
         return self._keys.key(tool_name, "stats")
+
+    def _counters_index(self, tool_name: str) -> str:
+        # A sorted index, not a key: never listed, and in the tool's hash tag like its cache.
+        return self._keys.key(tool_name, "counters")
 
     @staticmethod
     def _retry_key(execution_id: str) -> str:
@@ -572,9 +588,27 @@ class ToolStateManager(StateManagerBase):
         return await self._keys.ids(self.state, "*")
 
     async def get_tool_stats(self, tool_name: str) -> ToolStats:
-        """Return a tool's statistics (zeros for a tool never used)."""
-        stats = await self._load(self._stats_key(tool_name), ToolStats)
-        return stats or ToolStats(tool_name=tool_name)
+        """Return a tool's statistics (zeros for a tool never used).
+
+        The record and the cache-hit counter are read in one atomic step where the backend has
+        `transact`, so the figures are of one moment.
+        """
+        key = self._stats_key(tool_name)
+        counters = self._counters_index(tool_name)
+        done = await self._try_transact(
+            [], [txn.Get(key, model=ToolStats), txn.IndexRange(counters)]
+        )
+        if done is not None:
+            entry, counted = done.results
+            stats = entry.value if entry is not None else None
+        else:
+            stats = await self._load(key, ToolStats)
+            counted = await self.state.index_range(counters)
+        stats = stats or ToolStats(tool_name=tool_name)
+        hits = int(dict(counted).get(_HITS, 0))
+        if hits:
+            stats = stats.model_copy(update={"cache_hits": stats.cache_hits + hits})
+        return stats
 
     async def reset_stats(self, tool_name: str) -> bool:
         """Delete a tool's statistics; return whether it had any.
@@ -582,7 +616,56 @@ class ToolStateManager(StateManagerBase):
         `get_tool_stats` returns zeros until the tool's next execution or cache lookup starts
         counting again. Any tool name may be given: one never used has nothing to reset.
         """
-        return await self.state.delete(self._stats_key(tool_name))
+        key = self._stats_key(tool_name)
+        counters = self._counters_index(tool_name)
+        done = await self._try_transact([], [txn.Delete(key), txn.IndexRemove(counters, [_HITS])])
+        if done is not None:
+            deleted, removed = done.results
+        else:
+            deleted = await self.state.delete(key)
+            removed = await self.state.index_remove(counters, [_HITS])
+        return bool(deleted or removed)
+
+    async def _try_transact(
+        self,
+        compare: list[txn.Version | txn.Exists],
+        then: list[txn.Op],
+    ) -> txn.TransactResult | None:
+        """`state.transact(compare, then)`, or None if the backend has none (asked only once)."""
+        if not self._transact:
+            return None
+        try:
+            return await self.state.transact(compare, then)
+        except UnsupportedOperationError:
+            self._transact = False
+            return None
+
+    async def _count_hit(self, tool_name: str) -> None:
+        """Count a cache hit: one index increment (or a statistics update without `transact`)."""
+        counters = self._counters_index(tool_name)
+        if await self._try_transact([], [txn.IndexIncr(counters, _HITS, 1)]) is None:
+            await self._count(tool_name, hit=True)
+            return
+        _otel.record_cache_lookup(self.state.backend, hit=True)
+
+    async def _lookup_counted(self, tool_name: str, digest: str) -> ToolCacheEntry | None:
+        """Look a result up and count a hit if it is there: one atomic step with `transact`."""
+        key = self._cache_key(tool_name, digest)
+        counters = self._counters_index(tool_name)
+        done = await self._try_transact(
+            [txn.Exists(key)],
+            [txn.Get(key, model=ToolCacheEntry), txn.IndexIncr(counters, _HITS, 1)],
+        )
+        if done is None:
+            cached = await self._lookup(tool_name, digest)
+            if cached is not None:
+                await self._count(tool_name, hit=True)
+            return cached
+        if not done.succeeded:
+            return None
+        _otel.record_cache_lookup(self.state.backend, hit=True)
+        found: ToolCacheEntry = done.results[0].value
+        return found
 
     # the cache
 
@@ -604,8 +687,9 @@ class ToolStateManager(StateManagerBase):
         """Return the cached entry for these parameters, or None (counted as a hit or a miss)."""
         if not self.cache_results:
             return None
-        entry = await self._lookup(tool_name, hash_parameters(parameters))
-        await self._count(tool_name, hit=entry is not None)
+        entry = await self._lookup_counted(tool_name, hash_parameters(parameters))
+        if entry is None:
+            await self._count(tool_name, hit=False)
         return entry
 
     async def _lookup(self, tool_name: str, digest: str) -> ToolCacheEntry | None:
@@ -671,9 +755,8 @@ class ToolStateManager(StateManagerBase):
         while True:
             # Each call counts once: a hit if served from the cache or another caller's run, a
             # miss if it runs the tool itself.
-            cached = await self._lookup(tool_name, digest)
+            cached = await self._lookup_counted(tool_name, digest)
             if cached is not None:
-                await self._count(tool_name, hit=True)
                 return cached.result  # type: ignore[no-any-return]
             flight = self._flights.get(flight_id)
             if flight is None:
@@ -683,7 +766,7 @@ class ToolStateManager(StateManagerBase):
                 continue  # its runner was cancelled: look again, and run it if nobody has
             if flight.error is not None:
                 raise flight.error
-            await self._count(tool_name, hit=True)
+            await self._count_hit(tool_name)
             return flight.result  # type: ignore[no-any-return]
         flight = self._flights[flight_id] = _Flight()
         try:
@@ -721,15 +804,14 @@ class ToolStateManager(StateManagerBase):
                     # Another process is computing it: wait for its result to be cached, or for
                     # its lock to be released without one (its fn raised or it was cancelled)
                     # or to run out (it died); then try again ourselves.
-                    entry = await self._load(cache, ToolCacheEntry)
+                    entry = await self._lookup_counted(tool_name, digest)
                     if entry is not None:
-                        await self._count(tool_name, hit=True)
                         return entry.result  # type: ignore[no-any-return]
                     self.log.debug("tool_call_waiting", tool=tool_name)
                     with anyio.move_on_after(self.flight_timeout):
                         async for change in changes:
                             if change.key == cache and change.new_value is not None:
-                                await self._count(tool_name, hit=True)
+                                await self._count_hit(tool_name)
                                 return ToolCacheEntry.model_validate(change.new_value).result  # type: ignore[no-any-return]
                             if change.key == lock and change.new_value is None:
                                 break
@@ -738,9 +820,8 @@ class ToolStateManager(StateManagerBase):
                 # Look once more now that the lock is ours: a holder caches its result before it
                 # releases the lock, so a result cached after our first lookup (or a release seen
                 # before the result) is found here and the tool never runs twice.
-                entry = await self._load(cache, ToolCacheEntry)
+                entry = await self._lookup_counted(tool_name, digest)
                 if entry is not None:
-                    await self._count(tool_name, hit=True)
                     return entry.result  # type: ignore[no-any-return]
                 await self._count(tool_name, hit=False)
                 result = await self._execute(tool_name, parameters, fn)

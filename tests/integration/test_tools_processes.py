@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
-from agenticstate import StateConfig, StateManager, ToolStateManager
+from agenticstate import StateConfig, StateManager, ToolStateManager, ToolStats
 from tests.helpers import start_module, unique_prefix
 
 pytestmark = pytest.mark.redis
@@ -40,3 +41,43 @@ async def test_identical_calls_from_four_processes_run_the_tool_once(redis_url: 
         stats = await ToolStateManager(state_manager=sm).get_tool_stats("oracle")
     assert stats.total_executions == 1
     assert (stats.cache_misses, stats.cache_hits) == (1, 99)
+
+
+@pytest.mark.parametrize("server", ["redis_url", "redis_cluster_url"])
+def test_cache_hits_from_four_processes_are_counted_exactly(
+    request: pytest.FixtureRequest, server: str
+) -> None:
+    """4 processes x (25 identical calls, then 200 hits from 10 tasks each): every hit counted
+    (each hit is one atomic step reading the entry and counting it, from any process)."""
+    url: str = request.getfixturevalue(server)
+    prefix = unique_prefix()
+    procs = [
+        start_module("tests.integration._flight_worker", url, prefix, "25", "200") for _ in range(4)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        runs = 0
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            runs += int(out.strip().split()[-1])
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert runs == 1
+
+    async def stats() -> ToolStats:
+        config = StateConfig(backend="redis", redis_url=url, key_prefix=prefix)
+        async with StateManager(config) as sm:
+            return await ToolStateManager(state_manager=sm).get_tool_stats("oracle")
+
+    found = anyio.run(stats)
+    assert found.total_executions == 1
+    assert (found.cache_misses, found.cache_hits) == (1, 99 + 4 * 200)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
 
 from agenticstate import (
     AudioSessionStatus,
+    ConflictError,
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
     SpeechStateManager,
+    StateConfig,
     StateManager,
     StreamingMode,
     STTState,
@@ -20,6 +23,13 @@ from agenticstate import (
     TTSState,
     VoiceConversationState,
 )
+from agenticstate.backends import Backend, TxnResult
+from agenticstate.backends.memory import MemoryBackend
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from agenticstate.backends import TxnCompare, TxnOp
 
 
 @pytest.fixture
@@ -331,3 +341,103 @@ async def test_a_renewal_that_lost_the_race_to_end_session_is_undone(state: Stat
         assert entry is not None
         assert entry.expires_at is not None
         assert entry.expires_at <= session.expires_at + timedelta(seconds=1), part
+
+
+class _NoTransactBackend(MemoryBackend):
+    """A backend without `transact` (as a third-party one may be): the base raises for it."""
+
+    async def transact(
+        self, compare: Sequence[TxnCompare], then: Sequence[TxnOp], orelse: Sequence[TxnOp] = ()
+    ) -> TxnResult:
+        return await Backend.transact(self, compare, then, orelse)
+
+
+async def test_the_live_marker_follows_the_session(state: StateManager) -> None:
+    """The marker exists exactly while the session is live, with the session's time to live."""
+    speech = SpeechStateManager(
+        state_manager=state,
+        session_ttl=timedelta(minutes=5),
+        ended_session_ttl=timedelta(minutes=1),
+    )
+    session_id = await speech.create_session()
+    marker = f"speech:{{{session_id}}}:live"
+
+    session = await state.get_entry(f"speech:{{{session_id}}}:session")
+    live = await state.get_entry(marker)
+    assert session is not None
+    assert live is not None
+    assert session.expires_at is not None
+    assert live.expires_at is not None
+    # Written in one step with the same TTL (stores keep expiry in whole milliseconds).
+    assert abs(live.expires_at - session.expires_at) <= timedelta(milliseconds=2)
+    await speech.update_session_status(session_id, AudioSessionStatus.ACTIVE)
+    await speech.update_stt_state(STTState(session_id=session_id, interim_transcript="hi"))
+    assert await state.get_entry(marker) is not None
+    await speech.end_session(session_id)
+    assert await state.get_entry(marker) is None
+    await speech.update_stt_state(STTState(session_id=session_id, final_transcript="bye"))
+    stt = await state.get_entry(f"speech:{{{session_id}}}:stt")
+    assert stt is not None
+    assert stt.ttl is not None
+    assert stt.ttl <= timedelta(minutes=1, seconds=1)  # the ended session's time, not a lease
+    assert await state.get_entry(marker) is None
+
+
+async def test_a_session_stored_without_a_marker_gets_one(state: StateManager) -> None:
+    """A live session written before markers existed: its first update is handled by reading
+    the session (kept alive as before) and gives it the marker; an ended one gets none."""
+    speech = SpeechStateManager(state_manager=state)
+    for session_id, status in (("old-live", "active"), ("old-ended", "ended")):
+        await state.save(
+            f"speech:{{{session_id}}}:session",
+            {"session_id": session_id, "status": status},
+            ttl=timedelta(minutes=1) if status == "ended" else None,
+        )
+        await speech.update_stt_state(STTState(session_id=session_id, interim_transcript="x"))
+    live = await state.get_entry("speech:{old-live}:stt")
+    assert live is not None
+    assert live.expires_at is None  # a live session's part, kept as the session is
+    assert await state.get_entry("speech:{old-live}:live") is not None
+    ended = await state.get_entry("speech:{old-ended}:stt")
+    assert ended is not None
+    assert ended.expires_at is not None
+    assert await state.get_entry("speech:{old-ended}:live") is None
+    await speech.end_session("old-live")
+    assert await state.get_entry("speech:{old-live}:live") is None
+
+
+async def test_speech_without_transact() -> None:
+    """On a backend without `transact`: no marker, the write-then-read path, same outcomes."""
+    async with StateManager(StateConfig(), backend=_NoTransactBackend()) as state:
+        speech = SpeechStateManager(
+            state_manager=state,
+            session_ttl=timedelta(minutes=5),
+            ended_session_ttl=timedelta(minutes=1),
+        )
+        session_id = await speech.create_session(session_id="plain")
+        with pytest.raises(ConflictError):
+            await speech.create_session(session_id="plain")
+        await speech.update_session_status(session_id, AudioSessionStatus.ACTIVE)
+        await speech.update_stt_state(STTState(session_id=session_id, interim_transcript="hi"))
+        assert speech._transact is False
+        stt = await state.get_entry("speech:{plain}:stt")
+        assert stt is not None
+        assert stt.ttl is not None
+        assert stt.ttl > timedelta(minutes=5)  # a live session's lease
+        await speech.end_session(session_id)
+        await speech.update_tts_state(TTSState(session_id=session_id))
+        tts = await state.get_entry("speech:{plain}:tts")
+        assert tts is not None
+        assert tts.ttl is not None
+        assert tts.ttl <= timedelta(minutes=1, seconds=1)
+        assert await state.list_keys("speech:*:live") == []
+
+
+async def test_create_session_refuses_a_taken_id(speech: SpeechStateManager) -> None:
+    """A second session with the same id raises ConflictError and changes nothing."""
+    await speech.create_session(session_id="taken", config={"n": 1})
+    with pytest.raises(ConflictError):
+        await speech.create_session(session_id="taken", config={"n": 2})
+    session = await speech.get_session("taken")
+    assert session is not None
+    assert session.config == {"n": 1}

@@ -6,7 +6,7 @@ import base64
 import hashlib
 import json
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import anyio
@@ -20,6 +20,7 @@ from agenticstate import (
     NotFoundError,
     RetryExhaustedError,
     RetryState,
+    StateConfig,
     StateManager,
     ToolCacheEntry,
     ToolExecution,
@@ -28,6 +29,13 @@ from agenticstate import (
     UnsupportedTypeError,
     hash_parameters,
 )
+from agenticstate.backends import Backend, TxnResult
+from agenticstate.backends.memory import MemoryBackend
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from agenticstate.backends import TxnCompare, TxnOp
 
 
 @pytest.fixture
@@ -682,8 +690,8 @@ class _LateCaller(ToolStateManager):
         self.other_done = other_done
         self.stalled = anyio.Event()
 
-    async def _lookup(self, tool_name: str, digest: str) -> ToolCacheEntry | None:
-        found = await super()._lookup(tool_name, digest)
+    async def _lookup_counted(self, tool_name: str, digest: str) -> ToolCacheEntry | None:
+        found = await super()._lookup_counted(tool_name, digest)
         if found is None and not self.stalled.is_set():
             self.stalled.set()
             await self.other_done.wait()
@@ -719,3 +727,92 @@ async def test_a_caller_whose_lookup_missed_never_runs_a_finished_call_again(
     assert runs == 1
     assert results == [{"run": 1}, {"run": 1}]
     assert await state.list_keys("tools:{search}:flight:*") == []
+
+
+class _NoTransactBackend(MemoryBackend):
+    """A backend without `transact` (as a third-party one may be): the base raises for it."""
+
+    async def transact(
+        self, compare: Sequence[TxnCompare], then: Sequence[TxnOp], orelse: Sequence[TxnOp] = ()
+    ) -> TxnResult:
+        return await Backend.transact(self, compare, then, orelse)
+
+
+async def _hits_and_misses(tools: ToolStateManager) -> tuple[int, int]:
+    async def search() -> str:
+        return "found"
+
+    for _ in range(3):
+        assert await tools.cached_call("search", {"q": 1}, search) == "found"
+    assert await tools.get_cached_result("search", {"q": 1}) is not None
+    assert await tools.get_cached_result("search", {"q": 2}) is None
+    stats = await tools.get_tool_stats("search")
+    return stats.cache_hits, stats.cache_misses
+
+
+async def test_cache_hits_count_without_transact() -> None:
+    """On a backend without `transact`, hits are counted in the statistics record as before."""
+    async with StateManager(StateConfig(), backend=_NoTransactBackend()) as state:
+        tools = ToolStateManager(state_manager=state)
+        assert await _hits_and_misses(tools) == (3, 2)
+        assert tools._transact is False
+        assert await tools.reset_stats("search") is True
+        assert (await tools.get_tool_stats("search")).cache_hits == 0
+
+
+async def test_cache_hits_count_with_transact(tools: ToolStateManager) -> None:
+    """With `transact`, hits go to the tool's counters index; the statistics add them up."""
+    assert await _hits_and_misses(tools) == (3, 2)
+    assert tools._transact is True
+    assert await tools.state.index_range("tools:{search}:counters") == [("cache_hits", 3.0)]
+    # reset_stats clears the counter with the record; a counter alone is something to reset.
+    assert await tools.reset_stats("search") is True
+    assert await tools.state.index_range("tools:{search}:counters") == []
+    assert await tools.get_cached_result("search", {"q": 1}) is not None
+    assert (await tools.get_tool_stats("search")).cache_hits == 1
+    assert await tools.reset_stats("search") is True
+    assert await tools.reset_stats("search") is False
+
+
+async def test_hits_counted_by_older_code_still_read(tools: ToolStateManager) -> None:
+    """A statistics record written before the counters index (hits inside it) reads right, and
+    hits counted since add to it."""
+    await tools.state.save(
+        "tools:{old}:stats", {"tool_name": "old", "cache_hits": 5, "cache_misses": 1}
+    )
+    assert (await tools.get_tool_stats("old")).cache_hits == 5
+    await tools.cached_call("old", {"ignored": True}, _never)  # a miss: runs the tool
+    entry = ToolCacheEntry(tool_name="old", parameters_hash=hash_parameters({"q": 1}), result=2)
+    await tools.cache_result(entry)
+    assert await tools.cached_call("old", {"q": 1}, _never) == 2
+    stats = await tools.get_tool_stats("old")
+    assert (stats.cache_hits, stats.cache_misses) == (6, 2)
+
+
+async def _never() -> int:
+    return 0
+
+
+async def test_concurrent_cache_hits_are_counted_exactly(tools: ToolStateManager) -> None:
+    """200 hits from 50 tasks at once, with executions finishing beside them: nothing lost."""
+
+    async def search() -> str:
+        return "found"
+
+    await tools.cached_call("search", {"q": 1}, search)
+
+    async def hits() -> None:
+        for _ in range(4):
+            assert await tools.cached_call("search", {"q": 1}, search) == "found"
+
+    async def run(n: int) -> None:
+        await tools.start_execution(ToolExecution(execution_id=f"x{n}", tool_name="search"))
+        await tools.complete_execution(f"x{n}", n, duration_ms=1.0)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(50):
+            tg.start_soon(hits)
+            if n % 5 == 0:
+                tg.start_soon(run, n)
+    stats = await tools.get_tool_stats("search")
+    assert (stats.cache_hits, stats.cache_misses, stats.total_executions) == (200, 1, 11)
