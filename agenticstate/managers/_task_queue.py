@@ -29,13 +29,25 @@ from agenticstate.exceptions import (
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
+    UnsupportedOperationError,
 )
 from agenticstate.managers._base import TaggedKeys, key_part, sort_time, utcnow
+from agenticstate.txn import (
+    CONFIGURED,
+    Get,
+    IndexAdd,
+    IndexRange,
+    IndexRemove,
+    Put,
+    TransactResult,
+    Version,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from agenticstate.manager import StateManager
+    from agenticstate.txn import Op
 
 __all__ = [
     "TaskClaim",
@@ -75,6 +87,12 @@ _UNLEASED = "-"
 
 _REPAIR_EVERY = 60
 """`sync_interval`s between two checks of a team's task records against its indexes."""
+
+_KNOWN_MAX = 4096
+"""Records (tasks and agents) whose last version this process knows, at most (oldest go)."""
+
+_AGENT_RETRIES = 3
+"""Single-step attempts redone because only the agent's record changed meanwhile."""
 
 
 class TaskStatus(StrEnum):
@@ -237,7 +255,18 @@ class TaskQueue:
         capabilities: The capabilities an agent has in a team (none if not a member).
         agent_took: Called when an agent took a task (sets it working, if a member).
         agent_freed: Called when an agent let go of its task (sets it idle, if a member).
+        agent_change: An agent's record as it is after taking a task (its id) or letting go
+            of one (`None`), from its record before: for the single-step writes below.
         sync_interval, default_lease, max_retries, finished_task_ttl: As the manager's.
+
+    Single steps: where the backend has `transact` (every built-in one), a claim's take, a
+    completion, a failure and a heartbeat are each one atomic `StateManager.transact` (one
+    round trip on Redis) that moves the task and its index entries and sets its holder's record,
+    compared on the versions of the task and the agent record this process last wrote or read.
+    The queue remembers those versions (`_known`, at most `_KNOWN_MAX` records); when one is
+    unknown or stale, the step fails its compare, reads them back in the same round trip, and
+    the call falls back to the multi-call path (a read, then a compare-and-set), which gives
+    the exact errors. A backend without `transact` always takes that path.
     """
 
     def __init__(
@@ -250,6 +279,7 @@ class TaskQueue:
         capabilities: Callable[[str, str], Awaitable[set[str]]],
         agent_took: Callable[[str, str, str], Awaitable[None]],
         agent_freed: Callable[[str, str], Awaitable[None]],
+        agent_change: Callable[[Any, str | None], Any],
         sync_interval: float,
         default_lease: timedelta,
         max_retries: int,
@@ -262,12 +292,95 @@ class TaskQueue:
         self._capabilities = capabilities
         self._agent_took = agent_took
         self._agent_freed = agent_freed
+        self._agent_change = agent_change
         self.sync_interval = sync_interval
         self.default_lease = default_lease
         self.max_retries = max_retries
         self.finished_task_ttl = finished_task_ttl
         self._checked: dict[str, float] = {}  # team id -> when its indexes were last checked
         self._finishes = 0  # tasks finished here: every 32nd tidies the index
+        # key -> (version, record) this process last wrote or read: 0 and None for missing.
+        self._known: dict[str, tuple[int, Any]] = {}
+        self._transact = True  # False once the backend said it has no transact
+
+    # single steps
+
+    def _remember(self, key: str, version: int, value: Any) -> None:
+        self._known.pop(key, None)
+        self._known[key] = (version, value)
+        if len(self._known) > _KNOWN_MAX:
+            del self._known[next(iter(self._known))]
+
+    def _forget(self, key: str) -> None:
+        self._known.pop(key, None)
+
+    async def _step(
+        self, compare: Sequence[Version], then: Sequence[Op], orelse: Sequence[Op] = ()
+    ) -> TransactResult | None:
+        """One `StateManager.transact`; `None` if the backend has none (then never again)."""
+        if not self._transact:
+            return None
+        try:
+            return await self.state.transact(compare, then, orelse)
+        except UnsupportedOperationError:
+            self._transact = False
+            return None
+
+    def _agent_step(
+        self, team_id: str, agent_id: str | None, task_id: str | None
+    ) -> tuple[list[Version], list[Op], list[Op]] | None:
+        """The compare, write and read-back of setting an agent's record in a single step.
+
+        `None` if this process does not know the record's version (then it is set apart, by
+        `_set_agent`). A known non-member is compared as missing and left alone.
+        """
+        if agent_id is None:
+            return [], [], []
+        key = self.keys.agent(team_id, agent_id)
+        known = self._known.get(key)
+        if known is None:
+            return None
+        version, record = known
+        if version == 0:
+            return [Version(key, 0)], [], [Get(key)]
+        return [Version(key, version)], [Put(key, self._agent_change(record, task_id))], [Get(key)]
+
+    def _learn_agent(
+        self, team_id: str, agent_id: str | None, then: Sequence[Op], results: Sequence[Any]
+    ) -> None:
+        """Remember the agent record a single step wrote or read back (the last op on it)."""
+        if agent_id is None:
+            return
+        key = self.keys.agent(team_id, agent_id)
+        for op, result in zip(then, results, strict=True):
+            if isinstance(op, Put) and op.key == key:
+                self._remember(key, result, op.value)
+            elif isinstance(op, Get) and op.key == key:
+                self._remember(
+                    key, *((0, None) if result is None else (result.version, result.value))
+                )
+
+    async def _set_agent(self, team_id: str, agent_id: str, task_id: str | None) -> None:
+        """Set an agent's record apart from the task's step (working on `task_id`, or idle)."""
+        key = self.keys.agent(team_id, agent_id)
+        if self._transact:
+            # A read and a compare-and-set, so that the next steps know the record's version.
+            entry = await self.state.get_entry(key)
+            if entry is None:
+                self._remember(key, 0, None)
+                return
+            record = self._agent_change(entry.value, task_id)
+            try:
+                version = await self.state.save(key, record, expected_version=entry.version)
+            except ConflictError:
+                self._forget(key)
+            else:
+                self._remember(key, version, record)
+                return
+        if task_id is not None:
+            await self._agent_took(team_id, agent_id, task_id)
+        else:
+            await self._agent_freed(team_id, agent_id)
 
     # records and scores
 
@@ -380,10 +493,10 @@ class TaskQueue:
             before[:] = [task]  # the last run is the one that committed
             return fn(task).model_copy(update={"updated_at": utcnow()})
 
+        key = self.keys.task(team_id, task_id)
+        self._forget(key)  # its next version is not learned here
         try:
-            value = await self.state.update(
-                self.keys.task(team_id, task_id), apply, **self._finished_ttl(finished)
-            )
+            value = await self.state.update(key, apply, **self._finished_ttl(finished))
         except NotFoundError:
             raise NotFoundError(f"team {team_id!r} has no task {task_id!r}") from None
         return before[0], TaskItem.model_validate(value)
@@ -428,7 +541,7 @@ class TaskQueue:
             await self.state.index_remove(in_progress, [member])
             raise
         await self.state.index_remove(self.keys.pending(team_id), [task.task_id])
-        await self._agent_took(team_id, agent_id, task_id)
+        await self._set_agent(team_id, agent_id, task_id)
         return task
 
     async def claim_task(
@@ -473,8 +586,14 @@ class TaskQueue:
                 entry = await self.state.get_entry(key, model=TaskItem)
                 task: TaskItem | None = entry.value if entry is not None else None
                 if entry is None or task is None or task.status is not TaskStatus.PENDING:
-                    # A stale entry (the task was taken or finished): tidy it away.
-                    await self.state.index_remove(pending, [task_id])
+                    # A stale entry (the task was taken or finished): tidy it away, unless the
+                    # task changed since (it may be pending again, and indexed again).
+                    version = 0 if entry is None else entry.version
+                    tidied = await self._step(
+                        [Version(key, version)], [IndexRemove(pending, [task_id])]
+                    )
+                    if tidied is None:
+                        await self.state.index_remove(pending, [task_id])
                     continue
                 if task.capability is not None:
                     if capability is not None and task.capability != capability:
@@ -491,20 +610,32 @@ class TaskQueue:
                 )
                 assert taken.lease_token is not None  # noqa: S101  # set by _take
                 assert taken.lease_expires_at is not None  # noqa: S101
+                member = self.keys.member(task_id, taken.lease_token)
+                won = await self._take_step(team_id, agent_id, key, entry.version, taken, member)
+                if won is False:
+                    contended = True
+                    continue  # another worker won this one
+                if won is True:
+                    return TaskClaim(
+                        team_id=team_id,
+                        task=taken,
+                        lease_token=taken.lease_token,
+                        lease_expires_at=taken.lease_expires_at,
+                    )
                 # The claim is indexed before the task is taken, so that a worker dying between
                 # the two leaves a stale entry (tidied by the reaper), never an unreapable task.
-                member = self.keys.member(task_id, taken.lease_token)
                 await self.state.index_add(in_progress, {member: self._lease_score(taken)})
                 try:
                     # Compare-and-set on the version just read: one round trip, and only one
                     # claimer can win it.
-                    await self.state.save(key, taken, expected_version=entry.version)
+                    version = await self.state.save(key, taken, expected_version=entry.version)
                 except ConflictError:
                     await self.state.index_remove(in_progress, [member])
                     contended = True
                     continue  # another worker won this one
+                self._remember(key, version, taken)
                 await self.state.index_remove(pending, [task_id])
-                await self._agent_took(team_id, agent_id, task_id)
+                await self._set_agent(team_id, agent_id, task_id)
                 return TaskClaim(
                     team_id=team_id,
                     task=taken,
@@ -512,6 +643,41 @@ class TaskQueue:
                     lease_expires_at=taken.lease_expires_at,
                 )
             page *= 2  # every candidate on this page was skipped or lost: look further
+
+    async def _take_step(
+        self, team_id: str, agent_id: str, key: str, version: int, taken: TaskItem, member: str
+    ) -> bool | None:
+        """Take a task read at `version` in a single step: True if taken, False if lost.
+
+        `None` if the backend has no `transact`. Indexed and taken at once, the claim leaves
+        no stale index entry behind even when its worker dies right after.
+        """
+        task_id = taken.task_id
+        for _ in range(_AGENT_RETRIES):
+            agent = self._agent_step(team_id, agent_id, task_id)
+            compare, agent_then, agent_back = agent or ([], [], [])
+            then: list[Op] = [
+                Put(key, taken),
+                IndexAdd(self.keys.in_progress(team_id), {member: self._lease_score(taken)}),
+                IndexRemove(self.keys.pending(team_id), [task_id]),
+                *agent_then,
+            ]
+            orelse: list[Op] = [Get(key, model=TaskItem), *agent_back]
+            done = await self._step([Version(key, version), *compare], then, orelse)
+            if done is None:
+                return None
+            if done.succeeded:
+                self._remember(key, done.results[0], taken)
+                self._learn_agent(team_id, agent_id, then, done.results)
+                if agent is None:
+                    await self._set_agent(team_id, agent_id, task_id)
+                return True
+            self._learn_agent(team_id, agent_id, orelse, done.results)
+            current = done.results[0]
+            if current is None or current.version != version:
+                self._forget(key)
+                return False  # the task changed: another worker took it (or it went)
+        return False
 
     @staticmethod
     def _check_holder(task: TaskItem, lease_token: str | None, agent_id: str | None) -> None:
@@ -544,6 +710,15 @@ class TaskQueue:
 
         # The in-progress index keeps the older expiry: when it comes due, the reaper finds the
         # lease extended and moves the entry (one index write per lease, not per heartbeat).
+        known = self._held(team_id, task_id, lease_token, None)
+        if known is not None:
+            version, held = known
+            key = self.keys.task(team_id, task_id)
+            extended = extend(held).model_copy(update={"updated_at": utcnow()})
+            done = await self._step([Version(key, version)], [Put(key, extended)])
+            if done is not None and done.succeeded:
+                self._remember(key, done.results[0], extended)
+                return extended
         _, task = await self._change_task(team_id, task_id, extend)
         return task
 
@@ -572,9 +747,80 @@ class TaskQueue:
                 }
             )
 
+        known = self._held(team_id, task_id, lease_token, agent_id)
+        if known is not None:
+            version, held = known
+            done = await self._finish_step(team_id, version, held, complete(held))
+            if done is not None:
+                return done
         before, task = await self._change_task(team_id, task_id, complete, finished=True)
         await self._finish(team_id, before, task)
         return task
+
+    def _held(
+        self, team_id: str, task_id: str, lease_token: str | None, agent_id: str | None
+    ) -> tuple[int, TaskItem] | None:
+        """The version and record of a task this process knows to be in progress as given."""
+        if not self._transact:
+            return None
+        known = self._known.get(self.keys.task(team_id, task_id))
+        if known is None or not isinstance(known[1], TaskItem):
+            return None
+        version, task = known
+        try:
+            self._check_holder(task, lease_token, agent_id)
+        except ConflictError:
+            return None  # maybe stale: the multi-call path reads it and says exactly why
+        return version, task
+
+    async def _finish_step(
+        self, team_id: str, version: int, before: TaskItem, after: TaskItem
+    ) -> TaskItem | None:
+        """Move a task out of in-progress in a single step, compared on the known `version`.
+
+        Writes the task, adds its next index entry, removes its claim's, and sets its holder
+        idle (in the same step when this process knows the holder's record). Returns the task
+        as written, or `None` when the compare failed or the backend has no `transact`: then
+        the multi-call path takes over.
+        """
+        key = self.keys.task(team_id, before.task_id)
+        task = after.model_copy(update={"updated_at": utcnow()})
+        finished = task.status in _FINISHED
+        if finished:
+            entry: IndexAdd = IndexAdd(
+                self.keys.finished(team_id), {task.task_id: self._finished_score(task)}
+            )
+        else:
+            entry = IndexAdd(self.keys.pending(team_id), self._order(task))
+        ttl = self.finished_task_ttl if finished and self.finished_task_ttl is not None else None
+        member = self.keys.member(before.task_id, before.lease_token)
+        holder = before.assigned_to
+        for _ in range(_AGENT_RETRIES):
+            agent = self._agent_step(team_id, holder, None)
+            compare, agent_then, agent_back = agent or ([], [], [])
+            then: list[Op] = [
+                Put(key, task, ttl=CONFIGURED if ttl is None else ttl),
+                entry,
+                IndexRemove(self.keys.in_progress(team_id), [member]),
+                *agent_then,
+            ]
+            orelse: list[Op] = [Get(key, model=TaskItem), *agent_back]
+            done = await self._step([Version(key, version), *compare], then, orelse)
+            if done is None:
+                return None
+            if done.succeeded:
+                self._remember(key, done.results[0], task)
+                self._learn_agent(team_id, holder, then, done.results)
+                if agent is None and holder is not None:
+                    await self._set_agent(team_id, holder, None)
+                await self._finished_one(team_id, task)
+                return task
+            self._learn_agent(team_id, holder, orelse, done.results)
+            current = done.results[0]
+            if current is None or current.version != version:
+                self._forget(key)
+                return None
+        return None
 
     async def _finish(self, team_id: str, before: TaskItem, task: TaskItem) -> None:
         """Move a task that just left in-progress to its next index; set its holder idle."""
@@ -589,7 +835,11 @@ class TaskQueue:
             )
         await self.state.index_remove(self.keys.in_progress(team_id), [member])
         if before.assigned_to is not None:
-            await self._agent_freed(team_id, before.assigned_to)
+            await self._set_agent(team_id, before.assigned_to, None)
+        await self._finished_one(team_id, task)
+
+    async def _finished_one(self, team_id: str, task: TaskItem) -> None:
+        """Count a task that just left in-progress; tidy the finished index every 32nd."""
         if task.status in _FINISHED:
             self._finishes += 1
             if self.finished_task_ttl is not None and self._finishes % 32 == 0:
@@ -632,14 +882,19 @@ class TaskQueue:
                 }
             )
 
-        while True:
+        task: TaskItem | None = None
+        known = self._held(team_id, task_id, lease_token, agent_id)
+        if known is not None:
+            version, held = known
+            expect_dead = held.failures + 1 > held.max_retries
+            task = await self._finish_step(team_id, version, held, fail(held))
+        while task is None:
             try:
                 before, task = await self._change_task(team_id, task_id, fail, finished=expect_dead)
             except _Mispredicted:
                 expect_dead = not expect_dead
                 continue
-            break
-        await self._finish(team_id, before, task)
+            await self._finish(team_id, before, task)
         self.log.info(
             "task_failed",
             team_id=team_id,
@@ -673,7 +928,7 @@ class TaskQueue:
                 self.keys.in_progress(team_id), [self.keys.member(task_id, task.lease_token)]
             )
             if task.assigned_to is not None:
-                await self._agent_freed(team_id, task.assigned_to)
+                await self._set_agent(team_id, task.assigned_to, None)
         return task
 
     async def purge_finished(self, team_id: str, *, older_than: timedelta | None = None) -> int:
@@ -796,7 +1051,7 @@ class TaskQueue:
             return False
         await self.state.index_add(self.keys.pending(team_id), self._order(back))
         if task.assigned_to is not None:
-            await self._agent_freed(team_id, task.assigned_to)
+            await self._set_agent(team_id, task.assigned_to, None)
         self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
         return True
 
@@ -866,6 +1121,36 @@ class TaskQueue:
                 finished=len(add_done),
             )
 
+    async def _indexed(
+        self, team_id: str, *, include_finished: bool
+    ) -> tuple[list[str], list[str]]:
+        """The ids in the pending and in-progress indexes, and in the finished one.
+
+        Read in one atomic step where the backend has `transact`, so that a task moving
+        between two indexes meanwhile is in exactly one of them.
+        """
+        indexes = [self.keys.pending(team_id), self.keys.in_progress(team_id)]
+        if include_finished:
+            indexes.append(self.keys.finished(team_id))
+        done = await self._step([], [IndexRange(index) for index in indexes])
+        if done is not None:
+            pending, claims, *rest = done.results
+            finished = rest[0] if rest else []
+            ids = [task_id for task_id, _ in pending]
+            ids += [self.keys.claim_of(member)[0] for member, _ in claims]
+            return list(dict.fromkeys(ids)), [task_id for task_id, _ in finished]
+        ids = [task_id for task_id, _ in await self.state.index_range(indexes[0])]
+        ids += [
+            self.keys.claim_of(member)[0] for member, _ in await self.state.index_range(indexes[1])
+        ]
+        finished_ids: list[str] = []
+        if include_finished:
+            finished_ids = [task_id for task_id, _ in await self.state.index_range(indexes[2])]
+        # A task sent back from in-progress to pending after the first read of pending was
+        # read in neither: read pending again (entries are added before the old ones go).
+        ids += [task_id for task_id, _ in await self.state.index_range(indexes[0])]
+        return list(dict.fromkeys(ids)), finished_ids
+
     async def get_queue_status(
         self, team_id: str, *, include_finished: bool = True
     ) -> TaskQueueState:
@@ -874,20 +1159,7 @@ class TaskQueue:
         See `OrchestrationStateManager.get_queue_status`.
         """
         await self._check_indexes(team_id)
-        ids = [task_id for task_id, _ in await self.state.index_range(self.keys.pending(team_id))]
-        ids += [
-            self.keys.claim_of(member)[0]
-            for member, _ in await self.state.index_range(self.keys.in_progress(team_id))
-        ]
-        finished_ids: list[str] = []
-        if include_finished:
-            finished_ids = [
-                task_id for task_id, _ in await self.state.index_range(self.keys.finished(team_id))
-            ]
-        # A task sent back from in-progress to pending after the first read of pending was
-        # read in neither: read pending again (entries are added before the old ones go).
-        ids += [task_id for task_id, _ in await self.state.index_range(self.keys.pending(team_id))]
-        ids = list(dict.fromkeys(ids))
+        ids, finished_ids = await self._indexed(team_id, include_finished=include_finished)
         keys = {task_id: self.keys.task(team_id, task_id) for task_id in [*ids, *finished_ids]}
         found = await self.state.get_many(list(keys.values()), model=TaskItem) if keys else {}
         # Grouped by each record's own status: the indexes are only hints.

@@ -185,6 +185,7 @@ class OrchestrationStateManager(StateManagerBase):
             capabilities=self._capabilities,
             agent_took=self._agent_took,
             agent_freed=self._agent_freed,
+            agent_change=self._agent_change,
             sync_interval=sync_interval,
             default_lease=default_lease or timedelta(seconds=30 * sync_interval),
             max_retries=max_retries,
@@ -407,6 +408,18 @@ class OrchestrationStateManager(StateManagerBase):
 
     async def _agent_freed(self, team_id: str, agent_id: str) -> None:
         await self._set_agent_if_member(team_id, agent_id, AgentStatus.IDLE, None)
+
+    @staticmethod
+    def _agent_change(current: Any, task_id: str | None) -> AgentCoordinationState:
+        """An agent's record after taking `task_id` (working), or letting go of one (idle)."""
+        agent = AgentCoordinationState.model_validate(current)
+        return agent.model_copy(
+            update={
+                "status": AgentStatus.WORKING if task_id is not None else AgentStatus.IDLE,
+                "current_task": task_id,
+                "updated_at": utcnow(),
+            }
+        )
 
     async def _set_agent_if_member(
         self, team_id: str, agent_id: str, status: AgentStatus, current_task: str | None
