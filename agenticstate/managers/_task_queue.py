@@ -418,6 +418,9 @@ class TaskQueue:
     def forget(self, team_id: str) -> None:
         """Drop what this queue remembers of a deleted team."""
         self._checked.pop(team_id, None)
+        prefix = self.keys.key(team_id, "")
+        for key in [key for key in self._known if key.startswith(prefix)]:
+            del self._known[key]
 
     async def restore(self, team_id: str, task: TaskItem) -> None:
         """Store a task already under way or finished, with its index entry.
@@ -911,6 +914,7 @@ class TaskQueue:
         See `OrchestrationStateManager.delete_task`.
         """
         key = self.keys.task(team_id, task_id)
+        self._forget(key)
         while True:
             entry = await self.state.get_entry(key, model=TaskItem)
             if entry is None:
