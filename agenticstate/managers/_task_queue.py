@@ -46,7 +46,7 @@ from agenticstate.txn import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from agenticstate.manager import StateManager
+    from agenticstate.manager import StateEntry, StateManager
     from agenticstate.txn import Op
 
 __all__ = [
@@ -90,6 +90,9 @@ _REPAIR_EVERY = 60
 
 _KNOWN_MAX = 4096
 """Records (tasks and agents) whose last version this process knows, at most (oldest go)."""
+
+_HEADS = 2
+"""Pending tasks after the one a claim took whose records the next claim reads with the index."""
 
 _AGENT_RETRIES = 3
 """Single-step attempts redone because only the agent's record changed meanwhile."""
@@ -302,6 +305,7 @@ class TaskQueue:
         # key -> (version, record) this process last wrote or read: 0 and None for missing.
         self._known: dict[str, tuple[int, Any]] = {}
         self._transact = True  # False once the backend said it has no transact
+        self._heads: dict[str, list[str]] = {}  # team id -> likely head of its pending index
 
     # single steps
 
@@ -418,6 +422,7 @@ class TaskQueue:
     def forget(self, team_id: str) -> None:
         """Drop what this queue remembers of a deleted team."""
         self._checked.pop(team_id, None)
+        self._heads.pop(team_id, None)
         prefix = self.keys.key(team_id, "")
         for key in [key for key in self._known if key.startswith(prefix)]:
             del self._known[key]
@@ -568,11 +573,8 @@ class TaskQueue:
         contended = False
         page = 16
         while True:
-            candidates = [
-                (task_id, score)
-                for task_id, score in await self.state.index_range(pending, limit=page)
-                if task_id not in skipped
-            ]
+            ranked, read = await self._candidates(team_id, page)
+            candidates = [(task_id, score) for task_id, score in ranked if task_id not in skipped]
             if not candidates:
                 return None
             while candidates:
@@ -586,7 +588,10 @@ class TaskQueue:
                     task_id, score = random.choice(window)  # noqa: S311  # load spreading
                 candidates.remove((task_id, score))
                 key = self.keys.task(team_id, task_id)
-                entry = await self.state.get_entry(key, model=TaskItem)
+                if task_id in read:
+                    entry = read.pop(task_id)  # read with the index, in the same step
+                else:
+                    entry = await self.state.get_entry(key, model=TaskItem)
                 task: TaskItem | None = entry.value if entry is not None else None
                 if entry is None or task is None or task.status is not TaskStatus.PENDING:
                     # A stale entry (the task was taken or finished): tidy it away, unless the
@@ -619,6 +624,8 @@ class TaskQueue:
                     contended = True
                     continue  # another worker won this one
                 if won is True:
+                    # The next candidates of this page: read with the index by the next claim.
+                    self._heads[team_id] = [c for c, _ in candidates[:_HEADS]]
                     return TaskClaim(
                         team_id=team_id,
                         task=taken,
@@ -646,6 +653,35 @@ class TaskQueue:
                     lease_expires_at=taken.lease_expires_at,
                 )
             page *= 2  # every candidate on this page was skipped or lost: look further
+
+    async def _candidates(
+        self, team_id: str, page: int
+    ) -> tuple[list[tuple[str, float]], dict[str, StateEntry | None]]:
+        """The head of the pending index, and the records of the tasks expected there.
+
+        One step reads both where the backend has `transact`: the index's first `page` entries
+        and the records of the tasks that followed the last task this process claimed (the
+        likely head now), so that a claim usually needs no separate read of its candidate. The
+        records are those of the same instant as the index. Only records of tasks in the
+        returned head are returned.
+        """
+        pending = self.keys.pending(team_id)
+        guesses = self._heads.pop(team_id, [])
+        if guesses and self._transact:
+            keys = [self.keys.task(team_id, task_id) for task_id in guesses]
+            done = await self._step(
+                [], [IndexRange(pending, limit=page), *[Get(key, model=TaskItem) for key in keys]]
+            )
+            if done is not None:
+                ranked, *entries = done.results
+                head = {task_id for task_id, _ in ranked}
+                read = {
+                    task_id: entry
+                    for task_id, entry in zip(guesses, entries, strict=True)
+                    if task_id in head
+                }
+                return ranked, read
+        return await self.state.index_range(pending, limit=page), {}
 
     async def _take_step(
         self, team_id: str, agent_id: str, key: str, version: int, taken: TaskItem, member: str
