@@ -18,7 +18,7 @@ import random
 import time
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -172,6 +172,14 @@ class TaskClaim(BaseModel):
         return self.task.task_id
 
 
+_Snapshot = tuple[list[tuple[str, float]], dict[str, "StateEntry | None"], list["Version"]]
+"""A team's pending index head, the records of some of its tasks, and the compares on the keys
+whose versions tell that nothing was added to the index since (see `TaskQueue._candidates`)."""
+
+_PAGE = 16
+"""Pending entries a claim reads first."""
+
+
 class _Mispredicted(Exception):  # noqa: N818  # internal signal, never raised to callers
     """A failure's outcome (retry or dead letter) differed from the one its TTL was chosen for."""
 
@@ -229,6 +237,14 @@ class TeamKeys(TaggedKeys):
     def sequence(self, team_id: str) -> str:
         """The enqueue counter: `teams:{<team_id>}:sequence`."""
         return self.key(team_id, "sequence")
+
+    def added(self, team_id: str) -> str:
+        """Written with (or after) every addition to the pending index: `teams:{<team_id>}:added`.
+
+        Its version tells a worker that nothing was added to the pending index since it last
+        read it (only claims removed entries).
+        """
+        return self.key(team_id, "added")
 
     def records(self, team_id: str, kind: str) -> str:
         """A glob over the team's `agents` or `tasks` records."""
@@ -306,6 +322,9 @@ class TaskQueue:
         self._known: dict[str, tuple[int, Any]] = {}
         self._transact = True  # False once the backend said it has no transact
         self._heads: dict[str, list[str]] = {}  # team id -> likely head of its pending index
+        # team id -> the pending index as this process's last step read it, with the records
+        # of its likely head, and the compares that hold while nothing was added to it since.
+        self._snapshots: dict[str, _Snapshot] = {}
 
     # single steps
 
@@ -423,6 +442,7 @@ class TaskQueue:
         """Drop what this queue remembers of a deleted team."""
         self._checked.pop(team_id, None)
         self._heads.pop(team_id, None)
+        self._snapshots.pop(team_id, None)
         prefix = self.keys.key(team_id, "")
         for key in [key for key in self._known if key.startswith(prefix)]:
             del self._known[key]
@@ -471,11 +491,28 @@ class TaskQueue:
                 else self.max_retries,
             }
         )
-        try:
-            await self.state.save(self.keys.task(team_id, item.task_id), item, expected_version=0)
-        except ConflictError:
-            raise ConflictError(f"task {item.task_id!r} is in team {team_id!r} already") from None
-        await self.state.index_add(self.keys.pending(team_id), self._order(item))
+        key = self.keys.task(team_id, item.task_id)
+        # Stored, indexed and announced (for claims reading snapshots) in one step.
+        done = await self._step(
+            [Version(key, 0)],
+            [
+                Put(key, item),
+                IndexAdd(self.keys.pending(team_id), self._order(item)),
+                Put(self.keys.added(team_id), item.task_id),
+            ],
+        )
+        if done is not None and not done.succeeded:
+            raise ConflictError(f"task {item.task_id!r} is in team {team_id!r} already")
+        if done is None:
+            try:
+                await self.state.save(key, item, expected_version=0)
+            except ConflictError:
+                raise ConflictError(
+                    f"task {item.task_id!r} is in team {team_id!r} already"
+                ) from None
+            await self.state.index_add(self.keys.pending(team_id), self._order(item))
+        else:
+            self._remember(key, done.results[0], item)
         return item
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
@@ -571,12 +608,15 @@ class TaskQueue:
         in_progress = self.keys.in_progress(team_id)
         skipped: set[str] = set()
         contended = False
-        page = 16
+        page = _PAGE
         while True:
-            ranked, read = await self._candidates(team_id, page)
+            ranked, read, guard = await self._candidates(team_id, page)
             candidates = [(task_id, score) for task_id, score in ranked if task_id not in skipped]
             if not candidates:
+                if guard:
+                    continue  # the snapshot may be behind: read the index itself
                 return None
+            stale = False
             while candidates:
                 task_id, score = candidates[0]
                 if contended:
@@ -619,11 +659,16 @@ class TaskQueue:
                 assert taken.lease_token is not None  # noqa: S101  # set by _take
                 assert taken.lease_expires_at is not None  # noqa: S101
                 member = self.keys.member(task_id, taken.lease_token)
-                won = await self._take_step(team_id, agent_id, key, entry.version, taken, member)
-                if won is False:
+                won = await self._take_step(
+                    team_id, agent_id, key, entry.version, taken, member, guard
+                )
+                if won == "stale":
+                    stale = True  # a task was added to pending since the snapshot
+                    break
+                if won == "lost":
                     contended = True
                     continue  # another worker won this one
-                if won is True:
+                if won == "taken":
                     # The next candidates of this page: read with the index by the next claim.
                     self._heads[team_id] = [c for c, _ in candidates[:_HEADS]]
                     return TaskClaim(
@@ -652,19 +697,25 @@ class TaskQueue:
                     lease_token=taken.lease_token,
                     lease_expires_at=taken.lease_expires_at,
                 )
+            if stale or guard:
+                continue  # read the index itself, from the start
             page *= 2  # every candidate on this page was skipped or lost: look further
 
-    async def _candidates(
-        self, team_id: str, page: int
-    ) -> tuple[list[tuple[str, float]], dict[str, StateEntry | None]]:
-        """The head of the pending index, and the records of the tasks expected there.
+    async def _candidates(self, team_id: str, page: int) -> _Snapshot:
+        """The head of the pending index, the records of the tasks expected there, and a guard.
 
-        One step reads both where the backend has `transact`: the index's first `page` entries
-        and the records of the tasks that followed the last task this process claimed (the
-        likely head now), so that a claim usually needs no separate read of its candidate. The
-        records are those of the same instant as the index. Only records of tasks in the
+        The first read of a claim uses the snapshot that this process's last completion or
+        failure of a task of the team took in its own step, if there is one. Its guard compares
+        the version of `TeamKeys.added` as that step read it, so a take compared on it fails if
+        a task was added to pending since (then the claim reads the index again). Else one step
+        reads the index's first `page` entries and the records of the tasks that followed the
+        last task this process claimed (the likely head now), with no guard. Either way the
+        records are those of the same instant as the index, and only records of tasks in the
         returned head are returned.
         """
+        snapshot = self._snapshots.pop(team_id, None)
+        if snapshot is not None and page == _PAGE:
+            return snapshot
         pending = self.keys.pending(team_id)
         guesses = self._heads.pop(team_id, [])
         if guesses and self._transact:
@@ -674,22 +725,52 @@ class TaskQueue:
             )
             if done is not None:
                 ranked, *entries = done.results
-                head = {task_id for task_id, _ in ranked}
-                read = {
-                    task_id: entry
-                    for task_id, entry in zip(guesses, entries, strict=True)
-                    if task_id in head
-                }
-                return ranked, read
-        return await self.state.index_range(pending, limit=page), {}
+                return ranked, self._head_entries(ranked, guesses, entries), []
+        return await self.state.index_range(pending, limit=page), {}, []
+
+    @staticmethod
+    def _head_entries(
+        ranked: list[tuple[str, float]], ids: list[str], entries: Sequence[StateEntry | None]
+    ) -> dict[str, StateEntry | None]:
+        head = {task_id for task_id, _ in ranked}
+        return {
+            task_id: entry for task_id, entry in zip(ids, entries, strict=True) if task_id in head
+        }
+
+    def _snapshot_ops(self, team_id: str) -> tuple[list[Op], list[str]]:
+        """The reads a completion or failure step ends with, for the next claim's snapshot.
+
+        Returns them and the ids of the tasks whose records they read.
+        """
+        guesses = self._heads.pop(team_id, [])
+        return [
+            IndexRange(self.keys.pending(team_id), limit=_PAGE),
+            Get(self.keys.added(team_id)),
+            *[Get(self.keys.task(team_id, task_id), model=TaskItem) for task_id in guesses],
+        ], guesses
+
+    def _keep_snapshot(self, team_id: str, guesses: list[str], results: Sequence[Any]) -> None:
+        """Keep what the `_snapshot_ops` at the end of a step read, for the next claim."""
+        ranked, added, *entries = results
+        guard = [Version(self.keys.added(team_id), 0 if added is None else added.version)]
+        self._snapshots[team_id] = (ranked, self._head_entries(ranked, guesses, entries), guard)
 
     async def _take_step(
-        self, team_id: str, agent_id: str, key: str, version: int, taken: TaskItem, member: str
-    ) -> bool | None:
-        """Take a task read at `version` in a single step: True if taken, False if lost.
+        self,
+        team_id: str,
+        agent_id: str,
+        key: str,
+        version: int,
+        taken: TaskItem,
+        member: str,
+        guard: list[Version],
+    ) -> Literal["taken", "lost", "stale", "none"]:
+        """Take a task read at `version` in a single step, compared also on `guard`.
 
-        `None` if the backend has no `transact`. Indexed and taken at once, the claim leaves
-        no stale index entry behind even when its worker dies right after.
+        Returns "taken", "lost" (the task changed), "stale" (a guard's key changed: a task was
+        added to pending since the snapshot), or "none" (the backend has no `transact`).
+        Indexed and taken at once, the claim leaves no stale index entry behind even when its
+        worker dies right after.
         """
         task_id = taken.task_id
         for _ in range(_AGENT_RETRIES):
@@ -701,22 +782,32 @@ class TaskQueue:
                 IndexRemove(self.keys.pending(team_id), [task_id]),
                 *agent_then,
             ]
-            orelse: list[Op] = [Get(key, model=TaskItem), *agent_back]
-            done = await self._step([Version(key, version), *compare], then, orelse)
+            orelse: list[Op] = [
+                Get(key, model=TaskItem),
+                *agent_back,
+                *[Get(check.key) for check in guard],
+            ]
+            done = await self._step([Version(key, version), *guard, *compare], then, orelse)
             if done is None:
-                return None
+                return "none"
             if done.succeeded:
                 self._remember(key, done.results[0], taken)
                 self._learn_agent(team_id, agent_id, then, done.results)
                 if agent is None:
                     await self._set_agent(team_id, agent_id, task_id)
-                return True
+                return "taken"
             self._learn_agent(team_id, agent_id, orelse, done.results)
             current = done.results[0]
             if current is None or current.version != version:
                 self._forget(key)
-                return False  # the task changed: another worker took it (or it went)
-        return False
+                return "lost"  # the task changed: another worker took it (or it went)
+            now = done.results[len(done.results) - len(guard) :]
+            if any(
+                (0 if entry is None else entry.version) != check.version
+                for check, entry in zip(guard, now, strict=True)
+            ):
+                return "stale"
+        return "lost"
 
     @staticmethod
     def _check_holder(task: TaskItem, lease_token: str | None, agent_id: str | None) -> None:
@@ -834,14 +925,19 @@ class TaskQueue:
         ttl = self.finished_task_ttl if finished and self.finished_task_ttl is not None else None
         member = self.keys.member(before.task_id, before.lease_token)
         holder = before.assigned_to
+        # Back to pending: say so, for the claims that read the index before (see _candidates).
+        added: list[Op] = [] if finished else [Put(self.keys.added(team_id), task.task_id)]
         for _ in range(_AGENT_RETRIES):
             agent = self._agent_step(team_id, holder, None)
             compare, agent_then, agent_back = agent or ([], [], [])
+            reads, guesses = self._snapshot_ops(team_id)
             then: list[Op] = [
                 Put(key, task, ttl=CONFIGURED if ttl is None else ttl),
                 entry,
+                *added,
                 IndexRemove(self.keys.in_progress(team_id), [member]),
                 *agent_then,
+                *reads,
             ]
             orelse: list[Op] = [Get(key, model=TaskItem), *agent_back]
             done = await self._step([Version(key, version), *compare], then, orelse)
@@ -850,6 +946,7 @@ class TaskQueue:
             if done.succeeded:
                 self._remember(key, done.results[0], task)
                 self._learn_agent(team_id, holder, then, done.results)
+                self._keep_snapshot(team_id, guesses, done.results[len(then) - len(reads) :])
                 if agent is None and holder is not None:
                     await self._set_agent(team_id, holder, None)
                 await self._finished_one(team_id, task)
@@ -868,6 +965,7 @@ class TaskQueue:
         # (get_queue_status) never finds the task in neither.
         if task.status is TaskStatus.PENDING:
             await self.state.index_add(self.keys.pending(team_id), self._order(task))
+            await self._added(team_id, task.task_id)
         else:
             await self.state.index_add(
                 self.keys.finished(team_id), {task.task_id: self._finished_score(task)}
@@ -876,6 +974,11 @@ class TaskQueue:
         if before.assigned_to is not None:
             await self._set_agent(team_id, before.assigned_to, None)
         await self._finished_one(team_id, task)
+
+    async def _added(self, team_id: str, task_id: str) -> None:
+        """Say that a task was added to pending (after it was indexed): see `_candidates`."""
+        if self._transact:  # only a backend with transact has claims that read snapshots
+            await self.state.save(self.keys.added(team_id), task_id)
 
     async def _finished_one(self, team_id: str, task: TaskItem) -> None:
         """Count a task that just left in-progress; tidy the finished index every 32nd."""
@@ -1090,6 +1193,7 @@ class TaskQueue:
         except (InvalidTransitionError, NotFoundError):
             return False
         await self.state.index_add(self.keys.pending(team_id), self._order(back))
+        await self._added(team_id, back.task_id)
         if task.assigned_to is not None:
             await self._set_agent(team_id, task.assigned_to, None)
         self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
@@ -1148,6 +1252,8 @@ class TaskQueue:
         ):
             if adds:
                 await self.state.index_add(index, adds)
+        if add_pending:
+            await self._added(team_id, next(iter(add_pending)))
         if gone:
             await self.state.index_remove(finished, gone)
         if unleased:

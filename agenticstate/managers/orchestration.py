@@ -40,6 +40,7 @@ Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Red
 | in-progress index (sorted) | `teams:{<team_id>}:in-progress`, score = lease expiry |
 | finished index (sorted) | `teams:{<team_id>}:finished`, score = when the task finished |
 | enqueue sequence | `teams:{<team_id>}:sequence` |
+| marker written with each addition to pending | `teams:{<team_id>}:added` |
 """
 
 from __future__ import annotations
@@ -326,8 +327,10 @@ class OrchestrationStateManager(StateManagerBase):
             NotFoundError: No such team (and nothing of one left).
         """
         deleted = int(await self.state.delete(self._keys.team(team_id)))
+        marker = self._keys.added(team_id)  # the queue's own marker: not a record
         for key in await self.state.list_keys(self._keys.glob(team_id, "*")):
-            deleted += await self.state.delete(key)
+            gone = await self.state.delete(key)
+            deleted += gone and key != marker
         entries = 0
         keys = self._keys
         for index in (keys.pending(team_id), keys.in_progress(team_id), keys.finished(team_id)):

@@ -120,7 +120,6 @@ async def _queue(redis_state: StateManager) -> OrchestrationStateManager:
     return orch
 
 
-@today(2, "EVALSHA x2: the index with the likely candidates, then the take")
 async def test_a_queue_claim_is_one_command(url: str, redis_state: StateManager) -> None:
     orch = await _queue(redis_state)
     async with command_counts(url) as counts:
