@@ -34,6 +34,8 @@ from agenticstate.exceptions import (
 from agenticstate.managers._base import TaggedKeys, key_part, sort_time, utcnow
 from agenticstate.txn import (
     CONFIGURED,
+    Delete,
+    Exists,
     Get,
     IndexAdd,
     IndexRange,
@@ -246,6 +248,14 @@ class TeamKeys(TaggedKeys):
         """
         return self.key(team_id, "added")
 
+    def lease(self, team_id: str, task_id: str, lease_token: str) -> str:
+        """Present while a claim holds its task: `teams:{<team_id>}:leases:<task_id>:<token>`.
+
+        A single step on a task compares it present as well as the task's version: a version
+        alone could come round again after the task was deleted and enqueued anew.
+        """
+        return self.key(team_id, "leases", key_part(task_id, "task_id"), lease_token)
+
     def records(self, team_id: str, kind: str) -> str:
         """A glob over the team's `agents` or `tasks` records."""
         return self.glob(team_id, kind, "*")
@@ -338,7 +348,7 @@ class TaskQueue:
         self._known.pop(key, None)
 
     async def _step(
-        self, compare: Sequence[Version], then: Sequence[Op], orelse: Sequence[Op] = ()
+        self, compare: Sequence[Version | Exists], then: Sequence[Op], orelse: Sequence[Op] = ()
     ) -> TransactResult | None:
         """One `StateManager.transact`; `None` if the backend has none (then never again)."""
         if not self._transact:
@@ -660,7 +670,7 @@ class TaskQueue:
                 assert taken.lease_expires_at is not None  # noqa: S101
                 member = self.keys.member(task_id, taken.lease_token)
                 won = await self._take_step(
-                    team_id, agent_id, key, entry.version, taken, member, guard
+                    team_id, agent_id, key, entry.version, taken, member, guard, lease
                 )
                 if won == "stale":
                     stale = True  # a task was added to pending since the snapshot
@@ -764,6 +774,7 @@ class TaskQueue:
         taken: TaskItem,
         member: str,
         guard: list[Version],
+        lease: timedelta,
     ) -> Literal["taken", "lost", "stale", "none"]:
         """Take a task read at `version` in a single step, compared also on `guard`.
 
@@ -776,8 +787,10 @@ class TaskQueue:
         for _ in range(_AGENT_RETRIES):
             agent = self._agent_step(team_id, agent_id, task_id)
             compare, agent_then, agent_back = agent or ([], [], [])
+            assert taken.lease_token is not None  # noqa: S101  # a claim always has one
             then: list[Op] = [
                 Put(key, taken),
+                Put(self.keys.lease(team_id, task_id, taken.lease_token), task_id, ttl=2 * lease),
                 IndexAdd(self.keys.in_progress(team_id), {member: self._lease_score(taken)}),
                 IndexRemove(self.keys.pending(team_id), [task_id]),
                 *agent_then,
@@ -845,7 +858,11 @@ class TaskQueue:
             version, held = known
             key = self.keys.task(team_id, task_id)
             extended = extend(held).model_copy(update={"updated_at": utcnow()})
-            done = await self._step([Version(key, version)], [Put(key, extended)])
+            held_key = self.keys.lease(team_id, task_id, lease_token)
+            done = await self._step(
+                [Version(key, version), Exists(held_key)],
+                [Put(key, extended), Put(held_key, task_id, ttl=2 * life)],
+            )
             if done is not None and done.succeeded:
                 self._remember(key, done.results[0], extended)
                 return extended
@@ -897,6 +914,8 @@ class TaskQueue:
         if known is None or not isinstance(known[1], TaskItem):
             return None
         version, task = known
+        if task.lease_token is None:
+            return None
         try:
             self._check_holder(task, lease_token, agent_id)
         except ConflictError:
@@ -924,6 +943,8 @@ class TaskQueue:
             entry = IndexAdd(self.keys.pending(team_id), self._order(task))
         ttl = self.finished_task_ttl if finished and self.finished_task_ttl is not None else None
         member = self.keys.member(before.task_id, before.lease_token)
+        assert before.lease_token is not None  # noqa: S101  # see _held
+        held_key = self.keys.lease(team_id, before.task_id, before.lease_token)
         holder = before.assigned_to
         # Back to pending: say so, for the claims that read the index before (see _candidates).
         added: list[Op] = [] if finished else [Put(self.keys.added(team_id), task.task_id)]
@@ -936,11 +957,14 @@ class TaskQueue:
                 entry,
                 *added,
                 IndexRemove(self.keys.in_progress(team_id), [member]),
+                Delete(held_key),
                 *agent_then,
                 *reads,
             ]
-            orelse: list[Op] = [Get(key, model=TaskItem), *agent_back]
-            done = await self._step([Version(key, version), *compare], then, orelse)
+            orelse: list[Op] = [Get(key, model=TaskItem), Get(held_key), *agent_back]
+            done = await self._step(
+                [Version(key, version), Exists(held_key), *compare], then, orelse
+            )
             if done is None:
                 return None
             if done.succeeded:
@@ -953,7 +977,7 @@ class TaskQueue:
                 return task
             self._learn_agent(team_id, holder, orelse, done.results)
             current = done.results[0]
-            if current is None or current.version != version:
+            if current is None or current.version != version or done.results[1] is None:
                 self._forget(key)
                 return None
         return None
@@ -1064,6 +1088,8 @@ class TaskQueue:
                 continue  # it changed meanwhile: delete what it is now
             break
         task: TaskItem = entry.value
+        if task.lease_token is not None:  # its holder's single steps must fail from now on
+            await self.state.delete(self.keys.lease(team_id, task_id, task.lease_token))
         await self.state.index_remove(self.keys.pending(team_id), [task_id])
         await self.state.index_remove(self.keys.finished(team_id), [task_id])
         if task.status is TaskStatus.IN_PROGRESS:

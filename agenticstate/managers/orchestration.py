@@ -41,6 +41,7 @@ Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Red
 | finished index (sorted) | `teams:{<team_id>}:finished`, score = when the task finished |
 | enqueue sequence | `teams:{<team_id>}:sequence` |
 | marker written with each addition to pending | `teams:{<team_id>}:added` |
+| a claim's lease marker (present while it holds) | `teams:{<team_id>}:leases:<task_id>:<token>` |
 """
 
 from __future__ import annotations
@@ -327,10 +328,11 @@ class OrchestrationStateManager(StateManagerBase):
             NotFoundError: No such team (and nothing of one left).
         """
         deleted = int(await self.state.delete(self._keys.team(team_id)))
-        marker = self._keys.added(team_id)  # the queue's own marker: not a record
+        # The queue's own markers (see TeamKeys.added and .lease) are not records.
+        marker, leases = self._keys.added(team_id), self._keys.key(team_id, "leases", "")
         for key in await self.state.list_keys(self._keys.glob(team_id, "*")):
             gone = await self.state.delete(key)
-            deleted += gone and key != marker
+            deleted += gone and key != marker and not key.startswith(leases)
         entries = 0
         keys = self._keys
         for index in (keys.pending(team_id), keys.in_progress(team_id), keys.finished(team_id)):

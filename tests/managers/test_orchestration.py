@@ -725,3 +725,33 @@ async def test_single_steps_follow_changes_made_elsewhere(
     assert queue.pending == queue.in_progress == []
     team = await orch.get_team("research_team")
     assert {a.status for a in team.agents.values()} == {AgentStatus.IDLE}
+
+
+async def test_a_claim_on_a_deleted_and_enqueued_again_task_is_refused(
+    orch: OrchestrationStateManager, state: StateManager
+) -> None:
+    """A task deleted and enqueued anew under the same id starts its versions again; a holder
+    of the old claim can neither heartbeat nor complete nor fail the new one."""
+    other = OrchestrationStateManager(state_manager=state)
+    await orch.enqueue_task("research_team", {"id": "t"})
+    old = await orch.claim_task("research_team", "w1")
+    assert old is not None
+    await other.delete_task("research_team", "t")
+    await other.enqueue_task("research_team", {"id": "t"})
+    new = await other.claim_task("research_team", "w2")
+    assert new is not None
+    assert new.task_id == "t"
+    with pytest.raises(ConflictError):
+        await orch.heartbeat("research_team", "t", old.lease_token)
+    with pytest.raises(ConflictError):
+        await orch.complete_task("research_team", "t", 1, lease_token=old.lease_token)
+    with pytest.raises(ConflictError):
+        await orch.fail_task("research_team", "t", "boom", lease_token=old.lease_token)
+    task = await orch.get_task("research_team", "t")
+    assert (task.status, task.assigned_to, task.lease_token) == (
+        TaskStatus.IN_PROGRESS,
+        "w2",
+        new.lease_token,
+    )
+    await other.complete_task("research_team", "t", 2, lease_token=new.lease_token)
+    assert (await orch.get_task("research_team", "t")).result == 2
