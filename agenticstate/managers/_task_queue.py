@@ -178,6 +178,10 @@ _Snapshot = tuple[list[tuple[str, float]], dict[str, "StateEntry | None"], list[
 """A team's pending index head, the records of some of its tasks, and the compares on the keys
 whose versions tell that nothing was added to the index since (see `TaskQueue._candidates`)."""
 
+_SNAPSHOT_LIFE = 2.0
+"""Seconds a claim may use a snapshot of the pending index (versions restart after a deletion:
+a snapshot kept long could meet a team deleted and made anew)."""
+
 _PAGE = 16
 """Pending entries a claim reads first."""
 
@@ -334,7 +338,7 @@ class TaskQueue:
         self._heads: dict[str, list[str]] = {}  # team id -> likely head of its pending index
         # team id -> the pending index as this process's last step read it, with the records
         # of its likely head, and the compares that hold while nothing was added to it since.
-        self._snapshots: dict[str, _Snapshot] = {}
+        self._snapshots: dict[str, tuple[float, _Snapshot]] = {}  # with when it was read
 
     # single steps
 
@@ -508,7 +512,7 @@ class TaskQueue:
             [
                 Put(key, item),
                 IndexAdd(self.keys.pending(team_id), self._order(item)),
-                Put(self.keys.added(team_id), item.task_id),
+                Put(self.keys.added(team_id), item.task_id, ttl=None),
             ],
         )
         if done is not None and not done.succeeded:
@@ -723,9 +727,9 @@ class TaskQueue:
         records are those of the same instant as the index, and only records of tasks in the
         returned head are returned.
         """
-        snapshot = self._snapshots.pop(team_id, None)
-        if snapshot is not None and page == _PAGE:
-            return snapshot
+        kept = self._snapshots.pop(team_id, None)
+        if kept is not None and page == _PAGE and time.monotonic() - kept[0] < _SNAPSHOT_LIFE:
+            return kept[1]
         pending = self.keys.pending(team_id)
         guesses = self._heads.pop(team_id, [])
         if guesses and self._transact:
@@ -763,7 +767,8 @@ class TaskQueue:
         """Keep what the `_snapshot_ops` at the end of a step read, for the next claim."""
         ranked, added, *entries = results
         guard = [Version(self.keys.added(team_id), 0 if added is None else added.version)]
-        self._snapshots[team_id] = (ranked, self._head_entries(ranked, guesses, entries), guard)
+        snapshot = (ranked, self._head_entries(ranked, guesses, entries), guard)
+        self._snapshots[team_id] = (time.monotonic(), snapshot)
 
     async def _take_step(
         self,
@@ -947,7 +952,9 @@ class TaskQueue:
         held_key = self.keys.lease(team_id, before.task_id, before.lease_token)
         holder = before.assigned_to
         # Back to pending: say so, for the claims that read the index before (see _candidates).
-        added: list[Op] = [] if finished else [Put(self.keys.added(team_id), task.task_id)]
+        added: list[Op] = (
+            [] if finished else [Put(self.keys.added(team_id), task.task_id, ttl=None)]
+        )
         for _ in range(_AGENT_RETRIES):
             agent = self._agent_step(team_id, holder, None)
             compare, agent_then, agent_back = agent or ([], [], [])
@@ -1002,7 +1009,7 @@ class TaskQueue:
     async def _added(self, team_id: str, task_id: str) -> None:
         """Say that a task was added to pending (after it was indexed): see `_candidates`."""
         if self._transact:  # only a backend with transact has claims that read snapshots
-            await self.state.save(self.keys.added(team_id), task_id)
+            await self.state.save(self.keys.added(team_id), task_id, ttl=None)
 
     async def _finished_one(self, team_id: str, task: TaskItem) -> None:
         """Count a task that just left in-progress; tidy the finished index every 32nd."""
