@@ -292,14 +292,17 @@ class TaskQueue:
             of one (`None`), from its record before: for the single-step writes below.
         sync_interval, default_lease, max_retries, finished_task_ttl: As the manager's.
 
-    Single steps: where the backend has `transact` (every built-in one), a claim's take, a
-    completion, a failure and a heartbeat are each one atomic `StateManager.transact` (one
-    round trip on Redis) that moves the task and its index entries and sets its holder's record,
-    compared on the versions of the task and the agent record this process last wrote or read.
-    The queue remembers those versions (`_known`, at most `_KNOWN_MAX` records); when one is
+    Single steps: where the backend has `transact` (every built-in one), an enqueue's store, a
+    claim's take, a completion, a failure and a heartbeat are each one atomic
+    `StateManager.transact` (one round trip on Redis) that moves the task and its index entries
+    and sets its holder's record, compared on the versions of the task and the agent record
+    this process last wrote or read, and on the claim's lease marker (`TeamKeys.lease`). The
+    queue remembers those versions (`_known`, at most `_KNOWN_MAX` records); when one is
     unknown or stale, the step fails its compare, reads them back in the same round trip, and
     the call falls back to the multi-call path (a read, then a compare-and-set), which gives
-    the exact errors. A backend without `transact` always takes that path.
+    the exact errors. A completion or failure step also reads the head of the pending index
+    for the next claim (see `_candidates`). A backend without `transact` always takes the
+    multi-call path. docs/managers/orchestration.md describes it all.
     """
 
     def __init__(
