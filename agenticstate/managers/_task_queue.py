@@ -18,7 +18,7 @@ import random
 import time
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,13 +29,27 @@ from agenticstate.exceptions import (
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
+    UnsupportedOperationError,
 )
 from agenticstate.managers._base import TaggedKeys, key_part, sort_time, utcnow
+from agenticstate.txn import (
+    CONFIGURED,
+    Delete,
+    Exists,
+    Get,
+    IndexAdd,
+    IndexRange,
+    IndexRemove,
+    Put,
+    TransactResult,
+    Version,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
-    from agenticstate.manager import StateManager
+    from agenticstate.manager import StateEntry, StateManager
+    from agenticstate.txn import Op
 
 __all__ = [
     "TaskClaim",
@@ -75,6 +89,15 @@ _UNLEASED = "-"
 
 _REPAIR_EVERY = 60
 """`sync_interval`s between two checks of a team's task records against its indexes."""
+
+_KNOWN_MAX = 4096
+"""Records (tasks and agents) whose last version this process knows, at most (oldest go)."""
+
+_HEADS = 2
+"""Pending tasks after the one a claim took whose records the next claim reads with the index."""
+
+_AGENT_RETRIES = 3
+"""Single-step attempts redone because only the agent's record changed meanwhile."""
 
 
 class TaskStatus(StrEnum):
@@ -151,6 +174,18 @@ class TaskClaim(BaseModel):
         return self.task.task_id
 
 
+_Snapshot = tuple[list[tuple[str, float]], dict[str, "StateEntry | None"], list["Version"]]
+"""A team's pending index head, the records of some of its tasks, and the compares on the keys
+whose versions tell that nothing was added to the index since (see `TaskQueue._candidates`)."""
+
+_SNAPSHOT_LIFE = 2.0
+"""Seconds a claim may use a snapshot of the pending index (versions restart after a deletion:
+a snapshot kept long could meet a team deleted and made anew)."""
+
+_PAGE = 16
+"""Pending entries a claim reads first."""
+
+
 class _Mispredicted(Exception):  # noqa: N818  # internal signal, never raised to callers
     """A failure's outcome (retry or dead letter) differed from the one its TTL was chosen for."""
 
@@ -209,6 +244,22 @@ class TeamKeys(TaggedKeys):
         """The enqueue counter: `teams:{<team_id>}:sequence`."""
         return self.key(team_id, "sequence")
 
+    def added(self, team_id: str) -> str:
+        """Written with (or after) every addition to the pending index: `teams:{<team_id>}:added`.
+
+        Its version tells a worker that nothing was added to the pending index since it last
+        read it (only claims removed entries).
+        """
+        return self.key(team_id, "added")
+
+    def lease(self, team_id: str, task_id: str, lease_token: str) -> str:
+        """Present while a claim holds its task: `teams:{<team_id>}:leases:<task_id>:<token>`.
+
+        A single step on a task compares it present as well as the task's version: a version
+        alone could come round again after the task was deleted and enqueued anew.
+        """
+        return self.key(team_id, "leases", key_part(task_id, "task_id"), lease_token)
+
     def records(self, team_id: str, kind: str) -> str:
         """A glob over the team's `agents` or `tasks` records."""
         return self.glob(team_id, kind, "*")
@@ -237,7 +288,21 @@ class TaskQueue:
         capabilities: The capabilities an agent has in a team (none if not a member).
         agent_took: Called when an agent took a task (sets it working, if a member).
         agent_freed: Called when an agent let go of its task (sets it idle, if a member).
+        agent_change: An agent's record as it is after taking a task (its id) or letting go
+            of one (`None`), from its record before: for the single-step writes below.
         sync_interval, default_lease, max_retries, finished_task_ttl: As the manager's.
+
+    Single steps: where the backend has `transact` (every built-in one), an enqueue's store, a
+    claim's take, a completion, a failure and a heartbeat are each one atomic
+    `StateManager.transact` (one round trip on Redis) that moves the task and its index entries
+    and sets its holder's record, compared on the versions of the task and the agent record
+    this process last wrote or read, and on the claim's lease marker (`TeamKeys.lease`). The
+    queue remembers those versions (`_known`, at most `_KNOWN_MAX` records); when one is
+    unknown or stale, the step fails its compare, reads them back in the same round trip, and
+    the call falls back to the multi-call path (a read, then a compare-and-set), which gives
+    the exact errors. A completion or failure step also reads the head of the pending index
+    for the next claim (see `_candidates`). A backend without `transact` always takes the
+    multi-call path. docs/managers/orchestration.md describes it all.
     """
 
     def __init__(
@@ -250,6 +315,7 @@ class TaskQueue:
         capabilities: Callable[[str, str], Awaitable[set[str]]],
         agent_took: Callable[[str, str, str], Awaitable[None]],
         agent_freed: Callable[[str, str], Awaitable[None]],
+        agent_change: Callable[[Any, str | None], Any],
         sync_interval: float,
         default_lease: timedelta,
         max_retries: int,
@@ -262,12 +328,99 @@ class TaskQueue:
         self._capabilities = capabilities
         self._agent_took = agent_took
         self._agent_freed = agent_freed
+        self._agent_change = agent_change
         self.sync_interval = sync_interval
         self.default_lease = default_lease
         self.max_retries = max_retries
         self.finished_task_ttl = finished_task_ttl
         self._checked: dict[str, float] = {}  # team id -> when its indexes were last checked
         self._finishes = 0  # tasks finished here: every 32nd tidies the index
+        # key -> (version, record) this process last wrote or read: 0 and None for missing.
+        self._known: dict[str, tuple[int, Any]] = {}
+        self._transact = True  # False once the backend said it has no transact
+        self._heads: dict[str, list[str]] = {}  # team id -> likely head of its pending index
+        # team id -> the pending index as this process's last step read it, with the records
+        # of its likely head, and the compares that hold while nothing was added to it since.
+        self._snapshots: dict[str, tuple[float, _Snapshot]] = {}  # with when it was read
+
+    # single steps
+
+    def _remember(self, key: str, version: int, value: Any) -> None:
+        self._known.pop(key, None)
+        self._known[key] = (version, value)
+        if len(self._known) > _KNOWN_MAX:
+            del self._known[next(iter(self._known))]
+
+    def _forget(self, key: str) -> None:
+        self._known.pop(key, None)
+
+    async def _step(
+        self, compare: Sequence[Version | Exists], then: Sequence[Op], orelse: Sequence[Op] = ()
+    ) -> TransactResult | None:
+        """One `StateManager.transact`; `None` if the backend has none (then never again)."""
+        if not self._transact:
+            return None
+        try:
+            return await self.state.transact(compare, then, orelse)
+        except UnsupportedOperationError:
+            self._transact = False
+            return None
+
+    def _agent_step(
+        self, team_id: str, agent_id: str | None, task_id: str | None
+    ) -> tuple[list[Version], list[Op], list[Op]] | None:
+        """The compare, write and read-back of setting an agent's record in a single step.
+
+        `None` if this process does not know the record's version (then it is set apart, by
+        `_set_agent`). A known non-member is compared as missing and left alone.
+        """
+        if agent_id is None:
+            return [], [], []
+        key = self.keys.agent(team_id, agent_id)
+        known = self._known.get(key)
+        if known is None:
+            return None
+        version, record = known
+        if version == 0:
+            return [Version(key, 0)], [], [Get(key)]
+        return [Version(key, version)], [Put(key, self._agent_change(record, task_id))], [Get(key)]
+
+    def _learn_agent(
+        self, team_id: str, agent_id: str | None, then: Sequence[Op], results: Sequence[Any]
+    ) -> None:
+        """Remember the agent record a single step wrote or read back (the last op on it)."""
+        if agent_id is None:
+            return
+        key = self.keys.agent(team_id, agent_id)
+        for op, result in zip(then, results, strict=True):
+            if isinstance(op, Put) and op.key == key:
+                self._remember(key, result, op.value)
+            elif isinstance(op, Get) and op.key == key:
+                self._remember(
+                    key, *((0, None) if result is None else (result.version, result.value))
+                )
+
+    async def _set_agent(self, team_id: str, agent_id: str, task_id: str | None) -> None:
+        """Set an agent's record apart from the task's step (working on `task_id`, or idle)."""
+        key = self.keys.agent(team_id, agent_id)
+        if self._transact:
+            # A read and a compare-and-set, so that the next steps know the record's version.
+            entry = await self.state.get_entry(key)
+            if entry is None:
+                self._remember(key, 0, None)
+                return
+            record = self._agent_change(entry.value, task_id)
+            try:
+                version = await self.state.save(key, record, expected_version=entry.version)
+            except ConflictError:
+                self._forget(key)
+            else:
+                self._remember(key, version, record)
+                return
+        if task_id is not None:
+            await self._agent_took(team_id, agent_id, task_id)
+        else:
+            await self._agent_freed(team_id, agent_id)
 
     # records and scores
 
@@ -305,6 +458,11 @@ class TaskQueue:
     def forget(self, team_id: str) -> None:
         """Drop what this queue remembers of a deleted team."""
         self._checked.pop(team_id, None)
+        self._heads.pop(team_id, None)
+        self._snapshots.pop(team_id, None)
+        prefix = self.keys.key(team_id, "")
+        for key in [key for key in self._known if key.startswith(prefix)]:
+            del self._known[key]
 
     async def restore(self, team_id: str, task: TaskItem) -> None:
         """Store a task already under way or finished, with its index entry.
@@ -350,11 +508,28 @@ class TaskQueue:
                 else self.max_retries,
             }
         )
-        try:
-            await self.state.save(self.keys.task(team_id, item.task_id), item, expected_version=0)
-        except ConflictError:
-            raise ConflictError(f"task {item.task_id!r} is in team {team_id!r} already") from None
-        await self.state.index_add(self.keys.pending(team_id), self._order(item))
+        key = self.keys.task(team_id, item.task_id)
+        # Stored, indexed and announced (for claims reading snapshots) in one step.
+        done = await self._step(
+            [Version(key, 0)],
+            [
+                Put(key, item),
+                IndexAdd(self.keys.pending(team_id), self._order(item)),
+                Put(self.keys.added(team_id), item.task_id, ttl=None),
+            ],
+        )
+        if done is not None and not done.succeeded:
+            raise ConflictError(f"task {item.task_id!r} is in team {team_id!r} already")
+        if done is None:
+            try:
+                await self.state.save(key, item, expected_version=0)
+            except ConflictError:
+                raise ConflictError(
+                    f"task {item.task_id!r} is in team {team_id!r} already"
+                ) from None
+            await self.state.index_add(self.keys.pending(team_id), self._order(item))
+        else:
+            self._remember(key, done.results[0], item)
         return item
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
@@ -380,10 +555,10 @@ class TaskQueue:
             before[:] = [task]  # the last run is the one that committed
             return fn(task).model_copy(update={"updated_at": utcnow()})
 
+        key = self.keys.task(team_id, task_id)
+        self._forget(key)  # its next version is not learned here
         try:
-            value = await self.state.update(
-                self.keys.task(team_id, task_id), apply, **self._finished_ttl(finished)
-            )
+            value = await self.state.update(key, apply, **self._finished_ttl(finished))
         except NotFoundError:
             raise NotFoundError(f"team {team_id!r} has no task {task_id!r}") from None
         return before[0], TaskItem.model_validate(value)
@@ -428,7 +603,7 @@ class TaskQueue:
             await self.state.index_remove(in_progress, [member])
             raise
         await self.state.index_remove(self.keys.pending(team_id), [task.task_id])
-        await self._agent_took(team_id, agent_id, task_id)
+        await self._set_agent(team_id, agent_id, task_id)
         return task
 
     async def claim_task(
@@ -450,15 +625,15 @@ class TaskQueue:
         in_progress = self.keys.in_progress(team_id)
         skipped: set[str] = set()
         contended = False
-        page = 16
+        page = _PAGE
         while True:
-            candidates = [
-                (task_id, score)
-                for task_id, score in await self.state.index_range(pending, limit=page)
-                if task_id not in skipped
-            ]
+            ranked, read, guard = await self._candidates(team_id, page)
+            candidates = [(task_id, score) for task_id, score in ranked if task_id not in skipped]
             if not candidates:
+                if guard:
+                    continue  # the snapshot may be behind: read the index itself
                 return None
+            stale = False
             while candidates:
                 task_id, score = candidates[0]
                 if contended:
@@ -470,11 +645,20 @@ class TaskQueue:
                     task_id, score = random.choice(window)  # noqa: S311  # load spreading
                 candidates.remove((task_id, score))
                 key = self.keys.task(team_id, task_id)
-                entry = await self.state.get_entry(key, model=TaskItem)
+                if task_id in read:
+                    entry = read.pop(task_id)  # read with the index, in the same step
+                else:
+                    entry = await self.state.get_entry(key, model=TaskItem)
                 task: TaskItem | None = entry.value if entry is not None else None
                 if entry is None or task is None or task.status is not TaskStatus.PENDING:
-                    # A stale entry (the task was taken or finished): tidy it away.
-                    await self.state.index_remove(pending, [task_id])
+                    # A stale entry (the task was taken or finished): tidy it away, unless the
+                    # task changed since (it may be pending again, and indexed again).
+                    version = 0 if entry is None else entry.version
+                    tidied = await self._step(
+                        [Version(key, version)], [IndexRemove(pending, [task_id])]
+                    )
+                    if tidied is None:
+                        await self.state.index_remove(pending, [task_id])
                     continue
                 if task.capability is not None:
                     if capability is not None and task.capability != capability:
@@ -491,27 +675,160 @@ class TaskQueue:
                 )
                 assert taken.lease_token is not None  # noqa: S101  # set by _take
                 assert taken.lease_expires_at is not None  # noqa: S101
+                member = self.keys.member(task_id, taken.lease_token)
+                won = await self._take_step(
+                    team_id, agent_id, key, entry.version, taken, member, guard, lease
+                )
+                if won == "stale":
+                    stale = True  # a task was added to pending since the snapshot
+                    break
+                if won == "lost":
+                    contended = True
+                    continue  # another worker won this one
+                if won == "taken":
+                    # The next candidates of this page: read with the index by the next claim.
+                    self._heads[team_id] = [c for c, _ in candidates[:_HEADS]]
+                    return TaskClaim(
+                        team_id=team_id,
+                        task=taken,
+                        lease_token=taken.lease_token,
+                        lease_expires_at=taken.lease_expires_at,
+                    )
                 # The claim is indexed before the task is taken, so that a worker dying between
                 # the two leaves a stale entry (tidied by the reaper), never an unreapable task.
-                member = self.keys.member(task_id, taken.lease_token)
                 await self.state.index_add(in_progress, {member: self._lease_score(taken)})
                 try:
                     # Compare-and-set on the version just read: one round trip, and only one
                     # claimer can win it.
-                    await self.state.save(key, taken, expected_version=entry.version)
+                    version = await self.state.save(key, taken, expected_version=entry.version)
                 except ConflictError:
                     await self.state.index_remove(in_progress, [member])
                     contended = True
                     continue  # another worker won this one
+                self._remember(key, version, taken)
                 await self.state.index_remove(pending, [task_id])
-                await self._agent_took(team_id, agent_id, task_id)
+                await self._set_agent(team_id, agent_id, task_id)
                 return TaskClaim(
                     team_id=team_id,
                     task=taken,
                     lease_token=taken.lease_token,
                     lease_expires_at=taken.lease_expires_at,
                 )
+            if stale or guard:
+                continue  # read the index itself, from the start
             page *= 2  # every candidate on this page was skipped or lost: look further
+
+    async def _candidates(self, team_id: str, page: int) -> _Snapshot:
+        """The head of the pending index, the records of the tasks expected there, and a guard.
+
+        The first read of a claim uses the snapshot that this process's last completion or
+        failure of a task of the team took in its own step, if there is one. Its guard compares
+        the version of `TeamKeys.added` as that step read it, so a take compared on it fails if
+        a task was added to pending since (then the claim reads the index again). Else one step
+        reads the index's first `page` entries and the records of the tasks that followed the
+        last task this process claimed (the likely head now), with no guard. Either way the
+        records are those of the same instant as the index, and only records of tasks in the
+        returned head are returned.
+        """
+        kept = self._snapshots.pop(team_id, None)
+        if kept is not None and page == _PAGE and time.monotonic() - kept[0] < _SNAPSHOT_LIFE:
+            return kept[1]
+        pending = self.keys.pending(team_id)
+        guesses = self._heads.pop(team_id, [])
+        if guesses and self._transact:
+            keys = [self.keys.task(team_id, task_id) for task_id in guesses]
+            done = await self._step(
+                [], [IndexRange(pending, limit=page), *[Get(key, model=TaskItem) for key in keys]]
+            )
+            if done is not None:
+                ranked, *entries = done.results
+                return ranked, self._head_entries(ranked, guesses, entries), []
+        return await self.state.index_range(pending, limit=page), {}, []
+
+    @staticmethod
+    def _head_entries(
+        ranked: list[tuple[str, float]], ids: list[str], entries: Sequence[StateEntry | None]
+    ) -> dict[str, StateEntry | None]:
+        head = {task_id for task_id, _ in ranked}
+        return {
+            task_id: entry for task_id, entry in zip(ids, entries, strict=True) if task_id in head
+        }
+
+    def _snapshot_ops(self, team_id: str) -> tuple[list[Op], list[str]]:
+        """The reads a completion or failure step ends with, for the next claim's snapshot.
+
+        Returns them and the ids of the tasks whose records they read.
+        """
+        guesses = self._heads.pop(team_id, [])
+        return [
+            IndexRange(self.keys.pending(team_id), limit=_PAGE),
+            Get(self.keys.added(team_id)),
+            *[Get(self.keys.task(team_id, task_id), model=TaskItem) for task_id in guesses],
+        ], guesses
+
+    def _keep_snapshot(self, team_id: str, guesses: list[str], results: Sequence[Any]) -> None:
+        """Keep what the `_snapshot_ops` at the end of a step read, for the next claim."""
+        ranked, added, *entries = results
+        guard = [Version(self.keys.added(team_id), 0 if added is None else added.version)]
+        snapshot = (ranked, self._head_entries(ranked, guesses, entries), guard)
+        self._snapshots[team_id] = (time.monotonic(), snapshot)
+
+    async def _take_step(
+        self,
+        team_id: str,
+        agent_id: str,
+        key: str,
+        version: int,
+        taken: TaskItem,
+        member: str,
+        guard: list[Version],
+        lease: timedelta,
+    ) -> Literal["taken", "lost", "stale", "none"]:
+        """Take a task read at `version` in a single step, compared also on `guard`.
+
+        Returns "taken", "lost" (the task changed), "stale" (a guard's key changed: a task was
+        added to pending since the snapshot), or "none" (the backend has no `transact`).
+        Indexed and taken at once, the claim leaves no stale index entry behind even when its
+        worker dies right after.
+        """
+        task_id = taken.task_id
+        for _ in range(_AGENT_RETRIES):
+            agent = self._agent_step(team_id, agent_id, task_id)
+            compare, agent_then, agent_back = agent or ([], [], [])
+            assert taken.lease_token is not None  # noqa: S101  # a claim always has one
+            then: list[Op] = [
+                Put(key, taken),
+                Put(self.keys.lease(team_id, task_id, taken.lease_token), task_id, ttl=2 * lease),
+                IndexAdd(self.keys.in_progress(team_id), {member: self._lease_score(taken)}),
+                IndexRemove(self.keys.pending(team_id), [task_id]),
+                *agent_then,
+            ]
+            orelse: list[Op] = [
+                Get(key, model=TaskItem),
+                *agent_back,
+                *[Get(check.key) for check in guard],
+            ]
+            done = await self._step([Version(key, version), *guard, *compare], then, orelse)
+            if done is None:
+                return "none"
+            if done.succeeded:
+                self._remember(key, done.results[0], taken)
+                self._learn_agent(team_id, agent_id, then, done.results)
+                if agent is None:
+                    await self._set_agent(team_id, agent_id, task_id)
+                return "taken"
+            self._learn_agent(team_id, agent_id, orelse, done.results)
+            current = done.results[0]
+            if current is None or current.version != version:
+                self._forget(key)
+                return "lost"  # the task changed: another worker took it (or it went)
+            now = done.results[len(done.results) - len(guard) :]
+            if any(
+                (0 if entry is None else entry.version) != check.version
+                for check, entry in zip(guard, now, strict=True)
+            ):
+                return "stale"
+        return "lost"
 
     @staticmethod
     def _check_holder(task: TaskItem, lease_token: str | None, agent_id: str | None) -> None:
@@ -544,6 +861,19 @@ class TaskQueue:
 
         # The in-progress index keeps the older expiry: when it comes due, the reaper finds the
         # lease extended and moves the entry (one index write per lease, not per heartbeat).
+        known = self._held(team_id, task_id, lease_token, None)
+        if known is not None:
+            version, held = known
+            key = self.keys.task(team_id, task_id)
+            extended = extend(held).model_copy(update={"updated_at": utcnow()})
+            held_key = self.keys.lease(team_id, task_id, lease_token)
+            done = await self._step(
+                [Version(key, version), Exists(held_key)],
+                [Put(key, extended), Put(held_key, task_id, ttl=2 * life)],
+            )
+            if done is not None and done.succeeded:
+                self._remember(key, done.results[0], extended)
+                return extended
         _, task = await self._change_task(team_id, task_id, extend)
         return task
 
@@ -572,9 +902,95 @@ class TaskQueue:
                 }
             )
 
+        known = self._held(team_id, task_id, lease_token, agent_id)
+        if known is not None:
+            version, held = known
+            done = await self._finish_step(team_id, version, held, complete(held))
+            if done is not None:
+                return done
         before, task = await self._change_task(team_id, task_id, complete, finished=True)
         await self._finish(team_id, before, task)
         return task
+
+    def _held(
+        self, team_id: str, task_id: str, lease_token: str | None, agent_id: str | None
+    ) -> tuple[int, TaskItem] | None:
+        """The version and record of a task this process knows to be in progress as given."""
+        if not self._transact:
+            return None
+        known = self._known.get(self.keys.task(team_id, task_id))
+        if known is None or not isinstance(known[1], TaskItem):
+            return None
+        version, task = known
+        if task.lease_token is None:
+            return None
+        try:
+            self._check_holder(task, lease_token, agent_id)
+        except ConflictError:
+            return None  # maybe stale: the multi-call path reads it and says exactly why
+        return version, task
+
+    async def _finish_step(
+        self, team_id: str, version: int, before: TaskItem, after: TaskItem
+    ) -> TaskItem | None:
+        """Move a task out of in-progress in a single step, compared on the known `version`.
+
+        Writes the task, adds its next index entry, removes its claim's, and sets its holder
+        idle (in the same step when this process knows the holder's record). Returns the task
+        as written, or `None` when the compare failed or the backend has no `transact`: then
+        the multi-call path takes over.
+        """
+        key = self.keys.task(team_id, before.task_id)
+        task = after.model_copy(update={"updated_at": utcnow()})
+        finished = task.status in _FINISHED
+        if finished:
+            entry: IndexAdd = IndexAdd(
+                self.keys.finished(team_id), {task.task_id: self._finished_score(task)}
+            )
+        else:
+            entry = IndexAdd(self.keys.pending(team_id), self._order(task))
+        ttl = self.finished_task_ttl if finished and self.finished_task_ttl is not None else None
+        member = self.keys.member(before.task_id, before.lease_token)
+        assert before.lease_token is not None  # noqa: S101  # see _held
+        held_key = self.keys.lease(team_id, before.task_id, before.lease_token)
+        holder = before.assigned_to
+        # Back to pending: say so, for the claims that read the index before (see _candidates).
+        added: list[Op] = (
+            [] if finished else [Put(self.keys.added(team_id), task.task_id, ttl=None)]
+        )
+        for _ in range(_AGENT_RETRIES):
+            agent = self._agent_step(team_id, holder, None)
+            compare, agent_then, agent_back = agent or ([], [], [])
+            reads, guesses = self._snapshot_ops(team_id)
+            then: list[Op] = [
+                Put(key, task, ttl=CONFIGURED if ttl is None else ttl),
+                entry,
+                *added,
+                IndexRemove(self.keys.in_progress(team_id), [member]),
+                Delete(held_key),
+                *agent_then,
+                *reads,
+            ]
+            orelse: list[Op] = [Get(key, model=TaskItem), Get(held_key), *agent_back]
+            done = await self._step(
+                [Version(key, version), Exists(held_key), *compare], then, orelse
+            )
+            if done is None:
+                return None
+            if done.succeeded:
+                self._remember(key, done.results[0], task)
+                self._learn_agent(team_id, holder, then, done.results)
+                self._keep_snapshot(team_id, guesses, done.results[len(then) - len(reads) :])
+                if agent is None and holder is not None:
+                    await self._set_agent(team_id, holder, None)
+                await self._finished_one(team_id, task)
+                return task
+            self._learn_agent(team_id, holder, orelse, done.results)
+            current = done.results[0]
+            if current is None or current.version != version or done.results[1] is None:
+                self._forget(key)
+                return None
+        return None
 
     async def _finish(self, team_id: str, before: TaskItem, task: TaskItem) -> None:
         """Move a task that just left in-progress to its next index; set its holder idle."""
@@ -583,13 +999,23 @@ class TaskQueue:
         # (get_queue_status) never finds the task in neither.
         if task.status is TaskStatus.PENDING:
             await self.state.index_add(self.keys.pending(team_id), self._order(task))
+            await self._added(team_id, task.task_id)
         else:
             await self.state.index_add(
                 self.keys.finished(team_id), {task.task_id: self._finished_score(task)}
             )
         await self.state.index_remove(self.keys.in_progress(team_id), [member])
         if before.assigned_to is not None:
-            await self._agent_freed(team_id, before.assigned_to)
+            await self._set_agent(team_id, before.assigned_to, None)
+        await self._finished_one(team_id, task)
+
+    async def _added(self, team_id: str, task_id: str) -> None:
+        """Say that a task was added to pending (after it was indexed): see `_candidates`."""
+        if self._transact:  # only a backend with transact has claims that read snapshots
+            await self.state.save(self.keys.added(team_id), task_id, ttl=None)
+
+    async def _finished_one(self, team_id: str, task: TaskItem) -> None:
+        """Count a task that just left in-progress; tidy the finished index every 32nd."""
         if task.status in _FINISHED:
             self._finishes += 1
             if self.finished_task_ttl is not None and self._finishes % 32 == 0:
@@ -632,14 +1058,19 @@ class TaskQueue:
                 }
             )
 
-        while True:
+        task: TaskItem | None = None
+        known = self._held(team_id, task_id, lease_token, agent_id)
+        if known is not None:
+            version, held = known
+            expect_dead = held.failures + 1 > held.max_retries
+            task = await self._finish_step(team_id, version, held, fail(held))
+        while task is None:
             try:
                 before, task = await self._change_task(team_id, task_id, fail, finished=expect_dead)
             except _Mispredicted:
                 expect_dead = not expect_dead
                 continue
-            break
-        await self._finish(team_id, before, task)
+            await self._finish(team_id, before, task)
         self.log.info(
             "task_failed",
             team_id=team_id,
@@ -656,6 +1087,7 @@ class TaskQueue:
         See `OrchestrationStateManager.delete_task`.
         """
         key = self.keys.task(team_id, task_id)
+        self._forget(key)
         while True:
             entry = await self.state.get_entry(key, model=TaskItem)
             if entry is None:
@@ -666,6 +1098,8 @@ class TaskQueue:
                 continue  # it changed meanwhile: delete what it is now
             break
         task: TaskItem = entry.value
+        if task.lease_token is not None:  # its holder's single steps must fail from now on
+            await self.state.delete(self.keys.lease(team_id, task_id, task.lease_token))
         await self.state.index_remove(self.keys.pending(team_id), [task_id])
         await self.state.index_remove(self.keys.finished(team_id), [task_id])
         if task.status is TaskStatus.IN_PROGRESS:
@@ -673,7 +1107,7 @@ class TaskQueue:
                 self.keys.in_progress(team_id), [self.keys.member(task_id, task.lease_token)]
             )
             if task.assigned_to is not None:
-                await self._agent_freed(team_id, task.assigned_to)
+                await self._set_agent(team_id, task.assigned_to, None)
         return task
 
     async def purge_finished(self, team_id: str, *, older_than: timedelta | None = None) -> int:
@@ -795,8 +1229,9 @@ class TaskQueue:
         except (InvalidTransitionError, NotFoundError):
             return False
         await self.state.index_add(self.keys.pending(team_id), self._order(back))
+        await self._added(team_id, back.task_id)
         if task.assigned_to is not None:
-            await self._agent_freed(team_id, task.assigned_to)
+            await self._set_agent(team_id, task.assigned_to, None)
         self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
         return True
 
@@ -853,6 +1288,8 @@ class TaskQueue:
         ):
             if adds:
                 await self.state.index_add(index, adds)
+        if add_pending:
+            await self._added(team_id, next(iter(add_pending)))
         if gone:
             await self.state.index_remove(finished, gone)
         if unleased:
@@ -866,6 +1303,36 @@ class TaskQueue:
                 finished=len(add_done),
             )
 
+    async def _indexed(
+        self, team_id: str, *, include_finished: bool
+    ) -> tuple[list[str], list[str]]:
+        """The ids in the pending and in-progress indexes, and in the finished one.
+
+        Read in one atomic step where the backend has `transact`, so that a task moving
+        between two indexes meanwhile is in exactly one of them.
+        """
+        indexes = [self.keys.pending(team_id), self.keys.in_progress(team_id)]
+        if include_finished:
+            indexes.append(self.keys.finished(team_id))
+        done = await self._step([], [IndexRange(index) for index in indexes])
+        if done is not None:
+            pending, claims, *rest = done.results
+            finished = rest[0] if rest else []
+            ids = [task_id for task_id, _ in pending]
+            ids += [self.keys.claim_of(member)[0] for member, _ in claims]
+            return list(dict.fromkeys(ids)), [task_id for task_id, _ in finished]
+        ids = [task_id for task_id, _ in await self.state.index_range(indexes[0])]
+        ids += [
+            self.keys.claim_of(member)[0] for member, _ in await self.state.index_range(indexes[1])
+        ]
+        finished_ids: list[str] = []
+        if include_finished:
+            finished_ids = [task_id for task_id, _ in await self.state.index_range(indexes[2])]
+        # A task sent back from in-progress to pending after the first read of pending was
+        # read in neither: read pending again (entries are added before the old ones go).
+        ids += [task_id for task_id, _ in await self.state.index_range(indexes[0])]
+        return list(dict.fromkeys(ids)), finished_ids
+
     async def get_queue_status(
         self, team_id: str, *, include_finished: bool = True
     ) -> TaskQueueState:
@@ -874,20 +1341,7 @@ class TaskQueue:
         See `OrchestrationStateManager.get_queue_status`.
         """
         await self._check_indexes(team_id)
-        ids = [task_id for task_id, _ in await self.state.index_range(self.keys.pending(team_id))]
-        ids += [
-            self.keys.claim_of(member)[0]
-            for member, _ in await self.state.index_range(self.keys.in_progress(team_id))
-        ]
-        finished_ids: list[str] = []
-        if include_finished:
-            finished_ids = [
-                task_id for task_id, _ in await self.state.index_range(self.keys.finished(team_id))
-            ]
-        # A task sent back from in-progress to pending after the first read of pending was
-        # read in neither: read pending again (entries are added before the old ones go).
-        ids += [task_id for task_id, _ in await self.state.index_range(self.keys.pending(team_id))]
-        ids = list(dict.fromkeys(ids))
+        ids, finished_ids = await self._indexed(team_id, include_finished=include_finished)
         keys = {task_id: self.keys.task(team_id, task_id) for task_id in [*ids, *finished_ids]}
         found = await self.state.get_many(list(keys.values()), model=TaskItem) if keys else {}
         # Grouped by each record's own status: the indexes are only hints.

@@ -40,6 +40,8 @@ Key layout (the team id sits in a `{...}` hash tag, so one team lives in one Red
 | in-progress index (sorted) | `teams:{<team_id>}:in-progress`, score = lease expiry |
 | finished index (sorted) | `teams:{<team_id>}:finished`, score = when the task finished |
 | enqueue sequence | `teams:{<team_id>}:sequence` |
+| marker written with each addition to pending | `teams:{<team_id>}:added` |
+| a claim's lease marker (present while it holds) | `teams:{<team_id>}:leases:<task_id>:<token>` |
 """
 
 from __future__ import annotations
@@ -185,6 +187,7 @@ class OrchestrationStateManager(StateManagerBase):
             capabilities=self._capabilities,
             agent_took=self._agent_took,
             agent_freed=self._agent_freed,
+            agent_change=self._agent_change,
             sync_interval=sync_interval,
             default_lease=default_lease or timedelta(seconds=30 * sync_interval),
             max_retries=max_retries,
@@ -325,8 +328,11 @@ class OrchestrationStateManager(StateManagerBase):
             NotFoundError: No such team (and nothing of one left).
         """
         deleted = int(await self.state.delete(self._keys.team(team_id)))
+        # The queue's own markers (see TeamKeys.added and .lease) are not records.
+        marker, leases = self._keys.added(team_id), self._keys.key(team_id, "leases", "")
         for key in await self.state.list_keys(self._keys.glob(team_id, "*")):
-            deleted += await self.state.delete(key)
+            gone = await self.state.delete(key)
+            deleted += gone and key != marker and not key.startswith(leases)
         entries = 0
         keys = self._keys
         for index in (keys.pending(team_id), keys.in_progress(team_id), keys.finished(team_id)):
@@ -407,6 +413,18 @@ class OrchestrationStateManager(StateManagerBase):
 
     async def _agent_freed(self, team_id: str, agent_id: str) -> None:
         await self._set_agent_if_member(team_id, agent_id, AgentStatus.IDLE, None)
+
+    @staticmethod
+    def _agent_change(current: Any, task_id: str | None) -> AgentCoordinationState:
+        """An agent's record after taking `task_id` (working), or letting go of one (idle)."""
+        agent = AgentCoordinationState.model_validate(current)
+        return agent.model_copy(
+            update={
+                "status": AgentStatus.WORKING if task_id is not None else AgentStatus.IDLE,
+                "current_task": task_id,
+                "updated_at": utcnow(),
+            }
+        )
 
     async def _set_agent_if_member(
         self, team_id: str, agent_id: str, status: AgentStatus, current_task: str | None

@@ -120,7 +120,6 @@ async def _queue(redis_state: StateManager) -> OrchestrationStateManager:
     return orch
 
 
-@today(7, "ZRANGE, GET x2, ZADD, EVALSHA x2, ZREM")
 async def test_a_queue_claim_is_one_command(url: str, redis_state: StateManager) -> None:
     orch = await _queue(redis_state)
     async with command_counts(url) as counts:
@@ -129,7 +128,6 @@ async def test_a_queue_claim_is_one_command(url: str, redis_state: StateManager)
     assert counts.total == 1, counts.describe()
 
 
-@today(6, "GET x2, EVALSHA x2, ZADD, ZREM")
 async def test_a_completion_is_one_command(url: str, redis_state: StateManager) -> None:
     orch = await _queue(redis_state)
     claim = await orch.claim_task("team", "worker")

@@ -225,7 +225,7 @@ async def test_queue_workers_killed_and_reaped_lose_no_task(tmp_path: Path) -> N
         for generation in range(4, 8):
             victim_name = rng.choice(sorted(workers))
             victim = workers.pop(victim_name)
-            if not victim.wait_lines(len(victim.lines) + 20, timeout=60):
+            if not victim.wait_lines(len(victim.lines) + 10, timeout=60):
                 workers[victim_name] = victim  # the queue ran dry before the kill
                 break
             victim.kill()

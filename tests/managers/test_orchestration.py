@@ -679,3 +679,79 @@ async def test_queue_status_counts_every_task_while_workers_churn(
             done.set()
     assert len(reads) >= 2
     assert set(reads) == {tasks}
+
+
+async def test_single_steps_follow_changes_made_elsewhere(
+    orch: OrchestrationStateManager, state: StateManager
+) -> None:
+    """A claim, heartbeat, completion and failure stay exact when the agent's record or the task
+    changed meanwhile through another manager (the versions this one remembers are stale)."""
+    other = OrchestrationStateManager(state_manager=state)
+    for n in range(3):
+        await orch.enqueue_task("research_team", {"id": f"t{n}", "max_retries": 0})
+    claim = await orch.claim_task("research_team", "researcher")
+    assert claim is not None
+    # The agent's record changes elsewhere: the completion redoes its step with it.
+    await other.update_agent_status("research_team", "researcher", "working", "elsewhere")
+    task = await orch.heartbeat("research_team", claim.task_id, claim.lease_token)
+    await orch.complete_task("research_team", task.task_id, 1, lease_token=claim.lease_token)
+    agent = (await orch.get_team("research_team")).agents["researcher"]
+    assert (agent.status, agent.current_task) == (AgentStatus.IDLE, None)
+
+    # A claim made by another manager is completed here by the multi-call path.
+    elsewhere = await other.claim_task("research_team", "writer")
+    assert elsewhere is not None
+    wrong = elsewhere.lease_token[::-1]
+    with pytest.raises(ConflictError):
+        await orch.complete_task("research_team", elsewhere.task_id, 1, lease_token=wrong)
+    await orch.complete_task(
+        "research_team", elsewhere.task_id, 2, lease_token=elsewhere.lease_token
+    )
+
+    # The remembered version goes stale (a heartbeat elsewhere): the failure still lands, and
+    # one that comes after the task finished elsewhere is refused.
+    last = await orch.claim_task("research_team", "researcher")
+    assert last is not None
+    await other.heartbeat("research_team", last.task_id, last.lease_token)
+    failed = await orch.fail_task(
+        "research_team", last.task_id, "boom", lease_token=last.lease_token
+    )
+    assert failed.status is TaskStatus.DEAD_LETTER
+    with pytest.raises(ConflictError, match="is dead_letter"):
+        await orch.fail_task("research_team", last.task_id, "boom", lease_token=last.lease_token)
+    queue = await orch.get_queue_status("research_team")
+    assert [t.task_id for t in queue.completed] == ["t0", "t1"]
+    assert [t.task_id for t in queue.dead_letter] == ["t2"]
+    assert queue.pending == queue.in_progress == []
+    team = await orch.get_team("research_team")
+    assert {a.status for a in team.agents.values()} == {AgentStatus.IDLE}
+
+
+async def test_a_claim_on_a_deleted_and_enqueued_again_task_is_refused(
+    orch: OrchestrationStateManager, state: StateManager
+) -> None:
+    """A task deleted and enqueued anew under the same id starts its versions again; a holder
+    of the old claim can neither heartbeat nor complete nor fail the new one."""
+    other = OrchestrationStateManager(state_manager=state)
+    await orch.enqueue_task("research_team", {"id": "t"})
+    old = await orch.claim_task("research_team", "w1")
+    assert old is not None
+    await other.delete_task("research_team", "t")
+    await other.enqueue_task("research_team", {"id": "t"})
+    new = await other.claim_task("research_team", "w2")
+    assert new is not None
+    assert new.task_id == "t"
+    with pytest.raises(ConflictError):
+        await orch.heartbeat("research_team", "t", old.lease_token)
+    with pytest.raises(ConflictError):
+        await orch.complete_task("research_team", "t", 1, lease_token=old.lease_token)
+    with pytest.raises(ConflictError):
+        await orch.fail_task("research_team", "t", "boom", lease_token=old.lease_token)
+    task = await orch.get_task("research_team", "t")
+    assert (task.status, task.assigned_to, task.lease_token) == (
+        TaskStatus.IN_PROGRESS,
+        "w2",
+        new.lease_token,
+    )
+    await other.complete_task("research_team", "t", 2, lease_token=new.lease_token)
+    assert (await orch.get_task("research_team", "t")).result == 2
