@@ -2,10 +2,9 @@
 
 Counted with tests/_commandstats.py (`INFO commandstats` deltas on every primary, with what a
 Lua script runs inside itself told apart by MONITOR), on a plain server and on a 3-primary
-cluster. `get` and `save` are one command today and stay so. A cache hit, a queue claim, a
-completion and a speech update should be one command each; they are not yet, so each is an
-`xfail(strict=True)` asserting the target, its reason saying today's count: when the work for
-issue #21 lands they pass, strict xfail fails them, and the marker comes off.
+cluster. `get` and `save` are one command, and so are a cache hit, a queue claim (when this
+process's last completion read the queue's head, within two seconds), a completion and a speech
+update to a live session: each one EVALSHA of `transact` (issue #21).
 
 Every operation is run once before it is counted, so that connections are open and scripts
 loaded (first-use costs are not what is counted).
@@ -57,14 +56,6 @@ async def redis_state(url: str) -> AsyncIterator[StateManager]:
             yield manager
         finally:
             await manager.aclose()
-
-
-def today(count: int, which: str) -> pytest.MarkDecorator:
-    """The target (one command) is not met yet: `count` commands are sent today, `which`.
-
-    Measured on Redis 7.0 on a plain server and on a cluster (the same on both).
-    """
-    return pytest.mark.xfail(strict=True, reason=f"issue #21: {count} commands today ({which})")
 
 
 async def test_the_helper_counts_nothing_for_an_empty_block(url: str) -> None:
