@@ -12,20 +12,20 @@ and the glob matcher, never on `events` or `manager` (see the Architecture page)
 
 from __future__ import annotations
 
+from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-import anyio
-
 from agenticstate._glob import GlobMatcher, compile_glob
 from agenticstate._log import get_logger
-from agenticstate.backends.base import Change
+from agenticstate._tasks import event_factory
 from agenticstate.exceptions import InvalidArgumentError, SubscriptionClosedError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from agenticstate._tasks import EventLike
+    from agenticstate.backends.base import Change
 
 __all__ = ["ChangeFanout", "ChangeStream"]
 
@@ -33,7 +33,26 @@ log = get_logger(__name__)
 
 
 class _Subscriber:
-    __slots__ = ("is_open", "label", "matcher", "max_buffer", "overflowed", "receive", "send")
+    """One subscription's buffer, filled by `ChangeFanout.publish` and drained by its stream.
+
+    A plain deque, not a memory object stream: a publish appends and wakes the consumer only if
+    it is waiting (`waiter`), and a consumer that finds changes buffered takes them without
+    touching the event loop. `ended`: nothing more will be added (the fan-out dropped it);
+    `closed`: its stream was closed (the subscription was left).
+    """
+
+    __slots__ = (
+        "buffer",
+        "closed",
+        "ended",
+        "event",
+        "is_open",
+        "label",
+        "matcher",
+        "max_buffer",
+        "overflowed",
+        "waiter",
+    )
 
     def __init__(
         self, matcher: GlobMatcher, max_buffer: int, label: str, *, is_open: bool = True
@@ -43,16 +62,30 @@ class _Subscriber:
         self.label = label  # the pattern as the user wrote it, for logs and errors
         self.is_open = is_open  # a subscription that starts closed drops changes until opened
         self.overflowed = False
-        self.send: MemoryObjectSendStream[Change]
-        self.receive: MemoryObjectReceiveStream[Change]
-        self.send, self.receive = anyio.create_memory_object_stream[Change](max_buffer)
+        self.ended = False
+        self.closed = False
+        self.buffer: deque[Change] = deque()
+        self.waiter: EventLike | None = None  # set by the next publish (or the end)
+        self.event = event_factory()  # the event loop's cheapest event class
+
+    def end(self) -> None:
+        """Add nothing more: the stream ends once it has read what is buffered."""
+        self.ended = True
+        self.wake()
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.set()
 
 
 class ChangeStream:
     """An async iterator of `Change`s for one subscription.
 
     Iteration ends when the backend closes; it raises `SubscriptionClosedError(reason="overflow")`
-    once the subscriber has read every change buffered before it fell behind.
+    once the subscriber has read every change buffered before it fell behind. A change is taken
+    from the buffer only when it is returned, so a cancelled wait loses none.
     """
 
     __slots__ = ("_subscriber",)
@@ -72,7 +105,7 @@ class ChangeStream:
         subscriber = self._subscriber
         if not subscriber.is_open:
             return 0
-        return subscriber.send.statistics().current_buffer_used
+        return len(subscriber.buffer)
 
     def open(self) -> None:
         """Start receiving (a subscription made with `start_open=False` drops changes until then).
@@ -82,20 +115,31 @@ class ChangeStream:
         """
         self._subscriber.is_open = True
 
+    def end(self) -> None:
+        """Receive nothing more: iteration stops once what is buffered has been read."""
+        self._subscriber.end()
+
     async def __anext__(self) -> Change:
-        try:
-            return await self._subscriber.receive.receive()
-        except anyio.EndOfStream:
-            if self._subscriber.overflowed:
-                raise SubscriptionClosedError(
-                    "overflow",
-                    f"subscription to {self._subscriber.label!r} fell more than "
-                    f"{self._subscriber.max_buffer} changes behind; re-read the state and "
-                    "subscribe again",
-                ) from None
-            raise StopAsyncIteration from None
-        except anyio.ClosedResourceError:
-            raise StopAsyncIteration from None
+        subscriber = self._subscriber
+        buffer = subscriber.buffer
+        while True:
+            if subscriber.closed:
+                raise StopAsyncIteration
+            if buffer:
+                return buffer.popleft()
+            if subscriber.ended:
+                if subscriber.overflowed:
+                    raise SubscriptionClosedError(
+                        "overflow",
+                        f"subscription to {subscriber.label!r} fell more than "
+                        f"{subscriber.max_buffer} changes behind; re-read the state and "
+                        "subscribe again",
+                    )
+                raise StopAsyncIteration
+            waiter = subscriber.waiter
+            if waiter is None:
+                waiter = subscriber.waiter = subscriber.event()
+            await waiter.wait()
 
 
 class _Index:
@@ -244,12 +288,13 @@ class ChangeFanout:
         for subscriber in index.matching(change.key):
             if not subscriber.is_open:
                 continue
-            try:
-                subscriber.send.send_nowait(change)
-            except anyio.WouldBlock:
+            buffer = subscriber.buffer
+            if len(buffer) >= subscriber.max_buffer:
                 self._overflow(subscriber)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._drop(subscriber)
+                continue
+            buffer.append(change)
+            if subscriber.waiter is not None:
+                subscriber.wake()
 
     def _overflow(self, subscriber: _Subscriber) -> None:
         subscriber.overflowed = True
@@ -257,7 +302,7 @@ class ChangeFanout:
         self._drop(subscriber)
 
     def _drop(self, subscriber: _Subscriber) -> None:
-        subscriber.send.close()
+        subscriber.end()
         # publish() iterates a list `matching()` built, never the index itself: safe to change.
         self._index.remove(subscriber)
 
@@ -274,18 +319,19 @@ class ChangeFanout:
         label = pattern if self._label is None else self._label
         subscriber = _Subscriber(compile_glob(pattern), max_buffer, label, is_open=start_open)
         if self._closed:
-            subscriber.send.close()
+            subscriber.end()
         else:
             self._index.add(subscriber)
         try:
             yield ChangeStream(subscriber)
         finally:
             self._drop(subscriber)
-            subscriber.receive.close()
+            subscriber.closed = True
+            subscriber.buffer.clear()
 
     def close(self) -> None:
         """End every subscription (their iteration stops) and refuse new ones."""
         self._closed = True
         for subscriber in self._index.subscribers:
-            subscriber.send.close()
+            subscriber.end()
         self._index = _Index()

@@ -166,7 +166,7 @@ class SharedFileBackend(FileBackend):
         self._lease_closed = True
         for stream in list(self._streams):
             # After what it has buffered, the subscription ends, as it would on a close.
-            stream._subscriber.send.close()  # the fan-out's own stream: ends after its buffer
+            stream.end()  # the fan-out's own stream: ends after its buffer
         self._streams.clear()
         store, self._store = self._store, None
         if store is not None:
