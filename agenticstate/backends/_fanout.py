@@ -156,6 +156,7 @@ class _Index:
     """
 
     __slots__ = (
+        "all",
         "by_prefix",
         "by_suffix",
         "exact",
@@ -168,6 +169,7 @@ class _Index:
 
     def __init__(self) -> None:
         self.subscribers: dict[_Subscriber, None] = {}  # in subscription order
+        self.all: list[_Subscriber] = []  # the same, replaced (never changed) on each change
         self.exact: dict[str, list[_Subscriber]] = {}
         self.by_prefix: dict[str, list[_Subscriber]] = {}
         self.by_suffix: dict[str, list[_Subscriber]] = {}
@@ -189,6 +191,7 @@ class _Index:
 
     def add(self, subscriber: _Subscriber) -> None:
         self.subscribers[subscriber] = None
+        self.all = [*self.all, subscriber]
         groups, text = self._group(subscriber)
         if groups is None:
             self.scan = [*self.scan, subscriber]
@@ -204,6 +207,7 @@ class _Index:
     def remove(self, subscriber: _Subscriber) -> None:
         if self.subscribers.pop(subscriber, _MISSING) is _MISSING:
             return
+        self.all = [s for s in self.all if s is not subscriber]
         groups, text = self._group(subscriber)
         if groups is None:
             self.scan = [s for s in self.scan if s is not subscriber]
@@ -283,9 +287,20 @@ class ChangeFanout:
     def publish(self, change: Change) -> None:
         """Hand `change` to every matching subscription without blocking."""
         index = self._index
-        if not index.subscribers:
-            return
-        for subscriber in index.matching(change.key):
+        if index.subscribers:
+            self._offer(index.matching(change.key), change)
+
+    def publish_to_all(self, change: Change) -> None:
+        """Hand `change` to every subscription, without matching its key.
+
+        For a caller that knows every subscription's pattern matches it: a fan-out whose
+        subscriptions all share the pattern the caller matched already (the Redis backend's).
+        """
+        self._offer(self._index.all, change)
+
+    def _offer(self, subscribers: list[_Subscriber], change: Change) -> None:
+        # `subscribers` is a list the index replaces, never changes: an overflow may drop one.
+        for subscriber in subscribers:
             if not subscriber.is_open:
                 continue
             buffer = subscriber.buffer
@@ -303,7 +318,7 @@ class ChangeFanout:
 
     def _drop(self, subscriber: _Subscriber) -> None:
         subscriber.end()
-        # publish() iterates a list `matching()` built, never the index itself: safe to change.
+        # _offer() iterates a list the index never changes: safe to change the index.
         self._index.remove(subscriber)
 
     @asynccontextmanager

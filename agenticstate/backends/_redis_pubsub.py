@@ -64,7 +64,8 @@ class _Group:
     when it expires (server milliseconds, 0 = never). It decides duplicates (a resync overlapping
     the live stream), what a resync must emit, and a key's new life after it expired. Entries
     leave on a delete and when they expire (`expiries` orders them), so it never outgrows the
-    keys alive in the pattern.
+    keys alive in the pattern. Every subscription of its `fanout` is to `pattern`, which the
+    reader matched already: changes go to all of them (`publish_to_all`), not matched again.
     """
 
     __slots__ = ("expiries", "fanout", "matcher", "pattern", "seen", "streams", "users")
@@ -100,7 +101,7 @@ class _Group:
             self.seen.pop(key, None)
         else:
             self.remember(key, change.version, hash(change.new), expires)
-        self.fanout.publish(change)
+        self.fanout.publish_to_all(change)  # `pattern` matched the key
 
     def remember(self, key: str, version: int, value_hash: int | None, expires: int) -> None:
         """Record what was delivered for `key` (`value_hash=None`: it is gone)."""
@@ -715,7 +716,7 @@ class Subscriber:
                     budget = await self._room(group, budget)
                     expires = 0 if entry.expires_at is None else to_ms(entry.expires_at)
                     group.remember(key, entry.version, hash(entry.value), expires)
-                    group.fanout.publish(
+                    group.fanout.publish_to_all(
                         Change(
                             key=key,
                             op=ChangeOp.RESYNC,
@@ -736,7 +737,7 @@ class Subscriber:
                 budget = await self._room(group, budget)
                 # Remembered as gone for a while, so a late live message cannot revive it.
                 group.remember(key, version, None, now + _GONE_KEPT_MS)
-                group.fanout.publish(
+                group.fanout.publish_to_all(
                     Change(
                         key=key,
                         op=ChangeOp.RESYNC,

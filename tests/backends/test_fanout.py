@@ -150,3 +150,22 @@ def test_the_fanout_runs_under_trio() -> None:
 
     anyio.run(main, backend="trio")
     assert got == [1, 2, 3]
+
+
+async def test_publish_to_all_skips_matching_but_keeps_the_rest() -> None:
+    """`publish_to_all` hands a change to every open subscription whatever its key, and keeps
+    the overflow rule; a subscription not open yet gets nothing."""
+    fanout = ChangeFanout()
+    async with (
+        fanout.subscribe("a:*", 1) as small,
+        fanout.subscribe("a:*", 10) as large,
+        fanout.subscribe("a:*", 10, start_open=False) as closed,
+    ):
+        fanout.publish_to_all(_change("a:1", 1))
+        fanout.publish_to_all(_change("a:1", 2))  # `small` overflows: the others still get it
+        assert (large.buffered, closed.buffered) == (2, 0)
+        with anyio.fail_after(5):
+            assert (await small.__anext__()).version == 1
+            with pytest.raises(SubscriptionClosedError):
+                await small.__anext__()
+            assert [(await large.__anext__()).version for _ in range(2)] == [1, 2]
