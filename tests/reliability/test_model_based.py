@@ -156,7 +156,7 @@ _ops = st.one_of(
     st.tuples(st.just("index_incr"), _indexes, _members, _scores),
     st.tuples(st.just("index_range"), _indexes, st.sampled_from([None, 0, 1, 2, 5])),
 )
-_TTLS: dict[str, object] = {"none": None, "hour": 3600, "configured": txn.CONFIGURED}
+_TTLS: dict[str, float | None] = {"none": None, "hour": 3600, "configured": txn.CONFIGURED}
 
 # ---------------------------------------------------------------- stores
 
@@ -932,7 +932,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.session is not None
         view = self.session.view
         assert view is not None
-        kwargs: dict[str, object] = {"ttl": 3600 if has_ttl else None}
+        kwargs: dict[str, Any] = {"ttl": 3600 if has_ttl else None}
         if default is not _NO_DEFAULT:
             kwargs["default"] = copy.deepcopy(default)
         given = UPDATE_FUNCTIONS[change] if isinstance(change, str) else copy.deepcopy(change)
