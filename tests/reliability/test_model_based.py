@@ -1210,3 +1210,38 @@ async def test_callback_subscribed_after_a_save_does_not_receive_it(
             if first != "after":
                 early.append(i)
     assert not early, f"{len(early)} of 20 callbacks were first called with an earlier save"
+
+
+async def test_view_follows_a_key_rewritten_after_it_expired() -> None:
+    """A view that knew a key's expiry still takes the key's next life (versions restart at 1).
+
+    Found by `open_view` with `expire_and_rewrite`: the view skipped the rewrite's change as
+    "not newer" than the expired entry it held, and never showed the key again.
+    """
+    async with (
+        StateManager(StateConfig(), backend=MemoryBackend()) as state,
+        state.view("*") as view,
+    ):
+        await view.update("k", {"life": 1}, default={}, ttl=SHORT_TTL)  # expiry known to the view
+        await anyio.sleep(SHORT_TTL + 0.01)  # expiry is time: let it pass
+        assert "k" not in view
+        await state.save("k", {"life": 2})  # version 1 again
+        with anyio.fail_after(WAIT):
+            await view.wait_until(lambda view: view.get("k") == {"life": 2})
+        entry = view.entry("k")
+        assert entry is not None
+        assert entry.version == 1
+
+
+async def test_transact_takes_its_operations_from_any_iterable_once() -> None:
+    """`then` given as a generator is read once: the step's results match what it wrote.
+
+    Before, the manager iterated `then` twice (encode, then decode the results): the step
+    committed and the call raised `ValueError` from zip, so a caller retried a done step.
+    """
+    async with StateManager(StateConfig(), backend=MemoryBackend()) as state:
+        ops = (op for op in [txn.Put("k", 1), txn.Get("k")])
+        done = await state.transact([], ops)  # type: ignore[arg-type]  # as an untyped caller may
+        assert done.succeeded
+        assert done.results[0] == 1
+        assert done.results[1].value == 1
