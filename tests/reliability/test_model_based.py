@@ -24,6 +24,16 @@ first manager must reach them; `subscribe_inside_callback` subscribes a callback
 another's call (which unsubscribes itself and must finish); closing checks every callback's
 changes. Redis and Redis Cluster run these steps apart (`[exact]`, fewer examples).
 
+Issue #21's steps: `transact` makes random compares (right, stale and ahead versions, exists,
+missing) and random operations in both branches (`Put` with and without a TTL, `Delete` of
+present and missing keys, `Get` after a write in the same step, index adds, removes, counters and
+ranges with limits), checked against the model (results, values, versions, TTLs, index
+contents) and, like every write, against each subscription. On a cluster every key of one step
+is mapped to the `{t}` hash tag (`TAGGED`). `transact_on_expired` compares on a key whose TTL
+ran out. `open_view` opens a `LocalView`, which from then on must follow every write (`check`
+and `view_update` wait until it holds exactly what the model holds for its pattern);
+`view_update` writes through it (functions, merges, defaults, TTLs, refusals, keys outside it).
+
 The state machine is synchronous and owns a blocking portal: each step runs its calls on the
 portal's event loop (`portal.call`). Waiting is always `anyio.fail_after` around a blocking read.
 """
