@@ -934,14 +934,27 @@ class StoreMachine(RuleBasedStateMachine):
         change=st.sampled_from(sorted(UPDATE_FUNCTIONS)) | partials,
         default=st.just(_NO_DEFAULT) | values,
         has_ttl=st.booleans(),
+        inside=st.integers(min_value=0, max_value=5),
     )
     def view_update(
-        self, key: str, change: str | dict[str, Json], default: object, *, has_ttl: bool
+        self,
+        key: str,
+        change: str | dict[str, Json],
+        default: object,
+        *,
+        has_ttl: bool,
+        inside: int,
     ) -> None:
-        """`LocalView.update`: one conditional write, as `StateManager.update` would write."""
+        """`LocalView.update`: one conditional write, as `StateManager.update` would write.
+
+        Mostly on a key the view's pattern matches (`inside`); else on any key (then refused).
+        """
         assert self.session is not None
         view = self.session.view
         assert view is not None
+        matching = [candidate for candidate in KEYS if MATCHES[view.pattern](candidate)]
+        if inside and matching:
+            key = matching[KEYS.index(key) % len(matching)]
         kwargs: dict[str, Any] = {"ttl": 3600 if has_ttl else None}
         if default is not _NO_DEFAULT:
             kwargs["default"] = copy.deepcopy(default)
