@@ -547,6 +547,7 @@ class StateManager:
             UnsupportedOperationError: The backend has no atomic `transact`.
         """
         checked = txn.check_compares(compare)
+        then, orelse = txn.check_ops(then, "then"), txn.check_ops(orelse, "orelse")
         first = txn.to_backend(then, self._codec, self._ttl_or_configured)
         second = txn.to_backend(orelse, self._codec, self._ttl_or_configured)
         backend = self._ready_backend() or await self._opened_backend()

@@ -42,9 +42,10 @@ from agenticstate.backends.base import (
     TxnCompare,
     Version,
 )
+from agenticstate.exceptions import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from datetime import timedelta
 
     from pydantic import BaseModel
@@ -141,7 +142,7 @@ def to_backend(
         elif isinstance(op, IndexAdd | IndexRemove | IndexIncr | IndexRange):
             mapped.append(op)
         else:
-            raise TypeError(f"not a transact operation: {op!r}")
+            raise _NotTransactError(f"not a transact operation: {op!r}")
     return mapped
 
 
@@ -164,9 +165,26 @@ def _entry(codec: Codec, entry: base.Entry, model: type[BaseModel] | None) -> St
     return codec.state_entry(entry, model)
 
 
+class _NotTransactError(InvalidArgumentError, TypeError):
+    """A compare or operation of the wrong type (a `TypeError` too, as it was first)."""
+
+
+def _listed(part: Iterable[Any], name: str) -> list[Any]:
+    # Listed once: a generator read twice (encode, then decode the results) would be empty.
+    if isinstance(part, str | bytes) or not hasattr(part, "__iter__"):
+        raise _NotTransactError(f"{name} is a sequence, not {type(part).__name__}")
+    return list(part)
+
+
+def check_ops(ops: Iterable[Op], name: str) -> list[Op]:
+    """The operations as a list (`then` or `orelse`; each is checked by `to_backend`)."""
+    return _listed(ops, name)
+
+
 def check_compares(compare: Sequence[TxnCompare]) -> list[TxnCompare]:
     """The compares, each checked to be one (their keys are checked by the backend)."""
-    for item in compare:
+    listed = _listed(compare, "compare")
+    for item in listed:
         if not isinstance(item, Version | Exists):
-            raise TypeError(f"not a transact compare: {item!r}")
-    return list(compare)
+            raise _NotTransactError(f"not a transact compare: {item!r}")
+    return listed

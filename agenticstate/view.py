@@ -510,6 +510,10 @@ class LocalView:
             if not (is_set and window.version is not None and change.version < window.version):
                 window.passed = True
         current = self._entries.get(key)
+        if current is not None and current.is_expired(utcnow()):
+            # Gone from the store, so versions start again at 1: older is not stale here.
+            del self._entries[key]
+            current = None
         if not is_set:
             if current is not None and current.version <= change.version:
                 del self._entries[key]

@@ -14,7 +14,7 @@ it can be written in, so that it is a check and not a copy.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
@@ -22,8 +22,27 @@ if TYPE_CHECKING:
 
 Json: TypeAlias = "bool | int | float | str | list[Json] | dict[str, Json] | None"
 
-KEYS: tuple[str, ...] = ("a", "b", "ab", "a:b", "a*", "*", "a?b", "[ab]", "x\\y", "^a", "a]")
+TAGGED: tuple[str, ...] = ("{t}a", "{t}:b", "{t}*")
+"""Keys sharing the hash tag `{t}`: one slot on a Redis Cluster, so one `transact` may name all."""
+
+KEYS: tuple[str, ...] = (
+    "a",
+    "b",
+    "ab",
+    "a:b",
+    "a*",
+    "*",
+    "a?b",
+    "[ab]",
+    "x\\y",
+    "^a",
+    "a]",
+    *TAGGED,
+)
 """Every key the model-based test writes: each glob metacharacter appears in at least one."""
+
+INDEXES: tuple[str, ...] = ("{t}i", "{t}j")
+"""The sorted indexes `transact` writes (tagged like `TAGGED`)."""
 
 _GLOB_SPECIAL = frozenset("*?[]\\^")
 
@@ -59,6 +78,7 @@ PATTERNS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("[^a]*", lambda k: k[0] != "a"),
     ("a?b", lambda k: len(k) == 3 and k[0] == "a" and k[2] == "b"),
     ("nothing*", lambda k: k.startswith("nothing")),
+    ("{t}*", lambda k: k.startswith("{t}")),
 )
 """Glob patterns with the predicate that says which keys each one matches."""
 
@@ -184,6 +204,7 @@ class Model:
 
     data: dict[str, Stored]
     log: list[Committed]
+    indexes: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> Model:
@@ -216,3 +237,27 @@ class Model:
 
     def keys_matching(self, pattern: str) -> list[str]:
         return sorted(key for key in self.data if MATCHES[pattern](key))
+
+    # Sorted indexes: members with scores, read lowest score first, ties by member.
+
+    def index_add(self, index: str, members: Mapping[str, float]) -> int:
+        found = self.indexes.setdefault(index, {})
+        added = sum(member not in found for member in members)
+        found.update(members)
+        return added
+
+    def index_remove(self, index: str, members: list[str]) -> int:
+        found = self.indexes.get(index, {})
+        removed = sum(found.pop(member, None) is not None for member in dict.fromkeys(members))
+        if not found:
+            self.indexes.pop(index, None)
+        return removed
+
+    def index_incr(self, index: str, member: str, delta: float) -> float:
+        found = self.indexes.setdefault(index, {})
+        found[member] = found.get(member, 0.0) + delta
+        return found[member]
+
+    def index_range(self, index: str, limit: int | None = None) -> list[tuple[str, float]]:
+        ordered = sorted(self.indexes.get(index, {}).items(), key=lambda item: (item[1], item[0]))
+        return ordered if limit is None else ordered[:limit]

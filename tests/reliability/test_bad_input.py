@@ -86,6 +86,17 @@ from agenticstate import (
 from agenticstate._keys import escape_glob
 from agenticstate.config import redact_url
 from agenticstate.serialization import DEFAULT_MAX_SIZE
+from agenticstate.txn import (
+    Delete,
+    Exists,
+    IndexAdd,
+    IndexIncr,
+    IndexRange,
+    IndexRemove,
+    Put,
+    Version,
+    _NotTransactError,
+)
 from tests.helpers import BACKEND_MAKERS, REDIS_BACKENDS, unique_prefix
 from tests.reliability._bad_payloads import zlib_bomb
 from tests.reliability._bad_rows import Bad, Ctx, anything, seed, snapshot, sync
@@ -167,6 +178,18 @@ async def _redis_first_use(ctx: Ctx, url: str) -> object:
     # Construction makes no connection; the URL is parsed on first use.
     async with StateManager(backend=RedisBackend(url=url)) as state:
         return await state.get("k")
+
+
+async def _view_update(ctx: Ctx, key: str, change: object, **kwargs: Any) -> object:
+    async with ctx.state.view("seed:*") as view:
+        return await view.update(key, change, **kwargs)  # type: ignore[arg-type]
+
+
+def _txn(
+    *then: Any, compare: tuple[Any, ...] = (), orelse: tuple[Any, ...] = ()
+) -> Callable[[Ctx], Any]:
+    """A transact row: each starts with a valid write, which must not happen either."""
+    return lambda c: c.state.transact(list(compare), [Put("seed:a", 3), *then], list(orelse))
 
 
 def _redis_url_row(url: str, fragment: str) -> Bad:
@@ -260,6 +283,36 @@ BAD: list[Any] = [
     pytest.param(Bad(lambda c: _watch(c, "*", max_buffer=-1), InvalidArgumentError, "max_buffer must be an int >= 1, not -1"), id="watch-negative-buffer"),
     pytest.param(Bad(lambda c: _watch(c, "*", max_buffer=0), InvalidArgumentError, "max_buffer must be an int >= 1, not 0"), id="watch-zero-buffer"),
     pytest.param(Bad(_closed_manager, BackendError, "this StateManager is closed"), id="closed-manager"),
+    # ---- transact and LocalView.update (issue #21): validated before anything is written
+    pytest.param(Bad(lambda c: c.state.transact(anything(["seed:a"]), [Put("seed:a", 3)]), _NotTransactError, "not a transact compare: 'seed:a'"), id="txn-compare-not-a-compare"),
+    pytest.param(Bad(lambda c: c.state.transact(anything("seed:a"), [Put("seed:a", 3)]), _NotTransactError, "compare is a sequence, not str"), id="txn-compare-str"),
+    pytest.param(Bad(lambda c: c.state.transact([], anything("seed:a")), _NotTransactError, "then is a sequence, not str"), id="txn-then-str"),
+    pytest.param(Bad(lambda c: c.state.transact([], [Put("seed:a", 3)], anything(5)), _NotTransactError, "orelse is a sequence, not int"), id="txn-orelse-int"),
+    pytest.param(Bad(_txn(anything("x")), _NotTransactError, "not a transact operation: 'x'"), id="txn-op-not-an-op"),
+    pytest.param(Bad(_txn(compare=(Version("seed:a", -1),)), InvalidArgumentError, "Version('seed:a') needs an int >= 0, not -1"), id="txn-version-negative"),
+    pytest.param(Bad(_txn(compare=(Version("seed:a", anything(True)),)), InvalidArgumentError, "not True"), id="txn-version-bool"),
+    pytest.param(Bad(_txn(compare=(Exists(""),)), InvalidKeyError, "must not be empty"), id="txn-compare-empty-key"),
+    pytest.param(Bad(_txn(Put("new", {"s": {1}})), UnsupportedTypeError, "type set at $.s"), id="txn-put-unstorable"),
+    pytest.param(Bad(_txn(Put("new", [NAN])), InvalidNumberError, "not finite at $[0]"), id="txn-put-nan"),
+    pytest.param(Bad(_txn(Put("new", 1, ttl=-5)), InvalidArgumentError, "ttl must be positive"), id="txn-put-negative-ttl"),
+    pytest.param(Bad(_txn(Put("a\x00", 1)), InvalidKeyError, "control character '\\x00'"), id="txn-put-nul-key"),
+    pytest.param(Bad(_txn(Delete(anything(5))), InvalidKeyError, "not int"), id="txn-delete-int-key"),
+    pytest.param(Bad(_txn(IndexAdd("seed:index", {"m3": NAN})), InvalidArgumentError, "index score for 'm3' must be a number"), id="txn-index-nan-score"),
+    pytest.param(Bad(_txn(IndexAdd("seed:index", anything(["m1"]))), InvalidArgumentError, "takes a mapping of member: score"), id="txn-index-add-list"),
+    pytest.param(Bad(_txn(IndexRemove("seed:index", anything("m1"))), InvalidArgumentError, "takes a list of members"), id="txn-index-remove-str"),
+    pytest.param(Bad(_txn(IndexIncr("seed:index", "m1", INF)), InvalidArgumentError, "must be finite"), id="txn-index-incr-inf"),
+    pytest.param(Bad(_txn(IndexIncr("seed:index", "", 1)), InvalidKeyError, "must not be empty"), id="txn-index-incr-empty-member"),
+    pytest.param(Bad(_txn(IndexRange("seed:index", -1)), InvalidArgumentError, "limit must be an int >= 0 or None, not -1"), id="txn-range-negative-limit"),
+    pytest.param(Bad(_txn(compare=(Version("seed:a", 99),), orelse=(Put("seed:a", 4), Delete(""))), InvalidKeyError, "must not be empty"), id="txn-orelse-bad-key"),
+    pytest.param(Bad(_txn(Put("other", 4)), InvalidArgumentError, "must hash to one slot", only="redis-cluster"), id="txn-cluster-two-slots"),
+    pytest.param(Bad(lambda c: _view_update(c, "int", {"a": 1}), InvalidArgumentError, "key 'int' is outside the view of 'seed:*'"), id="view-update-outside"),
+    pytest.param(Bad(lambda c: _view_update(c, "seed:b", {"a": 1}), MergeError, "cannot merge a dict into the list stored at 'seed:b'"), id="view-update-merge-into-list"),
+    pytest.param(Bad(lambda c: _view_update(c, "seed:zz", {"a": 1}), NotFoundError, "no state at key 'seed:zz'"), id="view-update-missing"),
+    pytest.param(Bad(lambda c: _view_update(c, "seed:a", lambda v: {"s": {1}}), UnsupportedTypeError, "type set at $.s"), id="view-update-unstorable"),
+    pytest.param(Bad(lambda c: _view_update(c, "seed:a", _async_fn), InvalidArgumentError, "must be synchronous"), id="view-update-async-function"),
+    pytest.param(Bad(lambda c: _view_update(c, "seed:a", 5), InvalidArgumentError, "update() takes a dict or a function, not int"), id="view-update-not-callable"),
+    pytest.param(Bad(lambda c: _view_update(c, "seed:a", {"n": 3}, ttl=-5), InvalidArgumentError, "ttl must be positive"), id="view-update-negative-ttl"),
+    pytest.param(Bad(sync(lambda c: c.state.view("seed:*", max_buffer=0)), InvalidArgumentError, "max_buffer must be an int >= 1, not 0"), id="view-zero-buffer"),
     # ---- managers
     pytest.param(Bad(lambda c: c.workflows.start("nope"), NotFoundError, "no workflow 'nope'"), id="wf-unknown-start"),
     pytest.param(Bad(lambda c: c.workflows.get_status("nope"), NotFoundError, "no workflow 'nope'"), id="wf-unknown-status"),

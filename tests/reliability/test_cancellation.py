@@ -39,12 +39,14 @@ import redis as sync_redis
 from agenticstate import (
     ConflictError,
     FileBackend,
+    LocalView,
     MemoryBackend,
     RedisBackend,
     SQLiteBackend,
     StateConfig,
     StateManager,
 )
+from agenticstate.txn import IndexIncr, Put, Version
 from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
@@ -59,6 +61,10 @@ if TYPE_CHECKING:
 COUNTER_KEYS = tuple(f"counter:{i}" for i in range(4))  # compare-and-set saves and updates
 PLAIN_KEYS = tuple(f"plain:{i}" for i in range(4))  # unconditional saves and dict merges
 KEYS = COUNTER_KEYS + PLAIN_KEYS
+# Written only by `transact` steps, with their counter key and a count in TXN_INDEX: all or none.
+PAIR_KEYS = tuple(f"pair:{i}" for i in range(4))
+ALL_KEYS = KEYS + PAIR_KEYS
+TXN_INDEX = "txn-writes"
 ROUNDS = 400
 WIDTH = 16  # concurrent calls per round
 FOLLOW_UP = 100  # writes that must complete promptly afterwards
@@ -100,6 +106,7 @@ class Run:
     rng: random.Random
     max_delay: float
     attempts: list[Attempt] = field(default_factory=list)
+    view: LocalView | None = None  # of the counter keys: `view_update` writes through it
     next_id: int = 1
     reads_checked: int = 0
 
@@ -134,6 +141,10 @@ class Recorder:
             ) from None
 
 
+def pair_of(key: str) -> str:
+    return "pair:" + key.rpartition(":")[2]
+
+
 def check_value(key: str, value: Any, version: int, write_ids: set[int]) -> int:
     """Assert that `value` is exactly what one write stored at `key`; return that write's id."""
     assert isinstance(value, dict), f"{key!r} v{version} holds {type(value).__name__}"
@@ -164,6 +175,29 @@ async def call(run: Run, attempt: Attempt) -> None:
             return written(key, write_id, current["n"] + 1)
 
         attempt.value = await manager.update(key, bump)
+    elif attempt.op == "view_update":
+
+        def bump_viewed(current: dict[str, Any]) -> dict[str, Any]:
+            return written(key, write_id, current["n"] + 1)
+
+        assert run.view is not None
+        attempt.value = await run.view.update(key, bump_viewed)
+    elif attempt.op == "txn":
+        # One step: the counter, its pair key and the index, or none of them.
+        entry = await manager.get_entry(key)
+        assert entry is not None
+        pair = pair_of(key)
+        done = await manager.transact(
+            [Version(key, entry.version)],
+            [
+                Put(key, written(key, write_id, entry.value["n"] + 1)),
+                Put(pair, written(pair, write_id)),
+                IndexIncr(TXN_INDEX, key, 1),
+            ],
+        )
+        if not done.succeeded:
+            raise ConflictError(f"{key!r} moved past version {entry.version}", key=key)
+        attempt.version = done.results[0]
     elif attempt.op == "save":
         attempt.version = await manager.save(key, written(key, write_id))
     elif attempt.op == "merge":
@@ -210,10 +244,14 @@ async def cancellable(run: Run, attempt: Attempt, task_group: TaskGroup) -> None
 def random_attempt(run: Run) -> Attempt:
     rng = run.rng
     roll = rng.random()
-    if roll < 0.3:
+    if roll < 0.2:
         return run.new_attempt("cas_save", rng.choice(COUNTER_KEYS))
-    if roll < 0.55:
+    if roll < 0.35:
         return run.new_attempt("update", rng.choice(COUNTER_KEYS))
+    if roll < 0.45:
+        return run.new_attempt("txn", rng.choice(COUNTER_KEYS))
+    if roll < 0.55:
+        return run.new_attempt("view_update", rng.choice(COUNTER_KEYS))
     if roll < 0.75:
         return run.new_attempt("save", rng.choice(PLAIN_KEYS))
     if roll < 0.9:
@@ -237,8 +275,14 @@ async def calibrate(run: Run) -> None:
 # ---------------------------------------------------------------- the checks
 
 
-def check_history(run: Run, recorder: Recorder, finals: dict[str, Entry]) -> dict[str, int]:
-    """Assert every key's committed history is exact; return the figures."""
+def check_history(
+    run: Run, recorder: Recorder, finals: dict[str, Entry], counts: dict[str, float]
+) -> dict[str, int]:
+    """Assert every key's committed history is exact; return the figures.
+
+    A `transact` step took effect whole or not at all: its write to the counter key, to the
+    pair key and to the index (`counts`) all appear, or none does.
+    """
     by_id = {attempt.write_id: attempt for attempt in run.attempts}
     seen_ids: set[int] = set()
     for key in KEYS:
@@ -258,12 +302,19 @@ def check_history(run: Run, recorder: Recorder, finals: dict[str, Entry]) -> dic
             assert not attempt.conflicted, f"write {write_id} was refused but took effect"
             if attempt.returned and attempt.version is not None:
                 assert attempt.version == change.version, f"write {write_id} misreported"
-            if attempt.returned and attempt.op in ("update", "merge"):
+            if attempt.returned and attempt.op in ("update", "merge", "view_update"):
                 assert attempt.value == change.new_value, f"update {write_id} misreported"
             previous = change.new_value
         final = finals[key]
         assert final.version == len(history), f"{key!r} is at v{final.version}"
         assert run.manager.serializer.loads(final.value) == previous
+    applied = 0
+    for key in COUNTER_KEYS:
+        steps = [c.new_value["id"] for c in recorder.changes if c.key == key]
+        steps = [write_id for write_id in steps if by_id[write_id].op == "txn"]
+        check_pair(run, recorder, pair_of(key), steps, finals)
+        assert counts.get(key, 0.0) == len(steps), f"{key!r}: index {counts.get(key)}, {steps}"
+        applied += len(steps)
     writes = [a for a in run.attempts if a.op not in ("read", "flush")]
     missing = [a.write_id for a in writes if a.returned and a.write_id not in seen_ids]
     assert not missing, f"writes that returned but are not in the history: {missing[:10]}"
@@ -276,8 +327,29 @@ def check_history(run: Run, recorder: Recorder, finals: dict[str, Entry]) -> dic
         "returned": sum(1 for a in run.attempts if a.returned),
         "conflicts": sum(1 for a in run.attempts if a.conflicted),
         "reads_checked": run.reads_checked,
+        "steps_applied": applied,
+        "steps_cancelled": sum(1 for a in cancelled if a.op == "txn"),
         "changes_checked": len(recorder.changes),
     }
+
+
+def check_pair(
+    run: Run, recorder: Recorder, pair: str, steps: list[int], finals: dict[str, Entry]
+) -> None:
+    """The pair key's history is its seed and then exactly the steps that wrote its counter."""
+    history = [change for change in recorder.changes if change.key == pair]
+    assert [change.version for change in history] == list(range(1, len(history) + 1))
+    previous: Any = None
+    for change in history:
+        assert change.op.value == "set"
+        assert change.old_value == previous, f"{pair!r} v{change.version}: old is not the last"
+        previous = change.new_value
+    ids = [change.new_value["id"] for change in history]
+    assert all(c.new_value == written(pair, i) for c, i in zip(history, ids, strict=True))
+    assert ids[1:] == steps, f"{pair!r} has steps {ids[1:]}, its counter {steps}: not atomic"
+    final = finals[pair]
+    assert final.version == len(history)
+    assert run.manager.serializer.loads(final.value) == previous
 
 
 async def follow_up(run: Run) -> None:
@@ -285,8 +357,10 @@ async def follow_up(run: Run) -> None:
 
     async def writer(offset: int) -> None:
         for i in range(offset, FOLLOW_UP, 4):
-            op = ("cas_save", "update", "save", "merge")[i % 4]
-            keys = COUNTER_KEYS if op in ("cas_save", "update") else PLAIN_KEYS
+            op = ("cas_save", "update", "save", "merge", "txn", "view_update")[i % 6]
+            keys = (
+                COUNTER_KEYS if op in ("cas_save", "update", "txn", "view_update") else PLAIN_KEYS
+            )
             attempt = run.new_attempt(op, keys[(i // 4) % len(keys)])
             try:
                 await call(run, attempt)
@@ -312,8 +386,11 @@ async def exercise(backend: Backend, seed: str) -> tuple[dict[str, int], dict[st
             anyio.create_task_group() as watching,
         ):
             watching.start_soon(recorder.consume, watch)
-            for key in KEYS:
-                await manager.save(key, written(key, run.new_attempt("save", key).write_id, 0))
+            for key in ALL_KEYS:
+                n = 0 if key in COUNTER_KEYS else None
+                await manager.save(key, written(key, run.new_attempt("save", key).write_id, n))
+            view = await manager.view("counter:*").open()
+            run.view = view
             await calibrate(run)
             for _ in range(ROUNDS):
                 async with anyio.create_task_group() as task_group:
@@ -321,14 +398,16 @@ async def exercise(backend: Backend, seed: str) -> tuple[dict[str, int], dict[st
                         attempt = random_attempt(run)
                         task_group.start_soon(cancellable, run, attempt, task_group)
             await follow_up(run)
+            await view.aclose()
             finals: dict[str, Entry] = {}
-            for key in KEYS:
+            for key in ALL_KEYS:
                 entry = await backend.get(key)
                 assert entry is not None
                 finals[key] = entry
+            counts = dict(await backend.index_range(TXN_INDEX))
             await recorder.wait_for(sum(entry.version for entry in finals.values()))
             watching.cancel_scope.cancel()
-        return check_history(run, recorder, finals), finals
+        return check_history(run, recorder, finals, counts), finals
 
 
 # ---------------------------------------------------------------- the tests
@@ -338,6 +417,7 @@ def _report(record_property: Callable[[str, object], None], figures: dict[str, i
     for name, value in figures.items():
         record_property(name, value)
     assert figures["cancelled"] >= 1000, figures
+    assert figures["steps_applied"] > 0, figures
 
 
 async def test_memory_cancelled_writes_are_whole_or_absent(
@@ -361,7 +441,7 @@ async def test_file_cancelled_writes_are_whole_or_absent_and_reopen_the_same(
     async with FileBackend(base_path=tmp_path / "store") as reopened:
         for key, entry in finals.items():
             assert await reopened.get(key) == entry, f"{key!r} changed across reopening"
-        assert sorted([key async for key in reopened.scan("*")]) == sorted(KEYS)
+        assert sorted([key async for key in reopened.scan("*")]) == sorted(ALL_KEYS)
     figures["seconds"] = round(time.perf_counter() - started)
     _report(record_property, figures)
     # Cancelled while waiting for their fsync, staged writes still take effect.
@@ -378,7 +458,7 @@ async def test_sqlite_cancelled_writes_are_whole_or_absent_and_reopen_the_same(
     async with SQLiteBackend(tmp_path / "state.db") as reopened:
         for key, entry in finals.items():
             assert await reopened.get(key) == entry, f"{key!r} changed across reopening"
-        assert sorted([key async for key in reopened.scan("*")]) == sorted(KEYS)
+        assert sorted([key async for key in reopened.scan("*")]) == sorted(ALL_KEYS)
     figures["seconds"] = round(time.perf_counter() - started)
     _report(record_property, figures)
 

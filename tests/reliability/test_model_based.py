@@ -24,6 +24,16 @@ first manager must reach them; `subscribe_inside_callback` subscribes a callback
 another's call (which unsubscribes itself and must finish); closing checks every callback's
 changes. Redis and Redis Cluster run these steps apart (`[exact]`, fewer examples).
 
+Issue #21's steps: `transact` makes random compares (right, stale and ahead versions, exists,
+missing) and random operations in both branches (`Put` with and without a TTL, `Delete` of
+present and missing keys, `Get` after a write in the same step, index adds, removes, counters and
+ranges with limits), checked against the model (results, values, versions, TTLs, index
+contents) and, like every write, against each subscription. On a cluster every key of one step
+is mapped to the `{t}` hash tag (`TAGGED`). `transact_on_expired` compares on a key whose TTL
+ran out. `open_view` opens a `LocalView`, which from then on must follow every write (`check`
+and `view_update` wait until it holds exactly what the model holds for its pattern);
+`view_update` writes through it (functions, merges, defaults, TTLs, refusals, keys outside it).
+
 The state machine is synchronous and owns a blocking portal: each step runs its calls on the
 portal's event loop (`portal.call`). Waiting is always `anyio.fail_after` around a blocking read.
 """
@@ -57,6 +67,7 @@ from hypothesis.stateful import (
 from agenticstate import (
     ConflictError,
     FileBackend,
+    InvalidArgumentError,
     MemoryBackend,
     MergeError,
     NotFoundError,
@@ -65,12 +76,15 @@ from agenticstate import (
     SQLiteBackend,
     StateConfig,
     StateManager,
+    txn,
 )
 from tests.helpers import unique_prefix
 from tests.reliability._model_state import (
+    INDEXES,
     KEYS,
     MATCHES,
     PATTERN_NAMES,
+    TAGGED,
     UPDATE_FUNCTIONS,
     Boom,
     Committed,
@@ -89,7 +103,7 @@ if TYPE_CHECKING:
     from anyio.from_thread import BlockingPortal
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-    from agenticstate import StateCallback, StateChange
+    from agenticstate import LocalView, StateCallback, StateChange
     from agenticstate.backends import Backend
 
 EXAMPLES = 200
@@ -134,6 +148,26 @@ keys = st.sampled_from(KEYS)
 patterns = st.sampled_from(PATTERN_NAMES)
 _NO_DEFAULT = object()
 
+# transact: compares and operations as plain tuples (the rule builds them, mapping keys to one
+# hash tag on a cluster). Index scores are exact in binary, so sums compare exactly everywhere.
+_members = st.sampled_from(["m1", "m2", "m3"])
+_scores = st.integers(min_value=-3, max_value=3).map(float) | st.sampled_from([0.5, -2.25])
+_compares = st.lists(
+    st.tuples(keys, st.sampled_from(["current", "current", "stale", "ahead", "missing", "exists"])),
+    max_size=3,
+)
+_indexes = st.sampled_from(INDEXES)
+_ops = st.one_of(
+    st.tuples(st.just("get"), keys),
+    st.tuples(st.just("put"), keys, values, st.sampled_from(["none", "hour", "configured"])),
+    st.tuples(st.just("delete"), keys),
+    st.tuples(st.just("index_add"), _indexes, st.dictionaries(_members, _scores, max_size=3)),
+    st.tuples(st.just("index_remove"), _indexes, st.lists(_members, max_size=3)),
+    st.tuples(st.just("index_incr"), _indexes, _members, _scores),
+    st.tuples(st.just("index_range"), _indexes, st.sampled_from([None, 0, 1, 2, 5])),
+)
+_TTLS: dict[str, float | None] = {"none": None, "hour": 3600, "configured": txn.CONFIGURED}
+
 # ---------------------------------------------------------------- stores
 
 
@@ -163,6 +197,7 @@ class Harness:
     shares_backend: bool = True
     expiry: bool = True  # run `expire_and_rewrite`
     early_subscribers: bool = True  # run `subscribe_before_open`
+    one_slot: bool = False  # a cluster: the keys of one `transact` share a hash tag
     figures: Figures = field(default_factory=Figures)
 
 
@@ -190,6 +225,8 @@ class Session:
     backend: Backend
     subscriptions: list[Subscription] = field(default_factory=list)
     others: list[StateManager] = field(default_factory=list)  # closed before `manager`
+    view: LocalView | None = None  # a LocalView open on the manager, and how to close it
+    close_view: Callable[[], None] = lambda: None
 
 
 def _seen_change(change: StateChange) -> tuple[object, ...]:
@@ -234,6 +271,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.steps = -1  # the invariant also runs once before the first step
         self.reopens = 0
         self.expiries = 0
+        self.txn_expiries = 0
         self.harness.figures.started += 1
         self.session = self._open_session()
 
@@ -381,6 +419,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         subscriptions = session.subscriptions
         try:
+            session.close_view()
             # Redis delivers over pub/sub: wait for every change before closing the connection.
             self.harness.portal.call(self._receive_all, subscriptions)
         finally:
@@ -417,6 +456,8 @@ class StoreMachine(RuleBasedStateMachine):
         assert versions == {
             key: (stored.version, stored.has_ttl) for key, stored in self.model.data.items()
         }
+        for index in INDEXES:
+            assert await manager.backend.index_range(index) == self.model.index_range(index)
 
     async def _check_key(self, key: str) -> None:
         manager, stored = self.manager, self.model.data.get(key)
@@ -713,6 +754,246 @@ class StoreMachine(RuleBasedStateMachine):
         self.model.expire(key)
         assert versions == [self.model.write(key, value) for value in later]
 
+    # ------------------------------------------------------------ transact (issue #21)
+
+    def _txn_key(self, key: str) -> str:
+        """`key`, or on a cluster a key of the one hash tag every key of a `transact` shares."""
+        if self.harness.one_slot and key not in TAGGED:
+            return TAGGED[KEYS.index(key) % len(TAGGED)]
+        return key
+
+    def _txn_op(self, spec: tuple[Any, ...]) -> txn.Op:
+        kind = spec[0]
+        if kind == "get":
+            return txn.Get(self._txn_key(spec[1]))
+        if kind == "put":
+            return txn.Put(self._txn_key(spec[1]), copy.deepcopy(spec[2]), ttl=_TTLS[spec[3]])
+        if kind == "delete":
+            return txn.Delete(self._txn_key(spec[1]))
+        if kind == "index_add":
+            return txn.IndexAdd(spec[1], dict(spec[2]))
+        if kind == "index_remove":
+            return txn.IndexRemove(spec[1], list(spec[2]))
+        if kind == "index_incr":
+            return txn.IndexIncr(spec[1], spec[2], spec[3])
+        return txn.IndexRange(spec[1], spec[2])
+
+    def _txn_model(self, op: txn.Op) -> object:
+        """Run `op` on the model; return what `transact` must answer for it (comparable)."""
+        model = self.model
+        if isinstance(op, txn.Get):
+            stored = model.data.get(op.key)
+            return None if stored is None else (canon(stored.value), stored.version, stored.has_ttl)
+        if isinstance(op, txn.Put):
+            has_ttl = op.ttl is not None and op.ttl is not txn.CONFIGURED
+            return model.write(op.key, cast("Json", op.value), has_ttl=has_ttl)
+        if isinstance(op, txn.Delete):
+            return model.delete(op.key)
+        if isinstance(op, txn.IndexAdd):
+            return model.index_add(op.index, op.members)
+        if isinstance(op, txn.IndexRemove):
+            return model.index_remove(op.index, list(op.members))
+        if isinstance(op, txn.IndexIncr):
+            return model.index_incr(op.index, op.member, op.delta)
+        assert isinstance(op, txn.IndexRange)
+        return model.index_range(op.index, op.limit)
+
+    @staticmethod
+    def _txn_answer(op: txn.Op, result: Any) -> object:
+        if isinstance(op, txn.Get) and result is not None:
+            return (canon(result.value), result.version, result.expires_at is not None)
+        return result
+
+    @rule(
+        compare=_compares,
+        then=st.lists(_ops, max_size=4),
+        orelse=st.lists(_ops, max_size=3),
+    )
+    def transact(
+        self,
+        compare: list[tuple[str, str]],
+        then: list[tuple[Any, ...]],
+        orelse: list[tuple[Any, ...]],
+    ) -> None:
+        """One atomic step: compares (right and wrong versions, existence), then either branch.
+
+        Every result (entries read after the step's own writes, versions, index answers) as
+        the model has it; every write is one change each subscription must receive.
+        """
+        compares: list[txn.Version | txn.Exists] = []
+        holds = True
+        for name, how in compare:
+            key = self._txn_key(name)
+            current = self.model.version(key)
+            if how == "exists":
+                compares.append(txn.Exists(key))
+                holds = holds and current > 0
+                continue
+            version = {
+                "current": current,
+                "stale": max(current - 1, 0),
+                "ahead": current + 1,
+                "missing": 0,
+            }[how]
+            compares.append(txn.Version(key, version))
+            holds = holds and version == current
+        first = [self._txn_op(spec) for spec in then]
+        second = [self._txn_op(spec) for spec in orelse]
+        self.harness.figures.count("transact_then" if holds else "transact_else")
+        done = self._call(self.manager.transact, compares, first, second)
+        assert done.succeeded == holds
+        ran = first if holds else second
+        wanted = [self._txn_model(op) for op in ran]
+        got = [self._txn_answer(op, result) for op, result in zip(ran, done.results, strict=True)]
+        assert got == wanted, f"{ran}: got {got}, the model has {wanted}"
+
+    @precondition(
+        lambda self: (
+            self.harness.expiry and self.session is not None and self.txn_expiries < MAX_EXPIRIES
+        )
+    )
+    @rule(key=st.sampled_from(TAGGED), first=values, later=values, by_version=st.booleans())
+    def transact_on_expired(self, key: str, first: Json, later: Json, *, by_version: bool) -> None:
+        """A key a step wrote with a short TTL expires: a compare on it fails (it is missing)."""
+        self.harness.figures.count("transact_on_expired")
+        self.txn_expiries += 1
+        manager = self.manager
+
+        async def expire_then_step() -> tuple[int, txn.TransactResult]:
+            put = await manager.transact([], [txn.Put(key, copy.deepcopy(first), ttl=SHORT_TTL)])
+            version = put.results[0]
+            await anyio.sleep(SHORT_TTL + 0.01)  # expiry is time: let it pass
+            held = txn.Version(key, version) if by_version else txn.Exists(key)
+            step = await manager.transact(
+                [held],
+                [txn.Delete(key)],
+                [txn.Get(key), txn.Put(key, copy.deepcopy(later), ttl=None), txn.Get(key)],
+            )
+            return version, step
+
+        version, step = self.harness.portal.call(expire_then_step)
+        assert version == self.model.write(key, first, has_ttl=True)
+        self.model.expire(key)
+        assert not step.succeeded
+        assert step.results[0] is None
+        assert step.results[1] == self.model.write(key, later) == 1
+        assert self._txn_answer(txn.Get(key), step.results[2]) == (canon(later), 1, False)
+
+    # ------------------------------------------------------------ LocalView (issue #21)
+
+    def _view_wanted(self, pattern: str) -> dict[str, tuple[object, int]]:
+        return {
+            key: (canon(stored.value), stored.version)
+            for key, stored in self.model.data.items()
+            if MATCHES[pattern](key)
+        }
+
+    def _settle_view(self) -> None:
+        """Wait until the open view holds exactly what the model holds for its pattern."""
+        assert self.session is not None
+        view = self.session.view
+        if view is None:
+            return
+        wanted = self._view_wanted(view.pattern)
+
+        def held(view: LocalView) -> dict[str, tuple[object, int]]:
+            found = {key: view.entry(key) for key in view}
+            return {key: (canon(e.value), e.version) for key, e in found.items() if e is not None}
+
+        async def settle() -> None:
+            try:
+                with anyio.fail_after(WAIT):
+                    await view.wait_until(lambda view: held(view) == wanted)
+            except TimeoutError:
+                raise AssertionError(
+                    f"view of {view.pattern!r} holds {held(view)}, the model has {wanted}"
+                ) from None
+
+        self.harness.portal.call(settle)
+
+    @precondition(lambda self: self.session is not None and self.session.view is None)
+    @rule(pattern=patterns)
+    def open_view(self, pattern: str) -> None:
+        """Open a LocalView; from now on it must follow every write, whoever makes it."""
+        self.harness.figures.count("open_view")
+        session = self.session
+        assert session is not None
+        context = self.harness.portal.wrap_async_context_manager(self.manager.view(pattern))
+        session.view = context.__enter__()
+
+        def close() -> None:
+            session.view, session.close_view = None, lambda: None
+            context.__exit__(None, None, None)
+
+        session.close_view = close
+        self._settle_view()
+
+    @precondition(lambda self: self.session is not None and self.session.view is not None)
+    @rule(
+        key=keys,
+        change=st.sampled_from(sorted(UPDATE_FUNCTIONS)) | partials,
+        default=st.just(_NO_DEFAULT) | values,
+        has_ttl=st.booleans(),
+        inside=st.integers(min_value=0, max_value=5),
+    )
+    def view_update(
+        self,
+        key: str,
+        change: str | dict[str, Json],
+        default: object,
+        *,
+        has_ttl: bool,
+        inside: int,
+    ) -> None:
+        """`LocalView.update`: one conditional write, as `StateManager.update` would write.
+
+        Mostly on a key the view's pattern matches (`inside`); else on any key (then refused).
+        """
+        assert self.session is not None
+        view = self.session.view
+        assert view is not None
+        matching = [candidate for candidate in KEYS if MATCHES[view.pattern](candidate)]
+        if inside and matching:
+            key = matching[KEYS.index(key) % len(matching)]
+        kwargs: dict[str, Any] = {"ttl": 3600 if has_ttl else None}
+        if default is not _NO_DEFAULT:
+            kwargs["default"] = copy.deepcopy(default)
+        given = UPDATE_FUNCTIONS[change] if isinstance(change, str) else copy.deepcopy(change)
+        update = functools.partial(view.update, key, given, **kwargs)
+        if not MATCHES[view.pattern](key):
+            self.harness.figures.count("view_update_outside")
+            with pytest.raises(InvalidArgumentError):
+                self._call(update)
+            return
+        stored = self.model.data.get(key)
+        current = stored.value if stored is not None else default
+        refused: type[BaseException] | None = None
+        if current is _NO_DEFAULT:
+            refused = NotFoundError
+        elif isinstance(change, dict):
+            refused = None if isinstance(current, dict) else MergeError
+        else:
+            refused = {"boom": Boom, "unstorable": SerializationError}.get(change)
+        if refused is not None:
+            self.harness.figures.count("view_update_refused")
+            with pytest.raises(refused):
+                self._call(update)
+        else:
+            self.harness.figures.count("view_update")
+            base = copy.deepcopy(cast("Json", current))
+            new = merged(base, change) if isinstance(change, dict) else given(base)  # type: ignore[arg-type, operator]
+            assert canon(self._call(update)) == canon(new)
+            self.model.write(key, new, has_ttl=has_ttl)
+        self._settle_view()
+
+    @precondition(lambda self: self.session is not None and self.session.view is not None)
+    @rule()
+    def close_view(self) -> None:
+        self.harness.figures.count("close_view")
+        assert self.session is not None
+        self._settle_view()
+        self.session.close_view()
+
     @rule()
     def check(self) -> None:
         self.harness.figures.count("check")
@@ -721,6 +1002,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.harness.portal.call(self._receive_all, self.session.subscriptions)
         for subscription in self.session.subscriptions:
             assert self._matches(subscription), self._diff(subscription)
+        self._settle_view()
 
     @precondition(lambda self: self.harness.can_reopen and self.reopens < MAX_REOPENS)
     @rule()
@@ -751,6 +1033,7 @@ def _harness(
     shares_backend: bool = True,
     expiry: bool = True,
     early_subscribers: bool = True,
+    one_slot: bool = False,
 ) -> Iterator[Harness]:
     with anyio.from_thread.start_blocking_portal() as portal:
         yield Harness(
@@ -761,6 +1044,7 @@ def _harness(
             shares_backend=shares_backend,
             expiry=expiry,
             early_subscribers=early_subscribers,
+            one_slot=one_slot,
         )
 
 
@@ -856,6 +1140,7 @@ def _run_redis(
         shares_backend=False,
         expiry=exact,
         early_subscribers=exact,
+        one_slot=kind == "redis-cluster",
     ) as harness:
         _run(harness, record_property, examples=examples)
 
@@ -948,3 +1233,38 @@ async def test_callback_subscribed_after_a_save_does_not_receive_it(
             if first != "after":
                 early.append(i)
     assert not early, f"{len(early)} of 20 callbacks were first called with an earlier save"
+
+
+async def test_view_follows_a_key_rewritten_after_it_expired() -> None:
+    """A view that knew a key's expiry still takes the key's next life (versions restart at 1).
+
+    Found by `open_view` with `expire_and_rewrite`: the view skipped the rewrite's change as
+    "not newer" than the expired entry it held, and never showed the key again.
+    """
+    async with (
+        StateManager(StateConfig(), backend=MemoryBackend()) as state,
+        state.view("*") as view,
+    ):
+        await view.update("k", {"life": 1}, default={}, ttl=SHORT_TTL)  # expiry known to the view
+        await anyio.sleep(SHORT_TTL + 0.01)  # expiry is time: let it pass
+        assert "k" not in view
+        await state.save("k", {"life": 2})  # version 1 again
+        with anyio.fail_after(WAIT):
+            await view.wait_until(lambda view: view.get("k") == {"life": 2})
+        entry = view.entry("k")
+        assert entry is not None
+        assert entry.version == 1
+
+
+async def test_transact_takes_its_operations_from_any_iterable_once() -> None:
+    """`then` given as a generator is read once: the step's results match what it wrote.
+
+    Before, the manager iterated `then` twice (encode, then decode the results): the step
+    committed and the call raised `ValueError` from zip, so a caller retried a done step.
+    """
+    async with StateManager(StateConfig(), backend=MemoryBackend()) as state:
+        ops = (op for op in [txn.Put("k", 1), txn.Get("k")])
+        done = await state.transact([], ops)  # type: ignore[arg-type]  # as an untyped caller may
+        assert done.succeeded
+        assert done.results[0] == 1
+        assert done.results[1].value == 1
