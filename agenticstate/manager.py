@@ -545,6 +545,8 @@ class StateManager:
             InvalidArgumentError: An operation or compare is malformed, or (Redis Cluster) its
                 keys do not share one hash slot.
             UnsupportedOperationError: The backend has no atomic `transact`.
+            DecodeError: A `Get`'s value does not decode (or validate as its `model`). Values
+                are decoded after the step: its writes have happened (the error's note says so).
         """
         checked = txn.check_compares(compare)
         then, orelse = txn.check_ops(then, "then"), txn.check_ops(orelse, "orelse")

@@ -42,7 +42,7 @@ from agenticstate.backends.base import (
     TxnCompare,
     Version,
 )
-from agenticstate.exceptions import InvalidArgumentError
+from agenticstate.exceptions import DecodeError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -162,7 +162,15 @@ def from_backend(ops: Sequence[Op], results: Sequence[Any], codec: Codec) -> lis
 
 
 def _entry(codec: Codec, entry: base.Entry, model: type[BaseModel] | None) -> StateEntry:
-    return codec.state_entry(entry, model)
+    try:
+        return codec.state_entry(entry, model)
+    except DecodeError as exc:  # DecryptionError too
+        # Decoding runs after the step: say so, or a caller would retry a step that happened.
+        exc.add_note(
+            "the transact step had already committed (its writes happened); only reading "
+            f"{entry.key!r} back failed"
+        )
+        raise
 
 
 class _NotTransactError(InvalidArgumentError, TypeError):

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from agenticstate import StateConfig, StateManager
 from agenticstate.backends import MemoryBackend
 from agenticstate.encryption import Encryption
-from agenticstate.exceptions import InvalidArgumentError, SerializationError
+from agenticstate.exceptions import DecodeError, InvalidArgumentError, SerializationError
 from agenticstate.txn import (
     Delete,
     Exists,
@@ -115,3 +115,13 @@ async def test_values_are_encrypted_under_their_key() -> None:
         assert b"4111" not in raw.value
         result = await state.transact([], [Get("secret:{1}")])
         assert result.results[0].value == {"card": "4111"}
+
+
+async def test_a_get_that_does_not_validate_says_the_step_happened(state: StateManager) -> None:
+    """Values are decoded after the step commits: the error must not invite a blind retry."""
+    with pytest.raises(DecodeError) as raised:
+        await state.transact(
+            [], [Put("t:{e}:k", {"answer": "not a number"}), Get("t:{e}:k", model=Hit)]
+        )
+    assert any("already committed" in note for note in raised.value.__notes__)
+    assert await state.get("t:{e}:k") == {"answer": "not a number"}
