@@ -547,19 +547,25 @@ class StateManager:
             UnsupportedOperationError: The backend has no atomic `transact`.
         """
         checked = txn.check_compares(compare)
-        first = txn.to_backend(then, self._codec, self._ttl_or_configured)
-        second = txn.to_backend(orelse, self._codec, self._ttl_or_configured)
+        codec = self._codec
+        first = txn.to_backend(then, codec, self._ttl_or_configured)
+        second = txn.to_backend(orelse, codec, self._ttl_or_configured) if orelse else []
         backend = self._ready_backend() or await self._opened_backend()
-        done = await self._counted_write(backend.transact(checked, first, second))
+        counters = self._counters
+        try:  # `_counted_write`, inline: one coroutine less on the hot path
+            done = await backend.transact(checked, first, second)
+        except ConflictError:
+            counters["conflicts"] += 1
+            raise
         ops = then if done.succeeded else orelse
-        results = txn.from_backend(ops, done.results, self._codec)
+        results = txn.from_backend(ops, done.results, codec)
         for op, result in zip(ops, results, strict=True):
             if isinstance(op, txn.Put):
-                self._counters["saves"] += 1
+                counters["saves"] += 1
             elif isinstance(op, txn.Get):
-                self._counters["reads"] += 1
+                counters["reads"] += 1
             elif isinstance(op, txn.Delete) and result:
-                self._counters["deletes"] += 1
+                counters["deletes"] += 1
         return txn.TransactResult(done.succeeded, results)
 
     def _ttl_or_configured(self, ttl: object) -> timedelta | None:

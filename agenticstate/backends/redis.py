@@ -522,8 +522,14 @@ class RedisBackend(Subscriber, Backend):
         tag), or it raises `InvalidArgumentError` before anything is sent.
         """
         checked = check_transaction(compare, then, orelse)
+        # Every key and index is validated by `check_transaction`: only the prefixes are added.
+        prefix = self.key_prefix
+        index_prefix = INDEX_NAMESPACE + prefix
         call = _redis_txn.pack(
-            *checked, channels=CHANNEL_NAMESPACE, state_key=self._k, index_key=self._index_key
+            *checked,
+            channels=CHANNEL_NAMESPACE,
+            state_key=prefix.__add__,
+            index_key=index_prefix.__add__,
         )
         if not call.keys:
             return TxnResult(succeeded=True, results=[])
