@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
     from agenticstate._usage import StateUsage
     from agenticstate.backends.base import Entry, TxnCompare
+    from agenticstate.backends.base import Put as BackendPut
     from agenticstate.scope import ScopedState
     from agenticstate.serialization import Serializer
     from agenticstate.view import LocalView
@@ -548,8 +549,9 @@ class StateManager:
         """
         checked = txn.check_compares(compare)
         codec = self._codec
-        first = txn.to_backend(then, codec, self._ttl_or_configured)
-        second = txn.to_backend(orelse, codec, self._ttl_or_configured) if orelse else []
+        puts: dict[int, BackendPut] = {}  # a Put in both branches is encoded once
+        first = txn.to_backend(then, codec, self._ttl_or_configured, puts)
+        second = txn.to_backend(orelse, codec, self._ttl_or_configured, puts) if orelse else []
         backend = self._ready_backend() or await self._opened_backend()
         counters = self._counters
         try:  # `_counted_write`, inline: one coroutine less on the hot path

@@ -127,13 +127,25 @@ class TransactResult:
 
 
 def to_backend(
-    ops: Sequence[Op], codec: Codec, ttl: Callable[[object], timedelta | None]
+    ops: Sequence[Op],
+    codec: Codec,
+    ttl: Callable[[object], timedelta | None],
+    done: dict[int, base.Put] | None = None,
 ) -> list[base.TxnOp]:
-    """The backend's operations for `ops`: values encoded, TTLs resolved (nothing written)."""
+    """The backend's operations for `ops`: values encoded, TTLs resolved (nothing written).
+
+    `done`: the `Put`s already mapped, by id, filled as they are: a `Put` in both branches (a
+    write that happens either way) is encoded once.
+    """
     mapped: list[base.TxnOp] = []
     for op in ops:
         if isinstance(op, Put):
-            mapped.append(base.Put(op.key, codec.encode(op.key, op.value), ttl(op.ttl)))
+            put = done.get(id(op)) if done is not None else None
+            if put is None:
+                put = base.Put(op.key, codec.encode(op.key, op.value), ttl(op.ttl))
+                if done is not None:
+                    done[id(op)] = put
+            mapped.append(put)
         elif isinstance(op, Get):
             mapped.append(base.Get(op.key))
         elif isinstance(op, Delete):
