@@ -561,13 +561,7 @@ class StateManager:
             raise
         ops = then if done.succeeded else orelse
         results = txn.from_backend(ops, done.results, codec)
-        for op, result in zip(ops, results, strict=True):
-            if isinstance(op, txn.Put):
-                counters["saves"] += 1
-            elif isinstance(op, txn.Get):
-                counters["reads"] += 1
-            elif isinstance(op, txn.Delete) and result:
-                counters["deletes"] += 1
+        txn.tally(ops, results, counters)
         return txn.TransactResult(done.succeeded, results)
 
     def _ttl_or_configured(self, ttl: object) -> timedelta | None:
