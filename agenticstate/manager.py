@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
     from agenticstate._usage import StateUsage
     from agenticstate.backends.base import Entry, TxnCompare
+    from agenticstate.backends.base import Put as BackendPut
     from agenticstate.scope import ScopedState
     from agenticstate.serialization import Serializer
     from agenticstate.view import LocalView
@@ -550,19 +551,20 @@ class StateManager:
         """
         checked = txn.check_compares(compare)
         then, orelse = txn.check_ops(then, "then"), txn.check_ops(orelse, "orelse")
-        first = txn.to_backend(then, self._codec, self._ttl_or_configured)
-        second = txn.to_backend(orelse, self._codec, self._ttl_or_configured)
+        codec = self._codec
+        puts: dict[int, BackendPut] = {}  # a Put in both branches is encoded once
+        first = txn.to_backend(then, codec, self._ttl_or_configured, puts)
+        second = txn.to_backend(orelse, codec, self._ttl_or_configured, puts) if orelse else []
         backend = self._ready_backend() or await self._opened_backend()
-        done = await self._counted_write(backend.transact(checked, first, second))
+        counters = self._counters
+        try:  # `_counted_write`, inline: one coroutine less on the hot path
+            done = await backend.transact(checked, first, second)
+        except ConflictError:
+            counters["conflicts"] += 1
+            raise
         ops = then if done.succeeded else orelse
-        results = txn.from_backend(ops, done.results, self._codec)
-        for op, result in zip(ops, results, strict=True):
-            if isinstance(op, txn.Put):
-                self._counters["saves"] += 1
-            elif isinstance(op, txn.Get):
-                self._counters["reads"] += 1
-            elif isinstance(op, txn.Delete) and result:
-                self._counters["deletes"] += 1
+        results = txn.from_backend(ops, done.results, codec)
+        txn.tally(ops, results, counters)
         return txn.TransactResult(done.succeeded, results)
 
     def _ttl_or_configured(self, ttl: object) -> timedelta | None:

@@ -386,6 +386,22 @@ def json_payload(text: bytes) -> bytes:
     return bytes((_JSON,)) + text
 
 
+def _plain_model(value: object, max_depth: int, for_json: bool) -> object | None:
+    """A pydantic model's JSON dump when it packs as it is (the common case), else None.
+
+    What `_Encoder.walk` returns for such a model, without walking it: a plain dump is never
+    rebuilt. Anything else (not a model, a dump that fails or is not plain) gets `None`, and
+    the full walk then converts it or raises an error naming the path.
+    """
+    if not isinstance(value, BaseModel):
+        return None
+    try:
+        dumped = value.model_dump(mode="json")
+    except PydanticSerializationError:
+        return None
+    return dumped if _is_plain(dumped, 0, max_depth, for_json) else None
+
+
 class Serializer:
     """Encode values to bytes and decode them back.
 
@@ -431,7 +447,9 @@ class Serializer:
         plain: object = value
         try:
             if not _is_plain(value, 0, self.max_depth, for_json):
-                plain = _Encoder(for_json=for_json, max_depth=self.max_depth).walk(value, 0)
+                plain = _plain_model(value, self.max_depth, for_json)
+                if plain is None:
+                    plain = _Encoder(for_json=for_json, max_depth=self.max_depth).walk(value, 0)
             if for_json:
                 body = json.dumps(
                     plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")

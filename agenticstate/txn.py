@@ -128,13 +128,30 @@ class TransactResult:
 
 
 def to_backend(
-    ops: Sequence[Op], codec: Codec, ttl: Callable[[object], timedelta | None]
+    ops: Sequence[Op],
+    codec: Codec,
+    ttl: Callable[[object], timedelta | None],
+    done: dict[int, base.Put] | None = None,
 ) -> list[base.TxnOp]:
-    """The backend's operations for `ops`: values encoded, TTLs resolved (nothing written)."""
+    """The backend's operations for `ops`: values encoded, TTLs resolved (nothing written).
+
+    `done`: the `Put`s already mapped, by id, filled as they are: a `Put` in both branches (a
+    write that happens either way) is encoded once.
+    """
     mapped: list[base.TxnOp] = []
     for op in ops:
-        if isinstance(op, Put):
-            mapped.append(base.Put(op.key, codec.encode(op.key, op.value), ttl(op.ttl)))
+        kind = type(op)
+        if kind in _BACKEND_OWN:  # the common cases first, by exact type
+            mapped.append(op)  # type: ignore[arg-type]  # an index operation
+        elif kind is Get:
+            mapped.append(base.Get(op.key))  # type: ignore[union-attr]
+        elif isinstance(op, Put):
+            put = done.get(id(op)) if done is not None else None
+            if put is None:
+                put = base.Put(op.key, codec.encode(op.key, op.value), ttl(op.ttl))
+                if done is not None:
+                    done[id(op)] = put
+            mapped.append(put)
         elif isinstance(op, Get):
             mapped.append(base.Get(op.key))
         elif isinstance(op, Delete):
@@ -150,7 +167,9 @@ def from_backend(ops: Sequence[Op], results: Sequence[Any], codec: Codec) -> lis
     """The results of `ops` as `StateManager.transact` returns them."""
     out: list[Any] = []
     for op, result in zip(ops, results, strict=True):
-        if isinstance(op, Get):
+        if type(op) in _BACKEND_OWN:
+            out.append(result)
+        elif isinstance(op, Get):
             out.append(None if result is None else _entry(codec, result, op.model))
         elif isinstance(op, Put):
             out.append(result.version)
@@ -159,6 +178,23 @@ def from_backend(ops: Sequence[Op], results: Sequence[Any], codec: Codec) -> lis
         else:
             out.append(result)
     return out
+
+
+def tally(ops: Sequence[Op], results: Sequence[Any], counters: dict[str, int]) -> None:
+    """Count the saves, reads and deletes (of a key that was there) that `ops` made."""
+    for op, result in zip(ops, results, strict=True):
+        if type(op) in _BACKEND_OWN:
+            continue
+        if isinstance(op, Put):
+            counters["saves"] += 1
+        elif isinstance(op, Get):
+            counters["reads"] += 1
+        elif isinstance(op, Delete) and result:
+            counters["deletes"] += 1
+
+
+_BACKEND_OWN = frozenset((IndexAdd, IndexRemove, IndexIncr, IndexRange))
+"""The operations passed to the backend as they are (exact types: subclasses go the long way)."""
 
 
 def _entry(codec: Codec, entry: base.Entry, model: type[BaseModel] | None) -> StateEntry:
@@ -193,6 +229,6 @@ def check_compares(compare: Sequence[TxnCompare]) -> list[TxnCompare]:
     """The compares, each checked to be one (their keys are checked by the backend)."""
     listed = _listed(compare, "compare")
     for item in listed:
-        if not isinstance(item, Version | Exists):
+        if type(item) is not Version and not isinstance(item, Version | Exists):
             raise _NotTransactError(f"not a transact compare: {item!r}")
     return listed

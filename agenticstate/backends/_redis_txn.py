@@ -179,54 +179,65 @@ def pack(
     keys: list[str] = []
     names: list[str] = []
     positions: dict[str, int] = {}
-
-    def position(name: str, given: str) -> int:
+    args: list[str | bytes | int] = [channels, len(compare), 0, 0, 0]
+    for item in compare:
+        name = state_key(item.key)
         found = positions.get(name)
         if found is None:
             keys.append(name)
-            names.append(given)
+            names.append(item.key)
             found = positions[name] = len(keys)
-        return found
-
-    args: list[str | bytes | int] = [channels, len(compare), 0, 0, 0]
-    for item in compare:
-        kind, version = ("v", item.version) if type(item) is Version else ("e", 0)
-        args += [kind, position(state_key(item.key), item.key), version]
+        if type(item) is Version:
+            args += ("v", found, item.version)
+        else:
+            args += ("e", found, 0)
     args[2] = len(args) + 1
-    _pack_ops(then, args, position, state_key, index_key)
+    _pack_ops(then, args, keys, names, positions, state_key, index_key)
     args[3] = len(args) + 1
-    _pack_ops(orelse, args, position, state_key, index_key)
+    _pack_ops(orelse, args, keys, names, positions, state_key, index_key)
     args[4] = len(args) + 1
     written = [op.key for op in (*then, *orelse) if type(op) is Put or type(op) is Delete]
     return TxnCall(keys, args, names, (written or names or [""])[0])
 
 
-def _pack_ops(
+def _pack_ops(  # the packing state is passed down, not closed over
     ops: Sequence[TxnOp],
     args: list[str | bytes | int],
-    position: Callable[[str, str], int],
+    keys: list[str],
+    names: list[str],
+    positions: dict[str, int],
     state_key: Callable[[str], str],
     index_key: Callable[[str], str],
 ) -> None:
     for op in ops:
-        match op:
-            case Get(key=key):
-                args += ["g", position(state_key(key), key)]
-            case Put(key=key, value=value):
-                args += ["p", position(state_key(key), key), value, _ttl_ms(op)]
-            case Delete(key=key):
-                args += ["d", position(state_key(key), key)]
-            case IndexAdd(index=index, members=members):
-                args += ["ia", position(index_key(index), index), len(members)]
-                for member, score in members.items():
-                    args += [repr(float(score)), member]
-            case IndexRemove(index=index, members=members):
-                unique = list(dict.fromkeys(members))
-                args += ["ir", position(index_key(index), index), len(unique), *unique]
-            case IndexIncr(index=index, member=member, delta=delta):
-                args += ["ii", position(index_key(index), index), member, repr(float(delta))]
-            case IndexRange(index=index, limit=limit):
-                args += ["r", position(index_key(index), index), -1 if limit is None else limit]
+        kind = type(op)
+        given = op.index if kind in _INDEX_OPS else op.key  # type: ignore[union-attr]
+        name = index_key(given) if kind in _INDEX_OPS else state_key(given)
+        found = positions.get(name)
+        if found is None:
+            keys.append(name)
+            names.append(given)
+            found = positions[name] = len(keys)
+        if type(op) is Get:
+            args += ("g", found)
+        elif type(op) is Put:
+            args += ("p", found, op.value, _ttl_ms(op))
+        elif type(op) is Delete:
+            args += ("d", found)
+        elif type(op) is IndexAdd:
+            args += ("ia", found, len(op.members))
+            for member, score in op.members.items():
+                args += (repr(float(score)), member)
+        elif type(op) is IndexRemove:
+            unique = list(dict.fromkeys(op.members))
+            args += ("ir", found, len(unique), *unique)
+        elif type(op) is IndexIncr:
+            args += ("ii", found, op.member, repr(float(op.delta)))
+        elif type(op) is IndexRange:
+            args += ("r", found, -1 if op.limit is None else op.limit)
+
+
+_INDEX_OPS = frozenset((IndexAdd, IndexRemove, IndexIncr, IndexRange))
 
 
 def check_one_slot(call: TxnCall, slot_of: Callable[[str], int]) -> None:
@@ -254,27 +265,26 @@ def parse(
     """The results of the branch that ran (`ops`), from the script's reply."""
     results: list[Any] = []
     for op, raw in zip(ops, reply, strict=True):
-        match op:
-            case Get(key=key):
-                results.append(None if raw is None else entry(key, raw))
-            case Put(key=key, value=value):
-                results.append(
-                    new_change(key, ChangeOp.SET, raw[2], value, int(raw[1]), _at(raw[3]))
-                )
-            case Delete(key=key):
-                results.append(
-                    None
-                    if raw is None
-                    else new_change(key, ChangeOp.DELETE, raw[1], None, int(raw[0]), _at(raw[2]))
-                )
-            case IndexAdd() | IndexRemove():
-                results.append(int(raw))
-            case IndexIncr():
-                results.append(float(raw))
-            case IndexRange():
-                if raw and not isinstance(raw[0], list):
-                    raw = list(zip(raw[::2], raw[1::2], strict=True))
-                results.append([(member.decode(), float(score)) for member, score in raw])
+        if type(op) is Get:
+            results.append(None if raw is None else entry(op.key, raw))
+        elif type(op) is Put:
+            results.append(
+                new_change(op.key, ChangeOp.SET, raw[2], op.value, int(raw[1]), _at(raw[3]))
+            )
+        elif type(op) is Delete:
+            results.append(
+                None
+                if raw is None
+                else new_change(op.key, ChangeOp.DELETE, raw[1], None, int(raw[0]), _at(raw[2]))
+            )
+        elif type(op) is IndexAdd or type(op) is IndexRemove:
+            results.append(int(raw))
+        elif type(op) is IndexIncr:
+            results.append(float(raw))
+        elif type(op) is IndexRange:
+            if raw and not isinstance(raw[0], list):
+                raw = list(zip(raw[::2], raw[1::2], strict=True))
+            results.append([(member.decode(), float(score)) for member, score in raw])
     return results
 
 

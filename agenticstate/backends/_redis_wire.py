@@ -289,19 +289,32 @@ class PubSubLink:
 
 
 def pack(args: tuple[str | bytes | int | float, ...]) -> bytes:
-    """One command in the Redis protocol (RESP), ready to send."""
-    parts = [b"*%d\r\n" % len(args)]
+    """One command in the Redis protocol (RESP), ready to send.
+
+    ASCII text and ints are framed as one str and encoded once; only other values (bytes,
+    non-ASCII text, scores) are encoded apart, and a value's bytes are copied once, by the join.
+    """
+    out: list[bytes] = []
+    text = [f"*{len(args)}\r\n"]
     for arg in args:
-        if type(arg) is str:
-            data = arg.encode()
-        elif type(arg) is bytes:
+        if type(arg) is str and arg.isascii():
+            text.append(f"${len(arg)}\r\n{arg}\r\n")
+            continue
+        if type(arg) is int:
+            digits = str(arg)
+            text.append(f"${len(digits)}\r\n{digits}\r\n")
+            continue
+        if type(arg) is bytes:
             data = arg
-        elif type(arg) is int:
-            data = b"%d" % arg
+        elif type(arg) is str:
+            data = arg.encode()
         else:
             data = repr(float(arg)).encode()  # scores
-        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
-    return b"".join(parts)
+        text.append(f"${len(data)}\r\n")
+        out += ("".join(text).encode(), data)
+        text = ["\r\n"]
+    out.append("".join(text).encode())
+    return b"".join(out)
 
 
 class Attempt:

@@ -370,6 +370,11 @@ def _checked_op(op: object) -> TxnOp:
         return IndexRemove(op.index, [validate_key(member) for member in op.members])
     if type(op) is IndexIncr:
         validate_key(op.index)
+        delta = op.delta
+        if type(delta) is int or (type(delta) is float and delta - delta == 0.0):
+            # The common case (a finite number), checked as `check_index_members` checks it.
+            validate_key(op.member)
+            return op if type(delta) is float else IndexIncr(op.index, op.member, float(delta))
         delta = check_index_members({op.member: op.delta})[op.member]
         return IndexIncr(op.index, op.member, delta)
     if type(op) is IndexRange:

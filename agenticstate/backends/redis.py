@@ -313,15 +313,19 @@ class RedisBackend(Subscriber, Backend):
         except BackendError as exc:
             if not wire.unknown_script(exc):
                 raise
+        await self._load_script(source)
+        return await self._execute("EVALSHA", sha, len(keys), *keys, *args, write_key=write_key)
+
+    async def _load_script(self, source: str) -> None:
+        """SCRIPT LOAD `source` (on a cluster, on every primary: each keeps its own scripts)."""
         if self.is_cluster:
             client = self._client or await self._redis()
-            for node in await self._primaries(client):  # each primary keeps its own scripts
+            for node in await self._primaries(client):
                 await self._execute_on_cluster(
                     client, ("SCRIPT", "LOAD", source), None, target_nodes=node
                 )
         else:
             await self._execute("SCRIPT", "LOAD", source)
-        return await self._execute("EVALSHA", sha, len(keys), *keys, *args, write_key=write_key)
 
     def _by_slot(self, names: Sequence[str]) -> list[list[int]]:
         """Positions of `names` grouped by cluster slot (one group for a single server)."""
@@ -522,8 +526,14 @@ class RedisBackend(Subscriber, Backend):
         tag), or it raises `InvalidArgumentError` before anything is sent.
         """
         checked = check_transaction(compare, then, orelse)
+        # Every key and index is validated by `check_transaction`: only the prefixes are added.
+        prefix = self.key_prefix
+        index_prefix = INDEX_NAMESPACE + prefix
         call = _redis_txn.pack(
-            *checked, channels=CHANNEL_NAMESPACE, state_key=self._k, index_key=self._index_key
+            *checked,
+            channels=CHANNEL_NAMESPACE,
+            state_key=prefix.__add__,
+            index_key=index_prefix.__add__,
         )
         if not call.keys:
             return TxnResult(succeeded=True, results=[])
@@ -531,7 +541,14 @@ class RedisBackend(Subscriber, Backend):
         if self.is_cluster:
             _redis_txn.check_one_slot(call, client.keyslot)
         source, sha = _redis_txn.script(scripts.WRITE_FUNCTION)
-        reply = await self._script(sha, source, call.keys, *call.args, write_key=call.write_key)
+        command = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+        try:  # `_script`, inline: one coroutine less on the hot path
+            reply = await self._execute(*command, write_key=call.write_key)
+        except BackendError as exc:
+            if not wire.unknown_script(exc):
+                raise
+            await self._load_script(source)
+            reply = await self._execute(*command, write_key=call.write_key)
         return _redis_txn.result(checked, reply, scripts.entry)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:

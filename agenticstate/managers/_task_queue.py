@@ -393,9 +393,10 @@ class TaskQueue:
             return
         key = self.keys.agent(team_id, agent_id)
         for op, result in zip(then, results, strict=True):
-            if isinstance(op, Put) and op.key == key:
+            # This manager's own operations: exact types (index operations have no key).
+            if type(op) is Put and op.key == key:
                 self._remember(key, result, op.value)
-            elif isinstance(op, Get) and op.key == key:
+            elif type(op) is Get and op.key == key:
                 self._remember(
                     key, *((0, None) if result is None else (result.version, result.value))
                 )

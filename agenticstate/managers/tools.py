@@ -132,6 +132,23 @@ def _canonical(value: Any, path: str = "$") -> Any:
     raise UnsupportedTypeError(f"cannot hash a parameter of type {type(value).__name__}", path=path)
 
 
+_FLAT = frozenset((str, int, bool, type(None)))
+
+
+def _is_flat(parameters: Mapping[str, Any]) -> bool:
+    """Whether `parameters` is its own canonical form (`_canonical` would return it as is).
+
+    The common case: a flat dict of str keys (none starting with `$`) and str, int, bool or
+    None values.
+    """
+    if type(parameters) is not dict:
+        return False
+    for key, value in parameters.items():
+        if type(key) is not str or key.startswith(_TAG) or type(value) not in _FLAT:
+            return False
+    return True
+
+
 def hash_parameters(parameters: Mapping[str, Any]) -> str:
     """Return the canonical SHA-256 hash of tool parameters (hex).
 
@@ -150,7 +167,7 @@ def hash_parameters(parameters: Mapping[str, Any]) -> str:
         InvalidArgumentError: A key is not a str, or a number is not finite.
         UnsupportedTypeError: A value has a type that cannot be hashed canonically.
     """
-    canonical = _canonical(parameters)
+    canonical = parameters if _is_flat(parameters) else _canonical(parameters)
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 

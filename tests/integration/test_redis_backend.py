@@ -21,6 +21,7 @@ from agenticstate import (
     StateManager,
     WriteOutcomeUnknownError,
 )
+from agenticstate.backends.base import Get, IndexIncr
 from tests._redis_server import RedisServer, make_test_ca
 from tests.helpers import LineProcess, unique_prefix
 
@@ -219,6 +220,15 @@ async def test_scripts_reload_after_script_flush(redis_url: str) -> None:
             admin.close()
         change = await backend.set("k", b"3")
         assert change.version == 3
+        admin = sync_redis.Redis.from_url(redis_url)
+        try:
+            admin.script_flush()
+        finally:
+            admin.close()
+        done = await backend.transact([], [Get("k"), IndexIncr("counts", "n", 1)])
+        assert done.succeeded
+        assert done.results[0].version == 3
+        assert done.results[1] == 1.0
         assert (await backend.delete("k")) is not None
 
 
