@@ -47,11 +47,12 @@ async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
     killed: list[LineProcess] = []
     try:
         for generation in range(4, 10):
-            # Let a random worker complete another 10 tasks, then SIGKILL it mid-stream (few:
-            # the workers are fast, and the queue must not run dry before the third kill).
-            victim_name = rng.choice(sorted(workers))
+            # A worker already completing tasks, killed right after its next completion: a
+            # freshly started one could find the queue drained by the others (workers are fast).
+            working = sorted(name for name, proc in workers.items() if proc.lines)
+            victim_name = rng.choice(working or sorted(workers))
             victim = workers.pop(victim_name)
-            if not victim.wait_lines(len(victim.lines) + 10, timeout=30):
+            if not victim.wait_lines(len(victim.lines) + 1, timeout=30):
                 workers[victim_name] = victim  # the queue ran dry before the kill
                 break
             victim.kill()

@@ -223,9 +223,13 @@ async def test_queue_workers_killed_and_reaped_lose_no_task(tmp_path: Path) -> N
     killed: list[LineProcess] = []
     try:
         for generation in range(4, 8):
-            victim_name = rng.choice(sorted(workers))
+            # The victim is a worker already completing tasks, killed right after its next
+            # completion, mid-run: a freshly started one could find the queue drained by the
+            # others before it printed anything (the workers got fast).
+            working = sorted(name for name, proc in workers.items() if proc.lines)
+            victim_name = rng.choice(working or sorted(workers))
             victim = workers.pop(victim_name)
-            if not victim.wait_lines(len(victim.lines) + 10, timeout=60):
+            if not victim.wait_lines(len(victim.lines) + 1, timeout=60):
                 workers[victim_name] = victim  # the queue ran dry before the kill
                 break
             victim.kill()
