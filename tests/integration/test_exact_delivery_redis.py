@@ -792,7 +792,7 @@ async def test_a_subscription_reads_nothing_written_outside_its_prefix(url: str)
 
 async def test_overlapping_prefixes_deliver_each_change_once(url: str) -> None:
     """`a:x:*`, `a:*`, `a:x:1` and `*a:x*` on one backend (covered by one prefix, then by none):
-    every subscription gets each of its changes once, in order."""
+    every subscription gets each of its changes once, in order (per key on a cluster)."""
     prefix = unique_prefix()
     patterns = ["a:x:*", "a:*", "a:x:1", "*a:x*"]
     async with (
@@ -810,7 +810,12 @@ async def test_overlapping_prefixes_deliver_each_change_once(url: str) -> None:
             with anyio.fail_after(5):
                 while len(got) < len(wanted):
                     got.append((await stream.__anext__()).key)
-            assert got == wanted, pattern
+            if "cluster" in url.split("://", 1)[0]:
+                # Shards are not ordered with each other: each key's changes in order, and the
+                # same changes (only a:x:1 repeats, and one key lives on one shard).
+                assert sorted(got) == sorted(wanted), pattern
+            else:
+                assert got == wanted, pattern
         # Nothing more came: a marker write every pattern but the exact one sees, then nothing.
         await writer.set("a:x:end", b"v")
         for pattern, stream in zip(patterns, streams, strict=True):
