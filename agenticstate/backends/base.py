@@ -291,7 +291,9 @@ class IndexRemove:
 class IndexIncr:
     """Operation: add `delta` to `member`'s score in `index`; its result is the new score.
 
-    A member that is not there is added with score `delta`: a counter.
+    A member that is not there is added with score `delta`: a counter. Scores are 64-bit floats:
+    exact for whole numbers up to 2**53, and a sum past about 1.8e308 becomes an infinite score
+    on every backend (as Redis's ZINCRBY does), although `index_add` refuses infinite scores.
     """
 
     index: str
