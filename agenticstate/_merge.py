@@ -1,11 +1,13 @@
-"""`deep_merge`: how `StateManager.update` (and a new session's state) merges a dict."""
+"""How `StateManager.update` (and a new session's state) merges a dict: `deep_merge`, `updater`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["deep_merge"]
+from agenticstate.exceptions import InvalidArgumentError, MergeError
+
+__all__ = ["deep_merge", "updater"]
 
 
 def deep_merge(base: dict[str, Any], partial: Mapping[str, Any]) -> dict[str, Any]:
@@ -17,3 +19,24 @@ def deep_merge(base: dict[str, Any], partial: Mapping[str, Any]) -> dict[str, An
         else:
             base[key] = value
     return base
+
+
+def updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The function an update of `key` applies to its value: `change`, or a deep merge of it.
+
+    Used by `StateManager.update` and `LocalView.update`.
+    """
+    if isinstance(change, Mapping):
+        partial = change
+
+        def merge(current: Any) -> Any:
+            if not isinstance(current, dict):
+                raise MergeError(
+                    f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
+                )
+            return deep_merge(current, partial)
+
+        return merge
+    if callable(change):
+        return change
+    raise InvalidArgumentError(f"update() takes a dict or a function, not {type(change).__name__}")

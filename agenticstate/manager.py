@@ -25,7 +25,6 @@ work is done below it:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
@@ -35,7 +34,7 @@ from agenticstate import _otel, txn
 from agenticstate._checks import as_ttl
 from agenticstate._codec import Codec, StateEntry
 from agenticstate._keys import validate_key, validate_pattern
-from agenticstate._merge import deep_merge
+from agenticstate._merge import deep_merge, updater
 from agenticstate._reencrypt import reencrypt
 from agenticstate.backends import Backend, open_config_backend
 from agenticstate.backends.base import check_expected_version
@@ -46,12 +45,11 @@ from agenticstate.exceptions import (
     ConfigurationError,
     ConflictError,
     InvalidArgumentError,
-    MergeError,
     NotFoundError,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Iterable, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
     from datetime import timedelta
     from types import TracebackType
 
@@ -130,24 +128,6 @@ class StateStats(BaseModel):
     """Callback subscriptions that fell behind and were re-opened."""
     subscriptions: int = 0
     """Callbacks currently subscribed."""
-
-
-def _updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The function `update` applies to the current value: `change`, or a deep merge of it."""
-    if isinstance(change, Mapping):
-        partial = change
-
-        def merge(current: Any) -> Any:
-            if not isinstance(current, dict):
-                raise MergeError(
-                    f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
-                )
-            return deep_merge(current, partial)
-
-        return merge
-    if callable(change):
-        return change
-    raise InvalidArgumentError(f"update() takes a dict or a function, not {type(change).__name__}")
 
 
 class _UpdateStep:
@@ -498,7 +478,7 @@ class StateManager:
             ConflictError: The update lost `update_max_attempts` races in a row.
         """
         validate_key(key)
-        step = _UpdateStep(self._codec, key, _updater(key, change), default)
+        step = _UpdateStep(self._codec, key, updater(key, change), default)
         life = self._ttl(ttl)
         backend = await self._opened_backend()
         try:

@@ -36,7 +36,6 @@ wraps, here without decoding the changes the view skips), and the manager's `lis
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Self
 
@@ -48,6 +47,7 @@ from agenticstate._checks import as_ttl
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
+from agenticstate._merge import updater
 from agenticstate._tasks import spawn_service
 from agenticstate.backends.base import ChangeOp, backoff, utcnow
 from agenticstate.encryption import ENCRYPTED_HEADER
@@ -56,14 +56,14 @@ from agenticstate.exceptions import (
     BackendError,
     ConflictError,
     InvalidArgumentError,
-    MergeError,
     NotFoundError,
     SerializationError,
     SubscriptionClosedError,
 )
-from agenticstate.manager import DEFAULT, deep_merge
+from agenticstate.manager import DEFAULT
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
     from datetime import datetime, timedelta
     from types import TracebackType
 
@@ -134,24 +134,6 @@ def _life(ttl: object, default: timedelta | None) -> timedelta | None:
         return as_ttl(ttl)
     except ValueError:
         return None  # save raises InvalidArgumentError before anything is stored
-
-
-def _updater(key: str, change: Mapping[str, Any] | Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """What `StateManager.update` applies: a deep merge for a dict, else the function."""
-    if isinstance(change, Mapping):
-        partial = change
-
-        def merge(current: Any) -> Any:
-            if not isinstance(current, dict):
-                raise MergeError(
-                    f"cannot merge a dict into the {type(current).__name__} stored at {key!r}"
-                )
-            return deep_merge(current, partial)
-
-        return merge
-    if callable(change):
-        return change
-    raise InvalidArgumentError(f"update() takes a dict or a function, not {type(change).__name__}")
 
 
 class LocalView:
@@ -399,7 +381,7 @@ class LocalView:
             InvalidArgumentError: The key is outside the view's pattern.
         """
         self._inside(key)
-        apply = _updater(key, change)
+        apply = updater(key, change)
         serializer = self._serializer
         attempts = self._state.config.update_max_attempts
         conflicts = 0
