@@ -681,20 +681,7 @@ class SQLiteBackend(Backend):
         name = self.key_prefix + validate_key(index)
         checked = check_index_members(members)
 
-        def run(conn: sqlite3.Connection) -> int:
-            added = 0
-            for member in checked:
-                found = conn.execute(
-                    "SELECT 1 FROM idx WHERE name = ? AND member = ?", (name, member)
-                ).fetchone()
-                added += found is None
-            conn.executemany(
-                "INSERT OR REPLACE INTO idx VALUES (?, ?, ?)",
-                [(name, member, score) for member, score in checked.items()],
-            )
-            return added
-
-        result: int = await self._call(True, run)
+        result: int = await self._call(True, lambda conn: _index_add(conn, name, checked))
         return result
 
     async def index_remove(self, index: str, members: Sequence[str]) -> int:
@@ -702,14 +689,7 @@ class SQLiteBackend(Backend):
         name = self.key_prefix + validate_key(index)
         wanted = list(dict.fromkeys(members))
 
-        def run(conn: sqlite3.Connection) -> int:
-            before = conn.total_changes
-            conn.executemany(
-                "DELETE FROM idx WHERE name = ? AND member = ?", [(name, m) for m in wanted]
-            )
-            return conn.total_changes - before
-
-        result: int = await self._call(True, run)
+        result: int = await self._call(True, lambda conn: _index_remove(conn, name, wanted))
         return result
 
     # ---------------------------------------------------------------- subscriptions
@@ -773,27 +753,33 @@ class _SQLiteStep:
         return None if row is None else float(row[0])
 
     def txn_index_add(self, index: str, members: dict[str, float]) -> int:
-        name, conn = self._name(index), self._conn
-        added = 0
-        for member in members:
-            found = conn.execute(
-                "SELECT 1 FROM idx WHERE name = ? AND member = ?", (name, member)
-            ).fetchone()
-            added += found is None
-        conn.executemany(
-            "INSERT OR REPLACE INTO idx VALUES (?, ?, ?)",
-            [(name, member, score) for member, score in members.items()],
-        )
-        return added
+        return _index_add(self._conn, self._name(index), members)
 
     def txn_index_remove(self, index: str, members: list[str]) -> int:
-        name, conn = self._name(index), self._conn
-        before = conn.total_changes
-        conn.executemany(
-            "DELETE FROM idx WHERE name = ? AND member = ?", [(name, m) for m in members]
-        )
-        return conn.total_changes - before
+        return _index_remove(self._conn, self._name(index), members)
 
     def txn_index_range(self, index: str, limit: int | None) -> list[tuple[str, float]]:
         sql = "SELECT member, score FROM idx WHERE name = ? ORDER BY score, member LIMIT ?"
         return list(self._conn.execute(sql, (self._name(index), -1 if limit is None else limit)))
+
+
+def _index_add(conn: sqlite3.Connection, name: str, members: Mapping[str, float]) -> int:
+    """Add (or move) members of the index `name`; return how many were new (writer thread)."""
+    added = 0
+    for member in members:
+        found = conn.execute(
+            "SELECT 1 FROM idx WHERE name = ? AND member = ?", (name, member)
+        ).fetchone()
+        added += found is None
+    conn.executemany(
+        "INSERT OR REPLACE INTO idx VALUES (?, ?, ?)",
+        [(name, member, score) for member, score in members.items()],
+    )
+    return added
+
+
+def _index_remove(conn: sqlite3.Connection, name: str, members: Sequence[str]) -> int:
+    """Remove members of the index `name`; return how many were there (writer thread)."""
+    before = conn.total_changes
+    conn.executemany("DELETE FROM idx WHERE name = ? AND member = ?", [(name, m) for m in members])
+    return conn.total_changes - before
