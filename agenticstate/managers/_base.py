@@ -208,12 +208,22 @@ class StateManagerBase:
             await self.state.aclose()
 
     async def _load(self, key: str, model: type[M]) -> M | None:
-        value: M | None = await self.state.get(key, model=model)
-        return value
+        return await load(self.state, key, model)
 
     async def _load_many(self, pattern: str, model: type[M]) -> list[M]:
-        keys = await self.state.list_keys(pattern)
-        if not keys:
-            return []
-        found = await self.state.get_many(keys, model=model)
-        return [found[key] for key in keys if key in found]
+        return await load_many(self.state, pattern, model)
+
+
+async def load(state: StateManager, key: str, model: type[M]) -> M | None:
+    """The record at `key` as `model`, or `None`."""
+    value: M | None = await state.get(key, model=model)
+    return value
+
+
+async def load_many(state: StateManager, pattern: str, model: type[M]) -> list[M]:
+    """The records whose keys match `pattern`, as `model`, in key order."""
+    keys = await state.list_keys(pattern)
+    if not keys:
+        return []
+    found = await state.get_many(keys, model=model)
+    return [found[key] for key in keys if key in found]

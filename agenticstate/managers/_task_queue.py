@@ -18,7 +18,7 @@ import random
 import time
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,7 +31,14 @@ from agenticstate.exceptions import (
     NotFoundError,
     UnsupportedOperationError,
 )
-from agenticstate.managers._base import TaggedKeys, key_part, sort_time, utcnow
+from agenticstate.managers._base import (
+    TaggedKeys,
+    key_part,
+    load,
+    load_many,
+    sort_time,
+    utcnow,
+)
 from agenticstate.txn import (
     CONFIGURED,
     Delete,
@@ -60,8 +67,6 @@ __all__ = [
     "TaskStatus",
     "TeamKeys",
 ]
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class TaskPriority(StrEnum):
@@ -425,17 +430,6 @@ class TaskQueue:
 
     # records and scores
 
-    async def _load(self, key: str, model: type[M]) -> M | None:
-        value: M | None = await self.state.get(key, model=model)
-        return value
-
-    async def _load_many(self, pattern: str, model: type[M]) -> list[M]:
-        keys = await self.state.list_keys(pattern)
-        if not keys:
-            return []
-        found = await self.state.get_many(keys, model=model)
-        return [found[key] for key in keys if key in found]
-
     @staticmethod
     def _lease_score(task: TaskItem) -> float:
         expires = task.lease_expires_at
@@ -535,7 +529,7 @@ class TaskQueue:
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
         """Return one task (see `OrchestrationStateManager.get_task`)."""
-        task = await self._load(self.keys.task(team_id, task_id), TaskItem)
+        task = await load(self.state, self.keys.task(team_id, task_id), TaskItem)
         if task is None:
             raise NotFoundError(f"team {team_id!r} has no task {task_id!r}")
         return task
@@ -1255,7 +1249,7 @@ class TaskQueue:
         done = {task_id for task_id, _ in await self.state.index_range(finished)}
         tasks = {
             task.task_id: task
-            for task in await self._load_many(self.keys.records(team_id, "tasks"), TaskItem)
+            for task in await load_many(self.state, self.keys.records(team_id, "tasks"), TaskItem)
         }
         add_pending: dict[str, float] = {}
         add_claims: dict[str, float] = {}
