@@ -11,7 +11,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
@@ -95,6 +95,34 @@ def percentile(values: list[float], share: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+class Row(NamedTuple):
+    """One operation against its baseline over interleaved rounds (each ratio within its round)."""
+
+    label: str
+    rate: float  # median over rounds
+    base: float  # the baseline's median over rounds
+    base_label: str
+    ratio: float  # median over rounds of the round's ratio
+    low: float
+    high: float
+
+    @classmethod
+    def over(
+        cls, label: str, ours: str, base: str, base_label: str, rounds: list[dict[str, float]]
+    ) -> Row:
+        """The row of `ours` against `base` from each round's rates by name."""
+        ratios = [figures[ours] / figures[base] for figures in rounds]
+        return cls(
+            label,
+            median([figures[ours] for figures in rounds]),
+            median([figures[base] for figures in rounds]),
+            base_label,
+            median(ratios),
+            min(ratios),
+            max(ratios),
+        )
 
 
 @contextmanager

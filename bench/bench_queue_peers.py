@@ -20,7 +20,7 @@ import sys
 import time
 from importlib import metadata
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import anyio
 import redis.asyncio as aioredis
@@ -34,7 +34,7 @@ from agenticstate import (
     TeamState,
     ToolStateManager,
 )
-from bench._util import ROOT, median, publish, rate, redis_server, table
+from bench._util import ROOT, Row, median, publish, rate, redis_server, table
 
 # Rounds of queue runs (each system in turn) and of the single operations. The queue runs are
 # what takes the time (each starts its worker processes): 2 rounds keep the module near a minute.
@@ -53,16 +53,6 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
     Operation = Callable[[int], Awaitable[object]]
-
-
-class Single(NamedTuple):
-    label: str
-    rate: float  # median over rounds
-    base: float  # the baseline's median over rounds
-    base_label: str
-    ratio: float  # median of the rounds' ratios
-    low: float
-    high: float
 
 
 def peers() -> list[str]:
@@ -139,7 +129,7 @@ def queue_rate(kind: str, url: str, workers: int, run: str) -> float:
     return TASKS / seconds
 
 
-async def singles(url: str) -> list[Single]:
+async def singles(url: str) -> list[Row]:
     raw = aioredis.Redis.from_url(url)
     config = StateConfig(backend="redis", redis_url=url, key_prefix="p:")
     async with StateManager(config) as state:
@@ -167,25 +157,14 @@ async def singles(url: str) -> list[Single]:
             await rate(operation, 200)
         rounds = [await interleaved(operations) for _ in range(ROUNDS)]
     await raw.aclose()
-    rows = []
-    for label, ours, base, base_label in [
-        ("tool cache hit (cached_call)", "hit", "raw_get", "raw GET"),
-        ("speech interim update (update_stt_state)", "speech", "raw_set", "raw SET"),
-        ("StateManager.update (merge)", "update", "raw_set", "raw SET"),
-    ]:
-        ratios = [figures[ours] / figures[base] for figures in rounds]
-        rows.append(
-            Single(
-                label,
-                median([figures[ours] for figures in rounds]),
-                median([figures[base] for figures in rounds]),
-                base_label,
-                median(ratios),
-                min(ratios),
-                max(ratios),
-            )
-        )
-    return rows
+    return [
+        Row.over(label, ours, base, base_label, rounds)
+        for label, ours, base, base_label in [
+            ("tool cache hit (cached_call)", "hit", "raw_get", "raw GET"),
+            ("speech interim update (update_stt_state)", "speech", "raw_set", "raw SET"),
+            ("StateManager.update (merge)", "update", "raw_set", "raw SET"),
+        ]
+    ]
 
 
 async def interleaved(

@@ -10,13 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import anyio
 import redis.asyncio as aioredis
 
 from agenticstate import RedisBackend, StateConfig, StateManager
 from bench._util import (
+    Row,
     median,
     percentile,
     publish,
@@ -48,16 +49,6 @@ ROWS = [
     ("agenticaiframework save (sync redis-py)", "peer_save", "raw_set", "raw SET"),
     ("agenticaiframework get (sync redis-py)", "peer_get", "raw_get", "raw GET"),
 ]
-
-
-class Row(NamedTuple):
-    label: str
-    rate: float  # median over rounds
-    base: float
-    base_label: str
-    ratio: float  # median over rounds of the round's ratio
-    low: float
-    high: float
 
 
 def peer_client(url: str) -> Any:
@@ -126,23 +117,11 @@ async def measure(url: str) -> list[Row]:
         await state.aclose()
         await backend.aclose()
         await raw.aclose()
-    rows = []
-    for label, ours, base, base_label in ROWS:
-        if ours not in rounds[0]:
-            continue
-        ratios = [figures[ours] / figures[base] for figures in rounds]
-        rows.append(
-            Row(
-                label,
-                median([figures[ours] for figures in rounds]),
-                median([figures[base] for figures in rounds]),
-                base_label,
-                median(ratios),
-                min(ratios),
-                max(ratios),
-            )
-        )
-    return rows
+    return [
+        Row.over(label, ours, base, base_label, rounds)
+        for label, ours, base, base_label in ROWS
+        if ours in rounds[0]
+    ]
 
 
 LIST_KEYS = 10_000
