@@ -11,12 +11,9 @@ from tests.helpers import start_module, unique_prefix
 pytestmark = pytest.mark.redis
 
 
-async def test_identical_calls_from_four_processes_run_the_tool_once(redis_url: str) -> None:
-    """100 identical cached_calls spread over 4 processes run the tool exactly once."""
-    prefix = unique_prefix()
-    procs = [
-        start_module("tests.integration._flight_worker", redis_url, prefix, "25") for _ in range(4)
-    ]
+def _race(url: str, prefix: str, *args: str, timeout: float) -> int:
+    """Start 4 flight workers, let them go at once, and return how often the tool ran in all."""
+    procs = [start_module("tests.integration._flight_worker", url, prefix, *args) for _ in range(4)]
     try:
         for proc in procs:
             assert proc.stdout is not None
@@ -27,14 +24,20 @@ async def test_identical_calls_from_four_processes_run_the_tool_once(redis_url: 
             proc.stdin.flush()
         runs = 0
         for proc in procs:
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=timeout)
             assert proc.returncode == 0, err
             runs += int(out.strip().split()[-1])
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
-    assert runs == 1
+    return runs
+
+
+async def test_identical_calls_from_four_processes_run_the_tool_once(redis_url: str) -> None:
+    """100 identical cached_calls spread over 4 processes run the tool exactly once."""
+    prefix = unique_prefix()
+    assert _race(redis_url, prefix, "25", timeout=60) == 1
     async with StateManager(
         StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
     ) as sm:
@@ -51,27 +54,7 @@ def test_cache_hits_from_four_processes_are_counted_exactly(
     (each hit is one atomic step reading the entry and counting it, from any process)."""
     url: str = request.getfixturevalue(server)
     prefix = unique_prefix()
-    procs = [
-        start_module("tests.integration._flight_worker", url, prefix, "25", "200") for _ in range(4)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        runs = 0
-        for proc in procs:
-            out, err = proc.communicate(timeout=120)
-            assert proc.returncode == 0, err
-            runs += int(out.strip().split()[-1])
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    assert runs == 1
+    assert _race(url, prefix, "25", "200", timeout=120) == 1
 
     async def stats() -> ToolStats:
         config = StateConfig(backend="redis", redis_url=url, key_prefix=prefix)
