@@ -21,6 +21,7 @@ __all__ = [
     "CHANNEL_NAMESPACE",
     "DELETE",
     "DELETE_SHA",
+    "DROP_FUNCTION",
     "HEADER",
     "INDEX_NAMESPACE",
     "SET",
@@ -109,26 +110,37 @@ return replies
 """
 )
 
+# drop(key, expected, channel, now): delete `key` and publish the change, in one place for
+# DELETE and the transaction script. Returns {1, version, old, now}, {2} when missing, or
+# {0, actual version} on a conflict (expected -1 = any).
+DROP_FUNCTION = """
+local function drop(key, expected, channel, now)
+  local cur = redis.call('GET', key)
+  local ver = 0
+  if cur then ver = tonumber(string.sub(cur, 1, 20)) end
+  if expected >= 0 and expected ~= ver then
+    return {0, ver}
+  end
+  if not cur then return {2} end
+  local old = string.sub(cur, 66)
+  redis.call('DEL', key)
+  local verstr = string.format('%020d', ver)
+  redis.call('PUBLISH', channel, 'D' .. verstr .. string.format('%015d', now) .. '1'
+    .. string.format('%010d', #old) .. old)
+  return {1, ver, old, now}
+end
+"""
+
 # KEYS[1] the key; ARGV: expected version (-1 = any), channel.
 # Returns {1, version, old, now}, {2} when missing, or {0, actual version} on a conflict.
-DELETE = """
-local cur = redis.call('GET', KEYS[1])
-local ver = 0
-if cur then ver = tonumber(string.sub(cur, 1, 20)) end
-local expected = tonumber(ARGV[1])
-if expected >= 0 and expected ~= ver then
-  return {0, ver}
-end
-if not cur then return {2} end
-local old = string.sub(cur, 66)
-redis.call('DEL', KEYS[1])
+DELETE = (
+    DROP_FUNCTION
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local verstr = string.format('%020d', ver)
-redis.call('PUBLISH', ARGV[2], 'D' .. verstr .. string.format('%015d', now) .. '1'
-  .. string.format('%010d', #old) .. old)
-return {1, ver, old, now}
+return drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now)
 """
+)
 
 
 def from_ms(value: int) -> datetime:

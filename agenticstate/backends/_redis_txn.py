@@ -57,7 +57,7 @@ __all__ = ["TxnCall", "check_one_slot", "pack", "parse", "result", "script"]
 
 _MS = timedelta(milliseconds=1)
 
-# Runs after the `write` function (and `now`) of redis.py's write scripts.
+# Runs after the `write` function (and `now`) of the write scripts, and the `drop` function.
 _TXN_BODY = """
 local ns = ARGV[1]
 local ok = 1
@@ -98,15 +98,8 @@ while i < to do
     r = write(key, ARGV[i + 2], tonumber(ARGV[i + 3]), -1, ns .. key, now)
     i = i + 4
   elseif op == 'd' then
-    local cur = redis.call('GET', key)
-    if cur then
-      local old = string.sub(cur, 66)
-      local verstr = string.sub(cur, 1, 20)
-      redis.call('DEL', key)
-      redis.call('PUBLISH', ns .. key, 'D' .. verstr .. string.format('%015d', now) .. '1'
-        .. string.format('%010d', #old) .. old)
-      r = {tonumber(verstr), old, now}
-    end
+    local d = drop(key, -1, ns .. key, now)
+    if d[1] == 1 then r = {d[2], d[3], d[4]} end
     i = i + 2
   elseif op == 'ia' then
     local n = tonumber(ARGV[i + 2])
@@ -137,9 +130,9 @@ return {ok, results}
 
 
 @functools.cache
-def script(write_function: str) -> tuple[str, str]:
-    """The transaction script built on `write_function` (redis.py's), and its SHA-1."""
-    source = write_function + _TXN_BODY
+def script(write_function: str, drop_function: str) -> tuple[str, str]:
+    """The transaction script built on the write scripts' `write` and `drop`, and its SHA-1."""
+    source = write_function + drop_function + _TXN_BODY
     return source, hashlib.sha1(source.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
 
 

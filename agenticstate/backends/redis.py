@@ -540,7 +540,7 @@ class RedisBackend(Subscriber, Backend):
         client: Any = self._client or await self._redis()
         if self.is_cluster:
             _redis_txn.check_one_slot(call, client.keyslot)
-        source, sha = _redis_txn.script(scripts.WRITE_FUNCTION)
+        source, sha = _redis_txn.script(scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION)
         command = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
         try:  # `_script`, inline: one coroutine less on the hot path
             reply = await self._execute(*command, write_key=call.write_key)
