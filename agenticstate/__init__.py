@@ -14,10 +14,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 from agenticstate._usage import NamespaceUsage, StateUsage
 from agenticstate.backends import (
+    EARLIEST,
     Backend,
     Change,
     ChangeOp,
     Entry,
+    FeedRetention,
     FileBackend,
     MemoryBackend,
     RedisBackend,
@@ -35,6 +37,7 @@ from agenticstate.exceptions import (
     BackendUnavailableError,
     ConfigurationError,
     ConflictError,
+    CursorExpiredError,
     CycleError,
     DecodeError,
     DecryptionError,
@@ -129,6 +132,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree wi
 
 __all__ = [
     "DEFAULT",
+    "EARLIEST",
     "AgentCheckpoint",
     "AgentCoordinationState",
     "AgentRecoveryManager",
@@ -146,11 +150,13 @@ __all__ = [
     "ChangeOp",
     "ConfigurationError",
     "ConflictError",
+    "CursorExpiredError",
     "CycleError",
     "DecodeError",
     "DecryptionError",
     "Encryption",
     "Entry",
+    "FeedRetention",
     "FileBackend",
     "IndexingEstimate",
     "IndexingProgress",

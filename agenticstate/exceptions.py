@@ -30,7 +30,8 @@ AgenticStateError
  ├─ InvalidTransitionError                a state machine refused the move
  │   └─ WorkflowCancelledError            the workflow was cancelled; its runner stops
  ├─ RetryExhaustedError                   a task or tool call gave up
- └─ SubscriptionClosedError               the subscription was closed or overflowed
+ ├─ SubscriptionClosedError               the subscription was closed or overflowed
+ └─ CursorExpiredError(LookupError)       the changes after a feed cursor were trimmed
 ```
 """
 
@@ -43,6 +44,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigurationError",
     "ConflictError",
+    "CursorExpiredError",
     "CycleError",
     "DecodeError",
     "DecryptionError",
@@ -245,3 +247,17 @@ class SubscriptionClosedError(AgenticStateError):
     def __init__(self, reason: str, message: str = "") -> None:
         super().__init__(message or f"subscription {reason}")
         self.reason = reason
+
+
+class CursorExpiredError(AgenticStateError, LookupError):
+    """The changes after a feed cursor are no longer retained: resuming from it would skip some.
+
+    Re-read the state you need (or subscribe with `on_gap="resync"`) and go on from a new cursor.
+
+    Attributes:
+        cursor: The cursor that was given.
+    """
+
+    def __init__(self, cursor: str, message: str = "") -> None:
+        super().__init__(message or f"the changes after cursor {cursor!r} are no longer retained")
+        self.cursor = cursor

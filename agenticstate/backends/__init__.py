@@ -26,13 +26,16 @@ from agenticstate._registry import add_backend, config_factory, url_factory, url
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._shared import SharedFileBackend
 from agenticstate.backends.base import (
+    EARLIEST,
     Backend,
     Change,
     ChangeOp,
     Delete,
     Entry,
     Exists,
+    FeedRetention,
     Get,
+    HistoryRules,
     IndexAdd,
     IndexIncr,
     IndexRange,
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
     from agenticstate.config import StateConfig
 
 __all__ = [
+    "EARLIEST",
     "Backend",
     "Change",
     "ChangeFanout",
@@ -64,8 +68,10 @@ __all__ = [
     "Delete",
     "Entry",
     "Exists",
+    "FeedRetention",
     "FileBackend",
     "Get",
+    "HistoryRules",
     "IndexAdd",
     "IndexIncr",
     "IndexRange",

@@ -260,15 +260,17 @@ class SharedFileBackend(FileBackend):
         return await (await self._backend()).index_range(index, limit=limit)
 
     def changes(
-        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
     ) -> contextlib.AbstractAsyncContextManager[ChangeStream]:
         """See `Backend.changes`; the subscription also ends when this lease closes."""
-        return self._leased_changes(pattern, max_buffer)
+        return self._leased_changes(pattern, max_buffer, since)
 
     @asynccontextmanager
-    async def _leased_changes(self, pattern: str, max_buffer: int) -> AsyncIterator[ChangeStream]:
+    async def _leased_changes(
+        self, pattern: str, max_buffer: int, since: str | None
+    ) -> AsyncIterator[ChangeStream]:
         backend = await self._backend()
-        async with backend.changes(pattern, max_buffer=max_buffer) as stream:
+        async with backend.changes(pattern, max_buffer=max_buffer, since=since) as stream:
             self._streams.add(stream)
             try:
                 yield stream

@@ -40,6 +40,17 @@ The rules, which every backend follows exactly:
   operations (`Get`, `Put`, `Delete`, `IndexAdd`, `IndexRemove`, `IndexIncr`, `IndexRange`), all
   in one atomic step, modelled on etcd's `Txn`. See `Backend.transact`; a backend that cannot run
   it atomically raises `UnsupportedOperationError`, and callers fall back to the calls above.
+- **The change feed** (`changes(..., since=cursor)`, `feed_cursor`): every write also appends its
+  change to a durable feed in the same atomic step, kept under the backend's `FeedRetention` (the
+  last `max_changes`, none older than `max_age`). Every `Change` a subscription yields carries its
+  `cursor` (an opaque `str`); `since=cursor` first replays the retained changes after it that
+  match the pattern, in feed order, then follows live: no gap, no duplicate. A cursor whose
+  successors were trimmed raises `CursorExpiredError` on entry, never a silent gap. `EARLIEST`
+  replays everything retained. A backend with the feed off (`feed=None`) yields `cursor=None`
+  and refuses `since=` with `UnsupportedOperationError`.
+- **History** (`keep_history`, `history`, `get_version`): a writer keeps the last `depth`
+  versions of each key matching a history rule, in the same atomic step as the write. A delete
+  or an expiry ends a key's history (its versions restart at 1, and so does its history).
 - **Errors.** Storage failures raise `BackendError` subclasses; library exceptions (`OSError`,
   redis, msgpack) never leak.
 """
@@ -55,8 +66,10 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 
-from agenticstate._keys import validate_key
+from agenticstate._glob import compile_glob
+from agenticstate._keys import validate_key, validate_pattern
 from agenticstate.exceptions import (
+    ConfigurationError,
     ConflictError,
     InvalidArgumentError,
     UnsupportedOperationError,
@@ -69,13 +82,16 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_BUFFER",
     "DEFAULT_UPDATE_ATTEMPTS",
+    "EARLIEST",
     "Backend",
     "Change",
     "ChangeOp",
     "Delete",
     "Entry",
     "Exists",
+    "FeedRetention",
     "Get",
+    "HistoryRules",
     "IndexAdd",
     "IndexIncr",
     "IndexRange",
@@ -159,6 +175,9 @@ class Change:
         new: The bytes after the change, or `None` after a delete.
         version: The version written; for a delete, the version that was deleted.
         timestamp: When the change committed.
+        cursor: This change's place in the backend's durable feed: pass it as `since=` to
+            `changes` to resume right after it. `None` when the backend's feed is off, and for
+            a `RESYNC` change (which is no change of the feed).
     """
 
     key: str
@@ -167,6 +186,7 @@ class Change:
     new: bytes | None
     version: int
     timestamp: datetime
+    cursor: str | None = None
 
 
 # Hot-path constructors. A frozen dataclass's `__init__` sets each field through
@@ -181,9 +201,15 @@ def _slot_setters(cls: type, names: str) -> list[Callable[[object, object], None
 _set_key, _set_value, _set_version, _set_created, _set_updated, _set_expires = _slot_setters(
     Entry, "key value version created_at updated_at expires_at"
 )
-_set_change_key, _set_op, _set_old, _set_new, _set_change_version, _set_timestamp = _slot_setters(
-    Change, "key op old new version timestamp"
-)
+(
+    _set_change_key,
+    _set_op,
+    _set_old,
+    _set_new,
+    _set_change_version,
+    _set_timestamp,
+    _set_cursor,
+) = _slot_setters(Change, "key op old new version timestamp cursor")
 
 
 def new_entry(
@@ -212,6 +238,7 @@ def new_change(
     new: bytes | None,
     version: int,
     timestamp: datetime,
+    cursor: str | None = None,
 ) -> Change:
     """Build a `Change` (equal to `Change(...)` with the same fields), fast."""
     change: Change = _new(Change)
@@ -221,7 +248,79 @@ def new_change(
     _set_new(change, new)
     _set_change_version(change, version)
     _set_timestamp(change, timestamp)
+    _set_cursor(change, cursor)
     return change
+
+
+# The change feed and per-key history.
+
+EARLIEST = "earliest"
+"""`since=EARLIEST`: replay every change the feed still retains, then follow live."""
+
+
+@dataclass(frozen=True, slots=True)
+class FeedRetention:
+    """How much of the change feed a backend keeps (each bound applies; `None` lifts it).
+
+    Attributes:
+        max_changes: Keep at most this many of the newest changes (per stream: on Redis
+            Cluster, per slot's stream). Trimming may keep somewhat more than this (Redis trims
+            whole stream nodes), never fewer.
+        max_age: Drop changes older than this (checked as writes happen, so an idle feed may
+            hold older ones until the next write).
+    """
+
+    max_changes: int | None = 10_000
+    max_age: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_changes is not None and (
+            type(self.max_changes) is not int or self.max_changes < 1
+        ):
+            raise ConfigurationError(
+                f"max_changes must be an int >= 1 or None, not {self.max_changes!r}"
+            )
+        if self.max_age is not None and (
+            not isinstance(self.max_age, timedelta) or self.max_age <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                f"max_age must be a positive timedelta or None, not {self.max_age!r}"
+            )
+
+
+class HistoryRules:
+    """Which keys keep how many versions: glob patterns to depths, the first match wins.
+
+    `HistoryRules({"agent:*": 20, "*": 1})`: keys under `agent:` keep their last 20 versions;
+    a depth of 1 keeps only the current one (the same as no rule). Depth is an int >= 1.
+    """
+
+    __slots__ = ("_cache", "_rules")
+
+    def __init__(self, rules: Mapping[str, int] | None = None) -> None:
+        checked = []
+        for pattern, depth in dict(rules or {}).items():
+            validate_pattern(pattern)
+            if type(depth) is not int or depth < 1:
+                raise ConfigurationError(
+                    f"history depth for {pattern!r} must be an int >= 1, not {depth!r}"
+                )
+            checked.append((compile_glob(pattern), depth))
+        self._rules = checked
+        self._cache: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    def depth(self, key: str) -> int:
+        """How many versions `key` keeps (1: only the current one)."""
+        found = self._cache.get(key)
+        if found is None:
+            found = next((d for matcher, d in self._rules if matcher.match(key)), 1)
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[key] = found
+        return found
 
 
 # Transactions (`Backend.transact`): compares, then operations, in one atomic step.
@@ -610,9 +709,20 @@ class Backend(ABC):
 
     @abstractmethod
     def changes(
-        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
     ) -> AbstractAsyncContextManager[AsyncIterator[Change]]:
         """Subscribe to changes of keys matching `pattern`.
+
+        With `since=None` the subscription starts at entry. With `since=cursor` (a `Change`'s
+        `cursor`, or `feed_cursor()`), it first yields the retained changes after that cursor
+        that match `pattern`, in feed order, then the live ones, with none missed or repeated;
+        `since=EARLIEST` replays everything retained.
+
+        Raises (on entry):
+            CursorExpiredError: Changes after `since` have been trimmed (or the cursor belongs
+                to a store that no longer exists, like a closed memory backend's).
+            InvalidArgumentError: `since` is not a cursor of this kind of backend.
+            UnsupportedOperationError: `since` was given and the feed is off.
 
         <!-- snippet: setup=backend -->
         ```python
@@ -623,6 +733,52 @@ class Backend(ABC):
                 break
         ```
         """
+
+    feed: FeedRetention | None = None
+    """The change feed's retention, or `None` when this backend keeps no feed."""
+
+    async def feed_cursor(self) -> str | None:
+        """The cursor of the newest committed change (the feed's head), or `None` if off.
+
+        `changes(since=await backend.feed_cursor())` misses nothing committed after this call.
+        """
+        return None
+
+    history_rules: HistoryRules = HistoryRules()
+    """Which keys keep history; set with `keep_history`."""
+
+    def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
+        """Keep versions of the keys `rules` names, from this backend's next write on.
+
+        History is kept by the process that writes: every process writing such keys must set
+        the same rules. This default raises `UnsupportedOperationError` for non-empty rules.
+        """
+        rules = rules if isinstance(rules, HistoryRules) else HistoryRules(rules)
+        if rules:
+            raise UnsupportedOperationError(f"{type(self).__name__} keeps no history")
+        self.history_rules = rules
+
+    async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
+        """The retained versions of `key`, newest (the current one) first, at most `limit`.
+
+        Each `Entry` is the key as that version left it (`updated_at`: when it was written).
+        A missing key has no history (`[]`); a key no rule names has only its current version.
+        """
+        validate_key(key)
+        limit = check_limit(limit)
+        if limit == 0:
+            return []
+        entry = await self.get(key)
+        return [] if entry is None else [entry]
+
+    async def get_version(self, key: str, version: int) -> Entry | None:
+        """Version `version` of `key` if it is retained (and the key is present), else `None`."""
+        if type(version) is not int or version < 1:
+            raise InvalidArgumentError(f"version must be an int >= 1, not {version!r}")
+        for entry in await self.history(key):
+            if entry.version == version:
+                return entry
+        return None
 
     @abstractmethod
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:

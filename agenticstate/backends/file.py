@@ -116,7 +116,12 @@ from agenticstate.backends.base import (
     new_change,
     new_entry,
 )
-from agenticstate.exceptions import BackendError, ConfigurationError, InvalidArgumentError
+from agenticstate.exceptions import (
+    BackendError,
+    ConfigurationError,
+    InvalidArgumentError,
+    UnsupportedOperationError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -890,9 +895,11 @@ class FileBackend(Backend):
     # subscriptions
 
     def changes(
-        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
     ) -> contextlib.AbstractAsyncContextManager[ChangeStream]:
         """Subscribe to changes of keys matching `pattern`; see `Backend.changes`."""
+        if since is not None:  # the feed lands with issue #23
+            raise UnsupportedOperationError("FileBackend keeps no change feed yet")
         return self._changes(validate_pattern(pattern), max_buffer)
 
     @asynccontextmanager

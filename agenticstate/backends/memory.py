@@ -39,6 +39,7 @@ from agenticstate.backends.base import (
     new_entry,
     utcnow,
 )
+from agenticstate.exceptions import UnsupportedOperationError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -252,9 +253,11 @@ class MemoryBackend(Backend):
         return self._local.index_range(index, limit)
 
     def changes(
-        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
     ) -> AbstractAsyncContextManager[ChangeStream]:
         """Subscribe to changes of keys matching `pattern`; see `Backend.changes`."""
+        if since is not None:  # the feed lands with issue #23
+            raise UnsupportedOperationError("MemoryBackend keeps no change feed yet")
         return self._fanout.subscribe(validate_pattern(pattern), max_buffer)
 
     async def aclose(self) -> None:

@@ -114,6 +114,7 @@ from agenticstate.exceptions import (
     BackendTimeoutError,
     BackendUnavailableError,
     ConfigurationError,
+    UnsupportedOperationError,
 )
 
 if TYPE_CHECKING:
@@ -676,13 +677,15 @@ class RedisBackend(Subscriber, Backend):
     # subscriptions
 
     def changes(
-        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER
+        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
     ) -> contextlib.AbstractAsyncContextManager[ChangeStream]:
         """Subscribe to changes of keys matching `pattern` (from every process).
 
         The subscription is live when the context manager is entered: the server has confirmed
         it, so every change committed after entry, by any client, is delivered.
         """
+        if since is not None:  # the feed lands with issue #23
+            raise UnsupportedOperationError("RedisBackend keeps no change feed yet")
         return self._changes(validate_pattern(pattern), max_buffer)
 
     async def aclose(self) -> None:

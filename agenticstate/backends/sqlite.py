@@ -695,7 +695,11 @@ class SQLiteBackend(Backend):
     # ---------------------------------------------------------------- subscriptions
 
     def changes(
-        self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: int | None = None
+        self,
+        pattern: str,
+        *,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+        since: str | int | None = None,
     ) -> contextlib.AbstractAsyncContextManager[SQLiteChangeStream]:
         """Subscribe to changes of keys matching `pattern`, from every process on the file.
 
@@ -706,7 +710,9 @@ class SQLiteBackend(Backend):
                 committed after it (or, if retention has dropped them, a `RESYNC` change per
                 matching key), then the live ones. `None` starts from now.
         """
-        return self._changes(compile_glob(validate_pattern(pattern)), max_buffer, since)
+        if isinstance(since, str):  # until #23 gives SQLite's cursors their own form
+            since = int(since) if since.isdigit() else since
+        return self._changes(compile_glob(validate_pattern(pattern)), max_buffer, since)  # type: ignore[arg-type]
 
     @contextlib.asynccontextmanager
     async def _changes(
