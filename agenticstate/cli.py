@@ -7,6 +7,10 @@ agenticstate set agent:researcher '{"status": "idle"}' --ttl 3600
 agenticstate watch 'agent:*'
 agenticstate inspect workflows
 agenticstate usage 'agent:*'
+agenticstate history agent:researcher --limit 5
+agenticstate changes 'agent:*' --since CURSOR --follow
+agenticstate log agent:researcher:
+agenticstate diff COMMIT_A COMMIT_B
 agenticstate demo
 agenticstate copy sqlite://./state/state.db redis://localhost:6379/0 'agent:*'
 agenticstate export redis://localhost:6379/0 backup.jsonl
@@ -66,7 +70,9 @@ __all__ = ["configure_logging", "main"]
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_BACKEND = 0, 1, 2, 3
 DEFAULT_URL = "sqlite://./state/state.db"
-_READ_ONLY = frozenset({"keys", "get", "delete", "watch", "inspect", "usage"})
+_READ_ONLY = frozenset(
+    {"keys", "get", "delete", "watch", "inspect", "usage", "history", "changes", "log", "diff"}
+)
 
 
 class _CommandError(Exception):
@@ -593,6 +599,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=list(_INSPECTORS),
         help="which manager's records: %(choices)s",
     )
+    from agenticstate import _cli_history  # imports this module: loaded once it is complete
+
+    _cli_history.add_commands(command)
     command("demo", "run the demo pipeline in ./.state/demo (whatever --url says)")
     _add_transfer_commands(commands)
     _ui_parser(commands)
@@ -690,8 +699,11 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
     # A large file store takes a while to load, and to snapshot when it closes.
     async with progress.ticking("opening the store", _seconds(), "second"):
         await state.open()
+    from agenticstate import _cli_history
+
+    run = _COMMANDS.get(args.command) or _cli_history.COMMANDS[args.command]
     try:
-        return await _COMMANDS[args.command](state, args, progress)
+        return await run(state, args, progress)
     finally:
         with anyio.CancelScope(shield=True):
             async with progress.ticking("closing the store", _seconds(), "second"):
