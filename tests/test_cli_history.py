@@ -1,4 +1,4 @@
-"""`agenticstate history`, `changes`, `log` and `diff`, run as real processes on SQLite and Redis."""
+"""`agenticstate history`, `changes`, `log` and `diff`, as real processes on SQLite and Redis."""
 
 from __future__ import annotations
 
@@ -189,8 +189,8 @@ def test_changes_follow_goes_on_with_live_changes(store: Store, tmp_path: Path) 
     """--follow replays after the cursor, then follows live changes, here until --limit."""
     head: str = store.run(lambda state: state.feed_cursor())
     follower = subprocess.Popen(
-        [sys.executable, "-m", "agenticstate", *store.options]
-        + ["changes", "agent:*", "--since", head, "--follow", "--limit", "3"],
+        [sys.executable, "-m", "agenticstate", *store.options, "changes", "agent:*"]
+        + ["--since", head, "--follow", "--limit", "3"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
