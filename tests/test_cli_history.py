@@ -188,9 +188,9 @@ def test_changes_replays_to_the_head_and_resumes(store: Store, tmp_path: Path) -
 def test_changes_follow_goes_on_with_live_changes(store: Store, tmp_path: Path) -> None:
     """--follow replays after the cursor, then follows live changes, here until --limit."""
     head: str = store.run(lambda state: state.feed_cursor())
+    follow = ("changes", "agent:*", "--since", head, "--follow", "--limit", "3")
     follower = subprocess.Popen(
-        [sys.executable, "-m", "agenticstate", *store.options, "changes", "agent:*"]
-        + ["--since", head, "--follow", "--limit", "3"],
+        [sys.executable, "-m", "agenticstate", *store.options, *follow],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
