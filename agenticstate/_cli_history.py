@@ -57,6 +57,7 @@ NOW = "now"
 IDLE = 2.0
 """Seconds without a change after which a replay (no `--follow`) counts as having reached the
 head: the fallback for a head no retained change carries (trimmed by age, an empty feed)."""
+_EVERY_VERSION = 2**31 - 1  # a history depth no writer's rule exceeds
 _VALUE_WIDTH = 100  # characters of a value a table shows (`--json` shows all of it)
 
 
@@ -101,6 +102,9 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
 
 
 async def _history(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
+    # A backend reads the history of the keys its rules name; this process writes nothing, so a
+    # rule naming every key only lets it show whatever the writers kept.
+    state.backend.keep_history({"*": _EVERY_VERSION})
     entries = await state.history(args.key, limit=args.limit)
     if not entries:
         raise _CommandError(f"no state at key {args.key!r}", EXIT_NOT_FOUND)
