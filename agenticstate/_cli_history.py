@@ -4,7 +4,7 @@
 agenticstate history agent:1 --limit 5           # the retained versions, newest first
 agenticstate changes 'agent:*' --since CURSOR    # the change feed after CURSOR, as JSON lines
 agenticstate changes 'agent:*' --follow          # ... then live, until Ctrl-C (or --limit N)
-agenticstate log agent:1:                        # the commits of a scope, newest first
+agenticstate log agent:1:                        # the commits of a scope (a key prefix)
 agenticstate diff COMMIT_A COMMIT_B              # keys added, removed and changed
 ```
 
@@ -19,7 +19,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -261,30 +261,31 @@ def _numbers(position: str) -> tuple[int, ...]:
 # ---------------------------------------------------------------- log, diff
 
 
-_LOG_COLUMNS = ["commit_id", "created_at", "message", "keys", "parent", "pinned"]
+_SHORT_ID = 12  # hex digits of a commit id a table shows (any unique prefix of 8+ names it)
 
 
 async def _log(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     commits = await state.log(args.scope, limit=args.limit)
-    records = [commit.model_dump(mode="json") for commit in commits]
     if args.json:
-        _out(_dump(records))
+        _out(_dump([commit.model_dump(mode="json") for commit in commits]))
         return EXIT_OK
-    if not records:
+    if not commits:
         _out(f"no commits of scope {args.scope!r}")
         return EXIT_OK
-    columns = [column for column in _LOG_COLUMNS if column in records[0]]
-    rows = [{column: _cell(record.get(column)) for column in columns} for record in records]
-    _out(_table(rows, columns))
+    rows = [
+        {
+            "commit": commit.id[:_SHORT_ID] + (" (pinned)" if commit.pinned else ""),
+            "time": commit.timestamp.isoformat(timespec="seconds"),
+            "keys": commit.keys,
+            "+": commit.added,
+            "~": commit.changed,
+            "-": commit.removed,
+            "message": commit.message,
+        }
+        for commit in commits
+    ]
+    _out(_table(rows, ["commit", "time", "keys", "+", "~", "-", "message"]))
     return EXIT_OK
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, list | dict | tuple | set):
-        return str(len(value))
-    return str(value)
 
 
 async def _diff(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
@@ -292,17 +293,13 @@ async def _diff(state: StateManager, args: argparse.Namespace, progress: Progres
     if args.json:
         _out(_dump(difference.model_dump(mode="json")))
         return EXIT_OK
-    lines = [
-        f"{mark} {key}"
-        for mark, keys in (
-            ("+", difference.added),
-            ("-", difference.removed),
-            ("~", difference.changed),
-        )
-        for key in sorted(keys)
-    ]
-    for line in lines:
-        _out(line)
+    for mark, keys in (
+        ("+", difference.added),
+        ("-", difference.removed),
+        ("~", difference.changed),
+    ):
+        for key in keys:
+            _out(f"{mark} {key}")
     counts = (len(difference.added), len(difference.removed), len(difference.changed))
     _note("{} added, {} removed, {} changed".format(*counts))
     return EXIT_OK

@@ -259,19 +259,20 @@ def test_log_and_diff_of_commits(store: Store, tmp_path: Path) -> None:
         await state.delete("doc:b")
         await state.save("doc:c", 1)
         second = await state.commit("doc:", message="second draft")
-        return first.commit_id, second.commit_id
+        return first.id, second.id
 
     first, second = store.run(commits)
     log = store.cli("log", "doc:", cwd=tmp_path)
     assert log.returncode == 0, log.stderr
     lines = log.stdout.splitlines()
-    assert "commit_id" in lines[0]
-    assert second in lines[2]
-    assert "second draft" in lines[2]
-    assert first in lines[3]
+    assert lines[0].split() == ["commit", "time", "keys", "+", "~", "-", "message"]
+    assert lines[2].startswith(second[:12])
+    assert lines[2].endswith("second draft")
+    assert lines[2].split()[2:6] == ["2", "1", "1", "1"]  # keys, added, changed, removed
+    assert lines[3].startswith(first[:12])
     records = json.loads(store.cli("--json", "log", "doc:", "--limit", "1", cwd=tmp_path).stdout)
-    assert [record["commit_id"] for record in records] == [second]
-    diff = store.cli("diff", first, second, cwd=tmp_path)
+    assert [record["id"] for record in records] == [second]
+    diff = store.cli("diff", first[:12], second, cwd=tmp_path)  # a unique prefix will do
     assert diff.returncode == 0, diff.stderr
     assert diff.stdout.splitlines() == ["+ doc:c", "- doc:b", "~ doc:a"]
     assert "1 added, 1 removed, 1 changed" in diff.stderr
