@@ -15,6 +15,7 @@ error (exit 2) with what to do next; a store that keeps no feed is one too.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sys
@@ -103,8 +104,10 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
 
 async def _history(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     # A backend reads the history of the keys its rules name; this process writes nothing, so a
-    # rule naming every key only lets it show whatever the writers kept.
-    state.backend.keep_history({"*": _EVERY_VERSION})
+    # rule naming every key only lets it show whatever the writers kept. A backend that keeps
+    # no history refuses rules, and shows the current version.
+    with contextlib.suppress(UnsupportedOperationError):
+        state.backend.keep_history({"*": _EVERY_VERSION})
     entries = await state.history(args.key, limit=args.limit)
     if not entries:
         raise _CommandError(f"no state at key {args.key!r}", EXIT_NOT_FOUND)
