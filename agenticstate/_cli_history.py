@@ -183,8 +183,9 @@ async def _changes(state: StateManager, args: argparse.Namespace, progress: Prog
         except CursorExpiredError:
             raise _CommandError(
                 f"the changes after cursor {reading.position!r} are no longer retained (the "
-                "feed keeps a bounded number of changes): re-read the state you need, then go "
-                "on with --since now, or replay what is left with --since earliest",
+                "feed keeps a bounded number of changes; or the cursor is of another store): "
+                "re-read the state you need, then go on with --since now, or replay what is "
+                "left with --since earliest",
                 EXIT_USAGE,
             ) from None
         except UnsupportedOperationError as exc:

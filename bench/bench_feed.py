@@ -2,7 +2,7 @@
 
 Run: `python -m bench.bench_feed` (starts its own redis-server and a 3-primary Redis Cluster on
 loopback; `--quick` for small sizes). Three parts, each on memory, file, SQLite, Redis and Redis
-Cluster:
+Cluster (or those named: `python -m bench.bench_feed --quick sqlite redis`):
 
 1. `save` with the feed on (the backend's default `FeedRetention()`) against the same backend
    built with `feed=None`, one save after another, the two sides alternating in slices. SQLite's
@@ -369,8 +369,10 @@ def run() -> tuple[str, list[tuple[str, float]]]:
 
 
 def main() -> None:
+    global KINDS
     if "--quick" in sys.argv:
         quick()
+    KINDS = [kind for kind in KINDS if kind in sys.argv[1:]] or KINDS
     text, bars = run()
     publish("feed", text, bars)
 
