@@ -12,6 +12,13 @@ and PUBLISHes the change with the exact old and new bytes and the key's expiry, 
 atomic step. Clock readings come from the server (`TIME`), so every client agrees on
 timestamps and expiry.
 
+History. With `history=` rules (`keep_history`), a key a rule names with a depth above 1 also
+has a list of its last versions, `__agenticstate_hist__:{tag}{key_prefix}{key}`, which the same
+script that writes the key pushes to and trims (`_redis_history`): a write stays one command.
+The list takes the key's expiry, a delete drops it, and writing version 1 starts it afresh;
+`{tag}` puts it in the key's cluster slot. `history()` and `get_version()` read the key and its
+list in one script. Each process that writes such keys must set the same rules.
+
 Delivery. One pub/sub connection per backend serves all its subscriptions: it PSUBSCRIBEs the
 literal prefix of each subscribed pattern (a shorter prefix covers longer ones; past 16 they are
 cut to one shared length; a pattern without a literal prefix takes the whole key prefix), so a
