@@ -328,3 +328,35 @@ def test_commit_ids_are_content_hashes() -> None:
     assert base not in variants
     assert len(variants) == 6
     assert hashlib.sha256(b"").hexdigest() != base
+
+
+async def test_a_scope_commits_its_prefix(state: StateManager) -> None:
+    """ScopedState.commit/log/rollback are the manager's, on the scope's prefix."""
+    user = state.scope("session:u1:")
+    await user.save("cart", ["milk"])
+    info = await user.commit(message="cart")
+    assert info.scope == "session:u1:"
+    await user.save("cart", [])
+    assert [c.id for c in await user.log()] == [info.id]
+    assert await user.rollback(info.id) == 1
+    assert await user.get("cart") == ["milk"]
+
+
+def test_the_sync_api_commits_and_checks_out() -> None:
+    """sync.StateManager commits; its checkout is a blocking view with len and in."""
+    from agenticstate import sync
+
+    state = sync.StateManager()
+    try:
+        state.save("a:1", {"n": 1})
+        info = state.scope("a:").commit(message="one")
+        state.save("a:1", {"n": 2})
+        view = state.checkout(info.id)
+        assert isinstance(view, sync.Checkout)
+        assert (len(view), "a:1" in view, view.keys()) == (1, True, ["a:1"])
+        assert view.get("a:1") == {"n": 1}
+        assert view.items() == {"a:1": {"n": 1}}
+        assert state.rollback("a:", info.id) == 1
+        assert state.get("a:1") == {"n": 1}
+    finally:
+        state.close()
