@@ -169,7 +169,7 @@ async def _changes(state: StateManager, args: argparse.Namespace, progress: Prog
         )
     until = None if args.follow else head
     reading = _Reading(head if args.since == NOW else args.since)
-    reading.at_head = reading.position == until
+    reading.at_head = until is not None and (reading.position == until or _empty(until))
     while not reading.done:
         try:
             # Every key, matched here: the replay then reaches the change at the head even when
@@ -243,19 +243,33 @@ def _change_json(change: StateChange) -> str:
 
 
 # A cursor is opaque to users; to stop a replay at the head taken at the start, the command
-# orders two cursors of one feed when their form allows it: a kind tag, a store id, and a
-# position at the end made of numbers (`m1:<store>:42`, `r1:1700000000000-3`).
+# orders a change's cursor against the head when their forms allow it: a kind tag, a store id
+# and a position made of numbers at the end (`m1:<store>:42`, `s1:<db>:42`, `r1:<ms>-<n>`), or
+# a Redis Cluster head `c1:<floor>:` (every change stamped at `floor` ms or later is after it)
+# against a change's `c1:<floor>:<slot>=<ms>-<n>,...` (its own slot first). Any other form is
+# left to the idle fallback.
 _POSITION = re.compile(r"^(?P<feed>.*?)(?P<position>\d+(?:-\d+)?)$")
+_CLUSTER_HEAD = re.compile(r"^c1:(?P<floor>\d+):$")
+_CLUSTER_CHANGE = re.compile(r"^c1:\d+:\d+=(?P<ms>\d+)-\d+")
 
 
 def _after(change: StateChange | None, head: str) -> bool:
     """Whether `change` was written after `head` (both of one feed; `False` if unknown)."""
     if change is None or change.cursor is None:
         return False
+    floor, stamped = _CLUSTER_HEAD.match(head), _CLUSTER_CHANGE.match(change.cursor)
+    if floor is not None or stamped is not None:
+        return floor is not None and stamped is not None and int(stamped["ms"]) >= int(floor["floor"])
     mine, theirs = _POSITION.match(change.cursor), _POSITION.match(head)
     if mine is None or theirs is None or mine["feed"] != theirs["feed"]:
         return False
     return _numbers(mine["position"]) > _numbers(theirs["position"])
+
+
+def _empty(head: str) -> bool:
+    """Whether `head` is the head of a feed no change was ever written to (`r1:0-0`)."""
+    found = _POSITION.match(head)
+    return found is not None and not any(_numbers(found["position"]))
 
 
 def _numbers(position: str) -> tuple[int, ...]:
