@@ -259,7 +259,9 @@ def _after(change: StateChange | None, head: str) -> bool:
         return False
     floor, stamped = _CLUSTER_HEAD.match(head), _CLUSTER_CHANGE.match(change.cursor)
     if floor is not None or stamped is not None:
-        return floor is not None and stamped is not None and int(stamped["ms"]) >= int(floor["floor"])
+        if floor is None or stamped is None:
+            return False
+        return int(stamped["ms"]) >= int(floor["floor"])
     mine, theirs = _POSITION.match(change.cursor), _POSITION.match(head)
     if mine is None or theirs is None or mine["feed"] != theirs["feed"]:
         return False
