@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
-from agenticstate import FeedRetention, RedisBackend, SQLiteBackend, StateManager
+from agenticstate import (
+    ChangeOp,
+    FeedRetention,
+    RedisBackend,
+    SQLiteBackend,
+    StateChange,
+    StateManager,
+)
+from agenticstate._cli_history import _after, _empty
 from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
@@ -294,3 +303,37 @@ def test_help_names_the_commands(tmp_path: Path) -> None:
     changes = " ".join(cli("changes", "--help", cwd=tmp_path).stdout.split())
     for option in ("--since CURSOR", "--follow", "--limit LIMIT"):
         assert option in changes
+
+
+@pytest.mark.parametrize(
+    ("cursor", "head", "after"),
+    [
+        ("s1:ab:5", "s1:ab:4", True),
+        ("s1:ab:4", "s1:ab:4", False),
+        ("s1:ab:3", "s1:ab:4", False),
+        ("m1:ab:10", "m1:ab:9", True),  # numbers, not text
+        ("r1:17-3", "r1:17-2", True),
+        ("r1:18-1", "r1:17-2", True),
+        ("r1:16-9", "r1:17-2", False),
+        ("c1:10:5=200-3,7=100-1", "c1:200:", True),  # its own slot's id, against the floor
+        ("c1:10:5=199-3", "c1:200:", False),
+        ("m1:ab:5", "s1:ab:4", False),  # of another feed: unknown
+        ("x", "s1:ab:4", False),
+    ],
+)
+def test_changes_orders_a_change_against_the_head(cursor: str, head: str, after: bool) -> None:
+    """Without --follow, a change after the head taken at the start ends the replay."""
+    change = StateChange(
+        key="k",
+        old_value=None,
+        new_value=1,
+        version=1,
+        op=ChangeOp.SET,
+        timestamp=datetime.now(UTC),
+        cursor=cursor,
+    )
+    assert _after(change, head) is after
+    assert _empty("r1:0-0")
+    assert _empty("s1:ab:0")
+    assert not _empty("s1:ab:1")
+    assert not _empty("c1:5:")
