@@ -11,7 +11,9 @@ from pydantic import BaseModel
 
 from agenticstate import (
     Encryption,
+    FeedRetention,
     InvalidArgumentError,
+    MemoryBackend,
     NotFoundError,
     StateConfig,
     StateManager,
@@ -203,6 +205,8 @@ async def test_writes_racing_a_commit(state: StateManager) -> None:
         group.start_soon(writer)
         group.start_soon(committer)
     infos.append(await state.commit("race:"))
+    if await backend.feed_cursor() is not None:  # with a feed, every commit is exact somewhere
+        assert all(info.cursor is not None for info in infos)
     assert await (await state.checkout(infos[-1].id)).items() == await scope_values(state, "race:")
     for info in infos:
         view = await state.checkout(info.id)
@@ -360,3 +364,53 @@ def test_the_sync_api_commits_and_checks_out() -> None:
         assert state.get("a:1") == {"n": 1}
     finally:
         state.close()
+
+
+class ScanCountingBackend(MemoryBackend):
+    """A memory backend that counts the scans made of it."""
+
+    scans = 0
+
+    def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
+        self.scans += 1
+        return super().scan_batches(pattern)
+
+
+async def test_with_a_feed_a_commit_reads_what_changed() -> None:
+    """After the first commit, commits read the feed (no scan) until the next full manifest."""
+    backend = ScanCountingBackend()
+    async with StateManager(backend=backend) as state:
+        await state.save_many({f"d:{i}": i for i in range(50)})
+        infos = [await state.commit("d:")]
+        assert backend.scans == 1
+        for round_ in range(1, MANIFEST_EVERY):
+            await state.save(f"d:{round_}", -round_)
+            await state.delete(f"d:{round_ + 20}")
+            infos.append(await state.commit("d:"))
+            assert (infos[-1].changed, infos[-1].removed) == (1, 1)
+        assert backend.scans == 1
+        infos.append(await state.commit("d:"))  # the 17th: a full manifest, which scans
+        assert backend.scans == 2
+        assert all(info.cursor is not None for info in infos)
+        expected = {f"d:{i}": i for i in range(50) if not 21 <= i < 20 + MANIFEST_EVERY}
+        expected.update({f"d:{r}": -r for r in range(1, MANIFEST_EVERY)})
+        assert await (await state.checkout(infos[-2].id)).items() == expected
+
+
+async def test_a_trimmed_cursor_falls_back_to_a_scan() -> None:
+    """When the feed no longer holds the previous commit's cursor, the commit scans, exactly."""
+    backend = ScanCountingBackend(feed=FeedRetention(max_changes=5))
+    async with StateManager(backend=backend) as state:
+        await state.save("t:a", 0)
+        first = await state.commit("t:")
+        for i in range(20):
+            await state.save(f"t:{i % 3}", i)
+        second = await state.commit("t:")
+        assert backend.scans == 2
+        assert second.cursor is not None and second.cursor != first.cursor  # noqa: PT018
+        assert await (await state.checkout(second.id)).items() == {
+            "t:a": 0,
+            "t:0": 18,
+            "t:1": 19,
+            "t:2": 17,
+        }
