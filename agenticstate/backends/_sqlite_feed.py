@@ -85,14 +85,13 @@ def format_cursor(db_id: str, seq: int) -> str:
 class Since:
     """Where a replay starts: after sequence `after` (`None`: the oldest retained change).
 
-    `strict` is true for an `s1:` cursor, which names its database: one beyond the head is
-    forged (`InvalidArgumentError`). The deprecated bare sequence number cannot tell this file
-    from another, so one beyond the head is taken for another file's (`CursorExpiredError`).
+    A position beyond the feed's head is refused (`InvalidArgumentError`): an `s1:` cursor of
+    this database cannot be (it is forged), and a deprecated bare sequence number that is
+    names no change of this file (it may be another file's).
     """
 
     after: int | None
     text: str
-    strict: bool = True
 
 
 def parse_since(since: object, db_id: str) -> Since:
@@ -110,10 +109,10 @@ def parse_since(since: object, db_id: str) -> Since:
     if type(since) is int:
         if since < 0:
             raise InvalidArgumentError(f"since must be a feed cursor, not {since!r}")
-        return Since(since, str(since), strict=False)
+        return Since(since, str(since))
     if isinstance(since, str):
         if since.isdigit() and since.isascii():
-            return Since(int(since), since, strict=False)
+            return Since(int(since), since)
         parts = since.split(":")
         if (
             len(parts) == 3
@@ -450,7 +449,7 @@ class Feed:
 
         Raises:
             CursorExpiredError: Changes after `after` were trimmed.
-            InvalidArgumentError: `after` is beyond the head and `since` is strict.
+            InvalidArgumentError: `after` is beyond the head.
         """
         conn.execute("BEGIN")
         try:
@@ -459,12 +458,9 @@ class Feed:
             if after is None:
                 after = 0
             elif after > last:
-                if since.strict:
-                    raise InvalidArgumentError(
-                        f"cursor {since.text!r} is beyond this database's newest change"
-                    )
-                raise CursorExpiredError(
-                    since.text, f"cursor {since.text!r} is beyond this database's feed"
+                raise InvalidArgumentError(
+                    f"cursor {since.text!r} is beyond this database's newest change "
+                    "(forged, or another file's)"
                 )
             elif after < last and (oldest is None or oldest > after + 1):
                 raise CursorExpiredError(since.text)

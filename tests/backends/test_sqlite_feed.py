@@ -143,7 +143,6 @@ async def test_max_age_trims_old_changes(tmp_path: Path) -> None:
     async with SQLiteBackend(tmp_path / "s.db", feed=retention) as backend:
         old = [await backend.set(f"k{n}", b"v") for n in range(5)]
         await anyio.sleep(0.1)  # let them age (time is what is under test)
-        backend._swept_at = 0.0  # make the next write trim
         fresh = await backend.set("fresh", b"v")
         async with backend.changes("*", since=EARLIEST) as changes:
             assert await take(changes, 1) == [fresh]
