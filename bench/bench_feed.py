@@ -378,14 +378,16 @@ def run() -> tuple[str, list[tuple[str, float]]]:
     return text, bars
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run and publish; `argv` (when run as a script): `--quick` and the backends to measure."""
     global KINDS
-    if "--quick" in sys.argv:
+    argv = argv or []  # `python -m bench` runs every part at full size
+    if "--quick" in argv:
         quick()
-    KINDS = [kind for kind in KINDS if kind in sys.argv[1:]] or KINDS
+    KINDS = [kind for kind in KINDS if kind in argv] or KINDS
     text, bars = run()
     publish("feed", text, bars)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
