@@ -57,7 +57,7 @@ NOW = "now"
 """`--since now`: start at the feed's head (with `--follow`, only what is written from now on)."""
 IDLE = 2.0
 """Seconds without a change after which a replay (no `--follow`) counts as having reached the
-head: the fallback for a head no retained change carries (trimmed by age, an empty feed)."""
+head: the fallback for a head no retained change carries (a Redis Cluster's, one trimmed)."""
 _EVERY_VERSION = 2**31 - 1  # a history depth no writer's rule exceeds
 _VALUE_WIDTH = 100  # characters of a value a table shows (`--json` shows all of it)
 
