@@ -142,10 +142,12 @@ class LocalStore:
             self._removed.add(key)
             self._check_order_size()
 
-    def keep(self, entry: Entry, depth: int) -> None:
+    def keep(self, entry: Entry, depth: int, prior: Entry | None) -> None:
         """Add the entry just stored to its key's history of `depth` versions.
 
-        Version 1 starts a history afresh (the key was missing before); depth 1 keeps none.
+        `prior` is the entry it replaced (`None`: none): a history that starts now starts with
+        it, if it is the version before. Version 1 starts a history afresh (the key was missing
+        before); depth 1 keeps none.
         """
         key = entry.key
         history = self.history
@@ -156,6 +158,8 @@ class LocalStore:
         versions = history.get(key)
         if versions is None or entry.version == 1:
             versions = history[key] = deque(maxlen=depth)
+            if prior is not None and prior.version == entry.version - 1:
+                versions.append(prior)
         elif versions.maxlen != depth:
             versions = history[key] = deque(versions, maxlen=depth)
         versions.append(entry)

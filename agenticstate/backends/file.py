@@ -522,8 +522,8 @@ class FileBackend(Backend):
                     entry = new_entry(
                         key, value, version, times(created), times(updated), times(expires)
                     )
+                    prior = entries.get(key)
                     if ring is not None:
-                        prior = entries.get(key)
                         old = (
                             prior.value
                             if prior is not None and prior.version == version - 1
@@ -545,7 +545,7 @@ class FileBackend(Backend):
                     local.store(entry)
                     depth = fields[8] if len(fields) > 8 else 1
                     if depth > 1 or local.history:
-                        local.keep(entry, depth)
+                        local.keep(entry, depth, prior)
                 else:
                     self._apply_logged(fields, moment)
                 replayed += 1
@@ -801,10 +801,12 @@ class FileBackend(Backend):
             entry = record.entry
             if entry is None:
                 local.drop(record.key)
+            elif record.depth > 1 or local.history:
+                prior = local.data.get(record.key)
+                local.store(entry)
+                local.keep(entry, record.depth, prior)
             else:
                 local.store(entry)
-                if record.depth > 1 or local.history:
-                    local.keep(entry, record.depth)
             if self._staged.get(record.key) is record:
                 del self._staged[record.key]
             if ring is not None:

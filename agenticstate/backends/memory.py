@@ -174,7 +174,7 @@ class MemoryBackend(Backend):
         )
         self._local.store(entry)
         if self._keeps_history:
-            self._local.keep(entry, self.history_rules.depth(key))
+            self._local.keep(entry, self.history_rules.depth(key), current)
         return self._emit(
             key,
             ChangeOp.SET,
