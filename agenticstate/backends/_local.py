@@ -357,16 +357,14 @@ class FeedRing:
 def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) -> None:
     """Set `options["feed"]` from a URL's feed parameters, unless it is set already.
 
-    They are `feed=off`, `feed_max_changes=N` and `feed_max_age=SECONDS`; others are refused.
+    They are `feed=off`, `feed_max_changes=N` and `feed_max_age=SECONDS`; others are ignored
+    (memory and file URLs always ignored their query).
 
     Raises:
-        ConfigurationError: A parameter is unknown or its value is invalid.
+        ConfigurationError: A feed parameter's value is invalid.
     """
-    found: dict[str, str] = {}
-    for name, value in params:
-        if name not in ("feed", "feed_max_changes", "feed_max_age"):
-            raise ConfigurationError(f"unknown URL parameter {name!r}")
-        found[name] = value
+    names = ("feed", "feed_max_changes", "feed_max_age")
+    found = {name: value for name, value in params if name in names}
     if not found or "feed" in options:
         return
     if "feed" in found:
