@@ -39,6 +39,16 @@ appended meanwhile, so the log can be emptied when the snapshot is in place. Wit
 `format="json"` the snapshot is readable JSON with JSON values embedded as JSON; `"msgpack"` is
 compact; `compression=True` compresses the snapshot and large log records.
 
+The change feed and history. A change enters the in-memory feed (`FeedRing`) when its batch is
+durable, in the step that applies it, so a change is in the feed exactly when its write is; its
+cursor is `f1:<store id>:<lsn>`. The log is the truth: on open the feed is rebuilt from its
+records (each change's old value from the state the replay has reached, expired entries kept
+until the replay ends), and a write under a history rule logs its depth, so history is rebuilt
+too. A snapshot keeps what compaction would lose in its journal (`_file_format.Journal`): the
+store id, the trimmed point, the retained changes and the keys' older versions. A new store (or
+one written before the feed) gets a random id, written in a snapshot on open before any cursor
+names it; a store made again gets a new one, so old cursors raise `CursorExpiredError`.
+
 One owner. A second process opening the same store gets `BackendError` naming the holder's pid.
 A lock left by a killed process is released by the operating system with the process, so the
 next opener takes over safely. Keys never become file names.
