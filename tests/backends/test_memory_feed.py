@@ -132,3 +132,14 @@ async def test_history_rules_from_the_constructor() -> None:
         assert "b:1" not in backend._local.history
         await backend.delete("a:1")
         assert "a:1" not in backend._local.history
+
+
+async def test_history_set_later_starts_with_the_current_version() -> None:
+    """Rules set after a key was written: its history starts with the version the next write
+    replaces (the one before is gone)."""
+    async with MemoryBackend() as backend:
+        await backend.set("a:1", b"1")
+        await backend.set("a:1", b"2")
+        backend.keep_history({"a:*": 5})
+        await backend.set("a:1", b"3")
+        assert [e.value for e in await backend.history("a:1")] == [b"3", b"2"]
