@@ -111,10 +111,16 @@ async def expire_together(backend: RedisBackend, listed: str, name: str) -> None
     (The list's PEXPIRE runs after the key's SET PX in the same script; Redis may read its clock
     for each, so the two moments can differ by the milliseconds between them.)
     """
-    key_at = await raw(backend, "PEXPIRETIME", name)
-    list_at = await raw(backend, "PEXPIRETIME", listed)
-    assert key_at > 0
-    assert key_at <= list_at <= key_at + 100
+    key_left, list_left = await time_left(backend, name, listed)
+    assert key_left > 0
+    assert key_left <= list_left <= key_left + 100
+
+
+async def time_left(backend: RedisBackend, *names: str) -> list[int]:
+    """Each name's PTTL, read in one script (one moment; PEXPIRETIME needs Redis 7)."""
+    read = "local t = {} for i, k in ipairs(KEYS) do t[i] = redis.call('PTTL', k) end return t"
+    found: list[int] = await raw(backend, "EVAL", read, len(names), *names)
+    return found
 
 
 def list_name(backend: RedisBackend, key: str) -> str:
@@ -214,8 +220,7 @@ async def test_the_history_list_expires_with_the_key(backend: RedisBackend) -> N
     assert found[0].expires_at is not None
     assert found[0].expires_at - found[1].expires_at >= timedelta(minutes=59)
     await backend.set("agent:1", b"c")  # no TTL: the key and its list persist
-    assert await raw(backend, "PEXPIRETIME", name) == -1
-    assert await raw(backend, "PEXPIRETIME", listed) == -1
+    assert await time_left(backend, name, listed) == [-1, -1]
     await backend.set("agent:1", b"d", ttl=timedelta(minutes=5))
     await expire_together(backend, listed, name)
     assert versions(await backend.history("agent:1")) == [4, 3, 2]
