@@ -7,6 +7,7 @@ lists themselves (their slot, their expiry) through the backend's own command pa
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +17,19 @@ from agenticstate import RedisBackend
 from agenticstate.backends import Delete, Get, Put, Version
 from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_wire as wire
-from agenticstate.exceptions import ConflictError, InvalidArgumentError
+from agenticstate.exceptions import (
+    BackendError,
+    ConfigurationError,
+    ConflictError,
+    InvalidArgumentError,
+)
 from tests._commandstats import count_commands
+from tests._redis_server import RedisServer
 from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
 
     from agenticstate.backends import Entry
 
@@ -39,23 +47,19 @@ def test_slot_tag_covers_every_slot_with_a_short_tag() -> None:
         assert wire.key_slot("{" + tag + "}anything") == slot
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "agent:1",
-        "p:agent:{team}:a",
-        "p:{}:x",  # an empty tag is no tag: the whole name is hashed
-        "p:{open",  # an unclosed brace is no tag
-        "p:}{x}",
-        "{T}a",
-        "ü:ключ",
-    ],
-)
-def test_a_history_list_hashes_to_its_keys_slot(name: str) -> None:
-    listed = history_lists.history_key(name)
-    assert listed.startswith(history_lists.HISTORY_NAMESPACE)
+PREFIXES = ["", "p:", "app:t1:", "{x}:", "a{:", "a}:", "{}:"]
+KEYS = ["agent:1", "agent:{team}:a", "x:{}:y", "x:{open", "x:}{y}", "{T}a", "b}c", "ü:ключ"]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("key", KEYS)
+def test_a_history_list_hashes_to_its_keys_slot(prefix: str, key: str) -> None:
+    listed = history_lists.history_key(prefix, key)
+    name = prefix + key
     assert wire.key_slot(listed) == wire.key_slot(name)
     assert redis_key_slot(listed) == redis_key_slot(name)
+    if "{" not in prefix:  # an ACL key pattern `~__agenticstate_hist__:<prefix>*` reaches it
+        assert listed.startswith(history_lists.HISTORY_NAMESPACE + prefix + "{")
 
 
 def redis_key_slot(name: str) -> int:
@@ -67,16 +71,19 @@ def redis_key_slot(name: str) -> int:
 
 
 def test_history_list_names_never_collide() -> None:
-    """`a` may get the tag `T` while `{T}a` reuses its own: their lists still differ."""
+    """Two lists share a name only when they are one Redis key's (`a` may get the tag `T`
+    while `{T}a` reuses its own; a prefix may hold a brace)."""
     tag = history_lists.slot_tag(wire.key_slot("a"))
-    names = ["a", "{" + tag + "}a", "{" + tag + "}{" + tag + "}a", "b", "{a}", "{a}b"]
-    listed = {history_lists.history_key(name) for name in names}
-    assert len(listed) == len(names)
+    keys = [*KEYS, "a", "{" + tag + "}a", "{" + tag + "}{" + tag + "}a", "{a}", "{a}b", "x:a"]
+    prefixes = [*PREFIXES, "{" + tag + "}:", "x:"]
+    owners: dict[str, str] = {}
+    for prefix in prefixes:
+        for key in keys:
+            listed = history_lists.history_key(prefix, key)
+            assert owners.setdefault(listed, prefix + key) == prefix + key
 
 
 def test_history_rules_must_be_valid() -> None:
-    from agenticstate.exceptions import ConfigurationError
-
     with pytest.raises(ConfigurationError):
         RedisBackend(history={"agent:*": 0})
 
@@ -106,8 +113,33 @@ async def raw(backend: RedisBackend, *args: str | int) -> Any:
     return await backend._read(*args)
 
 
+async def expire_together(backend: RedisBackend, listed: str, name: str) -> None:
+    """The list expires with the key: not before it, and at most the script's run time after.
+
+    (The list's PEXPIRE runs after the key's SET PX in the same script; Redis may read its clock
+    for each, so the two moments can differ by the milliseconds between them.) Redis 7 tells
+    the moments themselves (PEXPIRETIME); before it, PTTL's time left, read at two moments
+    (which a busy machine may set apart), is compared with as much slack either way.
+    """
+    try:
+        key_at, list_at = await expiry(backend, "PEXPIRETIME", name, listed)
+        slack = 0
+    except BackendError:  # Redis 6.2: no PEXPIRETIME
+        key_at, list_at = await expiry(backend, "PTTL", name, listed)
+        slack = 250
+    assert key_at > 0
+    assert key_at - slack <= list_at <= key_at + 250
+
+
+async def expiry(backend: RedisBackend, command: str, *names: str) -> list[int]:
+    """`command` (PEXPIRETIME or PTTL) of each name, in one script."""
+    read = "local t = {} for i, k in ipairs(KEYS) do t[i] = redis.call(ARGV[1], k) end return t"
+    found: list[int] = await raw(backend, "EVAL", read, len(names), *names, command)
+    return found
+
+
 def list_name(backend: RedisBackend, key: str) -> str:
-    return history_lists.history_key(backend.key_prefix + key)
+    return history_lists.history_key(backend.key_prefix, key)
 
 
 @pytest.mark.redis
@@ -197,18 +229,15 @@ async def test_the_history_list_expires_with_the_key(backend: RedisBackend) -> N
     name = backend.key_prefix + "agent:1"
     await backend.set("agent:1", b"a", ttl=timedelta(hours=1))
     await backend.set("agent:1", b"b", ttl=timedelta(hours=2))
-    key_at = await raw(backend, "PEXPIRETIME", name)
-    assert key_at > 0
-    assert await raw(backend, "PEXPIRETIME", listed) == key_at
+    await expire_together(backend, listed, name)
     found = await backend.history("agent:1")
     assert found[1].expires_at is not None  # each version as it was written
     assert found[0].expires_at is not None
     assert found[0].expires_at - found[1].expires_at >= timedelta(minutes=59)
     await backend.set("agent:1", b"c")  # no TTL: the key and its list persist
-    assert await raw(backend, "PEXPIRETIME", name) == -1
-    assert await raw(backend, "PEXPIRETIME", listed) == -1
+    assert await expiry(backend, "PTTL", name, listed) == [-1, -1]
     await backend.set("agent:1", b"d", ttl=timedelta(minutes=5))
-    assert await raw(backend, "PEXPIRETIME", listed) == await raw(backend, "PEXPIRETIME", name)
+    await expire_together(backend, listed, name)
     assert versions(await backend.history("agent:1")) == [4, 3, 2]
 
 
@@ -259,7 +288,7 @@ async def test_set_many_keeps_history_of_the_keys_rules_name(backend: RedisBacke
     assert versions(await backend.history("other:1")) == [3]
     await backend.set_many([("deep:1", b"t")], ttl=timedelta(minutes=3))
     listed, name = list_name(backend, "deep:1"), backend.key_prefix + "deep:1"
-    assert await raw(backend, "PEXPIRETIME", listed) == await raw(backend, "PEXPIRETIME", name)
+    await expire_together(backend, listed, name)
 
 
 @pytest.mark.redis
@@ -327,7 +356,7 @@ async def test_transact_puts_and_deletes_keep_history(backend: RedisBackend) -> 
     assert [entry.value for entry in await backend.history(b)] == [b"b2", b"b1"]
     assert result.results[1] == (await backend.history(b))[0]
     listed, name = list_name(backend, b), backend.key_prefix + b
-    assert await raw(backend, "PEXPIRETIME", listed) == await raw(backend, "PEXPIRETIME", name)
+    await expire_together(backend, listed, name)
     # The else branch keeps history too; a delete of a missing key drops nothing.
     result = await backend.transact([Version(a, 7)], [], [Put(a, b"new"), Delete("agent:{t}:z")])
     assert not result.succeeded
@@ -380,3 +409,88 @@ async def test_history_lists_are_never_listed_as_keys(url: str) -> None:
         for key in (f"{marker}:a", f"{marker}:{{t}}b"):
             await backend.delete(key)
         assert [key async for key in backend.scan(f"*{marker}*")] == []
+
+
+@pytest.mark.redis
+async def test_concurrent_writers_leave_one_unbroken_history(url: str) -> None:
+    """Two clients updating one key at once: its history is every version, in order, once."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix, history=RULES) as one,
+        RedisBackend(url=url, key_prefix=prefix, history=RULES) as two,
+    ):
+
+        async def bump(backend: RedisBackend, times: int) -> None:
+            for _ in range(times):
+                await backend.update(
+                    "deep:n", lambda entry: b"%d" % ((int(entry.value) if entry else 0) + 1)
+                )
+
+        await asyncio.gather(bump(one, 30), bump(two, 30), bump(one, 10))
+        found = await one.history("deep:n")
+        assert versions(found) == list(range(70, 20, -1))  # the last 50 of 70
+        assert [int(entry.value) for entry in found] == versions(found)
+        assert found == await two.history("deep:n")
+
+
+@pytest.mark.redis
+async def test_a_transaction_on_a_key_without_a_hash_tag(backend: RedisBackend) -> None:
+    """On a cluster the key's list shares its slot, so a one-key transaction still runs."""
+    for n in range(4):
+        result = await backend.transact([Version("agent:solo", n)], [Put("agent:solo", b"%d" % n)])
+        assert result.succeeded
+    assert [entry.value for entry in await backend.history("agent:solo")] == [b"3", b"2", b"1"]
+    assert (await backend.transact([], [Delete("agent:solo")])).succeeded
+    assert await backend.history("agent:solo") == []
+
+
+@pytest.mark.redis
+async def test_the_read_script_is_loaded_again_after_a_script_flush(redis_url: str) -> None:
+    async with RedisBackend(url=redis_url, key_prefix=unique_prefix(), history=RULES) as backend:
+        await backend.set("agent:1", b"a")
+        await backend.set("agent:1", b"b")
+        assert versions(await backend.history("agent:1")) == [2, 1]
+        await backend._execute("SCRIPT", "FLUSH")
+        assert versions(await backend.history("agent:1")) == [2, 1]
+        await backend._execute("SCRIPT", "FLUSH")
+        entry = await backend.get_version("agent:1", 1)
+        assert entry is not None
+        assert entry.value == b"a"
+        await backend._execute("SCRIPT", "FLUSH")
+        await backend.set("agent:1", b"c")
+        assert versions(await backend.history("agent:1")) == [3, 2, 1]
+
+
+@pytest.mark.redis
+async def test_an_acl_user_reaches_its_prefixes_history_lists(tmp_path: Path) -> None:
+    """`~__agenticstate_hist__:myapp:*` grants an ACL user its own prefix's lists (as
+    `~__agenticstate_idx__:myapp:*` grants its indexes), and no other prefix's."""
+    from redis import Redis
+    from redis.exceptions import NoPermissionError
+
+    server = RedisServer(tmp_path / "acl")
+    server.start()
+    admin = Redis(unix_socket_path=str(server.socket_path))
+    try:
+        recipe = (
+            "app on >secret ~myapp:* ~__agenticstate_hist__:myapp:* allchannels "
+            "+@read +@write +@scripting +@pubsub +ping +hello +time"
+        )
+        admin.execute_command("ACL", "SETUSER", *recipe.split())  # type: ignore[no-untyped-call]
+        url = f"redis://app:secret@127.0.0.1:{server.port}/0"
+        async with RedisBackend(url=url, key_prefix="myapp:", history=RULES) as backend:
+            for n in range(4):
+                await backend.set("agent:1", b"%d" % n)
+            await backend.set_many([("agent:2", b"a"), ("agent:2", b"b")])
+            assert versions(await backend.history("agent:1")) == [4, 3, 2]
+            assert versions(await backend.history("agent:2")) == [2, 1]
+            await backend.delete("agent:2")
+        assert admin.exists(history_lists.history_key("myapp:", "agent:1")) == 1
+        listed = history_lists.history_key("otherapp:", "agent:1")
+        user = Redis(host="127.0.0.1", port=server.port, username="app", password="secret")  # noqa: S106
+        with pytest.raises(NoPermissionError):
+            user.rpush(listed, "x")
+        user.close()
+    finally:
+        admin.close()
+        server.stop()
