@@ -96,6 +96,7 @@ from agenticstate.backends.base import (
     IndexAdd,
     Put,
     Version,
+    backoff,
     check_limit,
     utcnow,
 )
@@ -135,7 +136,7 @@ MANIFEST_EVERY = 16
 MIN_ID_PREFIX = 8
 """The shortest commit id prefix accepted."""
 
-_ATTEMPTS = 8  # commit and rollback attempts when another writer wins the compare-and-set
+_ATTEMPTS = 32  # commit and rollback attempts when another writer wins the compare-and-set
 _FEED_WAIT = 10.0  # seconds a commit waits for the feed to reach its head before it scans
 _FEED_BUFFER = 10_000  # changes buffered while reading the feed
 _BATCH = 1000  # keys per get_many
@@ -608,11 +609,12 @@ class CommitStore:
             raise InvalidArgumentError(f"message must be a str, not {type(message).__name__}")
         sid = _sid(scope)
         async with self._lock:
-            for _attempt in range(_ATTEMPTS):
+            for attempt in range(_ATTEMPTS):
                 info = await self._try_commit(scope, sid, message)
                 if info is not None:
                     await self._retain(sid, info.id)
                     return info
+                await anyio.sleep(backoff(attempt, base=0.002, cap=0.2))  # let the winner by
         raise ConflictError(f"commit of scope {scope!r} lost {_ATTEMPTS} races in a row; try again")
 
     async def _try_commit(self, scope: str, sid: str, message: str) -> CommitInfo | None:
@@ -802,10 +804,11 @@ class CommitStore:
                 f"commit {full_id[:12]} is of scope {stored.info.scope!r}, not {scope!r}"
             )
         target = await self._state(sid, full_id)
-        for _attempt in range(_ATTEMPTS):
+        for attempt in range(_ATTEMPTS):
             done = await self._try_rollback(scope, sid, target)
             if done is not None:
                 return done
+            await anyio.sleep(backoff(attempt, base=0.002, cap=0.2))
         raise ConflictError(f"rollback of scope {scope!r} lost {_ATTEMPTS} races in a row")
 
     async def _try_rollback(self, scope: str, sid: str, target: Mapping[str, str]) -> int | None:
