@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agenticstate import RedisBackend, SQLiteBackend, StateConfig, StateManager
+from agenticstate.commits import MANIFEST_EVERY
 from tests.helpers import LineProcess
 from tests.integration._commit_worker import RETENTION, SCOPE
 
@@ -23,9 +24,11 @@ if TYPE_CHECKING:
 PROCESSES, ROUNDS = 4, 15
 
 
-def _race(url: str, prefix: str) -> set[str]:
+def _race(url: str, prefix: str, *retention: str) -> set[str]:
     procs = [
-        LineProcess("tests.integration._commit_worker", url, prefix, str(worker), str(ROUNDS))
+        LineProcess(
+            "tests.integration._commit_worker", url, prefix, str(worker), str(ROUNDS), *retention
+        )
         for worker in range(PROCESSES)
     ]
     try:
@@ -36,7 +39,7 @@ def _race(url: str, prefix: str) -> set[str]:
             proc.process.stdin.write("go\n")
             proc.process.stdin.flush()
         for proc in procs:
-            assert proc.wait_until(lambda lines: "done" in lines, 180), proc.errors
+            assert proc.wait_until(lambda lines: "done" in lines, 180), "\n".join(proc.errors)
         return {
             line.split()[1] for proc in procs for line in proc.lines if line.startswith("commit ")
         }
@@ -76,6 +79,39 @@ async def _check(backend: Backend, ids: set[str]) -> None:
             "removed": [],
             "changed": [],
         }
+
+
+async def _check_pruned(backend: Backend) -> None:
+    # Every kept commit still reads whole: no process dropped a blob another one counted on.
+    async with StateManager(
+        StateConfig(commit_retention=3), backend=backend, close_backend=False
+    ) as state:
+        log = await state.log(SCOPE)
+        assert 3 <= len(log) < 3 + MANIFEST_EVERY
+        for info in log:
+            values = await (await state.checkout(info.id)).items()
+            assert set(values) == {f"{SCOPE}w{w}" for w in range(PROCESSES)} | {f"{SCOPE}shared"}
+
+
+async def test_processes_prune_one_scope_on_sqlite(tmp_path: Path) -> None:
+    """4 processes commit and prune one scope (retention 3, values coming back): all readable."""
+    db = tmp_path / "state.db"
+    _race(f"sqlite://{db}", "", "3")
+    async with SQLiteBackend(db) as backend:
+        await _check_pruned(backend)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+async def test_processes_prune_one_scope_on_redis(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """4 processes commit and prune one scope on Redis and Redis Cluster: all readable."""
+    url = request.getfixturevalue("redis_url" if kind == "redis" else "redis_cluster_url")
+    prefix = f"t{uuid.uuid4().hex[:12]}:"
+    _race(url, prefix, "3")
+    async with RedisBackend(url=url, key_prefix=prefix) as backend:
+        await _check_pruned(backend)
 
 
 async def test_processes_commit_one_scope_on_sqlite(tmp_path: Path) -> None:
