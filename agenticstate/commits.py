@@ -91,11 +91,14 @@ from pydantic import BaseModel, ConfigDict
 
 from agenticstate._keys import escape_glob, validate_key
 from agenticstate.backends.base import (
+    Change,
     Delete,
     Entry,
     IndexAdd,
+    IndexRemove,
     Put,
     Version,
+    backoff,
     check_limit,
     utcnow,
 )
@@ -114,7 +117,7 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from agenticstate._codec import Codec
-    from agenticstate.backends.base import Backend, Change, TxnCompare, TxnOp
+    from agenticstate.backends.base import Backend, TxnCompare, TxnOp
 
 __all__ = [
     "COMMIT_PREFIX",
@@ -135,7 +138,7 @@ MANIFEST_EVERY = 16
 MIN_ID_PREFIX = 8
 """The shortest commit id prefix accepted."""
 
-_ATTEMPTS = 8  # commit and rollback attempts when another writer wins the compare-and-set
+_ATTEMPTS = 32  # commit and rollback attempts when another writer wins the compare-and-set
 _FEED_WAIT = 10.0  # seconds a commit waits for the feed to reach its head before it scans
 _FEED_BUFFER = 10_000  # changes buffered while reading the feed
 _BATCH = 1000  # keys per get_many
@@ -527,9 +530,17 @@ class CommitStore:
     async def pin(self, commit_id: str) -> CommitInfo:
         """See `StateManager.pin`."""
         full_id, sid = await self.resolve(commit_id)
-        stored = await self._info(sid, full_id)
-        await self.backend.index_add(_pins_index(sid), {full_id: float(stored.seq)})
-        return stored.info.model_copy(update={"pinned": True})
+        for attempt in range(_ATTEMPTS):
+            # Conditional on the head, as retention's deletes are: a pin never lands on a
+            # commit a racing retention pass is dropping.
+            head = await self.backend.get(_head_key(sid))
+            stored = await self._info(sid, full_id)
+            if head is not None and await self._guarded(
+                sid, head, [[IndexAdd(_pins_index(sid), {full_id: float(stored.seq)})]]
+            ):
+                return stored.info.model_copy(update={"pinned": True})
+            await anyio.sleep(backoff(attempt, base=0.002, cap=0.2))
+        raise ConflictError(f"pin of {full_id[:12]} lost {_ATTEMPTS} races in a row")
 
     async def unpin(self, commit_id: str) -> bool:
         """See `StateManager.unpin`."""
@@ -608,21 +619,36 @@ class CommitStore:
             raise InvalidArgumentError(f"message must be a str, not {type(message).__name__}")
         sid = _sid(scope)
         async with self._lock:
-            for _attempt in range(_ATTEMPTS):
+            for attempt in range(_ATTEMPTS):
                 info = await self._try_commit(scope, sid, message)
                 if info is not None:
                     await self._retain(sid, info.id)
                     return info
+                await anyio.sleep(backoff(attempt, base=0.002, cap=0.2))  # let the winner by
         raise ConflictError(f"commit of scope {scope!r} lost {_ATTEMPTS} races in a row; try again")
 
     async def _try_commit(self, scope: str, sid: str, message: str) -> CommitInfo | None:
         backend = self.backend
         head_entry = await backend.get(_head_key(sid))
         head = None if head_entry is None else _RECORDS.load_model(head_entry.value, _Head)
+        expected = 0 if head_entry is None else head_entry.version
         if head is not None and head.scope != scope:
             raise ConflictError(f"scope {scope!r} shares its commit id with {head.scope!r}")
-        parent = None if head is None else await self._info(sid, head.id)
-        parent_state: Mapping[str, str] = {} if head is None else await self._state(sid, head.id)
+        parent: _Info | None = None
+        parent_state: Mapping[str, str] = {}
+        parent_chain: list[str] = []
+        if head is not None:
+            try:
+                parent = await self._info(sid, head.id)
+                parent_state = await self._state(sid, head.id)
+                (parent_record,) = await self._records(sid, [head.id])
+            except NotFoundError:
+                # Read a head that other processes have since committed past and pruned.
+                latest = await backend.get(_head_key(sid))
+                if latest is not None and latest.version != expected:
+                    return None
+                raise
+            parent_chain = [*parent_record.chain, head.id]
         seq = 1 if head is None else head.seq + 1
         state, blobs, cursor = await self._snapshot(scope, parent, parent_state, seq)
 
@@ -651,17 +677,13 @@ class CommitStore:
         if full:
             record = _Record(full=True, chain=[], entries=dict(state))
         else:
-            assert head is not None  # the first commit is always full  # noqa: S101
-            (parent_record,) = await self._records(sid, [head.id])
-            chain = [*parent_record.chain, head.id]
-            record = _Record(full=False, chain=chain, entries=delta)
+            record = _Record(full=False, chain=parent_chain, entries=delta)
 
         await self._store_blobs(sid, state, parent_state, blobs)
         directory = _ids_index(commit_id)
         await backend.index_add(directory, {f"{commit_id} {sid}": 0.0})
         stored = _Info(info=info, seq=seq, full=full)
         new_head = _Head(scope=scope, id=commit_id, seq=seq)
-        expected = 0 if head_entry is None else head_entry.version
         if not await self._publish(sid, expected, stored, record, new_head):
             await backend.index_remove(directory, [f"{commit_id} {sid}"])
             return None
@@ -723,8 +745,17 @@ class CommitStore:
     # -------------------------------------------------------------- retention
 
     async def _retain(self, sid: str, newest: str) -> None:
-        """Drop the commits of `sid` beyond the retention, keeping chains whole."""
+        """Drop the commits of `sid` beyond the retention, keeping chains whole.
+
+        The deletes run in transactions conditional on the scope's head, and each bumps the
+        head's version: a commit racing this one (in another process) that counted on a blob
+        being there fails its own compare-and-set and looks again, and a commit or pin that
+        lands first stops this pass (the next commit's pass picks it up).
+        """
         backend = self.backend
+        head_entry = await backend.get(_head_key(sid))
+        if head_entry is None or _RECORDS.load_model(head_entry.value, _Head).id != newest:
+            return  # a newer commit has landed: its own pass will see to it
         log = await backend.index_range(_log_index(sid))
         if len(log) <= self.retention:
             return
@@ -746,8 +777,21 @@ class CommitStore:
         pinned = await self._pinned(sid)
         keep = [i for i in ids if i in infos and (infos[i].seq >= start or i in pinned)]
         drop = [i for i in ids if i not in keep]
-        if not drop:
-            return
+        if drop:
+            try:
+                await self._drop(sid, head_entry, infos, keep, drop)
+            except NotFoundError:
+                return  # another process's pass got there first; the next pass finishes
+
+    async def _drop(
+        self,
+        sid: str,
+        head_entry: Entry,
+        infos: Mapping[str, _Info],
+        keep: Sequence[str],
+        drop: Sequence[str],
+    ) -> None:
+        backend = self.backend
         dropped = set(drop)
         kept_records = dict(zip(keep, await self._records(sid, keep), strict=True))
         for commit_id, record in kept_records.items():
@@ -766,13 +810,47 @@ class CommitStore:
         for record in await self._records_present(sid, drop):
             garbage.update(d for d in record.entries.values() if d is not None)
         garbage -= needed
-        keys = [_blob_key(sid, d) for d in sorted(garbage)]
-        keys += [_record_key(sid, i) for i in drop] + [_info_key(sid, i) for i in drop]
-        await self._delete_keys(keys)
-        await backend.index_remove(_log_index(sid), drop)
+        # The blobs first, the commits (records, infos, log entries) in the last step.
+        steps: list[list[TxnOp]] = [
+            [Delete(_blob_key(sid, d)) for d in batch] for batch in _batches(sorted(garbage))
+        ]
+        last: list[TxnOp] = [Delete(_record_key(sid, i)) for i in drop]
+        last += [Delete(_info_key(sid, i)) for i in drop]
+        last.append(IndexRemove(_log_index(sid), drop))
+        steps.append(last)
+        if not await self._guarded(sid, head_entry, steps):
+            return
         for commit_id in drop:
             self._states.pop(commit_id, None)
             await backend.index_remove(_ids_index(commit_id), [f"{commit_id} {sid}"])
+
+    async def _guarded(self, sid: str, head: Entry, steps: Sequence[Sequence[TxnOp]]) -> bool:
+        """Run each step if the head is still `head`, bumping its version; False if it moved."""
+        backend = self.backend
+        version = head.version
+        for ops in steps:
+            bump = Put(_head_key(sid), head.value)
+            try:
+                result = await backend.transact([Version(bump.key, version)], [bump, *ops])
+            except UnsupportedOperationError:
+                break
+            if not result.succeeded:
+                return False
+            change = result.results[0]
+            assert isinstance(change, Change)  # noqa: S101  # a Put's result
+            version = change.version
+        else:
+            return True
+        # No transactions: plain calls, with no guard against a racing commit (documented).
+        for ops in steps:
+            for op in ops:
+                if isinstance(op, Delete):
+                    await backend.delete(op.key)
+                elif isinstance(op, IndexRemove):
+                    await backend.index_remove(op.index, op.members)
+                elif isinstance(op, IndexAdd):
+                    await backend.index_add(op.index, op.members)
+        return True
 
     async def _records_present(self, sid: str, ids: Sequence[str]) -> list[_Record]:
         records: list[_Record] = []
@@ -780,15 +858,6 @@ class CommitStore:
             entries = await self.backend.get_many([_record_key(sid, i) for i in batch])
             records += (_RECORDS.load_model(e.value, _Record) for e in entries if e is not None)
         return records
-
-    async def _delete_keys(self, keys: Sequence[str]) -> None:
-        # One transaction per batch where there are transactions (one slot: the `{sid}` tag).
-        for batch in _batches(keys):
-            try:
-                await self.backend.transact([], [Delete(key) for key in batch])
-            except UnsupportedOperationError:
-                for key in batch:
-                    await self.backend.delete(key)
 
     # -------------------------------------------------------------- rollback
 
@@ -802,10 +871,11 @@ class CommitStore:
                 f"commit {full_id[:12]} is of scope {stored.info.scope!r}, not {scope!r}"
             )
         target = await self._state(sid, full_id)
-        for _attempt in range(_ATTEMPTS):
+        for attempt in range(_ATTEMPTS):
             done = await self._try_rollback(scope, sid, target)
             if done is not None:
                 return done
+            await anyio.sleep(backoff(attempt, base=0.002, cap=0.2))
         raise ConflictError(f"rollback of scope {scope!r} lost {_ATTEMPTS} races in a row")
 
     async def _try_rollback(self, scope: str, sid: str, target: Mapping[str, str]) -> int | None:
