@@ -13,6 +13,7 @@ from agenticstate import (
     ConfigurationError,
     CursorExpiredError,
     SQLiteBackend,
+    SubscriptionClosedError,
     open_backend,
 )
 from agenticstate.backends import EARLIEST, Change, Delete, FeedRetention, Put
@@ -284,3 +285,22 @@ async def test_a_writer_without_rules_leaves_no_stale_history(tmp_path: Path) ->
         found = await keeper.history("k")
         assert [(e.version, e.value) for e in found] == [(2, b"new 2")]
         assert await keeper.get_version("k", 1) is None
+
+
+async def test_a_replay_outrun_by_retention_ends_as_an_overflow(tmp_path: Path) -> None:
+    """If retention trims changes a replay has yet to read, the subscription ends as an
+    overflow (never a silent gap), and resuming from its last cursor raises
+    CursorExpiredError."""
+    async with SQLiteBackend(tmp_path / "s.db", feed=FeedRetention(max_changes=3000)) as backend:
+        start = await backend.feed_cursor()
+        await backend.set_many([(f"k{n}", b"v") for n in range(2500)])
+        async with backend.changes("*", since=start) as changes:
+            (first,) = await take(changes, 1)  # the first page is read
+            await backend.set_many([(f"later{n}", b"v") for n in range(5000)])
+            with pytest.raises(SubscriptionClosedError) as caught:
+                await take(changes, 2500)
+        assert caught.value.reason == "overflow"
+        assert first.cursor is not None
+        with pytest.raises(CursorExpiredError):
+            async with backend.changes("*", since=first.cursor):
+                pass
