@@ -163,7 +163,6 @@ def test_feed_options_and_url_parameters(tmp_path: Path) -> None:
     assert SQLiteBackend(db, change_retention=5).change_retention == 5
     by_url = open_backend(f"sqlite://{db}?feed_max_changes=100000&feed_max_age=2.5")
     assert by_url.feed == FeedRetention(max_changes=100_000, max_age=timedelta(seconds=2.5))
-    assert open_backend(f"sqlite://{db}?feed_max_changes=none").feed == FeedRetention(None)
     assert open_backend(f"sqlite://{db}?change_retention=7").feed == FeedRetention(7)
     with pytest.raises(ConfigurationError, match="cannot turn"):
         SQLiteBackend(db, feed=None)
