@@ -303,3 +303,24 @@ async def test_a_replay_outrun_by_retention_ends_as_an_overflow(tmp_path: Path) 
         with pytest.raises(CursorExpiredError):
             async with backend.changes("*", since=first.cursor):
                 pass
+
+
+async def test_a_live_subscription_outrun_by_retention_ends_as_an_overflow(
+    tmp_path: Path,
+) -> None:
+    """Another instance commits more changes at once than retention keeps: a live subscriber
+    missed some, so it ends as an overflow (never a silent gap), and its cursor has expired."""
+    db = tmp_path / "s.db"
+    small = FeedRetention(max_changes=5)
+    async with SQLiteBackend(db, feed=small) as reader, SQLiteBackend(db, feed=small) as writer:
+        async with reader.changes("*") as changes:
+            first = await writer.set("first", b"v")
+            assert await take(changes, 1) == [first]
+            await writer.set_many([(f"k{n}", b"v") for n in range(50)])  # trimmed to 5
+            with pytest.raises(SubscriptionClosedError) as caught:
+                await take(changes, 50)
+        assert caught.value.reason == "overflow"
+        assert first.cursor is not None
+        with pytest.raises(CursorExpiredError):
+            async with reader.changes("*", since=first.cursor):
+                pass
