@@ -57,7 +57,8 @@ NOW = "now"
 """`--since now`: start at the feed's head (with `--follow`, only what is written from now on)."""
 IDLE = 2.0
 """Seconds without a change after which a replay (no `--follow`) counts as having reached the
-head: the fallback for a head no retained change carries (a Redis Cluster's, one trimmed)."""
+head: the fallback for a head no retained change carries (a Redis Cluster's; a file store's
+after an index update; one trimmed)."""
 _EVERY_VERSION = 2**31 - 1  # a history depth no writer's rule exceeds
 _VALUE_WIDTH = 100  # characters of a value a table shows (`--json` shows all of it)
 
@@ -151,12 +152,13 @@ class _Reading:
     position: str
     shown: int = 0
     at_head: bool = False  # reached the head taken at the start (no --follow)
+    idle: bool = False  # no change came for IDLE seconds (no --follow)
     at_limit: bool = False
     closed: bool = False  # the store closed
 
     @property
     def done(self) -> bool:
-        return self.at_head or self.at_limit or self.closed
+        return self.at_head or self.idle or self.at_limit or self.closed
 
 
 async def _changes(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
@@ -190,7 +192,8 @@ async def _changes(state: StateManager, args: argparse.Namespace, progress: Prog
             ) from None
         except UnsupportedOperationError as exc:
             raise _CommandError(f"{exc}: use `watch` for live changes", EXIT_USAGE) from None
-    # At the head every retained change up to it was read, shown or not: go on from there.
+    # At the head every retained change up to it was read, shown or not: go on from there. A
+    # silence only suggests it: go on from the last change read, which skips nothing.
     resume = head if reading.at_head else reading.position
     plural = "" if reading.shown == 1 else "s"
     _note(f"{reading.shown} change{plural}; to go on: --since {resume}")
@@ -211,7 +214,10 @@ async def _read(
         # head (the fallback when no retained change carries the head's cursor).
         with anyio.move_on_after(math.inf if until is None else IDLE) as waited:
             change = await anext(changes, None)
-        if waited.cancelled_caught or (until is not None and _after(change, until)):
+        if waited.cancelled_caught:
+            reading.idle = True
+            return
+        if until is not None and _after(change, until):
             reading.at_head = True
             return
         if change is None:
