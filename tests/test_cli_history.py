@@ -14,6 +14,7 @@ import pytest
 from agenticstate import (
     ChangeOp,
     FeedRetention,
+    FileBackend,
     RedisBackend,
     SQLiteBackend,
     StateChange,
@@ -242,6 +243,25 @@ def test_changes_from_a_trimmed_cursor_is_a_clear_error(store: Store, tmp_path: 
     bogus = store.cli("changes", "*", "--since", "not-a-cursor", cwd=tmp_path)
     assert bogus.returncode == 2, bogus.stderr
     assert bogus.stdout == ""
+
+
+def test_changes_on_a_file_store_after_an_index_update(tmp_path: Path) -> None:
+    """A head no change carries (a file store's last log record updated an index) still ends
+    the replay, which names the last change read as the cursor to go on from."""
+    store = tmp_path / "store"
+
+    async def write() -> None:
+        async with StateManager(backend=FileBackend(base_path=store)) as state:
+            await state.save("agent:1", 1)
+            await state.save("agent:1", 2)
+            await state.backend.index_add("queue", {"task": 1.0})
+
+    anyio.run(write)
+    replay = cli("--url", f"file://{store}", "changes", "*", cwd=tmp_path)
+    assert replay.returncode == 0, replay.stderr
+    changes = json_lines(replay.stdout)
+    assert [c["new_value"] for c in changes] == [1, 2]
+    assert resume_cursor(replay.stderr) == changes[-1]["cursor"]
 
 
 def test_changes_on_a_missing_sqlite_store_exits_1(tmp_path: Path) -> None:
