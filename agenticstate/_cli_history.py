@@ -252,11 +252,11 @@ def _change_json(change: StateChange) -> str:
 # orders a change's cursor against the head when their forms allow it: a kind tag, a store id
 # and a position made of numbers at the end (`m1:<store>:42`, `s1:<db>:42`, `r1:<ms>-<n>`), or
 # a Redis Cluster head `c1:<floor>:` (every change stamped at `floor` ms or later is after it)
-# against a change's `c1:<floor>:<slot>=<ms>-<n>,...` (its own slot first). Any other form is
-# left to the idle fallback.
+# against a change's `c1:<floor>:<slot>=<ms - floor>.<n>,...` (its own slot first). Any other
+# form is left to the idle fallback.
 _POSITION = re.compile(r"^(?P<feed>.*?)(?P<position>\d+(?:-\d+)?)$")
 _CLUSTER_HEAD = re.compile(r"^c1:(?P<floor>\d+):$")
-_CLUSTER_CHANGE = re.compile(r"^c1:\d+:\d+=(?P<ms>\d+)-\d+")
+_CLUSTER_CHANGE = re.compile(r"^c1:(?P<floor>\d+):\d+=(?P<ms>-?\d+)\.\d+")
 
 
 def _after(change: StateChange | None, head: str) -> bool:
@@ -267,7 +267,7 @@ def _after(change: StateChange | None, head: str) -> bool:
     if floor is not None or stamped is not None:
         if floor is None or stamped is None:
             return False
-        return int(stamped["ms"]) >= int(floor["floor"])
+        return int(stamped["floor"]) + int(stamped["ms"]) >= int(floor["floor"])
     mine, theirs = _POSITION.match(change.cursor), _POSITION.match(head)
     if mine is None or theirs is None or mine["feed"] != theirs["feed"]:
         return False

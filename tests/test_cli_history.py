@@ -335,8 +335,9 @@ def test_help_names_the_commands(tmp_path: Path) -> None:
         ("r1:17-3", "r1:17-2", True),
         ("r1:18-1", "r1:17-2", True),
         ("r1:16-9", "r1:17-2", False),
-        ("c1:10:5=200-3,7=100-1", "c1:200:", True),  # its own slot's id, against the floor
-        ("c1:10:5=199-3", "c1:200:", False),
+        ("c1:10:5=190.3,7=90.1", "c1:200:", True),  # its own slot's id, against the floor
+        ("c1:10:5=189.3", "c1:200:", False),
+        ("c1:300:5=-20.3", "c1:200:", True),
         ("m1:ab:5", "s1:ab:4", False),  # of another feed: unknown
         ("x", "s1:ab:4", False),
     ],
