@@ -83,6 +83,7 @@ can still be checked out. Blobs no kept commit names are deleted with the commit
 from __future__ import annotations
 
 import hashlib
+import uuid
 from datetime import datetime  # pydantic needs it at runtime
 from typing import TYPE_CHECKING, Any
 
@@ -246,6 +247,10 @@ def _record_key(sid: str, commit_id: str) -> str:
 
 def _blob_key(sid: str, digest: str) -> str:
     return f"{COMMIT_PREFIX}{{{sid}}}:b:{digest}"
+
+
+def _mark_key(sid: str) -> str:
+    return f"{COMMIT_PREFIX}{{{sid}}}:mark"
 
 
 def _log_index(sid: str) -> str:
@@ -549,21 +554,28 @@ class CommitStore:
 
     # -------------------------------------------------------------- snapshots
 
-    async def _feed_changes(self, since: str, head: str) -> list[Change] | None:
-        """The feed's changes after `since` up to `head` (every key), or `None` if unreadable."""
-        if since == head:
-            return []
+    async def _feed_changes(self, sid: str, since: str) -> tuple[list[Change], str] | None:
+        """The feed's changes (every key) after `since`, up to now, and the cursor they reach.
+
+        "Now" is a marker the commit writes (`_commits:{sid}:mark`, a fresh nonce) once its
+        subscription is live: reading up to the marker's own change needs no assumption about
+        how cursors compare, and the marker's cursor is where the snapshot is exact. `None`
+        when the feed cannot say (the cursor was trimmed, the reader overflowed, or the marker
+        did not come back in time): the caller scans instead.
+        """
+        marker, nonce = _mark_key(sid), uuid.uuid4().bytes
         changes: list[Change] = []
         try:
             with anyio.move_on_after(_FEED_WAIT):
                 async with self.backend.changes("*", max_buffer=_FEED_BUFFER, since=since) as feed:
+                    await self.backend.set(marker, nonce)
                     async for change in feed:
+                        if change.key == marker and change.new == nonce:
+                            return (changes, change.cursor) if change.cursor else None
                         changes.append(change)
-                        if change.cursor == head:
-                            return changes
         except (CursorExpiredError, SubscriptionClosedError, UnsupportedOperationError):
             return None
-        return None  # the head never came (a feed without one order): scan instead
+        return None
 
     def _has_ordered_feed(self) -> bool:
         # Redis Cluster keeps one stream per slot: no single order to read a head up to.
@@ -586,29 +598,30 @@ class CommitStore:
                     blobs[digest] = entry.value
         if before is None:
             return state, None
-        head = await backend.feed_cursor()
-        changes = None if head is None else await self._feed_changes(before, head)
-        if changes is None:
+        read = await self._feed_changes(_sid(scope), before)
+        if read is None:
             return state, None
-        _replay(scope, state, blobs, changes)
-        return state, head
+        _replay(scope, state, blobs, read[0])
+        return state, read[1]
 
     async def _snapshot(
         self, scope: str, parent: _Info | None, parent_state: Mapping[str, str], seq: int
-    ) -> tuple[dict[str, str], dict[str, bytes], str | None]:
-        """`(state, new bytes by digest, cursor)` for the next commit of `scope`."""
+    ) -> tuple[dict[str, str], dict[str, bytes], str | None, set[str] | None]:
+        """`(state, bytes by digest, cursor, keys maybe changed)` for the next commit of `scope`.
+
+        The keys maybe changed are `None` after a scan: any key may have.
+        """
         blobs: dict[str, bytes] = {}
         is_manifest = (seq - 1) % MANIFEST_EVERY == 0
         since = parent.info.cursor if parent is not None else None
         if since is not None and not is_manifest and self._has_ordered_feed():
-            head = await self.backend.feed_cursor()
-            changes = None if head is None else await self._feed_changes(since, head)
-            if changes is not None:
+            read = await self._feed_changes(_sid(scope), since)
+            if read is not None:
                 state = dict(parent_state)
-                _replay(scope, state, blobs, changes)
-                return state, blobs, head
+                touched = _replay(scope, state, blobs, read[0])
+                return state, blobs, read[1], touched
         state, cursor = await self._scan(scope, blobs)
-        return state, blobs, cursor
+        return state, blobs, cursor, None
 
     # -------------------------------------------------------------- commit
 
@@ -650,12 +663,13 @@ class CommitStore:
                 raise
             parent_chain = [*parent_record.chain, head.id]
         seq = 1 if head is None else head.seq + 1
-        state, blobs, cursor = await self._snapshot(scope, parent, parent_state, seq)
-
-        delta: dict[str, str | None] = {
-            key: digest for key, digest in state.items() if parent_state.get(key) != digest
-        }
-        delta.update((key, None) for key in parent_state.keys() - state.keys())
+        state, blobs, cursor, touched = await self._snapshot(scope, parent, parent_state, seq)
+        # After a feed read only the keys it touched can differ: the cost follows the changes.
+        delta: dict[str, str | None] = {}
+        for key in state.keys() | parent_state.keys() if touched is None else touched:
+            digest = state.get(key)
+            if parent_state.get(key) != digest:
+                delta[key] = digest
         added = sum(1 for key in delta if key not in parent_state)
         removed = sum(1 for digest in delta.values() if digest is None)
         timestamp = utcnow()
@@ -679,7 +693,7 @@ class CommitStore:
         else:
             record = _Record(full=False, chain=parent_chain, entries=delta)
 
-        await self._store_blobs(sid, state, parent_state, blobs)
+        await self._store_blobs(sid, delta, blobs)
         directory = _ids_index(commit_id)
         await backend.index_add(directory, {f"{commit_id} {sid}": 0.0})
         stored = _Info(info=info, seq=seq, full=full)
@@ -691,15 +705,11 @@ class CommitStore:
         return info
 
     async def _store_blobs(
-        self,
-        sid: str,
-        state: Mapping[str, str],
-        parent_state: Mapping[str, str],
-        blobs: Mapping[str, bytes],
+        self, sid: str, delta: Mapping[str, str | None], blobs: Mapping[str, bytes]
     ) -> None:
-        # The parent's blobs are stored (it is retained); look up the others, write the missing.
-        known = set(parent_state.values())
-        wanted = sorted({digest for digest in state.values() if digest not in known})
+        # Unchanged keys keep their parent's blobs, which are stored (the parent is retained):
+        # only the delta's blobs may be new. Look them up, write the missing ones.
+        wanted = sorted({digest for digest in delta.values() if digest is not None})
         for batch in _batches(wanted):
             sizes = await self.backend.value_sizes([_blob_key(sid, d) for d in batch])
             missing = [
@@ -945,15 +955,18 @@ def _apply(state: dict[str, str], entries: Mapping[str, str | None]) -> None:
 
 def _replay(
     scope: str, state: dict[str, str], blobs: dict[str, bytes], changes: Sequence[Change]
-) -> None:
-    """Apply the feed's `changes` (in feed order) to the scope's `state`."""
+) -> set[str]:
+    """Apply the feed's `changes` (in feed order) to the scope's `state`; return the keys."""
+    touched: set[str] = set()
     for change in changes:
         key = change.key
         if not _in_scope(scope, key):
             continue
+        touched.add(key)
         if change.new is None:
             state.pop(key, None)
         else:
             digest = _digest(change.new)
             state[key] = digest
             blobs[digest] = change.new
+    return touched
