@@ -769,27 +769,21 @@ class CommitStore:
         log = await backend.index_range(_log_index(sid))
         if len(log) <= self.retention:
             return
-        ids = [member for member, _ in log]
-        infos: dict[str, _Info] = {}
-        for batch in _batches(ids):
-            for commit_id, entry in zip(
-                batch, await backend.get_many([_info_key(sid, i) for i in batch]), strict=True
-            ):
-                if entry is not None:
-                    infos[commit_id] = _RECORDS.load_model(entry.value, _Info)
-        head_seq = infos[newest].seq if newest in infos else int(-log[0][1])
-        window = head_seq - self.retention + 1
+        seqs = {member: round(-score) for member, score in log}
+        window = max(seqs.values()) - self.retention + 1
         # Back to the nearest full manifest, so the oldest kept commit needs no rewrite.
         start = max(
-            (stored.seq for stored in infos.values() if stored.full and stored.seq <= window),
+            (seq for seq in seqs.values() if seq <= window and (seq - 1) % MANIFEST_EVERY == 0),
             default=window,
         )
+        if all(seq >= start for seq in seqs.values()):
+            return  # the usual case: nothing to drop until the next manifest leaves the window
         pinned = await self._pinned(sid)
-        keep = [i for i in ids if i in infos and (infos[i].seq >= start or i in pinned)]
-        drop = [i for i in ids if i not in keep]
+        keep = [i for i, seq in seqs.items() if seq >= start or i in pinned]
+        drop = [i for i in seqs if i not in keep]
         if drop:
             try:
-                await self._drop(sid, head_entry, infos, keep, drop)
+                await self._drop(sid, head_entry, keep, drop)
             except NotFoundError:
                 return  # another process's pass got there first; the next pass finishes
 
@@ -797,7 +791,6 @@ class CommitStore:
         self,
         sid: str,
         head_entry: Entry,
-        infos: Mapping[str, _Info],
         keep: Sequence[str],
         drop: Sequence[str],
     ) -> None:
@@ -808,7 +801,7 @@ class CommitStore:
             if not record.full and dropped.intersection(record.chain):
                 state = await self._state(sid, commit_id)  # the chain is still there
                 kept_records[commit_id] = full = _Record(full=True, chain=[], entries=dict(state))
-                stored = infos[commit_id].model_copy(update={"full": True})
+                stored = (await self._info(sid, commit_id)).model_copy(update={"full": True})
                 await backend.set_many(
                     [
                         (_record_key(sid, commit_id), _RECORDS.dumps(full)),
