@@ -27,6 +27,7 @@ on Redis Cluster they share a slot and each commit is one atomic transaction the
 | `_commits:{sid}:i:<id>`          | a commit's info (`CommitInfo` fields, seq, full)           |
 | `_commits:{sid}:c:<id>`          | a commit's entries: a delta or a full manifest             |
 | `_commits:{sid}:b:<sha256>`      | a blob: stored bytes, by the SHA-256 of the bytes          |
+| `_commits:{sid}:mark`            | a nonce each commit writes to find "now" in the feed       |
 | index `_commits:{sid}:log`       | the scope's commit ids, score `-seq` (newest first)        |
 | index `_commits:{sid}:pins`      | the pinned commit ids                                      |
 | index `_commits:ids:<id[:4]>`    | `<id> <sid>`: finds a commit (or a unique id prefix)       |
@@ -45,18 +46,25 @@ entry records, all in one batch (each record lists the chain back to its manifes
 ## Consistency and cost
 
 - With a change feed (`backend.feed is not None`, one ordered stream: memory, file, SQLite,
-  single Redis) and the previous commit's cursor still retained, a commit reads the feed from
-  that cursor up to the head taken when it starts and applies the changes: no scan of the scope;
-  the cost follows what changed in the namespace since the previous commit. The snapshot is the
-  scope exactly as it was at the commit's `cursor`.
-- Otherwise (the first commit, a manifest commit, the cursor trimmed): a scan of the scope and a
-  batch read, made consistent by taking the head cursor before the scan and applying the feed's
-  changes from there to the head after it; the snapshot is again exact at `cursor`. The manifest
+  single Redis) and the previous commit's cursor still retained, a commit subscribes to the
+  feed from that cursor, writes a fresh nonce to `_commits:{sid}:mark` and applies every change
+  of the scope up to the marker's own change: no scan of the scope, and only the keys those
+  changes touched are compared and their blobs looked up, so the cost follows what changed in
+  the namespace since the previous commit. The snapshot is the scope exactly as it was at the
+  marker, whose cursor is the commit's `cursor`. (Reading up to a marker of its own, rather
+  than up to `feed_cursor()`, needs no assumption about how cursors compare.)
+- Otherwise (the first commit, a manifest commit, the cursor trimmed, the feed read overflowed
+  or did not reach the marker within 10 seconds): a scan of the scope and a batch read, made
+  consistent by taking `feed_cursor()` before the scan and applying the feed's changes from
+  there up to a marker written after it; the snapshot is again exact at `cursor`. The manifest
   commits scan so that keys that expired (expiry puts nothing in the feed) leave the snapshot
   within 16 commits.
 - Without a feed (`feed=None`), and on Redis Cluster (a stream per slot, with no order across
   them), the snapshot is per key: each key's value is one it held during the commit, but writes
   racing the scan may be half in. `cursor` is then `None`.
+- Commits of one scope by several processes form one chain: the head moves by a
+  compare-and-set (in the same transaction as the commit's records), and a loser backs off,
+  reads the new head and tries again (32 times, then `ConflictError`).
 
 ## Rollback
 
@@ -74,10 +82,18 @@ rollback that it did not read are left alone.
 ## Retention
 
 `StateConfig.commit_retention` (default 50) commits per scope are kept, plus pinned ones, checked
-after each commit. The oldest kept commit must be a full manifest: retention keeps up to 15 more
-back to the nearest one rather than rewrite one. A kept commit whose chain loses a commit (a
-pinned commit older than the window) is first rewritten as a full manifest, so every kept commit
-can still be checked out. Blobs no kept commit names are deleted with the commits.
+after each commit (from the log index alone, until something is due). The oldest kept commit
+must be a full manifest: retention keeps up to 15 more back to the nearest one rather than
+rewrite one, so it drops 16 commits at a time. A kept commit whose chain loses a commit (a pinned
+commit older than the window) is first rewritten as a full manifest, so every kept commit can
+still be checked out. Blobs no kept commit names are deleted with the commits.
+
+Across processes, retention's deletes (and `pin`) run in transactions conditional on the scope's
+head that also bump its version: a commit that found a blob already stored, and a pass that is
+deleting it, cannot both succeed (the commit's own compare-and-set fails, and it looks again).
+A backend without `transact` gets plain deletes, without that guard. A commit that loses its
+compare-and-set may leave blobs behind that no commit names (values overwritten before its retry
+succeeded); nothing collects those.
 """
 
 from __future__ import annotations
