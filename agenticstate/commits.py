@@ -100,11 +100,10 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from datetime import datetime  # pydantic needs it at runtime
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from agenticstate._keys import escape_glob, validate_key
 from agenticstate.backends.base import (
@@ -131,7 +130,7 @@ from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
-    from datetime import timedelta
+    from datetime import datetime, timedelta
 
     from agenticstate._codec import Codec
     from agenticstate.backends.base import Backend, TxnCompare, TxnOp
@@ -190,7 +189,7 @@ class CommitInfo(BaseModel):
     scope: str
     parent: str | None
     message: str
-    timestamp: datetime
+    timestamp: AwareDatetime
     cursor: str | None
     keys: int
     added: int
