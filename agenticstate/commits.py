@@ -69,15 +69,16 @@ entry records, all in one batch (each record lists the chain back to its manifes
 ## Rollback
 
 `rollback(scope, commit_id)` reads the scope, then writes the commit's bytes back (and deletes the
-keys the commit lacks) in one `transact` that first compares every key's version as read, so
-nothing written meanwhile is overwritten: a lost race reads again (a few times, then
-`ConflictError`). It is one atomic step on memory, file, SQLite and Redis, and on Redis Cluster
-when every key of the scope shares a slot (a `{tag}` in the scope). Elsewhere (a cluster scope
-across slots, a backend without `transact`) each key is written with `expected_version`, which is
-**not atomic**: a reader may see the scope half rolled back, and a failure leaves it so (roll back
-again to finish). Rollback writes are normal writes: subscribers see them, history keeps them,
-the version goes on counting, and they take the manager's default `ttl`. Keys created during the
-rollback that it did not read are left alone.
+keys the commit lacks) in one `transact` that first compares every key's version as read: a
+write that lands in between fails the compare, and the rollback reads again (a few times, then
+`ConflictError`), so the scope ends exactly as the commit, never a mix of it and that write. It
+is one atomic step on memory, file, SQLite and Redis, and on Redis Cluster when every key of the
+scope shares a slot (a `{tag}` in the scope). Elsewhere (a cluster scope across slots, a backend
+without `transact`) each key is written with `expected_version`, which is **not atomic**: a
+reader may see the scope half rolled back, and a failure leaves it so (roll back again to
+finish). Rollback writes are normal writes: subscribers see them, history keeps them, the version
+goes on counting, and they take the manager's default `ttl`. Keys created during the rollback
+that it did not read are left alone.
 
 ## Retention
 
