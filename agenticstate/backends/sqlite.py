@@ -62,7 +62,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
-from agenticstate.backends._local import run_transaction
+from agenticstate.backends._local import feed_from_query, run_transaction
 from agenticstate.backends._sqlite_feed import (
     Feed,
     SQLiteChangeStream,
@@ -114,25 +114,6 @@ _ALL_VERSIONS = 1 << 62  # HISTORY_TRIM below this: every version of a key
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
-
-
-def _url_count(name: str, value: str) -> int | None:
-    if value.lower() == "none":
-        return None
-    if not value.isdigit():
-        raise ConfigurationError(f"sqlite URL parameter {name} must be a count or none")
-    return int(value)
-
-
-def _url_seconds(name: str, value: str) -> timedelta | None:
-    if value.lower() == "none":
-        return None
-    try:
-        return timedelta(seconds=float(value))
-    except (ValueError, OverflowError):
-        raise ConfigurationError(
-            f"sqlite URL parameter {name} must be seconds or none, not {value!r}"
-        ) from None
 
 
 class SQLiteBackend(Backend):
@@ -211,8 +192,11 @@ class SQLiteBackend(Backend):
         self._seq = 0  # the batch's last change sequence number
         self._db_id = ""
         self._logged = 0  # changes written since the last trim
-        self._trim_every = max(64, (feed.max_changes or 0) // 8)
+        self._trim_every = max(1, (feed.max_changes or 0) // 8)  # keeps at most 1/8 more
         self._swept_at = 0.0
+        self._aged_at = 0.0
+        age = feed.max_age.total_seconds() if feed.max_age is not None else 0.0
+        self._age_every = min(1.0, age / 8)  # seconds between trims by age
 
     @property
     def change_retention(self) -> int | None:
@@ -226,32 +210,25 @@ class SQLiteBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
         """Create a backend from `sqlite:///absolute/file.db` or `sqlite://relative/file.db`.
 
-        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` (or
-        `none`) and `feed_max_age=SECONDS` (or `none`); `change_retention=N` (the old
-        spelling of `feed_max_changes`). `feed=off` is refused: SQLite's feed cannot be off.
+        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` and
+        `feed_max_age=SECONDS`; `change_retention=N` (the old spelling of
+        `feed_max_changes`). `feed=off` is refused: SQLite's feed cannot be off.
         """
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise ConfigurationError(f"sqlite URL {url!r} names no database file")
-        retention: dict[str, Any] = {}
+        feed: list[tuple[str, str]] = []
         for name, value in parse_qsl(parts.query):
             if name == "synchronous":
                 options.setdefault("synchronous", value.lower())
             elif name == "change_retention" and value.isdigit():
-                retention["max_changes"] = int(value)
-            elif name == "feed_max_changes":
-                retention["max_changes"] = _url_count(name, value)
-            elif name == "feed_max_age":
-                retention["max_age"] = _url_seconds(name, value)
-            elif name == "feed" and value.lower() in ("off", "none", "false", "0"):
-                options.setdefault("feed", None)
-            elif name == "feed" and value.lower() in ("on", "true", "1"):
-                pass
+                feed.append(("feed_max_changes", value))
+            elif name.startswith("feed"):
+                feed.append((name, value))
             else:
                 raise ConfigurationError(f"unknown sqlite URL parameter {name!r}")
-        if retention:
-            options.setdefault("feed", FeedRetention(**retention))
+        feed_from_query(feed, options)
         return cls(path, **options)
 
     # ---------------------------------------------------------------- opening and closing
@@ -490,7 +467,11 @@ class SQLiteBackend(Backend):
             del rows[:-depth]
 
     def _maintain(self, conn: sqlite3.Connection) -> None:
-        """Trim the feed every `max_changes / 8` changes (and by age each 1 s); sweep expiries."""
+        """Trim the feed and sweep expired keys (in the writer's transaction).
+
+        By count every `max_changes / 8` changes, by age every `max_age / 8` (at most 1 s);
+        expired keys (and their history) each second.
+        """
         self._commits += 1
         retention = self.feed
         if self._logged >= self._trim_every and retention.max_changes is not None:
@@ -500,11 +481,13 @@ class SQLiteBackend(Backend):
                 (retention.max_changes,),
             )
         moment = time.monotonic()
+        if retention.max_age is not None and moment - self._aged_at >= self._age_every:
+            self._aged_at = moment
+            cutoff = schema.now_us() - retention.max_age // timedelta(microseconds=1)
+            self._trim_by_age(conn, cutoff)
         if moment - self._swept_at > 1.0:
             self._swept_at = moment
             now = schema.now_us()
-            if retention.max_age is not None:
-                self._trim_by_age(conn, now - retention.max_age // timedelta(microseconds=1))
             conn.execute(
                 "DELETE FROM history WHERE key IN "
                 "(SELECT key FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?)",
@@ -883,8 +866,8 @@ class SQLiteBackend(Backend):
         Raises (on entry):
             CursorExpiredError: Changes after `since` were trimmed, or it is a cursor of
                 another database (this file deleted and made again).
-            InvalidArgumentError: `since` is not an SQLite feed cursor, or one newer than the
-                feed's head (forged).
+            InvalidArgumentError: `since` is not an SQLite feed cursor, or is one beyond the
+                feed's head (forged, or a bare sequence number of another file).
         """
         return self._changes(compile_glob(validate_pattern(pattern)), max_buffer, since)
 

@@ -13,6 +13,7 @@ from agenticstate import (
     ConfigurationError,
     CursorExpiredError,
     SQLiteBackend,
+    SubscriptionClosedError,
     open_backend,
 )
 from agenticstate.backends import EARLIEST, Change, Delete, FeedRetention, Put
@@ -143,7 +144,6 @@ async def test_max_age_trims_old_changes(tmp_path: Path) -> None:
     async with SQLiteBackend(tmp_path / "s.db", feed=retention) as backend:
         old = [await backend.set(f"k{n}", b"v") for n in range(5)]
         await anyio.sleep(0.1)  # let them age (time is what is under test)
-        backend._swept_at = 0.0  # make the next write trim
         fresh = await backend.set("fresh", b"v")
         async with backend.changes("*", since=EARLIEST) as changes:
             assert await take(changes, 1) == [fresh]
@@ -163,7 +163,6 @@ def test_feed_options_and_url_parameters(tmp_path: Path) -> None:
     assert SQLiteBackend(db, change_retention=5).change_retention == 5
     by_url = open_backend(f"sqlite://{db}?feed_max_changes=100000&feed_max_age=2.5")
     assert by_url.feed == FeedRetention(max_changes=100_000, max_age=timedelta(seconds=2.5))
-    assert open_backend(f"sqlite://{db}?feed_max_changes=none").feed == FeedRetention(None)
     assert open_backend(f"sqlite://{db}?change_retention=7").feed == FeedRetention(7)
     with pytest.raises(ConfigurationError, match="cannot turn"):
         SQLiteBackend(db, feed=None)
@@ -285,3 +284,43 @@ async def test_a_writer_without_rules_leaves_no_stale_history(tmp_path: Path) ->
         found = await keeper.history("k")
         assert [(e.version, e.value) for e in found] == [(2, b"new 2")]
         assert await keeper.get_version("k", 1) is None
+
+
+async def test_a_replay_outrun_by_retention_ends_as_an_overflow(tmp_path: Path) -> None:
+    """If retention trims changes a replay has yet to read, the subscription ends as an
+    overflow (never a silent gap), and resuming from its last cursor raises
+    CursorExpiredError."""
+    async with SQLiteBackend(tmp_path / "s.db", feed=FeedRetention(max_changes=3000)) as backend:
+        start = await backend.feed_cursor()
+        await backend.set_many([(f"k{n}", b"v") for n in range(2500)])
+        async with backend.changes("*", since=start) as changes:
+            (first,) = await take(changes, 1)  # the first page is read
+            await backend.set_many([(f"later{n}", b"v") for n in range(5000)])
+            with pytest.raises(SubscriptionClosedError) as caught:
+                await take(changes, 2500)
+        assert caught.value.reason == "overflow"
+        assert first.cursor is not None
+        with pytest.raises(CursorExpiredError):
+            async with backend.changes("*", since=first.cursor):
+                pass
+
+
+async def test_a_live_subscription_outrun_by_retention_ends_as_an_overflow(
+    tmp_path: Path,
+) -> None:
+    """Another instance commits more changes at once than retention keeps: a live subscriber
+    missed some, so it ends as an overflow (never a silent gap), and its cursor has expired."""
+    db = tmp_path / "s.db"
+    small = FeedRetention(max_changes=5)
+    async with SQLiteBackend(db, feed=small) as reader, SQLiteBackend(db, feed=small) as writer:
+        async with reader.changes("*") as changes:
+            first = await writer.set("first", b"v")
+            assert await take(changes, 1) == [first]
+            await writer.set_many([(f"k{n}", b"v") for n in range(50)])  # trimmed to 5
+            with pytest.raises(SubscriptionClosedError) as caught:
+                await take(changes, 50)
+        assert caught.value.reason == "overflow"
+        assert first.cursor is not None
+        with pytest.raises(CursorExpiredError):
+            async with reader.changes("*", since=first.cursor):
+                pass
