@@ -27,6 +27,7 @@ on Redis Cluster they share a slot and each commit is one atomic transaction the
 | `_commits:{sid}:i:<id>`          | a commit's info (`CommitInfo` fields, seq, full)           |
 | `_commits:{sid}:c:<id>`          | a commit's entries: a delta or a full manifest             |
 | `_commits:{sid}:b:<sha256>`      | a blob: stored bytes, by the SHA-256 of the bytes          |
+| `_commits:{sid}:mark`            | a nonce each commit writes to find "now" in the feed       |
 | index `_commits:{sid}:log`       | the scope's commit ids, score `-seq` (newest first)        |
 | index `_commits:{sid}:pins`      | the pinned commit ids                                      |
 | index `_commits:ids:<id[:4]>`    | `<id> <sid>`: finds a commit (or a unique id prefix)       |
@@ -45,49 +46,65 @@ entry records, all in one batch (each record lists the chain back to its manifes
 ## Consistency and cost
 
 - With a change feed (`backend.feed is not None`, one ordered stream: memory, file, SQLite,
-  single Redis) and the previous commit's cursor still retained, a commit reads the feed from
-  that cursor up to the head taken when it starts and applies the changes: no scan of the scope;
-  the cost follows what changed in the namespace since the previous commit. The snapshot is the
-  scope exactly as it was at the commit's `cursor`.
-- Otherwise (the first commit, a manifest commit, the cursor trimmed): a scan of the scope and a
-  batch read, made consistent by taking the head cursor before the scan and applying the feed's
-  changes from there to the head after it; the snapshot is again exact at `cursor`. The manifest
+  single Redis) and the previous commit's cursor still retained, a commit subscribes to the
+  feed from that cursor, writes a fresh nonce to `_commits:{sid}:mark` and applies every change
+  of the scope up to the marker's own change: no scan of the scope, and only the keys those
+  changes touched are compared and their blobs looked up, so the cost follows what changed in
+  the namespace since the previous commit. The snapshot is the scope exactly as it was at the
+  marker, whose cursor is the commit's `cursor`. (Reading up to a marker of its own, rather
+  than up to `feed_cursor()`, needs no assumption about how cursors compare.)
+- Otherwise (the first commit, a manifest commit, the cursor trimmed, the feed read overflowed
+  or did not reach the marker within 10 seconds): a scan of the scope and a batch read, made
+  consistent by taking `feed_cursor()` before the scan and applying the feed's changes from
+  there up to a marker written after it; the snapshot is again exact at `cursor`. The manifest
   commits scan so that keys that expired (expiry puts nothing in the feed) leave the snapshot
   within 16 commits.
 - Without a feed (`feed=None`), and on Redis Cluster (a stream per slot, with no order across
   them), the snapshot is per key: each key's value is one it held during the commit, but writes
   racing the scan may be half in. `cursor` is then `None`.
+- Commits of one scope by several processes form one chain: the head moves by a
+  compare-and-set (in the same transaction as the commit's records), and a loser backs off,
+  reads the new head and tries again (32 times, then `ConflictError`).
 
 ## Rollback
 
 `rollback(scope, commit_id)` reads the scope, then writes the commit's bytes back (and deletes the
-keys the commit lacks) in one `transact` that first compares every key's version as read, so
-nothing written meanwhile is overwritten: a lost race reads again (a few times, then
-`ConflictError`). It is one atomic step on memory, file, SQLite and Redis, and on Redis Cluster
-when every key of the scope shares a slot (a `{tag}` in the scope). Elsewhere (a cluster scope
-across slots, a backend without `transact`) each key is written with `expected_version`, which is
-**not atomic**: a reader may see the scope half rolled back, and a failure leaves it so (roll back
-again to finish). Rollback writes are normal writes: subscribers see them, history keeps them,
-the version goes on counting, and they take the manager's default `ttl`. Keys created during the
-rollback that it did not read are left alone.
+keys the commit lacks) in one `transact` that first compares every key's version as read: a
+write that lands in between fails the compare, and the rollback reads again (a few times, then
+`ConflictError`), so the scope ends exactly as the commit, never a mix of it and that write. It
+is one atomic step on memory, file, SQLite and Redis, and on Redis Cluster when every key of the
+scope shares a slot (a `{tag}` in the scope). Elsewhere (a cluster scope across slots, a backend
+without `transact`) each key is written with `expected_version`, which is **not atomic**: a
+reader may see the scope half rolled back, and a failure leaves it so (roll back again to
+finish). Rollback writes are normal writes: subscribers see them, history keeps them, the version
+goes on counting, and they take the manager's default `ttl`. Keys created during the rollback
+that it did not read are left alone.
 
 ## Retention
 
 `StateConfig.commit_retention` (default 50) commits per scope are kept, plus pinned ones, checked
-after each commit. The oldest kept commit must be a full manifest: retention keeps up to 15 more
-back to the nearest one rather than rewrite one. A kept commit whose chain loses a commit (a
-pinned commit older than the window) is first rewritten as a full manifest, so every kept commit
-can still be checked out. Blobs no kept commit names are deleted with the commits.
+after each commit (from the log index alone, until something is due). The oldest kept commit
+must be a full manifest: retention keeps up to 15 more back to the nearest one rather than
+rewrite one, so it drops 16 commits at a time. A kept commit whose chain loses a commit (a pinned
+commit older than the window) is first rewritten as a full manifest, so every kept commit can
+still be checked out. Blobs no kept commit names are deleted with the commits.
+
+Across processes, retention's deletes (and `pin`) run in transactions conditional on the scope's
+head that also bump its version: a commit that found a blob already stored, and a pass that is
+deleting it, cannot both succeed (the commit's own compare-and-set fails, and it looks again).
+A backend without `transact` gets plain deletes, without that guard. A commit that loses its
+compare-and-set may leave blobs behind that no commit names (values overwritten before its retry
+succeeded); nothing collects those.
 """
 
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime  # pydantic needs it at runtime
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from agenticstate._keys import escape_glob, validate_key
 from agenticstate.backends.base import (
@@ -114,7 +131,7 @@ from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
-    from datetime import timedelta
+    from datetime import datetime, timedelta
 
     from agenticstate._codec import Codec
     from agenticstate.backends.base import Backend, TxnCompare, TxnOp
@@ -173,7 +190,7 @@ class CommitInfo(BaseModel):
     scope: str
     parent: str | None
     message: str
-    timestamp: datetime
+    timestamp: AwareDatetime
     cursor: str | None
     keys: int
     added: int
@@ -246,6 +263,10 @@ def _record_key(sid: str, commit_id: str) -> str:
 
 def _blob_key(sid: str, digest: str) -> str:
     return f"{COMMIT_PREFIX}{{{sid}}}:b:{digest}"
+
+
+def _mark_key(sid: str) -> str:
+    return f"{COMMIT_PREFIX}{{{sid}}}:mark"
 
 
 def _log_index(sid: str) -> str:
@@ -549,21 +570,28 @@ class CommitStore:
 
     # -------------------------------------------------------------- snapshots
 
-    async def _feed_changes(self, since: str, head: str) -> list[Change] | None:
-        """The feed's changes after `since` up to `head` (every key), or `None` if unreadable."""
-        if since == head:
-            return []
+    async def _feed_changes(self, sid: str, since: str) -> tuple[list[Change], str] | None:
+        """The feed's changes (every key) after `since`, up to now, and the cursor they reach.
+
+        "Now" is a marker the commit writes (`_commits:{sid}:mark`, a fresh nonce) once its
+        subscription is live: reading up to the marker's own change needs no assumption about
+        how cursors compare, and the marker's cursor is where the snapshot is exact. `None`
+        when the feed cannot say (the cursor was trimmed, the reader overflowed, or the marker
+        did not come back in time): the caller scans instead.
+        """
+        marker, nonce = _mark_key(sid), uuid.uuid4().bytes
         changes: list[Change] = []
         try:
             with anyio.move_on_after(_FEED_WAIT):
                 async with self.backend.changes("*", max_buffer=_FEED_BUFFER, since=since) as feed:
+                    await self.backend.set(marker, nonce)
                     async for change in feed:
+                        if change.key == marker and change.new == nonce:
+                            return (changes, change.cursor) if change.cursor else None
                         changes.append(change)
-                        if change.cursor == head:
-                            return changes
         except (CursorExpiredError, SubscriptionClosedError, UnsupportedOperationError):
             return None
-        return None  # the head never came (a feed without one order): scan instead
+        return None
 
     def _has_ordered_feed(self) -> bool:
         # Redis Cluster keeps one stream per slot: no single order to read a head up to.
@@ -586,29 +614,30 @@ class CommitStore:
                     blobs[digest] = entry.value
         if before is None:
             return state, None
-        head = await backend.feed_cursor()
-        changes = None if head is None else await self._feed_changes(before, head)
-        if changes is None:
+        read = await self._feed_changes(_sid(scope), before)
+        if read is None:
             return state, None
-        _replay(scope, state, blobs, changes)
-        return state, head
+        _replay(scope, state, blobs, read[0])
+        return state, read[1]
 
     async def _snapshot(
         self, scope: str, parent: _Info | None, parent_state: Mapping[str, str], seq: int
-    ) -> tuple[dict[str, str], dict[str, bytes], str | None]:
-        """`(state, new bytes by digest, cursor)` for the next commit of `scope`."""
+    ) -> tuple[dict[str, str], dict[str, bytes], str | None, set[str] | None]:
+        """`(state, bytes by digest, cursor, keys maybe changed)` for the next commit of `scope`.
+
+        The keys maybe changed are `None` after a scan: any key may have.
+        """
         blobs: dict[str, bytes] = {}
         is_manifest = (seq - 1) % MANIFEST_EVERY == 0
         since = parent.info.cursor if parent is not None else None
         if since is not None and not is_manifest and self._has_ordered_feed():
-            head = await self.backend.feed_cursor()
-            changes = None if head is None else await self._feed_changes(since, head)
-            if changes is not None:
+            read = await self._feed_changes(_sid(scope), since)
+            if read is not None:
                 state = dict(parent_state)
-                _replay(scope, state, blobs, changes)
-                return state, blobs, head
+                touched = _replay(scope, state, blobs, read[0])
+                return state, blobs, read[1], touched
         state, cursor = await self._scan(scope, blobs)
-        return state, blobs, cursor
+        return state, blobs, cursor, None
 
     # -------------------------------------------------------------- commit
 
@@ -650,12 +679,13 @@ class CommitStore:
                 raise
             parent_chain = [*parent_record.chain, head.id]
         seq = 1 if head is None else head.seq + 1
-        state, blobs, cursor = await self._snapshot(scope, parent, parent_state, seq)
-
-        delta: dict[str, str | None] = {
-            key: digest for key, digest in state.items() if parent_state.get(key) != digest
-        }
-        delta.update((key, None) for key in parent_state.keys() - state.keys())
+        state, blobs, cursor, touched = await self._snapshot(scope, parent, parent_state, seq)
+        # After a feed read only the keys it touched can differ: the cost follows the changes.
+        delta: dict[str, str | None] = {}
+        for key in state.keys() | parent_state.keys() if touched is None else touched:
+            digest = state.get(key)
+            if parent_state.get(key) != digest:
+                delta[key] = digest
         added = sum(1 for key in delta if key not in parent_state)
         removed = sum(1 for digest in delta.values() if digest is None)
         timestamp = utcnow()
@@ -679,7 +709,7 @@ class CommitStore:
         else:
             record = _Record(full=False, chain=parent_chain, entries=delta)
 
-        await self._store_blobs(sid, state, parent_state, blobs)
+        await self._store_blobs(sid, delta, blobs)
         directory = _ids_index(commit_id)
         await backend.index_add(directory, {f"{commit_id} {sid}": 0.0})
         stored = _Info(info=info, seq=seq, full=full)
@@ -691,15 +721,11 @@ class CommitStore:
         return info
 
     async def _store_blobs(
-        self,
-        sid: str,
-        state: Mapping[str, str],
-        parent_state: Mapping[str, str],
-        blobs: Mapping[str, bytes],
+        self, sid: str, delta: Mapping[str, str | None], blobs: Mapping[str, bytes]
     ) -> None:
-        # The parent's blobs are stored (it is retained); look up the others, write the missing.
-        known = set(parent_state.values())
-        wanted = sorted({digest for digest in state.values() if digest not in known})
+        # Unchanged keys keep their parent's blobs, which are stored (the parent is retained):
+        # only the delta's blobs may be new. Look them up, write the missing ones.
+        wanted = sorted({digest for digest in delta.values() if digest is not None})
         for batch in _batches(wanted):
             sizes = await self.backend.value_sizes([_blob_key(sid, d) for d in batch])
             missing = [
@@ -759,27 +785,21 @@ class CommitStore:
         log = await backend.index_range(_log_index(sid))
         if len(log) <= self.retention:
             return
-        ids = [member for member, _ in log]
-        infos: dict[str, _Info] = {}
-        for batch in _batches(ids):
-            for commit_id, entry in zip(
-                batch, await backend.get_many([_info_key(sid, i) for i in batch]), strict=True
-            ):
-                if entry is not None:
-                    infos[commit_id] = _RECORDS.load_model(entry.value, _Info)
-        head_seq = infos[newest].seq if newest in infos else int(-log[0][1])
-        window = head_seq - self.retention + 1
+        seqs = {member: round(-score) for member, score in log}
+        window = max(seqs.values()) - self.retention + 1
         # Back to the nearest full manifest, so the oldest kept commit needs no rewrite.
         start = max(
-            (stored.seq for stored in infos.values() if stored.full and stored.seq <= window),
+            (seq for seq in seqs.values() if seq <= window and (seq - 1) % MANIFEST_EVERY == 0),
             default=window,
         )
+        if all(seq >= start for seq in seqs.values()):
+            return  # the usual case: nothing to drop until the next manifest leaves the window
         pinned = await self._pinned(sid)
-        keep = [i for i in ids if i in infos and (infos[i].seq >= start or i in pinned)]
-        drop = [i for i in ids if i not in keep]
+        keep = [i for i, seq in seqs.items() if seq >= start or i in pinned]
+        drop = [i for i in seqs if i not in keep]
         if drop:
             try:
-                await self._drop(sid, head_entry, infos, keep, drop)
+                await self._drop(sid, head_entry, keep, drop)
             except NotFoundError:
                 return  # another process's pass got there first; the next pass finishes
 
@@ -787,7 +807,6 @@ class CommitStore:
         self,
         sid: str,
         head_entry: Entry,
-        infos: Mapping[str, _Info],
         keep: Sequence[str],
         drop: Sequence[str],
     ) -> None:
@@ -798,7 +817,7 @@ class CommitStore:
             if not record.full and dropped.intersection(record.chain):
                 state = await self._state(sid, commit_id)  # the chain is still there
                 kept_records[commit_id] = full = _Record(full=True, chain=[], entries=dict(state))
-                stored = infos[commit_id].model_copy(update={"full": True})
+                stored = (await self._info(sid, commit_id)).model_copy(update={"full": True})
                 await backend.set_many(
                     [
                         (_record_key(sid, commit_id), _RECORDS.dumps(full)),
@@ -945,15 +964,18 @@ def _apply(state: dict[str, str], entries: Mapping[str, str | None]) -> None:
 
 def _replay(
     scope: str, state: dict[str, str], blobs: dict[str, bytes], changes: Sequence[Change]
-) -> None:
-    """Apply the feed's `changes` (in feed order) to the scope's `state`."""
+) -> set[str]:
+    """Apply the feed's `changes` (in feed order) to the scope's `state`; return the keys."""
+    touched: set[str] = set()
     for change in changes:
         key = change.key
         if not _in_scope(scope, key):
             continue
+        touched.add(key)
         if change.new is None:
             state.pop(key, None)
         else:
             digest = _digest(change.new)
             state[key] = digest
             blobs[digest] = change.new
+    return touched
