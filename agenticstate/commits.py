@@ -12,6 +12,8 @@ await state.pin(info.id)                         # kept whatever the retention s
 A **scope** is a key prefix (`"agent:1:"`; `""` is the whole namespace). A commit records the
 exact stored bytes of every present key under it, so a value encrypted at rest stays encrypted
 in the commit (and stays bound to its key: rollback writes it back to that same key).
+`StateManager.reencrypt` leaves commits as they are, so an old encryption key stays needed in the
+keyring while commits recorded under it are kept.
 
 ## Storage
 
