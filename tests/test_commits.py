@@ -463,3 +463,27 @@ async def test_reencrypt_leaves_commits_as_recorded(backend: Backend) -> None:
         await state.save("vault:a", {"n": 2})
         await state.rollback("vault:", info.id)  # the k1 bytes, back at their own key
         assert await state.get("vault:a") == {"n": 1}
+
+
+@pytest.mark.parametrize("encrypted", [False, True])
+async def test_a_watch_of_everything_decodes_the_commits_writes(
+    backend: Backend, encrypted: bool
+) -> None:
+    """Every `_commits:` write decodes through the manager's codec: a watch of "*" never fails."""
+    encryption = Encryption({"k1": Encryption.generate_key()}) if encrypted else None
+    config = StateConfig(encryption=encryption, commit_retention=1)
+    async with StateManager(config, backend=backend, close_backend=False) as state:
+        seen = 0
+        async with state.watch("*") as changes:
+            for i in range(MANIFEST_EVERY + 2):  # past a retention pass, which deletes
+                await state.save("e:a", i)
+                await state.commit("e:")
+            await state.save("e:done", True)
+            with anyio.fail_after(10):
+                async for change in changes:
+                    seen += 1
+                    if change.key == "e:done":
+                        break
+        assert seen > 3 * MANIFEST_EVERY
+        for key in await state.list_keys(COMMIT_PREFIX + "*"):
+            await state.get(key)  # decodes (records as dicts, blobs as values or bytes)
