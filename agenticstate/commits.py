@@ -619,8 +619,8 @@ class CommitStore:
 
     # -------------------------------------------------------------- snapshots
 
-    async def _feed_changes(self, sid: str, since: str) -> tuple[list[Change], str] | None:
-        """The feed's changes (every key) after `since`, up to now, and the cursor they reach.
+    async def _feed_changes(self, scope: str, since: str) -> tuple[list[Change], str] | None:
+        """The feed's changes of `scope` after `since`, up to now, and the cursor they reach.
 
         "Now" is a marker the commit writes (`_commits:{sid}:mark`, a fresh nonce) once its
         subscription is live: reading up to the marker's own change needs no assumption about
@@ -628,7 +628,7 @@ class CommitStore:
         when the feed cannot say (the cursor was trimmed, the reader overflowed, or the marker
         did not come back in time): the caller scans instead.
         """
-        marker = _mark_key(sid)
+        marker = _mark_key(_sid(scope))
         nonce = self.codec.encode(marker, uuid.uuid4().hex)  # decodes like any value
         changes: list[Change] = []
         try:
@@ -638,7 +638,8 @@ class CommitStore:
                     async for change in feed:
                         if change.key == marker and change.new == nonce:
                             return (changes, change.cursor) if change.cursor else None
-                        changes.append(change)
+                        if _in_scope(scope, change.key):  # read all, keep the scope's
+                            changes.append(change)
         except (CursorExpiredError, SubscriptionClosedError, UnsupportedOperationError):
             return None
         return None
@@ -664,7 +665,7 @@ class CommitStore:
                     blobs[digest] = entry.value
         if before is None:
             return state, None
-        read = await self._feed_changes(_sid(scope), before)
+        read = await self._feed_changes(scope, before)
         if read is None:
             return state, None
         _replay(scope, state, blobs, read[0])
@@ -681,7 +682,7 @@ class CommitStore:
         is_manifest = (seq - 1) % MANIFEST_EVERY == 0
         since = parent.info.cursor if parent is not None else None
         if since is not None and not is_manifest and self._has_ordered_feed():
-            read = await self._feed_changes(_sid(scope), since)
+            read = await self._feed_changes(scope, since)
             if read is not None:
                 state = dict(parent_state)
                 touched = _replay(scope, state, blobs, read[0])
