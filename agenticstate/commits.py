@@ -12,12 +12,18 @@ await state.pin(info.id)                         # kept whatever the retention s
 A **scope** is a key prefix (`"agent:1:"`; `""` is the whole namespace). A commit records the
 exact stored bytes of every present key under it, so a value encrypted at rest stays encrypted
 in the commit (and stays bound to its key: rollback writes it back to that same key).
+`StateManager.reencrypt` leaves commits as they are, so an old encryption key stays needed in the
+keyring while commits recorded under it are kept.
 
 ## Storage
 
 Commits are normal keys and sorted indexes of the backend, under the reserved prefix
 `_commits:` (`COMMIT_PREFIX`). They are never part of any scope's snapshot (not even scope
-`""`'s), but they are listed by `list_keys("*")` and seen by a subscriber to `"*"`. Every key of
+`""`'s), but they are listed by `list_keys("*")` and seen by a subscriber to `"*"`, so every one
+of them decodes through the manager's codec: records are msgpack dicts, under the manager's
+encryption (at their own key) when it has one; a blob is the value's stored bytes as they are
+without encryption, and with it those bytes (still encrypted for their own key) wrapped as a
+bytes value encrypted for the blob's key. Every key of
 one scope's commits carries the hash tag `{sid}` (`sid`: 16 hex digits of the scope's SHA-256), so
 on Redis Cluster they share a slot and each commit is one atomic transaction there too.
 
@@ -101,7 +107,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from pydantic import AwareDatetime, BaseModel, ConfigDict
@@ -122,6 +128,7 @@ from agenticstate.backends.base import (
 from agenticstate.exceptions import (
     ConflictError,
     CursorExpiredError,
+    DecodeError,
     InvalidArgumentError,
     NotFoundError,
     SubscriptionClosedError,
@@ -145,6 +152,8 @@ __all__ = [
     "CommitInfo",
     "CommitStore",
 ]
+
+_M = TypeVar("_M", bound=BaseModel)
 
 COMMIT_PREFIX = "_commits:"
 """Where commits live in the backend; never part of a scope's snapshot."""
@@ -281,6 +290,42 @@ def _ids_index(commit_id: str) -> str:
     return f"{COMMIT_PREFIX}ids:{commit_id[:4]}"
 
 
+def _dump(codec: Codec, key: str, model: BaseModel) -> bytes:
+    """A commit record's stored bytes: `_RECORDS`, then the manager's encryption at its own key.
+
+    So every `_commits:` value decodes through the manager's codec (a `watch("*")` or a view of
+    everything reads them as plain dicts and bytes, never failing on them) and an encrypted store
+    keeps its key names encrypted in the records too.
+    """
+    raw = _RECORDS.dumps(model)
+    if codec.encryption is None:
+        return raw
+    return codec.encryption.encrypt(codec.namespace, key, raw)
+
+
+def _load(codec: Codec, key: str, raw: bytes, model: type[_M]) -> _M:
+    if codec.encryption is not None:
+        raw = codec.encryption.decrypt(codec.namespace, key, raw)
+    return _RECORDS.load_model(raw, model)
+
+
+def _seal_blob(codec: Codec, key: str, value: bytes) -> bytes:
+    # Without encryption a value's stored bytes decode as they are. Encrypted ones are bound to
+    # the key they came from: wrap them (as a bytes value) under the blob's own key.
+    if codec.encryption is None:
+        return value
+    return codec.encryption.encrypt(codec.namespace, key, _RECORDS.dumps(value))
+
+
+def _open_blob(codec: Codec, key: str, stored: bytes) -> bytes:
+    if codec.encryption is None:
+        return stored
+    value = _RECORDS.loads(codec.encryption.decrypt(codec.namespace, key, stored))
+    if not isinstance(value, bytes):
+        raise DecodeError(f"commit blob {key!r} does not hold bytes", path="")
+    return value
+
+
 def _digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
@@ -387,25 +432,28 @@ class Checkout:
         digest = self._manifest.get(key)
         if digest is None:
             return default
-        (raw,) = await _read_blobs(self._backend, self._sid, [digest])
+        (raw,) = await _read_blobs(self._backend, self._codec, self._sid, [digest])
         return self._codec.decode(key, raw, model)
 
     async def items(self, *, model: type[BaseModel] | None = None) -> dict[str, Any]:
         """Every key of the snapshot with its value, sorted by key; blobs read in batches."""
         keys = self.keys()
-        raws = await _read_blobs(self._backend, self._sid, [self._manifest[k] for k in keys])
+        digests = [self._manifest[k] for k in keys]
+        raws = await _read_blobs(self._backend, self._codec, self._sid, digests)
         decode = self._codec.decode
         return {key: decode(key, raw, model) for key, raw in zip(keys, raws, strict=True)}
 
 
-async def _read_blobs(backend: Backend, sid: str, digests: Sequence[str]) -> list[bytes]:
+async def _read_blobs(
+    backend: Backend, codec: Codec, sid: str, digests: Sequence[str]
+) -> list[bytes]:
     raws: list[bytes] = []
     for batch in _batches(digests):
-        entries = await backend.get_many([_blob_key(sid, digest) for digest in batch])
-        for digest, entry in zip(batch, entries, strict=True):
+        keys = [_blob_key(sid, digest) for digest in batch]
+        for key, digest, entry in zip(keys, batch, await backend.get_many(keys), strict=True):
             if entry is None:
                 raise NotFoundError(f"commit blob {digest} is missing from the store")
-            raws.append(entry.value)
+            raws.append(_open_blob(codec, key, entry.value))
     return raws
 
 
@@ -442,10 +490,11 @@ class CommitStore:
     # -------------------------------------------------------------- reading commits
 
     async def _info(self, sid: str, commit_id: str) -> _Info:
-        entry = await self.backend.get(_info_key(sid, commit_id))
+        key = _info_key(sid, commit_id)
+        entry = await self.backend.get(key)
         if entry is None:
             raise NotFoundError(f"no commit {commit_id}")
-        return _RECORDS.load_model(entry.value, _Info)
+        return _load(self.codec, key, entry.value, _Info)
 
     async def resolve(self, commit_id: object) -> tuple[str, str]:
         """Return `(full id, sid)` for a commit id or a unique prefix of 8+ hex digits.
@@ -482,7 +531,7 @@ class CommitStore:
             for commit_id, entry in zip(batch, entries, strict=True):
                 if entry is None:
                     raise NotFoundError(f"no commit {commit_id}")
-                records.append(_RECORDS.load_model(entry.value, _Record))
+                records.append(_load(self.codec, _record_key(sid, commit_id), entry.value, _Record))
         return records
 
     async def _state(self, sid: str, commit_id: str) -> dict[str, str]:
@@ -524,7 +573,7 @@ class CommitStore:
             for commit_id, entry in zip(batch, entries, strict=True):
                 if entry is None:  # dropped by a concurrent retention pass
                     continue
-                info = _RECORDS.load_model(entry.value, _Info).info
+                info = _load(self.codec, _info_key(sid, commit_id), entry.value, _Info).info
                 infos.append(info.model_copy(update={"pinned": commit_id in pinned}))
         return infos
 
@@ -570,8 +619,8 @@ class CommitStore:
 
     # -------------------------------------------------------------- snapshots
 
-    async def _feed_changes(self, sid: str, since: str) -> tuple[list[Change], str] | None:
-        """The feed's changes (every key) after `since`, up to now, and the cursor they reach.
+    async def _feed_changes(self, scope: str, since: str) -> tuple[list[Change], str] | None:
+        """The feed's changes of `scope` after `since`, up to now, and the cursor they reach.
 
         "Now" is a marker the commit writes (`_commits:{sid}:mark`, a fresh nonce) once its
         subscription is live: reading up to the marker's own change needs no assumption about
@@ -579,7 +628,8 @@ class CommitStore:
         when the feed cannot say (the cursor was trimmed, the reader overflowed, or the marker
         did not come back in time): the caller scans instead.
         """
-        marker, nonce = _mark_key(sid), uuid.uuid4().bytes
+        marker = _mark_key(_sid(scope))
+        nonce = self.codec.encode(marker, uuid.uuid4().hex)  # decodes like any value
         changes: list[Change] = []
         try:
             with anyio.move_on_after(_FEED_WAIT):
@@ -588,7 +638,8 @@ class CommitStore:
                     async for change in feed:
                         if change.key == marker and change.new == nonce:
                             return (changes, change.cursor) if change.cursor else None
-                        changes.append(change)
+                        if _in_scope(scope, change.key):  # read all, keep the scope's
+                            changes.append(change)
         except (CursorExpiredError, SubscriptionClosedError, UnsupportedOperationError):
             return None
         return None
@@ -614,7 +665,7 @@ class CommitStore:
                     blobs[digest] = entry.value
         if before is None:
             return state, None
-        read = await self._feed_changes(_sid(scope), before)
+        read = await self._feed_changes(scope, before)
         if read is None:
             return state, None
         _replay(scope, state, blobs, read[0])
@@ -631,7 +682,7 @@ class CommitStore:
         is_manifest = (seq - 1) % MANIFEST_EVERY == 0
         since = parent.info.cursor if parent is not None else None
         if since is not None and not is_manifest and self._has_ordered_feed():
-            read = await self._feed_changes(_sid(scope), since)
+            read = await self._feed_changes(scope, since)
             if read is not None:
                 state = dict(parent_state)
                 touched = _replay(scope, state, blobs, read[0])
@@ -659,7 +710,11 @@ class CommitStore:
     async def _try_commit(self, scope: str, sid: str, message: str) -> CommitInfo | None:
         backend = self.backend
         head_entry = await backend.get(_head_key(sid))
-        head = None if head_entry is None else _RECORDS.load_model(head_entry.value, _Head)
+        head = (
+            None
+            if head_entry is None
+            else _load(self.codec, _head_key(sid), head_entry.value, _Head)
+        )
         expected = 0 if head_entry is None else head_entry.version
         if head is not None and head.scope != scope:
             raise ConflictError(f"scope {scope!r} shares its commit id with {head.scope!r}")
@@ -729,7 +784,7 @@ class CommitStore:
         for batch in _batches(wanted):
             sizes = await self.backend.value_sizes([_blob_key(sid, d) for d in batch])
             missing = [
-                (_blob_key(sid, d), blobs[d])
+                (_blob_key(sid, d), _seal_blob(self.codec, _blob_key(sid, d), blobs[d]))
                 for d, size in zip(batch, sizes, strict=True)
                 if size is None
             ]
@@ -743,9 +798,11 @@ class CommitStore:
         backend = self.backend
         commit_id = stored.info.id
         writes = [
-            Put(_record_key(sid, commit_id), _RECORDS.dumps(record)),
-            Put(_info_key(sid, commit_id), _RECORDS.dumps(stored)),
-            Put(_head_key(sid), _RECORDS.dumps(head)),
+            Put(
+                _record_key(sid, commit_id), _dump(self.codec, _record_key(sid, commit_id), record)
+            ),
+            Put(_info_key(sid, commit_id), _dump(self.codec, _info_key(sid, commit_id), stored)),
+            Put(_head_key(sid), _dump(self.codec, _head_key(sid), head)),
         ]
         try:
             result = await backend.transact(
@@ -780,7 +837,10 @@ class CommitStore:
         """
         backend = self.backend
         head_entry = await backend.get(_head_key(sid))
-        if head_entry is None or _RECORDS.load_model(head_entry.value, _Head).id != newest:
+        if (
+            head_entry is None
+            or _load(self.codec, _head_key(sid), head_entry.value, _Head).id != newest
+        ):
             return  # a newer commit has landed: its own pass will see to it
         log = await backend.index_range(_log_index(sid))
         if len(log) <= self.retention:
@@ -820,8 +880,14 @@ class CommitStore:
                 stored = (await self._info(sid, commit_id)).model_copy(update={"full": True})
                 await backend.set_many(
                     [
-                        (_record_key(sid, commit_id), _RECORDS.dumps(full)),
-                        (_info_key(sid, commit_id), _RECORDS.dumps(stored)),
+                        (
+                            _record_key(sid, commit_id),
+                            _dump(self.codec, _record_key(sid, commit_id), full),
+                        ),
+                        (
+                            _info_key(sid, commit_id),
+                            _dump(self.codec, _info_key(sid, commit_id), stored),
+                        ),
                     ]
                 )
         needed = {d for r in kept_records.values() for d in r.entries.values() if d is not None}
@@ -875,7 +941,11 @@ class CommitStore:
         records: list[_Record] = []
         for batch in _batches(ids):
             entries = await self.backend.get_many([_record_key(sid, i) for i in batch])
-            records += (_RECORDS.load_model(e.value, _Record) for e in entries if e is not None)
+            records += (
+                _load(self.codec, _record_key(sid, i), e.value, _Record)
+                for i, e in zip(batch, entries, strict=True)
+                if e is not None
+            )
         return records
 
     # -------------------------------------------------------------- rollback
@@ -916,7 +986,7 @@ class CommitStore:
         deletes = sorted(current.keys() - target.keys())
         if not puts and not deletes:
             return 0
-        raws = await _read_blobs(backend, sid, [target[key] for key in puts])
+        raws = await _read_blobs(backend, self.codec, sid, [target[key] for key in puts])
         ops: list[TxnOp] = [
             Put(key, raw, ttl=self.ttl) for key, raw in zip(puts, raws, strict=True)
         ]

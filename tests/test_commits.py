@@ -447,3 +447,43 @@ async def test_a_write_racing_a_rollback_makes_it_read_again() -> None:
         assert await state.rollback("r:", info.id) == 2
         assert backend.transactions - before == 2  # the first one's compare failed
         assert await state.get_many(["r:a", "r:b"]) == {"r:a": 1, "r:b": 2}
+
+
+async def test_reencrypt_leaves_commits_as_recorded(backend: Backend) -> None:
+    """reencrypt() skips `_commits:` keys; old commits read while their key is in the keyring."""
+    old, new = Encryption.generate_key(), Encryption.generate_key()
+    config = StateConfig(encryption=Encryption({"k1": old}))
+    async with StateManager(config, backend=backend, close_backend=False) as state:
+        await state.save("vault:a", {"n": 1})
+        info = await state.commit("vault:")
+    rotated = StateConfig(encryption=Encryption({"k1": old, "k2": new}, current="k2"))
+    async with StateManager(rotated, backend=backend, close_backend=False) as state:
+        assert await state.reencrypt() == 1
+        assert await (await state.checkout(info.id)).get("vault:a") == {"n": 1}
+        await state.save("vault:a", {"n": 2})
+        await state.rollback("vault:", info.id)  # the k1 bytes, back at their own key
+        assert await state.get("vault:a") == {"n": 1}
+
+
+@pytest.mark.parametrize("encrypted", [False, True])
+async def test_a_watch_of_everything_decodes_the_commits_writes(
+    backend: Backend, encrypted: bool
+) -> None:
+    """Every `_commits:` write decodes through the manager's codec: a watch of "*" never fails."""
+    encryption = Encryption({"k1": Encryption.generate_key()}) if encrypted else None
+    config = StateConfig(encryption=encryption, commit_retention=1)
+    async with StateManager(config, backend=backend, close_backend=False) as state:
+        seen = 0
+        async with state.watch("*") as changes:
+            for i in range(MANIFEST_EVERY + 2):  # past a retention pass, which deletes
+                await state.save("e:a", i)
+                await state.commit("e:")
+            await state.save("e:done", True)
+            with anyio.fail_after(10):
+                async for change in changes:
+                    seen += 1
+                    if change.key == "e:done":
+                        break
+        assert seen > 3 * MANIFEST_EVERY
+        for key in await state.list_keys(COMMIT_PREFIX + "*"):
+            await state.get(key)  # decodes (records as dicts, blobs as values or bytes)
