@@ -324,3 +324,21 @@ async def test_a_live_subscription_outrun_by_retention_ends_as_an_overflow(
         with pytest.raises(CursorExpiredError):
             async with reader.changes("*", since=first.cursor):
                 pass
+
+
+async def test_a_replay_survives_cancelled_reads(tmp_path: Path) -> None:
+    """A consumer whose every other read is cancelled at once (a timeout of 0) still gets the
+    replay and the switch to live exactly: reads and the joining are taken up again."""
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        start = await backend.feed_cursor()
+        made = await backend.set_many([(f"k{n % 7}", b"%d" % n) for n in range(4500)])
+        got: list[Change] = []
+        async with backend.changes("*", since=start, max_buffer=10) as changes:
+            for attempt in range(20_000):
+                if len(got) == 4500 and len(made) == 4500:  # replayed: now some live ones
+                    made += [await backend.set("live", b"%d" % n) for n in range(3)]
+                if len(got) == 4503:
+                    break
+                with anyio.move_on_after(0 if attempt % 2 else 10):
+                    got.append(await changes.__anext__())
+    assert got == made
