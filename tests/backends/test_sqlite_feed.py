@@ -201,7 +201,7 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         assert change.cursor.endswith(":42")
         async with backend.changes("*", since=head) as changes:
             assert await take(changes, 1) == [change]
-        assert [e.version for e in await backend.history("k")] == [4]
+        assert [e.version for e in await backend.history("k")] == [4, 3]
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
@@ -342,3 +342,16 @@ async def test_a_replay_survives_cancelled_reads(tmp_path: Path) -> None:
                 with anyio.move_on_after(0 if attempt % 2 else 10):
                     got.append(await changes.__anext__())
     assert got == made
+
+
+async def test_history_set_later_starts_with_the_version_replaced(tmp_path: Path) -> None:
+    """Rules set after a key was written: its history starts with the version the next write
+    replaces (as on the memory and file backends)."""
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        await backend.set("a:1", b"1")
+        await backend.set("a:1", b"2")
+        backend.keep_history({"a:*": 5})
+        await backend.set("a:1", b"3")
+        found = await backend.history("a:1")
+        assert [(e.version, e.value) for e in found] == [(3, b"3"), (2, b"2")]
+        assert found[1].updated_at < found[0].updated_at
