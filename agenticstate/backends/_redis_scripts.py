@@ -4,8 +4,10 @@ A state key is one Redis string, `{key_prefix}{key}`: a fixed 65-byte ASCII head
 created, updated and expiry times in server milliseconds, 0 = never) followed by the value bytes.
 A change is published on `{CHANNEL_NAMESPACE}{key_prefix}{key}` by the script that made it, with
 the exact old and new bytes (`parse_message` reads it back). A sorted index lives at
-`{INDEX_NAMESPACE}{key_prefix}{index}`. The scripts are sent by SHA (`SET_SHA`, ...) and loaded
-after a NOSCRIPT reply.
+`{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a list of its last
+versions (`_redis_history`), which the write scripts push to (`keep`) and the delete script
+drops, when the caller appends it to the script's keys (`take_history`). The scripts are sent by SHA
+(`SET_SHA`, ...) and loaded after a NOSCRIPT reply.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import math
 from datetime import UTC, datetime, timedelta
 
+from agenticstate.backends._redis_history import HISTORY_FUNCTION
 from agenticstate.backends.base import Change, ChangeOp, Entry, new_change
 from agenticstate.exceptions import BackendError
 
@@ -89,22 +92,33 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
+# (Then its history list and spec, if it keeps history: `take_history`.)
 SET = (
     WRITE_FUNCTION
+    + HISTORY_FUNCTION
     + """
-return write(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], now)
+local lists = take_history()
+local ttl = tonumber(ARGV[2])
+local r = write(KEYS[1], ARGV[1], ttl, tonumber(ARGV[3]), ARGV[4], now)
+if lists and r[1] == 1 then keep(lists[1][1], KEYS[1], lists[1][2], r[2], ttl) end
+return r
 """
 )
 
 # KEYS: the keys; ARGV: ttl ms, then a value and a channel per key. Each write is unconditional;
-# the reply is each write's reply, in order.
+# the reply is each write's reply, in order. (Then the history lists and their spec, if some
+# keys keep history: `take_history`.)
 SET_MANY = (
     WRITE_FUNCTION
+    + HISTORY_FUNCTION
     + """
+local lists = take_history()
 local ttl = tonumber(ARGV[1])
 local replies = {}
 for i = 1, #KEYS do
   replies[i] = write(KEYS[i], ARGV[2 * i], ttl, -1, ARGV[2 * i + 1], now)
+  local kept = lists and lists[i]
+  if kept then keep(kept[1], KEYS[i], kept[2], replies[i][2], ttl) end
 end
 return replies
 """
@@ -131,14 +145,19 @@ local function drop(key, expected, channel, now)
 end
 """
 
-# KEYS[1] the key; ARGV: expected version (-1 = any), channel.
+# KEYS[1] the key; ARGV: expected version (-1 = any), channel. (Then its history list and spec,
+# if it keeps history: `take_history`; the list goes with the key.)
 # Returns {1, version, old, now}, {2} when missing, or {0, actual version} on a conflict.
 DELETE = (
     DROP_FUNCTION
+    + HISTORY_FUNCTION
     + """
+local lists = take_history()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now)
+local r = drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now)
+if lists and r[1] == 1 then redis.call('DEL', lists[1][1]) end
+return r
 """
 )
 
