@@ -27,6 +27,7 @@ from agenticstate.backends import (
     open_backend,
     register_backend,
 )
+from agenticstate.commits import Checkout, CommitDiff, CommitInfo
 from agenticstate.config import StateConfig
 from agenticstate.encryption import Encryption
 from agenticstate.events import StateChange
@@ -148,6 +149,9 @@ __all__ = [
     "BackendUnavailableError",
     "Change",
     "ChangeOp",
+    "Checkout",
+    "CommitDiff",
+    "CommitInfo",
     "ConfigurationError",
     "ConflictError",
     "CursorExpiredError",

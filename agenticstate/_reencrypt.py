@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from agenticstate.commits import COMMIT_PREFIX
 from agenticstate.exceptions import ConfigurationError, ConflictError
 
 if TYPE_CHECKING:
@@ -20,6 +21,8 @@ async def reencrypt(backend: Backend, codec: Codec, pattern: str) -> int:
     Keys are taken in sorted order. Each rewrite is a compare-and-set on the version: a value
     written meanwhile is read again (it is usually under the current key already). A rewrite
     keeps the value and its remaining time to live; a value expiring this instant is skipped.
+    Commits (`_commits:` keys) are left as they are: a commit holds the exact bytes it recorded,
+    under the key they were encrypted with.
 
     Returns:
         How many values were rewritten.
@@ -33,7 +36,8 @@ async def reencrypt(backend: Backend, codec: Codec, pattern: str) -> int:
         raise ConfigurationError("reencrypt() needs StateConfig(encryption=...)")
     namespace = codec.namespace
     rewritten = 0
-    for key in sorted({key async for key in backend.scan(pattern)}):
+    keys = {key async for key in backend.scan(pattern) if not key.startswith(COMMIT_PREFIX)}
+    for key in sorted(keys):
         while True:
             entry = await backend.get(key)
             if entry is None or encryption.key_id_of(entry.value) == encryption.current:

@@ -106,6 +106,9 @@ class StateConfig(BaseModel):
     """Redis backend: the most connections held open."""
     encryption: Encryption | None = None
     """Encrypt values at rest (AES-GCM, bound to each value's key): see `Encryption`."""
+    commit_retention: int = Field(default=50, ge=1)
+    """Commits of a scope kept by `StateManager.commit` (besides pinned ones): see
+    `agenticstate.commits`."""
 
     def __init__(self, **data: Any) -> None:
         try:

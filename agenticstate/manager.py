@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     from agenticstate.serialization import Serializer
     from agenticstate.view import LocalView
 
+if TYPE_CHECKING:  # the commits of a scope (issue #23, point 4)
+    from agenticstate.commits import Checkout, CommitDiff, CommitInfo, CommitStore
+
 __all__ = [
     "DEFAULT",
     "OverflowCallback",
@@ -702,3 +705,94 @@ class StateManager:
         from agenticstate.view import LocalView  # here: view.py imports this module
 
         return LocalView(self, pattern, max_buffer=max_buffer)
+
+    # ---------------------------------------------------------------- commits of a scope
+    # (issue #23, point 4; the work is in `agenticstate.commits`, these methods delegate)
+
+    async def _commit_store(self) -> CommitStore:
+        from agenticstate.commits import CommitStore  # here: only commits need it
+
+        backend = await self._opened_backend()
+        store: CommitStore | None = getattr(self, "_commits", None)
+        if store is None:
+            store = CommitStore(
+                backend,
+                self._codec,
+                retention=self.config.commit_retention,
+                ttl=self.config.ttl,
+            )
+            self._commits = store
+        return store
+
+    async def commit(self, scope: str, *, message: str = "") -> CommitInfo:
+        """Record a snapshot of every key under the prefix `scope` and return the commit.
+
+        Unchanged values are stored once (by content hash); with a change feed the commit reads
+        only what changed since the scope's previous commit, and the snapshot is exact at the
+        commit's `cursor`. See `agenticstate.commits` for storage, consistency and retention
+        (`StateConfig.commit_retention` commits per scope, plus pinned ones).
+
+        <!-- snippet: setup=state -->
+        ```python
+        await state.save("agent:1:plan", ["search", "answer"])
+        first = await state.commit("agent:1:", message="planned")
+        await state.save("agent:1:plan", ["answer"])
+        await state.rollback("agent:1:", first.id)
+        print(await state.get("agent:1:plan"))  # ['search', 'answer']
+        ```
+
+        Args:
+            scope: A key prefix (`"agent:1:"`); `""` is the whole namespace.
+            message: Kept with the commit, shown by `log`.
+
+        Raises:
+            InvalidArgumentError: `scope` is not a valid key prefix, or lies under `_commits:`.
+            ConflictError: Other processes committed the scope first, many times in a row.
+        """
+        return await (await self._commit_store()).commit(scope, message=message)
+
+    async def log(self, scope: str, *, limit: int | None = None) -> list[CommitInfo]:
+        """Return the retained commits of `scope`, newest first, at most `limit`."""
+        return await (await self._commit_store()).log(scope, limit=limit)
+
+    async def checkout(self, commit_id: str) -> Checkout:
+        """Return a read-only view of a commit's snapshot (`keys()`, `get()`, `items()`).
+
+        `commit_id` is the id or a unique prefix of at least 8 hex digits.
+
+        Raises:
+            NotFoundError: No retained commit has that id.
+            InvalidArgumentError: It is not hex, shorter than 8 digits, or an ambiguous prefix.
+        """
+        return await (await self._commit_store()).checkout(commit_id)
+
+    async def diff(self, a: str, b: str) -> CommitDiff:
+        """Return the keys added, removed and changed from commit `a` to commit `b`.
+
+        "Changed" compares stored bytes: with encryption, a value saved again is changed.
+        """
+        return await (await self._commit_store()).diff(a, b)
+
+    async def rollback(self, scope: str, commit_id: str) -> int:
+        """Make the keys under `scope` what they were at `commit_id`; return keys written.
+
+        Keys the commit holds are written back (their exact stored bytes, with the configured
+        `ttl`), keys it lacks are deleted, in one atomic `transact` conditional on every key's
+        version as read (a lost race reads again). Where the backend cannot do that (Redis
+        Cluster with the scope's keys in several slots) each key is written on its own, with
+        `expected_version`: not atomic. The writes are normal changes: subscribers see them.
+
+        Raises:
+            NotFoundError: No retained commit has that id.
+            InvalidArgumentError: The commit is of another scope.
+            ConflictError: The scope kept changing under the rollback, many times in a row.
+        """
+        return await (await self._commit_store()).rollback(scope, commit_id)
+
+    async def pin(self, commit_id: str) -> CommitInfo:
+        """Keep a commit whatever the retention says (until `unpin`); return it."""
+        return await (await self._commit_store()).pin(commit_id)
+
+    async def unpin(self, commit_id: str) -> bool:
+        """Let retention drop a pinned commit again; return whether it was pinned."""
+        return await (await self._commit_store()).unpin(commit_id)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
+    from agenticstate.commits import CommitInfo
     from agenticstate.events import StateChange
     from agenticstate.manager import OverflowCallback, StateCallback, StateEntry, Watch
 
@@ -245,6 +246,20 @@ class ScopedState:
     def watch(self, pattern: str, *, max_buffer: int | None = None) -> ScopedWatch:
         """Return a `Watch` of the scope's changes; their keys are relative."""
         return ScopedWatch(self.state.watch(self._pattern(pattern), max_buffer=max_buffer), self)
+
+    # ---------------------------------------------------------------- commits of the scope
+
+    async def commit(self, *, message: str = "") -> CommitInfo:
+        """Commit every key of the scope: `StateManager.commit(prefix, message=)`."""
+        return await self.state.commit(self.prefix, message=message)
+
+    async def log(self, *, limit: int | None = None) -> list[CommitInfo]:
+        """The scope's retained commits, newest first: `StateManager.log(prefix)`."""
+        return await self.state.log(self.prefix, limit=limit)
+
+    async def rollback(self, commit_id: str) -> int:
+        """Put the scope back as it was at `commit_id`: `StateManager.rollback(prefix, id)`."""
+        return await self.state.rollback(self.prefix, commit_id)
 
 
 class ScopedWatch:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
+from agenticstate import commits as _commits
 from agenticstate import managers as _managers
 from agenticstate import scope as _scope
 from agenticstate import view as _view
@@ -64,6 +65,7 @@ __all__ = [
     "AgentStateStore",
     "Blocking",
     "BlockingStream",
+    "Checkout",
     "KnowledgeStateManager",
     "LocalView",
     "OrchestrationStateManager",
@@ -422,6 +424,19 @@ class ScopedState(
     _Subscriptions[_scope.ScopedState], Blocking[_scope.ScopedState], wraps=_scope.ScopedState
 ):
     """Blocking `agenticstate.ScopedState` (from `sync.StateManager.scope(prefix)`)."""
+
+
+class Checkout(Blocking[_commits.Checkout], wraps=_commits.Checkout):
+    """Blocking `agenticstate.Checkout` (from `sync.StateManager.checkout(commit_id)`).
+
+    `get` and `items` block while they read the blobs; `keys`, `len` and `in` are plain calls.
+    """
+
+    def __len__(self) -> int:
+        return len(self._async)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._async
 
 
 class LocalView(Blocking[_view.LocalView], wraps=_view.LocalView):

@@ -246,6 +246,7 @@ CORE = {
     "agenticstate._codec",
     "agenticstate._reencrypt",
     "agenticstate._usage",
+    "agenticstate.commits",
 }
 TELEMETRY_HOOKS = "agenticstate._otel"  # the core and the managers call its hooks (no-ops if off)
 MAY_IMPORT = {
