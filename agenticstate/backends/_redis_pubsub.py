@@ -848,11 +848,8 @@ class Subscriber:
             at = entries[-1][2]
             start, position = "(" + feeds.id_text(at), feeds.Position(ids={slot: at})
 
-    async def _clock_floor(self) -> int:
-        """The smallest of the cluster primaries' clocks (ms).
-
-        Every change stamped before it was committed before this call.
-        """
+    async def _clocks(self) -> list[int]:
+        """Every cluster primary's clock (ms), read with TIME."""
         client = await self._redis()
         times = []
         for node in await self._primaries(client):
@@ -860,7 +857,28 @@ class Subscriber:
                 client, ("TIME",), None, target_nodes=node
             )
             times.append(int(seconds) * 1000 + int(micros) // 1000)
-        return min(times)
+        return times
+
+    async def _clock_floor(self, *, exact: bool = False) -> int:
+        """A time (ms) that every change committed before this call was stamped before.
+
+        The smallest of the primaries' clocks qualifies at once, but a change committed just
+        before, in that millisecond or on a node whose clock is ahead, may be stamped after it.
+        `exact`: one past the largest clock instead, returned once every primary's clock has
+        passed it (so every change committed after the call is stamped at or after it); if the
+        clocks are more than a second apart, the smallest.
+        """
+        times = await self._clocks()
+        if not exact:
+            return min(times)
+        floor = max(times) + 1
+        deadline = asyncio.get_running_loop().time() + 1.0
+        while min(times) < floor:
+            if asyncio.get_running_loop().time() > deadline:
+                return min(times)
+            await asyncio.sleep(0.001)  # a clock to pass, not an event to wait for
+            times = await self._clocks()
+        return floor
 
     async def _catch_up(self) -> bool:
         """After a gap, read what it hid from the feed; false if some of it is gone."""

@@ -86,7 +86,7 @@ local function to_feed(feed, key, message, now)
     redis.call('XADD', feed[1], id, 'k', key, 'm', data)
   end
   if feed[4] > 0 then
-    redis.call('XTRIM', feed[1], 'MINID', '~', string.format('%d-0', now - feed[4]))
+    redis.call('XTRIM', feed[1], 'MINID', string.format('%d-0', now - feed[4]))
   end
   redis.call('SET', feed[2], id)
   return data, id

@@ -522,23 +522,18 @@ class RedisBackend(Subscriber, Backend):
         """The cursor of the newest committed change, or `None` when the feed is off.
 
         On one server: the stream's last id (`r1:0-0` before the first change). On a cluster:
-        every slot from the smallest of the primaries' clocks (`TIME`) on, so that nothing
-        committed after this call is missed (a change committed just before it, on a node
-        whose clock is ahead, may be replayed too).
+        every slot from a time read from the primaries' clocks (`TIME`): one past the largest,
+        once every clock has passed it, so that changes committed before this call are before
+        it and those after are not (if the clocks are more than a second apart, the smallest:
+        then a change committed just before the call may be replayed too).
         """
         if self.feed is None:
             return None
         if not self.is_cluster:
             last = await self._read("GET", self._feed_names.plain[1])
             return _redis_feed.plain_cursor(last or b"0-0")
-        client = await self._redis()
-        times = []
-        for node in await self._primaries(client):
-            seconds, micros = await self._execute_on_cluster(
-                client, ("TIME",), None, target_nodes=node
-            )
-            times.append(int(seconds) * 1000 + int(micros) // 1000)
-        return _redis_feed.cluster_cursor(min(times), None, {})
+        floor = await self._clock_floor(exact=True)
+        return _redis_feed.cluster_cursor(floor, None, {})
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
