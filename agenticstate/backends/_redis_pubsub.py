@@ -574,8 +574,17 @@ class Subscriber:
         )
 
     async def _floor_round(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._go_live(None)
+        """A marker round on every primary; `_marker` raises the floor when it completes."""
+        token = next(self._tokens)
+        barrier = _Barrier(None, markers=True)
+        self._barriers[token] = barrier
+        try:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                    await self._send_markers(token, barrier)
+                    await barrier.opened.wait()
+        finally:
+            self._barriers.pop(token, None)
 
     # the reader
 
