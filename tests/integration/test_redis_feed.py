@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -150,8 +150,8 @@ async def test_cluster_streams_hash_to_the_written_keys_slots(redis_cluster_url:
                     stream, counter = feeds.FeedNames(prefix, cluster=True).for_slot(slot)
                     assert _slot(stream) == slot == _slot(counter)
                     assert cluster.xlen(stream) >= 1
-                    entries = cluster.xrange(stream)
-                    assert (prefix + key).encode() in {e[1][b"k"] for e in entries}
+                    entries: list[Any] = cluster.xrange(stream)
+                    assert (prefix + key).encode() in {fields[b"k"] for _, fields in entries}
 
 
 async def test_retention_keeps_at_least_max_changes(url: str) -> None:
