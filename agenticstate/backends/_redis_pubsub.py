@@ -72,6 +72,7 @@ _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked 
 _IDLE_CHECK = 1.0  # the reader looks at the silence (and prunes) after about this long without one
 _LISTED_MAX = 32  # cluster cursors: slots listed above the floor before a marker round raises it
 _PAGE = 1000  # feed entries read per XRANGE
+_PACE = 16  # a catch-up looks at the subscriptions' room after this many entries
 # A cluster marker: the node's clock (ms), published after it was read (see `_redis_feed`).
 _MARKER = """
 local t = redis.call('TIME')
@@ -904,11 +905,13 @@ class Subscriber:
         try:
             for slot in await self._feed_slots(list(self._feed_last)):
                 async for entries in self._feed_pages(slot, position, "(this reader's place)"):
-                    for name, data, _ in entries:
-                        self._dispatch(namespace + name, data)  # read before: skipped there
+                    for start in range(0, len(entries), _PACE):
+                        # Handed over only as fast as the subscriptions take them.
+                        for group in self._index.groups():
+                            budget = await self._room(group, budget)
+                        for name, data, _ in entries[start : start + _PACE]:
+                            self._dispatch(namespace + name, data)  # read before: skipped there
                     read += len(entries)
-                    for group in self._index.groups():
-                        budget = await self._room(group, budget)
         except CursorExpiredError:
             log.info("pubsub_feed_gap", read=read)
             return False

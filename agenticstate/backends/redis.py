@@ -31,10 +31,14 @@ is delivered and none from before it.
 
 Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
 When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,
-subscribes again, then **resyncs**: it scans the subscribed keys and emits a `RESYNC` change (old
-value unknown, `None`) for every key whose version or value differs from what it delivered, for
-every key written since the last change it read that it never delivered, and for every key it
-delivered that is gone (`new=None`). A key that existed before the subscription and did not
+subscribes again, then **catches up from the change feed** (below): it reads every stream from
+the last change it read and delivers what the gap hid before the live changes, dropping any live
+change it read there already, so nothing is lost or repeated. With the feed off, or when the
+feed no longer holds the gap (trimmed, or a restart lost it), it **resyncs** instead: it scans
+the subscribed keys and emits a `RESYNC` change (old value unknown, `None`) for every key
+whose version or value differs from what it delivered, for every key written since the last
+change it read that it never delivered, and for every key it delivered that is gone
+(`new=None`). A key that existed before the subscription and did not
 change is not a change. Each subscription remembers, per key still alive, the version it got,
 so a live change that a resync already covered is not delivered twice; a key's memory goes with
 its delete or its expiry (the published change carries the expiry), so a key written again after
@@ -76,14 +80,22 @@ one pub/sub connection to any node sees every shard's changes (each shard's in i
 shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a marker on every
 primary instead of a PING. The subscriber resyncs after a failover.
 
+Change feed. Unless built with `feed=None`, every write script also appends its change to a
+Redis stream (one per key prefix; on a cluster, one per slot, so no script crosses slots), trims
+it to the backend's `FeedRetention`, and publishes the change with its feed id. Each `Change`
+carries a `cursor`: `r1:<id>` on one server, a vector over slots `c1:<floor>:<slot>=<id>,...` on
+a cluster. `changes(since=cursor)` replays the streams after the cursor, then follows live with
+no gap and no duplicate; `feed_cursor()` is the head. `_redis_feed` holds the names, ids,
+cursors and the rules for telling a trimmed cursor (`CursorExpiredError`) from a current one.
+
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
 entry point raises `ConfigurationError` before touching the network.
 
 Modules. This one keeps `RedisBackend`, the Backend API. The record layout and the Lua scripts
 are in `_redis_scripts`; redis-py's clients, the held connections, the cluster's slot map and the
 one mapping of foreign errors (`translate`) in `_redis_wire`, the only module that imports
-redis-py or touches its internals; the pub/sub reader, its barriers and the resync in
-`_redis_pubsub`.
+redis-py or touches its internals; the pub/sub reader, its barriers, the feed's replay and
+catch-up and the resync in `_redis_pubsub`; the feed's names, ids and cursors in `_redis_feed`.
 """
 
 from __future__ import annotations

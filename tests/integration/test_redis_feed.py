@@ -150,7 +150,7 @@ async def test_cluster_streams_hash_to_the_written_keys_slots(redis_cluster_url:
                     stream, counter = feeds.FeedNames(prefix, cluster=True).for_slot(slot)
                     assert _slot(stream) == slot == _slot(counter)
                     assert cluster.xlen(stream) >= 1
-                    entries: list[Any] = cluster.xrange(stream)
+                    entries: Any = cluster.xrange(stream)
                     assert (prefix + key).encode() in {fields[b"k"] for _, fields in entries}
 
 
@@ -287,3 +287,45 @@ async def test_since_subscription_catches_up_after_a_reconnect(url: str) -> None
                     assert await anyio.to_thread.run_sync(_kill_pubsub, url) >= 1
             rest = await _take(changes, 250)
         assert _per_key(first + rest) == {f"k:{k}": list(range(1, 61)) for k in range(5)}
+
+
+async def test_catch_up_waits_for_a_slow_subscriber_instead_of_overflowing(
+    redis_url: str,
+) -> None:
+    """1,500 changes while disconnected, buffer 100: the catch-up hands them over paced, as
+    real changes."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=redis_url, key_prefix=prefix) as writer,
+        RedisBackend(url=redis_url, key_prefix=prefix) as reader,
+        reader.changes("k:*", max_buffer=100) as stream,
+        anyio.create_task_group() as tg,
+    ):
+        received: list[Change] = []
+        done = anyio.Event()
+
+        async def slow() -> None:
+            async for change in stream:
+                received.append(change)
+                await anyio.lowlevel.checkpoint()
+                if len(received) % 50 == 0:
+                    await anyio.sleep(0.001)
+                if len(received) == 1500:
+                    done.set()
+
+        tg.start_soon(slow)
+        with sync_redis.Redis.from_url(redis_url) as admin:
+            await writer.get("warm")  # the writer holds its connection before the server is full
+            maxclients = str(admin.config_get("maxclients")["maxclients"])
+            # No new connection is accepted: the reader cannot come back until the writes are.
+            admin.config_set("maxclients", 1)
+            try:
+                admin.client_kill_filter(_type="pubsub")
+                await writer.set_many([(f"k:{n}", b"changed") for n in range(1500)])
+            finally:
+                admin.config_set("maxclients", maxclients)
+        with anyio.fail_after(30):
+            await done.wait()
+        tg.cancel_scope.cancel()
+    assert sorted(change.key for change in received) == sorted(f"k:{n}" for n in range(1500))
+    assert {change.op for change in received} == {ChangeOp.SET}
