@@ -5,7 +5,8 @@ A key whose `HistoryRules` depth is above 1 has a Redis list, newest first, at
 (prefix included). Each element is the key's whole record as that write left it (the 65-byte
 header, then the value, as `_redis_scripts.entry` decodes it). The write script pushes it and
 trims the list to the depth (`keep`), in the same atomic step as the write, and gives the list
-the key's expiry (the same PEXPIRE as the key's `SET ... PX`, or PERSIST); writing version 1
+the key's expiry (the same PEXPIRE as the key's `SET ... PX`, or PERSIST: run after it, so the
+list never expires before the key, at most the script's run time after it); writing version 1
 drops the old list first, and a delete drops it (DEL, in the delete's script). A write script
 is given the lists as its last `KEYS` and their `spec` as its last `ARGV`, which it takes off
 first (`take_history`): without history a call is exactly what it was, and the rest of the
