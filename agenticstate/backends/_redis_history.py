@@ -1,8 +1,9 @@
 """Per-key history on Redis: where a key's versions live, and the Lua that keeps and reads them.
 
 A key whose `HistoryRules` depth is above 1 has a Redis list, newest first, at
-`history_key(name)`: `__agenticstate_hist__:{tag}{name}`, where `name` is the key's Redis key
-(prefix included). Each element is the key's whole record as that write left it (the 65-byte
+`history_key(prefix, key)`: `__agenticstate_hist__:{key_prefix}{tag}{key}`, so an ACL user's
+key patterns reach it as they reach the sorted indexes (`~__agenticstate_hist__:myapp:*`). Each
+element is the key's whole record as that write left it (the 65-byte
 header, then the value, as `_redis_scripts.entry` decodes it). The write script pushes it and
 trims the list to the depth (`keep`), in the same atomic step as the write, and gives the list
 the key's expiry (the same PEXPIRE as the key's `SET ... PX`, or PERSIST: run after it, so the
@@ -15,7 +16,9 @@ script reads its usual layout whatever else it is given.
 `{tag}` makes the list hash to the key's cluster slot (a script's keys may not cross slots): the
 key's own hash tag when it has a valid one, else `slot_tag(slot)`, a short string found for each
 of the 16,384 slots (built once, lazily). The same name is used on a single server. The name is
-never ambiguous: the tag holds no `}`, so `name` is everything after the first `}`.
+never ambiguous: a prefix holds no `{` (one that does, which no manager uses, puts the tag first:
+`__agenticstate_hist__:{tag}{key_prefix}{key}`) and the tag no `}`, so the prefix is what comes
+before the first `{` and the key what comes after the first `}`.
 
 Reads (`READ`) are one script: the key's record and the list's elements, so the current version
 and its predecessors are one consistent snapshot. `versions` keeps only the elements of the
@@ -94,12 +97,15 @@ def _hash_tag(name: str) -> str | None:
     return None
 
 
-def history_key(name: str) -> str:
-    """The Redis key of the history list of the key stored at `name` (in `name`'s slot)."""
+def history_key(prefix: str, key: str) -> str:
+    """The Redis key of `key`'s history list under `prefix`, in the slot of `prefix + key`."""
+    name = prefix + key
     tag = _hash_tag(name)
     if tag is None:
         tag = slot_tag(binascii.crc_hqx(name.encode(), 0) % _SLOTS)
-    return f"{HISTORY_NAMESPACE}{{{tag}}}{name}"
+    if "{" in prefix:  # the prefix's brace would decide the slot: the tag goes first
+        return f"{HISTORY_NAMESPACE}{{{tag}}}{name}"
+    return f"{HISTORY_NAMESPACE}{prefix}{{{tag}}}{key}"
 
 
 # take_history(): the history lists a write script was given, taken off the end of KEYS and

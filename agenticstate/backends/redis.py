@@ -13,7 +13,7 @@ atomic step. Clock readings come from the server (`TIME`), so every client agree
 timestamps and expiry.
 
 History. With `history=` rules (`keep_history`), a key a rule names with a depth above 1 also
-has a list of its last versions, `__agenticstate_hist__:{tag}{key_prefix}{key}`, which the same
+has a list of its last versions, `__agenticstate_hist__:{key_prefix}{tag}{key}`, which the same
 script that writes the key pushes to and trims (`_redis_history`): a write stays one command.
 The list takes the key's expiry, a delete drops it, and writing version 1 starts it afresh;
 `{tag}` puts it in the key's cluster slot. `history()` and `get_version()` read the key and its
@@ -489,7 +489,7 @@ class RedisBackend(Subscriber, Backend):
         if expected_version is not None:
             check_expected_version(expected_version)
         expected = -1 if expected_version is None else expected_version
-        kept = self._keeps_history and self._history_list(key, name)
+        kept = self._keeps_history and self._history_list(key)
         if kept:  # the history list is the script's last key, its spec the last argument
             reply = await self._script(
                 scripts.SET_SHA,
@@ -602,7 +602,7 @@ class RedisBackend(Subscriber, Backend):
                 if self._keeps_history:  # history lists come last, their spec too
                     depths: list[tuple[int, int]] = []
                     for n, position in enumerate(chunk, 1):
-                        kept = self._history_list(items[position][0], names[position])
+                        kept = self._history_list(items[position][0])
                         if kept:
                             keys.append(kept[0])
                             depths.append((n, kept[1]))
@@ -654,7 +654,7 @@ class RedisBackend(Subscriber, Backend):
         name = self._k(key)
         check_expected_version(expected_version)
         expected = -1 if expected_version is None else expected_version
-        kept = self._keeps_history and self._history_list(key, name)
+        kept = self._keeps_history and self._history_list(key)
         reply = await self._script(
             scripts.DELETE_SHA,
             scripts.DELETE,
@@ -699,7 +699,7 @@ class RedisBackend(Subscriber, Backend):
             channels=CHANNEL_NAMESPACE,
             state_key=prefix.__add__,
             index_key=index_prefix.__add__,
-            history=self._txn_history if self._keeps_history else lambda key: None,
+            history=self._history_list if self._keeps_history else lambda key: None,
         )
         if not call.keys:
             return TxnResult(succeeded=True, results=[])
@@ -736,13 +736,10 @@ class RedisBackend(Subscriber, Backend):
         self.history_rules = rules if isinstance(rules, HistoryRules) else HistoryRules(rules)
         self._keeps_history = bool(self.history_rules)
 
-    def _history_list(self, key: str, name: str) -> tuple[str, int] | None:
-        """The Redis key and depth of `key`'s history list (`name`: its Redis key), if any."""
+    def _history_list(self, key: str) -> tuple[str, int] | None:
+        """The Redis key and depth of `key`'s history list, if it keeps history."""
         depth = self.history_rules.depth(key)
-        return (history_lists.history_key(name), depth) if depth > 1 else None
-
-    def _txn_history(self, key: str) -> tuple[str, int] | None:
-        return self._history_list(key, self.key_prefix + key)
+        return (history_lists.history_key(self.key_prefix, key), depth) if depth > 1 else None
 
     async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
         """The retained versions of `key`, newest first, in one script; see `Backend.history`."""
@@ -754,7 +751,7 @@ class RedisBackend(Subscriber, Backend):
             entry = await self.get(key)
             return [] if entry is None else [entry]
         stop = -1 if limit is None else limit - 1
-        hist = history_lists.history_key(name)
+        hist = history_lists.history_key(self.key_prefix, key)
         reply = await self._read_script(
             history_lists.READ_SHA, history_lists.READ, name, hist, stop, 0
         )
@@ -772,7 +769,7 @@ class RedisBackend(Subscriber, Backend):
             history_lists.READ_SHA,
             history_lists.READ,
             name,
-            history_lists.history_key(name),
+            history_lists.history_key(self.key_prefix, key),
             0,
             version,
         )

@@ -19,10 +19,12 @@ from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_wire as wire
 from agenticstate.exceptions import ConfigurationError, ConflictError, InvalidArgumentError
 from tests._commandstats import count_commands
+from tests._redis_server import RedisServer
 from tests.helpers import unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from pathlib import Path
 
     from agenticstate.backends import Entry
 
@@ -40,23 +42,19 @@ def test_slot_tag_covers_every_slot_with_a_short_tag() -> None:
         assert wire.key_slot("{" + tag + "}anything") == slot
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "agent:1",
-        "p:agent:{team}:a",
-        "p:{}:x",  # an empty tag is no tag: the whole name is hashed
-        "p:{open",  # an unclosed brace is no tag
-        "p:}{x}",
-        "{T}a",
-        "ü:ключ",
-    ],
-)
-def test_a_history_list_hashes_to_its_keys_slot(name: str) -> None:
-    listed = history_lists.history_key(name)
-    assert listed.startswith(history_lists.HISTORY_NAMESPACE)
+PREFIXES = ["", "p:", "app:t1:", "{x}:", "a{:", "a}:", "{}:"]
+KEYS = ["agent:1", "agent:{team}:a", "x:{}:y", "x:{open", "x:}{y}", "{T}a", "b}c", "ü:ключ"]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("key", KEYS)
+def test_a_history_list_hashes_to_its_keys_slot(prefix: str, key: str) -> None:
+    listed = history_lists.history_key(prefix, key)
+    name = prefix + key
     assert wire.key_slot(listed) == wire.key_slot(name)
     assert redis_key_slot(listed) == redis_key_slot(name)
+    if "{" not in prefix:  # an ACL key pattern `~__agenticstate_hist__:<prefix>*` reaches it
+        assert listed.startswith(history_lists.HISTORY_NAMESPACE + prefix + "{")
 
 
 def redis_key_slot(name: str) -> int:
@@ -68,11 +66,16 @@ def redis_key_slot(name: str) -> int:
 
 
 def test_history_list_names_never_collide() -> None:
-    """`a` may get the tag `T` while `{T}a` reuses its own: their lists still differ."""
+    """Two lists share a name only when they are one Redis key's (`a` may get the tag `T`
+    while `{T}a` reuses its own; a prefix may hold a brace)."""
     tag = history_lists.slot_tag(wire.key_slot("a"))
-    names = ["a", "{" + tag + "}a", "{" + tag + "}{" + tag + "}a", "b", "{a}", "{a}b"]
-    listed = {history_lists.history_key(name) for name in names}
-    assert len(listed) == len(names)
+    keys = [*KEYS, "a", "{" + tag + "}a", "{" + tag + "}{" + tag + "}a", "{a}", "{a}b", "x:a"]
+    prefixes = [*PREFIXES, "{" + tag + "}:", "x:"]
+    owners: dict[str, str] = {}
+    for prefix in prefixes:
+        for key in keys:
+            listed = history_lists.history_key(prefix, key)
+            assert owners.setdefault(listed, prefix + key) == prefix + key
 
 
 def test_history_rules_must_be_valid() -> None:
@@ -124,7 +127,7 @@ async def time_left(backend: RedisBackend, *names: str) -> list[int]:
 
 
 def list_name(backend: RedisBackend, key: str) -> str:
-    return history_lists.history_key(backend.key_prefix + key)
+    return history_lists.history_key(backend.key_prefix, key)
 
 
 @pytest.mark.redis
@@ -444,3 +447,38 @@ async def test_the_read_script_is_loaded_again_after_a_script_flush(redis_url: s
         await backend._execute("SCRIPT", "FLUSH")
         await backend.set("agent:1", b"c")
         assert versions(await backend.history("agent:1")) == [3, 2, 1]
+
+
+@pytest.mark.redis
+async def test_an_acl_user_reaches_its_prefixes_history_lists(tmp_path: Path) -> None:
+    """`~__agenticstate_hist__:myapp:*` grants an ACL user its own prefix's lists (as
+    `~__agenticstate_idx__:myapp:*` grants its indexes), and no other prefix's."""
+    from redis import Redis
+    from redis.exceptions import NoPermissionError
+
+    server = RedisServer(tmp_path / "acl")
+    server.start()
+    admin = Redis(unix_socket_path=str(server.socket_path))
+    try:
+        recipe = (
+            "app on >secret ~myapp:* ~__agenticstate_hist__:myapp:* allchannels "
+            "+@read +@write +@scripting +@pubsub +ping +hello +time"
+        )
+        admin.execute_command("ACL", "SETUSER", *recipe.split())  # type: ignore[no-untyped-call]
+        url = f"redis://app:secret@127.0.0.1:{server.port}/0"
+        async with RedisBackend(url=url, key_prefix="myapp:", history=RULES) as backend:
+            for n in range(4):
+                await backend.set("agent:1", b"%d" % n)
+            await backend.set_many([("agent:2", b"a"), ("agent:2", b"b")])
+            assert versions(await backend.history("agent:1")) == [4, 3, 2]
+            assert versions(await backend.history("agent:2")) == [2, 1]
+            await backend.delete("agent:2")
+        assert admin.exists(history_lists.history_key("myapp:", "agent:1")) == 1
+        listed = history_lists.history_key("otherapp:", "agent:1")
+        user = Redis(host="127.0.0.1", port=server.port, username="app", password="secret")  # noqa: S106
+        with pytest.raises(NoPermissionError):
+            user.rpush(listed, "x")
+        user.close()
+    finally:
+        admin.close()
+        server.stop()
