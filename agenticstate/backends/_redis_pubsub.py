@@ -599,7 +599,20 @@ class Subscriber:
             self._pubsub = source.pubsub(ignore_subscribe_messages=False)
             # Read the clock before subscribing: every write after the subscription is stamped
             # at or after it (see `_resync`).
-            self._horizon = await wire.connect_pubsub(self._pubsub)
+            # On one server, the feed's head too: where a catch-up starts if nothing comes
+            # before the first drop (read on this connection: it is the only one a
+            # subscriber needs).
+            head_key = None
+            if (
+                self.feed is not None
+                and not self.is_cluster
+                and not self._feed_last
+                and not self._resync_pending  # after a gap the head is no place to resume
+            ):
+                head_key = self._feed_names.plain[1]
+            self._horizon, head = await wire.connect_pubsub(self._pubsub, head_key)
+            if head_key is not None:
+                self._feed_last[0] = feeds.parse_id(head) if head else (0, 0)
         self._sent.clear()
         self._acked.clear()
         self._overlap = False
@@ -617,11 +630,11 @@ class Subscriber:
             # Live again: now read what the gap hid from the feed, or else re-read the keys.
             if not await self._catch_up():
                 await self._resync(self._gap_from, since)
+                # Live changes from here on set the feed's place again (until one comes, a
+                # next gap resyncs too).
                 self._feed_last.clear()
-                await self._feed_head()
             self._resync_pending = False
-        elif self.feed is not None and not self._feed_last:
-            await self._feed_head()
+
         self._live.set()
         waiters, self._connect_waiters = self._connect_waiters, []
         for token in waiters:
@@ -798,13 +811,6 @@ class Subscriber:
         return feeds.cluster_cursor(self._feed_floor, (slot, text), listed)
 
     # the change feed
-
-    async def _feed_head(self) -> None:
-        """On one server: start reading the feed at its head (every later change comes live)."""
-        if self.is_cluster:
-            return
-        last = await self._read("GET", self._feed_names.plain[1])
-        self._feed_last[0] = feeds.parse_id(last) if last else (0, 0)
 
     async def _feed_slots(self, also: Sequence[int] = ()) -> list[int]:
         """The slots with a feed stream (one server: slot 0), and those in `also`."""
