@@ -331,19 +331,18 @@ async def test_feed_off_has_no_cursors_and_refuses_since(
         pytest.skip(f"{type(fed.backend).__name__} cannot turn its feed off")
 
 
-@pytest.mark.parametrize("name", ["memory", "file", "sqlite"])
+@pytest.mark.parametrize("name", ["memory", "file", "sqlite", "redis"])
 def test_config_feed_reaches_the_backend(name: str, tmp_path: Path) -> None:
-    """StateConfig(feed=...) is the retention of the backend the config builds."""
+    """StateConfig(feed=...) is the retention of the backend the config builds (built, not
+    opened: no server is needed); by default it keeps the default feed."""
+    paths = {"file_path": tmp_path / "state.json", "sqlite_path": tmp_path / "state.db"}
     retention = FeedRetention(max_changes=123)
-    config = StateConfig(
-        backend=name,
-        feed=retention,
-        file_path=tmp_path / "state.json",
-        sqlite_path=tmp_path / "state.db",
+    assert StateManager(StateConfig(backend=name, feed=retention, **paths)).backend.feed == (
+        retention
     )
-    backend = StateManager(config).backend
-    assert backend.feed == retention
-    assert StateManager(StateConfig(backend=name, sqlite_path=tmp_path / "2.db")).backend.feed
+    assert StateManager(StateConfig(backend=name, **paths)).backend.feed == FeedRetention()
+    if name != "sqlite":  # SQLite's subscriptions read its feed: it cannot turn it off
+        assert StateManager(StateConfig(backend=name, feed=None, **paths)).backend.feed is None
 
 
 def test_config_feed_must_be_a_retention() -> None:
