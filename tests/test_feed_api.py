@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     FeedBackendMaker = Callable[[FeedRetention | None], AbstractAsyncContextManager[Backend]]
 
-A, B, C = "{f}:a", "{f}:b", "{f}:c"
+A, B, C, Z = "{f}:a", "{f}:b", "{f}:c", "{f}:z"
 ALL = "{f}:*"
 
 
@@ -280,6 +280,47 @@ async def test_subscribe_with_an_expired_cursor(
         with anyio.fail_after(10):
             await done.wait()
         assert calls == [(C, None, 59), (A, None, "live")]
+
+
+@pytest.mark.parametrize("on_gap", ["raise", "resync"])
+async def test_a_callback_behind_the_feeds_retention(
+    small_feed: Callable[[], AbstractAsyncContextManager[StateManager]], on_gap: Any
+) -> None:
+    """A callback that falls behind the feed's retention: "raise" resumes live and calls
+    on_overflow (changes were missed); "resync" calls back each key's current value."""
+    async with small_feed() as small:
+        config = StateConfig(subscriber_buffer=2)
+        async with StateManager(config, backend=small.backend, close_backend=False) as state:
+            overflowed = anyio.Event()
+            calls: list[tuple[str, Any, Any]] = []
+            release = anyio.Event()
+            done = anyio.Event()
+
+            async def slow(key: str, old: Any, new: Any) -> None:
+                await release.wait()
+                calls.append((key, old, new))
+                if new == "end":
+                    done.set()
+
+            since = await state.feed_cursor()
+            await state.subscribe(
+                ALL, slow, since=since, on_gap=on_gap, on_overflow=lambda _: overflowed.set()
+            )
+            for n in range(60):
+                await state.save(C, n)
+            release.set()
+            with anyio.fail_after(10):
+                if on_gap == "raise":  # live again, and told: later writes are delivered
+                    await overflowed.wait()
+                await state.save(Z, "end")
+                await done.wait()
+            assert state.stats().overflows >= 1
+            if on_gap == "raise":
+                assert calls[-1] == (Z, None, "end")
+            else:  # the resync has the keys' current values, or the live change has "end"
+                assert not overflowed.is_set()
+                assert (C, None, 59) in calls
+                assert calls[-1][0::2] == (Z, "end")
 
 
 # ------------------------------------------------------------------ bad input, feed off
