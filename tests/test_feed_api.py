@@ -420,4 +420,5 @@ def test_sync_changes_since() -> None:
         state.save("job:1", "queued")
         with state.changes("job:*", since=cursor) as changes:
             change = next(iter(changes))
+            assert changes.cursor == change.cursor is not None
         assert (change.key, change.new_value) == ("job:1", "queued")
