@@ -8,6 +8,7 @@ Keys share the hash tag `{f}`, so on Redis Cluster they live in one slot (one or
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,6 +28,8 @@ from agenticstate import (
     UnsupportedOperationError,
     sync,
 )
+from agenticstate.backends import Change, Entry
+from agenticstate.events import Resync
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -422,3 +425,24 @@ def test_sync_changes_since() -> None:
             change = next(iter(changes))
             assert changes.cursor == change.cursor is not None
         assert (change.key, change.new_value) == ("job:1", "queued")
+
+
+def test_a_resync_drops_only_the_live_changes_it_covers() -> None:
+    """Resync.covers: a live SET at or below the resynced version is dropped, a DELETE of the
+    resynced version is not (a delete carries the version it deleted), and the first newer
+    change of a key ends the filtering of that key (its next life starts at version 1)."""
+    now = datetime.now(UTC)
+    entry = Entry(A, b"v3", 3, now, now)
+    resync = Resync([entry, Entry(B, b"v1", 1, now, now)])
+
+    def change(key: str, op: ChangeOp, version: int) -> Change:
+        return Change(key, op, None, None if op is ChangeOp.DELETE else b"x", version, now)
+
+    assert resync.covers(change(A, ChangeOp.SET, 2))
+    assert resync.covers(change(A, ChangeOp.DELETE, 2))  # an earlier life, deleted before
+    assert resync.covers(change(A, ChangeOp.SET, 3))
+    assert not resync.covers(change(A, ChangeOp.DELETE, 3))
+    assert not resync.covers(change(A, ChangeOp.SET, 1))  # written again after the delete
+    assert not resync.covers(change(C, ChangeOp.SET, 1))  # not resynced: never dropped
+    assert not resync.covers(change(B, ChangeOp.SET, 2))
+    assert not resync.covers(change(B, ChangeOp.SET, 1))  # B's filter ended with version 2
