@@ -449,9 +449,20 @@ class SQLiteBackend(Backend):
             self._history_trims.clear()
 
     def _stage_history(
-        self, full: str, key: str, version: int, value: bytes, now: int, expires: int | None
+        self,
+        full: str,
+        key: str,
+        version: int,
+        value: bytes,
+        now: int,
+        expires: int | None,
+        prior: schema.Row | None,
     ) -> None:
-        """Keep version `version` of `key` if a rule says so, dropping versions past its depth."""
+        """Keep version `version` of `key` if a rule says so, dropping versions past its depth.
+
+        The version it replaces (`prior`) is kept too (written again if it was: the same row),
+        so a history whose rule came after the key's last write starts with that version.
+        """
         depth = self.history_rules.depth(key)
         if depth < 2:
             return
@@ -462,6 +473,8 @@ class SQLiteBackend(Backend):
             trims[full] = _ALL_VERSIONS
         else:
             trims[full] = max(trims.get(full, 0), version - depth + 1)
+            if prior is not None and (not rows or rows[-1][1] != prior[1]):
+                rows.append((full, prior[1], prior[0], prior[3], prior[4]))
         rows.append((full, version, value, now, expires))
         if len(rows) > depth:
             del rows[:-depth]
@@ -661,7 +674,7 @@ class SQLiteBackend(Backend):
         self._logs.append((seq, full, schema.SET, old, value, version, now))
         self._rows[full] = (value, version, created, now, expires)
         if self.history_rules:
-            self._stage_history(full, key, version, value, now, expires)
+            self._stage_history(full, key, version, value, now, expires, current)
         cursor = format_cursor(self._db_id, seq)
         return new_change(key, ChangeOp.SET, old, value, version, from_us(now), cursor)
 
@@ -739,7 +752,7 @@ class SQLiteBackend(Backend):
                     new_change(key, ChangeOp.SET, old, value, version, stamp, f"{tag}{seq}")
                 )
                 if history is not None:
-                    history(prefix + key, key, version, value, now, expires)
+                    history(prefix + key, key, version, value, now, expires, row)
             self._seq = seq
             conn.executemany(schema.PUT, puts)
             conn.executemany(schema.LOG, logs)

@@ -201,7 +201,7 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         assert change.cursor.endswith(":42")
         async with backend.changes("*", since=head) as changes:
             assert await take(changes, 1) == [change]
-        assert [e.version for e in await backend.history("k")] == [4]
+        assert [e.version for e in await backend.history("k")] == [4, 3]
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
@@ -324,3 +324,34 @@ async def test_a_live_subscription_outrun_by_retention_ends_as_an_overflow(
         with pytest.raises(CursorExpiredError):
             async with reader.changes("*", since=first.cursor):
                 pass
+
+
+async def test_a_replay_survives_cancelled_reads(tmp_path: Path) -> None:
+    """A consumer whose every other read is cancelled at once (a timeout of 0) still gets the
+    replay and the switch to live exactly: reads and the joining are taken up again."""
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        start = await backend.feed_cursor()
+        made = await backend.set_many([(f"k{n % 7}", b"%d" % n) for n in range(4500)])
+        got: list[Change] = []
+        async with backend.changes("*", since=start, max_buffer=10) as changes:
+            for attempt in range(20_000):
+                if len(got) == 4500 and len(made) == 4500:  # replayed: now some live ones
+                    made += [await backend.set("live", b"%d" % n) for n in range(3)]
+                if len(got) == 4503:
+                    break
+                with anyio.move_on_after(0 if attempt % 2 else 10):
+                    got.append(await changes.__anext__())
+    assert got == made
+
+
+async def test_history_set_later_starts_with_the_version_replaced(tmp_path: Path) -> None:
+    """Rules set after a key was written: its history starts with the version the next write
+    replaces (as on the memory and file backends)."""
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        await backend.set("a:1", b"1")
+        await backend.set("a:1", b"2")
+        backend.keep_history({"a:*": 5})
+        await backend.set("a:1", b"3")
+        found = await backend.history("a:1")
+        assert [(e.version, e.value) for e in found] == [(3, b"3"), (2, b"2")]
+        assert found[1].updated_at < found[0].updated_at
