@@ -96,7 +96,7 @@ def test_slot_tags_cover_every_slot() -> None:
 
 
 @pytest.mark.parametrize(
-    "cursor", ["r1:", "r1:x-1", "r1:1", "c1:1:x", "c1:x:", "c1:1:99999=1-1", "m1:a:1"]
+    "cursor", ["r1:", "r1:x-1", "r1:1", "c1:1:x", "c1:x:", "c1:1:99999=1.1", "c1:1:5=1-1", "m1:a:1"]
 )
 def test_malformed_cursors_are_invalid_arguments(cursor: str) -> None:
     """A cursor that does not parse, or of the other kind, raises InvalidArgumentError."""
