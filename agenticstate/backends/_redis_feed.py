@@ -4,10 +4,13 @@ Storage. Every write script appends its change to a Redis stream in the same ato
 `_redis_scripts`, `record`). On a single server there is one stream per key prefix,
 `__agenticstate_feed__:{key_prefix}`, with its counter at `__agenticstate_feedseq__:{key_prefix}`
 (both in the reserved namespace: SCAN under a prefix never lists them). On Redis Cluster a script
-may not cross slots, so there is one stream per slot: `__agenticstate_feed__:{TAG}{key_prefix}`,
+may not cross slots, so there is one stream per slot: `__agenticstate_feed__:{key_prefix}{TAG}`,
 where `TAG` is a short string whose CRC16 is that slot (`slot_tag`: a table built once, lazily,
-of the first base-62 strings covering every slot). The tag comes first, so a `key_prefix` with a
-hash tag of its own changes nothing: the stream hashes to the written key's slot either way.
+of the first base-62 strings covering every slot), in braces: the stream's hash tag, so it lives
+in that slot. The prefix comes first, so an ACL key pattern per prefix
+(`~__agenticstate_feed__:app:*`) reaches its streams. A prefix holding a brace would spoil the
+tag (`a{b:` makes Redis hash from its brace on), so then the tag comes first instead:
+`__agenticstate_feed__:{TAG}{key_prefix}`.
 
 Feed ids are `<ms>-<n>`: `ms` the server's time at the write (never less than the id before it,
 so ids rise even if a clock steps back), `n` the stream's own count of changes over its whole life
@@ -130,15 +133,14 @@ class FeedNames:
         names = self._by_slot.get(slot)
         if names is None:
             tag = "{" + slot_tag(slot) + "}"
-            names = self._by_slot[slot] = (
-                FEED_NAMESPACE + tag + self.key_prefix,
-                COUNTER_NAMESPACE + tag + self.key_prefix,
-            )
+            tail = tag + self.key_prefix if "{" in self.key_prefix else self.key_prefix + tag
+            names = self._by_slot[slot] = (FEED_NAMESPACE + tail, COUNTER_NAMESPACE + tail)
         return names
 
     def scan_match(self) -> str:
         """A SCAN pattern that finds this prefix's streams on a cluster node (check each)."""
-        return FEED_NAMESPACE + "{*}" + _escape(self.key_prefix)
+        prefix = _escape(self.key_prefix)
+        return FEED_NAMESPACE + ("{*}" + prefix if "{" in self.key_prefix else prefix + "{*}")
 
     def slot_of_stream(self, name: str, slot: int) -> bool:
         """Whether `name` (found by SCAN, hashing to `slot`) is this prefix's stream of `slot`."""

@@ -136,7 +136,11 @@ async def test_feed_off_writes_no_stream(url: str) -> None:
 
 async def test_cluster_streams_hash_to_the_written_keys_slots(redis_cluster_url: str) -> None:
     """Each key's change goes to the stream of its own slot, also under a hash-tagged prefix."""
-    for prefix in (unique_prefix(), "{tenant" + unique_prefix()[:-1] + "}:"):
+    for prefix in (
+        unique_prefix(),
+        "{tenant" + unique_prefix()[:-1] + "}:",  # a hash tag of its own
+        "b{" + unique_prefix(),  # a brace that spoils a tag after it
+    ):
         async with RedisBackend(url=redis_cluster_url, key_prefix=prefix) as backend:
             keys = [f"k{n}" for n in range(20)]
             for key in keys:
