@@ -70,7 +70,7 @@ _PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
 _HEALTH = b"agenticstate-health"
 _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
 _IDLE_CHECK = 1.0  # the reader looks at the silence (and prunes) after about this long without one
-_LISTED_MAX = 32  # cluster cursors: slots listed above the floor before a marker round raises it
+_LISTED_MAX = 16  # cluster cursors: slots listed above the floor before a marker round raises it
 _PAGE = 1000  # feed entries read per XRANGE
 _PACE = 16  # a catch-up looks at the subscriptions' room after this many entries
 # A cluster marker: the node's clock (ms), published after it was read (see `_redis_feed`).
@@ -599,7 +599,20 @@ class Subscriber:
             self._pubsub = source.pubsub(ignore_subscribe_messages=False)
             # Read the clock before subscribing: every write after the subscription is stamped
             # at or after it (see `_resync`).
-            self._horizon = await wire.connect_pubsub(self._pubsub)
+            # On one server, the feed's head too: where a catch-up starts if nothing comes
+            # before the first drop (read on this connection: it is the only one a
+            # subscriber needs).
+            head_key = None
+            if (
+                self.feed is not None
+                and not self.is_cluster
+                and not self._feed_last
+                and not self._resync_pending  # after a gap the head is no place to resume
+            ):
+                head_key = self._feed_names.plain[1]
+            self._horizon, head = await wire.connect_pubsub(self._pubsub, head_key)
+            if head_key is not None:
+                self._feed_last[0] = feeds.parse_id(head) if head else (0, 0)
         self._sent.clear()
         self._acked.clear()
         self._overlap = False
@@ -617,11 +630,11 @@ class Subscriber:
             # Live again: now read what the gap hid from the feed, or else re-read the keys.
             if not await self._catch_up():
                 await self._resync(self._gap_from, since)
+                # Live changes from here on set the feed's place again (until one comes, a
+                # next gap resyncs too).
                 self._feed_last.clear()
-                await self._feed_head()
             self._resync_pending = False
-        elif self.feed is not None and not self._feed_last:
-            await self._feed_head()
+
         self._live.set()
         waiters, self._connect_waiters = self._connect_waiters, []
         for token in waiters:
@@ -798,13 +811,6 @@ class Subscriber:
         return feeds.cluster_cursor(self._feed_floor, (slot, text), listed)
 
     # the change feed
-
-    async def _feed_head(self) -> None:
-        """On one server: start reading the feed at its head (every later change comes live)."""
-        if self.is_cluster:
-            return
-        last = await self._read("GET", self._feed_names.plain[1])
-        self._feed_last[0] = feeds.parse_id(last) if last else (0, 0)
 
     async def _feed_slots(self, also: Sequence[int] = ()) -> list[int]:
         """The slots with a feed stream (one server: slot 0), and those in `also`."""
@@ -1192,19 +1198,10 @@ class _Replay:
             change = await self._live.__anext__()
             read = self._read
             if read and change.cursor is not None:
-                slot, at = _own_place(change.cursor)
+                slot, at = feeds.cursor_place(change.cursor)
                 done = read.get(slot)
                 if done is not None:
                     if at <= done:
                         continue  # read from the feed already
                     del read[slot]
             return change
-
-
-def _own_place(cursor: str) -> tuple[int, feeds.Id]:
-    """The stream and id of the change a live cursor belongs to (its own slot comes first)."""
-    if cursor.startswith("r1:"):
-        return 0, feeds.parse_id(cursor[3:])
-    first = cursor.split(":", 2)[2].split(",", 1)[0]
-    slot, _, at = first.partition("=")
-    return int(slot), feeds.parse_id(at)

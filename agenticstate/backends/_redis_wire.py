@@ -198,17 +198,22 @@ def node_client(
     )
 
 
-async def connect_pubsub(pubsub: PubSub) -> int:
-    """Connect `pubsub` and read the server's clock on its connection (milliseconds).
+async def connect_pubsub(pubsub: PubSub, head_key: str | None = None) -> tuple[int, bytes | None]:
+    """Connect `pubsub`; read the server's clock (milliseconds) and `head_key` on it.
 
     Read before subscribing, on the pub/sub connection itself (before it enters subscribed
-    mode): every write after the subscription is stamped at or after it.
+    mode): every write after the subscription is stamped at or after the clock, and `head_key`
+    (the change feed's counter, if given) holds the id of the last change before it.
     """
     await pubsub.connect()  # type: ignore[no-untyped-call]
     connection: Any = pubsub.connection
     await connection.send_command("TIME")
     seconds, micros = await connection.read_response()
-    return int(seconds) * 1000 + int(micros) // 1000
+    head = None
+    if head_key is not None:
+        await connection.send_command("GET", head_key)
+        head = await connection.read_response()
+    return int(seconds) * 1000 + int(micros) // 1000, head
 
 
 class PubSubLink:
