@@ -1,22 +1,33 @@
-"""StateConfig: how a StateManager stores state."""
+"""StateConfig: how a StateManager stores state.
+
+`FeedRetention` and `HistoryRules` (how much of the change feed, and which keys' versions, a
+backend keeps) live here, below the backends, so that `StateConfig` can hold them; the backend
+contract (`agenticstate.backends.base`) re-exports them.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agenticstate._checks import as_ttl as _as_ttl  # the one TTL check; this name stays
+from agenticstate._glob import compile_glob
+from agenticstate._keys import validate_pattern
 from agenticstate._registry import check_backend_name
 from agenticstate.encryption import Encryption  # pydantic needs it at runtime
-from agenticstate.exceptions import ConfigurationError
+from agenticstate.exceptions import AgenticStateError, ConfigurationError
 from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
 
-__all__ = ["StateConfig", "redact_url"]
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["FeedRetention", "HistoryRules", "StateConfig", "redact_url"]
 
 
 _PASSWORD_PARAMETER = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
@@ -46,6 +57,71 @@ def redact_url(url: str) -> str:
     return url
 
 
+@dataclass(frozen=True, slots=True)
+class FeedRetention:
+    """How much of the change feed a backend keeps (each bound applies; `None` lifts it).
+
+    Attributes:
+        max_changes: Keep at most this many of the newest changes (per stream: on Redis
+            Cluster, per slot's stream). Trimming may keep somewhat more than this (Redis trims
+            whole stream nodes), never fewer.
+        max_age: Drop changes older than this (checked as writes happen, so an idle feed may
+            hold older ones until the next write).
+    """
+
+    max_changes: int | None = 10_000
+    max_age: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_changes is not None and (
+            type(self.max_changes) is not int or self.max_changes < 1
+        ):
+            raise ConfigurationError(
+                f"max_changes must be an int >= 1 or None, not {self.max_changes!r}"
+            )
+        if self.max_age is not None and (
+            not isinstance(self.max_age, timedelta) or self.max_age <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                f"max_age must be a positive timedelta or None, not {self.max_age!r}"
+            )
+
+
+class HistoryRules:
+    """Which keys keep how many versions: glob patterns to depths, the first match wins.
+
+    `HistoryRules({"agent:*": 20, "*": 1})`: keys under `agent:` keep their last 20 versions;
+    a depth of 1 keeps only the current one (the same as no rule). Depth is an int >= 1.
+    """
+
+    __slots__ = ("_cache", "_rules")
+
+    def __init__(self, rules: Mapping[str, int] | None = None) -> None:
+        checked = []
+        for pattern, depth in dict(rules or {}).items():
+            validate_pattern(pattern)
+            if type(depth) is not int or depth < 1:
+                raise ConfigurationError(
+                    f"history depth for {pattern!r} must be an int >= 1, not {depth!r}"
+                )
+            checked.append((compile_glob(pattern), depth))
+        self._rules = checked
+        self._cache: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    def depth(self, key: str) -> int:
+        """How many versions `key` keeps (1: only the current one)."""
+        found = self._cache.get(key)
+        if found is None:
+            found = next((d for matcher, d in self._rules if matcher.match(key)), 1)
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[key] = found
+        return found
+
+
 class StateConfig(BaseModel):
     """How a `StateManager` stores state.
 
@@ -55,6 +131,7 @@ class StateConfig(BaseModel):
     StateConfig(backend="sqlite", sqlite_path="./state/app.db")
     StateConfig(backend="redis", redis_url="redis://localhost:6379", key_prefix="agenticai:",
                 ttl=3600)
+    StateConfig(feed=FeedRetention(max_changes=100_000), history={"agent:*": 20})
     ```
 
     Invalid values raise `ConfigurationError` (a `ValueError`). The Redis URL's password never
@@ -109,6 +186,15 @@ class StateConfig(BaseModel):
     commit_retention: int = Field(default=50, ge=1)
     """Commits of a scope kept by `StateManager.commit` (besides pinned ones): see
     `agenticstate.commits`."""
+    feed: FeedRetention | None = FeedRetention()
+    """The durable change feed behind `changes(since=cursor)`: how many changes (and how old)
+    the backend keeps, or `None` to keep none (the SQLite backend cannot turn it off). Passed to
+    the built-in backends; a backend given to `StateManager(backend=...)` keeps its own."""
+    history: dict[str, int] = Field(default_factory=dict)
+    """Keep past versions of keys by glob pattern, the first match winning:
+    `{"agent:*": 20}` keeps each `agent:` key's last 20 versions, for `history`, `get(...,
+    version=)` and `revert`. The manager hands the rules to its backend on open (every process
+    that writes such keys must set the same rules: the writer keeps the history)."""
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -127,6 +213,24 @@ class StateConfig(BaseModel):
             return check_backend_name(value)
         except ConfigurationError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("feed", mode="before")
+    @classmethod
+    def _check_feed(cls, value: object) -> FeedRetention | None:
+        if value is None or isinstance(value, FeedRetention):
+            return value
+        raise ValueError(f"must be a FeedRetention or None, not {type(value).__name__}")
+
+    @field_validator("history", mode="before")
+    @classmethod
+    def _check_history(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a dict of glob patterns to depths, not {value!r}")
+        try:
+            HistoryRules(value)  # the patterns and depths, checked once here
+        except AgenticStateError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("ttl", mode="before")
     @classmethod

@@ -344,10 +344,18 @@ class Blocking(Generic[A]):
 
 
 class BlockingStream:
-    """A blocking view of an async context manager and/or async iterator (`watch`, `step`)."""
+    """A blocking view of an async context manager and/or async iterator (`watch`, `step`).
+
+    Public attributes read through (a watch's `cursor`: the last change's, to resume from).
+    """
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
     def __enter__(self) -> Any:
         entered = _call(self._inner.__aenter__)
@@ -396,10 +404,25 @@ class _Subscriptions(Generic[A]):
         view._callbacks = {}
         return view
 
-    def subscribe(self, pattern: str, callback: Any, *, on_overflow: Any = None) -> None:
+    def subscribe(
+        self,
+        pattern: str,
+        callback: Any,
+        *,
+        on_overflow: Any = None,
+        since: str | None = None,
+        on_gap: str = "raise",
+    ) -> None:
         """As the async `subscribe`; sync callbacks run in a worker thread."""
         runner = _threaded(callback)
-        _call(self._async.subscribe, pattern, runner, on_overflow=_threaded(on_overflow))
+        _call(
+            self._async.subscribe,
+            pattern,
+            runner,
+            on_overflow=_threaded(on_overflow),
+            since=since,
+            on_gap=on_gap,
+        )
         self._callbacks.setdefault((pattern, callback), runner)
 
     def unsubscribe(self, pattern: str, callback: Any) -> bool:

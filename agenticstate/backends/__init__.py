@@ -135,7 +135,7 @@ def open_config_backend(config: StateConfig) -> Backend:
 
 
 def _memory_from_config(config: StateConfig) -> Backend:
-    return MemoryBackend(key_prefix=config.key_prefix)
+    return MemoryBackend(key_prefix=config.key_prefix, feed=config.feed)
 
 
 def _file_from_config(config: StateConfig) -> Backend:
@@ -148,12 +148,13 @@ def _file_from_config(config: StateConfig) -> Backend:
         key_prefix=config.key_prefix,
         auto_save=config.auto_save,
         save_interval=config.save_interval,
+        feed=config.feed,
     )
 
 
 def _sqlite_from_config(config: StateConfig) -> Backend:
     path = config.sqlite_path if config.sqlite_path is not None else Path("state/state.db")
-    return SQLiteBackend(path=path, key_prefix=config.key_prefix)
+    return SQLiteBackend(path=path, key_prefix=config.key_prefix, feed=config.feed)
 
 
 def _redis_from_config(config: StateConfig) -> Backend:
@@ -162,4 +163,5 @@ def _redis_from_config(config: StateConfig) -> Backend:
         db=config.db if config.db else None,
         key_prefix=config.key_prefix,
         connection_pool_size=config.connection_pool_size,
+        feed=config.feed,
     )

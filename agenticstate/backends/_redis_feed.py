@@ -4,10 +4,13 @@ Storage. Every write script appends its change to a Redis stream in the same ato
 `_redis_scripts`, `record`). On a single server there is one stream per key prefix,
 `__agenticstate_feed__:{key_prefix}`, with its counter at `__agenticstate_feedseq__:{key_prefix}`
 (both in the reserved namespace: SCAN under a prefix never lists them). On Redis Cluster a script
-may not cross slots, so there is one stream per slot: `__agenticstate_feed__:{TAG}{key_prefix}`,
+may not cross slots, so there is one stream per slot: `__agenticstate_feed__:{key_prefix}{TAG}`,
 where `TAG` is a short string whose CRC16 is that slot (`slot_tag`: a table built once, lazily,
-of the first base-62 strings covering every slot). The tag comes first, so a `key_prefix` with a
-hash tag of its own changes nothing: the stream hashes to the written key's slot either way.
+of the first base-62 strings covering every slot), in braces: the stream's hash tag, so it lives
+in that slot. The prefix comes first, so an ACL key pattern per prefix
+(`~__agenticstate_feed__:app:*`) reaches its streams. A prefix holding a brace would spoil the
+tag (`a{b:` makes Redis hash from its brace on), so then the tag comes first instead:
+`__agenticstate_feed__:{TAG}{key_prefix}`.
 
 Feed ids are `<ms>-<n>`: `ms` the server's time at the write (never less than the id before it,
 so ids rise even if a clock steps back), `n` the stream's own count of changes over its whole life
@@ -18,7 +21,8 @@ keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each wr
 
 Cursors. On one server a cursor is `r1:<id>`: the change with that id and every change before it
 have been seen. On a cluster the shards' streams are not ordered with each other, so a cursor is a
-vector, `c1:<floor>:<slot>=<id>,...`: for each listed slot, every change up to that id has been
+vector, `c1:<floor>:<slot>=<id>,...` (each id written as its time less the floor, a dot, and its
+`n`: `c1:1700000000000:5=3.42`): for each listed slot, every change up to that id has been
 seen; for every other slot, every change stamped before `floor` (server ms) and none after.
 Only slots seen to change since the floor are listed, so a cursor stays small: a subscription
 raises the floor with marker rounds (each primary publishes its clock, `TIME`; once every
@@ -50,6 +54,7 @@ __all__ = [
     "Position",
     "check_start",
     "cluster_cursor",
+    "cursor_place",
     "id_text",
     "parse_cursor",
     "parse_id",
@@ -128,15 +133,14 @@ class FeedNames:
         names = self._by_slot.get(slot)
         if names is None:
             tag = "{" + slot_tag(slot) + "}"
-            names = self._by_slot[slot] = (
-                FEED_NAMESPACE + tag + self.key_prefix,
-                COUNTER_NAMESPACE + tag + self.key_prefix,
-            )
+            tail = tag + self.key_prefix if "{" in self.key_prefix else self.key_prefix + tag
+            names = self._by_slot[slot] = (FEED_NAMESPACE + tail, COUNTER_NAMESPACE + tail)
         return names
 
     def scan_match(self) -> str:
         """A SCAN pattern that finds this prefix's streams on a cluster node (check each)."""
-        return FEED_NAMESPACE + "{*}" + _escape(self.key_prefix)
+        prefix = _escape(self.key_prefix)
+        return FEED_NAMESPACE + ("{*}" + prefix if "{" in self.key_prefix else prefix + "{*}")
 
     def slot_of_stream(self, name: str, slot: int) -> bool:
         """Whether `name` (found by SCAN, hashing to `slot`) is this prefix's stream of `slot`."""
@@ -153,10 +157,31 @@ def plain_cursor(at: bytes | str) -> str:
 
 
 def cluster_cursor(floor: int, own: tuple[int, str] | None, listed: dict[int, str]) -> str:
-    """A cluster cursor: `own` (slot, id) first, then every other listed slot."""
-    parts = [] if own is None else [f"{own[0]}={own[1]}"]
-    parts += [f"{slot}={at}" for slot, at in listed.items() if own is None or slot != own[0]]
+    """A cluster cursor: `own` (slot, id) first, then every other listed slot.
+
+    Each listed id is written `<slot>=<ms - floor>.<n>`, its time relative to the floor (a few
+    digits instead of thirteen: cursors are stored and sent with every change).
+    """
+    parts = [] if own is None else [_listing(own[0], own[1], floor)]
+    parts += [
+        _listing(slot, at, floor) for slot, at in listed.items() if own is None or slot != own[0]
+    ]
     return f"c1:{floor}:{','.join(parts)}"
+
+
+def _listing(slot: int, at: str, floor: int) -> str:
+    ms, _, n = at.partition("-")
+    return f"{slot}={int(ms) - floor}.{n}"
+
+
+def cursor_place(cursor: str) -> tuple[int, Id]:
+    """The stream (slot; 0 on one server) and id of the change a cursor was made for."""
+    if cursor.startswith("r1:"):
+        return 0, parse_id(cursor[3:])
+    floor, _, listed = cursor[3:].partition(":")
+    slot, _, at = listed.split(",", 1)[0].partition("=")
+    delta, _, n = at.partition(".")
+    return int(slot), (int(floor) + int(delta), int(n))
 
 
 @dataclass
@@ -206,10 +231,11 @@ def parse_cursor(cursor: str, *, cluster: bool) -> Position:
         position = Position(floor=int(floor_text))
         for part in filter(None, listed.split(",")):
             slot_text, _, at_text = part.partition("=")
+            delta, dot, n = at_text.partition(".")
             slot = int(slot_text)
-            if not 0 <= slot < _SLOTS:
+            if not dot or not 0 <= slot < _SLOTS or int(n) < 0:
                 raise ValueError(part)
-            position.ids[slot] = parse_id(at_text)
+            position.ids[slot] = (position.floor + int(delta), int(n))
     except ValueError:
         raise InvalidArgumentError(f"{cursor!r} is not a well-formed cursor") from None
     return position

@@ -70,7 +70,7 @@ _PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
 _HEALTH = b"agenticstate-health"
 _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
 _IDLE_CHECK = 1.0  # the reader looks at the silence (and prunes) after about this long without one
-_LISTED_MAX = 32  # cluster cursors: slots listed above the floor before a marker round raises it
+_LISTED_MAX = 16  # cluster cursors: slots listed above the floor before a marker round raises it
 _PAGE = 1000  # feed entries read per XRANGE
 _PACE = 16  # a catch-up looks at the subscriptions' room after this many entries
 # A cluster marker: the node's clock (ms), published after it was read (see `_redis_feed`).
@@ -1198,19 +1198,10 @@ class _Replay:
             change = await self._live.__anext__()
             read = self._read
             if read and change.cursor is not None:
-                slot, at = _own_place(change.cursor)
+                slot, at = feeds.cursor_place(change.cursor)
                 done = read.get(slot)
                 if done is not None:
                     if at <= done:
                         continue  # read from the feed already
                     del read[slot]
             return change
-
-
-def _own_place(cursor: str) -> tuple[int, feeds.Id]:
-    """The stream and id of the change a live cursor belongs to (its own slot comes first)."""
-    if cursor.startswith("r1:"):
-        return 0, feeds.parse_id(cursor[3:])
-    first = cursor.split(":", 2)[2].split(",", 1)[0]
-    slot, _, at = first.partition("=")
-    return int(slot), feeds.parse_id(at)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -20,7 +21,13 @@ import anyio
 import pytest
 import redis as sync_redis
 
-from agenticstate import ChangeOp, CursorExpiredError, InvalidArgumentError, RedisBackend
+from agenticstate import (
+    ChangeOp,
+    ConfigurationError,
+    CursorExpiredError,
+    InvalidArgumentError,
+    RedisBackend,
+)
 from agenticstate.backends import EARLIEST, FeedRetention, Put
 from agenticstate.backends import _redis_feed as feeds
 from tests.helpers import unique_prefix
@@ -96,7 +103,7 @@ def test_slot_tags_cover_every_slot() -> None:
 
 
 @pytest.mark.parametrize(
-    "cursor", ["r1:", "r1:x-1", "r1:1", "c1:1:x", "c1:x:", "c1:1:99999=1-1", "m1:a:1"]
+    "cursor", ["r1:", "r1:x-1", "r1:1", "c1:1:x", "c1:x:", "c1:1:99999=1.1", "c1:1:5=1-1", "m1:a:1"]
 )
 def test_malformed_cursors_are_invalid_arguments(cursor: str) -> None:
     """A cursor that does not parse, or of the other kind, raises InvalidArgumentError."""
@@ -136,7 +143,11 @@ async def test_feed_off_writes_no_stream(url: str) -> None:
 
 async def test_cluster_streams_hash_to_the_written_keys_slots(redis_cluster_url: str) -> None:
     """Each key's change goes to the stream of its own slot, also under a hash-tagged prefix."""
-    for prefix in (unique_prefix(), "{tenant" + unique_prefix()[:-1] + "}:"):
+    for prefix in (
+        unique_prefix(),
+        "{tenant" + unique_prefix()[:-1] + "}:",  # a hash tag of its own
+        "b{" + unique_prefix(),  # a brace that spoils a tag after it
+    ):
         async with RedisBackend(url=redis_cluster_url, key_prefix=prefix) as backend:
             keys = [f"k{n}" for n in range(20)]
             for key in keys:
@@ -329,3 +340,16 @@ async def test_catch_up_waits_for_a_slow_subscriber_instead_of_overflowing(
         tg.cancel_scope.cancel()
     assert sorted(change.key for change in received) == sorted(f"k:{n}" for n in range(1500))
     assert {change.op for change in received} == {ChangeOp.SET}
+
+
+def test_url_options_set_the_feed() -> None:
+    """`feed=off`, `feed_max_changes` and `feed_max_age` in the URL; nothing: the default."""
+    url = "redis://localhost:6379/0"
+    assert RedisBackend.from_url(url).feed == FeedRetention()
+    assert RedisBackend.from_url(url + "?feed=off").feed is None
+    made = RedisBackend.from_url(url + "?feed_max_changes=7&feed_max_age=1.5&key_prefix=a:")
+    assert made.feed == FeedRetention(max_changes=7, max_age=timedelta(seconds=1.5))
+    assert made.key_prefix == "a:"
+    for bad in ("?feed=maybe", "?feed_max_changes=x", "?feed_max_changes=0", "?feed_max_age=-1"):
+        with pytest.raises(ConfigurationError):
+            RedisBackend.from_url(url + bad)
