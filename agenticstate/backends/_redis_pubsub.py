@@ -93,7 +93,16 @@ class _Group:
     reader matched already: changes go to all of them (`publish_to_all`), not matched again.
     """
 
-    __slots__ = ("expiries", "fanout", "matcher", "pattern", "seen", "streams", "users")
+    __slots__ = (
+        "expiries",
+        "fanout",
+        "feed_after",
+        "matcher",
+        "pattern",
+        "seen",
+        "streams",
+        "users",
+    )
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -104,6 +113,9 @@ class _Group:
         # key -> (version, hash of the value or None once gone, expires in server ms or 0)
         self.seen: dict[str, tuple[int, int | None, int]] = {}
         self.expiries: list[tuple[int, str]] = []  # a heap of (expires, key)
+        # The feed's changes up to this id came before the group was subscribed: a catch-up
+        # after a reconnect hands it only later ones (None: every one the reader missed).
+        self.feed_after: feeds.Id | None = None
 
     def deliver(self, change: Change, stamp: int, expires: int) -> None:
         """Publish a live change unless it was delivered already (by a resync)."""
@@ -346,6 +358,7 @@ class Subscriber:
         self._feed_floor = 0
         self._feed_listed: dict[int, str] = {}
         self._floor_task: asyncio.Task[None] | None = None
+        self._drops = 0  # connections lost while live (`_feed_start` checks for one)
 
     @asynccontextmanager
     async def _changes(
@@ -363,6 +376,7 @@ class Subscriber:
             )
         await self._redis()
         group = self._groups.get(pattern)
+        joined = group is None and self._link is not None  # a new topic, on a live connection
         if group is None:
             group = self._groups[pattern] = _Group(pattern)
             self._index.add(group)
@@ -374,6 +388,8 @@ class Subscriber:
                 try:
                     if position is None:
                         await self._go_live(stream)
+                        if joined:
+                            await self._feed_start(group)
                         yield stream
                     else:
                         # Live from here, but opened only once the feed has been read up to
@@ -713,6 +729,7 @@ class Subscriber:
                     self._live.clear()
                     self._gap_from = self._horizon
                     self._resync_pending = True
+                    self._drops += 1
                 await self._drop_pubsub()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
 
@@ -758,7 +775,7 @@ class Subscriber:
             self._url, node, connect_timeout=self.connect_timeout, options=self._client_options
         )
 
-    def _dispatch(self, channel: bytes, data: bytes) -> None:
+    def _dispatch(self, channel: bytes, data: bytes, *, catching_up: bool = False) -> None:
         cut = self._channel_cut
         if channel.startswith(self._reserved, cut):
             # No key starts with the reserved prefix: a barrier, this backend's or another's.
@@ -785,6 +802,9 @@ class Subscriber:
                 self._prune(stamp - _PRUNE_LAG_MS)
         key = channel[cut:].decode("utf-8", "surrogateescape")
         groups = self._index.matching(key)
+        if catching_up and header is not None:
+            at = feeds.parse_id(header[0])
+            groups = [g for g in groups if g.feed_after is None or at > g.feed_after]
         if not groups:
             return
         self._clock_offset = stamp - time.time() * 1000
@@ -811,6 +831,31 @@ class Subscriber:
         return feeds.cluster_cursor(self._feed_floor, (slot, text), listed)
 
     # the change feed
+
+    async def _feed_start(self, group: _Group) -> None:
+        """Note where the feed stood when `group` (a new topic) was subscribed.
+
+        The reader's place in the feed is the last change it read, and it never heard the new
+        topic's changes before this: a catch-up must not hand those to the group. The place
+        noted is read after the subscription took effect: on one server the feed's head, on a
+        cluster a time every change before it was stamped under (`_clock_floor`, exact). Then
+        a barrier: every change up to that place has been read (and delivered, if it came
+        after the subscription), so a catch-up skipping them for this group loses nothing,
+        unless the connection dropped meanwhile: then nothing is noted (a catch-up may then
+        hand the group a change from just before it subscribed, as without this).
+        """
+        if self.feed is None:
+            return
+        drops = self._drops
+        with contextlib.suppress(BackendError):
+            if self.is_cluster:
+                after = (await self._clock_floor(exact=True) - 1, 1 << 62)
+            else:
+                head = await self._read("GET", self._feed_names.plain[1])
+                after = feeds.parse_id(head) if head else (0, 0)
+            await self._go_live(None)
+            if self._drops == drops:
+                group.feed_after = after
 
     async def _feed_slots(self, also: Sequence[int] = ()) -> list[int]:
         """The slots with a feed stream (one server: slot 0), and those in `also`."""
@@ -916,7 +961,8 @@ class Subscriber:
                         for group in self._index.groups():
                             budget = await self._room(group, budget)
                         for name, data, _ in entries[start : start + _PACE]:
-                            self._dispatch(namespace + name, data)  # read before: skipped there
+                            # (One read before is skipped there.)
+                            self._dispatch(namespace + name, data, catching_up=True)
                     read += len(entries)
         except CursorExpiredError:
             log.info("pubsub_feed_gap", read=read)

@@ -79,7 +79,8 @@ local function feed_at(k, a)
 end
 local function to_feed(feed, key, message, now)
   if not feed then return message, false end
-  local prev = redis.call('GET', feed[2]) or '0-0'
+  local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
+  if not prev then prev = redis.call('GET', feed[2]) or '0-0' end
   local dash = string.find(prev, '-', 1, true)
   local ms = tonumber(string.sub(prev, 1, dash - 1))
   if now > ms then ms = now end
@@ -94,6 +95,7 @@ local function to_feed(feed, key, message, now)
     redis.call('XTRIM', feed[1], 'MINID', string.format('%d-0', now - feed[4]))
   end
   redis.call('SET', feed[2], id)
+  feed[5] = id
   return data, id
 end
 """

@@ -353,3 +353,22 @@ def test_url_options_set_the_feed() -> None:
     for bad in ("?feed=maybe", "?feed_max_changes=x", "?feed_max_changes=0", "?feed_max_age=-1"):
         with pytest.raises(ConfigurationError):
             RedisBackend.from_url(url + bad)
+
+
+async def test_catch_up_hands_a_later_subscription_nothing_from_before_it(url: str) -> None:
+    """A pattern subscribed while the connection is live, then a drop: the catch-up gives it
+    only the changes after it was subscribed, none from before."""
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        async with backend.changes("a:*") as early:
+            await backend.set("a:1", b"1")
+            await _take(early, 1)
+            for n in range(5):
+                await backend.set("b:1", b"%d" % n)  # before the b:* subscription
+            async with backend.changes("b:*") as late:
+                assert await anyio.to_thread.run_sync(_kill_pubsub, url) >= 1
+                await backend.set("b:1", b"after")
+                (change,) = await _take(late, 1)
+                await backend.set("b:1", b"next")
+                (following,) = await _take(late, 1)
+        assert (change.new, change.version) == (b"after", 6)
+        assert (following.new, following.version) == (b"next", 7)
