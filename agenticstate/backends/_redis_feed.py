@@ -39,10 +39,9 @@ newer, the page empty or starting after a gap): the latter raises `CursorExpired
 
 from __future__ import annotations
 
-import binascii
-import string
 from dataclasses import dataclass, field
 
+from agenticstate.backends._redis_slots import SLOTS, slot_tag
 from agenticstate.exceptions import CursorExpiredError, InvalidArgumentError
 
 __all__ = [
@@ -67,9 +66,6 @@ FEED_NAMESPACE = "__agenticstate_feed__:"
 COUNTER_NAMESPACE = "__agenticstate_feedseq__:"
 """What every feed counter's name starts with (it holds the stream's last id)."""
 
-_SLOTS = 16384
-_ALPHABET = string.digits + string.ascii_letters
-_tags: list[str] = []
 
 # KEYS: the stream, its counter; ARGV: where to start (an exclusive `(id`, or `-`), how many.
 # Returns {entries, the stream's last id or false}, read in one atomic step.
@@ -80,27 +76,6 @@ return {page, redis.call('GET', KEYS[2])}
 
 Id = tuple[int, int]
 """A feed id as numbers: (ms, n)."""
-
-
-def slot_tag(slot: int) -> str:
-    """A short string whose CRC16 is `slot` (the first base-62 numbers cover every slot)."""
-    if not _tags:
-        table: list[str | None] = [None] * _SLOTS
-        missing, number = _SLOTS, 0
-        while missing:
-            text, rest = "", number
-            while True:
-                text = _ALPHABET[rest % 62] + text
-                rest //= 62
-                if not rest:
-                    break
-            found = binascii.crc_hqx(text.encode(), 0) % _SLOTS
-            if table[found] is None:
-                table[found] = text
-                missing -= 1
-            number += 1
-        _tags.extend(tag for tag in table if tag is not None)
-    return _tags[slot]
 
 
 def parse_id(raw: bytes | str) -> Id:
@@ -233,7 +208,7 @@ def parse_cursor(cursor: str, *, cluster: bool) -> Position:
             slot_text, _, at_text = part.partition("=")
             delta, dot, n = at_text.partition(".")
             slot = int(slot_text)
-            if not dot or not 0 <= slot < _SLOTS or int(n) < 0:
+            if not dot or not 0 <= slot < SLOTS or int(n) < 0:
                 raise ValueError(part)
             position.ids[slot] = (position.floor + int(delta), int(n))
     except ValueError:
