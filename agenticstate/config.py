@@ -1,23 +1,33 @@
-"""StateConfig: how a StateManager stores state."""
+"""StateConfig: how a StateManager stores state.
+
+`FeedRetention` and `HistoryRules` (how much of the change feed, and which keys' versions, a
+backend keeps) live here, below the backends, so that `StateConfig` can hold them; the backend
+contract (`agenticstate.backends.base`) re-exports them.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agenticstate._checks import as_ttl as _as_ttl  # the one TTL check; this name stays
+from agenticstate._glob import compile_glob
+from agenticstate._keys import validate_pattern
 from agenticstate._registry import check_backend_name
-from agenticstate.backends.base import FeedRetention, HistoryRules  # pydantic needs them
 from agenticstate.encryption import Encryption  # pydantic needs it at runtime
 from agenticstate.exceptions import AgenticStateError, ConfigurationError
 from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
 
-__all__ = ["StateConfig", "redact_url"]
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["FeedRetention", "HistoryRules", "StateConfig", "redact_url"]
 
 
 _PASSWORD_PARAMETER = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
@@ -45,6 +55,71 @@ def redact_url(url: str) -> str:
         url = head + question_mark + _PASSWORD_PARAMETER.sub(r"\1***", query)
         url += hash_mark + fragment
     return url
+
+
+@dataclass(frozen=True, slots=True)
+class FeedRetention:
+    """How much of the change feed a backend keeps (each bound applies; `None` lifts it).
+
+    Attributes:
+        max_changes: Keep at most this many of the newest changes (per stream: on Redis
+            Cluster, per slot's stream). Trimming may keep somewhat more than this (Redis trims
+            whole stream nodes), never fewer.
+        max_age: Drop changes older than this (checked as writes happen, so an idle feed may
+            hold older ones until the next write).
+    """
+
+    max_changes: int | None = 10_000
+    max_age: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_changes is not None and (
+            type(self.max_changes) is not int or self.max_changes < 1
+        ):
+            raise ConfigurationError(
+                f"max_changes must be an int >= 1 or None, not {self.max_changes!r}"
+            )
+        if self.max_age is not None and (
+            not isinstance(self.max_age, timedelta) or self.max_age <= timedelta(0)
+        ):
+            raise ConfigurationError(
+                f"max_age must be a positive timedelta or None, not {self.max_age!r}"
+            )
+
+
+class HistoryRules:
+    """Which keys keep how many versions: glob patterns to depths, the first match wins.
+
+    `HistoryRules({"agent:*": 20, "*": 1})`: keys under `agent:` keep their last 20 versions;
+    a depth of 1 keeps only the current one (the same as no rule). Depth is an int >= 1.
+    """
+
+    __slots__ = ("_cache", "_rules")
+
+    def __init__(self, rules: Mapping[str, int] | None = None) -> None:
+        checked = []
+        for pattern, depth in dict(rules or {}).items():
+            validate_pattern(pattern)
+            if type(depth) is not int or depth < 1:
+                raise ConfigurationError(
+                    f"history depth for {pattern!r} must be an int >= 1, not {depth!r}"
+                )
+            checked.append((compile_glob(pattern), depth))
+        self._rules = checked
+        self._cache: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    def depth(self, key: str) -> int:
+        """How many versions `key` keeps (1: only the current one)."""
+        found = self._cache.get(key)
+        if found is None:
+            found = next((d for matcher, d in self._rules if matcher.match(key)), 1)
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[key] = found
+        return found
 
 
 class StateConfig(BaseModel):
@@ -108,6 +183,9 @@ class StateConfig(BaseModel):
     """Redis backend: the most connections held open."""
     encryption: Encryption | None = None
     """Encrypt values at rest (AES-GCM, bound to each value's key): see `Encryption`."""
+    commit_retention: int = Field(default=50, ge=1)
+    """Commits of a scope kept by `StateManager.commit` (besides pinned ones): see
+    `agenticstate.commits`."""
     feed: FeedRetention | None = FeedRetention()
     """The durable change feed behind `changes(since=cursor)`: how many changes (and how old)
     the backend keeps, or `None` to keep none (the SQLite backend cannot turn it off). Passed to
@@ -117,9 +195,6 @@ class StateConfig(BaseModel):
     `{"agent:*": 20}` keeps each `agent:` key's last 20 versions, for `history`, `get(...,
     version=)` and `revert`. The manager hands the rules to its backend on open (every process
     that writes such keys must set the same rules: the writer keeps the history)."""
-    commit_retention: int = Field(default=50, ge=1)
-    """Commits of a scope kept by `StateManager.commit` (besides pinned ones): see
-    `agenticstate.commits`."""
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -708,8 +708,9 @@ class CallbackPumps:
                 if self.running.get((pump.pattern, pump.callback)) is pump:
                     del self.running[pump.pattern, pump.callback]
                 return None
-        pump.cursor = None
-        return (*await enter_changes(backend, pump.pattern, self._buffer, None, "raise"), True)
+        entered = await enter_changes(backend, pump.pattern, self._buffer, None, "raise")
+        pump.cursor = None  # only now: if that failed, the next attempt still knows of the gap
+        return (*entered, True)
 
     async def _notify_overflow(self, pump: _Pump) -> None:
         handler = pump.on_overflow

@@ -664,7 +664,7 @@ class StateManager:
         the key as that version left it: `updated_at` is when it was written, `expires_at` the
         expiry it was written with.
 
-        <!-- snippet -->
+        <!-- snippet: setup=imports -->
         ```python
         state = StateManager(config=StateConfig(history={"agent:*": 20}))
         for status in ("idle", "running", "done"):
@@ -703,7 +703,7 @@ class StateManager:
         never overwrites a write it has not seen without reading the history again. Reverting
         to the current version writes the same value again as a new version.
 
-        <!-- snippet -->
+        <!-- snippet: setup=imports -->
         ```python
         state = StateManager(config=StateConfig(history={"doc:*": 10}))
         await state.save("doc:1", "first draft")

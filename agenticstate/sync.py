@@ -344,10 +344,18 @@ class Blocking(Generic[A]):
 
 
 class BlockingStream:
-    """A blocking view of an async context manager and/or async iterator (`watch`, `step`)."""
+    """A blocking view of an async context manager and/or async iterator (`watch`, `step`).
+
+    Public attributes read through (a watch's `cursor`: the last change's, to resume from).
+    """
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
     def __enter__(self) -> Any:
         entered = _call(self._inner.__aenter__)

@@ -8,6 +8,7 @@ Keys share the hash tag `{f}`, so on Redis Cluster they live in one slot (one or
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,6 +28,8 @@ from agenticstate import (
     UnsupportedOperationError,
     sync,
 )
+from agenticstate.backends import Change, Entry
+from agenticstate.events import Resync
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
 
     FeedBackendMaker = Callable[[FeedRetention | None], AbstractAsyncContextManager[Backend]]
 
-A, B, C = "{f}:a", "{f}:b", "{f}:c"
+A, B, C, Z = "{f}:a", "{f}:b", "{f}:c", "{f}:z"
 ALL = "{f}:*"
 
 
@@ -282,6 +285,47 @@ async def test_subscribe_with_an_expired_cursor(
         assert calls == [(C, None, 59), (A, None, "live")]
 
 
+@pytest.mark.parametrize("on_gap", ["raise", "resync"])
+async def test_a_callback_behind_the_feeds_retention(
+    small_feed: Callable[[], AbstractAsyncContextManager[StateManager]], on_gap: Any
+) -> None:
+    """A callback that falls behind the feed's retention: "raise" resumes live and calls
+    on_overflow (changes were missed); "resync" calls back each key's current value."""
+    async with small_feed() as small:
+        config = StateConfig(subscriber_buffer=2)
+        async with StateManager(config, backend=small.backend, close_backend=False) as state:
+            overflowed = anyio.Event()
+            calls: list[tuple[str, Any, Any]] = []
+            release = anyio.Event()
+            done = anyio.Event()
+
+            async def slow(key: str, old: Any, new: Any) -> None:
+                await release.wait()
+                calls.append((key, old, new))
+                if new == "end":
+                    done.set()
+
+            since = await state.feed_cursor()
+            await state.subscribe(
+                ALL, slow, since=since, on_gap=on_gap, on_overflow=lambda _: overflowed.set()
+            )
+            for n in range(60):
+                await state.save(C, n)
+            release.set()
+            with anyio.fail_after(10):
+                if on_gap == "raise":  # live again, and told: later writes are delivered
+                    await overflowed.wait()
+                await state.save(Z, "end")
+                await done.wait()
+            assert state.stats().overflows >= 1
+            if on_gap == "raise":
+                assert calls[-1] == (Z, None, "end")
+            else:  # the resync has the keys' current values, or the live change has "end"
+                assert not overflowed.is_set()
+                assert (C, None, 59) in calls
+                assert calls[-1][0::2] == (Z, "end")
+
+
 # ------------------------------------------------------------------ bad input, feed off
 
 
@@ -331,19 +375,18 @@ async def test_feed_off_has_no_cursors_and_refuses_since(
         pytest.skip(f"{type(fed.backend).__name__} cannot turn its feed off")
 
 
-@pytest.mark.parametrize("name", ["memory", "file", "sqlite"])
+@pytest.mark.parametrize("name", ["memory", "file", "sqlite", "redis"])
 def test_config_feed_reaches_the_backend(name: str, tmp_path: Path) -> None:
-    """StateConfig(feed=...) is the retention of the backend the config builds."""
+    """StateConfig(feed=...) is the retention of the backend the config builds (built, not
+    opened: no server is needed); by default it keeps the default feed."""
+    paths = {"file_path": tmp_path / "state.json", "sqlite_path": tmp_path / "state.db"}
     retention = FeedRetention(max_changes=123)
-    config = StateConfig(
-        backend=name,
-        feed=retention,
-        file_path=tmp_path / "state.json",
-        sqlite_path=tmp_path / "state.db",
+    assert StateManager(StateConfig(backend=name, feed=retention, **paths)).backend.feed == (
+        retention
     )
-    backend = StateManager(config).backend
-    assert backend.feed == retention
-    assert StateManager(StateConfig(backend=name, sqlite_path=tmp_path / "2.db")).backend.feed
+    assert StateManager(StateConfig(backend=name, **paths)).backend.feed == FeedRetention()
+    if name != "sqlite":  # SQLite's subscriptions read its feed: it cannot turn it off
+        assert StateManager(StateConfig(backend=name, feed=None, **paths)).backend.feed is None
 
 
 def test_config_feed_must_be_a_retention() -> None:
@@ -360,8 +403,8 @@ async def test_a_scope_resumes_with_relative_keys(fed: StateManager) -> None:
     """A scope's changes(since=) replays its own keys, relative; its cursor is the manager's."""
     scope = fed.scope("{f}:s:")
     await scope.save("x", 1)
-    cursor = await scope.feed_cursor()
-    assert cursor == await fed.feed_cursor()
+    cursor = await scope.feed_cursor()  # the manager's backend's feed
+    assert isinstance(cursor, str)
     await scope.save("x", 2)
     await fed.save(A, "outside the scope")
     await scope.save("y", 3)
@@ -380,4 +423,26 @@ def test_sync_changes_since() -> None:
         state.save("job:1", "queued")
         with state.changes("job:*", since=cursor) as changes:
             change = next(iter(changes))
+            assert changes.cursor == change.cursor is not None
         assert (change.key, change.new_value) == ("job:1", "queued")
+
+
+def test_a_resync_drops_only_the_live_changes_it_covers() -> None:
+    """Resync.covers: a live SET at or below the resynced version is dropped, a DELETE of the
+    resynced version is not (a delete carries the version it deleted), and the first newer
+    change of a key ends the filtering of that key (its next life starts at version 1)."""
+    now = datetime.now(UTC)
+    entry = Entry(A, b"v3", 3, now, now)
+    resync = Resync([entry, Entry(B, b"v1", 1, now, now)])
+
+    def change(key: str, op: ChangeOp, version: int) -> Change:
+        return Change(key, op, None, None if op is ChangeOp.DELETE else b"x", version, now)
+
+    assert resync.covers(change(A, ChangeOp.SET, 2))
+    assert resync.covers(change(A, ChangeOp.DELETE, 2))  # an earlier life, deleted before
+    assert resync.covers(change(A, ChangeOp.SET, 3))
+    assert not resync.covers(change(A, ChangeOp.DELETE, 3))
+    assert not resync.covers(change(A, ChangeOp.SET, 1))  # written again after the delete
+    assert not resync.covers(change(C, ChangeOp.SET, 1))  # not resynced: never dropped
+    assert not resync.covers(change(B, ChangeOp.SET, 2))
+    assert not resync.covers(change(B, ChangeOp.SET, 1))  # B's filter ended with version 2

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import anyio
 import pytest
 from hypothesis import given, settings
@@ -146,3 +149,39 @@ def test_clear_and_get_all_touch_exactly_the_prefix(prefix: str, others: list[st
             assert left == sorted(k for k in set(others) if not k.startswith(prefix))
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["get", "get_entry", "history", "revert", "feed_cursor", "changes", "watch", "subscribe"],
+)
+def test_scope_methods_take_the_managers_arguments(name: str) -> None:
+    """The feed and history methods of a scope take the same arguments as the manager's."""
+    ours = inspect.signature(getattr(ScopedState, name)).parameters
+    theirs = inspect.signature(getattr(StateManager, name)).parameters
+    assert [(p.name, p.kind, p.default) for p in ours.values()] == [
+        (p.name, p.kind, p.default) for p in theirs.values()
+    ]
+
+
+async def test_scoped_subscribe_since_replays_relative_keys(state: StateManager) -> None:
+    """A scope's subscribe(since=) replays the scope's changes after the cursor, keys relative."""
+    if state.backend.feed is None:
+        pytest.skip(f"{type(state.backend).__name__} keeps no change feed")
+    scope = state.scope("{s}:u1:")
+    cursor = await scope.feed_cursor()
+    await scope.save("cart", ["milk"])
+    await state.save("{s}:u2:cart", ["not this scope"])
+    calls: list[tuple[str, Any, Any]] = []
+    done = anyio.Event()
+
+    def on_change(key: str, old: Any, new: Any) -> None:
+        calls.append((key, old, new))
+        if new == ["milk", "eggs"]:
+            done.set()
+
+    scope.subscribe("*", on_change, since=cursor)
+    await scope.save("cart", ["milk", "eggs"])
+    with anyio.fail_after(10):
+        await done.wait()
+    assert calls == [("cart", None, ["milk"]), ("cart", ["milk"], ["milk", "eggs"])]

@@ -49,6 +49,21 @@ def test_every_public_method_has_a_blocking_twin(blocking: type[sync.Blocking[An
             assert method.__doc__ == getattr(source, name).__doc__, name
 
 
+@pytest.mark.parametrize(
+    "blocking", [sync.StateManager, sync.ScopedState], ids=lambda c: c.__name__
+)
+@pytest.mark.parametrize("name", ["subscribe", "unsubscribe"])
+def test_hand_written_methods_take_the_async_arguments(
+    blocking: type[sync.Blocking[Any]], name: str
+) -> None:
+    """The hand-written subscribe/unsubscribe take the same parameters as the async ones."""
+    ours = inspect.signature(getattr(blocking, name)).parameters
+    theirs = inspect.signature(getattr(WRAPPED[blocking], name)).parameters
+    assert [(p.name, p.kind, p.default) for p in ours.values()] == [
+        (p.name, p.kind, p.default) for p in theirs.values()
+    ]
+
+
 def test_every_manager_is_wrapped() -> None:
     """Every manager exported by agenticstate.managers has a sync twin."""
     managers = {

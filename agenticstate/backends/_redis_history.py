@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import binascii
 import hashlib
-import itertools
-import string
 from typing import TYPE_CHECKING, Any
+
+from agenticstate.backends._redis_slots import SLOTS, slot_tag
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,39 +53,6 @@ __all__ = [
 HISTORY_NAMESPACE = "__agenticstate_hist__:"
 """What every history list's Redis key starts with (before its `{tag}` and the key's name)."""
 
-_SLOTS = 16384
-_TAG_ALPHABET = string.digits + string.ascii_letters
-_slot_tags: list[str] = []
-
-
-def _build_slot_tags() -> list[str]:
-    """For each slot, the first string of `_TAG_ALPHABET` (shortest first) that hashes to it.
-
-    Strings of up to three characters cover every slot; the search takes about 25 ms.
-    """
-    table: list[str | None] = [None] * _SLOTS
-    missing = _SLOTS
-    for length in itertools.count(1):
-        for letters in itertools.product(_TAG_ALPHABET, repeat=length):
-            tag = "".join(letters)
-            slot = binascii.crc_hqx(tag.encode(), 0) % _SLOTS
-            if table[slot] is None:
-                table[slot] = tag
-                missing -= 1
-                if not missing:
-                    return [found for found in table if found is not None]
-    raise AssertionError("unreachable")  # pragma: no cover  # itertools.count never ends
-
-
-def slot_tag(slot: int) -> str:
-    """A short alphanumeric string whose cluster slot is `slot`: `{tag}` in a name puts it there.
-
-    `key_slot("{" + slot_tag(s) + "}anything") == s` for every slot `s` in 0..16383.
-    """
-    if not _slot_tags:
-        _slot_tags.extend(_build_slot_tags())
-    return _slot_tags[slot]
-
 
 def _hash_tag(name: str) -> str | None:
     """The hash tag Redis Cluster hashes `name` by (`{...}`, non-empty), or `None`."""
@@ -102,7 +69,7 @@ def history_key(prefix: str, key: str) -> str:
     name = prefix + key
     tag = _hash_tag(name)
     if tag is None:
-        tag = slot_tag(binascii.crc_hqx(name.encode(), 0) % _SLOTS)
+        tag = slot_tag(binascii.crc_hqx(name.encode(), 0) % SLOTS)
     if "{" in prefix:  # the prefix's brace would decide the slot: the tag goes first
         return f"{HISTORY_NAMESPACE}{{{tag}}}{name}"
     return f"{HISTORY_NAMESPACE}{prefix}{{{tag}}}{key}"

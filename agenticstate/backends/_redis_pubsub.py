@@ -32,16 +32,31 @@ import anyio
 from agenticstate._glob import compile_glob
 from agenticstate._keys import RESERVED_PREFIX, escape_glob
 from agenticstate._log import get_logger
+from agenticstate.backends import _redis_feed as feeds
 from agenticstate.backends import _redis_wire as wire
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
-from agenticstate.backends._redis_scripts import CHANNEL_NAMESPACE, from_ms, parse_message, to_ms
-from agenticstate.backends.base import Change, ChangeOp, Entry, backoff
-from agenticstate.exceptions import BackendError, BackendUnavailableError, InvalidArgumentError
+from agenticstate.backends._redis_scripts import (
+    CHANNEL_NAMESPACE,
+    from_ms,
+    parse_message,
+    split_feed,
+    stamp_of,
+    to_ms,
+)
+from agenticstate.backends.base import EARLIEST, Change, ChangeOp, Entry, backoff
+from agenticstate.exceptions import (
+    BackendError,
+    BackendUnavailableError,
+    CursorExpiredError,
+    InvalidArgumentError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     import redis.asyncio as aioredis
+
+    from agenticstate.backends.base import FeedRetention
 
 __all__ = ["Subscriber"]
 
@@ -55,6 +70,16 @@ _PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
 _HEALTH = b"agenticstate-health"
 _PUBSUB_IDLE = 2.0  # seconds of silence before the pub/sub connection is asked whether it lives
 _IDLE_CHECK = 1.0  # the reader looks at the silence (and prunes) after about this long without one
+_LISTED_MAX = 16  # cluster cursors: slots listed above the floor before a marker round raises it
+_PAGE = 1000  # feed entries read per XRANGE
+_PACE = 16  # a catch-up looks at the subscriptions' room after this many entries
+# A cluster marker: the node's clock (ms), published after it was read (see `_redis_feed`).
+_MARKER = """
+local t = redis.call('TIME')
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('PUBLISH', ARGV[1], string.format('%d', ms))
+return ms
+"""
 
 
 class _Group:
@@ -68,7 +93,16 @@ class _Group:
     reader matched already: changes go to all of them (`publish_to_all`), not matched again.
     """
 
-    __slots__ = ("expiries", "fanout", "matcher", "pattern", "seen", "streams", "users")
+    __slots__ = (
+        "expiries",
+        "fanout",
+        "feed_after",
+        "matcher",
+        "pattern",
+        "seen",
+        "streams",
+        "users",
+    )
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -79,6 +113,9 @@ class _Group:
         # key -> (version, hash of the value or None once gone, expires in server ms or 0)
         self.seen: dict[str, tuple[int, int | None, int]] = {}
         self.expiries: list[tuple[int, str]] = []  # a heap of (expires, key)
+        # The feed's changes up to this id came before the group was subscribed: a catch-up
+        # after a reconnect hands it only later ones (None: every one the reader missed).
+        self.feed_after: feeds.Id | None = None
 
     def deliver(self, change: Change, stamp: int, expires: int) -> None:
         """Publish a live change unless it was delivered already (by a resync)."""
@@ -138,7 +175,7 @@ class _Barrier:
     `remaining`, of its latest `round` (a round is sent again after a reconnect).
     """
 
-    __slots__ = ("markers", "opened", "remaining", "round", "stream")
+    __slots__ = ("low", "markers", "opened", "remaining", "round", "stream")
 
     def __init__(self, stream: ChangeStream | None, *, markers: bool = False) -> None:
         self.stream = stream
@@ -146,6 +183,7 @@ class _Barrier:
         self.opened = asyncio.Event()
         self.remaining = 1  # barrier messages still to come
         self.round = 0
+        self.low = 0  # the smallest node clock the round's markers carried (0: none yet)
 
     def open(self) -> None:
         if self.stream is not None:
@@ -259,6 +297,10 @@ class Subscriber:
         is_cluster: bool
         socket_timeout: float
         connect_timeout: float
+        feed: FeedRetention | None
+        _feed_names: feeds.FeedNames
+
+        async def _read(self, *args: str | bytes | int) -> Any: ...
 
         @property
         def url(self) -> str: ...
@@ -309,14 +351,32 @@ class Subscriber:
         self._clock_skew_ms = 50 if self.is_cluster else 0
         self._clock_offset = 0.0  # server ms minus local ms, from the last change read
         self._pruned = 0  # server ms of the last pass forgetting expired keys
+        # The feed, as this reader has read it: per stream (slot; 0 on one server) the last id,
+        # and on a cluster the floor (every change stamped before it was read) and the slots
+        # read at or above it (what a cursor lists).
+        self._feed_last: dict[int, feeds.Id] = {}
+        self._feed_floor = 0
+        self._feed_listed: dict[int, str] = {}
+        self._floor_task: asyncio.Task[None] | None = None
+        self._drops = 0  # connections lost while live (`_feed_start` checks for one)
 
     @asynccontextmanager
-    async def _changes(self, pattern: str, max_buffer: int) -> AsyncIterator[ChangeStream]:
+    async def _changes(
+        self, pattern: str, max_buffer: int, since: str | None = None
+    ) -> AsyncIterator[ChangeStream | _Replay]:
         wire.require_asyncio()
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
+        position: feeds.Position | None = None
+        if since is not None:
+            position = (
+                feeds.Position(earliest=True)
+                if since == EARLIEST
+                else feeds.parse_cursor(since, cluster=self.is_cluster)
+            )
         await self._redis()
         group = self._groups.get(pattern)
+        joined = group is None and self._link is not None  # a new topic, on a live connection
         if group is None:
             group = self._groups[pattern] = _Group(pattern)
             self._index.add(group)
@@ -326,8 +386,18 @@ class Subscriber:
                 held = (stream, max_buffer)
                 group.streams.append(held)
                 try:
-                    await self._go_live(stream)
-                    yield stream
+                    if position is None:
+                        await self._go_live(stream)
+                        if joined:
+                            await self._feed_start(group)
+                        yield stream
+                    else:
+                        # Live from here, but opened only once the feed has been read up to
+                        # now (`_Replay`): the changes before that come from the feed.
+                        await self._go_live(None)
+                        replay = _Replay(self, group.matcher, since or "", position, stream)
+                        await replay.begin()
+                        yield replay
                 finally:
                     group.streams = [s for s in group.streams if s is not held]
         finally:
@@ -468,9 +538,11 @@ class Subscriber:
         primaries = await self._primaries(client)
         barrier.round += 1
         barrier.remaining = len(primaries)
+        barrier.low = 0
         channel = self._channel_prefix + self._barrier_key + b"%d:%d" % (token, barrier.round)
         for node in primaries:
-            command = ("PUBLISH", channel, b"")
+            # Each marker carries its node's clock, read just before it is published.
+            command = ("EVAL", _MARKER, 0, channel)
             await self._execute_on_cluster(client, command, None, target_nodes=node)
 
     def _start_reader(self) -> None:
@@ -487,13 +559,49 @@ class Subscriber:
         if barrier is not None and not barrier.markers:
             barrier.open()
 
-    def _marker(self, tail: bytes) -> None:
+    def _marker(self, tail: bytes, data: bytes) -> None:
         token, _, round_ = tail.partition(b":")
         barrier = self._barriers.get(int(token))
         if barrier is not None and barrier.markers and int(round_) == barrier.round:
             barrier.remaining -= 1
+            if data:
+                clock = int(data)
+                barrier.low = clock if not barrier.low else min(barrier.low, clock)
             if barrier.remaining <= 0:
+                # Every primary's changes stamped before its marker came before it.
+                self._raise_floor(barrier.low)
                 barrier.open()
+
+    def _raise_floor(self, floor: int) -> None:
+        """Every change stamped before `floor` has been read: list only the slots above it."""
+        if floor <= self._feed_floor:
+            return
+        self._feed_floor = floor
+        self._feed_listed = {
+            slot: at for slot, at in self._feed_listed.items() if feeds.parse_id(at)[0] >= floor
+        }
+
+    def _start_floor_round(self) -> None:
+        """Raise the floor with a marker round, unless one is on its way (a cluster's feed)."""
+        task = self._floor_task
+        if task is not None and not task.done():
+            return
+        self._floor_task = asyncio.get_running_loop().create_task(
+            self._floor_round(), name="agenticstate-redis-feed-floor"
+        )
+
+    async def _floor_round(self) -> None:
+        """A marker round on every primary; `_marker` raises the floor when it completes."""
+        token = next(self._tokens)
+        barrier = _Barrier(None, markers=True)
+        self._barriers[token] = barrier
+        try:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
+                    await self._send_markers(token, barrier)
+                    await barrier.opened.wait()
+        finally:
+            self._barriers.pop(token, None)
 
     # the reader
 
@@ -507,7 +615,20 @@ class Subscriber:
             self._pubsub = source.pubsub(ignore_subscribe_messages=False)
             # Read the clock before subscribing: every write after the subscription is stamped
             # at or after it (see `_resync`).
-            self._horizon = await wire.connect_pubsub(self._pubsub)
+            # On one server, the feed's head too: where a catch-up starts if nothing comes
+            # before the first drop (read on this connection: it is the only one a
+            # subscriber needs).
+            head_key = None
+            if (
+                self.feed is not None
+                and not self.is_cluster
+                and not self._feed_last
+                and not self._resync_pending  # after a gap the head is no place to resume
+            ):
+                head_key = self._feed_names.plain[1]
+            self._horizon, head = await wire.connect_pubsub(self._pubsub, head_key)
+            if head_key is not None:
+                self._feed_last[0] = feeds.parse_id(head) if head else (0, 0)
         self._sent.clear()
         self._acked.clear()
         self._overlap = False
@@ -522,9 +643,14 @@ class Subscriber:
         """The connection's patterns are in effect: resync if a gap came before, then go live."""
         since = self._horizon
         if self._resync_pending:
-            # Live again: now re-read what the gap may have hidden.
-            await self._resync(self._gap_from, since)
+            # Live again: now read what the gap hid from the feed, or else re-read the keys.
+            if not await self._catch_up():
+                await self._resync(self._gap_from, since)
+                # Live changes from here on set the feed's place again (until one comes, a
+                # next gap resyncs too).
+                self._feed_last.clear()
             self._resync_pending = False
+
         self._live.set()
         waiters, self._connect_waiters = self._connect_waiters, []
         for token in waiters:
@@ -579,6 +705,8 @@ class Subscriber:
                         raise
                 now = loop.time()
                 self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
+                if self._feed_listed:
+                    self._start_floor_round()  # keep cursors short while changes are few
                 # A connection can die without a word (a NAT or firewall forgets it): when
                 # nothing came for a while, ask, and give up on it if no answer comes.
                 if ping_sent and now - ping_sent > self.socket_timeout:
@@ -601,6 +729,7 @@ class Subscriber:
                     self._live.clear()
                     self._gap_from = self._horizon
                     self._resync_pending = True
+                    self._drops += 1
                 await self._drop_pubsub()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
 
@@ -646,14 +775,22 @@ class Subscriber:
             self._url, node, connect_timeout=self.connect_timeout, options=self._client_options
         )
 
-    def _dispatch(self, channel: bytes, data: bytes) -> None:
+    def _dispatch(self, channel: bytes, data: bytes, *, catching_up: bool = False) -> None:
         cut = self._channel_cut
         if channel.startswith(self._reserved, cut):
             # No key starts with the reserved prefix: a barrier, this backend's or another's.
             if channel.startswith(self._barrier_key, cut):
-                self._marker(channel[cut + len(self._barrier_key) :])
+                self._marker(channel[cut + len(self._barrier_key) :], data)
             return
-        stamp = int(data[21:36])
+        cursor: str | None = None
+        header = split_feed(data) if data[:1] == b"X" else None
+        start = 0
+        if header is not None:
+            at_raw, _, start = header
+            cursor = self._feed_read(channel, at_raw)
+            if cursor is None:
+                return  # read already (by a catch-up)
+        stamp = stamp_of(data)
         if stamp > self._horizon:
             self._horizon = stamp
             if stamp - self._pruned >= _PRUNE_LAG_MS:
@@ -665,12 +802,173 @@ class Subscriber:
                 self._prune(stamp - _PRUNE_LAG_MS)
         key = channel[cut:].decode("utf-8", "surrogateescape")
         groups = self._index.matching(key)
+        if catching_up and header is not None:
+            at = feeds.parse_id(header[0])
+            groups = [g for g in groups if g.feed_after is None or at > g.feed_after]
         if not groups:
             return
         self._clock_offset = stamp - time.time() * 1000
-        change, expires = parse_message(key, data)
+        change, expires = parse_message(key, data, start, cursor)
         for group in groups:
             group.deliver(change, stamp, expires)
+
+    def _feed_read(self, channel: bytes, at_raw: bytes) -> str | None:
+        """Note that the feed entry `at_raw` was read; its cursor, or `None` if read before."""
+        at = feeds.parse_id(at_raw)
+        slot = wire.key_slot(channel[len(CHANNEL_NAMESPACE) :]) if self.is_cluster else 0
+        last = self._feed_last.get(slot)
+        if last is not None and at <= last:
+            return None
+        self._feed_last[slot] = at
+        text = at_raw.decode()
+        if not self.is_cluster:
+            return "r1:" + text
+        listed = self._feed_listed
+        listed.pop(slot, None)
+        listed[slot] = text
+        if len(listed) > _LISTED_MAX:
+            self._start_floor_round()
+        return feeds.cluster_cursor(self._feed_floor, (slot, text), listed)
+
+    # the change feed
+
+    async def _feed_start(self, group: _Group) -> None:
+        """Note where the feed stood when `group` (a new topic) was subscribed.
+
+        The reader's place in the feed is the last change it read, and it never heard the new
+        topic's changes before this: a catch-up must not hand those to the group. The place
+        noted is read after the subscription took effect: on one server the feed's head, on a
+        cluster a time every change before it was stamped under (`_clock_floor`, exact). Then
+        a barrier: every change up to that place has been read (and delivered, if it came
+        after the subscription), so a catch-up skipping them for this group loses nothing,
+        unless the connection dropped meanwhile: then nothing is noted (a catch-up may then
+        hand the group a change from just before it subscribed, as without this).
+        """
+        if self.feed is None:
+            return
+        drops = self._drops
+        with contextlib.suppress(BackendError):
+            if self.is_cluster:
+                after = (await self._clock_floor(exact=True) - 1, 1 << 62)
+            else:
+                head = await self._read("GET", self._feed_names.plain[1])
+                after = feeds.parse_id(head) if head else (0, 0)
+            await self._go_live(None)
+            if self._drops == drops:
+                group.feed_after = after
+
+    async def _feed_slots(self, also: Sequence[int] = ()) -> list[int]:
+        """The slots with a feed stream (one server: slot 0), and those in `also`."""
+        if not self.is_cluster:
+            return [0]
+        client = await self._redis()
+        found = set(also)
+        match = self._feed_names.scan_match()
+        for node in await self._primaries(client):
+            cursor: Any = 0
+            while True:
+                cursor, names = await self._execute_on_cluster(
+                    client,
+                    ("SCAN", cursor, "MATCH", match, "TYPE", "stream", "COUNT", 1000),
+                    None,
+                    target_nodes=node,
+                )
+                for name in names:
+                    slot = wire.key_slot(name)
+                    if self._feed_names.slot_of_stream(name.decode(), slot):
+                        found.add(slot)
+                if int(cursor) == 0:
+                    break
+        return sorted(found)
+
+    async def _feed_pages(
+        self, slot: int, position: feeds.Position, cursor: str
+    ) -> AsyncIterator[list[tuple[bytes, bytes, feeds.Id]]]:
+        """The entries of `slot`'s stream after `position`, a page at a time: (key, data, id).
+
+        Raises:
+            CursorExpiredError: Entries after `position` were trimmed (checked on each page).
+        """
+        stream, counter = self._feed_names.for_slot(slot)
+        start = position.start(slot)
+        while True:
+            page, last = await self._read("EVAL", feeds.READ, 2, stream, counter, start, _PAGE)
+            entries = [_feed_entry(fields) for _, fields in page]
+            first_prev = None
+            if entries:
+                header = split_feed(entries[0][1])
+                first_prev = None if header is None else feeds.parse_id(header[1])
+            feeds.check_start(
+                cursor, position, slot, first_prev, None if last is None else feeds.parse_id(last)
+            )
+            if not entries:
+                return
+            yield entries
+            if len(entries) < _PAGE:
+                return
+            at = entries[-1][2]
+            start, position = "(" + feeds.id_text(at), feeds.Position(ids={slot: at})
+
+    async def _clocks(self) -> list[int]:
+        """Every cluster primary's clock (ms), read with TIME."""
+        client = await self._redis()
+        times = []
+        for node in await self._primaries(client):
+            seconds, micros = await self._execute_on_cluster(
+                client, ("TIME",), None, target_nodes=node
+            )
+            times.append(int(seconds) * 1000 + int(micros) // 1000)
+        return times
+
+    async def _clock_floor(self, *, exact: bool = False) -> int:
+        """A time (ms) that every change committed before this call was stamped before.
+
+        The smallest of the primaries' clocks qualifies at once, but a change committed just
+        before, in that millisecond or on a node whose clock is ahead, may be stamped after it.
+        `exact`: one past the largest clock instead, returned once every primary's clock has
+        passed it (so every change committed after the call is stamped at or after it); if the
+        clocks are more than a second apart, the smallest.
+        """
+        times = await self._clocks()
+        if not exact:
+            return min(times)
+        floor = max(times) + 1
+        deadline = asyncio.get_running_loop().time() + 1.0
+        while min(times) < floor:
+            if asyncio.get_running_loop().time() > deadline:
+                return min(times)
+            await asyncio.sleep(0.001)  # a clock to pass, not an event to wait for
+            times = await self._clocks()
+        return floor
+
+    async def _catch_up(self) -> bool:
+        """After a gap, read what it hid from the feed; false if some of it is gone."""
+        if (
+            self.feed is None
+            or (self.is_cluster and not self._feed_floor)
+            or (not self.is_cluster and not self._feed_last)
+        ):
+            return False
+        position = feeds.Position(floor=self._feed_floor, ids=dict(self._feed_last))
+        namespace = CHANNEL_NAMESPACE.encode()
+        budget = asyncio.get_running_loop().time() + self.socket_timeout
+        read = 0
+        try:
+            for slot in await self._feed_slots(list(self._feed_last)):
+                async for entries in self._feed_pages(slot, position, "(this reader's place)"):
+                    for start in range(0, len(entries), _PACE):
+                        # Handed over only as fast as the subscriptions take them.
+                        for group in self._index.groups():
+                            budget = await self._room(group, budget)
+                        for name, data, _ in entries[start : start + _PACE]:
+                            # (One read before is skipped there.)
+                            self._dispatch(namespace + name, data, catching_up=True)
+                    read += len(entries)
+        except CursorExpiredError:
+            log.info("pubsub_feed_gap", read=read)
+            return False
+        log.info("pubsub_caught_up", changes=read)
+        return True
 
     def _prune(self, now: float) -> None:
         for group in self._index.groups():
@@ -802,9 +1100,154 @@ class Subscriber:
             barrier.opened.set()  # subscriptions still waiting learn at once that it closed
         for group in self._groups.values():
             group.fanout.close()
+        floor_task, self._floor_task = self._floor_task, None
+        if floor_task is not None:
+            floor_task.cancel()
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
         await self._drop_pubsub()
+
+
+def _feed_entry(fields: list[bytes]) -> tuple[bytes, bytes, feeds.Id]:
+    """A stream entry's fields (`k` the Redis key, `m` the message) as (key, data, id)."""
+    values = dict(zip(fields[::2], fields[1::2], strict=True))
+    data = values[b"m"]
+    header = split_feed(data)
+    if header is None:
+        raise BackendError("a feed stream entry is not an agenticstate change")
+    return values[b"k"], data, feeds.parse_id(header[0])
+
+
+class _Replay:
+    """A subscription from a cursor: the feed's changes after it, then the live ones.
+
+    Entered with its live subscription in effect but not open. It reads every stream after the
+    cursor (a page at a time, merged by id: each stream in its order), then opens the live
+    subscription and reads the streams once more up to now, then hands over the live changes,
+    dropping those at or below what it read from their stream. So the live buffer holds only
+    what came after the switch, and no change is missed or repeated. A change's cursor is this
+    subscription's place: on one server its feed id; on a cluster the cursor's floor raised as
+    the merge goes (never past the clocks read before the streams were listed: a stream made
+    later is read from the floor), with the slots read above it listed.
+    """
+
+    def __init__(
+        self,
+        owner: Subscriber,
+        matcher: Any,
+        cursor: str,
+        position: feeds.Position,
+        live: ChangeStream,
+    ) -> None:
+        self._owner = owner
+        self._matcher = matcher
+        self._cursor = cursor
+        self._position = position  # where each stream has been read to
+        self._live = live
+        self._pass = 0  # 0: reading up to entry, 1: up to the switch, 2: live
+        self._pages: dict[int, AsyncIterator[list[tuple[bytes, bytes, feeds.Id]]]] = {}
+        self._waiting: dict[int, list[tuple[bytes, bytes, feeds.Id]]] = {}
+        self._heap: list[tuple[feeds.Id, int, int]] = []  # (id, slot, index in its page)
+        self._read: dict[int, feeds.Id] = {}  # per stream, the last id handed over
+        self._cut = len(owner._feed_names.key_prefix.encode())
+        self._cap = 0  # cluster: the floor may not pass this (see the class docstring)
+        self._floor = position.floor
+        self._listed = {slot: feeds.id_text(at) for slot, at in position.ids.items()}
+
+    def __aiter__(self) -> _Replay:
+        return self
+
+    async def begin(self) -> None:
+        """Start reading every stream (raises `CursorExpiredError` now, on entry)."""
+        owner = self._owner
+        if owner.is_cluster:
+            self._cap = await owner._clock_floor()
+        for slot in await owner._feed_slots(list(self._position.ids)):
+            pages = owner._feed_pages(slot, self._position, self._cursor)
+            self._pages[slot] = pages
+            await self._fetch(slot)
+
+    async def _fetch(self, slot: int) -> None:
+        """Take `slot`'s next page onto the heap (or forget the stream, read to its end)."""
+        page = await anext(self._pages[slot], None)
+        if page is None:
+            del self._pages[slot]
+            self._waiting.pop(slot, None)
+            return
+        self._waiting[slot] = page
+        heapq.heappush(self._heap, (page[0][2], slot, 0))
+
+    async def _next_entry(self) -> tuple[int, bytes, bytes, feeds.Id] | None:
+        heap = self._heap
+        if not heap:
+            return None
+        _, slot, index = heapq.heappop(heap)
+        page = self._waiting[slot]
+        name, data, at = page[index]
+        if index + 1 < len(page):
+            heapq.heappush(heap, (page[index + 1][2], slot, index + 1))
+        else:
+            await self._fetch(slot)
+        return slot, name, data, at
+
+    async def _switch(self) -> None:
+        """Open the live subscription, then read once more what came before the switch."""
+        owner = self._owner
+        self._live.open()
+        self._position = feeds.Position(
+            floor=self._floor, ids=dict(self._position.ids), earliest=self._position.earliest
+        )
+        if owner.is_cluster:
+            self._cap = await owner._clock_floor()
+        for slot in await owner._feed_slots(list(self._position.ids)):
+            self._pages[slot] = owner._feed_pages(slot, self._position, self._cursor)
+            await self._fetch(slot)
+
+    def _cursor_of(self, slot: int, at: feeds.Id) -> str:
+        text = feeds.id_text(at)
+        if not self._owner.is_cluster:
+            return "r1:" + text
+        floor = min(at[0], self._cap)
+        listed = self._listed
+        if floor > self._floor:
+            self._floor = floor
+            if len(listed) > _LISTED_MAX:
+                self._listed = listed = {
+                    s: t for s, t in listed.items() if feeds.parse_id(t)[0] >= floor
+                }
+        listed.pop(slot, None)
+        listed[slot] = text
+        return feeds.cluster_cursor(self._floor, (slot, text), listed)
+
+    async def __anext__(self) -> Change:
+        while self._pass < 2:
+            entry = await self._next_entry()
+            if entry is None:
+                self._pass += 1
+                if self._pass == 1:
+                    await self._switch()
+                continue
+            slot, name, data, at = entry
+            self._position.ids[slot] = at
+            self._read[slot] = at
+            cursor = self._cursor_of(slot, at)
+            key = name[self._cut :].decode("utf-8", "surrogateescape")
+            if not self._matcher.match(key):
+                continue
+            header = split_feed(data)
+            assert header is not None  # noqa: S101  # `_feed_entry` checked it
+            return parse_message(key, data, header[2], cursor)[0]
+        while True:
+            change = await self._live.__anext__()
+            read = self._read
+            if read and change.cursor is not None:
+                slot, at = feeds.cursor_place(change.cursor)
+                done = read.get(slot)
+                if done is not None:
+                    if at <= done:
+                        continue  # read from the feed already
+                    del read[slot]
+            return change

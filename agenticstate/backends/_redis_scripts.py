@@ -6,8 +6,20 @@ A change is published on `{CHANNEL_NAMESPACE}{key_prefix}{key}` by the script th
 the exact old and new bytes (`parse_message` reads it back). A sorted index lives at
 `{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a list of its last
 versions (`_redis_history`), which the write scripts push to (`keep`) and the delete script
-drops, when the caller appends it to the script's keys (`take_history`). The scripts are sent by SHA
-(`SET_SHA`, ...) and loaded after a NOSCRIPT reply.
+drops, when the caller appends it to the script's keys (`take_history`). The scripts are sent
+by SHA (`SET_SHA`, ...) and loaded after a NOSCRIPT reply.
+
+The change feed (`_redis_feed` names its keys and reads it back). When the feed is on, a write
+script also gets the feed's stream and its counter as its last two `KEYS` (in a cluster both hash
+to the written key's slot) and the retention (max changes, max age in ms; 0 = none) in `ARGV`.
+`to_feed` then gives the change its feed id, `<ms>-<n>`: `ms` the server time (never less than the
+id before it), `n` one more than the stream's previous id, counted over the stream's whole life
+(the counter key holds the last id given, so trimming never resets it). It XADDs the change with
+fields `k` (the Redis key) and `m` (the message), trims the stream (`MAXLEN ~`, `MINID ~`) and
+publishes the same message: `X<id> <previous id> <W or D message>`. A reader knows from the
+previous id whether anything between two entries is missing (see `_redis_feed`). History lists
+come after the feed's keys (and their spec after its arguments): `take_history` takes them off
+first, so the feed's positions are the same with or without history.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ __all__ = [
     "DELETE",
     "DELETE_SHA",
     "DROP_FUNCTION",
+    "FEED_FUNCTION",
     "HEADER",
     "INDEX_NAMESPACE",
     "SET",
@@ -35,6 +48,8 @@ __all__ = [
     "entry",
     "from_ms",
     "parse_message",
+    "split_feed",
+    "stamp_of",
     "to_ms",
     "ttl_ms",
 ]
@@ -53,10 +68,45 @@ for i, name in ipairs(KEYS) do sizes[i] = redis.call('STRLEN', name) end
 return sizes
 """
 
-# One write: check the version, store header + value, apply the TTL, publish old and new.
-# Returns {1, version, old-or-false, now} or {0, actual version} on a version conflict.
-WRITE_FUNCTION = """
-local function write(key, value, ttl, expected, channel, now)
+# The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
+# counter are KEYS[k] and KEYS[k + 1] and whose retention is ARGV[a] and ARGV[a + 1], or false
+# when there is no KEYS[k] (the feed is off). `to_feed(feed, key, message, now)` appends `message`
+# (a change of `key`) to the feed and returns what to publish and its id (false: no feed).
+FEED_FUNCTION = """
+local function feed_at(k, a)
+  if not KEYS[k] then return false end
+  return {KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), tonumber(ARGV[a + 1])}
+end
+local function to_feed(feed, key, message, now)
+  if not feed then return message, false end
+  local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
+  if not prev then prev = redis.call('GET', feed[2]) or '0-0' end
+  local dash = string.find(prev, '-', 1, true)
+  local ms = tonumber(string.sub(prev, 1, dash - 1))
+  if now > ms then ms = now end
+  local id = string.format('%d-%d', ms, tonumber(string.sub(prev, dash + 1)) + 1)
+  local data = 'X' .. id .. ' ' .. prev .. ' ' .. message
+  if feed[3] > 0 then
+    redis.call('XADD', feed[1], 'MAXLEN', '~', feed[3], id, 'k', key, 'm', data)
+  else
+    redis.call('XADD', feed[1], id, 'k', key, 'm', data)
+  end
+  if feed[4] > 0 then
+    redis.call('XTRIM', feed[1], 'MINID', string.format('%d-0', now - feed[4]))
+  end
+  redis.call('SET', feed[2], id)
+  feed[5] = id
+  return data, id
+end
+"""
+
+# One write: check the version, store header + value, apply the TTL, publish old and new (and
+# append the change to `feed`, false when off). Returns {1, version, old-or-false, now, feed id
+# or false} or {0, actual version} on a version conflict.
+WRITE_FUNCTION = (
+    FEED_FUNCTION
+    + """
+local function write(key, value, ttl, expected, channel, now, feed)
   local cur = redis.call('GET', key)
   local ver = 0
   local created = nil
@@ -83,40 +133,46 @@ local function write(key, value, ttl, expected, channel, now)
   end
   local oldpart = '0'
   if old then oldpart = '1' .. string.format('%010d', #old) .. old end
-  redis.call('PUBLISH', channel, 'W' .. verstr .. nowstr .. string.format('%015d', expires)
-    .. oldpart .. value)
-  return {1, ver, old, now}
+  local data, id = to_feed(feed, key, 'W' .. verstr .. nowstr .. string.format('%015d', expires)
+    .. oldpart .. value, now)
+  redis.call('PUBLISH', channel, data)
+  return {1, ver, old, now, id}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
+)
 
-# KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
-# (Then its history list and spec, if it keeps history: `take_history`.)
+# KEYS[1] the key (then the feed's stream and counter); ARGV: value, ttl ms (0 = none), expected
+# version (-1 = any), channel, the feed's max changes and max age ms. (Then its history list and
+# spec, if it keeps history: `take_history`.)
 SET = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
     + """
 local lists = take_history()
 local ttl = tonumber(ARGV[2])
-local r = write(KEYS[1], ARGV[1], ttl, tonumber(ARGV[3]), ARGV[4], now)
+local r = write(KEYS[1], ARGV[1], ttl, tonumber(ARGV[3]), ARGV[4], now, feed_at(2, 5))
 if lists and r[1] == 1 then keep(lists[1][1], KEYS[1], lists[1][2], r[2], ttl) end
 return r
 """
 )
 
-# KEYS: the keys; ARGV: ttl ms, then a value and a channel per key. Each write is unconditional;
-# the reply is each write's reply, in order. (Then the history lists and their spec, if some
-# keys keep history: `take_history`.)
+# KEYS: the keys (then the feed's stream and counter); ARGV: ttl ms, the feed's max changes and
+# max age ms, then a value and a channel per key. Each write is unconditional; the reply is each
+# write's reply, in order. (Then the history lists and their spec, if some keys keep history:
+# `take_history`.)
 SET_MANY = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
     + """
 local lists = take_history()
 local ttl = tonumber(ARGV[1])
+local count = (#ARGV - 3) / 2
+local feed = feed_at(count + 1, 2)
 local replies = {}
-for i = 1, #KEYS do
-  replies[i] = write(KEYS[i], ARGV[2 * i], ttl, -1, ARGV[2 * i + 1], now)
+for i = 1, count do
+  replies[i] = write(KEYS[i], ARGV[2 * i + 2], ttl, -1, ARGV[2 * i + 3], now, feed)
   local kept = lists and lists[i]
   if kept then keep(kept[1], KEYS[i], kept[2], replies[i][2], ttl) end
 end
@@ -124,11 +180,11 @@ return replies
 """
 )
 
-# drop(key, expected, channel, now): delete `key` and publish the change, in one place for
-# DELETE and the transaction script. Returns {1, version, old, now}, {2} when missing, or
-# {0, actual version} on a conflict (expected -1 = any).
+# drop(key, expected, channel, now, feed): delete `key` and publish the change (and append it to
+# `feed`), in one place for DELETE and the transaction script. Returns {1, version, old, now,
+# feed id or false}, {2} when missing, or {0, actual version} on a conflict (expected -1 = any).
 DROP_FUNCTION = """
-local function drop(key, expected, channel, now)
+local function drop(key, expected, channel, now, feed)
   local cur = redis.call('GET', key)
   local ver = 0
   if cur then ver = tonumber(string.sub(cur, 1, 20)) end
@@ -139,23 +195,26 @@ local function drop(key, expected, channel, now)
   local old = string.sub(cur, 66)
   redis.call('DEL', key)
   local verstr = string.format('%020d', ver)
-  redis.call('PUBLISH', channel, 'D' .. verstr .. string.format('%015d', now) .. '1'
-    .. string.format('%010d', #old) .. old)
-  return {1, ver, old, now}
+  local data, id = to_feed(feed, key, 'D' .. verstr .. string.format('%015d', now) .. '1'
+    .. string.format('%010d', #old) .. old, now)
+  redis.call('PUBLISH', channel, data)
+  return {1, ver, old, now, id}
 end
 """
 
-# KEYS[1] the key; ARGV: expected version (-1 = any), channel. (Then its history list and spec,
-# if it keeps history: `take_history`; the list goes with the key.)
-# Returns {1, version, old, now}, {2} when missing, or {0, actual version} on a conflict.
+# KEYS[1] the key (then the feed's stream and counter); ARGV: expected version (-1 = any),
+# channel, the feed's max changes and max age ms. (Then its history list and spec, if it keeps
+# history: `take_history`; the list goes with the key.)
+# Returns {1, version, old, now, id}, {2} when missing, or {0, actual version} on a conflict.
 DELETE = (
-    DROP_FUNCTION
+    FEED_FUNCTION
+    + DROP_FUNCTION
     + HISTORY_FUNCTION
     + """
 local lists = take_history()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local r = drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now)
+local r = drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now, feed_at(2, 3))
 if lists and r[1] == 1 then redis.call('DEL', lists[1][1]) end
 return r
 """
@@ -188,21 +247,24 @@ def entry(key: str, raw: bytes) -> Entry:
     )
 
 
-def parse_message(key: str, data: bytes) -> tuple[Change, int]:
+def parse_message(
+    key: str, data: bytes, start: int = 0, cursor: str | None = None
+) -> tuple[Change, int]:
     """Decode a published change and when the key expires (server ms, 0 = never).
 
     `W`: a write (op, version, timestamp, expiry, optional old, new); `D`: a delete (no expiry);
-    `S`: a write published by an earlier version of this library (no expiry).
+    `S`: a write published by an earlier version of this library (no expiry). The message
+    starts at `start` (after a feed header: `split_feed`); the change gets `cursor`.
     """
-    kind = data[:1]
+    kind = data[start : start + 1]
     op = ChangeOp.DELETE if kind == b"D" else ChangeOp.SET
-    version = int(data[1:21])
-    stamp = int(data[21:36])
-    position = 36
+    version = int(data[start + 1 : start + 21])
+    stamp = int(data[start + 21 : start + 36])
+    position = start + 36
     expires = 0
     if kind == b"W":
-        expires = int(data[36:51])
-        position = 51
+        expires = int(data[position : position + 15])
+        position += 15
     old: bytes | None = None
     if data[position : position + 1] == b"1":
         size = int(data[position + 1 : position + 11])
@@ -211,8 +273,29 @@ def parse_message(key: str, data: bytes) -> tuple[Change, int]:
     else:
         position += 1
     new = data[position:] if op is ChangeOp.SET else None
-    change = new_change(key, op, old, new, version, from_ms(stamp))  # Change(...), fast
+    change = new_change(key, op, old, new, version, from_ms(stamp), cursor)  # Change(...), fast
     return change, expires
+
+
+def split_feed(data: bytes) -> tuple[bytes, bytes, int] | None:
+    """A feed message's id, the previous id and where its change starts; `None` if no feed's.
+
+    A change written with the feed on is published (and kept in the stream) as
+    `X<id> <previous id> <message>`.
+    """
+    if data[:1] != b"X":
+        return None
+    space = data.index(b" ", 1)
+    second = data.index(b" ", space + 1)
+    return data[1:space], data[space + 1 : second], second + 1
+
+
+def stamp_of(data: bytes) -> int:
+    """The server time (ms) a published change was committed at, feed header or not."""
+    start = 0
+    if data[:1] == b"X":
+        start = data.index(b" ", data.index(b" ", 1) + 1) + 1
+    return int(data[start + 21 : start + 36])
 
 
 def _sha(source: str) -> str:

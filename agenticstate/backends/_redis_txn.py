@@ -9,16 +9,19 @@ header, TTL, PUBLISH of old and new); `Delete` publishes as `delete` does. A `Pu
 a key that keeps history (`ph`, `dh`) also keeps or drops its history list, as `set` and `delete`
 do (`_redis_history`).
 
-`ARGV` layout: `[channel namespace, compares, then_at, else_at, end_at, compares..., then ops...,
-else ops...]`, positions 1-based as Lua counts. A compare is `kind, key, version` (`v`: at
-version, `e`: exists). An op is its code, its key's position in `KEYS`, and its fields:
+`ARGV` layout: `[channel namespace, compares, then_at, else_at, end_at, feed_at, feed max
+changes, feed max age ms, compares..., then ops..., else ops...]`, positions 1-based as Lua
+counts. `feed_at` is the position in `KEYS` of the change feed's stream (its counter follows;
+both after the transaction's own keys), 0 when the feed is off or nothing is written. A
+compare is `kind, key, version` (`v`: at version, `e`: exists). An op is its code, its key's
+position in `KEYS`, and its fields:
 
 | op | fields | result |
 | --- | --- | --- |
 | `g` | | the raw record, or nil |
-| `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms}` |
+| `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms, id or nil}` |
 | `ph` | value, ttl ms, history list's position in `KEYS`, depth | as `p` |
-| `d` | | `{version, old, now ms}`, or nil |
+| `d` | | `{version, old, now ms, feed id or nil}`, or nil |
 | `dh` | history list's position in `KEYS` | as `d` |
 | `ia` | n, then score, member n times | members added |
 | `ir` | n, then n members | members removed |
@@ -57,7 +60,7 @@ if TYPE_CHECKING:
 
     from agenticstate.backends.base import Entry, TxnCompare, TxnOp
 
-__all__ = ["TxnCall", "check_one_slot", "pack", "parse", "result", "script"]
+__all__ = ["TxnCall", "add_feed", "check_one_slot", "pack", "parse", "result", "script"]
 
 _MS = timedelta(milliseconds=1)
 
@@ -65,8 +68,10 @@ _MS = timedelta(milliseconds=1)
 # history's `keep`.
 _TXN_BODY = """
 local ns = ARGV[1]
+local feed = false
+if ARGV[6] ~= '0' then feed = feed_at(tonumber(ARGV[6]), 7) end
 local ok = 1
-local i = 6
+local i = 9
 for c = 1, tonumber(ARGV[2]) do
   local head = redis.call('GETRANGE', KEYS[tonumber(ARGV[i + 1])], 0, 19)
   local ver = 0
@@ -100,16 +105,16 @@ while i < to do
     r = redis.call('GET', key)
     i = i + 2
   elseif op == 'p' then
-    r = write(key, ARGV[i + 2], tonumber(ARGV[i + 3]), -1, ns .. key, now)
+    r = write(key, ARGV[i + 2], tonumber(ARGV[i + 3]), -1, ns .. key, now, feed)
     i = i + 4
   elseif op == 'ph' then
     local ttl = tonumber(ARGV[i + 3])
-    r = write(key, ARGV[i + 2], ttl, -1, ns .. key, now)
+    r = write(key, ARGV[i + 2], ttl, -1, ns .. key, now, feed)
     keep(KEYS[tonumber(ARGV[i + 4])], key, tonumber(ARGV[i + 5]), r[2], ttl)
     i = i + 6
   elseif op == 'd' or op == 'dh' then
-    local d = drop(key, -1, ns .. key, now)
-    if d[1] == 1 then r = {d[2], d[3], d[4]} end
+    local d = drop(key, -1, ns .. key, now, feed)
+    if d[1] == 1 then r = {d[2], d[3], d[4], d[5]} end
     if op == 'dh' then
       if d[1] == 1 then redis.call('DEL', KEYS[tonumber(ARGV[i + 2])]) end
       i = i + 1
@@ -159,12 +164,15 @@ class TxnCall:
         args: `ARGV`.
         names: Each Redis key's name as the caller gave it (a key or an index), for messages.
         write_key: The key whose write outcome an unknown reply leaves open.
+        writes: Whether it may write a key (a `Put` or a `Delete`): only then does it need the
+            change feed.
     """
 
     keys: list[str]
     args: list[str | bytes | int]
     names: list[str]
     write_key: str
+    writes: bool = False
 
 
 def _ttl_ms(op: Put) -> int:
@@ -186,11 +194,12 @@ def pack(
     """Pack a validated transaction (`check_transaction`'s output) for the script.
 
     `history(key)` is the Redis key and depth of `key`'s history list, `None` when it keeps none.
+    The change feed's keys and retention are added by `add_feed`, once the slot is known.
     """
     keys: list[str] = []
     names: list[str] = []
     positions: dict[str, int] = {}
-    args: list[str | bytes | int] = [channels, len(compare), 0, 0, 0]
+    args: list[str | bytes | int] = [channels, len(compare), 0, 0, 0, 0, 0, 0]
     for item in compare:
         name = state_key(item.key)
         found = positions.get(name)
@@ -208,7 +217,16 @@ def pack(
     _pack_ops(orelse, args, keys, names, positions, state_key, index_key, history)
     args[4] = len(args) + 1
     written = [op.key for op in (*then, *orelse) if type(op) is Put or type(op) is Delete]
-    return TxnCall(keys, args, names, (written or names or [""])[0])
+    return TxnCall(keys, args, names, (written or names or [""])[0], writes=bool(written))
+
+
+def add_feed(call: TxnCall, stream: str, counter: str, retention: tuple[int, int]) -> None:
+    """Append the change feed's stream and counter to `call` (only if it writes a key)."""
+    if not call.writes:
+        return
+    call.args[5] = len(call.keys) + 1
+    call.args[6], call.args[7] = retention
+    call.keys.extend((stream, counter))
 
 
 def _pack_ops(  # the packing state is passed down, not closed over
@@ -284,21 +302,41 @@ def parse(
     ops: Sequence[TxnOp],
     reply: list[Any],
     entry: Callable[[str, bytes], Entry],
+    cursor: Callable[[bytes | None], str | None],
 ) -> list[Any]:
-    """The results of the branch that ran (`ops`), from the script's reply."""
+    """The results of the branch that ran (`ops`), from the script's reply.
+
+    `cursor` makes a change's cursor from its feed id (`None`: the feed is off).
+    """
     results: list[Any] = []
     for op, raw in zip(ops, reply, strict=True):
         if type(op) is Get:
             results.append(None if raw is None else entry(op.key, raw))
         elif type(op) is Put:
             results.append(
-                new_change(op.key, ChangeOp.SET, raw[2], op.value, int(raw[1]), _at(raw[3]))
+                new_change(
+                    op.key,
+                    ChangeOp.SET,
+                    raw[2],
+                    op.value,
+                    int(raw[1]),
+                    _at(raw[3]),
+                    cursor(raw[4] if len(raw) > 4 else None),
+                )
             )
         elif type(op) is Delete:
             results.append(
                 None
                 if raw is None
-                else new_change(op.key, ChangeOp.DELETE, raw[1], None, int(raw[0]), _at(raw[2]))
+                else new_change(
+                    op.key,
+                    ChangeOp.DELETE,
+                    raw[1],
+                    None,
+                    int(raw[0]),
+                    _at(raw[2]),
+                    cursor(raw[3] if len(raw) > 3 else None),
+                )
             )
         elif type(op) is IndexAdd or type(op) is IndexRemove:
             results.append(int(raw))
@@ -315,11 +353,12 @@ def result(
     compare_then_orelse: tuple[Sequence[TxnCompare], Sequence[TxnOp], Sequence[TxnOp]],
     reply: list[Any],
     entry: Callable[[str, bytes], Entry],
+    cursor: Callable[[bytes | None], str | None],
 ) -> TxnResult:
     """The `TxnResult` of the script's reply `{succeeded, results}`."""
     _, then, orelse = compare_then_orelse
     succeeded = int(reply[0]) == 1
-    return TxnResult(succeeded, parse(then if succeeded else orelse, reply[1], entry))
+    return TxnResult(succeeded, parse(then if succeeded else orelse, reply[1], entry, cursor))
 
 
 def _at(ms: Any) -> datetime:

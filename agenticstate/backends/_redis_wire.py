@@ -198,17 +198,22 @@ def node_client(
     )
 
 
-async def connect_pubsub(pubsub: PubSub) -> int:
-    """Connect `pubsub` and read the server's clock on its connection (milliseconds).
+async def connect_pubsub(pubsub: PubSub, head_key: str | None = None) -> tuple[int, bytes | None]:
+    """Connect `pubsub`; read the server's clock (milliseconds) and `head_key` on it.
 
     Read before subscribing, on the pub/sub connection itself (before it enters subscribed
-    mode): every write after the subscription is stamped at or after it.
+    mode): every write after the subscription is stamped at or after the clock, and `head_key`
+    (the change feed's counter, if given) holds the id of the last change before it.
     """
     await pubsub.connect()  # type: ignore[no-untyped-call]
     connection: Any = pubsub.connection
     await connection.send_command("TIME")
     seconds, micros = await connection.read_response()
-    return int(seconds) * 1000 + int(micros) // 1000
+    head = None
+    if head_key is not None:
+        await connection.send_command("GET", head_key)
+        head = await connection.read_response()
+    return int(seconds) * 1000 + int(micros) // 1000, head
 
 
 class PubSubLink:
@@ -501,13 +506,15 @@ class Cluster:
         "size",
         "slots",
         "stale",
+        "try_again",
         "url",
     )
 
     def __init__(self, size: int, url: str) -> None:
-        from redis.exceptions import AskError, MovedError, ResponseError
+        from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 
         self.errors = (MovedError, AskError, ResponseError)  # bound once, for `call`
+        self.try_again = TryAgainError
         self.size = size
         self.url = url  # redacted, for messages
         self.nodes: dict[str, Node] = {}
@@ -554,11 +561,22 @@ class Cluster:
                     f"no node of the Redis Cluster at {self.url} serves slot {key_slot(key or '')}"
                 )
         asking = False
-        for _ in range(_MAX_REDIRECTS):
+        owner = node
+        redirects = waits = 0
+        while redirects < _MAX_REDIRECTS:
             try:
                 return await node.connections.call(client, args, attempt, asking=asking)
+            except self.try_again:
+                # A command on several keys of a slot being migrated, while they are split
+                # between the two nodes (a write with its change feed's stream): it did not
+                # run. Redis asks to try again shortly; the caller's timeout bounds the waits.
+                waits += 1
+                await asyncio.sleep(min(0.002 * waits, 0.05))
+                node, asking, redirects = owner, False, 0
+                attempt.sent = False
+                continue
             except MovedError as exc:
-                node = self.slots[exc.slot_id] = self.node(client, exc.host, exc.port)
+                node = owner = self.slots[exc.slot_id] = self.node(client, exc.host, exc.port)
                 self.stale = True  # more slots may have moved: read the map before the next
                 asking = False
             except AskError as exc:
@@ -570,6 +588,7 @@ class Cluster:
                 self.stale = True  # the node may be gone (a failover): read the map again
                 raise
             attempt.sent = False  # a redirect reply: the command did not run
+            redirects += 1
         self.stale = True
         raise BackendUnavailableError(
             f"the Redis Cluster at {self.url} redirected a command {_MAX_REDIRECTS} times"

@@ -66,10 +66,9 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 
-from agenticstate._glob import compile_glob
-from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._keys import validate_key
+from agenticstate.config import FeedRetention, HistoryRules  # defined with StateConfig
 from agenticstate.exceptions import (
-    ConfigurationError,
     ConflictError,
     InvalidArgumentError,
     UnsupportedOperationError,
@@ -256,71 +255,6 @@ def new_change(
 
 EARLIEST = "earliest"
 """`since=EARLIEST`: replay every change the feed still retains, then follow live."""
-
-
-@dataclass(frozen=True, slots=True)
-class FeedRetention:
-    """How much of the change feed a backend keeps (each bound applies; `None` lifts it).
-
-    Attributes:
-        max_changes: Keep at most this many of the newest changes (per stream: on Redis
-            Cluster, per slot's stream). Trimming may keep somewhat more than this (Redis trims
-            whole stream nodes), never fewer.
-        max_age: Drop changes older than this (checked as writes happen, so an idle feed may
-            hold older ones until the next write).
-    """
-
-    max_changes: int | None = 10_000
-    max_age: timedelta | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_changes is not None and (
-            type(self.max_changes) is not int or self.max_changes < 1
-        ):
-            raise ConfigurationError(
-                f"max_changes must be an int >= 1 or None, not {self.max_changes!r}"
-            )
-        if self.max_age is not None and (
-            not isinstance(self.max_age, timedelta) or self.max_age <= timedelta(0)
-        ):
-            raise ConfigurationError(
-                f"max_age must be a positive timedelta or None, not {self.max_age!r}"
-            )
-
-
-class HistoryRules:
-    """Which keys keep how many versions: glob patterns to depths, the first match wins.
-
-    `HistoryRules({"agent:*": 20, "*": 1})`: keys under `agent:` keep their last 20 versions;
-    a depth of 1 keeps only the current one (the same as no rule). Depth is an int >= 1.
-    """
-
-    __slots__ = ("_cache", "_rules")
-
-    def __init__(self, rules: Mapping[str, int] | None = None) -> None:
-        checked = []
-        for pattern, depth in dict(rules or {}).items():
-            validate_pattern(pattern)
-            if type(depth) is not int or depth < 1:
-                raise ConfigurationError(
-                    f"history depth for {pattern!r} must be an int >= 1, not {depth!r}"
-                )
-            checked.append((compile_glob(pattern), depth))
-        self._rules = checked
-        self._cache: dict[str, int] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._rules)
-
-    def depth(self, key: str) -> int:
-        """How many versions `key` keeps (1: only the current one)."""
-        found = self._cache.get(key)
-        if found is None:
-            found = next((d for matcher, d in self._rules if matcher.match(key)), 1)
-            if len(self._cache) >= 4096:
-                self._cache.clear()
-            self._cache[key] = found
-        return found
 
 
 # Transactions (`Backend.transact`): compares, then operations, in one atomic step.

@@ -31,10 +31,14 @@ is delivered and none from before it.
 
 Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
 When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,
-subscribes again, then **resyncs**: it scans the subscribed keys and emits a `RESYNC` change (old
-value unknown, `None`) for every key whose version or value differs from what it delivered, for
-every key written since the last change it read that it never delivered, and for every key it
-delivered that is gone (`new=None`). A key that existed before the subscription and did not
+subscribes again, then **catches up from the change feed** (below): it reads every stream from
+the last change it read and delivers what the gap hid before the live changes, dropping any live
+change it read there already, so nothing is lost or repeated. With the feed off, or when the
+feed no longer holds the gap (trimmed, or a restart lost it), it **resyncs** instead: it scans
+the subscribed keys and emits a `RESYNC` change (old value unknown, `None`) for every key
+whose version or value differs from what it delivered, for every key written since the last
+change it read that it never delivered, and for every key it delivered that is gone
+(`new=None`). A key that existed before the subscription and did not
 change is not a change. Each subscription remembers, per key still alive, the version it got,
 so a live change that a resync already covered is not delivered twice; a key's memory goes with
 its delete or its expiry (the published change carries the expiry), so a key written again after
@@ -76,26 +80,35 @@ one pub/sub connection to any node sees every shard's changes (each shard's in i
 shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a marker on every
 primary instead of a PING. The subscriber resyncs after a failover.
 
+Change feed. Unless built with `feed=None`, every write script also appends its change to a
+Redis stream (one per key prefix; on a cluster, one per slot, so no script crosses slots), trims
+it to the backend's `FeedRetention`, and publishes the change with its feed id. Each `Change`
+carries a `cursor`: `r1:<id>` on one server, a vector over slots `c1:<floor>:<slot>=<id>,...` on
+a cluster. `changes(since=cursor)` replays the streams after the cursor, then follows live with
+no gap and no duplicate; `feed_cursor()` is the head. `_redis_feed` holds the names, ids,
+cursors and the rules for telling a trimmed cursor (`CursorExpiredError`) from a current one.
+
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
 entry point raises `ConfigurationError` before touching the network.
 
 Modules. This one keeps `RedisBackend`, the Backend API. The record layout and the Lua scripts
 are in `_redis_scripts`; redis-py's clients, the held connections, the cluster's slot map and the
 one mapping of foreign errors (`translate`) in `_redis_wire`, the only module that imports
-redis-py or touches its internals; the pub/sub reader, its barriers and the resync in
-`_redis_pubsub`.
+redis-py or touches its internals; the pub/sub reader, its barriers, the feed's replay and
+catch-up and the resync in `_redis_pubsub`; the feed's names, ids and cursors in `_redis_feed`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
+from agenticstate.backends import _redis_feed, _redis_txn
 from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_scripts as scripts
-from agenticstate.backends import _redis_txn
 from agenticstate.backends import _redis_wire as wire
 from agenticstate.backends._redis_pubsub import Subscriber
 from agenticstate.backends._redis_scripts import CHANNEL_NAMESPACE
@@ -107,6 +120,7 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    FeedRetention,
     HistoryRules,
     TxnResult,
     check_expected_version,
@@ -129,11 +143,9 @@ from agenticstate.exceptions import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-    from datetime import timedelta
 
     import redis.asyncio as aioredis
 
-    from agenticstate.backends._fanout import ChangeStream
     from agenticstate.backends.base import TxnCompare, TxnOp
 
 __all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
@@ -145,6 +157,35 @@ _SCAN_COUNT = 5_000
 _RESERVED = "__agenticstate"  # our own keys (indexes) start with it: SCAN never lists them
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
+
+
+_NO_FEED_OPTION: Any = object()  # the URL says nothing about the feed
+
+
+def _feed_from_query(query: dict[str, str]) -> FeedRetention | None:
+    """The feed a URL's query asks for (its `feed*` parameters are taken out of `query`)."""
+    off = query.pop("feed", None)
+    max_changes = query.pop("feed_max_changes", None)
+    max_age = query.pop("feed_max_age", None)
+    if off is None and max_changes is None and max_age is None:
+        return _NO_FEED_OPTION  # type: ignore[no-any-return]
+    if off is not None:
+        if off.lower() not in ("off", "on"):
+            raise ConfigurationError(f"feed must be 'off' or 'on', not {off!r}")
+        if off.lower() == "off":
+            return None
+    bounds: dict[str, Any] = {}
+    try:
+        if max_changes is not None:
+            bounds["max_changes"] = int(max_changes)
+        if max_age is not None:
+            bounds["max_age"] = timedelta(seconds=float(max_age))
+    except ValueError:
+        raise ConfigurationError(
+            f"feed_max_changes must be an int and feed_max_age a number of seconds, not "
+            f"{max_changes!r} and {max_age!r}"
+        ) from None
+    return FeedRetention(**bounds)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -179,6 +220,8 @@ class RedisBackend(Subscriber, Backend):
         read_retries: Times a read or scan is retried after a connection failure or timeout.
         history: Keep the last versions of the keys these rules name (`keep_history`).
         client: Use this `redis.asyncio.Redis` instead of creating one (it is not closed).
+        feed: The change feed's retention (see "Change feed"), or `None` for no feed: then
+            changes carry no cursor, `since=` is refused and a reconnect resyncs.
         **client_options: Passed to `redis.asyncio.Redis.from_url` (TLS files, for example:
             `ssl_ca_certs=...`, `ssl_certfile=...`, `ssl_keyfile=...`).
 
@@ -199,9 +242,12 @@ class RedisBackend(Subscriber, Backend):
         read_retries: int = 3,
         history: Mapping[str, int] | HistoryRules | None = None,
         client: aioredis.Redis | None = None,
+        feed: FeedRetention | None = FeedRetention(),  # noqa: B008  # frozen: shared safely
         **client_options: Any,
     ) -> None:
         wire.require_redis()
+        if feed is not None and not isinstance(feed, FeedRetention):
+            raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         if not isinstance(url, str) or "://" not in url:
             raise ConfigurationError("url must look like redis://host:port/db")
         validate_key_prefix(key_prefix)
@@ -220,6 +266,17 @@ class RedisBackend(Subscriber, Backend):
         self.is_cluster = url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
         if self.is_cluster and db:
             raise ConfigurationError("Redis Cluster has only database 0")
+        self.feed = feed
+        self._feed_names = _redis_feed.FeedNames(key_prefix, cluster=self.is_cluster)
+        # The scripts' retention arguments: max changes, max age in ms (0 = no bound).
+        self._feed_retention = (
+            (0, 0)
+            if feed is None
+            else (
+                feed.max_changes or 0,
+                0 if feed.max_age is None else scripts.ttl_ms(feed.max_age),
+            )
+        )
         self._init_subscriber(key_prefix)
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
@@ -245,12 +302,19 @@ class RedisBackend(Subscriber, Backend):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
-        """Create a backend from `redis://`, `rediss://` or `unix://` (`?key_prefix=` allowed)."""
+        """Create a backend from `redis://`, `rediss://` or `unix://`.
+
+        Query parameters: `key_prefix`, and the feed's `feed=off`, `feed_max_changes=N`,
+        `feed_max_age=SECONDS`.
+        """
         from urllib.parse import parse_qsl, urlencode, urlsplit
 
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         prefix = query.pop("key_prefix", options.pop("key_prefix", ""))
+        feed = _feed_from_query(query)
+        if feed is not _NO_FEED_OPTION:
+            options["feed"] = feed
         cleaned = url
         if parts.query:
             # Rebuild by hand: urlunsplit drops the `//` of `unix:///path`.
@@ -430,28 +494,32 @@ class RedisBackend(Subscriber, Backend):
             reply = await self._script(
                 scripts.SET_SHA,
                 scripts.SET,
-                (name, kept[0]),
+                (name, *self._feed_keys(name), kept[0]),
                 value,
                 scripts.ttl_ms(ttl),
                 expected,
                 CHANNEL_NAMESPACE + name,
+                *self._feed_argv,
                 history_lists.spec([(1, kept[1])]),
                 write_key=key,
             )
-            return self._set_change(key, value, reply, expected_version)
+            return self._set_change(key, value, reply, expected_version, name)
         reply = await self._script(
             scripts.SET_SHA,
             scripts.SET,
-            (name,),
+            (name, *self._feed_keys(name)),
             value,
             scripts.ttl_ms(ttl),
             expected,
             CHANNEL_NAMESPACE + name,
+            *self._feed_argv,
             write_key=key,
         )
-        return self._set_change(key, value, reply, expected_version)
+        return self._set_change(key, value, reply, expected_version, name)
 
-    def _set_change(self, key: str, value: bytes, reply: list[Any], expected: int | None) -> Change:
+    def _set_change(
+        self, key: str, value: bytes, reply: list[Any], expected: int | None, name: str
+    ) -> Change:
         if reply[0] == 0:
             raise conflict(key, expected if expected is not None else -1, int(reply[1]))
         return new_change(
@@ -461,7 +529,53 @@ class RedisBackend(Subscriber, Backend):
             value,
             int(reply[1]),
             scripts.from_ms(int(reply[3])),
+            self._write_cursor(name, reply[4] if len(reply) > 4 else None),
         )
+
+    # the change feed
+
+    @property
+    def _feed_argv(self) -> tuple[int, ...]:
+        """The write scripts' feed arguments: max changes and max age ms (none when off)."""
+        return () if self.feed is None else self._feed_retention
+
+    def _feed_keys(self, name: str) -> tuple[str, ...]:
+        """The feed stream and counter a write of Redis key `name` appends to (none when off)."""
+        if self.feed is None:
+            return ()
+        if not self.is_cluster:
+            return self._feed_names.plain
+        return self._feed_names.for_slot(wire.key_slot(name))
+
+    def _write_cursor(self, name: str, at: bytes | None) -> str | None:
+        """The cursor of a change this backend wrote, from its feed id (`None`: no feed).
+
+        On a cluster: that change's slot at its id, every other slot from its time on.
+        """
+        if at is None:
+            return None
+        if not self.is_cluster:
+            return _redis_feed.plain_cursor(at)
+        text = at.decode()
+        own = (wire.key_slot(name), text)
+        return _redis_feed.cluster_cursor(_redis_feed.parse_id(text)[0], own, {})
+
+    async def feed_cursor(self) -> str | None:
+        """The cursor of the newest committed change, or `None` when the feed is off.
+
+        On one server: the stream's last id (`r1:0-0` before the first change). On a cluster:
+        every slot from a time read from the primaries' clocks (`TIME`): one past the largest,
+        once every clock has passed it, so that changes committed before this call are before
+        it and those after are not (if the clocks are more than a second apart, the smallest:
+        then a change committed just before the call may be replayed too).
+        """
+        if self.feed is None:
+            return None
+        if not self.is_cluster:
+            last = await self._read("GET", self._feed_names.plain[1])
+            return _redis_feed.plain_cursor(last or b"0-0")
+        floor = await self._clock_floor(exact=True)
+        return _redis_feed.cluster_cursor(floor, None, {})
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
@@ -476,14 +590,16 @@ class RedisBackend(Subscriber, Backend):
         replies: list[Any] = [None] * len(items)
         # One script call per chunk of keys sharing a slot (a script's keys may not cross
         # slots in a cluster), so Redis is never blocked for long either.
+        retention = self._feed_retention
         for group in self._by_slot(names):
+            feed_keys = self._feed_keys(names[group[0]])
             for start in range(0, len(group), _SET_MANY_CHUNK):
                 chunk = group[start : start + _SET_MANY_CHUNK]
-                args: list[str | bytes | int] = [life]
+                args: list[str | bytes | int] = [life, *retention]
                 for position in chunk:
                     args += [items[position][1], CHANNEL_NAMESPACE + names[position]]
-                keys = [names[position] for position in chunk]
-                if self._keeps_history:  # history lists follow the keys, their spec the args
+                keys = [*(names[position] for position in chunk), *feed_keys]
+                if self._keeps_history:  # history lists come last, their spec too
                     depths: list[tuple[int, int]] = []
                     for n, position in enumerate(chunk, 1):
                         kept = self._history_list(items[position][0])
@@ -502,8 +618,8 @@ class RedisBackend(Subscriber, Backend):
                 for position, reply in zip(chunk, done, strict=True):
                     replies[position] = reply
         return [
-            self._set_change(key, value, reply, None)
-            for (key, value), reply in zip(items, replies, strict=True)
+            self._set_change(key, value, reply, None, name)
+            for (key, value), reply, name in zip(items, replies, names, strict=True)
         ]
 
     async def update(
@@ -542,9 +658,10 @@ class RedisBackend(Subscriber, Backend):
         reply = await self._script(
             scripts.DELETE_SHA,
             scripts.DELETE,
-            (name, kept[0]) if kept else (name,),
+            (name, *self._feed_keys(name), kept[0]) if kept else (name, *self._feed_keys(name)),
             expected,
             CHANNEL_NAMESPACE + name,
+            *self._feed_argv,
             *([history_lists.spec([(1, kept[1])])] if kept else []),
             write_key=key,
         )
@@ -553,7 +670,13 @@ class RedisBackend(Subscriber, Backend):
         if reply[0] == 2:
             return None
         return new_change(
-            key, ChangeOp.DELETE, reply[2], None, int(reply[1]), scripts.from_ms(int(reply[3]))
+            key,
+            ChangeOp.DELETE,
+            reply[2],
+            None,
+            int(reply[1]),
+            scripts.from_ms(int(reply[3])),
+            self._write_cursor(name, reply[4] if len(reply) > 4 else None),
         )
 
     async def transact(
@@ -583,6 +706,9 @@ class RedisBackend(Subscriber, Backend):
         client: Any = self._client or await self._redis()
         if self.is_cluster:
             _redis_txn.check_one_slot(call, client.keyslot)
+        feed_keys = self._feed_keys(call.keys[0])
+        if feed_keys:
+            _redis_txn.add_feed(call, feed_keys[0], feed_keys[1], self._feed_retention)
         source, sha = _redis_txn.script(
             scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION, history_lists.HISTORY_FUNCTION
         )
@@ -594,7 +720,10 @@ class RedisBackend(Subscriber, Backend):
                 raise
             await self._load_script(source)
             reply = await self._execute(*command, write_key=call.write_key)
-        return _redis_txn.result(checked, reply, scripts.entry)
+        name = call.keys[0]
+        return _redis_txn.result(
+            checked, reply, scripts.entry, lambda at: self._write_cursor(name, at)
+        )
 
     # per-key history (`_redis_history`)
 
@@ -786,15 +915,18 @@ class RedisBackend(Subscriber, Backend):
 
     def changes(
         self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
-    ) -> contextlib.AbstractAsyncContextManager[ChangeStream]:
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Change]]:
         """Subscribe to changes of keys matching `pattern` (from every process).
 
         The subscription is live when the context manager is entered: the server has confirmed
-        it, so every change committed after entry, by any client, is delivered.
+        it, so every change committed after entry, by any client, is delivered. With `since=`,
+        the feed's changes after that cursor come first (see "Change feed").
         """
-        if since is not None:  # the feed lands with issue #23
-            raise UnsupportedOperationError("RedisBackend keeps no change feed yet")
-        return self._changes(validate_pattern(pattern), max_buffer)
+        if since is not None and self.feed is None:
+            raise UnsupportedOperationError(
+                "this RedisBackend keeps no change feed (feed=None): since= needs one"
+            )
+        return self._changes(validate_pattern(pattern), max_buffer, since)
 
     async def aclose(self) -> None:
         """End subscriptions, close the pub/sub connection and (if created here) the client.

@@ -378,7 +378,11 @@ class ManagerContract:
         assert state.stats().callback_errors == 1
 
     async def test_slow_callback_overflow_is_reported_and_recovers(self, backend: Backend) -> None:
-        """A callback that falls behind its buffer is logged and counted, then keeps receiving."""
+        """A callback that falls behind its buffer is logged and counted, then keeps receiving.
+
+        With a change feed the pump resumes from its last cursor: nothing is missed, so
+        `on_overflow` is not called. Without one it is, once subscribed again.
+        """
         manager = StateManager(
             StateConfig(subscriber_buffer=2), backend=backend, close_backend=False
         )
@@ -402,8 +406,9 @@ class ManagerContract:
                 for i in range(20):
                     await manager.save(f"flood:{i}", i)
                 release.set()
-                with anyio.fail_after(10):
-                    await overflowed.wait()
+                if backend.feed is None:
+                    with anyio.fail_after(10):
+                        await overflowed.wait()
                 # Writes after an overflow wait for the re-subscription, so this one is delivered.
                 # (On a cluster, events of the flood published on other nodes may still be crossing
                 # the cluster bus and overflow the tiny buffer once more: write until one gets in.)
@@ -412,8 +417,12 @@ class ManagerContract:
                         await manager.save("after", 1)
                         with anyio.move_on_after(1):
                             await later.wait()
-            assert set(patterns) == {"*"}
-            assert manager.stats().overflows == len(patterns) >= 1
+            if backend.feed is None:
+                assert set(patterns) == {"*"}
+                assert manager.stats().overflows == len(patterns) >= 1
+            else:
+                assert patterns == []
+                assert manager.stats().overflows >= 1
             assert any(entry["event"] == "subscription_reopened" for entry in logs)
         finally:
             await manager.aclose()

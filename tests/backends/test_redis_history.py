@@ -478,7 +478,9 @@ async def test_an_acl_user_reaches_its_prefixes_history_lists(tmp_path: Path) ->
         )
         admin.execute_command("ACL", "SETUSER", *recipe.split())  # type: ignore[no-untyped-call]
         url = f"redis://app:secret@127.0.0.1:{server.port}/0"
-        async with RedisBackend(url=url, key_prefix="myapp:", history=RULES) as backend:
+        # feed=None: the feed's streams (`__agenticstate_feed__:{tag}myapp:`) put the tag
+        # before the prefix, so no key pattern per prefix reaches them.
+        async with RedisBackend(url=url, key_prefix="myapp:", history=RULES, feed=None) as backend:
             for n in range(4):
                 await backend.set("agent:1", b"%d" % n)
             await backend.set_many([("agent:2", b"a"), ("agent:2", b"b")])

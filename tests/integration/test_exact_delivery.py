@@ -41,7 +41,7 @@ from agenticstate import (
     SubscriptionClosedError,
 )
 from agenticstate._glob import glob_match
-from agenticstate.backends.base import Change, ChangeOp
+from agenticstate.backends.base import Change, ChangeOp, FeedRetention
 from agenticstate.events import ChangeFanout
 from tests.helpers import LineProcess, unique_prefix
 from tests.integration._exact_worker import process_patterns, process_writes
@@ -70,6 +70,9 @@ def _url(kind: str, request: pytest.FixtureRequest) -> str:
     )
 
 
+FEED = FeedRetention()  # the backends' default feed
+
+
 class Store:
     """Makes backends of one kind on one store: several managers can share it."""
 
@@ -80,19 +83,22 @@ class Store:
         self.path = tmp_path / "store"
         self.shared: Backend | None = None
 
-    def backend(self) -> Backend:
+    def backend(self, feed: FeedRetention | None = FEED) -> Backend:
         """A new client on the store (Redis), or the one in-process backend (memory, file)."""
         if self.url:
-            return RedisBackend(url=self.url, key_prefix=self.prefix)
+            return RedisBackend(url=self.url, key_prefix=self.prefix, feed=feed)
         if self.shared is None:
             self.shared = (
-                MemoryBackend() if self.kind == "memory" else FileBackend(base_path=self.path)
+                MemoryBackend(feed=feed)
+                if self.kind == "memory"
+                else FileBackend(base_path=self.path, feed=feed)
             )
         return self.shared
 
     @asynccontextmanager
     async def manager(self, **config: Any) -> AsyncIterator[StateManager]:
-        backend = self.backend()
+        """A manager on the store; `feed=` (a `StateConfig` field) also builds its backend."""
+        backend = self.backend(config.get("feed", FEED))
         owns = backend is not self.shared
         async with StateManager(StateConfig(**config), backend=backend, close_backend=owns) as m:
             yield m
@@ -116,13 +122,16 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 async def test_overflow_handler_reads_and_writes_while_writers_go_on(store: Store) -> None:
-    """An on_overflow handler that re-reads state runs at once; other writers never stall."""
+    """An on_overflow handler that re-reads state runs at once; other writers never stall.
+
+    With the feed off: with a feed, the pump resumes from its cursor and needs no handler.
+    """
     release = anyio.Event()
     handled = anyio.Event()
     seen_in_handler: list[Any] = []
     got_last = anyio.Event()
 
-    async with store.manager(subscriber_buffer=4) as state:
+    async with store.manager(subscriber_buffer=4, feed=None) as state:
 
         async def slow(key: str, old: Any, new: Any) -> None:
             if new == "last":
@@ -516,10 +525,11 @@ async def test_write_waiting_on_a_stuck_subscription_raises_a_typed_timeout(
 
 
 async def test_overflow_handler_that_unsubscribes_ends_the_subscription(store: Store) -> None:
-    """An on_overflow handler may unsubscribe: it finishes, and no later change is delivered."""
+    """An on_overflow handler may unsubscribe: it finishes, and no later change is delivered
+    (with the feed off, where overflows call the handler)."""
     release, handled = anyio.Event(), anyio.Event()
     calls: list[Any] = []
-    async with store.manager(subscriber_buffer=2) as state:
+    async with store.manager(subscriber_buffer=2, feed=None) as state:
 
         async def slow(key: str, old: Any, new: Any) -> None:
             calls.append(new)
@@ -554,7 +564,8 @@ async def test_overflow_handler_that_unsubscribes_ends_the_subscription(store: S
 
 
 def test_live_subscriptions_unsubscribe_and_overflow_under_trio(tmp_path: Path) -> None:
-    """Under trio: awaited subscribe, unsubscribing in a call, an overflow handler that reads."""
+    """Under trio: awaited subscribe, unsubscribing in a call, an overflow handler that reads
+    (with the feed off, where overflows call the handler)."""
 
     async def main(backend: Backend) -> tuple[list[Any], list[Any]]:
         calls: list[Any] = []
@@ -588,7 +599,7 @@ def test_live_subscriptions_unsubscribe_and_overflow_under_trio(tmp_path: Path) 
                 await handled.wait()
         return calls, read
 
-    for backend in (MemoryBackend(), FileBackend(base_path=tmp_path / "store")):
+    for backend in (MemoryBackend(feed=None), FileBackend(base_path=tmp_path / "store", feed=None)):
         calls, read = anyio.run(main, backend, backend="trio")
         assert calls == [1]
         assert read == [9]

@@ -210,11 +210,14 @@ async def test_delivered_versions_are_forgotten_when_keys_expire(url: str) -> No
 
 
 async def test_reconnect_emits_only_what_changed(url: str) -> None:
-    """1,500 keys, a subscriber, CLIENT KILL: only the keys changed meanwhile come, once each."""
+    """1,500 keys, a subscriber, CLIENT KILL: only the keys changed meanwhile come, once each.
+
+    The resync of a backend without a change feed (with one it catches up from the feed:
+    tests/integration/test_redis_feed.py)."""
     prefix = unique_prefix()
     async with (
         RedisBackend(url=url, key_prefix=prefix) as writer,
-        RedisBackend(url=url, key_prefix=prefix) as reader,
+        RedisBackend(url=url, key_prefix=prefix, feed=None) as reader,
     ):
         written = await writer.set_many([(f"k:{n}", b"old") for n in range(1500)])
         newest = max(round(c.timestamp.timestamp() * 1000) for c in written)
@@ -246,11 +249,12 @@ async def test_reconnect_emits_only_what_changed(url: str) -> None:
 
 
 async def test_resync_waits_for_a_slow_subscriber_instead_of_overflowing(redis_url: str) -> None:
-    """1,500 keys changed while disconnected, buffer 100: the resync hands them over paced."""
+    """1,500 keys changed while disconnected, buffer 100: the resync hands them over paced
+    (without a change feed; test_redis_feed.py has the catch-up's)."""
     prefix = unique_prefix()
     async with (
         RedisBackend(url=redis_url, key_prefix=prefix) as writer,
-        RedisBackend(url=redis_url, key_prefix=prefix) as reader,
+        RedisBackend(url=redis_url, key_prefix=prefix, feed=None) as reader,
         aioredis.Redis.from_url(redis_url) as admin,
         reader.changes("k:*", max_buffer=100) as stream,
         anyio.create_task_group() as tg,

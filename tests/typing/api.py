@@ -36,6 +36,21 @@ async def typed_reads(state: StateManager) -> None:
             assert_type(change, StateChange)
 
 
+async def feed_and_history(state: StateManager) -> None:
+    assert_type(await state.get("k", model=Record, version=2), Record | None)
+    assert_type(await state.get_entry("k", version=2), StateEntry | None)
+    assert_type(await state.history("k", limit=5), list[StateEntry])
+    assert_type(await state.revert("k", to_version=1), int)
+    cursor = await state.feed_cursor()
+    assert_type(cursor, str | None)
+    async with state.changes("agent:*", since=cursor, on_gap="resync") as changes:
+        async for change in changes:
+            assert_type(change.cursor, str | None)
+        assert_type(changes.cursor, str | None)
+    scope = state.scope("u1:")
+    assert_type(await scope.history("k", model=Record), list[StateEntry])
+
+
 async def subscriptions(state: StateManager) -> None:
     def on_change(key: str, old: object, new: object) -> None: ...
 
