@@ -17,7 +17,6 @@ from pydantic import BaseModel
 from agenticstate import (
     ChangeOp,
     ConfigurationError,
-    ConflictError,
     InvalidArgumentError,
     MemoryBackend,
     NotFoundError,
