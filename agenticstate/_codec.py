@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import BaseModel, ConfigDict
 
+from agenticstate.backends.base import ChangeOp
 from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.events import StateChange
 from agenticstate.exceptions import DecryptionError
@@ -139,6 +140,19 @@ class Codec:
             version=change.version,
             op=change.op,
             timestamp=change.timestamp,
+            cursor=change.cursor,
+        )
+
+    def resync_change(self, entry: Entry) -> StateChange:
+        """Return a `RESYNC` change delivering `entry`'s current value (the old one unknown)."""
+        return StateChange.model_construct(
+            key=entry.key,
+            old_value=None,
+            new_value=self.decode(entry.key, entry.value),
+            version=entry.version,
+            op=ChangeOp.RESYNC,
+            timestamp=entry.updated_at,
+            cursor=None,
         )
 
     def change_values(self, change: Change) -> tuple[Any, Any]:

@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agenticstate._checks import as_ttl as _as_ttl  # the one TTL check; this name stays
 from agenticstate._registry import check_backend_name
+from agenticstate.backends.base import FeedRetention, HistoryRules  # pydantic needs them
 from agenticstate.encryption import Encryption  # pydantic needs it at runtime
-from agenticstate.exceptions import ConfigurationError
+from agenticstate.exceptions import AgenticStateError, ConfigurationError
 from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
 
 __all__ = ["StateConfig", "redact_url"]
@@ -55,6 +56,7 @@ class StateConfig(BaseModel):
     StateConfig(backend="sqlite", sqlite_path="./state/app.db")
     StateConfig(backend="redis", redis_url="redis://localhost:6379", key_prefix="agenticai:",
                 ttl=3600)
+    StateConfig(feed=FeedRetention(max_changes=100_000), history={"agent:*": 20})
     ```
 
     Invalid values raise `ConfigurationError` (a `ValueError`). The Redis URL's password never
@@ -106,6 +108,15 @@ class StateConfig(BaseModel):
     """Redis backend: the most connections held open."""
     encryption: Encryption | None = None
     """Encrypt values at rest (AES-GCM, bound to each value's key): see `Encryption`."""
+    feed: FeedRetention | None = FeedRetention()
+    """The durable change feed behind `changes(since=cursor)`: how many changes (and how old)
+    the backend keeps, or `None` to keep none (the SQLite backend cannot turn it off). Passed to
+    the built-in backends; a backend given to `StateManager(backend=...)` keeps its own."""
+    history: dict[str, int] = Field(default_factory=dict)
+    """Keep past versions of keys by glob pattern, the first match winning:
+    `{"agent:*": 20}` keeps each `agent:` key's last 20 versions, for `history`, `get(...,
+    version=)` and `revert`. The manager hands the rules to its backend on open (every process
+    that writes such keys must set the same rules: the writer keeps the history)."""
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -124,6 +135,24 @@ class StateConfig(BaseModel):
             return check_backend_name(value)
         except ConfigurationError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("feed", mode="before")
+    @classmethod
+    def _check_feed(cls, value: object) -> FeedRetention | None:
+        if value is None or isinstance(value, FeedRetention):
+            return value
+        raise ValueError(f"must be a FeedRetention or None, not {type(value).__name__}")
+
+    @field_validator("history", mode="before")
+    @classmethod
+    def _check_history(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a dict of glob patterns to depths, not {value!r}")
+        try:
+            HistoryRules(value)  # the patterns and depths, checked once here
+        except AgenticStateError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("ttl", mode="before")
     @classmethod

@@ -5,8 +5,11 @@
 - `Watch`: the async iterator `StateManager.watch` returns, over one backend subscription.
 - `CallbackPumps`: a `StateManager`'s callback subscriptions. Each subscribed callback has a
   pump: a task with a backend subscription of its own that decodes each change and calls the
-  callback, one call at a time, re-subscribing after an overflow or a failure. `Subscription`
+  callback, one call at a time, re-subscribing after an overflow or a failure (from the last
+  change's cursor when the backend keeps a change feed, so nothing is missed). `Subscription`
   is the handle `subscribe()` returns.
+- `enter_changes`: a backend subscription from a feed cursor, with the `on_gap="resync"`
+  fallback (`Resync`) both of the above use when the cursor has expired.
 
 This module sits below `agenticstate.manager` and never imports it: a `Watch` uses the few
 members of its manager the `_Manager` protocol names, and `CallbackPumps` is handed what it needs
@@ -23,7 +26,7 @@ import inspect
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import datetime  # pydantic needs it at runtime
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -32,10 +35,12 @@ from agenticstate import _otel
 from agenticstate._log import get_logger
 from agenticstate._tasks import spawn_detached
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
-from agenticstate.backends.base import ChangeOp
+from agenticstate.backends.base import ChangeOp, new_change
 from agenticstate.exceptions import (
+    AgenticStateError,
     BackendError,
     BackendTimeoutError,
+    CursorExpiredError,
     InvalidArgumentError,
     SubscriptionClosedError,
 )
@@ -49,11 +54,12 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from agenticstate._codec import Codec
-    from agenticstate.backends.base import Backend, Change
+    from agenticstate.backends.base import Backend, Change, Entry
 
 __all__ = [
     "ChangeFanout",
     "ChangeStream",
+    "OnGap",
     "OverflowCallback",
     "StateCallback",
     "StateChange",
@@ -67,6 +73,9 @@ StateCallback = Callable[[str, Any, Any], "Awaitable[None] | None"]
 """A subscription callback: `callback(key, old_value, new_value)`, sync or async."""
 OverflowCallback = Callable[[str], "Awaitable[None] | None"]
 """Called with the pattern when a callback subscription fell behind and changes were missed."""
+OnGap = Literal["raise", "resync"]
+"""What a subscription from an expired feed cursor does: raise `CursorExpiredError`, or start
+live and first deliver the current value of every matching key (`ChangeOp.RESYNC`)."""
 
 
 class StateChange(BaseModel):
@@ -79,6 +88,10 @@ class StateChange(BaseModel):
         version: The version written; for a delete, the version deleted.
         op: What happened.
         timestamp: When the change committed (UTC).
+        cursor: The change's place in the backend's change feed: store it, and pass it as
+            `since=` to `changes`, `watch` or `subscribe` to resume right after this change.
+            `None` when the backend keeps no feed (`StateConfig(feed=None)`), and for a
+            `RESYNC` change (a re-read value, not a change of the feed).
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -89,6 +102,115 @@ class StateChange(BaseModel):
     version: int
     op: ChangeOp
     timestamp: datetime
+    cursor: str | None = None
+
+
+def check_on_gap(on_gap: object) -> OnGap:
+    """Return `on_gap` if it is `"raise"` or `"resync"`.
+
+    Raises:
+        InvalidArgumentError: It is anything else.
+    """
+    if on_gap == "raise":
+        return "raise"
+    if on_gap == "resync":
+        return "resync"
+    raise InvalidArgumentError(f"on_gap must be 'raise' or 'resync', not {on_gap!r}")
+
+
+def check_since(since: object) -> str | None:
+    """Return `since` if it is a cursor (a non-empty str) or `None`.
+
+    Raises:
+        InvalidArgumentError: It is anything else.
+    """
+    if since is None or (isinstance(since, str) and since):
+        return since
+    raise InvalidArgumentError(f"since must be a feed cursor (a str) or None, not {since!r}")
+
+
+class Resync:
+    """What an `on_gap="resync"` subscription read: the current entries, and what they cover.
+
+    The backend subscription is entered (live) before the keys are read, so a change committed
+    meanwhile is both read and delivered live. `covers` drops such a live change: one that is
+    not newer than the version the resync delivered for its key (for a delete, older than it,
+    since a delete carries the version it deleted). The first live change of a key that is
+    newer ends the filtering of that key.
+    """
+
+    __slots__ = ("entries", "versions")
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self.entries = entries
+        self.versions = {entry.key: entry.version for entry in entries}
+
+    @classmethod
+    async def read(cls, backend: Backend, pattern: str) -> Self:
+        """Read every present key matching `pattern`, in key order."""
+        entries: list[Entry] = []
+        async for batch in backend.scan_batches(pattern):
+            entries += [entry for entry in await backend.get_many(batch) if entry is not None]
+        entries.sort(key=lambda entry: entry.key)
+        return cls(entries)
+
+    def covers(self, change: Change) -> bool:
+        """Whether the resync already delivered `change`'s effect (so drop it)."""
+        versions = self.versions
+        if not versions:
+            return False
+        version = versions.get(change.key)
+        if version is None:
+            return False
+        if change.version < version or (
+            change.version == version and change.op is not ChangeOp.DELETE
+        ):
+            return True
+        del versions[change.key]
+        return False
+
+
+async def enter_changes(
+    backend: Backend, pattern: str, max_buffer: int, since: str | None, on_gap: OnGap
+) -> tuple[
+    AbstractAsyncContextManager[AsyncIterator[Change]], AsyncIterator[Change], Resync | None
+]:
+    """Enter `backend.changes(pattern, since=since)`; the caller exits the returned context.
+
+    Returns:
+        The entered context, its stream, and, if `since` had expired and `on_gap` is
+        `"resync"`, the `Resync` to deliver before the (then live) stream.
+
+    Raises:
+        CursorExpiredError: `since` has expired and `on_gap` is `"raise"`.
+    """
+    if since is None:  # no `since=` at all: a backend written before the feed still works
+        context = backend.changes(pattern, max_buffer=max_buffer)
+        return context, await context.__aenter__(), None
+    try:
+        context = backend.changes(pattern, max_buffer=max_buffer, since=since)
+        return context, await context.__aenter__(), None
+    except CursorExpiredError:
+        if on_gap == "raise":
+            raise
+    context = backend.changes(pattern, max_buffer=max_buffer)
+    stream = await context.__aenter__()
+    try:
+        resync = await Resync.read(backend, pattern)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await context.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    log.warning("subscription_resynced", pattern=pattern, keys=len(resync.entries))
+    return context, stream, resync
+
+
+_Entered = tuple[
+    "AbstractAsyncContextManager[AsyncIterator[Change]]",
+    "AsyncIterator[Change]",
+    Resync | None,
+    bool,
+]
 
 
 class _Manager(Protocol):
@@ -118,16 +240,34 @@ class Watch:
     manager or any other process, is delivered. Iterating without `async with` subscribes on
     the first `__anext__` (changes committed before that are not). Iteration ends when the
     manager closes, and raises `SubscriptionClosedError(reason="overflow")` if the consumer falls
-    more than the buffer behind.
+    more than the buffer behind: open a new watch with `since=watch.cursor` and nothing is lost.
+
+    With `since=cursor` (see `StateManager.changes`) it first yields the changes the feed
+    retains after that cursor, then the live ones. `cursor` is the cursor of the last change
+    it yielded: store it to resume from there later.
     """
 
-    def __init__(self, manager: _Manager, pattern: str, max_buffer: int) -> None:
+    def __init__(
+        self,
+        manager: _Manager,
+        pattern: str,
+        max_buffer: int,
+        *,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
+    ) -> None:
         self._manager = manager
         self._pattern = pattern
         self._max_buffer = max_buffer
+        self._since = since
+        self._on_gap = on_gap
         self._context: AbstractAsyncContextManager[AsyncIterator[Change]] | None = None
         self._stream: AsyncIterator[Change] | None = None
+        self._resync: Resync | None = None
+        self._pending: list[Entry] = []  # resynced entries not yielded yet
         self._implicit = False
+        self.cursor: str | None = since
+        """The cursor of the last change yielded (at first, `since`): resume from it."""
 
     def __repr__(self) -> str:
         return f"Watch({self._pattern!r})"
@@ -136,9 +276,13 @@ class Watch:
         if self._context is not None:
             raise InvalidArgumentError("this watch is already open")
         backend = await self._manager._opened_backend()
-        context = backend.changes(self._pattern, max_buffer=self._max_buffer)
-        self._stream = await context.__aenter__()
+        context, self._stream, resync = await enter_changes(
+            backend, self._pattern, self._max_buffer, self.cursor, self._on_gap
+        )
         self._context = context
+        if resync is not None:
+            self._resync = resync
+            self._pending = resync.entries[::-1]  # popped from the end: key order
         return self
 
     async def __aexit__(
@@ -148,6 +292,7 @@ class Watch:
         tb: TracebackType | None = None,
     ) -> None:
         context, self._context, self._stream = self._context, None, None
+        self._resync, self._pending = None, []
         if context is not None:
             await context.__aexit__(exc_type, exc, tb)
 
@@ -165,8 +310,15 @@ class Watch:
             self._implicit = True
             await self.__aenter__()
         assert self._stream is not None  # noqa: S101  # set by __aenter__
+        if self._pending:
+            return self._manager._codec.resync_change(self._pending.pop())
         try:
             change = await self._stream.__anext__()
+            resync = self._resync
+            while resync is not None and resync.covers(change):
+                if change.cursor is not None:
+                    self.cursor = change.cursor
+                change = await self._stream.__anext__()
         except BaseException as exc:
             if isinstance(exc, SubscriptionClosedError):
                 _otel.record_overflow(self._manager.backend, "watch")
@@ -175,6 +327,8 @@ class Watch:
                     await self.__aexit__()
             raise
         _otel.record_subscriber_lag(self._manager.backend, change.timestamp, "watch")
+        if change.cursor is not None:
+            self.cursor = change.cursor
         return self._manager._codec.state_change(change)
 
 
@@ -189,10 +343,12 @@ class _Pump:
     __slots__ = (
         "busy",
         "callback",
+        "cursor",
         "done",
         "error",
         "handle",
         "live",
+        "on_gap",
         "on_overflow",
         "pattern",
         "ready",
@@ -208,17 +364,23 @@ class _Pump:
         pattern: str,
         callback: StateCallback,
         on_overflow: OverflowCallback | None,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
     ) -> None:
         self.pattern = pattern
         self.callback = callback
         self.on_overflow = on_overflow
+        # Where a (re-)subscription starts: `since=`, then the cursor of each change handled.
+        self.cursor = since
+        self.on_gap = on_gap
         self.handle = Subscription(pumps, self)
         # Set while the backend subscription is active, or once an attempt failed: writes of
         # this manager wait on it, so none made after subscribe() is missed.
         self.ready = anyio.Event()
         self.live = anyio.Event()  # set once the backend subscription was first active
         self.settled = anyio.Event()  # live, failed once, or stopped: wait_live() may answer
-        self.error: BackendError | None = None  # the last failed attempt, while not live
+        # The last failed attempt, while not live; a CursorExpiredError ends the subscription.
+        self.error: AgenticStateError | None = None
         self.done = anyio.Event()
         self.scope = anyio.CancelScope()
         self.busy = False  # a callback or overflow handler is running: never cancel it
@@ -280,10 +442,14 @@ class Subscription:
         Raises:
             BackendError: The attempt to subscribe failed (the subscription keeps retrying
                 in the background; call again to wait for the next attempt).
+            CursorExpiredError: It was subscribed with `since=` a cursor that has expired and
+                `on_gap="raise"`: it is closed.
             SubscriptionClosedError: It was unsubscribed, or the manager closed.
         """
         pump = self._pump
         while True:
+            if isinstance(pump.error, CursorExpiredError):
+                raise pump.error
             if pump.stopped or self._pumps.closed:
                 raise SubscriptionClosedError(
                     "closed", f"the subscription to {pump.pattern!r} was closed"
@@ -355,12 +521,15 @@ class CallbackPumps:
         callback: StateCallback,
         on_overflow: OverflowCallback | None,
         task_group: TaskGroup | None,
+        *,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
     ) -> Subscription:
         """Start a pump for `callback` (in `task_group`, else a detached asyncio task)."""
         existing = self.running.get((pattern, callback))
         if existing is not None:
             return existing.handle
-        pump = _Pump(self, pattern, callback, on_overflow)
+        pump = _Pump(self, pattern, callback, on_overflow, since, on_gap)
         if task_group is not None:
             task_group.start_soon(self._run, pump, name=f"agenticstate:{pattern}")
         else:
@@ -443,7 +612,7 @@ class CallbackPumps:
             pump.settled.set()
             pump.done.set()
 
-    def _mark_ready(self, pump: _Pump, error: BackendError | None = None) -> None:
+    def _mark_ready(self, pump: _Pump, error: AgenticStateError | None = None) -> None:
         pump.error = error
         if error is None:
             pump.live.set()
@@ -457,18 +626,30 @@ class CallbackPumps:
         while not self.closed and not pump.stopped:
             try:
                 backend = await self._open()
-                async with backend.changes(pump.pattern, max_buffer=self._buffer) as changes:
+                entered = await self._enter(backend, pump)
+                if entered is None:  # the cursor expired: the subscription is over
+                    return
+                context, changes, resync, lost = entered
+                async with _Exit(context):
                     self._mark_ready(pump)
                     failures = 0
-                    if missed:
+                    if missed or lost:
                         missed = False
                         await self._notify_overflow(pump)
                         if pump.stopped:  # the handler unsubscribed
                             return
+                    if resync is not None:
+                        for entry in resync.entries:
+                            await self._dispatch_entry(pump, entry)
+                            if pump.stopped:
+                                return
                     async for change in changes:
                         if pump.stopped:
                             return
-                        await self._dispatch(pump, change)
+                        if resync is None or not resync.covers(change):
+                            await self._dispatch(pump, change)
+                        if change.cursor is not None:
+                            pump.cursor = change.cursor
                         if pump.stopped:  # unsubscribed during the call: deliver no more
                             return
                 return
@@ -477,12 +658,20 @@ class CallbackPumps:
                     return
                 self._counters["overflows"] += 1
                 _otel.record_overflow(self._backend, "callback")
-                log.warning("subscription_reopened", pattern=pump.pattern, reason="overflow")
+                # With a change feed the pump resumes from the last change it handled and
+                # misses nothing; without one, the changes beyond the buffer are lost.
+                resumes = pump.cursor is not None
+                log.warning(
+                    "subscription_reopened",
+                    pattern=pump.pattern,
+                    reason="overflow",
+                    resumes=resumes,
+                )
                 # Writes from now on wait until the pump has subscribed again, so none is missed.
                 if pump.ready.is_set():
                     pump.ready = anyio.Event()
                 self.pending.add(pump)
-                missed = True
+                missed = not resumes
             except BackendError as exc:
                 failures += 1
                 self._mark_ready(pump, exc)
@@ -495,6 +684,32 @@ class CallbackPumps:
                 await anyio.sleep(min(0.05 * 2**failures, 5.0))
                 pump.error = None
                 pump.settled = anyio.Event()
+
+    async def _enter(self, backend: Backend, pump: _Pump) -> _Entered | None:
+        """Subscribe from the pump's cursor; `None` if it expired and the pump must end.
+
+        The last item of what it returns tells whether changes were lost (an expired cursor
+        resumed live): `on_overflow` is then due.
+
+        An expired cursor with `on_gap="resync"` starts live after a resync. With
+        `on_gap="raise"` it ends the subscription if it was never live (the `since=` given to
+        `subscribe`: `wait_live()` raises the error); a pump that was live and fell behind
+        the feed's retention resumes live instead and calls `on_overflow`, as without a feed.
+        """
+        try:
+            return (
+                *await enter_changes(backend, pump.pattern, self._buffer, pump.cursor, pump.on_gap),
+                False,
+            )
+        except CursorExpiredError as exc:
+            log.warning("subscription_cursor_expired", pattern=pump.pattern)
+            if not pump.live.is_set():
+                self._mark_ready(pump, exc)
+                if self.running.get((pump.pattern, pump.callback)) is pump:
+                    del self.running[pump.pattern, pump.callback]
+                return None
+        pump.cursor = None
+        return (*await enter_changes(backend, pump.pattern, self._buffer, None, "raise"), True)
 
     async def _notify_overflow(self, pump: _Pump) -> None:
         handler = pump.on_overflow
@@ -510,6 +725,15 @@ class CallbackPumps:
             log.error("overflow_handler_failed", pattern=pump.pattern, error=type(exc).__name__)
         finally:
             pump.busy = False
+
+    async def _dispatch_entry(self, pump: _Pump, entry: Entry) -> None:
+        # A resync's re-read value: the callback sees it as a change from an unknown old value.
+        await self._dispatch(
+            pump,
+            new_change(
+                entry.key, ChangeOp.RESYNC, None, entry.value, entry.version, entry.updated_at
+            ),
+        )
 
     async def _dispatch(self, pump: _Pump, change: Change) -> None:
         callback = pump.callback
@@ -532,3 +756,23 @@ class CallbackPumps:
             )
         finally:
             pump.busy = False
+
+
+class _Exit:
+    """Exit an already entered context manager on leaving an `async with` (see `enter_changes`)."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: AbstractAsyncContextManager[Any]) -> None:
+        self._context = context
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._context.__aexit__(exc_type, exc, tb)

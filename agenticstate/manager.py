@@ -8,6 +8,9 @@ await state.update("counter", lambda n: n + 1, default=0)            # read-modi
 state.subscribe("agent:*", on_change)                                # callback(key, old, new)
 async with state.watch("agent:*") as changes:                        # or an async iterator
     async for change in changes: ...
+async with state.changes("agent:*", since=cursor) as changes: ...    # resume from a cursor
+await state.history("agent:researcher")                              # past versions (opt-in)
+await state.revert("agent:researcher", to_version=2)                 # an old value, rewritten
 ```
 
 The manager is the facade: it validates arguments, counts what it does and opens its backend
@@ -37,15 +40,25 @@ from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._merge import deep_merge, updater
 from agenticstate._reencrypt import reencrypt
 from agenticstate.backends import Backend, open_config_backend
-from agenticstate.backends.base import check_expected_version
+from agenticstate.backends.base import HistoryRules, backoff, check_expected_version, check_limit
 from agenticstate.config import StateConfig
-from agenticstate.events import CallbackPumps, OverflowCallback, StateCallback, Subscription, Watch
+from agenticstate.events import (
+    CallbackPumps,
+    OnGap,
+    OverflowCallback,
+    StateCallback,
+    Subscription,
+    Watch,
+    check_on_gap,
+    check_since,
+)
 from agenticstate.exceptions import (
     BackendError,
     ConfigurationError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
+    UnsupportedOperationError,
 )
 
 if TYPE_CHECKING:
@@ -264,9 +277,22 @@ class StateManager:
                 self._open_lock = anyio.Lock()
             async with self._open_lock:
                 if not self._is_open:
+                    self._keep_history()
                     await self.backend.open()
                     self._is_open = True
         return self.backend
+
+    def _keep_history(self) -> None:
+        # `StateConfig.history`, handed to the backend before its first write.
+        if not self.config.history:
+            return
+        try:
+            self.backend.keep_history(HistoryRules(self.config.history))
+        except UnsupportedOperationError:
+            raise ConfigurationError(
+                f"{type(self.backend).__name__} keeps no history: StateConfig(history=...) "
+                "needs a backend that does (every built-in backend does)"
+            ) from None
 
     async def flush(self) -> None:
         """Make every acknowledged write durable now (the file backend's snapshot)."""
@@ -287,16 +313,29 @@ class StateManager:
     # ---------------------------------------------------------------- reads
 
     @overload
-    async def get(self, key: str, default: None = None, *, model: None = None) -> Any: ...
+    async def get(
+        self, key: str, default: None = None, *, model: None = None, version: int | None = None
+    ) -> Any: ...
     @overload
-    async def get(self, key: str, default: D, *, model: None = None) -> Any: ...
+    async def get(
+        self, key: str, default: D, *, model: None = None, version: int | None = None
+    ) -> Any: ...
     @overload
-    async def get(self, key: str, default: None = None, *, model: type[M]) -> M | None: ...
+    async def get(
+        self, key: str, default: None = None, *, model: type[M], version: int | None = None
+    ) -> M | None: ...
     @overload
-    async def get(self, key: str, default: D, *, model: type[M]) -> M | D: ...
+    async def get(
+        self, key: str, default: D, *, model: type[M], version: int | None = None
+    ) -> M | D: ...
 
     async def get(
-        self, key: str, default: object = None, *, model: type[BaseModel] | None = None
+        self,
+        key: str,
+        default: object = None,
+        *,
+        model: type[BaseModel] | None = None,
+        version: int | None = None,
     ) -> Any:
         """Return the value at `key`, or `default` if it is missing or expired.
 
@@ -304,11 +343,18 @@ class StateManager:
             key: The key.
             default: What to return when the key is missing.
             model: A pydantic model to validate the stored value as.
+            version: Return the value the key held at this version instead, or `default` if
+                that version is not retained (see `history`): only the current one is, unless
+                `StateConfig.history` names the key.
 
         Raises:
             DecodeError: The stored bytes are corrupt or do not validate as `model`.
+            InvalidArgumentError: `version` is not an int >= 1.
         """
         validate_key(key)
+        if version is not None:
+            entry = await self._get_version(key, version)
+            return default if entry is None else self._codec.decode(key, entry.value, model)
         backend = self._ready_backend() or await self._opened_backend()
         entry = await backend.get(key)
         self._counters["reads"] += 1
@@ -317,14 +363,28 @@ class StateManager:
         return self._codec.decode(key, entry.value, model)
 
     async def get_entry(
-        self, key: str, *, model: type[BaseModel] | None = None
+        self, key: str, *, model: type[BaseModel] | None = None, version: int | None = None
     ) -> StateEntry | None:
-        """Return the value at `key` with its version, timestamps and time to live, or `None`."""
+        """Return the value at `key` with its version, timestamps and time to live, or `None`.
+
+        With `version=n`, return that version as it was written (its `updated_at` is when),
+        or `None` if it is not retained (see `history`).
+        """
         validate_key(key)
+        if version is not None:
+            found = await self._get_version(key, version)
+        else:
+            backend = await self._opened_backend()
+            found = await backend.get(key)
+            self._counters["reads"] += 1
+        return None if found is None else self._codec.state_entry(found, model)
+
+    async def _get_version(self, key: str, version: int) -> Entry | None:
+        if type(version) is not int or version < 1:
+            raise InvalidArgumentError(f"version must be an int >= 1, not {version!r}")
         backend = await self._opened_backend()
-        entry = await backend.get(key)
         self._counters["reads"] += 1
-        return None if entry is None else self._codec.state_entry(entry, model)
+        return await backend.get_version(key, version)
 
     async def get_many(
         self, keys: Iterable[str], *, model: type[BaseModel] | None = None
@@ -588,6 +648,118 @@ class StateManager:
 
         return ScopedState(self, prefix)
 
+    # ---------------------------------------------------------------- history
+
+    async def history(
+        self, key: str, *, limit: int | None = None, model: type[BaseModel] | None = None
+    ) -> list[StateEntry]:
+        """Return the retained versions of `key`, newest first: the current one, then older.
+
+        Keys that `StateConfig.history` names keep their last N versions; any other key has
+        only its current one. A missing key has no history (`[]`): deleting a key, or its
+        expiry, ends its history, and written again it starts over at version 1. Each entry is
+        the key as that version left it: `updated_at` is when it was written, `expires_at` the
+        expiry it was written with.
+
+        <!-- snippet -->
+        ```python
+        state = StateManager(config=StateConfig(history={"agent:*": 20}))
+        for status in ("idle", "running", "done"):
+            await state.save("agent:1", {"status": status})
+        for entry in await state.history("agent:1"):
+            print(entry.version, entry.value)  # 3 {'status': 'done'}, then 2 ..., then 1 ...
+        await state.aclose()
+        ```
+
+        Args:
+            key: The key.
+            limit: Return at most this many versions (the newest).
+            model: A pydantic model to validate each value as.
+
+        Raises:
+            InvalidArgumentError: `limit` is not an int >= 0 or None.
+            DecodeError: A stored value is corrupt or does not validate as `model`.
+        """
+        validate_key(key)
+        check_limit(limit)
+        backend = await self._opened_backend()
+        entries = await backend.history(key, limit=limit)
+        self._counters["reads"] += 1
+        state_entry = self._codec.state_entry
+        return [state_entry(entry, model) for entry in entries]
+
+    async def revert(
+        self, key: str, *, to_version: int, ttl: timedelta | float | None = DEFAULT
+    ) -> int:
+        """Write the value `key` held at `to_version` again, as a new version; return it.
+
+        A normal write: it bumps the version, subscribers see it as a change, and the history
+        keeps what it replaced. It is conditional on the current version it read (with the
+        history, in one call): if another write lands in between, `revert` reads again and
+        retries (up to `StateConfig.update_max_attempts` times, as `update` does), so it
+        never overwrites a write it has not seen without reading the history again. Reverting
+        to the current version writes the same value again as a new version.
+
+        <!-- snippet -->
+        ```python
+        state = StateManager(config=StateConfig(history={"doc:*": 10}))
+        await state.save("doc:1", "first draft")
+        await state.save("doc:1", "a bad edit")
+        print(await state.revert("doc:1", to_version=1))  # 3
+        print(await state.get("doc:1"))  # first draft
+        await state.aclose()
+        ```
+
+        Args:
+            key: The key.
+            to_version: The version whose value to write again; it must be retained.
+            ttl: As for `save`: the written value's time to live (by default the configured
+                `StateConfig.ttl`, not the old version's).
+
+        Raises:
+            NotFoundError: The key is missing, or `to_version` is not retained; nothing was
+                written.
+            InvalidArgumentError: `to_version` is not an int >= 1.
+            ConflictError: Every attempt lost a race with another write.
+        """
+        validate_key(key)
+        if type(to_version) is not int or to_version < 1:
+            raise InvalidArgumentError(f"to_version must be an int >= 1, not {to_version!r}")
+        life = self._ttl(ttl)
+        backend = await self._opened_backend()
+        attempts = self.config.update_max_attempts
+        for attempt in range(attempts):
+            versions = await backend.history(key)
+            if not versions:
+                raise NotFoundError(f"no state at key {key!r}")
+            target = next((entry for entry in versions if entry.version == to_version), None)
+            if target is None:
+                raise NotFoundError(
+                    f"version {to_version} of {key!r} is not retained (it is at version "
+                    f"{versions[0].version}; StateConfig(history=...) keeps past versions)"
+                )
+            try:
+                change = await backend.set(
+                    key, target.value, ttl=life, expected_version=versions[0].version
+                )
+            except ConflictError:
+                await anyio.sleep(backoff(attempt))
+                continue
+            self._counters["saves"] += 1
+            return change.version
+        self._counters["conflicts"] += 1
+        raise ConflictError(f"revert of {key!r} lost {attempts} races in a row; try again", key=key)
+
+    async def feed_cursor(self) -> str | None:
+        """Return the cursor of the newest change in the backend's feed (`None` if it has none).
+
+        `changes(since=await state.feed_cursor())` then delivers every change committed after
+        this call, however late it is entered. The cursor is the backend's, so a scope's is
+        its manager's.
+        """
+        backend = await self._opened_backend()
+        return await backend.feed_cursor()
+
     # ---------------------------------------------------------------- sorted indexes
 
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
@@ -621,6 +793,8 @@ class StateManager:
         callback: StateCallback,
         *,
         on_overflow: OverflowCallback | None = None,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
     ) -> Subscription:
         """Call `callback(key, old_value, new_value)` for every change to keys matching `pattern`.
 
@@ -645,10 +819,20 @@ class StateManager:
         ```
 
         If the callback falls more than `StateConfig.subscriber_buffer` changes behind, the
-        changes beyond the buffer are missed: the manager logs `subscription_reopened`, counts
-        it in `stats().overflows`, subscribes again, and then calls `on_overflow(pattern)` (sync
-        or async). The new subscription is live before the handler runs, so a handler that
-        re-reads the state it needs misses nothing: every later change follows it.
+        manager logs `subscription_reopened`, counts it in `stats().overflows` and subscribes
+        again. With the backend's change feed on (the default), it resubscribes from the last
+        change it delivered: nothing is missed, and `on_overflow` is not called. Without a feed
+        (`StateConfig(feed=None)`), or if the feed no longer holds that change, the changes
+        beyond the buffer are missed, and it then calls `on_overflow(pattern)` (sync or async).
+        The new subscription is live before the handler runs, so a handler that re-reads the
+        state it needs misses nothing: every later change follows it.
+
+        With `since=cursor` (a `StateChange.cursor`, or `feed_cursor()`), the callback first
+        receives the changes the feed retains after that cursor, then the live ones (see
+        `changes`). If that cursor has expired: with `on_gap="raise"` the subscription ends
+        and awaiting it (or `wait_live()`) raises `CursorExpiredError`; with
+        `on_gap="resync"` the callback first receives `(key, None, current_value)` for every
+        present key matching `pattern`, then the live changes.
 
         Under trio, enter the manager (`async with`) before subscribing callbacks.
 
@@ -656,13 +840,17 @@ class StateManager:
             A `Subscription`: await it to wait until it is live.
         """
         validate_pattern(pattern)
+        since = check_since(since)
+        on_gap = check_on_gap(on_gap)
         if not callable(callback):
             raise InvalidArgumentError(f"callback must be callable, not {type(callback).__name__}")
         if self._closed:
             raise BackendError("this StateManager is closed")
         if on_overflow is not None and not callable(on_overflow):
             raise InvalidArgumentError("on_overflow must be callable")
-        return self._pumps.subscribe(pattern, callback, on_overflow, self._task_group)
+        return self._pumps.subscribe(
+            pattern, callback, on_overflow, self._task_group, since=since, on_gap=on_gap
+        )
 
     def unsubscribe(self, pattern: str, callback: StateCallback) -> bool:
         """Stop calling `callback` for `pattern`; return whether it was subscribed.
@@ -672,18 +860,81 @@ class StateManager:
         """
         return self._pumps.unsubscribe(pattern, callback)
 
-    def watch(self, pattern: str, *, max_buffer: int | None = None) -> Watch:
+    def watch(
+        self,
+        pattern: str,
+        *,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
+        max_buffer: int | None = None,
+    ) -> Watch:
         """Return a `Watch`: an async iterator (and context manager) of `StateChange`s.
 
         Entered with `async with`, the watch is live on entry: it receives every change
-        committed after that, by this manager or any other process.
+        committed after that, by this manager or any other process. With `since=cursor` it
+        first replays the retained changes after that cursor: see `changes`, which is this
+        method with every key (`"*"`) as the default pattern.
         """
         validate_pattern(pattern)
         if max_buffer is None:
             max_buffer = self.config.subscriber_buffer
         elif type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
-        return Watch(self, pattern, max_buffer)
+        return Watch(
+            self, pattern, max_buffer, since=check_since(since), on_gap=check_on_gap(on_gap)
+        )
+
+    def changes(
+        self,
+        pattern: str = "*",
+        *,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
+        max_buffer: int | None = None,
+    ) -> Watch:
+        """Return a `Watch` of the changes to keys matching `pattern`, from a cursor if given.
+
+        Every `StateChange` carries its `cursor`, its place in the backend's durable change
+        feed. Store the cursor of the last change you handled; `changes(since=cursor)` later
+        (in this process or another) first yields the changes the feed still retains after
+        it that match `pattern`, in feed order, then follows live: none missed, none twice.
+        `since=EARLIEST` replays everything retained. How much the feed keeps is
+        `StateConfig.feed` (the last 10,000 changes by default).
+
+        <!-- snippet: setup=state -->
+        ```python
+        await state.save("job:1", "queued")
+        cursor = await state.feed_cursor()  # or a change's .cursor, stored earlier
+        await state.save("job:1", "running")  # committed while nobody watched
+        async with state.changes("job:*", since=cursor) as changes:
+            async for change in changes:
+                print(change.key, change.new_value, change.cursor is not None)  # job:1 running True
+                break
+        ```
+
+        A cursor whose later changes the feed no longer holds has expired. With
+        `on_gap="raise"` (the default), entering the watch raises `CursorExpiredError`: re-read
+        the state you need and go on from `feed_cursor()`. With `on_gap="resync"`, the watch
+        starts live and first yields one `ChangeOp.RESYNC` change per present key matching
+        `pattern` (its current value; `old_value` and `cursor` are `None`), leaving out the live
+        changes those values already include. A consumer applying the changes in order ends up
+        with the current state either way.
+
+        Args:
+            pattern: A Redis glob, as for `list_keys`.
+            since: A cursor (`StateChange.cursor`, `feed_cursor()`) or `EARLIEST`; `None`
+                starts live.
+            on_gap: What an expired cursor does: `"raise"` or `"resync"`.
+            max_buffer: Changes buffered before the watch overflows (by default
+                `StateConfig.subscriber_buffer`); after an overflow, resume with
+                `since=watch.cursor`.
+
+        Raises (on entering the watch):
+            CursorExpiredError: `since` has expired and `on_gap="raise"`.
+            InvalidArgumentError: `since` is not a cursor of this backend.
+            UnsupportedOperationError: The backend keeps no change feed (`StateConfig(feed=None)`).
+        """
+        return self.watch(pattern, since=since, on_gap=on_gap, max_buffer=max_buffer)
 
     def stats(self) -> StateStats:
         """Return counters of saves, reads, updates, conflicts, events and callback errors."""

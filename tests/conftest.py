@@ -6,6 +6,7 @@ in `tests/helpers.py`; test files import them from there, never from here.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import TYPE_CHECKING
 
@@ -17,10 +18,11 @@ from tests._redis_server import RedisServer, require_redis
 from tests.helpers import BACKEND_MAKERS, backend_params
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
+    from contextlib import AbstractAsyncContextManager
     from pathlib import Path
 
-    from agenticstate.backends import Backend
+    from agenticstate.backends import Backend, FeedRetention
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +71,21 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     """A fresh, empty backend of each kind (a fresh namespace on shared servers)."""
     async with BACKEND_MAKERS[request.param](request, tmp_path) as made:
         yield made
+
+
+@pytest.fixture
+def feed_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: Backend
+) -> Callable[[FeedRetention | None], AbstractAsyncContextManager[Backend]]:
+    """Build another backend of the test's kind with a given `FeedRetention` (the contract's
+    retention tests); each call gets a fresh store."""
+    kind = request.node.callspec.params["backend"]
+    made = itertools.count()
+
+    def make(retention: FeedRetention | None) -> AbstractAsyncContextManager[Backend]:
+        return BACKEND_MAKERS[kind](request, tmp_path / f"feed{next(made)}", feed=retention)
+
+    return make
 
 
 @pytest.fixture

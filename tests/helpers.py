@@ -7,6 +7,7 @@ holds that rule.
 - `unique_prefix()`: a fresh key prefix, so tests on a shared server never see each other.
 - `BACKEND_MAKERS`: every backend the contract suite runs on, by name; the `backend` fixture
   (conftest.py) and the hypothesis portal (managers/_portal.py) both take their list from here.
+  A maker passes keyword options on to the backend's constructor (`feed=FeedRetention(...)`).
 - `start_module` / `LineProcess`: a child `python -m MODULE`, with pipes, from the repository
   root; `LineProcess` collects its output lines as they arrive, so tests wait on lines instead
   of sleeping. `json_events`, `wait_for_event` and `stop_process` serve the tests that read a
@@ -36,7 +37,9 @@ if TYPE_CHECKING:
 
     from agenticstate.backends import Backend
 
-    BackendMaker = Callable[[pytest.FixtureRequest, Path], AbstractAsyncContextManager[Backend]]
+    BackendMaker = Callable[
+        ..., AbstractAsyncContextManager[Backend]
+    ]  # (request, tmp_path, **options)
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: child processes run from here, so `python -m tests...` imports."""
@@ -51,34 +54,44 @@ def unique_prefix() -> str:
 
 
 @asynccontextmanager
-async def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    async with MemoryBackend() as backend:
+async def _memory(
+    request: pytest.FixtureRequest, tmp_path: Path, **options: Any
+) -> AsyncIterator[Backend]:
+    async with MemoryBackend(**options) as backend:
         yield backend
 
 
 @asynccontextmanager
-async def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+async def _redis(
+    request: pytest.FixtureRequest, tmp_path: Path, **options: Any
+) -> AsyncIterator[Backend]:
     url = request.getfixturevalue("redis_url")
-    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+    async with RedisBackend(url=url, key_prefix=unique_prefix(), **options) as backend:
         yield backend
 
 
 @asynccontextmanager
-async def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+async def _redis_cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, **options: Any
+) -> AsyncIterator[Backend]:
     url = request.getfixturevalue("redis_cluster_url")
-    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+    async with RedisBackend(url=url, key_prefix=unique_prefix(), **options) as backend:
         yield backend
 
 
 @asynccontextmanager
-async def _file(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    async with FileBackend(base_path=tmp_path / "store") as backend:
+async def _file(
+    request: pytest.FixtureRequest, tmp_path: Path, **options: Any
+) -> AsyncIterator[Backend]:
+    async with FileBackend(base_path=tmp_path / "store", **options) as backend:
         yield backend
 
 
 @asynccontextmanager
-async def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    async with SQLiteBackend(tmp_path / "store" / "state.db") as backend:
+async def _sqlite(
+    request: pytest.FixtureRequest, tmp_path: Path, **options: Any
+) -> AsyncIterator[Backend]:
+    async with SQLiteBackend(tmp_path / "store" / "state.db", **options) as backend:
         yield backend
 
 

@@ -134,8 +134,14 @@ def open_config_backend(config: StateConfig) -> Backend:
     return config_factory(config.backend)(config)
 
 
+def _feed_option(config: StateConfig) -> dict[str, Any]:
+    # `feed=` only when it differs from every backend's own default (`FeedRetention()`): the
+    # same store either way, and a backend built before the feed existed still takes the call.
+    return {} if config.feed == FeedRetention() else {"feed": config.feed}
+
+
 def _memory_from_config(config: StateConfig) -> Backend:
-    return MemoryBackend(key_prefix=config.key_prefix)
+    return MemoryBackend(key_prefix=config.key_prefix, **_feed_option(config))
 
 
 def _file_from_config(config: StateConfig) -> Backend:
@@ -148,12 +154,13 @@ def _file_from_config(config: StateConfig) -> Backend:
         key_prefix=config.key_prefix,
         auto_save=config.auto_save,
         save_interval=config.save_interval,
+        **_feed_option(config),
     )
 
 
 def _sqlite_from_config(config: StateConfig) -> Backend:
     path = config.sqlite_path if config.sqlite_path is not None else Path("state/state.db")
-    return SQLiteBackend(path=path, key_prefix=config.key_prefix)
+    return SQLiteBackend(path=path, key_prefix=config.key_prefix, **_feed_option(config))
 
 
 def _redis_from_config(config: StateConfig) -> Backend:
@@ -162,4 +169,5 @@ def _redis_from_config(config: StateConfig) -> Backend:
         db=config.db if config.db else None,
         key_prefix=config.key_prefix,
         connection_pool_size=config.connection_pool_size,
+        **_feed_option(config),
     )

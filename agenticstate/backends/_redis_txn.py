@@ -5,7 +5,9 @@ compares and both branches as `ARGV`, checks the compares (each key's version, r
 record header), then runs one branch, op by op, and returns `{succeeded, results}`. Redis runs a
 script as one atomic step, so nothing else writes between the compares and the writes, and one
 transaction is one command (EVALSHA). `Put` is the same `write` function `set` runs (record
-header, TTL, PUBLISH of old and new); `Delete` publishes as `delete` does.
+header, TTL, PUBLISH of old and new); `Delete` publishes as `delete` does. A `Put` or `Delete` of
+a key that keeps history (`ph`, `dh`) also keeps or drops its history list, as `set` and `delete`
+do (`_redis_history`).
 
 `ARGV` layout: `[channel namespace, compares, then_at, else_at, end_at, compares..., then ops...,
 else ops...]`, positions 1-based as Lua counts. A compare is `kind, key, version` (`v`: at
@@ -15,7 +17,9 @@ version, `e`: exists). An op is its code, its key's position in `KEYS`, and its 
 | --- | --- | --- |
 | `g` | | the raw record, or nil |
 | `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms}` |
+| `ph` | value, ttl ms, history list's position in `KEYS`, depth | as `p` |
 | `d` | | `{version, old, now ms}`, or nil |
+| `dh` | history list's position in `KEYS` | as `d` |
 | `ia` | n, then score, member n times | members added |
 | `ir` | n, then n members | members removed |
 | `ii` | member, delta | the new score (a string) |
@@ -57,7 +61,8 @@ __all__ = ["TxnCall", "check_one_slot", "pack", "parse", "result", "script"]
 
 _MS = timedelta(milliseconds=1)
 
-# Runs after the `write` function (and `now`) of the write scripts, and the `drop` function.
+# Runs after the `write` function (and `now`) of the write scripts, the `drop` function and the
+# history's `keep`.
 _TXN_BODY = """
 local ns = ARGV[1]
 local ok = 1
@@ -97,9 +102,18 @@ while i < to do
   elseif op == 'p' then
     r = write(key, ARGV[i + 2], tonumber(ARGV[i + 3]), -1, ns .. key, now)
     i = i + 4
-  elseif op == 'd' then
+  elseif op == 'ph' then
+    local ttl = tonumber(ARGV[i + 3])
+    r = write(key, ARGV[i + 2], ttl, -1, ns .. key, now)
+    keep(KEYS[tonumber(ARGV[i + 4])], key, tonumber(ARGV[i + 5]), r[2], ttl)
+    i = i + 6
+  elseif op == 'd' or op == 'dh' then
     local d = drop(key, -1, ns .. key, now)
     if d[1] == 1 then r = {d[2], d[3], d[4]} end
+    if op == 'dh' then
+      if d[1] == 1 then redis.call('DEL', KEYS[tonumber(ARGV[i + 2])]) end
+      i = i + 1
+    end
     i = i + 2
   elseif op == 'ia' then
     local n = tonumber(ARGV[i + 2])
@@ -130,9 +144,9 @@ return {ok, results}
 
 
 @functools.cache
-def script(write_function: str, drop_function: str) -> tuple[str, str]:
-    """The transaction script built on the write scripts' `write` and `drop`, and its SHA-1."""
-    source = write_function + drop_function + _TXN_BODY
+def script(write_function: str, drop_function: str, history_function: str) -> tuple[str, str]:
+    """The transaction script on the write scripts' `write`, `drop` and `keep`, and its SHA-1."""
+    source = write_function + drop_function + history_function + _TXN_BODY
     return source, hashlib.sha1(source.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
 
 
@@ -167,8 +181,12 @@ def pack(
     channels: str,
     state_key: Callable[[str], str],
     index_key: Callable[[str], str],
+    history: Callable[[str], tuple[str, int] | None] = lambda key: None,
 ) -> TxnCall:
-    """Pack a validated transaction (`check_transaction`'s output) for the script."""
+    """Pack a validated transaction (`check_transaction`'s output) for the script.
+
+    `history(key)` is the Redis key and depth of `key`'s history list, `None` when it keeps none.
+    """
     keys: list[str] = []
     names: list[str] = []
     positions: dict[str, int] = {}
@@ -185,9 +203,9 @@ def pack(
         else:
             args += ("e", found, 0)
     args[2] = len(args) + 1
-    _pack_ops(then, args, keys, names, positions, state_key, index_key)
+    _pack_ops(then, args, keys, names, positions, state_key, index_key, history)
     args[3] = len(args) + 1
-    _pack_ops(orelse, args, keys, names, positions, state_key, index_key)
+    _pack_ops(orelse, args, keys, names, positions, state_key, index_key, history)
     args[4] = len(args) + 1
     written = [op.key for op in (*then, *orelse) if type(op) is Put or type(op) is Delete]
     return TxnCall(keys, args, names, (written or names or [""])[0])
@@ -201,6 +219,7 @@ def _pack_ops(  # the packing state is passed down, not closed over
     positions: dict[str, int],
     state_key: Callable[[str], str],
     index_key: Callable[[str], str],
+    history: Callable[[str], tuple[str, int] | None],
 ) -> None:
     for op in ops:
         kind = type(op)
@@ -211,7 +230,18 @@ def _pack_ops(  # the packing state is passed down, not closed over
             keys.append(name)
             names.append(given)
             found = positions[name] = len(keys)
-        if type(op) is Get:
+        kept = history(op.key) if kind is Put or kind is Delete else None  # type: ignore[union-attr]
+        if kept is not None:
+            listed = positions.get(kept[0])
+            if listed is None:
+                keys.append(kept[0])
+                names.append(given)
+                listed = positions[kept[0]] = len(keys)
+            if type(op) is Put:
+                args += ("ph", found, op.value, _ttl_ms(op), listed, kept[1])
+            else:
+                args += ("dh", found, listed)
+        elif type(op) is Get:
             args += ("g", found)
         elif type(op) is Put:
             args += ("p", found, op.value, _ttl_ms(op))

@@ -1,17 +1,27 @@
 """The SQLite backend's change feed: the `changes` table, read by one thread, fanned out in-process.
 
 Every write appends its change (key, old and new bytes, version, time) to the `changes` table in
-the same transaction as the value, under a sequence number that grows by one per change. Each
-backend instance with subscriptions runs one notifier thread on its own connection; it wakes when
-this process commits (a nudge from the writer) and otherwise polls `PRAGMA data_version`, which
-changes only when another connection has committed, so an idle poll reads no table. On a change
-it reads the rows after the last sequence it delivered, in one read transaction, and hands them
-to the event loop in sequence order, where each matching subscription receives them.
+the same transaction as the value, under a sequence number that grows by one per change (the
+writer assigns it: the largest in the table plus one, under the write lock; trimming always keeps
+the newest change, so a number is never used twice). A change's cursor is `s1:<db id>:<seq>`,
+the database's id being a random string made with the schema (in the `meta` table), so a cursor
+of a deleted and recreated file is told apart from one of this file.
 
-A subscription starts after the last committed change (or after a cursor it gives, to catch up
-on what it missed). If the rows it needs were trimmed by retention, it receives a `RESYNC` change
-for every present key it matches (the current value; what happened in between is unknown), as the
-Redis backend does after a reconnect, and then the live changes: never a silent gap.
+Each backend instance with subscriptions runs one notifier thread on its own connection; it wakes
+when this process commits (a nudge from the writer) and otherwise polls `PRAGMA data_version`,
+which changes only when another connection has committed, so an idle poll reads no table. On a
+change it reads the rows after the last sequence it delivered, in one read transaction, and hands
+them to the event loop in sequence order, where each matching live subscription receives them.
+
+A subscription with `since=` replays first: it reads the retained changes after its cursor a page
+at a time (on the backend's reader thread, as the consumer asks for them, so a long backlog never
+overflows its buffer), and when a page comes back short it joins the live subscriptions from the
+last sequence it read: the notifier hands it what was committed after that and before it joined,
+then everything live. No gap, no duplicate. A cursor whose successors were trimmed raises
+`CursorExpiredError` on entry; if retention trims what a subscription still had to read (a
+replay or a notifier outrun by more than the retention), the subscription closes as an overflow
+(`SubscriptionClosedError(reason="overflow")`): resuming from its last cursor then raises
+`CursorExpiredError`. Never a silent gap.
 """
 
 from __future__ import annotations
@@ -21,29 +31,105 @@ import functools
 import sqlite3
 import threading
 from collections import deque
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agenticstate._log import get_logger
-from agenticstate.backends.base import Change, ChangeOp, new_change
-from agenticstate.exceptions import InvalidArgumentError, SubscriptionClosedError
+from agenticstate.backends.base import EARLIEST, Change, ChangeOp, new_change
+from agenticstate.exceptions import (
+    CursorExpiredError,
+    InvalidArgumentError,
+    SubscriptionClosedError,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
     from agenticstate._glob import GlobMatcher
 
-__all__ = ["Feed", "SQLiteChangeStream", "from_us", "key_range", "to_us"]
+__all__ = [
+    "CURSOR_TAG",
+    "Feed",
+    "SQLiteChangeStream",
+    "Since",
+    "format_cursor",
+    "from_us",
+    "key_range",
+    "parse_since",
+    "to_us",
+]
 
 log = get_logger("agenticstate.backends.sqlite")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _OPS = (ChangeOp.SET, ChangeOp.DELETE)
 _Item = tuple[int, Change]
+REPLAY_PAGE = 2000  # changes a replaying subscription reads per trip to the reader thread
+
+CURSOR_TAG = "s1"
+"""The kind tag every SQLite feed cursor starts with: `s1:<db id>:<seq>`."""
+
+
+def format_cursor(db_id: str, seq: int) -> str:
+    """The cursor of change `seq` of the database `db_id`."""
+    return f"{CURSOR_TAG}:{db_id}:{seq}"
+
+
+@dataclass(frozen=True, slots=True)
+class Since:
+    """Where a replay starts: after sequence `after` (`None`: the oldest retained change).
+
+    `strict` is true for an `s1:` cursor, which names its database: one beyond the head is
+    forged (`InvalidArgumentError`). The deprecated bare sequence number cannot tell this file
+    from another, so one beyond the head is taken for another file's (`CursorExpiredError`).
+    """
+
+    after: int | None
+    text: str
+    strict: bool = True
+
+
+def parse_since(since: object, db_id: str) -> Since:
+    """Read a `since=` value.
+
+    A cursor `s1:<db id>:<seq>`, `EARLIEST`, or (deprecated) a bare sequence number as an int
+    or a string of digits.
+
+    Raises:
+        InvalidArgumentError: It is no SQLite feed cursor.
+        CursorExpiredError: It is one of another database (a file deleted and made again).
+    """
+    if since == EARLIEST:
+        return Since(None, EARLIEST)
+    if type(since) is int:
+        if since < 0:
+            raise InvalidArgumentError(f"since must be a feed cursor, not {since!r}")
+        return Since(since, str(since), strict=False)
+    if isinstance(since, str):
+        if since.isdigit() and since.isascii():
+            return Since(int(since), since, strict=False)
+        parts = since.split(":")
+        if (
+            len(parts) == 3
+            and parts[0] == CURSOR_TAG
+            and parts[1].isalnum()
+            and parts[1].isascii()
+            and parts[2].isdigit()
+            and parts[2].isascii()
+        ):
+            if parts[1] != db_id:
+                raise CursorExpiredError(
+                    since, f"cursor {since!r} belongs to another database than this one"
+                )
+            return Since(int(parts[2]), since)
+    raise InvalidArgumentError(
+        f"since must be an SQLite feed cursor ('{CURSOR_TAG}:...') or EARLIEST, not {since!r}"
+    )
 
 
 def to_us(moment: datetime) -> int:
@@ -94,25 +180,85 @@ class _Sub:
         self.send, self.receive = anyio.create_memory_object_stream[_Item](max_buffer)
 
 
+class _Replay:
+    """The changes a `since=` subscription reads from the table before it joins the live ones."""
+
+    __slots__ = ("after", "feed", "items", "live", "since", "sub")
+
+    def __init__(self, feed: Feed, sub: _Sub, since: Since) -> None:
+        self.feed = feed
+        self.sub = sub
+        self.since = since
+        self.after = since.after
+        self.items: deque[_Item] = deque()
+        self.live = False
+
+    async def fill(self) -> None:
+        """Read the next page (or join the live subscriptions when the table has no more).
+
+        Raises:
+            CursorExpiredError: Changes after the position were trimmed.
+            InvalidArgumentError: A strict cursor beyond the head.
+        """
+        feed = self.feed
+        if feed.closed:
+            self.live = True
+            return
+        page = functools.partial(feed.page, after=self.after, since=self.since)
+        position, rows = await feed.read(page)
+        self.since = Since(position, format_cursor(feed.db_id, position))
+        self.after = position
+        match = self.sub.matcher.match
+        self.items.extend(item for item in rows if match(item[1].key))
+        if len(rows) < REPLAY_PAGE:
+            self.live = True
+            await feed.enlist(self.sub, position)
+
+    async def next(self) -> _Item | None:
+        """The next replayed change, or `None` once the subscription is live."""
+        while not self.items:
+            if self.live:
+                return None
+            try:
+                await self.fill()
+            except CursorExpiredError as exc:
+                raise SubscriptionClosedError(
+                    "overflow",
+                    f"subscription to {self.sub.matcher.pattern!r} was replaying changes that "
+                    f"retention has since trimmed: {exc}",
+                ) from None
+        return self.items.popleft()
+
+
 class SQLiteChangeStream:
-    """An async iterator of `Change`s with the sequence number of the last one read.
+    """An async iterator of `Change`s (each with its `cursor`).
 
     Attributes:
-        cursor: The sequence number of the last change this stream yielded (on entry: the last
-            change committed before the subscription, or the `since` it was given). Keep it and
-            pass it as `since=` to catch up later on what was missed.
+        cursor: Deprecated: the sequence number (an `int`) of the last change this stream
+            yielded (on entry: the last change committed before the subscription, or the
+            position it was given). Every `Change` carries its own `cursor` (a `str`); prefer it.
+            An int or a string of digits is still accepted as `since=`.
     """
 
-    __slots__ = ("_sub", "cursor")
+    __slots__ = ("_feed", "_replay", "_sub", "cursor")
 
-    def __init__(self, sub: _Sub, cursor: int) -> None:
+    def __init__(self, feed: Feed, sub: _Sub, cursor: int, replay: _Replay | None = None) -> None:
+        self._feed = feed
         self._sub = sub
+        self._replay = replay
         self.cursor = cursor
 
     def __aiter__(self) -> SQLiteChangeStream:
         return self
 
     async def __anext__(self) -> Change:
+        replay = self._replay
+        if replay is not None:
+            item = await replay.next()
+            if item is not None:
+                self.cursor = item[0]
+                return item[1]
+            self._replay = None
         try:
             seq, change = await self._sub.receive.receive()
         except anyio.EndOfStream:
@@ -120,14 +266,14 @@ class SQLiteChangeStream:
                 raise SubscriptionClosedError(
                     "overflow",
                     f"subscription to {self._sub.matcher.pattern!r} fell more than "
-                    f"{self._sub.max_buffer} changes behind; re-read the state and subscribe "
-                    f"again (or pass since={self.cursor} to catch up)",
+                    f"{self._sub.max_buffer} changes behind; resume with since= the cursor of "
+                    f"the last change read "
+                    f"({format_cursor(self._feed.db_id, self.cursor)!r}), or re-read the state",
                 ) from None
             raise StopAsyncIteration from None
         except anyio.ClosedResourceError:
             raise StopAsyncIteration from None
-        if seq:
-            self.cursor = seq
+        self.cursor = seq
         return change
 
 
@@ -137,6 +283,8 @@ class Feed:
     Args:
         open_connection: Makes the notifier's own read connection (called in its thread).
         schedule: Runs a callback on the event loop, thread-safely.
+        read: Runs a function of a read connection on the backend's reader thread (awaitable).
+        db_id: The database's id (the middle of its cursors).
         key_prefix: The backend's namespace: other keys are skipped, and it is stripped.
         poll_interval: Seconds between `PRAGMA data_version` checks while subscribed.
     """
@@ -145,11 +293,15 @@ class Feed:
         self,
         open_connection: Callable[[], sqlite3.Connection],
         schedule: Callable[[Callable[[], object]], object],
+        read: Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]],
+        db_id: str,
         key_prefix: str,
         poll_interval: float,
     ) -> None:
         self._open_connection = open_connection
         self._schedule = schedule
+        self.read = read
+        self.db_id = db_id
         self._prefix = key_prefix
         self._low, self._high = key_range(key_prefix)
         self._poll = poll_interval
@@ -157,7 +309,7 @@ class Feed:
         self._requests: deque[tuple[_Sub, int | None, list[int]]] = deque()
         self._wake = threading.Event()
         self._stopping = False
-        self._closed = False
+        self.closed = False
         self._cursor = 0
         self._thread: threading.Thread | None = None
 
@@ -174,33 +326,46 @@ class Feed:
 
     @contextlib.asynccontextmanager
     async def subscribe(
-        self, matcher: GlobMatcher, max_buffer: int, since: int | None
+        self, matcher: GlobMatcher, max_buffer: int, since: Since | None
     ) -> AsyncIterator[SQLiteChangeStream]:
-        """Open a subscription; active on entry (see the module docstring)."""
+        """Open a subscription (see the module docstring).
+
+        Raises (on entry):
+            CursorExpiredError: Changes after `since` were trimmed.
+            InvalidArgumentError: A bad `max_buffer`, or a strict cursor beyond the head.
+        """
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
-        if since is not None and (type(since) is not int or since < 0):
-            raise InvalidArgumentError(f"since must be an int >= 0 or None, not {since!r}")
         sub = _Sub(matcher, max_buffer)
-        start = [since or 0]
-        if self._closed:
-            sub.send.close()
-        else:
-            self._subs = [*self._subs, sub]
-            self._start_thread()
-            self._requests.append((sub, since, start))
-            self._wake.set()
-            try:
-                await sub.opened.wait()
-            except BaseException:
-                self._drop(sub)
-                sub.receive.close()
-                raise
+        replay: _Replay | None = None
+        start = [0]
         try:
-            yield SQLiteChangeStream(sub, start[0])
+            if since is None:
+                start = await self.enlist(sub, None)
+            else:
+                replay = _Replay(self, sub, since)
+                await replay.fill()  # checks the cursor now, on entry
+                start = [since.after or 0]
+            yield SQLiteChangeStream(self, sub, start[0], replay)
         finally:
             self._drop(sub)
             sub.receive.close()
+
+    async def enlist(self, sub: _Sub, since: int | None) -> list[int]:
+        """Join `sub` to the live subscriptions, after sequence `since` (`None`: the head).
+
+        Returns a one-item list: the sequence it joined after.
+        """
+        start = [since or 0]
+        if self.closed:
+            sub.send.close()
+            return start
+        self._subs = [*self._subs, sub]
+        self._start_thread()
+        self._requests.append((sub, since, start))
+        self._wake.set()
+        await sub.opened.wait()
+        return start
 
     def _start_thread(self) -> None:
         if self._thread is None:
@@ -212,6 +377,11 @@ class Feed:
     def _drop(self, sub: _Sub) -> None:
         sub.send.close()
         self._subs = [s for s in self._subs if s is not sub]
+
+    def _overflow(self, sub: _Sub) -> None:
+        sub.overflowed = True
+        self._drop(sub)
+        sub.opened.set()
 
     def _publish(self, items: list[_Item]) -> None:
         for sub in self._subs:
@@ -225,9 +395,8 @@ class Feed:
         try:
             sub.send.send_nowait(item)
         except anyio.WouldBlock:
-            sub.overflowed = True
             log.warning("subscriber_overflow", pattern=sub.matcher.pattern, buffer=sub.max_buffer)
-            self._drop(sub)
+            self._overflow(sub)
             return False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._drop(sub)
@@ -241,9 +410,14 @@ class Feed:
         sub.is_open = True
         sub.opened.set()
 
+    def _trimmed(self, subs: list[_Sub]) -> None:
+        for sub in subs:
+            if sub in self._subs:
+                self._overflow(sub)
+
     def close(self) -> None:
         """End every subscription (on the loop) and stop the thread (call `join` after)."""
-        self._closed = True
+        self.closed = True
         for sub in self._subs:
             sub.send.close()
             sub.opened.set()
@@ -255,6 +429,61 @@ class Feed:
         """Wait for the notifier thread to end (blocking; after `close`)."""
         if self._thread is not None:
             self._thread.join()
+
+    # ---------------------------------------------------------------- reading the table
+
+    def page(
+        self, conn: sqlite3.Connection, *, after: int | None, since: Since
+    ) -> tuple[int, list[_Item]]:
+        """Read up to `REPLAY_PAGE` changes after `after` (`None`: the oldest retained).
+
+        One read transaction (a reader thread's job); returns the position read up to and the
+        changes.
+
+        Raises:
+            CursorExpiredError: Changes after `after` were trimmed.
+            InvalidArgumentError: `after` is beyond the head and `since` is strict.
+        """
+        conn.execute("BEGIN")
+        try:
+            oldest, last = conn.execute("SELECT min(seq), max(seq) FROM changes").fetchone()
+            last = last or 0
+            if after is None:
+                after = 0
+            elif after > last:
+                if since.strict:
+                    raise InvalidArgumentError(
+                        f"cursor {since.text!r} is beyond this database's newest change"
+                    )
+                raise CursorExpiredError(
+                    since.text, f"cursor {since.text!r} is beyond this database's feed"
+                )
+            elif after < last and (oldest is None or oldest > after + 1):
+                raise CursorExpiredError(since.text)
+            rows = self._rows(conn, after, last, REPLAY_PAGE)
+        finally:
+            conn.execute("COMMIT")
+        return (rows[-1][0] if len(rows) == REPLAY_PAGE else last), rows
+
+    def _rows(
+        self, conn: sqlite3.Connection, after: int, upto: int | None, limit: int = -1
+    ) -> list[_Item]:
+        sql = "SELECT seq, key, op, old, new, version, ts FROM changes WHERE seq > ?"
+        params: list[object] = [after]
+        if upto is not None:
+            sql += " AND seq <= ?"
+            params.append(upto)
+        if self._prefix:
+            sql += " AND key >= ?" + (" AND key < ?" if self._high is not None else "")
+            params += [self._low] + ([self._high] if self._high is not None else [])
+        params.append(limit)
+        cut, tag = len(self._prefix), f"{CURSOR_TAG}:{self.db_id}:"
+        return [
+            (seq, new_change(key[cut:], _OPS[op], old, new, version, from_us(ts), f"{tag}{seq}"))
+            for seq, key, op, old, new, version, ts in conn.execute(
+                sql + " ORDER BY seq LIMIT ?", params
+            )
+        ]
 
     # ---------------------------------------------------------------- the notifier thread
 
@@ -296,21 +525,6 @@ class Feed:
         (last,) = conn.execute("SELECT max(seq) FROM changes").fetchone()
         return int(last) if last is not None else 0
 
-    def _rows(self, conn: sqlite3.Connection, after: int, upto: int | None) -> list[_Item]:
-        sql = "SELECT seq, key, op, old, new, version, ts FROM changes WHERE seq > ?"
-        params: list[object] = [after]
-        if upto is not None:
-            sql += " AND seq <= ?"
-            params.append(upto)
-        if self._prefix:
-            sql += " AND key >= ?" + (" AND key < ?" if self._high is not None else "")
-            params += [self._low] + ([self._high] if self._high is not None else [])
-        cut = len(self._prefix)
-        return [
-            (seq, new_change(key[cut:], _OPS[op], old, new, version, from_us(ts)))
-            for seq, key, op, old, new, version, ts in conn.execute(sql + " ORDER BY seq", params)
-        ]
-
     def _snapshot(
         self, conn: sqlite3.Connection, after: int, upto: int | None
     ) -> tuple[bool, int, list[_Item]]:
@@ -319,21 +533,21 @@ class Feed:
         try:
             last = self._max_seq(conn) if upto is None else upto
             (oldest,) = conn.execute("SELECT min(seq) FROM changes").fetchone()
-            gap = after > last or (after < last and (oldest is None or oldest > after + 1))
+            gap = after < last and (oldest is None or oldest > after + 1)
             rows = [] if gap else self._rows(conn, after, upto)
         finally:
             conn.execute("COMMIT")
-        return gap, last, rows
+        return gap, max(last, after), rows
 
     def _catch_up(self, conn: sqlite3.Connection) -> None:
         gap, last, rows = self._snapshot(conn, self._cursor, None)
         self._cursor = last
         if gap:
+            # More changes than retention keeps were committed between two reads: every live
+            # subscription missed some. Each closes as an overflow (it resumes from its cursor).
             log.warning("sqlite_changes_trimmed", cursor=self._cursor)
-            for sub in list(self._subs):
-                if sub.is_open:
-                    items = self._resync(conn, sub.matcher, last)
-                    self._schedule(functools.partial(self._open_sub, sub, items))
+            subs = [sub for sub in self._subs if sub.is_open]
+            self._schedule(lambda: self._trimmed(subs))
         elif rows:
             self._schedule(lambda: self._publish(rows))
 
@@ -343,29 +557,10 @@ class Feed:
         items: list[_Item] = []
         if since is None:
             start[0] = self._cursor
-        elif since != self._cursor:
+        elif since < self._cursor:
             gap, _, rows = self._snapshot(conn, since, self._cursor)
-            items = self._resync(conn, sub.matcher, self._cursor) if gap else rows
-            items = [item for item in items if sub.matcher.match(item[1].key)]
-            start[0] = since if not gap else self._cursor
+            if gap:
+                self._schedule(lambda: self._overflow(sub))
+                return
+            items = [item for item in rows if sub.matcher.match(item[1].key)]
         self._schedule(lambda: self._open_sub(sub, items))
-
-    def _resync(self, conn: sqlite3.Connection, matcher: GlobMatcher, seq: int) -> list[_Item]:
-        """A `RESYNC` change for every present key `matcher` selects (its current value)."""
-        now = datetime.now(UTC)
-        low, high = key_range(self._prefix + matcher.literal_prefix)
-        sql = "SELECT key, value, version FROM kv WHERE key >= ?"
-        params: list[object] = [low]
-        if high is not None:
-            sql += " AND key < ?"
-            params.append(high)
-        sql += " AND (expires_at IS NULL OR expires_at > ?)"
-        params.append(to_us(now))
-        cut = len(self._prefix)
-        changes = [
-            new_change(key[cut:], ChangeOp.RESYNC, None, value, version, now)
-            for key, value, version in conn.execute(sql, params)
-            if matcher.match(key[cut:])
-        ]
-        # Only the last carries the sequence: a cursor taken midway must not skip the rest.
-        return [(seq if i == len(changes) - 1 else 0, c) for i, c in enumerate(changes)]

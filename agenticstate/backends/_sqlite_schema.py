@@ -18,6 +18,8 @@ __all__ = [
     "CHUNK",
     "DELETE",
     "GET",
+    "HISTORY_PUT",
+    "HISTORY_TRIM",
     "LOG",
     "PAGE",
     "PUT",
@@ -34,8 +36,12 @@ __all__ = [
     "ttl_us",
 ]
 
-SCHEMA_VERSION = 1
-"""The layout this module writes (`PRAGMA user_version`); a newer file is refused."""
+SCHEMA_VERSION = 2
+"""The layout this module writes (`PRAGMA user_version`); a newer file is refused.
+
+1: `kv`, `changes`, `idx`. 2 adds `meta` (the database's id, for feed cursors) and `history`;
+a version 1 file is migrated in place (the new tables are created, nothing is rewritten).
+"""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -51,11 +57,18 @@ CREATE TABLE IF NOT EXISTS idx (
     name TEXT NOT NULL, member TEXT NOT NULL, score REAL NOT NULL, PRIMARY KEY (name, member)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idx_order ON idx (name, score, member);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS history (
+    key TEXT NOT NULL, version INTEGER NOT NULL, value BLOB NOT NULL,
+    updated_at INTEGER NOT NULL, expires_at INTEGER, PRIMARY KEY (key, version)
+) WITHOUT ROWID;
 """
 GET = "SELECT value, version, created_at, updated_at, expires_at FROM kv WHERE key = ?"
 SELECT_MANY = "SELECT key, value, version, created_at, updated_at, expires_at FROM kv WHERE key IN"
 PUT = "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)"
-LOG = "INSERT INTO changes (key, op, old, new, version, ts) VALUES (?, ?, ?, ?, ?, ?)"
+LOG = "INSERT INTO changes (seq, key, op, old, new, version, ts) VALUES (?, ?, ?, ?, ?, ?, ?)"
+HISTORY_PUT = "INSERT OR REPLACE INTO history VALUES (?, ?, ?, ?, ?)"
+HISTORY_TRIM = "DELETE FROM history WHERE key = ? AND version < ?"
 SET, DELETE = 0, 1
 CHUNK = 1000  # bound parameters per IN (...) query
 PAGE = 50_000  # keys per scan page (one hop to the reader thread each)

@@ -86,6 +86,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
+from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_scripts as scripts
 from agenticstate.backends import _redis_txn
 from agenticstate.backends import _redis_wire as wire
@@ -99,6 +100,7 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    HistoryRules,
     TxnResult,
     check_expected_version,
     check_index_members,
@@ -114,6 +116,7 @@ from agenticstate.exceptions import (
     BackendTimeoutError,
     BackendUnavailableError,
     ConfigurationError,
+    InvalidArgumentError,
     UnsupportedOperationError,
 )
 
@@ -167,6 +170,7 @@ class RedisBackend(Subscriber, Backend):
         socket_timeout: Seconds to wait for a reply before `BackendTimeoutError`.
         connect_timeout: Seconds to wait for a connection.
         read_retries: Times a read or scan is retried after a connection failure or timeout.
+        history: Keep the last versions of the keys these rules name (`keep_history`).
         client: Use this `redis.asyncio.Redis` instead of creating one (it is not closed).
         **client_options: Passed to `redis.asyncio.Redis.from_url` (TLS files, for example:
             `ssl_ca_certs=...`, `ssl_certfile=...`, `ssl_keyfile=...`).
@@ -186,6 +190,7 @@ class RedisBackend(Subscriber, Backend):
         socket_timeout: float = 5.0,
         connect_timeout: float = 2.0,
         read_retries: int = 3,
+        history: Mapping[str, int] | HistoryRules | None = None,
         client: aioredis.Redis | None = None,
         **client_options: Any,
     ) -> None:
@@ -215,6 +220,9 @@ class RedisBackend(Subscriber, Backend):
         # In a cluster: the slot map, and as many connections again to each node.
         self._cluster = wire.Cluster(connection_pool_size, self.url)
         self._update_locks: dict[str, _KeyLock] = {}
+        self._keeps_history = False
+        if history is not None:
+            self.keep_history(history)
 
     @property
     def url(self) -> str:
@@ -410,6 +418,20 @@ class RedisBackend(Subscriber, Backend):
         if expected_version is not None:
             check_expected_version(expected_version)
         expected = -1 if expected_version is None else expected_version
+        kept = self._keeps_history and self._history_list(key, name)
+        if kept:  # the history list is the script's second key, its depth the last argument
+            reply = await self._script(
+                scripts.SET_SHA,
+                scripts.SET,
+                (name, kept[0]),
+                value,
+                scripts.ttl_ms(ttl),
+                expected,
+                CHANNEL_NAMESPACE + name,
+                kept[1],
+                write_key=key,
+            )
+            return self._set_change(key, value, reply, expected_version)
         reply = await self._script(
             scripts.SET_SHA,
             scripts.SET,
@@ -453,10 +475,17 @@ class RedisBackend(Subscriber, Backend):
                 args: list[str | bytes | int] = [life]
                 for position in chunk:
                     args += [items[position][1], CHANNEL_NAMESPACE + names[position]]
+                keys = [names[position] for position in chunk]
+                if self._keeps_history:  # history lists follow the keys, `n:depth` the args
+                    for n, position in enumerate(chunk, 1):
+                        kept = self._history_list(items[position][0], names[position])
+                        if kept:
+                            keys.append(kept[0])
+                            args.append(f"{n}:{kept[1]}")
                 done = await self._script(
                     scripts.SET_MANY_SHA,
                     scripts.SET_MANY,
-                    [names[position] for position in chunk],
+                    keys,
                     *args,
                     write_key=items[chunk[0]][0],
                 )
@@ -499,10 +528,11 @@ class RedisBackend(Subscriber, Backend):
         name = self._k(key)
         check_expected_version(expected_version)
         expected = -1 if expected_version is None else expected_version
+        kept = self._keeps_history and self._history_list(key, name)
         reply = await self._script(
             scripts.DELETE_SHA,
             scripts.DELETE,
-            (name,),
+            (name, kept[0]) if kept else (name,),
             expected,
             CHANNEL_NAMESPACE + name,
             write_key=key,
@@ -535,13 +565,16 @@ class RedisBackend(Subscriber, Backend):
             channels=CHANNEL_NAMESPACE,
             state_key=prefix.__add__,
             index_key=index_prefix.__add__,
+            history=self._txn_history if self._keeps_history else lambda key: None,
         )
         if not call.keys:
             return TxnResult(succeeded=True, results=[])
         client: Any = self._client or await self._redis()
         if self.is_cluster:
             _redis_txn.check_one_slot(call, client.keyslot)
-        source, sha = _redis_txn.script(scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION)
+        source, sha = _redis_txn.script(
+            scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION, history_lists.HISTORY_FUNCTION
+        )
         command = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
         try:  # `_script`, inline: one coroutine less on the hot path
             reply = await self._execute(*command, write_key=call.write_key)
@@ -551,6 +584,73 @@ class RedisBackend(Subscriber, Backend):
             await self._load_script(source)
             reply = await self._execute(*command, write_key=call.write_key)
         return _redis_txn.result(checked, reply, scripts.entry)
+
+    # per-key history (`_redis_history`)
+
+    def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
+        """Keep the last versions of the keys `rules` names, from the next write on.
+
+        Each write of such a key pushes its record onto the key's history list in the same
+        script (one command still). Every process that writes these keys must set the same rules.
+        """
+        self.history_rules = rules if isinstance(rules, HistoryRules) else HistoryRules(rules)
+        self._keeps_history = bool(self.history_rules)
+
+    def _history_list(self, key: str, name: str) -> tuple[str, int] | None:
+        """The Redis key and depth of `key`'s history list (`name`: its Redis key), if any."""
+        depth = self.history_rules.depth(key)
+        return (history_lists.history_key(name), depth) if depth > 1 else None
+
+    def _txn_history(self, key: str) -> tuple[str, int] | None:
+        return self._history_list(key, self.key_prefix + key)
+
+    async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
+        """The retained versions of `key`, newest first, in one script; see `Backend.history`."""
+        name = self._k(key)
+        limit = check_limit(limit)
+        if limit == 0:
+            return []
+        if self.history_rules.depth(key) == 1:
+            entry = await self.get(key)
+            return [] if entry is None else [entry]
+        stop = -1 if limit is None else limit - 1
+        hist = history_lists.history_key(name)
+        reply = await self._read_script(
+            history_lists.READ_SHA, history_lists.READ, name, hist, stop, 0
+        )
+        return history_lists.versions(key, reply, limit, scripts.entry)
+
+    async def get_version(self, key: str, version: int) -> Entry | None:
+        """Version `version` of `key` if retained, read in one script; see `Backend.get_version`."""
+        name = self._k(key)
+        if type(version) is not int or version < 1:
+            raise InvalidArgumentError(f"version must be an int >= 1, not {version!r}")
+        if self.history_rules.depth(key) == 1:
+            entry = await self.get(key)
+            return entry if entry is not None and entry.version == version else None
+        reply = await self._read_script(
+            history_lists.READ_SHA,
+            history_lists.READ,
+            name,
+            history_lists.history_key(name),
+            0,
+            version,
+        )
+        for found in history_lists.versions(key, reply, None, scripts.entry):
+            if found.version == version:
+                return found
+        return None
+
+    async def _read_script(self, sha: str, source: str, *keys_then_args: str | int) -> Any:
+        """EVALSHA a read-only script of two keys, retried as `_read`; loaded after NOSCRIPT."""
+        command = ("EVALSHA", sha, 2, *keys_then_args)
+        try:
+            return await self._read(*command)
+        except BackendError as exc:
+            if not wire.unknown_script(exc):
+                raise
+        await self._load_script(source)
+        return await self._read(*command)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the keys matching `pattern` with SCAN (never KEYS), without the prefix."""

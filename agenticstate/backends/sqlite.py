@@ -9,6 +9,10 @@ On disk, one database file (plus SQLite's `-wal` and `-shm` files next to it) wi
   number, written in the same transaction as the value it describes. Subscribers in any process
   read it in sequence order (see `agenticstate.backends._sqlite_feed`).
 - `idx`: the sorted indexes (`index_add` / `index_range`).
+- `history`: the retained older versions of keys a history rule names (`keep_history`), written
+  in the same transaction as the value.
+- `meta`: the database's id (`db_id`), a random string made with the schema: feed cursors
+  (`s1:<db id>:<seq>`) name it, so a cursor of a deleted and recreated file is recognized.
 
 Durability. The database runs in WAL mode with `synchronous=FULL` by default: a write is
 acknowledged only after its transaction's commit record is fsynced to the WAL, so an acknowledged
@@ -29,14 +33,21 @@ Several processes. Any number of processes open the same file; writes are serial
 lock (a writer waits up to `lock_timeout`, then raises `BackendTimeoutError`), reads never wait
 for writes. Expired keys read as missing and are swept by the writer about once a second.
 
-Retention. The `changes` table keeps the last `change_retention` changes (trimmed by the writer).
-A subscriber that comes back with `since=cursor` catches up from there while the table still holds
-it; beyond that it receives a `RESYNC` change per matching key.
+Retention. The `changes` table keeps what the backend's `FeedRetention` says: the last
+`max_changes` changes, none older than `max_age` (trimmed by the writer, lazily: a little more is
+kept between trims, and the newest change is always kept so that sequence numbers are never
+reused). A subscriber that comes back with `since=cursor` replays from there while the table
+still holds it; beyond that, `changes` raises `CursorExpiredError` on entry.
+
+Schema versions. `PRAGMA user_version` records the layout; a file of an older layout (version 1,
+before the feed cursors and history) is migrated in place when it is opened, in one transaction,
+and a file of a newer one is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import sqlite3
 import time
 from datetime import timedelta
@@ -52,7 +63,14 @@ from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
 from agenticstate.backends._local import run_transaction
-from agenticstate.backends._sqlite_feed import Feed, SQLiteChangeStream, from_us, key_range
+from agenticstate.backends._sqlite_feed import (
+    Feed,
+    SQLiteChangeStream,
+    format_cursor,
+    from_us,
+    key_range,
+    parse_since,
+)
 from agenticstate.backends._sqlite_schema import SCHEMA_VERSION
 from agenticstate.backends._sqlite_worker import Job, Worker, connect, translate, translated
 from agenticstate.backends.base import (
@@ -62,6 +80,8 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    FeedRetention,
+    HistoryRules,
     backoff,
     check_expected_version,
     check_index_members,
@@ -75,6 +95,7 @@ from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
     ConfigurationError,
+    InvalidArgumentError,
 )
 
 if TYPE_CHECKING:
@@ -87,8 +108,31 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend", "SQLiteChangeStream"]
 
 
+_FEED_DEFAULT = FeedRetention()
+_ALL_VERSIONS = 1 << 62  # HISTORY_TRIM below this: every version of a key
+
+
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _url_count(name: str, value: str) -> int | None:
+    if value.lower() == "none":
+        return None
+    if not value.isdigit():
+        raise ConfigurationError(f"sqlite URL parameter {name} must be a count or none")
+    return int(value)
+
+
+def _url_seconds(name: str, value: str) -> timedelta | None:
+    if value.lower() == "none":
+        return None
+    try:
+        return timedelta(seconds=float(value))
+    except (ValueError, OverflowError):
+        raise ConfigurationError(
+            f"sqlite URL parameter {name} must be seconds or none, not {value!r}"
+        ) from None
 
 
 class SQLiteBackend(Backend):
@@ -99,8 +143,12 @@ class SQLiteBackend(Backend):
         key_prefix: A namespace before every key; several prefixes share one file.
         synchronous: `"full"` (default: an acknowledged write survives a power loss) or
             `"normal"` (survives a process crash; a power loss may lose the last commits).
-        change_retention: How many of the latest changes the `changes` table keeps for
-            subscribers catching up (`since=`).
+        feed: How much of the change feed the `changes` table keeps for subscribers resuming
+            with `since=` (the last 10,000 changes by default). SQLite's subscriptions read
+            that table, so the feed cannot be turned off: `None` raises `ConfigurationError`.
+        history: Keys that keep their older versions: glob patterns to depths (see
+            `keep_history`).
+        change_retention: The old spelling of `feed=FeedRetention(max_changes=N)`.
         poll_interval: How often a subscribed process checks for other processes' commits.
         lock_timeout: How long a write waits for another process's transaction.
     """
@@ -111,22 +159,37 @@ class SQLiteBackend(Backend):
         *,
         key_prefix: str = "",
         synchronous: Literal["full", "normal"] = "full",
-        change_retention: int = 10_000,
+        feed: FeedRetention | None = _FEED_DEFAULT,
+        history: Mapping[str, int] | HistoryRules | None = None,
+        change_retention: int | None = None,
         poll_interval: timedelta = timedelta(milliseconds=2),
         lock_timeout: timedelta = timedelta(seconds=30),
     ) -> None:
         if synchronous not in ("full", "normal"):
             raise ConfigurationError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
-        if type(change_retention) is not int or change_retention < 1:
+        if change_retention is not None:
+            if type(change_retention) is not int or change_retention < 1:
+                raise ConfigurationError(
+                    f"change_retention must be an int >= 1, not {change_retention!r}"
+                )
+            if feed is not _FEED_DEFAULT:
+                raise ConfigurationError("give feed= or change_retention=, not both")
+            feed = FeedRetention(max_changes=change_retention)
+        if feed is None:
             raise ConfigurationError(
-                f"change_retention must be an int >= 1, not {change_retention!r}"
+                "SQLiteBackend cannot turn its change feed off (feed=None): its subscriptions "
+                "read the changes table; bound it with FeedRetention(max_changes=, max_age=)"
             )
+        if not isinstance(feed, FeedRetention):
+            raise ConfigurationError(f"feed must be a FeedRetention, not {feed!r}")
         if str(path) in ("", ":memory:"):
             raise ConfigurationError("SQLiteBackend needs a database file path")
         self.path = Path(path)
         self.key_prefix = key_prefix
         self.synchronous = synchronous
-        self.change_retention = change_retention
+        self.feed: FeedRetention = feed
+        if history is not None:
+            self.keep_history(history)
         self._poll = poll_interval.total_seconds()
         self._lock_timeout = lock_timeout.total_seconds()
         self._low, self._high = key_range(key_prefix)
@@ -142,10 +205,19 @@ class SQLiteBackend(Backend):
         # The writer thread's batch in progress: rows as the batch has them, staged writes.
         self._rows: dict[str, schema.Row | None] = {}
         self._puts: list[tuple[str, bytes, int, int, int, int | None]] = []
-        self._logs: list[tuple[str, int, bytes | None, bytes | None, int, int]] = []
+        self._logs: list[tuple[int, str, int, bytes | None, bytes | None, int, int]] = []
+        self._history: dict[str, list[tuple[str, int, bytes, int, int | None]]] = {}
+        self._history_trims: dict[str, int] = {}  # key: drop its versions below this
+        self._seq = 0  # the batch's last change sequence number
+        self._db_id = ""
         self._logged = 0  # changes written since the last trim
-        self._trim_every = max(64, change_retention // 8)
+        self._trim_every = max(64, (feed.max_changes or 0) // 8)
         self._swept_at = 0.0
+
+    @property
+    def change_retention(self) -> int | None:
+        """The most changes the feed keeps (`feed.max_changes`; the old option's name)."""
+        return self.feed.max_changes
 
     def __repr__(self) -> str:
         return f"SQLiteBackend(path={str(self.path)!r}, key_prefix={self.key_prefix!r})"
@@ -154,19 +226,32 @@ class SQLiteBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
         """Create a backend from `sqlite:///absolute/file.db` or `sqlite://relative/file.db`.
 
-        Query parameters `synchronous` and `change_retention` set those options.
+        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` (or
+        `none`) and `feed_max_age=SECONDS` (or `none`); `change_retention=N` (the old
+        spelling of `feed_max_changes`). `feed=off` is refused: SQLite's feed cannot be off.
         """
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise ConfigurationError(f"sqlite URL {url!r} names no database file")
+        retention: dict[str, Any] = {}
         for name, value in parse_qsl(parts.query):
             if name == "synchronous":
                 options.setdefault("synchronous", value.lower())
             elif name == "change_retention" and value.isdigit():
-                options.setdefault("change_retention", int(value))
+                retention["max_changes"] = int(value)
+            elif name == "feed_max_changes":
+                retention["max_changes"] = _url_count(name, value)
+            elif name == "feed_max_age":
+                retention["max_age"] = _url_seconds(name, value)
+            elif name == "feed" and value.lower() in ("off", "none", "false", "0"):
+                options.setdefault("feed", None)
+            elif name == "feed" and value.lower() in ("on", "true", "1"):
+                pass
             else:
                 raise ConfigurationError(f"unknown sqlite URL parameter {name!r}")
+        if retention:
+            options.setdefault("feed", FeedRetention(**retention))
         return cls(path, **options)
 
     # ---------------------------------------------------------------- opening and closing
@@ -196,7 +281,14 @@ class SQLiteBackend(Backend):
                 await anyio.to_thread.run_sync(writer.stop)
                 raise
             self._writer, self._reader = writer, reader
-            self._feed = Feed(self._open_reader, schedule, self.key_prefix, self._poll)
+            self._feed = Feed(
+                self._open_reader,
+                schedule,
+                self._read,
+                self._db_id,
+                self.key_prefix,
+                self._poll,
+            )
             self._new_event = event_factory()
             self._loop = current_loop()  # its threads hand results back to this loop only
             self._is_open = True
@@ -215,11 +307,18 @@ class SQLiteBackend(Backend):
                             f"{self.path} has schema version {found}; this agenticstate "
                             f"reads up to {SCHEMA_VERSION}: upgrade agenticstate"
                         )
-                    if found < SCHEMA_VERSION:
+                    if found < SCHEMA_VERSION:  # a new file, or version 1: the same steps
                         for statement in schema.SCHEMA.split(";"):
                             if statement.strip():
                                 conn.execute(statement)
+                        conn.execute(
+                            "INSERT OR IGNORE INTO meta VALUES ('db_id', ?)",
+                            (secrets.token_hex(8),),
+                        )
                         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    (self._db_id,) = conn.execute(
+                        "SELECT value FROM meta WHERE name = 'db_id'"
+                    ).fetchone()
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
@@ -275,6 +374,9 @@ class SQLiteBackend(Backend):
             raise job.error
         return job.result
 
+    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        return await self._call(False, fn)
+
     def _begin(self, conn: sqlite3.Connection) -> None:
         """Take the write lock (`BEGIN IMMEDIATE`), waiting for other processes' transactions.
 
@@ -310,6 +412,8 @@ class SQLiteBackend(Backend):
         """
         try:
             self._begin(conn)
+            (last,) = conn.execute("SELECT max(seq) FROM changes").fetchone()
+            self._seq = last or 0
             if len(jobs) > 1:
                 self._prefetch(conn, [job.key for job in jobs if job.key is not None])
             for job in jobs:
@@ -334,6 +438,8 @@ class SQLiteBackend(Backend):
             self._rows.clear()
             self._puts.clear()
             self._logs.clear()
+            self._history.clear()
+            self._history_trims.clear()
         feed = self._feed
         if feed is not None and feed.active:
             feed.nudge()
@@ -357,23 +463,69 @@ class SQLiteBackend(Backend):
             self._logged += len(self._logs)
             self._puts.clear()
             self._logs.clear()
+        if self._history_trims:  # the old versions go first, then the staged new ones
+            conn.executemany(schema.HISTORY_TRIM, self._history_trims.items())
+            conn.executemany(
+                schema.HISTORY_PUT, [row for rows in self._history.values() for row in rows]
+            )
+            self._history.clear()
+            self._history_trims.clear()
+
+    def _stage_history(
+        self, full: str, key: str, version: int, value: bytes, now: int, expires: int | None
+    ) -> None:
+        """Keep version `version` of `key` if a rule says so, dropping versions past its depth."""
+        depth = self.history_rules.depth(key)
+        if depth < 2:
+            return
+        rows = self._history.setdefault(full, [])
+        trims = self._history_trims
+        if version == 1:  # a fresh history: whatever an earlier life of the key left goes
+            rows.clear()
+            trims[full] = _ALL_VERSIONS
+        else:
+            trims[full] = max(trims.get(full, 0), version - depth + 1)
+        rows.append((full, version, value, now, expires))
+        if len(rows) > depth:
+            del rows[:-depth]
 
     def _maintain(self, conn: sqlite3.Connection) -> None:
-        """Trim the changes table every `change_retention / 8` changes; sweep expiries each 1 s."""
+        """Trim the feed every `max_changes / 8` changes (and by age each 1 s); sweep expiries."""
         self._commits += 1
-        if self._logged >= self._trim_every:
+        retention = self.feed
+        if self._logged >= self._trim_every and retention.max_changes is not None:
             self._logged = 0
             conn.execute(
                 "DELETE FROM changes WHERE seq <= (SELECT max(seq) FROM changes) - ?",
-                (self.change_retention,),
+                (retention.max_changes,),
             )
         moment = time.monotonic()
         if moment - self._swept_at > 1.0:
             self._swept_at = moment
+            now = schema.now_us()
+            if retention.max_age is not None:
+                self._trim_by_age(conn, now - retention.max_age // timedelta(microseconds=1))
             conn.execute(
-                "DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                (schema.now_us(),),
+                "DELETE FROM history WHERE key IN "
+                "(SELECT key FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?)",
+                (now,),
             )
+            conn.execute("DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))
+
+    @staticmethod
+    def _trim_by_age(conn: sqlite3.Connection, cutoff: int) -> None:
+        """Drop the changes before the oldest one written at `cutoff` or later (writer thread).
+
+        Reads from the oldest change on, so it costs what it drops; the newest change stays
+        even when it is older (its sequence number must not be reused).
+        """
+        (keep,) = conn.execute(
+            "SELECT seq FROM changes WHERE ts >= ? ORDER BY seq LIMIT 1", (cutoff,)
+        ).fetchone() or (None,)
+        if keep is None:
+            conn.execute("DELETE FROM changes WHERE seq < (SELECT max(seq) FROM changes)")
+        else:
+            conn.execute("DELETE FROM changes WHERE seq < ?", (keep,))
 
     @staticmethod
     def _read_batch(conn: sqlite3.Connection, jobs: list[Job]) -> None:
@@ -521,10 +673,14 @@ class SQLiteBackend(Backend):
         old = current[0] if current is not None else None
         full = self.key_prefix + key
         expires = now + ttl_us if ttl_us else None
+        self._seq = seq = self._seq + 1
         self._puts.append((full, value, version, created, now, expires))
-        self._logs.append((full, schema.SET, old, value, version, now))
+        self._logs.append((seq, full, schema.SET, old, value, version, now))
         self._rows[full] = (value, version, created, now, expires)
-        return new_change(key, ChangeOp.SET, old, value, version, from_us(now))
+        if self.history_rules:
+            self._stage_history(full, key, version, value, now, expires)
+        cursor = format_cursor(self._db_id, seq)
+        return new_change(key, ChangeOp.SET, old, value, version, from_us(now), cursor)
 
     def _current(self, conn: sqlite3.Connection, key: str, now: int) -> schema.Row | None:
         """The live row at `key` as this batch has it so far."""
@@ -585,19 +741,28 @@ class SQLiteBackend(Backend):
             expires = now + ttl_us if ttl_us else None
             stamp = from_us(now)
             puts, logs, changes = [], [], []
+            seq, tag = self._seq, format_cursor(self._db_id, 0)[:-1]
+            history = self._stage_history if self.history_rules else None
             for key, value in batch:
                 row = current.get(key)
                 version = row[1] + 1 if row is not None else 1
                 created = row[2] if row is not None else now
                 old = row[0] if row is not None else None
+                seq += 1
                 puts.append((prefix + key, value, version, created, now, expires))
-                logs.append((prefix + key, schema.SET, old, value, version, now))
+                logs.append((seq, prefix + key, schema.SET, old, value, version, now))
                 current[key] = (value, version, created, now, expires)
-                changes.append(new_change(key, ChangeOp.SET, old, value, version, stamp))
+                changes.append(
+                    new_change(key, ChangeOp.SET, old, value, version, stamp, f"{tag}{seq}")
+                )
+                if history is not None:
+                    history(prefix + key, key, version, value, now, expires)
+            self._seq = seq
             conn.executemany(schema.PUT, puts)
             conn.executemany(schema.LOG, logs)
             self._logged += len(logs)
             self._rows.update((prefix + key, row) for key, row in current.items())
+            self._flush_writes(conn)  # the history it staged
             return changes
 
         result: list[Change] = await self._call(True, run)
@@ -626,10 +791,13 @@ class SQLiteBackend(Backend):
         full = self.key_prefix + key
         self._flush_writes(conn)  # the staged writes come first, in order
         self._rows[full] = None
+        self._seq = seq = self._seq + 1
         conn.execute("DELETE FROM kv WHERE key = ?", (full,))
-        conn.execute(schema.LOG, (full, schema.DELETE, current[0], None, current[1], now))
+        conn.execute(schema.LOG, (seq, full, schema.DELETE, current[0], None, current[1], now))
+        conn.execute(schema.HISTORY_TRIM, (full, _ALL_VERSIONS))  # a delete ends its history
         self._logged += 1
-        return new_change(key, ChangeOp.DELETE, current[0], None, current[1], from_us(now))
+        cursor = format_cursor(self._db_id, seq)
+        return new_change(key, ChangeOp.DELETE, current[0], None, current[1], from_us(now), cursor)
 
     async def transact(
         self,
@@ -705,24 +873,134 @@ class SQLiteBackend(Backend):
 
         Args:
             pattern: A Redis glob.
-            max_buffer: Changes buffered before the subscription overflows.
-            since: A stream's `cursor` from an earlier subscription: first deliver the changes
-                committed after it (or, if retention has dropped them, a `RESYNC` change per
-                matching key), then the live ones. `None` starts from now.
+            max_buffer: Changes buffered before the subscription overflows (a replay reads
+                the table a page at a time as it is consumed, so a long one never overflows).
+            since: A `Change.cursor` (`s1:<db id>:<seq>`), `feed_cursor()` or `EARLIEST`:
+                first deliver the retained changes after it, then the live ones. `None`
+                starts from now. A bare sequence number (an int, or the deprecated
+                `SQLiteChangeStream.cursor`) is still accepted.
+
+        Raises (on entry):
+            CursorExpiredError: Changes after `since` were trimmed, or it is a cursor of
+                another database (this file deleted and made again).
+            InvalidArgumentError: `since` is not an SQLite feed cursor, or one newer than the
+                feed's head (forged).
         """
-        if isinstance(since, str):  # until #23 gives SQLite's cursors their own form
-            since = int(since) if since.isdigit() else since
-        return self._changes(compile_glob(validate_pattern(pattern)), max_buffer, since)  # type: ignore[arg-type]
+        return self._changes(compile_glob(validate_pattern(pattern)), max_buffer, since)
 
     @contextlib.asynccontextmanager
     async def _changes(
-        self, matcher: GlobMatcher, max_buffer: int, since: int | None
+        self, matcher: GlobMatcher, max_buffer: int, since: str | int | None
     ) -> AsyncIterator[SQLiteChangeStream]:
+        if isinstance(since, bool) or not isinstance(since, (str, int, type(None))):
+            raise InvalidArgumentError(f"since must be a feed cursor, not {since!r}")
         if not self._is_open:
             await self.open()
-        assert self._feed is not None  # noqa: S101  # set by open()
-        async with self._feed.subscribe(matcher, max_buffer, since) as stream:
+        feed = self._feed
+        assert feed is not None  # noqa: S101  # set by open()
+        start = None if since is None else parse_since(since, self._db_id)
+        async with feed.subscribe(matcher, max_buffer, start) as stream:
             yield stream
+
+    async def feed_cursor(self) -> str:
+        """The cursor of the newest committed change (a fresh database's: `s1:<id>:0`)."""
+
+        def run(conn: sqlite3.Connection) -> int:
+            (last,) = conn.execute("SELECT max(seq) FROM changes").fetchone()
+            return int(last or 0)
+
+        seq: int = await self._call(False, run)
+        return format_cursor(self._db_id, seq)
+
+    # ---------------------------------------------------------------- history
+
+    def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
+        """Keep older versions of the keys `rules` names, from the next write on.
+
+        Each write of such a key stores its version in the `history` table in the same
+        transaction, and drops the versions past the rule's depth. Every process writing
+        those keys must set the same rules (the writer keeps the history).
+        """
+        self.history_rules = rules if isinstance(rules, HistoryRules) else HistoryRules(rules)
+
+    async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
+        """The retained versions of `key`, newest (the current one) first, in one read.
+
+        See `Backend.history`.
+        """
+        full = self.key_prefix + validate_key(key)
+        limit = check_limit(limit)
+        depth = self.history_rules.depth(key)
+        want = depth if limit is None else min(depth, limit)
+        if want == 0:
+            return []
+
+        def run(conn: sqlite3.Connection) -> list[Entry]:
+            conn.execute("BEGIN")
+            try:
+                row = schema.live(conn.execute(schema.GET, (full,)).fetchone(), schema.now_us())
+                if row is None:
+                    return []
+                found = [schema.entry(key, row)]
+                if want > 1:
+                    found += self._older(conn, key, full, row, "", (want - 1,))
+            finally:
+                conn.execute("COMMIT")
+            return found
+
+        result: list[Entry] = await self._call(False, run)
+        return result
+
+    async def get_version(self, key: str, version: int) -> Entry | None:
+        """Version `version` of `key` if it is retained (and the key present); one read."""
+        full = self.key_prefix + validate_key(key)
+        if type(version) is not int or version < 1:
+            raise InvalidArgumentError(f"version must be an int >= 1, not {version!r}")
+        depth = self.history_rules.depth(key)
+
+        def run(conn: sqlite3.Connection) -> Entry | None:
+            conn.execute("BEGIN")
+            try:
+                row = schema.live(conn.execute(schema.GET, (full,)).fetchone(), schema.now_us())
+                if row is None or version > row[1] or version <= row[1] - depth:
+                    return None
+                if version == row[1]:
+                    return schema.entry(key, row)
+                older = self._older(conn, key, full, row, " AND version = ?", (version, 1))
+            finally:
+                conn.execute("COMMIT")
+            return older[0] if older else None
+
+        result: Entry | None = await self._call(False, run)
+        return result
+
+    @staticmethod
+    def _older(
+        conn: sqlite3.Connection,
+        key: str,
+        full: str,
+        current: schema.Row,
+        where: str,
+        params: tuple[int, ...],
+    ) -> list[Entry]:
+        """Retained versions of `key` older than `current`, newest first (in a read).
+
+        Rows an earlier life of the key left (written before it was created again) are
+        passed over, should a writer without the rules have deleted it.
+        """
+        _, version, created, _, _ = current
+        sql = (
+            "SELECT version, value, updated_at, expires_at FROM history "  # noqa: S608  # constants
+            f"WHERE key = ? AND version < ? AND updated_at >= ?{where} "
+            "ORDER BY version DESC LIMIT ?"
+        )
+        made = from_us(created)
+        return [
+            Entry(key, old, number, made, from_us(updated), from_us(expires) if expires else None)
+            for number, old, updated, expires in conn.execute(
+                sql, (full, version, created, *params)
+            )
+        ]
 
 
 class _SQLiteStep:

@@ -17,16 +17,19 @@ class TestDictBackend(BackendContract):
             yield backend
 ```
 
-pytest then collects every contract test (storage, expiry, events, scan, index, transactions, and
-`StateManager` over the backend) as methods of `TestDictBackend`. The suite needs `pytest` and
-`pytest-asyncio` (the `testing` extra installs both); it works in pytest-asyncio's `auto` and
-`strict` modes. Each test gets its own `backend`; a backend over a shared server should give each
-test its own namespace (as `RedisBackend(key_prefix=...)` does in our own run).
+pytest then collects every contract test (storage, expiry, events, scan, index, transactions, the
+change feed, history, and `StateManager` over the backend) as methods of `TestDictBackend`. The
+suite needs `pytest` and `pytest-asyncio` (the `testing` extra installs both); it works in
+pytest-asyncio's `auto` and `strict` modes. Each test gets its own `backend`; a backend over a
+shared server should give each test its own namespace (as `RedisBackend(key_prefix=...)` does
+in our own run).
 
 The parts are importable on their own (`StorageContract`, `ExpiryContract`, `EventsContract`,
-`ScanContract`, `IndexContract`, `TransactContract`, `ManagerContract`) for a backend that is
-built up in steps;
-`BackendContract` is all of them, and what "passes the contract" means.
+`ScanContract`, `IndexContract`, `TransactContract`, `FeedContract`, `HistoryContract`,
+`ManagerContract`) for a backend that is built up in steps. A backend without transactions, a
+change feed (`feed is None`) or history skips those parts. The feed's retention tests also take
+a `feed_backend` fixture (see `FeedContract`), and skip without one. `BackendContract` is all
+of them, and what "passes the contract" means.
 
 See the docs page "Writing a backend".
 """
@@ -47,13 +50,25 @@ except ImportError as exc:
 pytest.register_assert_rewrite(
     *(
         f"agenticstate.testing._{part}"
-        for part in ("events", "expiry", "index", "manager", "scan", "storage", "txn")
+        for part in (
+            "events",
+            "expiry",
+            "feed",
+            "history",
+            "index",
+            "manager",
+            "scan",
+            "storage",
+            "txn",
+        )
     )
 )
 
 # After the registration above, or the asserts stay plain.
 from agenticstate.testing._events import EventsContract  # noqa: E402
 from agenticstate.testing._expiry import ExpiryContract  # noqa: E402
+from agenticstate.testing._feed import FeedContract  # noqa: E402
+from agenticstate.testing._history import HistoryContract  # noqa: E402
 from agenticstate.testing._index import IndexContract  # noqa: E402
 from agenticstate.testing._manager import ManagerContract  # noqa: E402
 from agenticstate.testing._scan import ScanContract  # noqa: E402
@@ -64,6 +79,8 @@ __all__ = [
     "BackendContract",
     "EventsContract",
     "ExpiryContract",
+    "FeedContract",
+    "HistoryContract",
     "IndexContract",
     "ManagerContract",
     "ScanContract",
@@ -80,6 +97,8 @@ class BackendContract(
     ScanContract,
     IndexContract,
     TransactContract,
+    FeedContract,
+    HistoryContract,
     ManagerContract,
 ):
     """The whole backend contract. Subclass it (name the subclass `Test...`) and give it a

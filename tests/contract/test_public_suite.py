@@ -17,6 +17,8 @@ from agenticstate.testing import (
     BackendContract,
     EventsContract,
     ExpiryContract,
+    FeedContract,
+    HistoryContract,
     IndexContract,
     ManagerContract,
     ScanContract,
@@ -86,7 +88,7 @@ def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _counts(output: str) -> dict[str, int]:
-    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error)", output)}
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error|skipped)", output)}
 
 
 def test_the_contract_is_all_the_parts() -> None:
@@ -98,6 +100,8 @@ def test_the_contract_is_all_the_parts() -> None:
         ScanContract,
         IndexContract,
         TransactContract,
+        FeedContract,
+        HistoryContract,
         ManagerContract,
     ):
         assert issubclass(BackendContract, part)
@@ -107,7 +111,8 @@ def test_the_contract_is_all_the_parts() -> None:
 
 def test_the_example_passes_in_a_project_of_its_own(tmp_path: Path) -> None:
     """The docs' few lines, in a fresh project with strict pytest-asyncio, run the whole suite
-    and pass it: as many tests as one of our backends runs."""
+    and pass it: as many tests as one of our backends runs (the example keeps no change feed
+    and no history, so it skips those parts)."""
     result = _pytest(_project(tmp_path, "DictBackend"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     ours = len(
@@ -117,7 +122,8 @@ def test_the_example_passes_in_a_project_of_its_own(tmp_path: Path) -> None:
             if item.startswith("test_") and callable(getattr(BackendContract, item))
         ]
     )
-    assert _counts(result.stdout)["passed"] >= ours
+    counts = _counts(result.stdout)
+    assert counts["passed"] + counts.get("skipped", 0) >= ours
 
 
 @pytest.mark.parametrize("broken", sorted(BROKEN))
@@ -144,6 +150,22 @@ def test_a_backend_without_transact_skips_the_transaction_tests(tmp_path: Path) 
     result = _pytest(_project(tmp_path, "Mine", extra), "-k", "compares_pick or get_missing")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert re.search(r"1 passed, 1 skipped", result.stdout), result.stdout[-3000:]
+
+
+def test_a_backend_without_feed_or_history_skips_those_tests(tmp_path: Path) -> None:
+    """The feed and history are contract parts a backend may lack: one whose `feed` is `None`
+    and whose `keep_history` refuses rules (the base class's defaults, as in the example)
+    skips those tests, each with its reason, and passes the rest."""
+    result = _pytest(
+        _project(tmp_path, "Mine"),
+        "-rs",
+        "-k",
+        "feed_cursor_is_the_head or history_limit or get_missing",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert re.search(r"1 passed, 2 skipped", result.stdout), result.stdout[-3000:]
+    assert "keeps no change feed" in result.stdout
+    assert "keeps no history" in result.stdout
 
 
 def test_without_pytest_the_error_names_the_extra(tmp_path: Path) -> None:

@@ -1,0 +1,165 @@
+"""Per-key history on Redis: where a key's versions live, and the Lua that keeps and reads them.
+
+A key whose `HistoryRules` depth is above 1 has a Redis list, newest first, at
+`history_key(name)`: `__agenticstate_hist__:{tag}{name}`, where `name` is the key's Redis key
+(prefix included). Each element is the key's whole record as that write left it (the 65-byte
+header, then the value, as `_redis_scripts.entry` decodes it). The write script pushes it and trims
+the list to the depth (`keep`), in the same atomic step as the write, and gives the list the
+key's expiry (the same PEXPIRE as the key's `SET ... PX`, or PERSIST); writing version 1 drops
+the old list first, and a delete drops it (DEL, in the delete's script).
+
+`{tag}` makes the list hash to the key's cluster slot (a script's keys may not cross slots): the
+key's own hash tag when it has a valid one, else `slot_tag(slot)`, a short string found for each
+of the 16,384 slots (built once, lazily). The same name is used on a single server. The name is
+never ambiguous: the tag holds no `}`, so `name` is everything after the first `}`.
+
+Reads (`READ`) are one script: the key's record and the list's elements, so the current version
+and its predecessors are one consistent snapshot. `versions` keeps only the elements of the
+key's current life (the same created time, older versions, each once, newest first): a list
+left behind by a writer without history rules never shows versions of an earlier life.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import itertools
+import string
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from agenticstate.backends.base import Entry
+
+__all__ = [
+    "HISTORY_FUNCTION",
+    "HISTORY_NAMESPACE",
+    "READ",
+    "READ_SHA",
+    "history_key",
+    "slot_tag",
+    "versions",
+]
+
+HISTORY_NAMESPACE = "__agenticstate_hist__:"
+"""What every history list's Redis key starts with (before its `{tag}` and the key's name)."""
+
+_SLOTS = 16384
+_TAG_ALPHABET = string.digits + string.ascii_letters
+_slot_tags: list[str] = []
+
+
+def _build_slot_tags() -> list[str]:
+    """For each slot, the first string of `_TAG_ALPHABET` (shortest first) that hashes to it.
+
+    Strings of up to three characters cover every slot; the search takes about 25 ms.
+    """
+    table: list[str | None] = [None] * _SLOTS
+    missing = _SLOTS
+    for length in itertools.count(1):
+        for letters in itertools.product(_TAG_ALPHABET, repeat=length):
+            tag = "".join(letters)
+            slot = binascii.crc_hqx(tag.encode(), 0) % _SLOTS
+            if table[slot] is None:
+                table[slot] = tag
+                missing -= 1
+                if not missing:
+                    return [found for found in table if found is not None]
+    raise AssertionError("unreachable")  # pragma: no cover  # itertools.count never ends
+
+
+def slot_tag(slot: int) -> str:
+    """A short alphanumeric string whose cluster slot is `slot`: `{tag}` in a name puts it there.
+
+    `key_slot("{" + slot_tag(s) + "}anything") == s` for every slot `s` in 0..16383.
+    """
+    if not _slot_tags:
+        _slot_tags.extend(_build_slot_tags())
+    return _slot_tags[slot]
+
+
+def _hash_tag(name: str) -> str | None:
+    """The hash tag Redis Cluster hashes `name` by (`{...}`, non-empty), or `None`."""
+    start = name.find("{")
+    if start > -1:
+        end = name.find("}", start + 1)
+        if end > start + 1:
+            return name[start + 1 : end]
+    return None
+
+
+def history_key(name: str) -> str:
+    """The Redis key of the history list of the key stored at `name` (in `name`'s slot)."""
+    tag = _hash_tag(name)
+    if tag is None:
+        tag = slot_tag(binascii.crc_hqx(name.encode(), 0) % _SLOTS)
+    return f"{HISTORY_NAMESPACE}{{{tag}}}{name}"
+
+
+# keep(hist, key, depth, version, ttl): after a successful write of `key` (now at `version`),
+# push its record onto the history list `hist`, keep the newest `depth`, and give the list the
+# key's expiry (`ttl` ms, as the write's SET PX; 0: none). Version 1 starts a fresh list.
+HISTORY_FUNCTION = """
+local function keep(hist, key, depth, version, ttl)
+  if version == 1 then redis.call('DEL', hist) end
+  redis.call('LPUSH', hist, redis.call('GET', key))
+  redis.call('LTRIM', hist, 0, depth - 1)
+  if ttl > 0 then
+    redis.call('PEXPIRE', hist, ttl)
+  elseif version > 1 then
+    redis.call('PERSIST', hist)
+  end
+end
+"""
+
+# KEYS: the key, its history list; ARGV: the last list index to read (-1: all), the version
+# wanted (0: every retained one). Returns false for a missing key, else {record, elements}:
+# for one version, only the element that may be it (or none).
+READ = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then return false end
+local want = tonumber(ARGV[2])
+local ver = tonumber(string.sub(cur, 1, 20))
+if want == ver or want > ver then return {cur, {}} end
+local stop = tonumber(ARGV[1])
+if want > 0 then stop = ver - want end
+local items = redis.call('LRANGE', KEYS[2], 0, stop)
+if want > 0 then
+  local created = string.sub(cur, 21, 35)
+  for _, item in ipairs(items) do
+    if tonumber(string.sub(item, 1, 20)) == want and string.sub(item, 21, 35) == created then
+      return {cur, {item}}
+    end
+  end
+  return {cur, {}}
+end
+return {cur, items}
+"""
+READ_SHA = hashlib.sha1(READ.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
+
+
+def versions(
+    key: str, reply: Any, limit: int | None, entry: Callable[[str, bytes], Entry]
+) -> list[Entry]:
+    """The entries `READ` replied (decoded by `entry`), newest (the current one) first.
+
+    At most `limit` of them. Keeps the elements of the current life only: the current record's
+    created time, versions below the current one, each version once.
+    """
+    if not reply:
+        return []
+    current = entry(key, reply[0])
+    found = [current]
+    created = reply[0][20:35]
+    below = current.version
+    for raw in reply[1]:
+        if limit is not None and len(found) >= limit:
+            break
+        if raw[20:35] != created:
+            continue
+        version = int(raw[0:20])
+        if version < below:
+            found.append(entry(key, raw))
+            below = version
+    return found

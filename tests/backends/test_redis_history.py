@@ -1,0 +1,365 @@
+"""Per-key history on Redis, a single server and a 3-primary cluster (issue #23, point 3).
+
+A key with a history rule has a list of its versions (`_redis_history`), written by the same
+script as the key: these tests read the versions back through the backend, and look at the
+lists themselves (their slot, their expiry) through the backend's own command path.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from agenticstate import RedisBackend
+from agenticstate.backends import Delete, Get, Put, Version
+from agenticstate.backends import _redis_history as history_lists
+from agenticstate.backends import _redis_wire as wire
+from agenticstate.exceptions import ConflictError, InvalidArgumentError
+from tests._commandstats import count_commands
+from tests.helpers import unique_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from agenticstate.backends import Entry
+
+RULES = {"agent:*": 3, "deep:*": 50}
+
+
+# ------------------------------------------------------------------ naming (no server)
+
+
+def test_slot_tag_covers_every_slot_with_a_short_tag() -> None:
+    for slot in range(wire.SLOTS):
+        tag = history_lists.slot_tag(slot)
+        assert 1 <= len(tag) <= 3
+        assert tag.isalnum()
+        assert wire.key_slot("{" + tag + "}anything") == slot
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "agent:1",
+        "p:agent:{team}:a",
+        "p:{}:x",  # an empty tag is no tag: the whole name is hashed
+        "p:{open",  # an unclosed brace is no tag
+        "p:}{x}",
+        "{T}a",
+        "ü:ключ",
+    ],
+)
+def test_a_history_list_hashes_to_its_keys_slot(name: str) -> None:
+    listed = history_lists.history_key(name)
+    assert listed.startswith(history_lists.HISTORY_NAMESPACE)
+    assert wire.key_slot(listed) == wire.key_slot(name)
+    assert redis_key_slot(listed) == redis_key_slot(name)
+
+
+def redis_key_slot(name: str) -> int:
+    """redis-py's own computation of a key's slot (the client's `key_slot`)."""
+    from redis.crc import key_slot
+
+    slot: int = key_slot(name.encode())
+    return slot
+
+
+def test_history_list_names_never_collide() -> None:
+    """`a` may get the tag `T` while `{T}a` reuses its own: their lists still differ."""
+    tag = history_lists.slot_tag(wire.key_slot("a"))
+    names = ["a", "{" + tag + "}a", "{" + tag + "}{" + tag + "}a", "b", "{a}", "{a}b"]
+    listed = {history_lists.history_key(name) for name in names}
+    assert len(listed) == len(names)
+
+
+def test_history_rules_must_be_valid() -> None:
+    from agenticstate.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        RedisBackend(history={"agent:*": 0})
+
+
+# ------------------------------------------------------------------ a server and a cluster
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def url(request: pytest.FixtureRequest) -> str:
+    fixture = "redis_url" if request.param == "redis" else "redis_cluster_url"
+    address: str = request.getfixturevalue(fixture)
+    return address
+
+
+@pytest.fixture
+async def backend(url: str) -> AsyncIterator[RedisBackend]:
+    async with RedisBackend(url=url, key_prefix=unique_prefix(), history=RULES) as made:
+        yield made
+
+
+def versions(entries: list[Entry]) -> list[int]:
+    return [entry.version for entry in entries]
+
+
+async def raw(backend: RedisBackend, *args: str | int) -> Any:
+    """One command on the backend's own connections (routed by its first key on a cluster)."""
+    return await backend._read(*args)
+
+
+def list_name(backend: RedisBackend, key: str) -> str:
+    return history_lists.history_key(backend.key_prefix + key)
+
+
+@pytest.mark.redis
+async def test_history_keeps_the_last_depth_versions_newest_first(backend: RedisBackend) -> None:
+    for n in range(1, 6):
+        await backend.set("agent:1", f"v{n}".encode())
+    found = await backend.history("agent:1")
+    assert versions(found) == [5, 4, 3]
+    assert [entry.value for entry in found] == [b"v5", b"v4", b"v3"]
+    assert found[0] == await backend.get("agent:1")
+    assert all(entry.key == "agent:1" for entry in found)
+    assert found[0].updated_at >= found[1].updated_at >= found[2].updated_at
+    assert len({entry.created_at for entry in found}) == 1
+    assert versions(await backend.history("agent:1", limit=2)) == [5, 4]
+    assert versions(await backend.history("agent:1", limit=1)) == [5]
+    assert await backend.history("agent:1", limit=0) == []
+    assert await raw(backend, "LLEN", list_name(backend, "agent:1")) == 3
+
+
+@pytest.mark.redis
+async def test_get_version_reads_a_retained_version(backend: RedisBackend) -> None:
+    for n in range(1, 6):
+        await backend.set("agent:1", f"v{n}".encode())
+    current = await backend.get("agent:1")
+    assert await backend.get_version("agent:1", 5) == current
+    four = await backend.get_version("agent:1", 4)
+    assert four is not None
+    assert (four.version, four.value) == (4, b"v4")
+    assert four == (await backend.history("agent:1"))[1]
+    assert await backend.get_version("agent:1", 2) is None  # trimmed
+    assert await backend.get_version("agent:1", 6) is None  # not written yet
+    assert await backend.get_version("missing:1", 1) is None
+    assert await backend.get_version("agent:2", 1) is None
+    with pytest.raises(InvalidArgumentError):
+        await backend.get_version("agent:1", 0)
+
+
+@pytest.mark.redis
+async def test_a_key_no_rule_names_has_only_its_current_version(backend: RedisBackend) -> None:
+    await backend.set("other:1", b"a")
+    await backend.set("other:1", b"b")
+    assert versions(await backend.history("other:1")) == [2]
+    assert await backend.get_version("other:1", 1) is None
+    assert (await backend.get_version("other:1", 2)) == await backend.get("other:1")
+    assert await raw(backend, "EXISTS", list_name(backend, "other:1")) == 0
+    assert await backend.history("agent:missing") == []
+    assert await backend.history("other:missing") == []
+
+
+@pytest.mark.redis
+async def test_a_delete_ends_the_history_and_a_new_life_starts_fresh(
+    backend: RedisBackend,
+) -> None:
+    for n in range(3):
+        await backend.set("agent:1", bytes([n]))
+    await backend.delete("agent:1")
+    assert await backend.history("agent:1") == []
+    assert await raw(backend, "EXISTS", list_name(backend, "agent:1")) == 0
+    await backend.set("agent:1", b"again")
+    found = await backend.history("agent:1")
+    assert versions(found) == [1]
+    assert found[0].value == b"again"
+
+
+@pytest.mark.redis
+async def test_a_conflicting_write_keeps_nothing(backend: RedisBackend) -> None:
+    await backend.set("agent:1", b"a")
+    with pytest.raises(ConflictError):
+        await backend.set("agent:1", b"b", expected_version=5)
+    with pytest.raises(ConflictError):
+        await backend.delete("agent:1", expected_version=5)
+    assert versions(await backend.history("agent:1")) == [1]
+    await backend.set("agent:1", b"b", expected_version=1)
+    assert versions(await backend.history("agent:1")) == [2, 1]
+
+
+@pytest.mark.redis
+async def test_update_keeps_history(backend: RedisBackend) -> None:
+    for _ in range(4):
+        await backend.update("agent:n", lambda entry: b"%d" % (entry.version if entry else 0))
+    assert [entry.value for entry in await backend.history("agent:n")] == [b"3", b"2", b"1"]
+
+
+@pytest.mark.redis
+async def test_the_history_list_expires_with_the_key(backend: RedisBackend) -> None:
+    listed = list_name(backend, "agent:1")
+    name = backend.key_prefix + "agent:1"
+    await backend.set("agent:1", b"a", ttl=timedelta(hours=1))
+    await backend.set("agent:1", b"b", ttl=timedelta(hours=2))
+    key_at = await raw(backend, "PEXPIRETIME", name)
+    assert key_at > 0
+    assert await raw(backend, "PEXPIRETIME", listed) == key_at
+    found = await backend.history("agent:1")
+    assert found[1].expires_at is not None  # each version as it was written
+    assert found[0].expires_at is not None
+    assert found[0].expires_at - found[1].expires_at >= timedelta(minutes=59)
+    await backend.set("agent:1", b"c")  # no TTL: the key and its list persist
+    assert await raw(backend, "PEXPIRETIME", name) == -1
+    assert await raw(backend, "PEXPIRETIME", listed) == -1
+    await backend.set("agent:1", b"d", ttl=timedelta(minutes=5))
+    assert await raw(backend, "PEXPIRETIME", listed) == await raw(backend, "PEXPIRETIME", name)
+    assert versions(await backend.history("agent:1")) == [4, 3, 2]
+
+
+@pytest.mark.redis
+async def test_a_new_life_after_expiry_starts_a_fresh_history(backend: RedisBackend) -> None:
+    """An expired key (here: its record and list removed as expiry removes them) restarts at 1."""
+    for n in range(3):
+        await backend.set("agent:1", bytes([n]), ttl=timedelta(minutes=1))
+    # What expiry does, at once: both go (they share the moment).
+    await backend._execute("DEL", backend.key_prefix + "agent:1")
+    assert await backend.history("agent:1") == []
+    await backend.set("agent:1", b"new")
+    assert versions(await backend.history("agent:1")) == [1]
+
+
+@pytest.mark.redis
+async def test_a_list_left_by_a_writer_without_rules_shows_no_other_life(url: str) -> None:
+    """A writer without the rules deletes and rewrites: the stale list never shows through."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix, history=RULES) as keeper,
+        RedisBackend(url=url, key_prefix=prefix) as plain,
+    ):
+        for n in range(3):
+            await keeper.set("agent:1", bytes([n]))
+        await plain.delete("agent:1")  # the list stays: this writer keeps no history
+        assert await keeper.history("agent:1") == []
+        await plain.set("agent:1", b"x")
+        await plain.set("agent:1", b"y")
+        await keeper.set("agent:1", b"z")  # version 3 of a new life
+        found = await keeper.history("agent:1")
+        assert versions(found) == [3]
+        assert found[0].value == b"z"
+        assert await keeper.get_version("agent:1", 2) is None
+        assert await keeper.get_version("agent:1", 1) is None
+
+
+@pytest.mark.redis
+async def test_set_many_keeps_history_of_the_keys_rules_name(backend: RedisBackend) -> None:
+    items = [("agent:1", b"a1"), ("other:1", b"o1"), ("agent:2", b"b1"), ("deep:1", b"d1")]
+    await backend.set_many(items)
+    await backend.set_many([(key, value + b"+") for key, value in items])
+    # One key twice in one call: each write is kept.
+    await backend.set_many([("agent:1", b"a3"), ("other:1", b"o3"), ("agent:1", b"a4")])
+    assert [entry.value for entry in await backend.history("agent:1")] == [b"a4", b"a3", b"a1+"]
+    assert [entry.value for entry in await backend.history("agent:2")] == [b"b1+", b"b1"]
+    assert [entry.value for entry in await backend.history("deep:1")] == [b"d1+", b"d1"]
+    assert versions(await backend.history("other:1")) == [3]
+    await backend.set_many([("deep:1", b"t")], ttl=timedelta(minutes=3))
+    listed, name = list_name(backend, "deep:1"), backend.key_prefix + "deep:1"
+    assert await raw(backend, "PEXPIRETIME", listed) == await raw(backend, "PEXPIRETIME", name)
+
+
+@pytest.mark.redis
+async def test_set_many_over_many_keys_and_slots(backend: RedisBackend) -> None:
+    """600 keys (more than one script's chunk), most in slots of their own on a cluster."""
+    keys = [f"agent:{n}" if n % 3 else f"plain:{n}" for n in range(600)]
+    for round_ in range(4):
+        await backend.set_many([(key, f"{key}/{round_}".encode()) for key in keys])
+    for key in keys[::7]:
+        found = await backend.history(key)
+        if key.startswith("agent:"):
+            assert [entry.value for entry in found] == [f"{key}/{r}".encode() for r in (3, 2, 1)]
+        else:
+            assert versions(found) == [4]
+
+
+@pytest.mark.redis
+async def test_keys_without_hash_tags_across_many_slots(backend: RedisBackend) -> None:
+    keys = [f"deep:{n}" for n in range(300)]
+    slots = {wire.key_slot(backend.key_prefix + key) for key in keys}
+    if backend.is_cluster:
+        assert len(slots) > 250
+    for n in range(3):
+        for key in keys:
+            await backend.set(key, f"{key}:{n}".encode())
+    for key in keys:
+        found = await backend.history(key)
+        assert [entry.value for entry in found] == [f"{key}:{n}".encode() for n in (2, 1, 0)]
+    if backend.is_cluster:  # the server agrees that each list lives in its key's slot
+        for key in keys[:20]:
+            name = backend.key_prefix + key
+            assert await raw(backend, "CLUSTER", "KEYSLOT", list_name(backend, key)) == await raw(
+                backend, "CLUSTER", "KEYSLOT", name
+            )
+
+
+@pytest.mark.redis
+async def test_keys_with_hash_tags(backend: RedisBackend) -> None:
+    keys = ["agent:{team1}:a", "agent:{team1}:b", "agent:{team2}:a", "agent:{}:x", "agent:{x"]
+    for n in range(4):
+        await backend.set_many([(key, b"%d" % n) for key in keys])
+    for key in keys:
+        assert [entry.value for entry in await backend.history(key)] == [b"3", b"2", b"1"]
+        assert wire.key_slot(list_name(backend, key)) == wire.key_slot(backend.key_prefix + key)
+
+
+@pytest.mark.redis
+async def test_transact_puts_and_deletes_keep_history(backend: RedisBackend) -> None:
+    a, b, plain = "agent:{t}:a", "agent:{t}:b", "plain:{t}"
+    await backend.set(a, b"a1")
+    result = await backend.transact(
+        [Version(a, 1)], [Put(a, b"a2"), Put(b, b"b1"), Put(plain, b"p1"), Put(a, b"a3")]
+    )
+    assert result.succeeded
+    assert [entry.value for entry in await backend.history(a)] == [b"a3", b"a2", b"a1"]
+    assert [entry.value for entry in await backend.history(b)] == [b"b1"]
+    assert versions(await backend.history(plain)) == [1]
+    result = await backend.transact(
+        [Version(a, 3)],
+        [Put(b, b"b2", ttl=timedelta(minutes=10)), Get(b), Delete(a)],
+    )
+    assert result.succeeded
+    assert await backend.history(a) == []
+    assert await raw(backend, "EXISTS", list_name(backend, a)) == 0
+    assert [entry.value for entry in await backend.history(b)] == [b"b2", b"b1"]
+    assert result.results[1] == (await backend.history(b))[0]
+    listed, name = list_name(backend, b), backend.key_prefix + b
+    assert await raw(backend, "PEXPIRETIME", listed) == await raw(backend, "PEXPIRETIME", name)
+    # The else branch keeps history too; a delete of a missing key drops nothing.
+    result = await backend.transact([Version(a, 7)], [], [Put(a, b"new"), Delete("agent:{t}:z")])
+    assert not result.succeeded
+    assert versions(await backend.history(a)) == [1]
+    result = await backend.transact([], [Put(a, b"again"), Delete(a), Put(a, b"third")])
+    assert [entry.value for entry in await backend.history(a)] == [b"third"]
+
+
+@pytest.mark.redis
+async def test_history_rules_set_later_apply_from_the_next_write(url: str) -> None:
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        await backend.set("agent:1", b"a")
+        backend.keep_history({"agent:*": 5})
+        assert versions(await backend.history("agent:1")) == [1]
+        await backend.set("agent:1", b"b")
+        await backend.set("agent:1", b"c")
+        assert versions(await backend.history("agent:1")) == [3, 2]
+        backend.keep_history({})
+        assert versions(await backend.history("agent:1")) == [3]
+
+
+@pytest.mark.redis
+async def test_a_save_with_a_history_rule_is_still_one_command(url: str) -> None:
+    async with RedisBackend(url=url, key_prefix=unique_prefix(), history=RULES) as backend:
+        await backend.set("agent:1", b"a")
+        await backend.set("other:1", b"a")
+        counts = await count_commands(url, lambda: backend.set("agent:1", b"b"))
+        assert counts.sent == {"evalsha": 1}, counts.describe()
+        assert counts.calls["lpush"] == 1
+        plain = await count_commands(url, lambda: backend.set("other:1", b"b"))
+        assert plain.sent == {"evalsha": 1}, plain.describe()
+        assert "lpush" not in plain.calls
+        assert "ltrim" not in plain.calls
+        reads = await count_commands(url, lambda: backend.history("agent:1"))
+        assert reads.sent == {"evalsha": 1}, reads.describe()
