@@ -80,9 +80,9 @@ from agenticstate import (
     SQLiteBackend,
     StateConfig,
     StateManager,
-    UnsupportedOperationError,
     txn,
 )
+from agenticstate.backends import Backend as BaseBackend
 from tests.helpers import unique_prefix
 from tests.reliability._model_state import (
     HISTORY,
@@ -111,6 +111,7 @@ if TYPE_CHECKING:
 
     from agenticstate import LocalView, StateCallback, StateChange
     from agenticstate.backends import Backend
+    from agenticstate.events import OnGap
 
 EXAMPLES = 200
 CLUSTER_EXAMPLES = 30  # each step is a few round trips to several shards
@@ -275,14 +276,16 @@ def _by_key(changes: list[tuple[object, ...]]) -> dict[object, list[tuple[object
     return grouped
 
 
-# Issue #23: the feed and history. `StateConfig.history` and the manager's feed calls arrive with
-# the manager's half of the issue; until then the rules go to the backend, and the manager-level
-# steps run where the manager has them.
-_CONFIG_HISTORY = "history" in StateConfig.model_fields
+# Issue #23: the feed and history, on every backend that keeps them (a backend keeps history when
+# it overrides `keep_history`; `StateConfig.history` hands it the rules).
 
 
-def _config() -> StateConfig:
-    return StateConfig(history=HISTORY) if _CONFIG_HISTORY else StateConfig()  # type: ignore[call-arg, unused-ignore]
+def _keeps_history(backend: Backend) -> bool:
+    return type(backend).keep_history is not BaseBackend.keep_history
+
+
+def _config(backend: Backend) -> StateConfig:
+    return StateConfig(history=HISTORY) if _keeps_history(backend) else StateConfig()
 
 
 def _accepts(factory: Callable[..., object], name: str) -> bool:
@@ -334,10 +337,7 @@ class StoreMachine(RuleBasedStateMachine):
     def _open_session(self) -> Session:
         portal = self.harness.portal
         backend = portal.call(self.open_backend)
-        if not _CONFIG_HISTORY:  # until StateConfig names history rules, set them on the backend
-            with contextlib.suppress(UnsupportedOperationError):
-                backend.keep_history(HISTORY)
-        context = portal.wrap_async_context_manager(StateManager(_config(), backend=backend))
+        context = portal.wrap_async_context_manager(StateManager(_config(backend), backend=backend))
         manager = context.__enter__()
         session = Session(manager, context, backend)
         # The feed is on when the backend keeps one: then it has a head cursor, even when empty.
@@ -730,7 +730,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert session is not None
         shared = self.harness.shares_backend
         backend = session.backend if shared else self.harness.portal.call(self.open_backend)
-        other = StateManager(_config(), backend=backend, close_backend=not shared)
+        other = StateManager(_config(backend), backend=backend, close_backend=not shared)
         session.others.append(other)
         made = [self._callback(other, pattern, is_async=is_async, now=False) for pattern in chosen]
 
@@ -797,6 +797,7 @@ class StoreMachine(RuleBasedStateMachine):
         first (an expired key is missing).
         """
         self.harness.figures.count("expire_and_rewrite")
+        self.expiries += 1
         manager = self.manager
 
         async def expire_then_write() -> tuple[int, list[int]]:
@@ -948,13 +949,11 @@ class StoreMachine(RuleBasedStateMachine):
         return seen, change.cursor
 
     def _open_feed(
-        self, pattern: str, since: str, *, via_manager: bool, on_gap: str = "raise"
+        self, pattern: str, since: str, *, via_manager: bool, on_gap: OnGap = "raise"
     ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
         manager = self.manager
         if via_manager:
-            return manager.changes(  # type: ignore[attr-defined, no-any-return, unused-ignore]
-                pattern, since=since, on_gap=on_gap, max_buffer=10_000
-            )
+            return manager.changes(pattern, since=since, on_gap=on_gap, max_buffer=10_000)
         return manager.backend.changes(pattern, max_buffer=10_000, since=since)
 
     async def _replay(
@@ -1180,7 +1179,7 @@ class StoreMachine(RuleBasedStateMachine):
         manager = self.manager
         if via_manager and _has(manager, "history"):
             self.harness.figures.count("history_manager")
-            found = self._call(manager.history, key, limit=limit)  # type: ignore[attr-defined, unused-ignore]
+            found = self._call(manager.history, key, limit=limit)
             got = [(canon(entry.value), entry.version) for entry in found]
         else:
             self.harness.figures.count("history")
@@ -1223,18 +1222,15 @@ class StoreMachine(RuleBasedStateMachine):
         manager = self.manager
         version = max(self.model.version(key) - back, 1)
         retained = dict(self.model.history(key))
-        revert = functools.partial(manager.revert, key, to_version=version)  # type: ignore[attr-defined, unused-ignore]
+        revert = functools.partial(manager.revert, key, to_version=version)
         if version not in retained:
             self.harness.figures.count("revert_missing")
             with pytest.raises(NotFoundError):
                 self._call(revert)
             return
         self.harness.figures.count("revert")
-        written = self._call(revert)
-        entry = self._call(manager.backend.get, key)
-        assert entry is not None
-        has_ttl = entry.expires_at is not None  # the manager's choice; the model follows it
-        assert written == self.model.write(key, retained[version], has_ttl=has_ttl)
+        # It writes with the configured TTL (none here), not the old version's.
+        assert self._call(revert) == self.model.write(key, retained[version])
 
     # ------------------------------------------------------------ LocalView (issue #21)
 
