@@ -22,7 +22,7 @@ from agenticstate._tasks import event_factory
 from agenticstate.exceptions import InvalidArgumentError, SubscriptionClosedError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable, Iterable
 
     from agenticstate._tasks import EventLike
     from agenticstate.backends.base import Change
@@ -38,10 +38,12 @@ class _Subscriber:
     A plain deque, not a memory object stream: a publish appends and wakes the consumer only if
     it is waiting (`waiter`), and a consumer that finds changes buffered takes them without
     touching the event loop. `ended`: nothing more will be added (the fan-out dropped it);
-    `closed`: its stream was closed (the subscription was left).
+    `closed`: its stream was closed (the subscription was left). `backlog`: changes replayed
+    from a feed (`since=`), read before the buffer and not counted against `max_buffer`.
     """
 
     __slots__ = (
+        "backlog",
         "buffer",
         "closed",
         "ended",
@@ -65,6 +67,7 @@ class _Subscriber:
         self.ended = False
         self.closed = False
         self.buffer: deque[Change] = deque()
+        self.backlog: deque[Change] | None = None
         self.waiter: EventLike | None = None  # set by the next publish (or the end)
         self.event = event_factory()  # the event loop's cheapest event class
 
@@ -125,6 +128,9 @@ class ChangeStream:
         while True:
             if subscriber.closed:
                 raise StopAsyncIteration
+            backlog = subscriber.backlog
+            if backlog:
+                return backlog.popleft()
             if buffer:
                 return buffer.popleft()
             if subscriber.ended:
@@ -323,16 +329,28 @@ class ChangeFanout:
 
     @asynccontextmanager
     async def subscribe(
-        self, pattern: str, max_buffer: int, *, start_open: bool = True
+        self,
+        pattern: str,
+        max_buffer: int,
+        *,
+        start_open: bool = True,
+        backlog: Callable[[GlobMatcher], Iterable[Change]] | None = None,
     ) -> AsyncIterator[ChangeStream]:
         """Open a subscription to keys matching `pattern`; it is active on entry.
 
-        With `start_open=False` it receives nothing until `ChangeStream.open()`.
+        With `start_open=False` it receives nothing until `ChangeStream.open()`. `backlog`, if
+        given, is called with the pattern's matcher on entry, in the same step as the
+        subscription starts (no await between): the changes it returns are yielded first, then
+        every change published after. A feed's replay uses it, so the switch from replayed to
+        live changes has no gap and no duplicate. What it raises propagates from entry.
         """
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
         label = pattern if self._label is None else self._label
-        subscriber = _Subscriber(compile_glob(pattern), max_buffer, label, is_open=start_open)
+        matcher = compile_glob(pattern)
+        subscriber = _Subscriber(matcher, max_buffer, label, is_open=start_open)
+        if backlog is not None:
+            subscriber.backlog = deque(backlog(matcher))
         if self._closed:
             subscriber.end()
         else:
@@ -343,6 +361,7 @@ class ChangeFanout:
             self._drop(subscriber)
             subscriber.closed = True
             subscriber.buffer.clear()
+            subscriber.backlog = None
 
     def close(self) -> None:
         """End every subscription (their iteration stops) and refuse new ones."""

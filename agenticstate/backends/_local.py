@@ -1,19 +1,27 @@
-"""The in-process part the memory and file backends share: entries, expiry, sorted indexes.
+"""The in-process part the memory and file backends share: entries, expiry, indexes, feed.
 
-`run_transaction` is the step that runs a transaction over a `TxnTarget`; the memory and file
-backends run it on the event loop, SQLite in its writer thread.
+Entries with expiry and sorted indexes (`LocalStore`), the retained change feed (`FeedRing`) and
+per-key history (`LocalStore.keep`). `run_transaction` is the step that runs a transaction over
+a `TxnTarget`; the memory and file backends run it on the event loop, SQLite in its writer
+thread. `feed_from_query` reads the
+feed's URL parameters (`feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`).
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
+from collections import deque
+from datetime import timedelta
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agenticstate.backends._index import SortedIndex
 from agenticstate.backends.base import (
+    EARLIEST,
     Delete,
     Exists,
+    FeedRetention,
     Get,
     IndexAdd,
     IndexIncr,
@@ -23,15 +31,16 @@ from agenticstate.backends.base import (
     TxnResult,
     Version,
 )
+from agenticstate.exceptions import ConfigurationError, CursorExpiredError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
-    from datetime import datetime, timedelta
+    from datetime import datetime
 
     from agenticstate._glob import GlobMatcher
     from agenticstate.backends.base import Change, Entry, TxnCompare, TxnOp
 
-__all__ = ["LocalStore", "TxnTarget", "run_transaction"]
+__all__ = ["FeedRing", "LocalStore", "TxnTarget", "feed_from_query", "run_transaction"]
 
 _HEAP_SLACK = 64  # stale heap items tolerated beyond twice the keys (small stores rebuild rarely)
 _ORDER_SLACK = 1024  # key changes the sorted key list takes in before it is dropped (see below)
@@ -59,10 +68,13 @@ class LocalStore:
     listed, so writes stay cheap when nobody lists.
     """
 
-    __slots__ = ("_added", "_order", "_removed", "data", "expiries", "indexes")
+    __slots__ = ("_added", "_order", "_removed", "data", "expiries", "history", "indexes")
 
     def __init__(self) -> None:
         self.data: dict[str, Entry] = {}
+        # The retained versions of keys with a history rule, oldest first, the current one last.
+        # A key that goes (deleted or expired) takes its history with it.
+        self.history: dict[str, deque[Entry]] = {}
         self.expiries: list[tuple[datetime, str]] = []
         self.indexes: dict[str, SortedIndex] = {}
         # The sorted keys as of the last listing, or None; then keys added and removed since.
@@ -124,9 +136,40 @@ class LocalStore:
 
     def _forget(self, key: str) -> None:
         del self.data[key]
+        if self.history:
+            self.history.pop(key, None)
         if self._order is not None:
             self._removed.add(key)
             self._check_order_size()
+
+    def keep(self, entry: Entry, depth: int) -> None:
+        """Add the entry just stored to its key's history of `depth` versions.
+
+        Version 1 starts a history afresh (the key was missing before); depth 1 keeps none.
+        """
+        key = entry.key
+        history = self.history
+        if depth <= 1:
+            if history:
+                history.pop(key, None)
+            return
+        versions = history.get(key)
+        if versions is None or entry.version == 1:
+            versions = history[key] = deque(maxlen=depth)
+        elif versions.maxlen != depth:
+            versions = history[key] = deque(versions, maxlen=depth)
+        versions.append(entry)
+
+    def versions(self, key: str, now: datetime, limit: int | None) -> list[Entry]:
+        """The retained versions of `key`, newest (the current one) first, at most `limit`."""
+        current = self.live(key, now)
+        if current is None or limit == 0:
+            return []
+        versions = self.history.get(key)
+        if not versions or versions[-1] is not current:
+            return [current]
+        newest = reversed(versions)
+        return list(newest if limit is None else islice(newest, limit))
 
     def _note_added(self, key: str) -> None:
         if key in self._removed:
@@ -206,6 +249,139 @@ class LocalStore:
         """The lowest-scored members of the sorted index `name`."""
         found = self.indexes.get(name)
         return found.range(limit) if found is not None else []
+
+
+class FeedRing:
+    """A local store's retained change feed, bounded by a `FeedRetention`.
+
+    Changes in commit order, each with a sequence number (increasing, not necessarily by one:
+    the file backend's are its log sequence numbers). A cursor is `<prefix><seq>`, the prefix
+    being `<kind tag>:<store id>:`. Count retention is the deque's `maxlen`; age retention drops
+    changes older than `max_age` as changes are added. `trimmed` is the sequence number of the
+    newest change dropped (0: none), so a cursor at or after it resumes with nothing missed.
+    """
+
+    __slots__ = ("_changes", "_max_age", "_seqs", "head", "prefix", "store_id", "tag", "trimmed")
+
+    def __init__(
+        self, retention: FeedRetention, tag: str, store_id: str, *, head: int = 0, trimmed: int = 0
+    ) -> None:
+        self.tag = tag
+        self.store_id = store_id
+        self.prefix = f"{tag}:{store_id}:"
+        self._changes: deque[Change] = deque(maxlen=retention.max_changes)
+        self._seqs: deque[int] = deque(maxlen=retention.max_changes)
+        self._max_age = retention.max_age
+        self.head = head  # the newest sequence number committed (a change's or not)
+        self.trimmed = trimmed
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def cursor(self, seq: int) -> str:
+        """The cursor of sequence number `seq`."""
+        return f"{self.prefix}{seq}"
+
+    def add(self, seq: int, change: Change) -> None:
+        """Append `change` (committed at `seq`), dropping what retention no longer keeps."""
+        seqs = self._seqs
+        if len(seqs) == seqs.maxlen:
+            self.trimmed = seqs[0]
+        seqs.append(seq)
+        self._changes.append(change)
+        self.head = seq
+        if self._max_age is not None:
+            self.age(change.timestamp)
+
+    def age(self, now: datetime) -> None:
+        """Drop the changes older than `max_age` at `now`."""
+        if self._max_age is None:
+            return
+        oldest = now - self._max_age
+        changes, seqs = self._changes, self._seqs
+        while changes and changes[0].timestamp < oldest:
+            changes.popleft()
+            self.trimmed = seqs.popleft()
+
+    def items(self) -> list[tuple[int, Change]]:
+        """Every retained change with its sequence number, oldest first."""
+        return list(zip(self._seqs, self._changes, strict=True))
+
+    def position(self, since: object) -> int:
+        """The sequence number after which `since` resumes.
+
+        Raises:
+            InvalidArgumentError: `since` is not a cursor of this kind, or is past the head.
+            CursorExpiredError: it is another store's, or changes after it were dropped.
+        """
+        if since == EARLIEST:
+            return self.trimmed
+        if type(since) is not str:
+            raise InvalidArgumentError(f"since must be a cursor (a str), not {since!r}")
+        tag, _, rest = since.partition(":")
+        store_id, _, seq = rest.partition(":")
+        if tag != self.tag or not store_id or not (seq.isascii() and seq.isdigit()):
+            raise InvalidArgumentError(f"{since!r} is not a {self.tag!r} feed cursor")
+        if store_id != self.store_id:
+            raise CursorExpiredError(
+                since, f"cursor {since!r} is another store's (this one is {self.store_id!r})"
+            )
+        position = int(seq)
+        if position > self.head:
+            raise InvalidArgumentError(f"cursor {since!r} is past the feed's head")
+        if position < self.trimmed:
+            raise CursorExpiredError(
+                since, f"the changes after cursor {since!r} are no longer retained"
+            )
+        return position
+
+    def since(self, since: object, matcher: GlobMatcher) -> list[Change]:
+        """The retained changes after cursor `since` whose key `matcher` matches, in order."""
+        position = self.position(since)
+        count = 0
+        for seq in reversed(self._seqs):
+            if seq <= position:
+                break
+            count += 1
+        later = islice(self._changes, len(self._seqs) - count, None)
+        if matcher.is_prefix and not matcher.literal_prefix:
+            return list(later)
+        match = matcher.match
+        return [change for change in later if match(change.key)]
+
+
+def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) -> None:
+    """Set `options["feed"]` from a URL's feed parameters, unless it is set already.
+
+    They are `feed=off`, `feed_max_changes=N` and `feed_max_age=SECONDS`; others are refused.
+
+    Raises:
+        ConfigurationError: A parameter is unknown or its value is invalid.
+    """
+    found: dict[str, str] = {}
+    for name, value in params:
+        if name not in ("feed", "feed_max_changes", "feed_max_age"):
+            raise ConfigurationError(f"unknown URL parameter {name!r}")
+        found[name] = value
+    if not found or "feed" in options:
+        return
+    if "feed" in found:
+        if found["feed"].lower() != "off":
+            raise ConfigurationError(f"feed={found['feed']!r}: the only value is 'off'")
+        if len(found) > 1:
+            raise ConfigurationError("feed=off takes no other feed parameter")
+        options["feed"] = None
+        return
+    max_changes: int | None = FeedRetention().max_changes
+    max_age = None
+    try:
+        if "feed_max_changes" in found:
+            max_changes = int(found["feed_max_changes"])
+        if "feed_max_age" in found:
+            max_age = timedelta(seconds=float(found["feed_max_age"]))
+    except (ValueError, OverflowError):
+        raise ConfigurationError(f"invalid feed parameters {found!r}") from None
+    options["feed"] = FeedRetention(max_changes=max_changes, max_age=max_age)
 
 
 def _after_prefix(prefix: str) -> str | None:

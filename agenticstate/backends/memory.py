@@ -10,18 +10,27 @@ subscriber's pump, a task waiting for what a loop of writes causes) run between 
 read (`get`, `get_many`) yields only one time in `_YIELD_EVERY`: the yield costs more than the
 rest of a `get`, and yielding that often still keeps a loop of reads from starving other tasks
 (a task polling a key sees the write another task makes).
+
+The change feed is a bounded ring (`FeedRing`) of the committed changes, appended in the same
+step as each write; a cursor is `m1:<store id>:<sequence number>`, the store id random per
+instance (so another instance's cursor, or one from before a restart, raises
+`CursorExpiredError`). `changes(since=)` takes the replay from the ring and starts the live
+subscription in one step, with no await between. History (`keep_history`) keeps the last
+versions of a key in a bounded deque, also in the write's step.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit
 
 import anyio.lowlevel
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
-from agenticstate.backends._local import LocalStore, run_transaction
+from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -29,6 +38,8 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    FeedRetention,
+    HistoryRules,
     check_expected_version,
     check_index_members,
     check_limit,
@@ -39,7 +50,7 @@ from agenticstate.backends.base import (
     new_entry,
     utcnow,
 )
-from agenticstate.exceptions import UnsupportedOperationError
+from agenticstate.exceptions import ConfigurationError, UnsupportedOperationError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -47,6 +58,8 @@ if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
     from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
+
+_DEFAULT_FEED = FeedRetention()
 
 __all__ = ["MemoryBackend"]
 
@@ -62,22 +75,78 @@ class MemoryBackend(Backend):
 
     Args:
         key_prefix: A namespace shown in `repr`; each instance is separate already.
+        feed: The change feed's retention (`None`: no feed, changes carry no cursor).
+        history: History rules (`keep_history`): key patterns to the versions each keeps.
     """
 
-    def __init__(self, *, key_prefix: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        key_prefix: str = "",
+        feed: FeedRetention | None = _DEFAULT_FEED,
+        history: Mapping[str, int] | HistoryRules | None = None,
+    ) -> None:
+        if feed is not None and not isinstance(feed, FeedRetention):
+            raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         self.key_prefix = key_prefix
+        self.feed = feed
         self._local = LocalStore()
         self._fanout = ChangeFanout()
+        self._ring = FeedRing(feed, "m1", uuid.uuid4().hex[:16]) if feed is not None else None
         self._closed = False
         self._turns = 0  # reads since the last yield to the event loop
+        self._keeps_history = False
+        if history is not None:
+            self.keep_history(history)
 
     def __repr__(self) -> str:
         return f"MemoryBackend(key_prefix={self.key_prefix!r}, keys={len(self._local.data)})"
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:
-        """Create a backend from `memory://` (any path or query is ignored)."""
+        """Create a backend from `memory://` (any path is ignored).
+
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`.
+        """
+        feed_from_query(parse_qsl(urlsplit(url).query), options)
         return cls(**options)
+
+    def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
+        """Keep the last versions of the keys `rules` names; see `Backend.keep_history`."""
+        self.history_rules = rules if isinstance(rules, HistoryRules) else HistoryRules(rules)
+        self._keeps_history = bool(self.history_rules) or bool(self._local.history)
+
+    async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
+        """The retained versions of `key`, newest first; see `Backend.history`."""
+        validate_key(key)
+        check_limit(limit)
+        await anyio.lowlevel.checkpoint()
+        return self._local.versions(key, utcnow(), limit)
+
+    async def feed_cursor(self) -> str | None:
+        """The cursor of the newest change, or `None` with the feed off."""
+        ring = self._ring
+        return None if ring is None else ring.cursor(ring.head)
+
+    def _emit(
+        self,
+        key: str,
+        op: ChangeOp,
+        old: bytes | None,
+        new: bytes | None,
+        version: int,
+        now: datetime,
+    ) -> Change:
+        """Build the change, append it to the feed and hand it to subscribers, in one step."""
+        ring = self._ring
+        if ring is None:
+            change = new_change(key, op, old, new, version, now)
+        else:
+            seq = ring.head + 1
+            change = new_change(key, op, old, new, version, now, ring.prefix + str(seq))
+            ring.add(seq, change)
+        self._fanout.publish(change)
+        return change
 
     def _turn(self) -> bool:
         """Whether this read is the one in `_YIELD_EVERY` that yields first."""
@@ -95,17 +164,18 @@ class MemoryBackend(Backend):
         if expected is not None and expected != version:
             raise conflict(key, expected, version)
         expires_at = now + ttl if ttl is not None else None
-        self._local.store(
-            new_entry(
-                key,
-                value,
-                version + 1,
-                current.created_at if current is not None else now,
-                now,
-                expires_at,
-            )
+        entry = new_entry(
+            key,
+            value,
+            version + 1,
+            current.created_at if current is not None else now,
+            now,
+            expires_at,
         )
-        change = new_change(
+        self._local.store(entry)
+        if self._keeps_history:
+            self._local.keep(entry, self.history_rules.depth(key))
+        return self._emit(
             key,
             ChangeOp.SET,
             current.value if current is not None else None,
@@ -113,8 +183,6 @@ class MemoryBackend(Backend):
             version + 1,
             now,
         )
-        self._fanout.publish(change)
-        return change
 
     async def get(self, key: str) -> Entry | None:
         """Return the entry at `key`, or `None` if missing or expired."""
@@ -179,9 +247,7 @@ class MemoryBackend(Backend):
 
     def _drop(self, current: Entry, now: datetime) -> Change:
         self._local.drop(current.key)
-        change = new_change(current.key, ChangeOp.DELETE, current.value, None, current.version, now)
-        self._fanout.publish(change)
-        return change
+        return self._emit(current.key, ChangeOp.DELETE, current.value, None, current.version, now)
 
     async def transact(
         self,
@@ -255,10 +321,16 @@ class MemoryBackend(Backend):
     def changes(
         self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
     ) -> AbstractAsyncContextManager[ChangeStream]:
-        """Subscribe to changes of keys matching `pattern`; see `Backend.changes`."""
-        if since is not None:  # the feed lands with issue #23
-            raise UnsupportedOperationError("MemoryBackend keeps no change feed yet")
-        return self._fanout.subscribe(validate_pattern(pattern), max_buffer)
+        """Subscribe to changes of keys matching `pattern` (from `since`); see `Backend.changes`."""
+        pattern = validate_pattern(pattern)
+        if since is None:
+            return self._fanout.subscribe(pattern, max_buffer)
+        ring = self._ring
+        if ring is None:
+            raise UnsupportedOperationError("this MemoryBackend keeps no change feed (feed=None)")
+        return self._fanout.subscribe(
+            pattern, max_buffer, backlog=lambda matcher: ring.since(since, matcher)
+        )
 
     async def aclose(self) -> None:
         """End every subscription; the data stays readable until the object is dropped."""
