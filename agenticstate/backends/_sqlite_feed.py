@@ -15,9 +15,10 @@ them to the event loop in sequence order, where each matching live subscription 
 
 A subscription with `since=` replays first: it reads the retained changes after its cursor a page
 at a time (on the backend's reader thread, as the consumer asks for them, so a long backlog never
-overflows its buffer), and when a page comes back short it joins the live subscriptions from the
-last sequence it read: the notifier hands it what was committed after that and before it joined,
-then everything live. No gap, no duplicate. A cursor whose successors were trimmed raises
+overflows its buffer), and when a page comes back empty it joins the live subscriptions from the
+last sequence it read: the notifier hands it what was committed after that and before it joined
+(to be read before the live ones, outside the bounded buffer), then everything live. No gap, no
+duplicate. A cursor whose successors were trimmed raises
 `CursorExpiredError` on entry; if retention trims what a subscription still had to read (a
 replay or a notifier outrun by more than the retention), the subscription closes as an overflow
 (`SubscriptionClosedError(reason="overflow")`): resuming from its last cursor then raises
@@ -84,14 +85,13 @@ def format_cursor(db_id: str, seq: int) -> str:
 class Since:
     """Where a replay starts: after sequence `after` (`None`: the oldest retained change).
 
-    `strict` is true for an `s1:` cursor, which names its database: one beyond the head is
-    forged (`InvalidArgumentError`). The deprecated bare sequence number cannot tell this file
-    from another, so one beyond the head is taken for another file's (`CursorExpiredError`).
+    A position beyond the feed's head is refused (`InvalidArgumentError`): an `s1:` cursor of
+    this database cannot be (it is forged), and a deprecated bare sequence number that is
+    names no change of this file (it may be another file's).
     """
 
     after: int | None
     text: str
-    strict: bool = True
 
 
 def parse_since(since: object, db_id: str) -> Since:
@@ -109,10 +109,10 @@ def parse_since(since: object, db_id: str) -> Since:
     if type(since) is int:
         if since < 0:
             raise InvalidArgumentError(f"since must be a feed cursor, not {since!r}")
-        return Since(since, str(since), strict=False)
+        return Since(since, str(since))
     if isinstance(since, str):
         if since.isdigit() and since.isascii():
-            return Since(int(since), since, strict=False)
+            return Since(int(since), since)
         parts = since.split(":")
         if (
             len(parts) == 3
@@ -210,9 +210,9 @@ class _Replay:
         self.after = position
         match = self.sub.matcher.match
         self.items.extend(item for item in rows if match(item[1].key))
-        if len(rows) < REPLAY_PAGE:
+        if not rows:  # caught up: what came since this read arrives with the joining
             self.live = True
-            await feed.enlist(self.sub, position)
+            await feed.enlist(self.sub, position, self.items)
 
     async def next(self) -> _Item | None:
         """The next replayed change, or `None` once the subscription is live."""
@@ -306,7 +306,7 @@ class Feed:
         self._low, self._high = key_range(key_prefix)
         self._poll = poll_interval
         self._subs: list[_Sub] = []
-        self._requests: deque[tuple[_Sub, int | None, list[int]]] = deque()
+        self._requests: deque[tuple[_Sub, int | None, list[int], deque[_Item] | None]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self.closed = False
@@ -351,10 +351,14 @@ class Feed:
             self._drop(sub)
             sub.receive.close()
 
-    async def enlist(self, sub: _Sub, since: int | None) -> list[int]:
+    async def enlist(
+        self, sub: _Sub, since: int | None, backlog: deque[_Item] | None = None
+    ) -> list[int]:
         """Join `sub` to the live subscriptions, after sequence `since` (`None`: the head).
 
-        Returns a one-item list: the sequence it joined after.
+        The changes committed after `since` and before it joined go to `backlog` (unbounded:
+        a replay's, whose reader takes them first) or else to its stream. Returns a one-item
+        list: the sequence it joined after.
         """
         start = [since or 0]
         if self.closed:
@@ -362,7 +366,7 @@ class Feed:
             return start
         self._subs = [*self._subs, sub]
         self._start_thread()
-        self._requests.append((sub, since, start))
+        self._requests.append((sub, since, start, backlog))
         self._wake.set()
         await sub.opened.wait()
         return start
@@ -403,10 +407,13 @@ class Feed:
             return False
         return True
 
-    def _open_sub(self, sub: _Sub, items: list[_Item]) -> None:
-        for item in items:
-            if not self._send(sub, item):
-                break
+    def _open_sub(self, sub: _Sub, items: list[_Item], backlog: deque[_Item] | None) -> None:
+        if backlog is not None:
+            backlog.extend(items)
+        else:
+            for item in items:
+                if not self._send(sub, item):
+                    break
         sub.is_open = True
         sub.opened.set()
 
@@ -442,7 +449,7 @@ class Feed:
 
         Raises:
             CursorExpiredError: Changes after `after` were trimmed.
-            InvalidArgumentError: `after` is beyond the head and `since` is strict.
+            InvalidArgumentError: `after` is beyond the head.
         """
         conn.execute("BEGIN")
         try:
@@ -451,12 +458,9 @@ class Feed:
             if after is None:
                 after = 0
             elif after > last:
-                if since.strict:
-                    raise InvalidArgumentError(
-                        f"cursor {since.text!r} is beyond this database's newest change"
-                    )
-                raise CursorExpiredError(
-                    since.text, f"cursor {since.text!r} is beyond this database's feed"
+                raise InvalidArgumentError(
+                    f"cursor {since.text!r} is beyond this database's newest change "
+                    "(forged, or another file's)"
                 )
             elif after < last and (oldest is None or oldest > after + 1):
                 raise CursorExpiredError(since.text)
@@ -552,7 +556,12 @@ class Feed:
             self._schedule(lambda: self._publish(rows))
 
     def _register(
-        self, conn: sqlite3.Connection, sub: _Sub, since: int | None, start: list[int]
+        self,
+        conn: sqlite3.Connection,
+        sub: _Sub,
+        since: int | None,
+        start: list[int],
+        backlog: deque[_Item] | None,
     ) -> None:
         items: list[_Item] = []
         if since is None:
@@ -563,4 +572,4 @@ class Feed:
                 self._schedule(lambda: self._overflow(sub))
                 return
             items = [item for item in rows if sub.matcher.match(item[1].key)]
-        self._schedule(lambda: self._open_sub(sub, items))
+        self._schedule(lambda: self._open_sub(sub, items, backlog))

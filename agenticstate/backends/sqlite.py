@@ -211,8 +211,11 @@ class SQLiteBackend(Backend):
         self._seq = 0  # the batch's last change sequence number
         self._db_id = ""
         self._logged = 0  # changes written since the last trim
-        self._trim_every = max(64, (feed.max_changes or 0) // 8)
+        self._trim_every = max(1, (feed.max_changes or 0) // 8)  # keeps at most 1/8 more
         self._swept_at = 0.0
+        self._aged_at = 0.0
+        age = feed.max_age.total_seconds() if feed.max_age is not None else 0.0
+        self._age_every = min(1.0, age / 8)  # seconds between trims by age
 
     @property
     def change_retention(self) -> int | None:
@@ -490,7 +493,11 @@ class SQLiteBackend(Backend):
             del rows[:-depth]
 
     def _maintain(self, conn: sqlite3.Connection) -> None:
-        """Trim the feed every `max_changes / 8` changes (and by age each 1 s); sweep expiries."""
+        """Trim the feed and sweep expired keys (in the writer's transaction).
+
+        By count every `max_changes / 8` changes, by age every `max_age / 8` (at most 1 s);
+        expired keys (and their history) each second.
+        """
         self._commits += 1
         retention = self.feed
         if self._logged >= self._trim_every and retention.max_changes is not None:
@@ -500,11 +507,13 @@ class SQLiteBackend(Backend):
                 (retention.max_changes,),
             )
         moment = time.monotonic()
+        if retention.max_age is not None and moment - self._aged_at >= self._age_every:
+            self._aged_at = moment
+            cutoff = schema.now_us() - retention.max_age // timedelta(microseconds=1)
+            self._trim_by_age(conn, cutoff)
         if moment - self._swept_at > 1.0:
             self._swept_at = moment
             now = schema.now_us()
-            if retention.max_age is not None:
-                self._trim_by_age(conn, now - retention.max_age // timedelta(microseconds=1))
             conn.execute(
                 "DELETE FROM history WHERE key IN "
                 "(SELECT key FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?)",
@@ -883,8 +892,8 @@ class SQLiteBackend(Backend):
         Raises (on entry):
             CursorExpiredError: Changes after `since` were trimmed, or it is a cursor of
                 another database (this file deleted and made again).
-            InvalidArgumentError: `since` is not an SQLite feed cursor, or one newer than the
-                feed's head (forged).
+            InvalidArgumentError: `since` is not an SQLite feed cursor, or is one beyond the
+                feed's head (forged, or a bare sequence number of another file).
         """
         return self._changes(compile_glob(validate_pattern(pattern)), max_buffer, since)
 

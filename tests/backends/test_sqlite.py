@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from agenticstate import (
     ConfigurationError,
+    CursorExpiredError,
     InvalidArgumentError,
     SQLiteBackend,
     StateConfig,
@@ -165,17 +166,24 @@ async def test_expired_keys_read_as_missing_and_are_swept(tmp_path: Path) -> Non
     assert rows == [("other",)]
 
 
-async def test_since_is_validated_and_a_future_cursor_resyncs(tmp_path: Path) -> None:
-    """A bad cursor is refused; a cursor from beyond this file's feed brings a RESYNC."""
+async def test_since_is_validated_and_a_future_cursor_is_refused(tmp_path: Path) -> None:
+    """A bad cursor is refused, and so is one beyond this file's head: an s1 cursor (forged)
+    or a bare sequence number (another file's, say)."""
     async with SQLiteBackend(tmp_path / "s.db") as backend:
-        await backend.set("k", b"v")
-        with pytest.raises(InvalidArgumentError, match="since"):
-            async with backend.changes("*", since=-1):
+        change = await backend.set("k", b"v")
+        assert change.cursor is not None
+        tag, db_id, seq = change.cursor.split(":")
+        for bad in (-1, "m1:x:1", "s1:x", "s1::1", "s1:x:-1", "s1:x:1:2", "", True, 1.5):
+            with pytest.raises(InvalidArgumentError, match="since"):
+                async with backend.changes("*", since=bad):  # type: ignore[arg-type]
+                    pass
+        with pytest.raises(InvalidArgumentError, match="beyond"):
+            async with backend.changes("*", since=10_000):
                 pass
-        async with backend.changes("*", since=10_000) as changes:
-            with anyio.fail_after(5):
-                change = await changes.__anext__()
-    assert (change.key, change.op.value, change.new) == ("k", "resync", b"v")
+        with pytest.raises(InvalidArgumentError, match="beyond"):
+            async with backend.changes("*", since=f"{tag}:{db_id}:{int(seq) + 5}"):
+                pass
+    assert (tag, seq) == ("s1", "1")
 
 
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -325,53 +333,52 @@ def test_cli_watch_on_sqlite_leaves_other_writers_free(tmp_path: Path) -> None:
     away_from=st.integers(0, 100),
     retention=st.integers(1, 40),
 )
-def test_a_cursor_catches_up_exactly_or_resyncs_the_present_keys(
+def test_a_cursor_catches_up_exactly_or_has_expired(
     writes: list[tuple[str, bool]], away_from: int, retention: int
 ) -> None:
     """Generated: a subscriber leaves after some changes and comes back with its cursor. If
-    retention kept what it missed, it receives exactly that, in order; if not, a RESYNC of
-    every present key with its current value. Never a gap, never a duplicate. (The writer trims
-    every 64 changes or more, so up to 160 writes with retention 1-40 reach both cases.)"""
+    retention kept what it missed, it receives exactly that, in order; if not, entering raises
+    CursorExpiredError. Never a gap, never a duplicate. (Up to 160 writes with retention 1-40
+    and a subscriber away from any of them reach both cases.)"""
 
     async def main(directory: Path) -> None:
         backend = SQLiteBackend(directory / "s.db", change_retention=retention)
         async with backend:
             made: list[Any] = []
-            cursor = 0
+            cursor: str | None = await backend.feed_cursor()
             async with backend.changes("*") as changes:
                 for n, (key, delete) in enumerate(writes[:away_from]):
                     write = backend.delete(key) if delete else backend.set(key, b"%d" % n)
                     made.append(await write)
                 for _ in [c for c in made if c is not None]:
                     with anyio.fail_after(5):
-                        await changes.__anext__()
-                cursor = changes.cursor
+                        cursor = (await changes.__anext__()).cursor
             missed = []
             for n, (key, delete) in enumerate(writes[away_from:], away_from):
                 change = await (backend.delete(key) if delete else backend.set(key, b"%d" % n))
                 if change is not None:
                     missed.append(change)
-            present = {key: await backend.get(key) async for key in backend.scan("*")}
             oldest = await backend._call(  # what retention kept
                 False, lambda conn: conn.execute("SELECT min(seq) FROM changes").fetchone()[0]
             )
-            trimmed = bool(missed) and oldest is not None and oldest > cursor + 1
-            async with backend.changes("*", since=cursor) as again:
-                await backend.set("zzz-marker", b"end")  # the first live change after catch-up
-                got = []
-                with anyio.fail_after(5):
-                    async for change in again:
-                        if change.key == "zzz-marker":
-                            break
-                        got.append(change)
+            assert cursor is not None
+            trimmed = bool(missed) and oldest > int(cursor.rsplit(":", 1)[1]) + 1
+            got = []
+            try:
+                async with backend.changes("*", since=cursor) as again:
+                    await backend.set("zzz-marker", b"end")  # the first live change after
+                    with anyio.fail_after(5):
+                        async for change in again:
+                            if change.key == "zzz-marker":
+                                break
+                            got.append(change)
+            except CursorExpiredError:
+                expired = True
+            else:
+                expired = False
         event("trimmed" if trimmed else "caught up")
-        if trimmed:
-            assert {c.op.value for c in got} <= {"resync"}
-            assert {c.key: (c.new, c.version) for c in got} == {
-                key: (entry.value, entry.version) for key, entry in present.items() if entry
-            }
-            assert len(got) == len(present)
-        else:
+        assert expired == trimmed
+        if not trimmed:
             assert got == missed
 
     with tempfile.TemporaryDirectory() as directory:

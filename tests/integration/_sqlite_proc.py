@@ -4,7 +4,8 @@ python -m tests.integration._sqlite_proc update DB COUNT
     print "ready", wait for a line on stdin, then COUNT x `update("counter", +1)`; print "done"
 python -m tests.integration._sqlite_proc subscribe DB COUNT [SINCE]
     subscribe to "*" (from cursor SINCE if given), print "ready", then one JSON line per change
-    (seq, key, op, old, new as hex, version) until COUNT changes arrived
+    (seq, key, op, old, new as hex, version) until COUNT changes arrived; print "expired" if
+    the changes after SINCE are no longer retained
 python -m tests.integration._sqlite_proc writer DB NAME
     8 tasks save NAME:T:N for N = 0, 1, ...; print "ack NAME:T:N" once each save returned;
     run until killed
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import anyio
 
 from agenticstate import (
+    CursorExpiredError,
     KnowledgeStateManager,
     OrchestrationStateManager,
     SQLiteBackend,
@@ -30,6 +33,9 @@ from agenticstate import (
     ToolStateManager,
 )
 from tests.integration._queue_worker import indexer, reaper, worker
+
+if TYPE_CHECKING:
+    from agenticstate.backends.sqlite import SQLiteChangeStream
 
 
 def say(line: str) -> None:
@@ -51,26 +57,34 @@ async def update(path: str, count: int) -> None:
         say("done")
 
 
-async def subscribe(path: str, count: int, since: int | None) -> None:
-    async with SQLiteBackend(path) as backend, backend.changes("*", since=since) as changes:
-        say(f"ready {changes.cursor}")
-        seen = 0
-        async for change in changes:
-            seen += 1
-            say(
-                json.dumps(
-                    {
-                        "seq": changes.cursor,
-                        "key": change.key,
-                        "op": change.op.value,
-                        "old": change.old.hex() if change.old is not None else None,
-                        "new": change.new.hex() if change.new is not None else None,
-                        "version": change.version,
-                    }
-                )
+async def subscribe(path: str, count: int, since: str | None) -> None:
+    async with SQLiteBackend(path) as backend:
+        try:
+            async with backend.changes("*", since=since) as changes:
+                await _print_changes(changes, count)
+        except CursorExpiredError:
+            say("expired")
+
+
+async def _print_changes(changes: SQLiteChangeStream, count: int) -> None:
+    say(f"ready {changes.cursor}")
+    seen = 0
+    async for change in changes:
+        seen += 1
+        say(
+            json.dumps(
+                {
+                    "seq": changes.cursor,
+                    "key": change.key,
+                    "op": change.op.value,
+                    "old": change.old.hex() if change.old is not None else None,
+                    "new": change.new.hex() if change.new is not None else None,
+                    "version": change.version,
+                }
             )
-            if seen >= count:
-                return
+        )
+        if seen >= count:
+            return
 
 
 async def writer(path: str, name: str) -> None:
@@ -134,7 +148,7 @@ def main(argv: list[str]) -> None:
     if mode == "update":
         anyio.run(update, path, int(rest[0]))
     elif mode == "subscribe":
-        anyio.run(subscribe, path, int(rest[0]), int(rest[1]) if len(rest) > 1 else None)
+        anyio.run(subscribe, path, int(rest[0]), rest[1] if len(rest) > 1 else None)
     elif mode == "writer":
         anyio.run(writer, path, rest[0])
     elif mode == "flight":
