@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
-    from agenticstate.events import StateChange
+    from agenticstate.events import OnGap, StateChange
     from agenticstate.manager import OverflowCallback, StateCallback, StateEntry, Watch
 
 __all__ = ["ScopedState"]
@@ -94,25 +94,38 @@ class ScopedState:
     # ---------------------------------------------------------------- reads
 
     @overload
-    async def get(self, key: str, default: None = None, *, model: None = None) -> Any: ...
+    async def get(
+        self, key: str, default: None = None, *, model: None = None, version: int | None = None
+    ) -> Any: ...
     @overload
-    async def get(self, key: str, default: D, *, model: None = None) -> Any: ...
+    async def get(
+        self, key: str, default: D, *, model: None = None, version: int | None = None
+    ) -> Any: ...
     @overload
-    async def get(self, key: str, default: None = None, *, model: type[M]) -> M | None: ...
+    async def get(
+        self, key: str, default: None = None, *, model: type[M], version: int | None = None
+    ) -> M | None: ...
     @overload
-    async def get(self, key: str, default: D, *, model: type[M]) -> M | D: ...
+    async def get(
+        self, key: str, default: D, *, model: type[M], version: int | None = None
+    ) -> M | D: ...
 
     async def get(
-        self, key: str, default: object = None, *, model: type[BaseModel] | None = None
+        self,
+        key: str,
+        default: object = None,
+        *,
+        model: type[BaseModel] | None = None,
+        version: int | None = None,
     ) -> Any:
         """Return the value at `key` in the scope, or `default` (see `StateManager.get`)."""
-        return await self.state.get(self._key(key), default, model=model)
+        return await self.state.get(self._key(key), default, model=model, version=version)
 
     async def get_entry(
-        self, key: str, *, model: type[BaseModel] | None = None
+        self, key: str, *, model: type[BaseModel] | None = None, version: int | None = None
     ) -> StateEntry | None:
         """Return the value with its metadata, or `None`; the entry's `key` is relative."""
-        entry = await self.state.get_entry(self._key(key), model=model)
+        entry = await self.state.get_entry(self._key(key), model=model, version=version)
         if entry is None:
             return None
         return entry.model_copy(update={"key": key})
@@ -194,6 +207,29 @@ class ScopedState:
             deleted += await self.state.delete(key)
         return deleted
 
+    # ---------------------------------------------------------------- history
+
+    async def history(
+        self, key: str, *, limit: int | None = None, model: type[BaseModel] | None = None
+    ) -> list[StateEntry]:
+        """Return the retained versions of `key`, newest first; keys are relative.
+
+        See `StateManager.history`: `StateConfig.history` patterns name full keys (the
+        scope's prefix included).
+        """
+        entries = await self.state.history(self._key(key), limit=limit, model=model)
+        return [entry.model_copy(update={"key": key}) for entry in entries]
+
+    async def revert(
+        self, key: str, *, to_version: int, ttl: timedelta | float | None = DEFAULT
+    ) -> int:
+        """Write the value `key` held at `to_version` again; see `StateManager.revert`."""
+        return await self.state.revert(self._key(key), to_version=to_version, ttl=ttl)
+
+    async def feed_cursor(self) -> str | None:
+        """Return the backend's feed cursor (a scope's cursors are its manager's)."""
+        return await self.state.feed_cursor()
+
     # ---------------------------------------------------------------- sorted indexes
 
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
@@ -216,10 +252,13 @@ class ScopedState:
         callback: StateCallback,
         *,
         on_overflow: OverflowCallback | None = None,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
     ) -> None:
         """Call `callback(key, old, new)` with relative keys for changes matching `pattern`.
 
-        `on_overflow` receives the full (prefixed) pattern. See `StateManager.subscribe`.
+        `on_overflow` receives the full (prefixed) pattern. `since` and `on_gap` are as for
+        `StateManager.subscribe` (a cursor of the manager's feed). See `StateManager.subscribe`.
         """
         if not callable(callback):
             raise InvalidArgumentError(f"callback must be callable, not {type(callback).__name__}")
@@ -231,7 +270,7 @@ class ScopedState:
         def relative(key: str, old: Any, new: Any) -> Any:
             return callback(key[cut:], old, new)
 
-        self.state.subscribe(full, relative, on_overflow=on_overflow)
+        self.state.subscribe(full, relative, on_overflow=on_overflow, since=since, on_gap=on_gap)
         self._callbacks[full, callback] = relative
 
     def unsubscribe(self, pattern: str, callback: StateCallback) -> bool:
@@ -242,9 +281,36 @@ class ScopedState:
             return False
         return self.state.unsubscribe(full, relative)
 
-    def watch(self, pattern: str, *, max_buffer: int | None = None) -> ScopedWatch:
-        """Return a `Watch` of the scope's changes; their keys are relative."""
-        return ScopedWatch(self.state.watch(self._pattern(pattern), max_buffer=max_buffer), self)
+    def watch(
+        self,
+        pattern: str,
+        *,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
+        max_buffer: int | None = None,
+    ) -> ScopedWatch:
+        """Return a `Watch` of the scope's changes; their keys are relative.
+
+        `since` and `on_gap` are as for `StateManager.changes`.
+        """
+        watch = self.state.watch(
+            self._pattern(pattern), since=since, on_gap=on_gap, max_buffer=max_buffer
+        )
+        return ScopedWatch(watch, self)
+
+    def changes(
+        self,
+        pattern: str = "*",
+        *,
+        since: str | None = None,
+        on_gap: OnGap = "raise",
+        max_buffer: int | None = None,
+    ) -> ScopedWatch:
+        """Return a `Watch` of the scope's changes from a cursor; see `StateManager.changes`.
+
+        Keys are relative, and so is `pattern`; the cursors are the manager's feed's.
+        """
+        return self.watch(pattern, since=since, on_gap=on_gap, max_buffer=max_buffer)
 
 
 class ScopedWatch:
@@ -253,6 +319,11 @@ class ScopedWatch:
     def __init__(self, watch: Watch, scope: ScopedState) -> None:
         self._watch = watch
         self._cut = len(scope.prefix)
+
+    @property
+    def cursor(self) -> str | None:
+        """The cursor of the last change yielded (at first, `since`): resume from it."""
+        return self._watch.cursor
 
     async def __aenter__(self) -> ScopedWatch:
         await self._watch.__aenter__()

@@ -394,10 +394,25 @@ class _Subscriptions(Generic[A]):
         view._callbacks = {}
         return view
 
-    def subscribe(self, pattern: str, callback: Any, *, on_overflow: Any = None) -> None:
+    def subscribe(
+        self,
+        pattern: str,
+        callback: Any,
+        *,
+        on_overflow: Any = None,
+        since: str | None = None,
+        on_gap: str = "raise",
+    ) -> None:
         """As the async `subscribe`; sync callbacks run in a worker thread."""
         runner = _threaded(callback)
-        _call(self._async.subscribe, pattern, runner, on_overflow=_threaded(on_overflow))
+        _call(
+            self._async.subscribe,
+            pattern,
+            runner,
+            on_overflow=_threaded(on_overflow),
+            since=since,
+            on_gap=on_gap,
+        )
         self._callbacks.setdefault((pattern, callback), runner)
 
     def unsubscribe(self, pattern: str, callback: Any) -> bool:
