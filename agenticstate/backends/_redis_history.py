@@ -3,10 +3,13 @@
 A key whose `HistoryRules` depth is above 1 has a Redis list, newest first, at
 `history_key(name)`: `__agenticstate_hist__:{tag}{name}`, where `name` is the key's Redis key
 (prefix included). Each element is the key's whole record as that write left it (the 65-byte
-header, then the value, as `_redis_scripts.entry` decodes it). The write script pushes it and trims
-the list to the depth (`keep`), in the same atomic step as the write, and gives the list the
-key's expiry (the same PEXPIRE as the key's `SET ... PX`, or PERSIST); writing version 1 drops
-the old list first, and a delete drops it (DEL, in the delete's script).
+header, then the value, as `_redis_scripts.entry` decodes it). The write script pushes it and
+trims the list to the depth (`keep`), in the same atomic step as the write, and gives the list
+the key's expiry (the same PEXPIRE as the key's `SET ... PX`, or PERSIST); writing version 1
+drops the old list first, and a delete drops it (DEL, in the delete's script). A write script
+is given the lists as its last `KEYS` and their `spec` as its last `ARGV`, which it takes off
+first (`take_history`): without history a call is exactly what it was, and the rest of the
+script reads its usual layout whatever else it is given.
 
 `{tag}` makes the list hash to the key's cluster slot (a script's keys may not cross slots): the
 key's own hash tag when it has a valid one, else `slot_tag(slot)`, a short string found for each
@@ -39,6 +42,7 @@ __all__ = [
     "READ_SHA",
     "history_key",
     "slot_tag",
+    "spec",
     "versions",
 ]
 
@@ -97,10 +101,29 @@ def history_key(name: str) -> str:
     return f"{HISTORY_NAMESPACE}{{{tag}}}{name}"
 
 
+# take_history(): the history lists a write script was given, taken off the end of KEYS and
+# ARGV, so that the rest of the script reads its usual layout. The last ARGV, `h<pos>:<depth>,...`
+# (`spec`), names the position in KEYS of each written key that keeps history, with its depth;
+# their lists are the last KEYS, in the same order. Returns {[pos] = {list, depth}}, or false
+# when the last ARGV is no spec (never starts with `h`: a channel, a number).
 # keep(hist, key, depth, version, ttl): after a successful write of `key` (now at `version`),
 # push its record onto the history list `hist`, keep the newest `depth`, and give the list the
 # key's expiry (`ttl` ms, as the write's SET PX; 0: none). Version 1 starts a fresh list.
 HISTORY_FUNCTION = """
+local function take_history()
+  local spec = ARGV[#ARGV]
+  if not spec or string.byte(spec, 1) ~= 104 then return false end
+  ARGV[#ARGV] = nil
+  local wanted = {}
+  for pos, depth in string.gmatch(spec, '(%d+):(%d+)') do
+    wanted[#wanted + 1] = {tonumber(pos), tonumber(depth)}
+  end
+  local lists = {}
+  for j = #wanted, 1, -1 do
+    lists[wanted[j][1]] = {table.remove(KEYS), wanted[j][2]}
+  end
+  return lists
+end
 local function keep(hist, key, depth, version, ttl)
   if version == 1 then redis.call('DEL', hist) end
   redis.call('LPUSH', hist, redis.call('GET', key))
@@ -137,6 +160,11 @@ end
 return {cur, items}
 """
 READ_SHA = hashlib.sha1(READ.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
+
+
+def spec(kept: list[tuple[int, int]]) -> str:
+    """The last ARGV `take_history` reads: each `(position in KEYS, depth)`, in KEYS' order."""
+    return "h" + ",".join(f"{position}:{depth}" for position, depth in kept)
 
 
 def versions(

@@ -6,7 +6,7 @@ A change is published on `{CHANNEL_NAMESPACE}{key_prefix}{key}` by the script th
 the exact old and new bytes (`parse_message` reads it back). A sorted index lives at
 `{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a list of its last
 versions (`_redis_history`), which the write scripts push to (`keep`) and the delete script
-drops, when the caller names it as the script's second key. The scripts are sent by SHA
+drops, when the caller appends it to the script's keys (`take_history`). The scripts are sent by SHA
 (`SET_SHA`, ...) and loaded after a NOSCRIPT reply.
 """
 
@@ -91,39 +91,34 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS[1] the key, KEYS[2] its history list if it keeps history; ARGV: value, ttl ms (0 = none),
-# expected version (-1 = any), channel, and the history depth when KEYS[2] is given.
+# KEYS[1] the key; ARGV: value, ttl ms (0 = none), expected version (-1 = any), channel.
+# (Then its history list and spec, if it keeps history: `take_history`.)
 SET = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
     + """
+local lists = take_history()
 local ttl = tonumber(ARGV[2])
 local r = write(KEYS[1], ARGV[1], ttl, tonumber(ARGV[3]), ARGV[4], now)
-if KEYS[2] and r[1] == 1 then keep(KEYS[2], KEYS[1], tonumber(ARGV[5]), r[2], ttl) end
+if lists and r[1] == 1 then keep(lists[1][1], KEYS[1], lists[1][2], r[2], ttl) end
 return r
 """
 )
 
-# KEYS: the n keys, then the history lists of those that keep history; ARGV: ttl ms, then a
-# value and a channel per key, then `position:depth` per history list (in KEYS' order, by
-# increasing position). Each write is unconditional; the reply is each write's reply, in order.
+# KEYS: the keys; ARGV: ttl ms, then a value and a channel per key. Each write is unconditional;
+# the reply is each write's reply, in order. (Then the history lists and their spec, if some
+# keys keep history: `take_history`.)
 SET_MANY = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
     + """
+local lists = take_history()
 local ttl = tonumber(ARGV[1])
-local n = #ARGV - 1 - #KEYS
 local replies = {}
-local h = 1
-local hpos, hdepth = -1, 0
-if n < #KEYS then hpos, hdepth = string.match(ARGV[2 * n + 2], '(%d+):(%d+)') end
-for i = 1, n do
+for i = 1, #KEYS do
   replies[i] = write(KEYS[i], ARGV[2 * i], ttl, -1, ARGV[2 * i + 1], now)
-  if tonumber(hpos) == i then
-    keep(KEYS[n + h], KEYS[i], tonumber(hdepth), replies[i][2], ttl)
-    h = h + 1
-    if n + h <= #KEYS then hpos, hdepth = string.match(ARGV[2 * n + 1 + h], '(%d+):(%d+)') end
-  end
+  local kept = lists and lists[i]
+  if kept then keep(kept[1], KEYS[i], kept[2], replies[i][2], ttl) end
 end
 return replies
 """
@@ -150,16 +145,18 @@ local function drop(key, expected, channel, now)
 end
 """
 
-# KEYS[1] the key, KEYS[2] its history list if it keeps history (dropped with the key);
-# ARGV: expected version (-1 = any), channel.
+# KEYS[1] the key; ARGV: expected version (-1 = any), channel. (Then its history list and spec,
+# if it keeps history: `take_history`; the list goes with the key.)
 # Returns {1, version, old, now}, {2} when missing, or {0, actual version} on a conflict.
 DELETE = (
     DROP_FUNCTION
+    + HISTORY_FUNCTION
     + """
+local lists = take_history()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now)
-if KEYS[2] and r[1] == 1 then redis.call('DEL', KEYS[2]) end
+if lists and r[1] == 1 then redis.call('DEL', lists[1][1]) end
 return r
 """
 )

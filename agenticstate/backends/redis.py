@@ -12,6 +12,13 @@ and PUBLISHes the change with the exact old and new bytes and the key's expiry, 
 atomic step. Clock readings come from the server (`TIME`), so every client agrees on
 timestamps and expiry.
 
+History. With `history=` rules (`keep_history`), a key a rule names with a depth above 1 also
+has a list of its last versions, `__agenticstate_hist__:{tag}{key_prefix}{key}`, which the same
+script that writes the key pushes to and trims (`_redis_history`): a write stays one command.
+The list takes the key's expiry, a delete drops it, and writing version 1 starts it afresh;
+`{tag}` puts it in the key's cluster slot. `history()` and `get_version()` read the key and its
+list in one script. Each process that writes such keys must set the same rules.
+
 Delivery. One pub/sub connection per backend serves all its subscriptions: it PSUBSCRIBEs the
 literal prefix of each subscribed pattern (a shorter prefix covers longer ones; past 16 they are
 cut to one shared length; a pattern without a literal prefix takes the whole key prefix), so a
@@ -419,7 +426,7 @@ class RedisBackend(Subscriber, Backend):
             check_expected_version(expected_version)
         expected = -1 if expected_version is None else expected_version
         kept = self._keeps_history and self._history_list(key, name)
-        if kept:  # the history list is the script's second key, its depth the last argument
+        if kept:  # the history list is the script's last key, its spec the last argument
             reply = await self._script(
                 scripts.SET_SHA,
                 scripts.SET,
@@ -428,7 +435,7 @@ class RedisBackend(Subscriber, Backend):
                 scripts.ttl_ms(ttl),
                 expected,
                 CHANNEL_NAMESPACE + name,
-                kept[1],
+                history_lists.spec([(1, kept[1])]),
                 write_key=key,
             )
             return self._set_change(key, value, reply, expected_version)
@@ -476,12 +483,15 @@ class RedisBackend(Subscriber, Backend):
                 for position in chunk:
                     args += [items[position][1], CHANNEL_NAMESPACE + names[position]]
                 keys = [names[position] for position in chunk]
-                if self._keeps_history:  # history lists follow the keys, `n:depth` the args
+                if self._keeps_history:  # history lists follow the keys, their spec the args
+                    depths: list[tuple[int, int]] = []
                     for n, position in enumerate(chunk, 1):
                         kept = self._history_list(items[position][0], names[position])
                         if kept:
                             keys.append(kept[0])
-                            args.append(f"{n}:{kept[1]}")
+                            depths.append((n, kept[1]))
+                    if depths:
+                        args.append(history_lists.spec(depths))
                 done = await self._script(
                     scripts.SET_MANY_SHA,
                     scripts.SET_MANY,
@@ -535,6 +545,7 @@ class RedisBackend(Subscriber, Backend):
             (name, kept[0]) if kept else (name,),
             expected,
             CHANNEL_NAMESPACE + name,
+            *([history_lists.spec([(1, kept[1])])] if kept else []),
             write_key=key,
         )
         if reply[0] == 0:

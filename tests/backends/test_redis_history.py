@@ -363,3 +363,20 @@ async def test_a_save_with_a_history_rule_is_still_one_command(url: str) -> None
         assert "ltrim" not in plain.calls
         reads = await count_commands(url, lambda: backend.history("agent:1"))
         assert reads.sent == {"evalsha": 1}, reads.describe()
+
+
+@pytest.mark.redis
+async def test_history_lists_are_never_listed_as_keys(url: str) -> None:
+    """Under the empty prefix a scan could see the lists' names: it never lists them."""
+    marker = unique_prefix().rstrip(":")
+    async with RedisBackend(url=url, history={f"{marker}:*": 4}) as backend:
+        for n in range(3):
+            await backend.set_many([(f"{marker}:a", b"%d" % n), (f"{marker}:{{t}}b", b"x")])
+        assert sorted([key async for key in backend.scan(f"*{marker}*")]) == [
+            f"{marker}:a",
+            f"{marker}:{{t}}b",
+        ]
+        assert versions(await backend.history(f"{marker}:a")) == [3, 2, 1]
+        for key in (f"{marker}:a", f"{marker}:{{t}}b"):
+            await backend.delete(key)
+        assert [key async for key in backend.scan(f"*{marker}*")] == []
