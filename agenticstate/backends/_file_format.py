@@ -6,12 +6,17 @@ is zlib-compressed. The payload is a msgpack list of records (stores written bef
 record per frame), each a list of eight fields: `[lsn, op, key, value, version, created, updated,
 expires]` with times in epoch milliseconds. `op` is `OP_SET` (value: the stored bytes),
 `OP_DELETE`, `OP_INDEX_ADD` (value: members and scores) or `OP_INDEX_REMOVE` (value: members).
+A write of a key that keeps history has a ninth field, the history's depth (an int >= 2), and a
+delete's `updated` is when it happened (`None` in stores written before the change feed).
 `check_record` refuses anything else, so a frame whose checksum holds but whose records do not
 make sense is reported as damage rather than applied.
 
 A **snapshot** is a JSON or msgpack document (optionally zlib-compressed as a whole) holding
 `SNAPSHOT_MAGIC`, its format version, the last sequence number it contains, a CRC-32 of its
-entries and indexes (`snapshot_checksum`), the entries and the indexes. In a JSON snapshot a
+entries and indexes (`snapshot_checksum`), the entries and the indexes. Since the change feed it
+may also hold a **journal** (`journal`, with `journal_checksum`, its CRC-32): one msgpack map,
+base64 in a JSON snapshot, with the store's id, the retained feed and the keys' older versions
+(see `encode_journal`). A release that predates it ignores those two fields. In a JSON snapshot a
 value that is itself uncompressed JSON is embedded as JSON (readable, diffable), when it reads
 back to the very same bytes; any other value is embedded as base64. A msgpack snapshot holds the
 bytes as they are. The bytes of a stored value are `serialization`'s payload: this module asks
@@ -53,11 +58,14 @@ __all__ = [
     "OP_SET",
     "Clock",
     "FileFormat",
+    "Journal",
     "Times",
     "check_record",
     "decode_frame",
+    "decode_journal",
     "decode_snapshot",
     "encode_frame",
+    "encode_journal",
     "encode_snapshot",
     "entry_from_snapshot",
     "from_ms",
@@ -206,6 +214,11 @@ def _is_stamp(value: object) -> bool:
 
 def check_record(record: object) -> None:
     """Raise ValueError unless `record` is a well-formed log record (see the module docstring)."""
+    if type(record) is list and len(record) == 9:
+        depth = record[8]
+        if record[1] != OP_SET or type(depth) is not int or depth < 2:
+            raise ValueError("bad history depth")
+        record = record[:8]
     if type(record) is list and len(record) == 8:
         # The common case, a write, in one expression; anything unusual takes the long way.
         lsn, op, key, value, version, created, updated, expires = record
@@ -243,7 +256,7 @@ def check_record(record: object) -> None:
         if not (_is_stamp(created) and _is_stamp(updated) and _is_stamp(expires)):
             raise ValueError("bad timestamps")
     elif op == OP_DELETE:
-        if value is not None:
+        if value is not None or not _is_stamp(updated):
             raise ValueError("bad delete record")
     elif op == OP_INDEX_ADD:
         if not isinstance(value, dict) or not all(
@@ -268,9 +281,18 @@ def encode_snapshot(
     *,
     format: FileFormat,  # noqa: A002  # FileBackend's name for it
     compression: bool,
+    journal: bytes | None = None,
 ) -> bytes:
-    """The bytes of a snapshot of `entries` (those not expired) and `indexes`, up to `lsn`."""
+    """The bytes of a snapshot of `entries` (those not expired) and `indexes`, up to `lsn`.
+
+    With `journal` (`encode_journal`'s bytes) it keeps the journal too.
+    """
     document = _snapshot_document(entries, indexes, lsn, readable=format == "json")
+    if journal is not None:
+        document["journal_checksum"] = zlib.crc32(journal)
+        document["journal"] = (
+            base64.b64encode(journal).decode("ascii") if format == "json" else journal
+        )
     if format == "json":
         data = _json_snapshot(document)
     else:
@@ -280,10 +302,11 @@ def encode_snapshot(
     return data
 
 
-def decode_snapshot(raw: bytes) -> tuple[int, dict[str, Any], dict[str, Any]]:
-    """The last sequence number, the entries (see `entry_from_snapshot`) and the indexes.
+def decode_snapshot(raw: bytes) -> tuple[int, dict[str, Any], dict[str, Any], bytes | None]:
+    """The last sequence number, the entries, the indexes and the journal of a snapshot.
 
-    Reads either format, compressed or not.
+    Reads either format, compressed or not. `entry_from_snapshot` reads an entry and
+    `decode_journal` the journal (`None` in a snapshot without one).
 
     Raises:
         One of `MALFORMED_SNAPSHOT`: `raw` is not an intact snapshot.
@@ -300,7 +323,102 @@ def decode_snapshot(raw: bytes) -> tuple[int, dict[str, Any], dict[str, Any]]:
         snapshot_checksum(entries, indexes)
     ):
         raise ValueError("its checksum does not match its entries")
-    return int(document["lsn"]), entries, indexes
+    journal = document.get("journal")
+    if journal is not None:
+        if isinstance(journal, str):
+            journal = base64.b64decode(journal, validate=True)
+        if not isinstance(journal, bytes) or zlib.crc32(journal) != document["journal_checksum"]:
+            raise ValueError("its journal's checksum does not match")
+    return int(document["lsn"]), entries, indexes, journal
+
+
+class Journal:
+    """What a snapshot keeps besides the entries: the feed and older versions of keys.
+
+    Attributes:
+        store_id: The store's id (its cursors name it), or `None` if the feed was off.
+        trimmed: The sequence number of the newest change the feed had dropped (0: none).
+        changes: The retained feed, oldest first: `[lsn, op, key, old, new, version, time]`,
+            `op` being `OP_SET` or `OP_DELETE`, `time` in epoch milliseconds.
+        history: Per key, its retained versions before the current one, oldest first, as
+            entries.
+    """
+
+    __slots__ = ("changes", "history", "store_id", "trimmed")
+
+    def __init__(
+        self,
+        store_id: str | None,
+        trimmed: int,
+        changes: list[list[Any]],
+        history: dict[str, list[Entry]],
+    ) -> None:
+        self.store_id = store_id
+        self.trimmed = trimmed
+        self.changes = changes
+        self.history = history
+
+
+def encode_journal(journal: Journal) -> bytes:
+    """The journal as one msgpack map (a snapshot embeds it)."""
+    history = {
+        key: [
+            [e.value, e.version, ms(e.created_at), ms(e.updated_at), ms(e.expires_at)]
+            for e in versions
+        ]
+        for key, versions in journal.history.items()
+        if versions
+    }
+    return pack(
+        {
+            "id": journal.store_id,
+            "trimmed": journal.trimmed,
+            "changes": journal.changes,
+            "history": history,
+        }
+    )
+
+
+def decode_journal(blob: bytes) -> Journal:
+    """The journal `encode_journal` wrote.
+
+    Raises:
+        One of `MALFORMED_SNAPSHOT`: it is not a well-formed journal.
+    """
+    document = msgpack.unpackb(blob, raw=False)
+    store_id, trimmed = document["id"], document["trimmed"]
+    if not (store_id is None or (isinstance(store_id, str) and store_id.isalnum())):
+        raise ValueError("bad store id")
+    if type(trimmed) is not int or trimmed < 0:
+        raise ValueError("bad trimmed sequence number")
+    changes = document["changes"]
+    for change in changes:
+        lsn, op, key, old, new, version, stamp = change
+        if (
+            type(lsn) is not int
+            or op not in (OP_SET, OP_DELETE)
+            or not (old is None or isinstance(old, bytes))
+            or not (new is None or isinstance(new, bytes))
+            or (new is None) != (op == OP_DELETE)
+            or type(version) is not int
+            or not _is_stamp(stamp)
+            or stamp is None
+        ):
+            raise ValueError("bad change in the journal")
+        validate_key(key)
+    times = Times()
+    history: dict[str, list[Entry]] = {}
+    for key, versions in document["history"].items():
+        entries = history[validate_key(key)] = []
+        for value, version, created, updated, expires in versions:
+            if created is None or updated is None or type(version) is not int or version < 1:
+                raise ValueError("bad version in the journal's history")
+            entries.append(
+                new_entry(
+                    key, bytes(value), version, times(created), times(updated), times(expires)
+                )
+            )
+    return Journal(store_id, trimmed, changes, history)
 
 
 def entry_from_snapshot(key: str, item: dict[str, Any], times: Times) -> Entry:

@@ -54,7 +54,7 @@ _ACK = struct.Struct("<QI")  # the last request number an fsync covered, errno (
 class Record:
     """One staged write: what the log gets, and the change it makes."""
 
-    __slots__ = ("batch", "change", "entry", "key", "lsn", "stamps")
+    __slots__ = ("batch", "change", "depth", "entry", "key", "lsn", "stamps")
 
     batch: Job  # the batch it was staged in (set when it is added to one)
 
@@ -65,18 +65,31 @@ class Record:
         entry: Entry | None,
         change: Change,
         stamps: tuple[int | None, int | None, int | None],
+        depth: int = 1,
     ) -> None:
         self.lsn = lsn
         self.key = key
         self.entry = entry  # None for a delete
         self.change = change
         self.stamps = stamps  # created, updated, expires: the entry's times in epoch ms
+        self.depth = depth  # the versions of the key's history to keep (1: none)
 
     def payload(self) -> list[Any]:
         """The record's fields in the log (see `_file_format`)."""
         entry = self.entry
         if entry is None:
-            return [self.lsn, OP_DELETE, self.key, None, self.change.version, None, None, None]
+            stamp = self.stamps[1]  # when it was deleted
+            return [self.lsn, OP_DELETE, self.key, None, self.change.version, None, stamp, None]
+        if self.depth > 1:
+            return [
+                self.lsn,
+                OP_SET,
+                self.key,
+                entry.value,
+                entry.version,
+                *self.stamps,
+                self.depth,
+            ]
         return [self.lsn, OP_SET, self.key, entry.value, entry.version, *self.stamps]
 
 

@@ -10,7 +10,9 @@ gets `BackendError` naming the owner's pid.
 
 The store is opened with the settings of the lease that opened it. A later lease must agree on
 the ones that change what is on disk (`format`, `compression`, `durability`), or it gets a
-`ConfigurationError`; `auto_save` and `save_interval` are the first opener's. A store is tied to
+`ConfigurationError`; `auto_save`, `save_interval` and the change feed's retention (`feed`) are
+the first opener's. History rules are the store's: `keep_history` on any lease sets them for
+every lease (the last call wins), as they are one writer's rules. A store is tied to
 the event loop that opened it: a lease opened in another event loop (another thread, a second
 `asyncio.run` while the first store is still open) gets `BackendError`, as another process would.
 """
@@ -34,7 +36,14 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from agenticstate.backends._fanout import ChangeStream
-    from agenticstate.backends.base import Change, Entry, TxnCompare, TxnOp, TxnResult
+    from agenticstate.backends.base import (
+        Change,
+        Entry,
+        HistoryRules,
+        TxnCompare,
+        TxnOp,
+        TxnResult,
+    )
 
 __all__ = ["SharedFileBackend"]
 
@@ -105,6 +114,8 @@ class SharedFileBackend(FileBackend):
                 break
             await store.closed.wait()  # the last lease is closing it: then open afresh
         self._check_compatible(store.backend)
+        if self._keeps_history:
+            store.backend.keep_history(self.history_rules)
         if store.token is not None and store.token != token:
             raise BackendError(
                 f"the store {self.snapshot_path} is open in another event loop of this process "
@@ -135,6 +146,8 @@ class SharedFileBackend(FileBackend):
             save_interval=self.save_interval,
             file_name=self.snapshot_path.name,
             compact_bytes=self.compact_bytes,
+            feed=self.feed,
+            history=self.history_rules,
         )
 
     def _check_compatible(self, backend: FileBackend) -> None:
@@ -258,6 +271,25 @@ class SharedFileBackend(FileBackend):
     async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
         """See `Backend.index_range`."""
         return await (await self._backend()).index_range(index, limit=limit)
+
+    def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
+        """See `FileBackend.keep_history`: the rules of the shared store."""
+        super().keep_history(rules)
+        store = getattr(self, "_store", None)  # None while constructing
+        if store is not None:
+            store.backend.keep_history(self.history_rules)
+
+    async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
+        """See `Backend.history`."""
+        return await (await self._backend()).history(key, limit=limit)
+
+    async def get_version(self, key: str, version: int) -> Entry | None:
+        """See `Backend.get_version`."""
+        return await (await self._backend()).get_version(key, version)
+
+    async def feed_cursor(self) -> str | None:
+        """See `Backend.feed_cursor`: the shared store's feed."""
+        return await (await self._backend()).feed_cursor()
 
     def changes(
         self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None

@@ -59,11 +59,13 @@ import os
 import re
 import sys
 import time
+import uuid
+from collections import deque
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -86,20 +88,22 @@ from agenticstate.backends._file_format import (
     OP_SET,
     Clock,
     FileFormat,
+    Journal,
     Times,
     decode_frame,
+    decode_journal,
     decode_snapshot,
+    encode_journal,
     encode_snapshot,
     entry_from_snapshot,
     from_ms,
-    ms,
     now,
     whole_frames,
 )
 from agenticstate.backends._file_io import translate
 from agenticstate.backends._file_lock import OwnerLock, holder_of
 from agenticstate.backends._file_log import CommitLog, FsyncAgent, IndexRecord, Job, Record
-from agenticstate.backends._local import LocalStore, run_transaction
+from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -107,6 +111,8 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    FeedRetention,
+    HistoryRules,
     check_expected_version,
     check_index_members,
     check_limit,
@@ -126,6 +132,7 @@ from agenticstate.exceptions import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
+    from agenticstate._glob import GlobMatcher
     from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
 __all__ = ["Durability", "FileBackend", "FileFormat"]
@@ -138,6 +145,8 @@ _MILLISECOND = timedelta(milliseconds=1)
 _FRAME_RECORDS = 16  # a frame is sealed when it holds this many records
 _STAGE_CHUNK = 512  # records `set_many` stages between two yields to the event loop
 _AGENT_EXIT_TIMEOUT = 2.0  # seconds `aclose()` waits for the agent to exit before killing it
+_DEFAULT_FEED = FeedRetention()
+_OPS = {OP_SET: ChangeOp.SET, OP_DELETE: ChangeOp.DELETE}
 
 
 def _call_now(callback: Callable[[], object]) -> None:
@@ -162,6 +171,8 @@ class FileBackend(Backend):
         close_snapshot_keys: Closing rewrites the snapshot only for stores of at most this many
             keys (or when a snapshot is due anyway); a larger store leaves its log for the next
             open to replay, so closing it is fast. `flush()` always rewrites the snapshot.
+        feed: The change feed's retention (`None`: no feed, changes carry no cursor).
+        history: History rules (`keep_history`): key patterns to the versions each keeps.
     """
 
     def __init__(
@@ -177,7 +188,11 @@ class FileBackend(Backend):
         file_name: str | None = None,
         compact_bytes: int = 64 * 1024 * 1024,
         close_snapshot_keys: int = 10_000,
+        feed: FeedRetention | None = _DEFAULT_FEED,
+        history: Mapping[str, int] | HistoryRules | None = None,
     ) -> None:
+        if feed is not None and not isinstance(feed, FeedRetention):
+            raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         if format not in ("json", "msgpack"):
             raise ConfigurationError(f"format must be 'json' or 'msgpack', not {format!r}")
         if durability not in ("fsync", "none"):
@@ -228,6 +243,11 @@ class FileBackend(Backend):
         self._snapshot_job: Job | None = None  # a wanted snapshot: appends pause until it ran
         self._snapshot_lock: anyio.Lock | None = None
         self._counters = {"batches": 0, "fsyncs": 0, "snapshots": 0}
+        self.feed = feed
+        self._ring: FeedRing | None = None  # made on open, when the store's id is known
+        self._keeps_history = False
+        if history is not None:
+            self.keep_history(history)
 
     _agent_script = Path(__file__).with_name("_fsync_agent.py")
 
@@ -236,12 +256,39 @@ class FileBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> FileBackend:
-        """Create a backend from `file:///absolute/dir` or `file://relative/dir`."""
+        """Create a backend from `file:///absolute/dir` or `file://relative/dir`.
+
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`.
+        """
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise ConfigurationError(f"file URL {url!r} names no directory")
+        feed_from_query(parse_qsl(parts.query), options)
         return cls(base_path=path, **options)
+
+    def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
+        """Keep the last versions of the keys `rules` names; see `Backend.keep_history`.
+
+        The log records each write's depth, so the history survives a reopen whatever rules
+        the next opener sets, and the snapshot keeps it through compaction.
+        """
+        self.history_rules = rules if isinstance(rules, HistoryRules) else HistoryRules(rules)
+        self._keeps_history = bool(self.history_rules)
+
+    async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
+        """The retained versions of `key`, newest first; see `Backend.history`."""
+        validate_key(key)
+        check_limit(limit)
+        await self._ready()
+        await anyio.lowlevel.checkpoint()
+        return self._local.versions(key, now(), limit)
+
+    async def feed_cursor(self) -> str | None:
+        """The cursor of the newest durable change, or `None` with the feed off."""
+        await self._ready()
+        ring = self._ring
+        return None if ring is None else ring.cursor(ring.head)
 
     # opening and recovery
 
@@ -276,8 +323,22 @@ class FileBackend(Backend):
         try:
             self._refuse_other_format()
             self._remove_stray_temps()
-            self._load_snapshot()
+            journal = self._load_snapshot()
+            self._start_feed(journal)
             self._replay_log()
+            self._local.sweep(now())  # replay kept expired entries: they give later changes' old
+            ring = self._ring
+            if ring is not None:
+                ring.head = self._lsn
+                if journal is None or journal.store_id != ring.store_id:
+                    # A new store id (a new store, or one written before the feed): in the
+                    # snapshot before any cursor naming it is handed out.
+                    self._write_snapshot(
+                        dict(self._local.data),
+                        {name: index.items() for name, index in self._local.indexes.items()},
+                        self._lsn,
+                        self._journal(),
+                    )
             if self.durability == "fsync":
                 self._commit_log.start_agent(self._agent_script)
         except BaseException:
@@ -346,25 +407,29 @@ class FileBackend(Backend):
         _file_lock.untrack(self)
         self._lock.release()
 
-    def _load_snapshot(self) -> None:
+    def _load_snapshot(self) -> Journal | None:
+        """Load the snapshot's entries and indexes; return its journal (`None`: none)."""
         with translate(f"read the snapshot {self.snapshot_path}"):
             try:
                 raw = self.snapshot_path.read_bytes()
             except FileNotFoundError:
-                return
+                return None
         self._snapshot_bytes = len(raw)
         try:
-            self._snapshot_lsn, entries, indexes = decode_snapshot(raw)
+            self._snapshot_lsn, entries, indexes, blob = decode_snapshot(raw)
             self._lsn = self._snapshot_lsn
-            moment, times, store = now(), Times(), self._local.store
+            times, store = Times(), self._local.store
             for key, item in entries.items():
-                entry = entry_from_snapshot(validate_key(key), item, times)
-                if entry.expires_at is None or entry.expires_at > moment:
-                    store(entry)
+                # Expired entries too, until the replay is done: a write in the log may have
+                # found them present, and its change's old value is theirs.
+                store(entry_from_snapshot(validate_key(key), item, times))
             for name, members in indexes.items():
                 self._apply_index(
                     validate_key(name), {validate_key(m): float(s) for m, s in members.items()}
                 )
+            journal = None if blob is None else decode_journal(blob)
+            if journal is not None:
+                self._load_history(journal.history)
         except MALFORMED_SNAPSHOT as exc:
             # Snapshots are replaced atomically, so this is damage, not a crash: refuse to
             # guess rather than silently start from nothing.
@@ -372,13 +437,69 @@ class FileBackend(Backend):
                 f"the snapshot {self.snapshot_path} is corrupt ({type(exc).__name__}); "
                 "restore it from a backup or move it away"
             ) from exc
+        return journal
+
+    def _load_history(self, history: dict[str, list[Entry]]) -> None:
+        """Put the snapshot's older versions back before their keys' current entries."""
+        data, kept = self._local.data, self._local.history
+        for key, older in history.items():
+            current = data.get(key)
+            if current is not None and older and older[-1].version == current.version - 1:
+                kept[key] = deque([*older, current], maxlen=len(older) + 1)
+
+    def _start_feed(self, journal: Journal | None) -> None:
+        """Make the feed from the snapshot's journal (or start one with a new store id)."""
+        if self.feed is None:
+            return
+        if journal is None or journal.store_id is None:
+            # Nothing before the snapshot is known: cursors start after it.
+            ring = FeedRing(self.feed, "f1", uuid.uuid4().hex[:16], trimmed=self._snapshot_lsn)
+        else:
+            ring = FeedRing(self.feed, "f1", journal.store_id, trimmed=journal.trimmed)
+            prefix, times = ring.prefix, Times()
+            for lsn, op, key, old, new, version, stamp in journal.changes:
+                change = new_change(
+                    key, _OPS[op], old, new, version, times(stamp), f"{prefix}{lsn}"
+                )
+                ring.add(lsn, change)
+        ring.head = self._snapshot_lsn
+        self._ring = ring
+
+    def _journal(self) -> Journal | None:
+        """What the next snapshot keeps besides entries: the feed and the older versions."""
+        ring, history = self._ring, self._local.history
+        if ring is None and not history:
+            return None
+        changes = (
+            []
+            if ring is None
+            else [
+                [
+                    lsn,
+                    OP_SET if c.op is ChangeOp.SET else OP_DELETE,
+                    c.key,
+                    c.old,
+                    c.new,
+                    c.version,
+                    round(c.timestamp.timestamp() * 1000),
+                ]
+                for lsn, c in ring.items()
+            ]
+        )
+        return Journal(
+            None if ring is None else ring.store_id,
+            0 if ring is None else ring.trimmed,
+            changes,
+            {key: list(versions)[:-1] for key, versions in history.items() if len(versions) > 1},
+        )
 
     def _replay_log(self) -> None:
         data = self._commit_log.open()
         end = replayed = 0
         moment = now()
-        now_ms = ms(moment)
         snapshot_lsn, local, times = self._snapshot_lsn, self._local, Times()
+        entries, ring = local.data, self._ring
+        prefix = "" if ring is None else ring.prefix
         for offset, body in whole_frames(data):
             try:
                 records = decode_frame(body)
@@ -397,15 +518,34 @@ class FileBackend(Backend):
                 if lsn > self._lsn:
                     self._lsn = lsn
                 if fields[1] == OP_SET:  # most records: the fast path of `_apply_logged`
-                    _, _, key, value, version, created, updated, expires = fields
-                    if expires is not None and expires <= now_ms:
-                        local.drop(key)
-                    else:
-                        local.store(
-                            new_entry(
-                                key, value, version, times(created), times(updated), times(expires)
-                            )
+                    _, _, key, value, version, created, updated, expires = fields[:8]
+                    entry = new_entry(
+                        key, value, version, times(created), times(updated), times(expires)
+                    )
+                    if ring is not None:
+                        prior = entries.get(key)
+                        old = (
+                            prior.value
+                            if prior is not None and prior.version == version - 1
+                            else None
                         )
+                        ring.add(
+                            lsn,
+                            new_change(
+                                key,
+                                ChangeOp.SET,
+                                old,
+                                value,
+                                version,
+                                entry.updated_at,
+                                f"{prefix}{lsn}",
+                            ),
+                        )
+                    # Expired entries too, until the replay is done (see `_load_snapshot`).
+                    local.store(entry)
+                    depth = fields[8] if len(fields) > 8 else 1
+                    if depth > 1 or local.history:
+                        local.keep(entry, depth)
                 else:
                     self._apply_logged(fields, moment)
                 replayed += 1
@@ -421,11 +561,21 @@ class FileBackend(Backend):
             log.info("file_store_replayed", path=str(self.log_path), records=replayed)
 
     def _apply_logged(self, fields: list[Any], moment: datetime) -> None:
-        _, op, key, value, version, created, updated, expires = fields
+        lsn, op, key, value, version, created, updated, expires = fields[:8]
         if op in (OP_INDEX_ADD, OP_INDEX_REMOVE):
             self._apply_index(key, value)
             return
         if op == OP_DELETE:
+            ring = self._ring
+            if ring is not None:
+                prior = self._local.data.get(key)
+                old = prior.value if prior is not None and prior.version == version else None
+                # A delete logged before the feed has no time: the replay's stands in.
+                stamp = from_ms(updated) or moment
+                ring.add(
+                    lsn,
+                    new_change(key, ChangeOp.DELETE, old, None, version, stamp, ring.cursor(lsn)),
+                )
             self._local.drop(key)
             return
         created_at, updated_at = from_ms(created), from_ms(updated)
@@ -519,12 +669,16 @@ class FileBackend(Backend):
         version = current.version if current is not None else 0
         if expected is not None and expected != version:
             raise conflict(key, expected, version)
-        stamps: tuple[int | None, int | None, int | None] = (None, None, None)
+        lsn = self._lsn + 1
+        ring = self._ring
+        cursor = None if ring is None else f"{ring.prefix}{lsn}"
+        depth = 1
         if value is None:
             if current is None:
                 return None
-            change = new_change(key, ChangeOp.DELETE, current.value, None, version, moment)
+            change = new_change(key, ChangeOp.DELETE, current.value, None, version, moment, cursor)
             entry = None
+            stamps: tuple[int | None, int | None, int | None] = (None, now_ms, None)
         else:
             if current is None:
                 old, created, created_ms = None, moment, now_ms
@@ -537,10 +691,12 @@ class FileBackend(Backend):
                 expires = moment + ttl
                 expires_ms = now_ms + round(ttl / _MILLISECOND)
             entry = new_entry(key, value, version + 1, created, moment, expires)
-            change = new_change(key, ChangeOp.SET, old, value, version + 1, moment)
+            change = new_change(key, ChangeOp.SET, old, value, version + 1, moment, cursor)
             stamps = (created_ms, now_ms, expires_ms)
-        self._lsn += 1
-        record = Record(self._lsn, key, entry, change, stamps)
+            if self._keeps_history:
+                depth = self.history_rules.depth(key)
+        self._lsn = lsn
+        record = Record(lsn, key, entry, change, stamps, depth)
         self._staged[key] = record
         self._add_to_batch(record)
         return record
@@ -636,19 +792,27 @@ class FileBackend(Backend):
             self._fail(self._commit_log.unacked[0], error)
 
     def _apply(self, batch: Job) -> None:
-        """Make a durable batch visible: store its entries, announce its changes, wake it."""
+        """Make a durable batch visible: entries stored, changes fed and announced, woken."""
+        local, ring = self._local, self._ring
         for record in batch.records:
             if isinstance(record, IndexRecord):
                 record.result = self._apply_index(record.index, record.members)
                 continue
-            if record.entry is None:
-                self._local.drop(record.key)
+            entry = record.entry
+            if entry is None:
+                local.drop(record.key)
             else:
-                self._local.store(record.entry)
+                local.store(entry)
+                if record.depth > 1 or local.history:
+                    local.keep(entry, record.depth)
             if self._staged.get(record.key) is record:
                 del self._staged[record.key]
+            if ring is not None:
+                ring.add(record.lsn, record.change)
             self._fanout.publish(record.change)
         self._applied_lsn = batch.records[-1].lsn
+        if ring is not None:
+            ring.head = self._applied_lsn
         if self._snapshot_job is None and self._should_snapshot():
             self._snapshot_job = Job(self._new_event)
         batch.done.set()
@@ -897,17 +1061,30 @@ class FileBackend(Backend):
     def changes(
         self, pattern: str, *, max_buffer: int = DEFAULT_MAX_BUFFER, since: str | None = None
     ) -> contextlib.AbstractAsyncContextManager[ChangeStream]:
-        """Subscribe to changes of keys matching `pattern`; see `Backend.changes`."""
-        if since is not None:  # the feed lands with issue #23
-            raise UnsupportedOperationError("FileBackend keeps no change feed yet")
-        return self._changes(validate_pattern(pattern), max_buffer)
+        """Subscribe to changes of keys matching `pattern` (from `since`); see `Backend.changes`.
+
+        Changes are announced once durable, and enter the feed in that same step: a replay
+        and the live changes after it meet with no gap and no duplicate.
+        """
+        if since is not None and self.feed is None:
+            raise UnsupportedOperationError("this FileBackend keeps no change feed (feed=None)")
+        return self._changes(validate_pattern(pattern), max_buffer, since)
 
     @asynccontextmanager
-    async def _changes(self, pattern: str, max_buffer: int) -> AsyncIterator[ChangeStream]:
+    async def _changes(
+        self, pattern: str, max_buffer: int, since: str | None
+    ) -> AsyncIterator[ChangeStream]:
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
         await self._ready()
-        async with self._fanout.subscribe(pattern, max_buffer) as stream:
+        ring = self._ring
+        backlog = None
+        if since is not None and ring is not None:
+
+            def backlog(matcher: GlobMatcher) -> list[Change]:
+                return ring.since(since, matcher)
+
+        async with self._fanout.subscribe(pattern, max_buffer, backlog=backlog) as stream:
             yield stream
 
     # snapshots and closing
@@ -956,9 +1133,10 @@ class FileBackend(Backend):
                 # thread builds the document from it while the loop goes on.
                 entries = dict(self._local.data)
                 indexes = {name: index.items() for name, index in self._local.indexes.items()}
+                journal = self._journal()
                 try:
                     await anyio.to_thread.run_sync(
-                        self._write_snapshot, entries, indexes, self._applied_lsn
+                        self._write_snapshot, entries, indexes, self._applied_lsn, journal
                     )
                 except Exception as exc:  # noqa: BLE001  # reported to flush(); the log is intact
                     job.error = exc
@@ -975,11 +1153,20 @@ class FileBackend(Backend):
                     self._seal()
 
     def _write_snapshot(
-        self, entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int
+        self,
+        entries: dict[str, Entry],
+        indexes: dict[str, dict[str, float]],
+        lsn: int,
+        journal: Journal | None,
     ) -> None:
         """Replace the snapshot atomically and empty the log (in a worker thread)."""
         data = encode_snapshot(
-            entries, indexes, lsn, format=self.format, compression=self.compression
+            entries,
+            indexes,
+            lsn,
+            format=self.format,
+            compression=self.compression,
+            journal=None if journal is None else encode_journal(journal),
         )
         temp = self.base_path / f"{self.snapshot_path.name}.{os.getpid()}.tmp"
         with translate(f"write the snapshot {self.snapshot_path}"):

@@ -116,7 +116,9 @@ async def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path: Path) -> None
     assert any(event["event"] == "file_store_torn_tail" for event in logs)
 
 
-def _no_snapshot(entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int) -> None:
+def _no_snapshot(
+    entries: dict[str, Entry], indexes: dict[str, dict[str, float]], lsn: int, journal: object
+) -> None:
     """Stands in for the snapshot writer: closing then leaves the log as a crash would."""
 
 
