@@ -7,6 +7,7 @@ lists themselves (their slot, their expiry) through the backend's own command pa
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from agenticstate import RedisBackend
 from agenticstate.backends import Delete, Get, Put, Version
 from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_wire as wire
-from agenticstate.exceptions import ConflictError, InvalidArgumentError
+from agenticstate.exceptions import ConfigurationError, ConflictError, InvalidArgumentError
 from tests._commandstats import count_commands
 from tests.helpers import unique_prefix
 
@@ -75,8 +76,6 @@ def test_history_list_names_never_collide() -> None:
 
 
 def test_history_rules_must_be_valid() -> None:
-    from agenticstate.exceptions import ConfigurationError
-
     with pytest.raises(ConfigurationError):
         RedisBackend(history={"agent:*": 0})
 
@@ -380,3 +379,53 @@ async def test_history_lists_are_never_listed_as_keys(url: str) -> None:
         for key in (f"{marker}:a", f"{marker}:{{t}}b"):
             await backend.delete(key)
         assert [key async for key in backend.scan(f"*{marker}*")] == []
+
+
+@pytest.mark.redis
+async def test_concurrent_writers_leave_one_unbroken_history(url: str) -> None:
+    """Two clients updating one key at once: its history is every version, in order, once."""
+    prefix = unique_prefix()
+    async with (
+        RedisBackend(url=url, key_prefix=prefix, history=RULES) as one,
+        RedisBackend(url=url, key_prefix=prefix, history=RULES) as two,
+    ):
+
+        async def bump(backend: RedisBackend, times: int) -> None:
+            for _ in range(times):
+                await backend.update(
+                    "deep:n", lambda entry: b"%d" % ((int(entry.value) if entry else 0) + 1)
+                )
+
+        await asyncio.gather(bump(one, 30), bump(two, 30), bump(one, 10))
+        found = await one.history("deep:n")
+        assert versions(found) == list(range(70, 20, -1))  # the last 50 of 70
+        assert [int(entry.value) for entry in found] == versions(found)
+        assert found == await two.history("deep:n")
+
+
+@pytest.mark.redis
+async def test_a_transaction_on_a_key_without_a_hash_tag(backend: RedisBackend) -> None:
+    """On a cluster the key's list shares its slot, so a one-key transaction still runs."""
+    for n in range(4):
+        result = await backend.transact([Version("agent:solo", n)], [Put("agent:solo", b"%d" % n)])
+        assert result.succeeded
+    assert [entry.value for entry in await backend.history("agent:solo")] == [b"3", b"2", b"1"]
+    assert (await backend.transact([], [Delete("agent:solo")])).succeeded
+    assert await backend.history("agent:solo") == []
+
+
+@pytest.mark.redis
+async def test_the_read_script_is_loaded_again_after_a_script_flush(redis_url: str) -> None:
+    async with RedisBackend(url=redis_url, key_prefix=unique_prefix(), history=RULES) as backend:
+        await backend.set("agent:1", b"a")
+        await backend.set("agent:1", b"b")
+        assert versions(await backend.history("agent:1")) == [2, 1]
+        await backend._execute("SCRIPT", "FLUSH")
+        assert versions(await backend.history("agent:1")) == [2, 1]
+        await backend._execute("SCRIPT", "FLUSH")
+        entry = await backend.get_version("agent:1", 1)
+        assert entry is not None
+        assert entry.value == b"a"
+        await backend._execute("SCRIPT", "FLUSH")
+        await backend.set("agent:1", b"c")
+        assert versions(await backend.history("agent:1")) == [3, 2, 1]
