@@ -207,10 +207,10 @@ class Harness:
     one_slot: bool = False  # a cluster: the keys of one `transact` share a hash tag
     # Issue #23: the feed's retention the store opens with (`None`: the backend's default, far
     # more than a run writes), and whether a cursor of another store must raise
-    # `CursorExpiredError` (the previous example's store is another store).
+    # `CursorExpiredError`.
     feed: FeedRetention | None = None
     foreign_cursors_expire: bool = True
-    foreign_cursor: str | None = None  # the head cursor of the previous example's store
+    foreign_cursor: str | None = None  # the head cursor of another store (made when first used)
     figures: Figures = field(default_factory=Figures)
 
     @property
@@ -962,22 +962,24 @@ class StoreMachine(RuleBasedStateMachine):
         live: list[tuple[str, Json]],
         count: int,
     ) -> tuple[list[int], list[tuple[tuple[object, ...], str | None]]]:
-        """Enter `context`, write `live`, and read until the last live write arrives.
+        """Enter `context`, write `live`, and read until every live write arrived.
 
-        With nothing written live, read `count` changes. Return the live writes' versions and
-        every change read, with its cursor.
+        (On a cluster the live writes to different slots may arrive in any order.) With nothing
+        written live, read `count` changes. Return the live writes' versions and every change
+        read, with its cursor.
         """
         read: list[tuple[tuple[object, ...], str | None]] = []
         async with context as stream:
             versions = [await self.manager.save(k, copy.deepcopy(v), ttl=None) for k, v in live]
-            last = canon(live[-1][1]) if live else None
+            pending = {canon(value) for _, value in live}
             if not live and count == 0:
                 return versions, read
             try:
                 with anyio.fail_after(WAIT):
                     async for change in stream:
                         read.append(self._read_change(change))
-                        if (read[-1][0][3] == last) if live else len(read) >= count:
+                        pending.discard(read[-1][0][3])
+                        if not pending if live else len(read) >= count:
                             break
             except TimeoutError:
                 raise AssertionError(
@@ -1141,16 +1143,24 @@ class StoreMachine(RuleBasedStateMachine):
             wanted = [change for change in wanted if cast("int", change[4]) > after]
             assert [seen for seen in others if seen[0] == key] == wanted, f"after RESYNC {key!r}"
 
-    @precondition(
-        lambda self: (
-            self.session is not None and self.feed_on and self.harness.foreign_cursor is not None
-        )
-    )
+    def _foreign_cursor(self) -> str:
+        """The head cursor of another store of this kind (made once, with one write, closed)."""
+        if self.harness.foreign_cursor is None:
+
+            async def make() -> str | None:
+                async with self.harness.new_store()() as other:
+                    await other.set("other", self.manager.serializer.dumps("other"))
+                    return await other.feed_cursor()
+
+            self.harness.foreign_cursor = self.harness.portal.call(make)
+        assert self.harness.foreign_cursor is not None
+        return self.harness.foreign_cursor
+
+    @precondition(lambda self: self.session is not None and self.feed_on)
     @rule(via_manager=st.booleans())
     def resume_foreign(self, *, via_manager: bool) -> None:
-        """The head cursor of the previous example's store: this store raises on entry."""
-        foreign = self.harness.foreign_cursor
-        assert foreign is not None
+        """The head cursor of another store of this kind: this store raises on entry."""
+        foreign = self._foreign_cursor()
         via_manager = via_manager and _has(self.manager, "changes")
         context = self._open_feed("*", foreign, via_manager=via_manager)
         if not self.harness.foreign_cursors_expire:
@@ -1367,10 +1377,6 @@ class StoreMachine(RuleBasedStateMachine):
         self._check_state()
 
     def teardown(self) -> None:
-        if self.session is not None and self.feed_on:
-            # A well-formed cursor of this store: the next example's store must not accept it.
-            head = self.harness.portal.call(self.session.backend.feed_cursor)
-            self.harness.foreign_cursor = head
         self._end_session()
         figures = self.harness.figures
         figures.steps += self.steps
@@ -1450,8 +1456,11 @@ def test_file_backend_matches_the_model(
     stores: list[Path] = []
 
     def new_store() -> Callable[[], Backend]:
-        if stores:
-            shutil.rmtree(stores[-1], ignore_errors=True)  # the previous example's, closed
+        # Earlier examples' stores, closed (the last may be open: another store is made for
+        # its foreign cursor while an example runs).
+        for old in stores[:-1]:
+            shutil.rmtree(old, ignore_errors=True)
+        del stores[:-1]
         path = tmp_path / uuid.uuid4().hex
         stores.append(path)
         return functools.partial(FileBackend, base_path=path)
@@ -1674,3 +1683,21 @@ async def test_transact_takes_its_operations_from_any_iterable_once() -> None:
         assert done.succeeded
         assert done.results[0] == 1
         assert done.results[1].value == 1
+
+
+# ---------------------------------------------------------------- open bugs (issue #23)
+# Found by the feed and history rules, reported to their owners; strict, so a fix shows here.
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="h23l: the file backend's history loses the current "
+    "version across a reopen (LocalStore.keep starts a fresh history at v2)",
+)
+async def test_file_history_keeps_the_version_written_before_a_reopen(tmp_path: Path) -> None:
+    """A key at version 1, the store closed and reopened, written again: both are retained."""
+    async with FileBackend(base_path=tmp_path, history={"k": 2}) as backend:
+        await backend.set("k", b"\x01\x01")
+    async with FileBackend(base_path=tmp_path, history={"k": 2}) as backend:
+        await backend.set("k", b"\x01\x02")
+        assert [entry.version for entry in await backend.history("k")] == [2, 1]
