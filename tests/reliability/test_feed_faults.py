@@ -70,6 +70,7 @@ class Progress:
         # Each cursor's writer and how many changes that writer committed before it.
         self.made: dict[str, tuple[int, int]] = {}
         self._written = [0] * WRITERS
+        self._ended = [False] * WRITERS
         self._grew = anyio.Event()
 
     def add(self, cursor: str | None, writer: int) -> None:
@@ -81,8 +82,14 @@ class Progress:
         self._grew = anyio.Event()
 
     async def wait_for(self, count: int) -> None:
-        while len(self.cursors) < count:
+        """Until `count` writes returned, or every writer is done (a delete may find no key)."""
+        while len(self.cursors) < count and sum(self._ended) < WRITERS:
             await self._grew.wait()
+
+    def end(self, writer: int) -> None:
+        self._ended[writer] = True
+        self._grew.set()
+        self._grew = anyio.Event()
 
 
 async def write(state: StateManager, writer: int, progress: Progress, rng: random.Random) -> None:
@@ -99,6 +106,7 @@ async def write(state: StateManager, writer: int, progress: Progress, rng: rando
         if rng.random() < 0.3:
             await anyio.lowlevel.checkpoint()
     progress.add((await backend.set(f"{tag(writer)}:end", dumps("end"))).cursor, writer)
+    progress.end(writer)
 
 
 class Consumer:
@@ -220,11 +228,19 @@ async def test_consumers_resume_through_overflows_without_gaps_or_duplicates(
             Consumer(backend, state if via_manager else None, random.Random(rng.random()), size)
             for size in BUFFERS
         ]
-        async with anyio.create_task_group() as group:
-            for writer in range(WRITERS):
-                group.start_soon(write, state, writer, progress, random.Random(writer))
-            for consumer in consumers:
-                group.start_soon(consumer.run, progress)
+        try:
+            with anyio.fail_after(PROMPT * 2):
+                async with anyio.create_task_group() as group:
+                    for writer in range(WRITERS):
+                        group.start_soon(write, state, writer, progress, random.Random(writer))
+                    for consumer in consumers:
+                        group.start_soon(consumer.run, progress)
+        except TimeoutError:
+            stuck = [(c.start, c.max_buffer, len(c.rows), c.overflows) for c in consumers]
+            raise AssertionError(
+                f"stuck after {len(progress.cursors)} writes; consumers (start, buffer, read, "
+                f"overflows): {stuck}"
+            ) from None
         feed = await reference(backend)
     one_stream = kind != "redis-cluster"
     assert len(feed) == len(progress.cursors)
