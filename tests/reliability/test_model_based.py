@@ -1070,7 +1070,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert since is not None
         matching = [key for key in KEYS if MATCHES[pattern](key)]
         suffix = source == "earliest" and self.harness.small_feed
-        if suffix and not live:  # how much it replays is not known: read up to a live write
+        if (suffix or resync) and not live:  # how much it yields is not known: read to a write
             live = [KEYS[which % len(KEYS)]]
         writes: list[tuple[str, Json]] = [
             (matching[KEYS.index(key) % len(matching)], {_LIVE: uuid.uuid4().hex})
