@@ -142,10 +142,12 @@ class LocalStore:
             self._removed.add(key)
             self._check_order_size()
 
-    def keep(self, entry: Entry, depth: int) -> None:
+    def keep(self, entry: Entry, depth: int, prior: Entry | None) -> None:
         """Add the entry just stored to its key's history of `depth` versions.
 
-        Version 1 starts a history afresh (the key was missing before); depth 1 keeps none.
+        `prior` is the entry it replaced (`None`: none): a history that starts now starts with
+        it, if it is the version before. Version 1 starts a history afresh (the key was missing
+        before); depth 1 keeps none.
         """
         key = entry.key
         history = self.history
@@ -156,6 +158,8 @@ class LocalStore:
         versions = history.get(key)
         if versions is None or entry.version == 1:
             versions = history[key] = deque(maxlen=depth)
+            if prior is not None and prior.version == entry.version - 1:
+                versions.append(prior)
         elif versions.maxlen != depth:
             versions = history[key] = deque(versions, maxlen=depth)
         versions.append(entry)
@@ -353,16 +357,14 @@ class FeedRing:
 def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) -> None:
     """Set `options["feed"]` from a URL's feed parameters, unless it is set already.
 
-    They are `feed=off`, `feed_max_changes=N` and `feed_max_age=SECONDS`; others are refused.
+    They are `feed=off`, `feed_max_changes=N` and `feed_max_age=SECONDS`; others are ignored
+    (memory and file URLs always ignored their query).
 
     Raises:
-        ConfigurationError: A parameter is unknown or its value is invalid.
+        ConfigurationError: A feed parameter's value is invalid.
     """
-    found: dict[str, str] = {}
-    for name, value in params:
-        if name not in ("feed", "feed_max_changes", "feed_max_age"):
-            raise ConfigurationError(f"unknown URL parameter {name!r}")
-        found[name] = value
+    names = ("feed", "feed_max_changes", "feed_max_age")
+    found = {name: value for name, value in params if name in names}
     if not found or "feed" in options:
         return
     if "feed" in found:

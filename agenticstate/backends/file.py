@@ -39,6 +39,16 @@ appended meanwhile, so the log can be emptied when the snapshot is in place. Wit
 `format="json"` the snapshot is readable JSON with JSON values embedded as JSON; `"msgpack"` is
 compact; `compression=True` compresses the snapshot and large log records.
 
+The change feed and history. A change enters the in-memory feed (`FeedRing`) when its batch is
+durable, in the step that applies it, so a change is in the feed exactly when its write is; its
+cursor is `f1:<store id>:<lsn>`. The log is the truth: on open the feed is rebuilt from its
+records (each change's old value from the state the replay has reached, expired entries kept
+until the replay ends), and a write under a history rule logs its depth, so history is rebuilt
+too. A snapshot keeps what compaction would lose in its journal (`_file_format.Journal`): the
+store id, the trimmed point, the retained changes and the keys' older versions. A new store (or
+one written before the feed) gets a random id, written in a snapshot on open before any cursor
+names it; a store made again gets a new one, so old cursors raise `CursorExpiredError`.
+
 One owner. A second process opening the same store gets `BackendError` naming the holder's pid.
 A lock left by a killed process is released by the operating system with the process, so the
 next opener takes over safely. Keys never become file names.
@@ -522,8 +532,8 @@ class FileBackend(Backend):
                     entry = new_entry(
                         key, value, version, times(created), times(updated), times(expires)
                     )
+                    prior = entries.get(key)
                     if ring is not None:
-                        prior = entries.get(key)
                         old = (
                             prior.value
                             if prior is not None and prior.version == version - 1
@@ -545,7 +555,7 @@ class FileBackend(Backend):
                     local.store(entry)
                     depth = fields[8] if len(fields) > 8 else 1
                     if depth > 1 or local.history:
-                        local.keep(entry, depth)
+                        local.keep(entry, depth, prior)
                 else:
                     self._apply_logged(fields, moment)
                 replayed += 1
@@ -801,10 +811,12 @@ class FileBackend(Backend):
             entry = record.entry
             if entry is None:
                 local.drop(record.key)
+            elif record.depth > 1 or local.history:
+                prior = local.data.get(record.key)
+                local.store(entry)
+                local.keep(entry, record.depth, prior)
             else:
                 local.store(entry)
-                if record.depth > 1 or local.history:
-                    local.keep(entry, record.depth)
             if self._staged.get(record.key) is record:
                 del self._staged[record.key]
             if ring is not None:

@@ -106,7 +106,8 @@ class MemoryBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:
         """Create a backend from `memory://` (any path is ignored).
 
-        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`.
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`
+        (others are ignored).
         """
         feed_from_query(parse_qsl(urlsplit(url).query), options)
         return cls(**options)
@@ -174,7 +175,7 @@ class MemoryBackend(Backend):
         )
         self._local.store(entry)
         if self._keeps_history:
-            self._local.keep(entry, self.history_rules.depth(key))
+            self._local.keep(entry, self.history_rules.depth(key), current)
         return self._emit(
             key,
             ChangeOp.SET,
