@@ -167,6 +167,7 @@ class _Sub:
         "overflowed",
         "receive",
         "send",
+        "trimmed",
     )
 
     def __init__(self, matcher: GlobMatcher, max_buffer: int) -> None:
@@ -174,6 +175,7 @@ class _Sub:
         self.max_buffer = max_buffer
         self.is_open = False
         self.overflowed = False
+        self.trimmed = False  # the overflow was retention's, not the buffer's
         self.opened = anyio.Event()
         self.send: MemoryObjectSendStream[_Item]
         self.receive: MemoryObjectReceiveStream[_Item]
@@ -183,7 +185,7 @@ class _Sub:
 class _Replay:
     """The changes a `since=` subscription reads from the table before it joins the live ones."""
 
-    __slots__ = ("after", "feed", "items", "live", "since", "sub")
+    __slots__ = ("after", "feed", "items", "joining", "since", "sub")
 
     def __init__(self, feed: Feed, sub: _Sub, since: Since) -> None:
         self.feed = feed
@@ -191,18 +193,19 @@ class _Replay:
         self.since = since
         self.after = since.after
         self.items: deque[_Item] = deque()
-        self.live = False
+        self.joining = False  # asked to join the live subscriptions (done once `sub.opened`)
 
     async def fill(self) -> None:
-        """Read the next page (or join the live subscriptions when the table has no more).
+        """Read the next page; when the table has no more, ask to join the live subscriptions.
 
         Raises:
             CursorExpiredError: Changes after the position were trimmed.
-            InvalidArgumentError: A strict cursor beyond the head.
+            InvalidArgumentError: A cursor beyond the head.
         """
         feed = self.feed
         if feed.closed:
-            self.live = True
+            self.joining = True
+            feed.enlist(self.sub, self.after, self.items)
             return
         page = functools.partial(feed.page, after=self.after, since=self.since)
         position, rows = await feed.read(page)
@@ -211,13 +214,19 @@ class _Replay:
         match = self.sub.matcher.match
         self.items.extend(item for item in rows if match(item[1].key))
         if not rows:  # caught up: what came since this read arrives with the joining
-            self.live = True
-            await feed.enlist(self.sub, position, self.items)
+            self.joining = True
+            feed.enlist(self.sub, position, self.items)
 
     async def next(self) -> _Item | None:
-        """The next replayed change, or `None` once the subscription is live."""
+        """The next replayed change, or `None` once the subscription is live.
+
+        Cancellation-safe: a page read or the joining that is cancelled is taken up again.
+        """
         while not self.items:
-            if self.live:
+            if self.joining:
+                await self.sub.opened.wait()  # the joining's backlog lands in `items` first
+                if self.items:
+                    break
                 return None
             try:
                 await self.fill()
@@ -262,12 +271,18 @@ class SQLiteChangeStream:
         try:
             seq, change = await self._sub.receive.receive()
         except anyio.EndOfStream:
-            if self._sub.overflowed:
+            sub = self._sub
+            if sub.overflowed:
+                behind = (
+                    "was outrun by the feed's retention (more changes were committed at once "
+                    "than it keeps)"
+                    if sub.trimmed
+                    else f"fell more than {sub.max_buffer} changes behind"
+                )
                 raise SubscriptionClosedError(
                     "overflow",
-                    f"subscription to {self._sub.matcher.pattern!r} fell more than "
-                    f"{self._sub.max_buffer} changes behind; resume with since= the cursor of "
-                    f"the last change read "
+                    f"subscription to {sub.matcher.pattern!r} {behind}; resume with since= the "
+                    f"cursor of the last change read "
                     f"({format_cursor(self._feed.db_id, self.cursor)!r}), or re-read the state",
                 ) from None
             raise StopAsyncIteration from None
@@ -341,34 +356,39 @@ class Feed:
         start = [0]
         try:
             if since is None:
-                start = await self.enlist(sub, None)
+                start = self.enlist(sub, None)
+                await sub.opened.wait()
             else:
                 replay = _Replay(self, sub, since)
                 await replay.fill()  # checks the cursor now, on entry
+                if replay.joining:  # nothing to replay: live on entry, as without since=
+                    await sub.opened.wait()
                 start = [since.after or 0]
             yield SQLiteChangeStream(self, sub, start[0], replay)
         finally:
             self._drop(sub)
             sub.receive.close()
 
-    async def enlist(
+    def enlist(
         self, sub: _Sub, since: int | None, backlog: deque[_Item] | None = None
     ) -> list[int]:
-        """Join `sub` to the live subscriptions, after sequence `since` (`None`: the head).
+        """Ask for `sub` to join the live subscriptions after sequence `since` (`None`: the head).
+
+        `sub.opened` is set once it has joined.
 
         The changes committed after `since` and before it joined go to `backlog` (unbounded:
         a replay's, whose reader takes them first) or else to its stream. Returns a one-item
-        list: the sequence it joined after.
+        list: the sequence it joined after (set when it has).
         """
         start = [since or 0]
         if self.closed:
             sub.send.close()
+            sub.opened.set()
             return start
         self._subs = [*self._subs, sub]
         self._start_thread()
         self._requests.append((sub, since, start, backlog))
         self._wake.set()
-        await sub.opened.wait()
         return start
 
     def _start_thread(self) -> None:
@@ -420,6 +440,7 @@ class Feed:
     def _trimmed(self, subs: list[_Sub]) -> None:
         for sub in subs:
             if sub in self._subs:
+                sub.trimmed = True
                 self._overflow(sub)
 
     def close(self) -> None:
@@ -569,7 +590,7 @@ class Feed:
         elif since < self._cursor:
             gap, _, rows = self._snapshot(conn, since, self._cursor)
             if gap:
-                self._schedule(lambda: self._overflow(sub))
+                self._schedule(lambda: self._trimmed([sub]))
                 return
             items = [item for item in rows if sub.matcher.match(item[1].key)]
         self._schedule(lambda: self._open_sub(sub, items, backlog))

@@ -62,7 +62,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
-from agenticstate.backends._local import run_transaction
+from agenticstate.backends._local import feed_from_query, run_transaction
 from agenticstate.backends._sqlite_feed import (
     Feed,
     SQLiteChangeStream,
@@ -114,25 +114,6 @@ _ALL_VERSIONS = 1 << 62  # HISTORY_TRIM below this: every version of a key
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
-
-
-def _url_count(name: str, value: str) -> int | None:
-    if value.lower() == "none":
-        return None
-    if not value.isdigit():
-        raise ConfigurationError(f"sqlite URL parameter {name} must be a count or none")
-    return int(value)
-
-
-def _url_seconds(name: str, value: str) -> timedelta | None:
-    if value.lower() == "none":
-        return None
-    try:
-        return timedelta(seconds=float(value))
-    except (ValueError, OverflowError):
-        raise ConfigurationError(
-            f"sqlite URL parameter {name} must be seconds or none, not {value!r}"
-        ) from None
 
 
 class SQLiteBackend(Backend):
@@ -229,32 +210,25 @@ class SQLiteBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
         """Create a backend from `sqlite:///absolute/file.db` or `sqlite://relative/file.db`.
 
-        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` (or
-        `none`) and `feed_max_age=SECONDS` (or `none`); `change_retention=N` (the old
-        spelling of `feed_max_changes`). `feed=off` is refused: SQLite's feed cannot be off.
+        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` and
+        `feed_max_age=SECONDS`; `change_retention=N` (the old spelling of
+        `feed_max_changes`). `feed=off` is refused: SQLite's feed cannot be off.
         """
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise ConfigurationError(f"sqlite URL {url!r} names no database file")
-        retention: dict[str, Any] = {}
+        feed: list[tuple[str, str]] = []
         for name, value in parse_qsl(parts.query):
             if name == "synchronous":
                 options.setdefault("synchronous", value.lower())
             elif name == "change_retention" and value.isdigit():
-                retention["max_changes"] = int(value)
-            elif name == "feed_max_changes":
-                retention["max_changes"] = _url_count(name, value)
-            elif name == "feed_max_age":
-                retention["max_age"] = _url_seconds(name, value)
-            elif name == "feed" and value.lower() in ("off", "none", "false", "0"):
-                options.setdefault("feed", None)
-            elif name == "feed" and value.lower() in ("on", "true", "1"):
-                pass
+                feed.append(("feed_max_changes", value))
+            elif name.startswith("feed"):
+                feed.append((name, value))
             else:
                 raise ConfigurationError(f"unknown sqlite URL parameter {name!r}")
-        if retention:
-            options.setdefault("feed", FeedRetention(**retention))
+        feed_from_query(feed, options)
         return cls(path, **options)
 
     # ---------------------------------------------------------------- opening and closing
@@ -475,9 +449,20 @@ class SQLiteBackend(Backend):
             self._history_trims.clear()
 
     def _stage_history(
-        self, full: str, key: str, version: int, value: bytes, now: int, expires: int | None
+        self,
+        full: str,
+        key: str,
+        version: int,
+        value: bytes,
+        now: int,
+        expires: int | None,
+        prior: schema.Row | None,
     ) -> None:
-        """Keep version `version` of `key` if a rule says so, dropping versions past its depth."""
+        """Keep version `version` of `key` if a rule says so, dropping versions past its depth.
+
+        The version it replaces (`prior`) is kept too (written again if it was: the same row),
+        so a history whose rule came after the key's last write starts with that version.
+        """
         depth = self.history_rules.depth(key)
         if depth < 2:
             return
@@ -488,6 +473,8 @@ class SQLiteBackend(Backend):
             trims[full] = _ALL_VERSIONS
         else:
             trims[full] = max(trims.get(full, 0), version - depth + 1)
+            if prior is not None and (not rows or rows[-1][1] != prior[1]):
+                rows.append((full, prior[1], prior[0], prior[3], prior[4]))
         rows.append((full, version, value, now, expires))
         if len(rows) > depth:
             del rows[:-depth]
@@ -687,7 +674,7 @@ class SQLiteBackend(Backend):
         self._logs.append((seq, full, schema.SET, old, value, version, now))
         self._rows[full] = (value, version, created, now, expires)
         if self.history_rules:
-            self._stage_history(full, key, version, value, now, expires)
+            self._stage_history(full, key, version, value, now, expires, current)
         cursor = format_cursor(self._db_id, seq)
         return new_change(key, ChangeOp.SET, old, value, version, from_us(now), cursor)
 
@@ -765,7 +752,7 @@ class SQLiteBackend(Backend):
                     new_change(key, ChangeOp.SET, old, value, version, stamp, f"{tag}{seq}")
                 )
                 if history is not None:
-                    history(prefix + key, key, version, value, now, expires)
+                    history(prefix + key, key, version, value, now, expires, row)
             self._seq = seq
             conn.executemany(schema.PUT, puts)
             conn.executemany(schema.LOG, logs)

@@ -13,6 +13,7 @@ from agenticstate import (
     ConfigurationError,
     CursorExpiredError,
     SQLiteBackend,
+    SubscriptionClosedError,
     open_backend,
 )
 from agenticstate.backends import EARLIEST, Change, Delete, FeedRetention, Put
@@ -162,7 +163,6 @@ def test_feed_options_and_url_parameters(tmp_path: Path) -> None:
     assert SQLiteBackend(db, change_retention=5).change_retention == 5
     by_url = open_backend(f"sqlite://{db}?feed_max_changes=100000&feed_max_age=2.5")
     assert by_url.feed == FeedRetention(max_changes=100_000, max_age=timedelta(seconds=2.5))
-    assert open_backend(f"sqlite://{db}?feed_max_changes=none").feed == FeedRetention(None)
     assert open_backend(f"sqlite://{db}?change_retention=7").feed == FeedRetention(7)
     with pytest.raises(ConfigurationError, match="cannot turn"):
         SQLiteBackend(db, feed=None)
@@ -201,7 +201,7 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         assert change.cursor.endswith(":42")
         async with backend.changes("*", since=head) as changes:
             assert await take(changes, 1) == [change]
-        assert [e.version for e in await backend.history("k")] == [4]
+        assert [e.version for e in await backend.history("k")] == [4, 3]
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
@@ -284,3 +284,74 @@ async def test_a_writer_without_rules_leaves_no_stale_history(tmp_path: Path) ->
         found = await keeper.history("k")
         assert [(e.version, e.value) for e in found] == [(2, b"new 2")]
         assert await keeper.get_version("k", 1) is None
+
+
+async def test_a_replay_outrun_by_retention_ends_as_an_overflow(tmp_path: Path) -> None:
+    """If retention trims changes a replay has yet to read, the subscription ends as an
+    overflow (never a silent gap), and resuming from its last cursor raises
+    CursorExpiredError."""
+    async with SQLiteBackend(tmp_path / "s.db", feed=FeedRetention(max_changes=3000)) as backend:
+        start = await backend.feed_cursor()
+        await backend.set_many([(f"k{n}", b"v") for n in range(2500)])
+        async with backend.changes("*", since=start) as changes:
+            (first,) = await take(changes, 1)  # the first page is read
+            await backend.set_many([(f"later{n}", b"v") for n in range(5000)])
+            with pytest.raises(SubscriptionClosedError) as caught:
+                await take(changes, 2500)
+        assert caught.value.reason == "overflow"
+        assert first.cursor is not None
+        with pytest.raises(CursorExpiredError):
+            async with backend.changes("*", since=first.cursor):
+                pass
+
+
+async def test_a_live_subscription_outrun_by_retention_ends_as_an_overflow(
+    tmp_path: Path,
+) -> None:
+    """Another instance commits more changes at once than retention keeps: a live subscriber
+    missed some, so it ends as an overflow (never a silent gap), and its cursor has expired."""
+    db = tmp_path / "s.db"
+    small = FeedRetention(max_changes=5)
+    async with SQLiteBackend(db, feed=small) as reader, SQLiteBackend(db, feed=small) as writer:
+        async with reader.changes("*") as changes:
+            first = await writer.set("first", b"v")
+            assert await take(changes, 1) == [first]
+            await writer.set_many([(f"k{n}", b"v") for n in range(50)])  # trimmed to 5
+            with pytest.raises(SubscriptionClosedError) as caught:
+                await take(changes, 50)
+        assert caught.value.reason == "overflow"
+        assert first.cursor is not None
+        with pytest.raises(CursorExpiredError):
+            async with reader.changes("*", since=first.cursor):
+                pass
+
+
+async def test_a_replay_survives_cancelled_reads(tmp_path: Path) -> None:
+    """A consumer whose every other read is cancelled at once (a timeout of 0) still gets the
+    replay and the switch to live exactly: reads and the joining are taken up again."""
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        start = await backend.feed_cursor()
+        made = await backend.set_many([(f"k{n % 7}", b"%d" % n) for n in range(4500)])
+        got: list[Change] = []
+        async with backend.changes("*", since=start, max_buffer=10) as changes:
+            for attempt in range(20_000):
+                if len(got) == 4500 and len(made) == 4500:  # replayed: now some live ones
+                    made += [await backend.set("live", b"%d" % n) for n in range(3)]
+                if len(got) == 4503:
+                    break
+                with anyio.move_on_after(0 if attempt % 2 else 10):
+                    got.append(await changes.__anext__())
+    assert got == made
+
+
+async def test_history_set_later_starts_with_the_version_replaced(tmp_path: Path) -> None:
+    """Rules set after a key was written: its history starts with the version the next write
+    replaces (as on the memory and file backends)."""
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        await backend.set("a:1", b"1")
+        await backend.set("a:1", b"2")
+        backend.keep_history({"a:*": 5})
+        await backend.set("a:1", b"3")
+        found = await backend.history("a:1")
+        assert [(e.version, e.value) for e in found] == [(3, b"3"), (2, b"2")]
+        assert found[1].updated_at < found[0].updated_at
