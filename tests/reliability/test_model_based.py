@@ -1685,19 +1685,27 @@ async def test_transact_takes_its_operations_from_any_iterable_once() -> None:
         assert done.results[1].value == 1
 
 
-# ---------------------------------------------------------------- open bugs (issue #23)
-# Found by the feed and history rules, reported to their owners; strict, so a fix shows here.
+@pytest.mark.parametrize("kind", ["memory", "file", "sqlite"])
+async def test_history_keeps_the_version_written_before_a_reopen(kind: str, tmp_path: Path) -> None:
+    """A key at version 1, the store closed and reopened, written again: both are retained.
 
+    Found by the history rules (issue #23): the file backend started a fresh history at
+    version 2 after a reopen, dropping version 1.
+    """
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="h23l: the file backend's history loses the current "
-    "version across a reopen (LocalStore.keep starts a fresh history at v2)",
-)
-async def test_file_history_keeps_the_version_written_before_a_reopen(tmp_path: Path) -> None:
-    """A key at version 1, the store closed and reopened, written again: both are retained."""
-    async with FileBackend(base_path=tmp_path, history={"k": 2}) as backend:
+    def opened() -> Backend:
+        if kind == "memory":
+            return memory
+        if kind == "file":
+            return FileBackend(base_path=tmp_path, history={"k": 2})
+        return SQLiteBackend(tmp_path / "state.db", history={"k": 2})
+
+    memory = MemoryBackend(history={"k": 2})
+    async with contextlib.AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(opened())
         await backend.set("k", b"\x01\x01")
-    async with FileBackend(base_path=tmp_path, history={"k": 2}) as backend:
+        if kind != "memory":
+            await backend.aclose()
+            backend = await stack.enter_async_context(opened())
         await backend.set("k", b"\x01\x02")
         assert [entry.version for entry in await backend.history("k")] == [2, 1]
