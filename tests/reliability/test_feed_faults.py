@@ -139,7 +139,17 @@ class Consumer:
             self.start = head
         else:
             self.start = rng.choice(progress.cursors)
-        since, ends, max_buffer = self.start, set[str](), self.max_buffer
+        since, ends = self.start, set[str]()
+        try:
+            await self._read(since, ends)
+        except TimeoutError:
+            raise AssertionError(
+                f"a consumer from {self.start!r} (buffer {self.max_buffer}) read {len(self.rows)} "
+                f"changes and {sorted(ends)} of the end markers, then nothing for {PROMPT}s"
+            ) from None
+
+    async def _read(self, since: str, ends: set[str]) -> None:
+        rng, max_buffer = self.rng, self.max_buffer
         with anyio.fail_after(PROMPT):
             while len(ends) < WRITERS:
                 try:

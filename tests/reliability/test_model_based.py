@@ -314,8 +314,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.reopens = 0
         self.expiries = 0
         self.txn_expiries = 0
-        # Cursors taken so far, each with the number of committed changes it comes after.
-        self.cursors: list[tuple[str, int]] = []
+        # Cursors taken so far, each with the number of committed changes it comes after, the
+        # pattern of the read that yielded it, and the earlier-committed changes that read
+        # yielded after it (a cluster's slots deliver apart: those still come after it).
+        self.cursors: list[tuple[str, int, str, frozenset[int]]] = []
         self.cursor_kind: str | None = None  # every cursor of a store starts with one kind tag
         self.feed_on = self.history_on = False
         if self.harness.feed is not None and _accepts(self.open_backend, "feed"):
@@ -999,7 +1001,11 @@ class StoreMachine(RuleBasedStateMachine):
         return [queues[seen[0]].pop(0) for seen in read]
 
     def _check_feed_read(
-        self, read: list[tuple[tuple[object, ...], str | None]], wanted: list[int], what: str
+        self,
+        read: list[tuple[tuple[object, ...], str | None]],
+        wanted: list[int],
+        what: str,
+        pattern: str,
     ) -> None:
         """`read` is exactly the changes at log indexes `wanted`: per key in order, and (one
         stream) in commit order across keys; each carries a cursor, which is kept for later."""
@@ -1015,12 +1021,13 @@ class StoreMachine(RuleBasedStateMachine):
         if not self.harness.one_slot:
             steps = [log[index].step for index in positions]
             assert steps == sorted(steps), f"{what}: out of commit order: {got}"
-        for (seen, cursor), index in zip(read, positions, strict=True):
+        for at, ((seen, cursor), index) in enumerate(zip(read, positions, strict=True)):
             assert isinstance(cursor, str), f"{what}: {seen} carries cursor {cursor!r}"
             kind = cursor.partition(":")[0]
             self.cursor_kind = self.cursor_kind or kind
             assert kind == self.cursor_kind, f"cursors {cursor!r} and {self.cursor_kind!r}..."
-            self.cursors.append((cursor, index + 1))
+            later = frozenset(p for p in positions[at + 1 :] if p < index)
+            self.cursors.append((cursor, index + 1, pattern, later))
         del self.cursors[:-64]
         self.harness.figures.changes_checked += len(read)
 
@@ -1061,12 +1068,18 @@ class StoreMachine(RuleBasedStateMachine):
         resync = resync and via_manager
         if source == "taken" and not self.cursors:
             source = "head"
+        later: frozenset[int] = frozenset()
         if source == "earliest":
             since, position = EARLIEST, 0
         elif source == "head":
             since, position = self._call(self.manager.backend.feed_cursor), len(self.model.log)
         else:
-            since, position = self.cursors[which % len(self.cursors)]
+            since, position, read_with, later = self.cursors[which % len(self.cursors)]
+            if self.harness.one_slot:
+                # A cluster's cursor holds the positions of the slots its read saw, and for
+                # the others the time that read began: exact for the pattern it was read with,
+                # while another pattern may also get earlier changes of other slots (reported).
+                pattern = read_with
         assert since is not None
         matching = [key for key in KEYS if MATCHES[pattern](key)]
         suffix = source == "earliest" and self.harness.small_feed
@@ -1079,7 +1092,9 @@ class StoreMachine(RuleBasedStateMachine):
         log = self.model.log
         start = len(log)
         before = {key: (canon(s.value), s.version) for key, s in self.model.data.items()}
-        wanted = [i for i in range(position, start) if MATCHES[pattern](log[i].key)]
+        wanted = sorted(
+            i for i in {*range(position, start), *later} if MATCHES[pattern](log[i].key)
+        )
         may_expire = source != "earliest" and self._may_expire(position)
         context = self._open_feed(
             pattern, since, via_manager=via_manager, on_gap="resync" if resync else "raise"
@@ -1111,7 +1126,7 @@ class StoreMachine(RuleBasedStateMachine):
                 f"{name} skipped change {skipped[-1]} of {start}: the feed keeps {self._kept()}"
             )
             wanted = wanted[len(skipped) :]
-        self._check_feed_read(read, wanted + lives, name)
+        self._check_feed_read(read, wanted + lives, name, pattern)
 
     def _kept(self) -> float:
         feed = self.harness.feed
@@ -1549,9 +1564,9 @@ SMALL_FEED = FeedRetention(max_changes=5)
 SMALL_FEED_EXAMPLES = 40
 
 
-@pytest.mark.parametrize(
-    "kind", ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
-)
+# Not SQLite: its live subscriptions read the feed's table, so one that falls more changes behind
+# than a small feed keeps closes as an overflow (documented); the model's watches would.
+@pytest.mark.parametrize("kind", ["memory", "file", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_small_feed_expires_old_cursors_and_never_skips(
     kind: str,
     tmp_path: Path,
