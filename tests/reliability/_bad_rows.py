@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agenticstate import (
+    EARLIEST,
     AgentRecoveryManager,
     AgentStateStore,
     IndexingProgress,
@@ -21,10 +22,13 @@ from agenticstate import (
     WorkflowState,
     WorkflowStateManager,
 )
+from tests.helpers import BACKEND_MAKERS
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from pathlib import Path
+
+    import pytest
 
     from agenticstate import AgenticStateError
     from agenticstate.backends import Backend
@@ -43,6 +47,7 @@ class Ctx:
     backend: Backend
     state: StateManager
     tmp_path: Path
+    request: pytest.FixtureRequest | None = None  # to open another store of the same kind
     workflows: WorkflowStateManager = field(init=False)
     speech: SpeechStateManager = field(init=False)
     teams: OrchestrationStateManager = field(init=False)
@@ -146,3 +151,59 @@ async def snapshot(backend: Backend) -> Snapshot:
         {entry.key: (entry.value, entry.version, entry.expires_at) for entry in entries if entry},
         await backend.index_range("seed:index"),
     )
+
+
+# The change feed (issue #23): cursors of other stores and other kinds, a feed that is off.
+
+
+async def head_cursor(ctx: Ctx, kind: str, place: str, **options: Any) -> str:
+    """The head cursor of a new store of `kind` (at `ctx.tmp_path / place`), after one write."""
+    assert ctx.request is not None
+    (ctx.tmp_path / place).mkdir()
+    async with BACKEND_MAKERS[kind](ctx.request, ctx.tmp_path / place, **options) as other:
+        await other.set("other", b"\x01\xc0")
+        cursor = await other.feed_cursor()
+    assert cursor is not None, f"{kind} keeps no feed"
+    return cursor
+
+
+async def changes_since(ctx: Ctx, since: object, **options: Any) -> None:
+    """Enter `state.changes("*", since=since)` (where the cursor is checked) and leave."""
+    async with ctx.state.changes("*", since=since, **options):  # type: ignore[arg-type]
+        return
+
+
+async def backend_changes_since(ctx: Ctx, since: object) -> None:
+    """Enter the backend's `changes("*", since=since)` and leave."""
+    async with ctx.backend.changes("*", since=since):  # type: ignore[arg-type]
+        return
+
+
+async def since_other_store(ctx: Ctx) -> None:
+    """A well-formed cursor of another store of this kind: it has expired here."""
+    await changes_since(ctx, await head_cursor(ctx, ctx.kind, "other-store"))
+
+
+async def since_other_kind(ctx: Ctx) -> None:
+    """A well-formed cursor of another kind of backend: not a cursor of this one."""
+    other = "memory" if ctx.kind == "sqlite" else "sqlite"
+    await changes_since(ctx, await head_cursor(ctx, other, "other-kind"))
+
+
+async def since_mangled(ctx: Ctx, tail: str) -> None:
+    """This store's head cursor with its last part replaced by `tail`."""
+    cursor = await ctx.backend.feed_cursor()
+    assert cursor is not None
+    await changes_since(ctx, cursor.rpartition(":")[0] + ":" + tail)
+
+
+async def since_feed_off(ctx: Ctx) -> None:
+    """`since=` on a store of this kind opened with its feed off."""
+    assert ctx.request is not None
+    (ctx.tmp_path / "off").mkdir()
+    async with (
+        BACKEND_MAKERS[ctx.kind](ctx.request, ctx.tmp_path / "off", feed=None) as backend,
+        StateManager(backend=backend, close_backend=False) as state,
+        state.changes("*", since=EARLIEST),
+    ):
+        return

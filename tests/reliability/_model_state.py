@@ -9,6 +9,10 @@ it can be written in, so that it is a check and not a copy.
   matches a one-line predicate computes (prefix, suffix, length, first-character class): Redis
   glob semantics, without a glob matcher in the model.
 - Values are small JSON-like data; `canon` compares them strictly (1, 1.0 and True differ).
+- History (issue #23): `HISTORY` names how many versions some keys keep; the model keeps each
+  key's retained versions, and a delete or an expiry ends them (a rewrite starts at version 1).
+  Every committed change carries the step that made it (a `save_many` or a `transact` commits
+  several in one step), so a feed read in one stream can be checked for order across keys.
 """
 
 from __future__ import annotations
@@ -84,6 +88,15 @@ PATTERNS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 
 PATTERN_NAMES: tuple[str, ...] = tuple(pattern for pattern, _ in PATTERNS)
 MATCHES: dict[str, Callable[[str], bool]] = dict(PATTERNS)
+
+HISTORY: dict[str, int] = {"a*": 3, "{t}*": 2, literal("b"): 4}
+"""History rules (the first matching pattern wins): keys under `a` keep 3 versions, the tagged
+keys 2, `b` 4, every other key only its current one."""
+
+
+def history_depth(key: str) -> int:
+    """How many versions `HISTORY` keeps of `key` (1: only the current one)."""
+    return next((depth for pattern, depth in HISTORY.items() if MATCHES[pattern](key)), 1)
 
 
 def canon(value: object) -> object:
@@ -196,19 +209,35 @@ class Committed:
     old: Json
     new: Json
     version: int
+    step: int = 0  # the state machine's step that committed it
 
 
 @dataclass
 class Model:
-    """The state a backend must hold, and every change committed to it, in commit order."""
+    """The state a backend must hold, and every change committed to it, in commit order.
+
+    `versions` holds each present key's retained versions, oldest first, at most
+    `history_depth(key)` of them (the last one is the current value).
+    """
 
     data: dict[str, Stored]
     log: list[Committed]
     indexes: dict[str, dict[str, float]] = field(default_factory=dict)
+    versions: dict[str, list[tuple[int, Json]]] = field(default_factory=dict)
+    step: int = 0
 
     @classmethod
     def empty(cls) -> Model:
         return cls(data={}, log=[])
+
+    def history(self, key: str) -> list[tuple[int, Json]]:
+        """The retained `(version, value)`s of `key`, newest first (`[]` when it is missing)."""
+        return list(reversed(self.versions.get(key, [])))
+
+    def _keep(self, key: str, version: int, value: Json) -> None:
+        kept = [] if version == 1 else self.versions.get(key, [])
+        kept = [*kept, (version, copy.deepcopy(value))]
+        self.versions[key] = kept[-history_depth(key) :]
 
     def version(self, key: str) -> int:
         stored = self.data.get(key)
@@ -220,7 +249,9 @@ class Model:
         version = 1 if old is None else old.version + 1
         kept = copy.deepcopy(value)
         self.data[key] = Stored(kept, version, has_ttl)
-        self.log.append(Committed(key, "set", None if old is None else old.value, kept, version))
+        old_value = None if old is None else old.value
+        self.log.append(Committed(key, "set", old_value, kept, version, self.step))
+        self._keep(key, version, kept)
         return version
 
     def delete(self, key: str) -> bool:
@@ -228,12 +259,14 @@ class Model:
         old = self.data.pop(key, None)
         if old is None:
             return False
-        self.log.append(Committed(key, "delete", old.value, None, old.version))
+        self.log.append(Committed(key, "delete", old.value, None, old.version, self.step))
+        self.versions.pop(key, None)
         return True
 
     def expire(self, key: str) -> None:
-        """Record that `key` expired: it is gone, and no change is announced."""
+        """Record that `key` expired: it is gone (and its history), and no change is announced."""
         self.data.pop(key, None)
+        self.versions.pop(key, None)
 
     def keys_matching(self, pattern: str) -> list[str]:
         return sorted(key for key in self.data if MATCHES[pattern](key))

@@ -15,6 +15,17 @@ another task after a random number of event-loop checkpoints. Then:
 - 100 more writes and updates complete promptly afterwards (no lock, batch or connection is
   left held), and a reopened file store holds the same entries.
 
+Issue #23: every backend that keeps a change feed and history runs with both on (history for
+the counter and pair keys), and some calls are replays, `changes("*", since=cursor)` from a
+cursor a change carried or from `EARLIEST`, cancelled part way like the rest. Afterwards:
+
+- the feed, replayed from `EARLIEST`, holds exactly the changes the watch saw, each with the
+  cursor the watch's copy carried: no change whose write did not commit, none missing;
+- everything a cancelled replay yielded is the feed's run of changes right after its cursor,
+  in order (resuming from its last cursor goes on from there);
+- each key's history is its last committed versions, newest first: a cancelled write kept its
+  version and its history together or neither.
+
 For Redis, with `connection_pool_size=2`, many cancellations land while a command is in flight
 (the write then takes effect or not, and the connection is dropped and reconnected); the server
 must afterwards see no more of the backend's connections than the pool allows. Memory and file
@@ -24,12 +35,13 @@ the calls queued behind them (a regression test at the end).
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -37,7 +49,9 @@ import pytest
 import redis as sync_redis
 
 from agenticstate import (
+    EARLIEST,
     ConflictError,
+    FeedRetention,
     FileBackend,
     LocalView,
     MemoryBackend,
@@ -46,6 +60,7 @@ from agenticstate import (
     StateConfig,
     StateManager,
 )
+from agenticstate.backends import Backend as BaseBackend
 from agenticstate.txn import IndexIncr, Put, Version
 from tests.helpers import unique_prefix
 
@@ -70,6 +85,10 @@ WIDTH = 16  # concurrent calls per round
 FOLLOW_UP = 100  # writes that must complete promptly afterwards
 PROMPT = 10.0  # seconds the follow-up writes (and event delivery) may take
 REDIS_POOL = 2
+FEED = FeedRetention(max_changes=1_000_000)  # more than a run writes: EARLIEST replays it all
+HISTORY = {"counter:*": 4, "pair:*": 2}
+NO_WRITE = ("read", "flush", "replay")  # the calls that write nothing
+B = TypeVar("B", bound="Backend")
 
 
 def pad(write_id: int) -> str:
@@ -96,6 +115,8 @@ class Attempt:
     conflicted: bool = False
     version: int | None = None  # what a returned save reported
     value: Any = None  # what a returned update reported
+    since: str | None = None  # a replay's cursor
+    read: list[tuple[str, int, str | None]] = field(default_factory=list)  # what it yielded
 
 
 @dataclass
@@ -107,6 +128,7 @@ class Run:
     max_delay: float
     attempts: list[Attempt] = field(default_factory=list)
     view: LocalView | None = None  # of the counter keys: `view_update` writes through it
+    recorder: Recorder | None = None  # what the watch has seen: replays start from its cursors
     next_id: int = 1
     reads_checked: int = 0
 
@@ -202,6 +224,8 @@ async def call(run: Run, attempt: Attempt) -> None:
         attempt.version = await manager.save(key, written(key, write_id))
     elif attempt.op == "merge":
         attempt.value = await manager.update(key, written(key, write_id))
+    elif attempt.op == "replay":
+        await replay(run, attempt)
     elif attempt.op == "read":
         entry = await manager.get_entry(key)
         assert entry is not None
@@ -211,6 +235,29 @@ async def call(run: Run, attempt: Attempt) -> None:
     else:
         await manager.flush()
     attempt.returned = True
+
+
+async def replay(run: Run, attempt: Attempt) -> None:
+    """Replay the feed from a cursor the watch saw (or `EARLIEST`), some of what it holds.
+
+    It reads at most what is committed already (the watch saw it), so it never waits for more.
+    """
+    assert run.recorder is not None
+    seen = run.recorder.changes
+    rng = run.rng
+    if seen and rng.random() < 0.7:
+        at = rng.randrange(len(seen))
+        attempt.since, committed = seen[at].cursor, len(seen) - at - 1
+    else:
+        attempt.since, committed = EARLIEST, len(seen)
+    wanted = min(committed, rng.randrange(1, 200))
+    if wanted == 0:
+        return
+    async with run.manager.changes("*", since=attempt.since, max_buffer=1_000_000) as changes:
+        async for change in changes:
+            attempt.read.append((change.key, change.version, change.cursor))
+            if len(attempt.read) >= wanted:
+                return
 
 
 async def cancel_after_checkpoints(scope: anyio.CancelScope, checkpoints: int) -> None:
@@ -256,8 +303,11 @@ def random_attempt(run: Run) -> Attempt:
         return run.new_attempt("save", rng.choice(PLAIN_KEYS))
     if roll < 0.9:
         return run.new_attempt("merge", rng.choice(PLAIN_KEYS))
-    if roll < 0.98:
+    if roll < 0.94:
         return run.new_attempt("read", rng.choice(KEYS))
+    if roll < 0.98:
+        op = "replay" if run.recorder is not None else "read"
+        return run.new_attempt(op, rng.choice(KEYS))
     return run.new_attempt("flush", "")
 
 
@@ -315,14 +365,14 @@ def check_history(
         check_pair(run, recorder, pair_of(key), steps, finals)
         assert counts.get(key, 0.0) == len(steps), f"{key!r}: index {counts.get(key)}, {steps}"
         applied += len(steps)
-    writes = [a for a in run.attempts if a.op not in ("read", "flush")]
+    writes = [a for a in run.attempts if a.op not in NO_WRITE]
     missing = [a.write_id for a in writes if a.returned and a.write_id not in seen_ids]
     assert not missing, f"writes that returned but are not in the history: {missing[:10]}"
     cancelled = [a for a in run.attempts if a.cancelled]
     return {
         "calls": len(run.attempts),
         "cancelled": len(cancelled),
-        "cancelled_writes": sum(1 for a in cancelled if a.op not in ("read", "flush")),
+        "cancelled_writes": sum(1 for a in cancelled if a.op not in NO_WRITE),
         "cancelled_writes_applied": sum(1 for a in cancelled if a.write_id in seen_ids),
         "returned": sum(1 for a in run.attempts if a.returned),
         "conflicts": sum(1 for a in run.attempts if a.conflicted),
@@ -352,6 +402,65 @@ def check_pair(
     assert run.manager.serializer.loads(final.value) == previous
 
 
+async def check_feed(run: Run, recorder: Recorder) -> dict[str, int]:
+    """The feed holds exactly what the watch saw; each replay read a run of it; return figures.
+
+    Replayed from `EARLIEST` (the feed keeps more than the run wrote), the feed must hold the
+    watch's changes, per key in the same order, each with the same cursor; a cancelled
+    replay's changes are the feed's next ones after its cursor, in feed order.
+    """
+    feed: list[StateChange] = []
+    async with run.manager.changes("*", since=EARLIEST, max_buffer=1_000_000) as changes:
+        with anyio.fail_after(PROMPT):
+            async for change in changes:
+                feed.append(change)
+                if len(feed) == len(recorder.changes):
+                    break
+
+    def per_key(changes: list[StateChange]) -> dict[str, list[tuple[Any, ...]]]:
+        grouped: dict[str, list[tuple[Any, ...]]] = {}
+        for c in changes:
+            row = (c.version, c.op.value, c.old_value, c.new_value, c.cursor)
+            grouped.setdefault(c.key, []).append(row)
+        return grouped
+
+    fed, watched = per_key(feed), per_key(recorder.changes)
+    for key in sorted(set(fed) | set(watched)):
+        got, wanted = fed.get(key, []), watched.get(key, [])
+        assert [row[0] for row in got] == [row[0] for row in wanted], f"{key!r}: versions differ"
+        assert got == wanted, f"{key!r}: the feed's changes differ from what the watch saw"
+    at = {change.cursor: index for index, change in enumerate(feed)}
+    assert len(at) == len(feed), "two changes carry one cursor"
+    rows = [(change.key, change.version, change.cursor) for change in feed]
+    replays = [a for a in run.attempts if a.op == "replay" and a.read]
+    for attempt in replays:
+        assert attempt.since is not None
+        start = 0 if attempt.since == EARLIEST else at[attempt.since] + 1
+        assert attempt.read == rows[start : start + len(attempt.read)], (
+            f"a replay from {attempt.since!r} read {attempt.read[:5]}..., "
+            f"the feed holds {rows[start : start + 5]}..."
+        )
+    return {
+        "feed_checked": len(feed),
+        "replays": sum(1 for a in run.attempts if a.op == "replay"),
+        "replays_cancelled": sum(1 for a in run.attempts if a.op == "replay" and a.cancelled),
+        "replayed": sum(len(a.read) for a in replays),
+    }
+
+
+async def check_histories(run: Run, recorder: Recorder) -> int:
+    """Each key's history: its last committed versions (as many as kept), newest first."""
+    checked = 0
+    for key in ALL_KEYS:
+        depth = run.manager.backend.history_rules.depth(key)
+        committed = [c for c in recorder.changes if c.key == key][::-1][:depth]
+        history = await run.manager.history(key)
+        got = [(entry.version, entry.value) for entry in history]
+        assert got == [(c.version, c.new_value) for c in committed], f"history of {key!r}"
+        checked += len(got)
+    return checked
+
+
 async def follow_up(run: Run) -> None:
     """FOLLOW_UP more writes and updates, four at a time, each of which must return promptly."""
 
@@ -376,11 +485,26 @@ async def follow_up(run: Run) -> None:
     assert all(a.returned or a.conflicted for a in run.attempts[-FOLLOW_UP:])
 
 
+def keeps_history(backend: Backend) -> bool:
+    """Whether `backend` keeps history (it overrides `keep_history`)."""
+    return type(backend).keep_history is not BaseBackend.keep_history
+
+
+def with_feed(factory: Callable[..., B], *args: Any, **kwargs: Any) -> B:
+    """`factory(*args, **kwargs)`, with a feed that keeps more than a run writes if it keeps one."""
+    if "feed" in inspect.signature(factory).parameters:
+        kwargs["feed"] = FEED
+    return factory(*args, **kwargs)
+
+
 async def exercise(backend: Backend, seed: str) -> tuple[dict[str, int], dict[str, Entry]]:
     """Cancel thousands of calls on `backend`, check everything, return figures and entries."""
-    async with StateManager(StateConfig(), backend=backend, close_backend=False) as manager:
-        run = Run(manager, random.Random(seed), max_delay=0.0)
+    history = keeps_history(backend)
+    config = StateConfig(history=HISTORY) if history else StateConfig()
+    async with StateManager(config, backend=backend, close_backend=False) as manager:
         recorder = Recorder()
+        run = Run(manager, random.Random(seed), max_delay=0.0)
+        run.recorder = recorder if backend.feed is not None else None
         async with (
             manager.watch("*", max_buffer=1_000_000) as watch,
             anyio.create_task_group() as watching,
@@ -407,7 +531,12 @@ async def exercise(backend: Backend, seed: str) -> tuple[dict[str, int], dict[st
             counts = dict(await backend.index_range(TXN_INDEX))
             await recorder.wait_for(sum(entry.version for entry in finals.values()))
             watching.cancel_scope.cancel()
-        return check_history(run, recorder, finals, counts), finals
+        figures = check_history(run, recorder, finals, counts)
+        if run.recorder is not None:
+            figures.update(await check_feed(run, recorder))
+        if history:
+            figures["history_checked"] = await check_histories(run, recorder)
+        return figures, finals
 
 
 # ---------------------------------------------------------------- the tests
@@ -425,7 +554,7 @@ async def test_memory_cancelled_writes_are_whole_or_absent(
 ) -> None:
     """Cancelled memory writes take effect whole or not at all, and later writes still work."""
     started = time.perf_counter()
-    async with MemoryBackend() as backend:
+    async with with_feed(MemoryBackend) as backend:
         figures, _ = await exercise(backend, "memory")
     figures["seconds"] = round(time.perf_counter() - started)
     _report(record_property, figures)
@@ -436,7 +565,7 @@ async def test_file_cancelled_writes_are_whole_or_absent_and_reopen_the_same(
 ) -> None:
     """Cancelled file writes are whole or absent, nothing stays locked, and reopening agrees."""
     started = time.perf_counter()
-    async with FileBackend(base_path=tmp_path / "store") as backend:
+    async with with_feed(FileBackend, base_path=tmp_path / "store") as backend:
         figures, finals = await exercise(backend, "file")
     async with FileBackend(base_path=tmp_path / "store") as reopened:
         for key, entry in finals.items():
@@ -453,7 +582,7 @@ async def test_sqlite_cancelled_writes_are_whole_or_absent_and_reopen_the_same(
 ) -> None:
     """Cancelled SQLite writes are whole or absent, no lock stays held, and reopening agrees."""
     started = time.perf_counter()
-    async with SQLiteBackend(tmp_path / "state.db") as backend:
+    async with with_feed(SQLiteBackend, tmp_path / "state.db") as backend:
         figures, finals = await exercise(backend, "sqlite")
     async with SQLiteBackend(tmp_path / "state.db") as reopened:
         for key, entry in finals.items():
@@ -469,7 +598,7 @@ def test_sqlite_cancellation_under_trio(
     """Under trio too, cancelled SQLite writes are whole or absent; reopening agrees."""
 
     async def main() -> dict[str, int]:
-        async with SQLiteBackend(tmp_path / "state.db") as backend:
+        async with with_feed(SQLiteBackend, tmp_path / "state.db") as backend:
             figures, finals = await exercise(backend, "sqlite-trio")
         async with SQLiteBackend(tmp_path / "state.db") as reopened:
             for key, entry in finals.items():
@@ -488,9 +617,9 @@ def test_memory_and_file_cancellation_under_trio(
     """Under trio too, cancelled memory and file writes are whole or absent; reopening agrees."""
 
     async def main() -> dict[str, int]:
-        async with MemoryBackend() as memory:
+        async with with_feed(MemoryBackend) as memory:
             memory_figures, _ = await exercise(memory, "memory-trio")
-        async with FileBackend(base_path=tmp_path / "store") as backend:
+        async with with_feed(FileBackend, base_path=tmp_path / "store") as backend:
             figures, finals = await exercise(backend, "file-trio")
         async with FileBackend(base_path=tmp_path / "store") as reopened:
             for key, entry in finals.items():
@@ -517,7 +646,8 @@ async def _named_redis(
     """A backend whose connections carry `name` (CLIENT SETNAME), and a client to inspect them."""
     inspector = sync_redis.Redis.from_url(redis_url)
     try:
-        async with RedisBackend(
+        async with with_feed(
+            RedisBackend,
             url=redis_url,
             key_prefix=f"{name}:",
             connection_pool_size=REDIS_POOL,
