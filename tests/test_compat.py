@@ -99,13 +99,17 @@ async def test_unreachable_says_why(url: str, reason: str) -> None:
 
 
 ACL_COMMANDS = "+@read +@write +@scripting +@pubsub +ping +hello +time"
+ACL_KEYS = (
+    "~myapp:* ~__agenticstate_idx__:myapp:* ~__agenticstate_feed__:myapp:* "
+    "~__agenticstate_feedseq__:myapp:* ~__agenticstate_hist__:myapp:*"
+)
 ACL_RECIPES = {
     # docs/operations.md, word for word apart from the leading "ACL SETUSER".
     "all-channels": (
-        f"app on >secret ~myapp:* ~__agenticstate_idx__:myapp:* allchannels {ACL_COMMANDS}"
+        f"app on >secret {ACL_KEYS} allchannels {ACL_COMMANDS}"
     ),
     "exact-channels": (
-        "app on >secret resetchannels ~myapp:* ~__agenticstate_idx__:myapp:* "
+        f"app on >secret resetchannels {ACL_KEYS} "
         f"&__agenticstate__:myapp:* &__agenticstate__:myapp:agent:* {ACL_COMMANDS}"
     ),
 }

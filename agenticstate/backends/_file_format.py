@@ -120,8 +120,12 @@ def from_ms(value: int | None) -> datetime | None:
 
 
 def now() -> datetime:
-    """Now, at millisecond precision, like every timestamp the store persists."""
-    return datetime.fromtimestamp(round(time.time() * 1000) / 1000, UTC)
+    """Now, at millisecond precision, like every timestamp the store persists.
+
+    Rounded down, never up: an expiry computed from it is never later than the TTL asked for
+    (rounding to nearest made a fresh key's `ttl()` up to half a millisecond too long).
+    """
+    return datetime.fromtimestamp(time.time_ns() // 1_000_000 / 1000, UTC)
 
 
 class Times:

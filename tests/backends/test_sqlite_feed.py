@@ -101,8 +101,11 @@ async def test_earliest_replays_what_is_retained(tmp_path: Path) -> None:
 
 
 async def test_a_long_replay_never_overflows_and_meets_live_exactly(tmp_path: Path) -> None:
-    """5,000 changes back with a buffer of 10: the replay reads pages as it is consumed, then
-    joins the live changes another task keeps writing: no overflow, no gap, no duplicate."""
+    """5,000 changes back with a buffer of 400: the replay reads pages as it is consumed, then
+    joins the live changes another task keeps writing: no overflow, no gap, no duplicate.
+
+    The buffer holds the 300 live writes (a writer faster than its reader may outrun a smaller
+    one, which is an overflow by design) and a twelfth of the replay, which never overflows."""
     async with SQLiteBackend(tmp_path / "s.db") as backend:
         start = await backend.feed_cursor()
         await backend.set_many([(f"k{n % 50}", b"%d" % n) for n in range(5000)])
@@ -112,7 +115,7 @@ async def test_a_long_replay_never_overflows_and_meets_live_exactly(tmp_path: Pa
             for n in range(300):
                 written.append(await backend.set(f"live{n % 3}", b"%d" % n))
 
-        async with backend.changes("*", since=start, max_buffer=10) as changes:
+        async with backend.changes("*", since=start, max_buffer=400) as changes:
             got = await take(changes, 1)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(writer)
