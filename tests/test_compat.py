@@ -105,9 +105,7 @@ ACL_KEYS = (
 )
 ACL_RECIPES = {
     # docs/operations.md, word for word apart from the leading "ACL SETUSER".
-    "all-channels": (
-        f"app on >secret {ACL_KEYS} allchannels {ACL_COMMANDS}"
-    ),
+    "all-channels": (f"app on >secret {ACL_KEYS} allchannels {ACL_COMMANDS}"),
     "exact-channels": (
         f"app on >secret resetchannels {ACL_KEYS} "
         f"&__agenticstate__:myapp:* &__agenticstate__:myapp:agent:* {ACL_COMMANDS}"
