@@ -274,6 +274,34 @@ async def test_cluster_cursors_hold_what_came_before_them_out_of_commit_order(
             assert rest == [(c.key, c.version) for c in seen[index + 1 :]]
 
 
+async def test_cluster_live_cursors_after_a_replay_hold_what_it_read(
+    redis_cluster_url: str,
+) -> None:
+    """A live change waits in the buffer while the replay still reads a stream up to the switch
+    (here slot {s}'s second page, with Y committed after the live change L arrived). L comes after
+    Y, so L's cursor holds Y too: resuming from it yields what came after L, not Y again."""
+    async with RedisBackend(url=redis_cluster_url, key_prefix=unique_prefix()) as backend:
+        head = await backend.feed_cursor()
+        assert head is not None
+        async with (
+            backend.changes("{t}*") as watch,  # on the same connection: shows L has arrived
+            backend.changes("*", since=head, max_buffer=5000) as changes,
+        ):
+            for n in range(1000):  # a full page (`_PAGE`): the replay reads {s} a page at a time
+                await backend.set("{s}k", b"%d" % n)
+            seen = await _take(changes, 1)  # the replay switched: live from here
+            await backend.set("{t}k", b"L")  # a stream made after the switch's SCAN: live
+            await _take(watch, 1)
+            await backend.set("{s}k", b"Y")  # read by the replay (its next page), before L
+            seen += await _take(changes, 1001)
+        assert [(c.key, c.new) for c in seen[-2:]] == [("{s}k", b"Y"), ("{t}k", b"L")]
+        assert seen[-1].cursor is not None
+        async with backend.changes("*", since=seen[-1].cursor) as changes:
+            await backend.set("{c}mark", b"")
+            (mark,) = await _take(changes, 1)
+        assert mark.key == "{c}mark"
+
+
 def _per_key(changes: list[Change]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
     for change in changes:
