@@ -31,6 +31,17 @@ read). A cursor of a change lists that change's own slot first. Clock assumption
 clock does not step back (the ids of one stream never do; the floor compares ids of different
 nodes, so a node whose clock is behind the others' is read from a lower floor, never skipped).
 
+Order and patterns on a cluster. Slots deliver apart (a replay merges the streams by id, a live
+subscription gets each shard as it arrives), so a change may come before one committed earlier on
+another slot; a cursor holds what its read yielded before it, in that order, and resuming from it
+yields exactly what came after it in that read (never a change committed after it but yielded
+before it). A cluster cursor is exact for the pattern it was read with: the floor and the listed
+slots say what that subscription read (a live connection receives only its patterns' channels).
+Resumed with another pattern it misses nothing committed after its change, but may deliver that
+pattern's changes of unlisted slots stamped at or after the floor and committed before its change
+(duplicates, never gaps). A cluster cursor names no store: a head cursor (`c1:<ms>:`, nothing
+listed) of another key prefix or cluster is taken as a time here, not refused.
+
 Reading back (`read_page`, `check_start`): one script returns a page of a stream after a
 position together with the stream's last id, atomically, so a reader tells "nothing after the
 cursor" (the last id is the cursor's) from "everything after it was trimmed" (the last id is

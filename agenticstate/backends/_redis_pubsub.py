@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import random
@@ -1156,6 +1157,7 @@ class _Replay:
         self._cap = 0  # cluster: the floor may not pass this (see the class docstring)
         self._floor = position.floor
         self._listed = {slot: feeds.id_text(at) for slot, at in position.ids.items()}
+        self._merging = owner.is_cluster  # live cursors: add what the replay read (`_merged`)
 
     def __aiter__(self) -> _Replay:
         return self
@@ -1250,4 +1252,36 @@ class _Replay:
                     if at <= done:
                         continue  # read from the feed already
                     del read[slot]
+            if self._merging and change.cursor is not None:
+                cursor = self._merged(change.cursor)
+                if cursor != change.cursor:
+                    change = dataclasses.replace(change, cursor=cursor)
             return change
+
+    def _merged(self, cursor: str) -> str:
+        """A live change's cursor (a cluster), also holding what this replay read before it.
+
+        The cursor was made when the change arrived, and the replay may have read changes of
+        other slots from the feed after that (reading up to the switch) and yielded them first:
+        the cursor must hold them too, or resuming from it repeats them. Both say what was
+        yielded before the change, so their union does: the higher floor, and per slot the
+        higher id, listed only if at or above that floor (the change's own slot first, always).
+        Once the replay adds nothing (the live floor passed what it read), nothing more is done.
+        """
+        live = feeds.parse_cursor(cursor, cluster=True)
+        floor = max(live.floor, self._floor)
+        own = next(iter(live.ids))
+        ids = dict(live.ids)
+        adds = floor > live.floor
+        for slot, text in self._listed.items():
+            at = feeds.parse_id(text)
+            if at[0] >= floor and at > ids.get(slot, (0, 0)):
+                ids[slot] = at
+                adds = True
+        if not adds:
+            self._merging = False  # the live cursors hold all of it now, and keep holding it
+            return cursor
+        listed = {
+            slot: feeds.id_text(at) for slot, at in ids.items() if slot == own or at[0] >= floor
+        }
+        return feeds.cluster_cursor(floor, (own, listed[own]), listed)

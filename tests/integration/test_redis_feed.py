@@ -234,6 +234,74 @@ async def test_cluster_cursors_resume_across_slots_and_stay_small(redis_cluster_
             assert _per_key(rest) == _per_key(seen[index + 1 :])
 
 
+async def test_cluster_cursors_hold_what_came_before_them_out_of_commit_order(
+    redis_cluster_url: str,
+) -> None:
+    """Slots deliver apart: a replay may yield a change before one committed earlier in another
+    slot (here slot {a}'s clock runs ahead: its counter says a minute from now). A cursor holds
+    what was yielded before it, in any order: resuming from each change's cursor yields exactly
+    the changes yielded after it, never one yielded before it (the model suite once counted such
+    a change, committed after the cursor's own but yielded before it, as missed)."""
+    prefix = unique_prefix()
+    async with RedisBackend(url=redis_cluster_url, key_prefix=prefix) as backend:
+        counter = feeds.FeedNames(prefix, cluster=True).for_slot(_slot("{a}"))[1]
+        cluster = sync_redis.RedisCluster.from_url(
+            redis_cluster_url.replace("redis+cluster://", "redis://").split(",")[0]
+        )
+        with cluster:
+            cluster.set(counter, f"{int(time.time() * 1000) + 60_000}-0")
+        await backend.set("{a}k", b"1")
+        async with backend.changes("*", since=EARLIEST) as changes:
+            (first,) = await _take(changes, 1)
+        assert first.cursor is not None
+        await backend.set("{a}k", b"2")  # committed first, stamped a minute ahead
+        await backend.set("{b}k", b"1")
+        await backend.set("{b}k", b"2")
+        async with backend.changes("*", since=first.cursor) as changes:
+            seen = await _take(changes, 3)
+        assert [(c.key, c.version) for c in seen] == [("{b}k", 1), ("{b}k", 2), ("{a}k", 2)]
+        for index, change in enumerate(seen):
+            assert change.cursor is not None
+            rest = []
+            async with backend.changes("*", since=change.cursor) as changes:
+                await backend.set("{c}mark", b"%d" % index)
+                with anyio.fail_after(20):
+                    async for later in changes:
+                        if later.key != "{c}mark":
+                            rest.append((later.key, later.version))
+                        elif later.new == b"%d" % index:
+                            break  # (the marks before are of the resumes before)
+            assert rest == [(c.key, c.version) for c in seen[index + 1 :]]
+
+
+async def test_cluster_live_cursors_after_a_replay_hold_what_it_read(
+    redis_cluster_url: str,
+) -> None:
+    """A live change waits in the buffer while the replay still reads a stream up to the switch
+    (here slot {s}'s second page, with Y committed after the live change L arrived). L comes after
+    Y, so L's cursor holds Y too: resuming from it yields what came after L, not Y again."""
+    async with RedisBackend(url=redis_cluster_url, key_prefix=unique_prefix()) as backend:
+        head = await backend.feed_cursor()
+        assert head is not None
+        async with (
+            backend.changes("{t}*") as watch,  # on the same connection: shows L has arrived
+            backend.changes("*", since=head, max_buffer=5000) as changes,
+        ):
+            for n in range(1000):  # a full page (`_PAGE`): the replay reads {s} a page at a time
+                await backend.set("{s}k", b"%d" % n)
+            seen = await _take(changes, 1)  # the replay switched: live from here
+            await backend.set("{t}k", b"L")  # a stream made after the switch's SCAN: live
+            await _take(watch, 1)
+            await backend.set("{s}k", b"Y")  # read by the replay (its next page), before L
+            seen += await _take(changes, 1001)
+        assert [(c.key, c.new) for c in seen[-2:]] == [("{s}k", b"Y"), ("{t}k", b"L")]
+        assert seen[-1].cursor is not None
+        async with backend.changes("*", since=seen[-1].cursor) as changes:
+            await backend.set("{c}mark", b"")
+            (mark,) = await _take(changes, 1)
+        assert mark.key == "{c}mark"
+
+
 def _per_key(changes: list[Change]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
     for change in changes:

@@ -315,8 +315,11 @@ class StoreMachine(RuleBasedStateMachine):
         self.expiries = 0
         self.txn_expiries = 0
         # Cursors taken so far, each with the number of committed changes it comes after, the
-        # pattern of the read that yielded it, and the earlier-committed changes that read
-        # yielded after it (a cluster's slots deliver apart: those still come after it).
+        # pattern of the read that yielded it, and the earlier-committed changes still to come
+        # after it. On one stream that is what its read yielded after it (none: commit order).
+        # On a cluster the slots deliver apart, so a cursor stands where its read stood: the
+        # changes come after it that the read was to yield and had not yet (earlier- or
+        # later-committed), and every change committed after the read.
         self.cursors: list[tuple[str, int, str, frozenset[int]]] = []
         self.cursor_kind: str | None = None  # every cursor of a store starts with one kind tag
         self.feed_on = self.history_on = False
@@ -967,8 +970,9 @@ class StoreMachine(RuleBasedStateMachine):
         """Enter `context`, write `live`, and read until every live write arrived.
 
         (On a cluster the live writes to different slots may arrive in any order.) With nothing
-        written live, read `count` changes. Return the live writes' versions and every change
-        read, with its cursor.
+        written live, read `count` changes; with live writes, `count` and those (`count=0`: up
+        to the last live write). Return the live writes' versions and every change read, with
+        its cursor.
         """
         read: list[tuple[tuple[object, ...], str | None]] = []
         async with context as stream:
@@ -981,7 +985,9 @@ class StoreMachine(RuleBasedStateMachine):
                     async for change in stream:
                         read.append(self._read_change(change))
                         pending.discard(read[-1][0][3])
-                        if not pending if live else len(read) >= count:
+                        # (On a cluster an earlier-committed change of another slot may come
+                        # after the last live write: read every one expected.)
+                        if not pending and len(read) >= (count + len(live) if count else 0):
                             break
             except TimeoutError:
                 raise AssertionError(
@@ -1018,16 +1024,24 @@ class StoreMachine(RuleBasedStateMachine):
             if _by_key(got).get(key, []) != _by_key(expected).get(key, [])
         )
         positions = self._positions(got, wanted)
-        if not self.harness.one_slot:
+        one_slot = self.harness.one_slot
+        if not one_slot:
             steps = [log[index].step for index in positions]
             assert steps == sorted(steps), f"{what}: out of commit order: {got}"
+        # A cluster's read may yield a change before an earlier-committed one of another slot:
+        # a cursor taken after it has seen it (resuming there must not repeat it).
+        unseen, end = set(wanted), len(log)
         for at, ((seen, cursor), index) in enumerate(zip(read, positions, strict=True)):
             assert isinstance(cursor, str), f"{what}: {seen} carries cursor {cursor!r}"
             kind = cursor.partition(":")[0]
             self.cursor_kind = self.cursor_kind or kind
             assert kind == self.cursor_kind, f"cursors {cursor!r} and {self.cursor_kind!r}..."
-            later = frozenset(p for p in positions[at + 1 :] if p < index)
-            self.cursors.append((cursor, index + 1, pattern, later))
+            unseen.discard(index)
+            if one_slot:
+                self.cursors.append((cursor, end, pattern, frozenset(unseen)))
+            else:
+                later = frozenset(p for p in positions[at + 1 :] if p < index)
+                self.cursors.append((cursor, index + 1, pattern, later))
         del self.cursors[:-64]
         self.harness.figures.changes_checked += len(read)
 
@@ -1102,7 +1116,11 @@ class StoreMachine(RuleBasedStateMachine):
         name = f"changes({pattern!r}, since={source} cursor {since!r})"
         try:
             versions, read = self.harness.portal.call(
-                self._replay, context, writes, 0 if suffix else len(wanted)
+                # (How much a resync yields is not known: read to the last live write.)
+                self._replay,
+                context,
+                writes,
+                0 if suffix or (resync and may_expire) else len(wanted),
             )
         except CursorExpiredError:
             assert may_expire, f"{name} expired after {start - position} changes"
