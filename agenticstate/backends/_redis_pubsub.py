@@ -50,6 +50,7 @@ from agenticstate.exceptions import (
     BackendUnavailableError,
     CursorExpiredError,
     InvalidArgumentError,
+    SubscriptionClosedError,
 )
 
 if TYPE_CHECKING:
@@ -1225,6 +1226,19 @@ class _Replay:
         return feeds.cluster_cursor(self._floor, (slot, text), listed)
 
     async def __anext__(self) -> Change:
+        try:
+            return await self._next_change()
+        except CursorExpiredError as exc:
+            # Trimmed while this subscription was still reading the feed (entry checked the
+            # start): what it had not read yet is gone. That is an overflow, as on SQLite:
+            # resuming from the last change's cursor then raises CursorExpiredError on entry.
+            raise SubscriptionClosedError(
+                "overflow",
+                "the feed was trimmed past what this subscription had read; resume with "
+                "since= the cursor of the last change read, or re-read the state",
+            ) from exc
+
+    async def _next_change(self) -> Change:
         while self._pass < 2:
             entry = await self._next_entry()
             if entry is None:
