@@ -6,12 +6,16 @@ suite checks it one step at a time; here writers run concurrently with the consu
 switch happens while changes commit:
 
 - `WRITERS` tasks each write `WRITES` changes (sets and some deletes) to a few keys of their
-  own hash tag (one slot on a cluster), then an end marker under the same tag;
+  own hash tag (one slot on a cluster);
 - consumers (one per buffer size in `BUFFERS`) each start from a random cursor (one a write
   returned, the head, or `EARLIEST`) at a random moment, and read until every end marker
-  arrived. With a small buffer it overflows (`SubscriptionClosedError`, reason
-  "overflow") and resumes with `since=` its last cursor; now and then it leaves on its own and
-  resumes the same way.
+  arrived. The end markers (one under each writer's tag) are written once every writer is done
+  and every consumer has chosen its start, so each marker comes after every start: a start
+  chosen after a writer's last change (a writer can finish well before the others, as a
+  cluster's shards run apart under load) would otherwise never see that writer's marker.
+  With a small buffer it overflows (`SubscriptionClosedError`, reason "overflow") and
+  resumes with `since=` its last cursor; now and then it leaves on its own and resumes the
+  same way.
 
 Then the feed replayed from `EARLIEST` is the reference: each consumer read, for each writer's
 tag, exactly the reference's changes of that tag after its starting point, in order, none
@@ -72,6 +76,7 @@ class Progress:
         self._written = [0] * WRITERS
         self._ended = [False] * WRITERS
         self._grew = anyio.Event()
+        self._started = 0  # consumers that have chosen their start
 
     def add(self, cursor: str | None, writer: int) -> None:
         assert cursor is not None, "a write with the feed on returned no cursor"
@@ -91,9 +96,20 @@ class Progress:
         self._grew.set()
         self._grew = anyio.Event()
 
+    def started(self) -> None:
+        """A consumer chose its start."""
+        self._started += 1
+        self._grew.set()
+        self._grew = anyio.Event()
+
+    async def wait_for_starts(self, consumers: int) -> None:
+        """Until every writer is done and `consumers` consumers have chosen their start."""
+        while sum(self._ended) < WRITERS or self._started < consumers:
+            await self._grew.wait()
+
 
 async def write(state: StateManager, writer: int, progress: Progress, rng: random.Random) -> None:
-    """Sets (and some deletes) through the backend, of values the manager decodes, then the end."""
+    """Sets (and some deletes) through the backend, of values the manager decodes."""
     backend, dumps = state.backend, state.serializer.dumps
     for i in range(WRITES):
         key = f"{tag(writer)}:k{rng.randrange(KEYS_PER_WRITER)}"
@@ -105,8 +121,15 @@ async def write(state: StateManager, writer: int, progress: Progress, rng: rando
             progress.add((await backend.set(key, dumps(f"{writer}:{i}"))).cursor, writer)
         if rng.random() < 0.3:
             await anyio.lowlevel.checkpoint()
-    progress.add((await backend.set(f"{tag(writer)}:end", dumps("end"))).cursor, writer)
     progress.end(writer)
+
+
+async def write_ends(state: StateManager, progress: Progress, consumers: int) -> None:
+    """Each writer's end marker, after every writer is done and every consumer has started."""
+    await progress.wait_for_starts(consumers)
+    backend, dumps = state.backend, state.serializer.dumps
+    for writer in range(WRITERS):
+        progress.add((await backend.set(f"{tag(writer)}:end", dumps("end"))).cursor, writer)
 
 
 class Consumer:
@@ -139,6 +162,7 @@ class Consumer:
             self.start = head
         else:
             self.start = rng.choice(progress.cursors)
+        progress.started()
         since, ends = self.start, set[str]()
         try:
             await self._read(since, ends)
@@ -243,6 +267,7 @@ async def test_consumers_resume_through_overflows_without_gaps_or_duplicates(
                 async with anyio.create_task_group() as group:
                     for writer in range(WRITERS):
                         group.start_soon(write, state, writer, progress, random.Random(writer))
+                    group.start_soon(write_ends, state, progress, len(consumers))
                     for consumer in consumers:
                         group.start_soon(consumer.run, progress)
         except TimeoutError:
