@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 WRITERS = 4
 WRITES = 300
+SHORT_WRITES = 30  # in `test_a_start_after_a_writers_last_change_still_ends`, writer 0's
 BUFFERS = (2, 2, 8, 8, 100_000, 100_000)  # one consumer for each; small ones overflow
 KEYS_PER_WRITER = 5
 PROMPT = 20.0  # seconds a consumer may take to read everything
@@ -102,16 +103,23 @@ class Progress:
         self._grew.set()
         self._grew = anyio.Event()
 
+    async def wait_for_end(self, writer: int) -> None:
+        """Until `writer` is done."""
+        while not self._ended[writer]:
+            await self._grew.wait()
+
     async def wait_for_starts(self, consumers: int) -> None:
         """Until every writer is done and `consumers` consumers have chosen their start."""
         while sum(self._ended) < WRITERS or self._started < consumers:
             await self._grew.wait()
 
 
-async def write(state: StateManager, writer: int, progress: Progress, rng: random.Random) -> None:
+async def write(
+    state: StateManager, writer: int, progress: Progress, rng: random.Random, writes: int = WRITES
+) -> None:
     """Sets (and some deletes) through the backend, of values the manager decodes."""
     backend, dumps = state.backend, state.serializer.dumps
-    for i in range(WRITES):
+    for i in range(writes):
         key = f"{tag(writer)}:k{rng.randrange(KEYS_PER_WRITER)}"
         if rng.random() < 0.1:
             change = await backend.delete(key)
@@ -144,6 +152,7 @@ class Consumer:
         self.rows: list[Row] = []
         self.overflows = 0
         self.returns = 0
+        self.after_writer_0 = False  # start from the head once writer 0 is done
 
     def _open(self, since: str, max_buffer: int) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
         if self.state is not None:
@@ -154,7 +163,12 @@ class Consumer:
         rng = self.rng
         await progress.wait_for(rng.randrange(WRITERS * WRITES))
         roll = rng.random()
-        if roll < 0.2:
+        if self.after_writer_0:
+            await progress.wait_for_end(0)
+            head = await self.backend.feed_cursor()
+            assert head is not None
+            self.start = head
+        elif roll < 0.2:
             self.start = EARLIEST
         elif roll < 0.4:
             head = await self.backend.feed_cursor()
@@ -287,3 +301,36 @@ async def test_consumers_resume_through_overflows_without_gaps_or_duplicates(
     record_property("returns", sum(c.returns for c in consumers))
     if kind not in REDIS_BACKENDS:  # a small buffer falls behind writers on one event loop
         assert sum(c.overflows for c in consumers) > 0
+
+
+@pytest.mark.parametrize("kind", backend_params())
+async def test_a_start_after_a_writers_last_change_still_ends(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Consumers started from the head after writer 0 is done read to every end marker.
+
+    Regression: the end markers were each writer's last write, so a start after writer 0's
+    last change never saw its marker and the consumer waited out `PROMPT` (seen on a cluster
+    under load, where one shard's writer finished ~0.7 s before the others).
+    """
+    async with (
+        BACKEND_MAKERS[kind](request, tmp_path, feed=FEED) as backend,
+        StateManager(StateConfig(), backend=backend, close_backend=False) as state,
+    ):
+        progress = Progress()
+        consumers = [Consumer(backend, None, random.Random(size), size) for size in BUFFERS]
+        for consumer in consumers:
+            consumer.after_writer_0 = True
+        with anyio.fail_after(PROMPT * 2):
+            async with anyio.create_task_group() as group:
+                for writer in range(WRITERS):
+                    writes = SHORT_WRITES if writer == 0 else WRITES
+                    group.start_soon(write, state, writer, progress, random.Random(writer), writes)
+                group.start_soon(write_ends, state, progress, len(consumers))
+                for consumer in consumers:
+                    group.start_soon(consumer.run, progress)
+        feed = await reference(backend)
+    assert len(feed) == len(progress.cursors)
+    for consumer in consumers:
+        check(consumer, feed, progress, one_stream=kind != "redis-cluster")
+        assert (f"{tag(0)}:end", "set") in {row[:2] for row in consumer.rows}
