@@ -6,12 +6,16 @@ suite checks it one step at a time; here writers run concurrently with the consu
 switch happens while changes commit:
 
 - `WRITERS` tasks each write `WRITES` changes (sets and some deletes) to a few keys of their
-  own hash tag (one slot on a cluster), then an end marker under the same tag;
+  own hash tag (one slot on a cluster);
 - consumers (one per buffer size in `BUFFERS`) each start from a random cursor (one a write
   returned, the head, or `EARLIEST`) at a random moment, and read until every end marker
-  arrived. With a small buffer it overflows (`SubscriptionClosedError`, reason
-  "overflow") and resumes with `since=` its last cursor; now and then it leaves on its own and
-  resumes the same way.
+  arrived. The end markers (one under each writer's tag) are written once every writer is done
+  and every consumer has chosen its start, so each marker comes after every start: a start
+  chosen after a writer's last change (a writer can finish well before the others, as a
+  cluster's shards run apart under load) would otherwise never see that writer's marker.
+  With a small buffer it overflows (`SubscriptionClosedError`, reason "overflow") and
+  resumes with `since=` its last cursor; now and then it leaves on its own and resumes the
+  same way.
 
 Then the feed replayed from `EARLIEST` is the reference: each consumer read, for each writer's
 tag, exactly the reference's changes of that tag after its starting point, in order, none
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
 
 WRITERS = 4
 WRITES = 300
+SHORT_WRITES = 30  # in `test_a_start_after_a_writers_last_change_still_ends`, writer 0's
 BUFFERS = (2, 2, 8, 8, 100_000, 100_000)  # one consumer for each; small ones overflow
 KEYS_PER_WRITER = 5
 PROMPT = 20.0  # seconds a consumer may take to read everything
@@ -72,6 +77,7 @@ class Progress:
         self._written = [0] * WRITERS
         self._ended = [False] * WRITERS
         self._grew = anyio.Event()
+        self._started = 0  # consumers that have chosen their start
 
     def add(self, cursor: str | None, writer: int) -> None:
         assert cursor is not None, "a write with the feed on returned no cursor"
@@ -91,11 +97,29 @@ class Progress:
         self._grew.set()
         self._grew = anyio.Event()
 
+    def started(self) -> None:
+        """A consumer chose its start."""
+        self._started += 1
+        self._grew.set()
+        self._grew = anyio.Event()
 
-async def write(state: StateManager, writer: int, progress: Progress, rng: random.Random) -> None:
-    """Sets (and some deletes) through the backend, of values the manager decodes, then the end."""
+    async def wait_for_end(self, writer: int) -> None:
+        """Until `writer` is done."""
+        while not self._ended[writer]:
+            await self._grew.wait()
+
+    async def wait_for_starts(self, consumers: int) -> None:
+        """Until every writer is done and `consumers` consumers have chosen their start."""
+        while sum(self._ended) < WRITERS or self._started < consumers:
+            await self._grew.wait()
+
+
+async def write(
+    state: StateManager, writer: int, progress: Progress, rng: random.Random, writes: int = WRITES
+) -> None:
+    """Sets (and some deletes) through the backend, of values the manager decodes."""
     backend, dumps = state.backend, state.serializer.dumps
-    for i in range(WRITES):
+    for i in range(writes):
         key = f"{tag(writer)}:k{rng.randrange(KEYS_PER_WRITER)}"
         if rng.random() < 0.1:
             change = await backend.delete(key)
@@ -105,8 +129,15 @@ async def write(state: StateManager, writer: int, progress: Progress, rng: rando
             progress.add((await backend.set(key, dumps(f"{writer}:{i}"))).cursor, writer)
         if rng.random() < 0.3:
             await anyio.lowlevel.checkpoint()
-    progress.add((await backend.set(f"{tag(writer)}:end", dumps("end"))).cursor, writer)
     progress.end(writer)
+
+
+async def write_ends(state: StateManager, progress: Progress, consumers: int) -> None:
+    """Each writer's end marker, after every writer is done and every consumer has started."""
+    await progress.wait_for_starts(consumers)
+    backend, dumps = state.backend, state.serializer.dumps
+    for writer in range(WRITERS):
+        progress.add((await backend.set(f"{tag(writer)}:end", dumps("end"))).cursor, writer)
 
 
 class Consumer:
@@ -121,6 +152,7 @@ class Consumer:
         self.rows: list[Row] = []
         self.overflows = 0
         self.returns = 0
+        self.after_writer_0 = False  # start from the head once writer 0 is done
 
     def _open(self, since: str, max_buffer: int) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
         if self.state is not None:
@@ -131,7 +163,12 @@ class Consumer:
         rng = self.rng
         await progress.wait_for(rng.randrange(WRITERS * WRITES))
         roll = rng.random()
-        if roll < 0.2:
+        if self.after_writer_0:
+            await progress.wait_for_end(0)
+            head = await self.backend.feed_cursor()
+            assert head is not None
+            self.start = head
+        elif roll < 0.2:
             self.start = EARLIEST
         elif roll < 0.4:
             head = await self.backend.feed_cursor()
@@ -139,6 +176,7 @@ class Consumer:
             self.start = head
         else:
             self.start = rng.choice(progress.cursors)
+        progress.started()
         since, ends = self.start, set[str]()
         try:
             await self._read(since, ends)
@@ -263,6 +301,7 @@ async def test_consumers_resume_through_overflows_without_gaps_or_duplicates(
                 async with anyio.create_task_group() as group:
                     for writer in range(WRITERS):
                         group.start_soon(write, state, writer, progress, random.Random(writer))
+                    group.start_soon(write_ends, state, progress, len(consumers))
                     for consumer in consumers:
                         group.start_soon(consumer.run, progress)
         except TimeoutError:
@@ -282,3 +321,36 @@ async def test_consumers_resume_through_overflows_without_gaps_or_duplicates(
     record_property("returns", sum(c.returns for c in consumers))
     if kind not in REDIS_BACKENDS:  # a small buffer falls behind writers on one event loop
         assert sum(c.overflows for c in consumers) > 0
+
+
+@pytest.mark.parametrize("kind", backend_params())
+async def test_a_start_after_a_writers_last_change_still_ends(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Consumers started from the head after writer 0 is done read to every end marker.
+
+    Regression: the end markers were each writer's last write, so a start after writer 0's
+    last change never saw its marker and the consumer waited out `PROMPT` (seen on a cluster
+    under load, where one shard's writer finished ~0.7 s before the others).
+    """
+    async with (
+        BACKEND_MAKERS[kind](request, tmp_path, feed=FEED) as backend,
+        StateManager(StateConfig(), backend=backend, close_backend=False) as state,
+    ):
+        progress = Progress()
+        consumers = [Consumer(backend, None, random.Random(size), size) for size in BUFFERS]
+        for consumer in consumers:
+            consumer.after_writer_0 = True
+        with anyio.fail_after(PROMPT * 2):
+            async with anyio.create_task_group() as group:
+                for writer in range(WRITERS):
+                    writes = SHORT_WRITES if writer == 0 else WRITES
+                    group.start_soon(write, state, writer, progress, random.Random(writer), writes)
+                group.start_soon(write_ends, state, progress, len(consumers))
+                for consumer in consumers:
+                    group.start_soon(consumer.run, progress)
+        feed = await reference(backend)
+    assert len(feed) == len(progress.cursors)
+    for consumer in consumers:
+        check(consumer, feed, progress, one_stream=kind != "redis-cluster")
+        assert (f"{tag(0)}:end", "set") in {row[:2] for row in consumer.rows}
