@@ -256,28 +256,8 @@ def check(consumer: Consumer, feed: list[Row], progress: Progress, *, one_stream
             assert got == mine[made[1] + 1 :], f"{tag(writer)}: not from the start cursor on"
 
 
-# Known open bug (issue #23 stays open for it): under CPU load, a Redis Cluster subscription from
-# a cursor can stop receiving live changes after its replay (a consumer reads the replay, then
-# nothing). Unloaded it passes; loaded, about one run in two fails. Not strict: when it passes,
-# the run says XPASS.
-CLUSTER_LIVE_GAP = pytest.mark.xfail(
-    reason="open bug: a Redis Cluster replay can stop receiving live changes under CPU load",
-    strict=False,
-)
-
-
-def _fault_params() -> list[Any]:
-    """`backend_params()`, the cluster's marked with the open bug."""
-    return [
-        pytest.param(name, marks=[pytest.mark.redis, CLUSTER_LIVE_GAP])
-        if name == "redis-cluster"
-        else param
-        for name, param in zip(BACKEND_MAKERS, backend_params(), strict=True)
-    ]
-
-
 @pytest.mark.parametrize("via_manager", [False, True], ids=["backend", "manager"])
-@pytest.mark.parametrize("kind", _fault_params())
+@pytest.mark.parametrize("kind", backend_params())
 async def test_consumers_resume_through_overflows_without_gaps_or_duplicates(
     kind: str,
     via_manager: bool,
