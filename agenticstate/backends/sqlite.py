@@ -275,7 +275,14 @@ class SQLiteBackend(Backend):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = connect(self.path, synchronous=self.synchronous, busy_ms=10_000)
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                for attempt in range(100):  # another opener switching the mode: BUSY at once
+                    try:
+                        conn.execute("PRAGMA journal_mode=WAL")
+                        break
+                    except sqlite3.OperationalError as exc:
+                        if "locked" not in str(exc) or attempt == 99:
+                            raise
+                        time.sleep(0.01)  # the writer thread, never the event loop
                 self._begin(conn)
                 try:
                     found = conn.execute("PRAGMA user_version").fetchone()[0]
