@@ -131,7 +131,7 @@ from agenticstate.backends.base import (
     conflict,
     new_change,
 )
-from agenticstate.config import redact_url
+from agenticstate.config import check_user_info, redact_url
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -250,6 +250,7 @@ class RedisBackend(Subscriber, Backend):
             raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         if not isinstance(url, str) or "://" not in url:
             raise ConfigurationError("url must look like redis://host:port/db")
+        check_user_info(url)
         validate_key_prefix(key_prefix)
         if connection_pool_size < 1 or read_retries < 0:
             raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
@@ -309,6 +310,7 @@ class RedisBackend(Subscriber, Backend):
         """
         from urllib.parse import parse_qsl, urlencode, urlsplit
 
+        check_user_info(url)  # before the URL is taken apart and put together again
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         prefix = query.pop("key_prefix", options.pop("key_prefix", ""))
