@@ -120,6 +120,7 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    EntryStat,
     FeedRetention,
     HistoryRules,
     TxnResult,
@@ -475,6 +476,40 @@ class RedisBackend(Subscriber, Backend):
                 # A missing or expired key has length 0; a record is never shorter than its header.
                 sizes[position] = int(length) - scripts.HEADER if int(length) else None
         return sizes
+
+    async def stat_many(self, keys: Sequence[str]) -> list[EntryStat | None]:
+        """Return each key's metadata and stored size, one script per slot group.
+
+        See `Backend.stat_many`. The script returns each record's header and STRLEN: values are
+        never transferred, about 80 bytes a key.
+        """
+        if not keys:
+            return []
+        names = [self._k(key) for key in keys]
+        await self._redis()
+        stats: list[EntryStat | None] = [None] * len(names)
+        groups = [  # as in value_sizes: one slot per script, at most 1,000 keys
+            group[start : start + 1000]
+            for group in self._by_slot(names)
+            for start in range(0, len(group), 1000)
+        ]
+        for group in groups:
+            replies = await self._read(
+                "EVAL", scripts.STAT, len(group), *[names[position] for position in group]
+            )
+            for position, reply in zip(group, replies, strict=True):
+                if reply:
+                    header, length = reply
+                    head = scripts.entry(keys[position], header)
+                    stats[position] = EntryStat(
+                        key=head.key,
+                        size=int(length) - scripts.HEADER,
+                        version=head.version,
+                        created_at=head.created_at,
+                        updated_at=head.updated_at,
+                        expires_at=head.expires_at,
+                    )
+        return stats
 
     async def set(
         self,
