@@ -149,7 +149,23 @@ if TYPE_CHECKING:
 
     from agenticstate.backends.base import TxnCompare, TxnOp
 
-__all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
+__all__ = ["CHANNEL_NAMESPACE", "CHANNEL_NAMESPACES", "KEY_NAMESPACES", "RedisBackend"]
+
+KEY_NAMESPACES: tuple[str, ...] = (
+    "",  # the state keys themselves: `{key_prefix}{key}`
+    scripts.INDEX_NAMESPACE,  # sorted indexes
+    _redis_feed.FEED_NAMESPACE,  # the change feed's streams
+    _redis_feed.COUNTER_NAMESPACE,  # the feed's id counters
+    history_lists.HISTORY_NAMESPACE,  # kept versions of keys with history rules
+)
+"""Every Redis key a store uses is `{namespace}{key_prefix}...` for one of these namespaces.
+
+An ACL user limited to one store needs the key pattern `~{namespace}{key_prefix}*` for each
+(the Security page's recipes; a test fails if a recipe misses one). A new kind of key gets its
+namespace here.
+"""
+CHANNEL_NAMESPACES: tuple[str, ...] = (scripts.CHANNEL_NAMESPACE,)
+"""Every channel a store publishes or subscribes to is `{namespace}{key_prefix}...`."""
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
 # Slots a SCAN call visits: a page of 5,000 holds the server well under a millisecond, and
@@ -161,6 +177,8 @@ CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 
 
 _NO_FEED_OPTION: Any = object()  # the URL says nothing about the feed
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True}
+_FLAGS.update({"0": False, "false": False, "no": False, "off": False})
 
 
 def _feed_from_query(query: dict[str, str]) -> FeedRetention | None:
@@ -223,6 +241,11 @@ class RedisBackend(Subscriber, Backend):
         client: Use this `redis.asyncio.Redis` instead of creating one (it is not closed).
         feed: The change feed's retention (see "Change feed"), or `None` for no feed: then
             changes carry no cursor, `since=` is refused and a reconnect resyncs.
+        subscribe_whole_prefix: Subscribe to every change channel of the key prefix with one
+            pattern (`__agenticstate__:<prefix>*`) and match subscriptions locally, instead of
+            one pattern per subscription. Needed under an ACL user limited to its prefix's
+            channels, since Redis checks a `PSUBSCRIBE` pattern literally against the user's
+            channel rules (see the Security page); it costs receiving every change of the prefix.
         **client_options: Passed to `redis.asyncio.Redis.from_url` (TLS files, for example:
             `ssl_ca_certs=...`, `ssl_certfile=...`, `ssl_keyfile=...`).
 
@@ -244,6 +267,7 @@ class RedisBackend(Subscriber, Backend):
         history: Mapping[str, int] | HistoryRules | None = None,
         client: aioredis.Redis | None = None,
         feed: FeedRetention | None = FeedRetention(),  # noqa: B008  # frozen: shared safely
+        subscribe_whole_prefix: bool = False,
         **client_options: Any,
     ) -> None:
         wire.require_redis()
@@ -279,7 +303,8 @@ class RedisBackend(Subscriber, Backend):
                 0 if feed.max_age is None else scripts.ttl_ms(feed.max_age),
             )
         )
-        self._init_subscriber(key_prefix)
+        self.subscribe_whole_prefix = bool(subscribe_whole_prefix)
+        self._init_subscriber(key_prefix, whole_prefix=self.subscribe_whole_prefix)
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
@@ -306,8 +331,8 @@ class RedisBackend(Subscriber, Backend):
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         """Create a backend from `redis://`, `rediss://` or `unix://`.
 
-        Query parameters: `key_prefix`, and the feed's `feed=off`, `feed_max_changes=N`,
-        `feed_max_age=SECONDS`.
+        Query parameters: `key_prefix`, the feed's `feed=off`, `feed_max_changes=N`,
+        `feed_max_age=SECONDS`, and `subscribe_whole_prefix=1`.
         """
         from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -318,6 +343,13 @@ class RedisBackend(Subscriber, Backend):
         feed = _feed_from_query(query)
         if feed is not _NO_FEED_OPTION:
             options["feed"] = feed
+        whole = query.pop("subscribe_whole_prefix", None)
+        if whole is not None:
+            if whole.lower() not in _FLAGS:
+                raise ConfigurationError(
+                    f"subscribe_whole_prefix must be 1 or 0 (true or false), not {whole!r}"
+                )
+            options["subscribe_whole_prefix"] = _FLAGS[whole.lower()]
         cleaned = url
         if parts.query:
             # Rebuild by hand: urlunsplit drops the `//` of `unix:///path`.

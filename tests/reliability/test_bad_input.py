@@ -442,6 +442,7 @@ BAD: list[Any] = [
     pytest.param(_redis_url_row(f"redis://127.0.0.1:6379/0?password={SECRET}&socket_timeout=x", "password=***"), id="url-password-in-query"),
     pytest.param(Bad(sync(lambda c: RedisBackend(url="localhost")), ConfigurationError, "url must look like redis://host:port/db", only="memory"), id="url-redis-no-scheme"),
     pytest.param(Bad(sync(lambda c: RedisBackend(url=f"redis://u:a/{SECRET}@127.0.0.1:6379/0")), ConfigurationError, "percent-encode", only="memory"), id="url-slash-in-password"),
+    pytest.param(Bad(sync(lambda c: open_backend("redis://127.0.0.1:6379/0?subscribe_whole_prefix=maybe")), ConfigurationError, "subscribe_whole_prefix must be 1 or 0", only="memory"), id="url-bad-subscribe-whole-prefix"),
     pytest.param(Bad(sync(lambda c: open_backend(f"redis://u:a?{SECRET}@127.0.0.1:6379/0")), ConfigurationError, "'redis://u:***@127.0.0.1:6379/0' has an '@' after", only="memory"), id="url-question-mark-in-password"),
     pytest.param(Bad(sync(lambda c: open_backend(f"redis+cluster://u:a#{SECRET}@127.0.0.1:7000")), ConfigurationError, "percent-encode", only="memory"), id="url-hash-in-cluster-password"),
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path / "x", format=anything("xml"))), ConfigurationError, "format must be 'json' or 'msgpack', not 'xml'", only="memory"), id="file-format"),
