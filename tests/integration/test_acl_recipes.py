@@ -178,7 +178,8 @@ def _admins(url: str, server: RedisServer) -> list[sync_redis.Redis]:
 def _user_url(url: str, server: RedisServer, user: str) -> str:
     if url.startswith("redis+cluster://"):
         return url.replace("redis+cluster://", f"redis+cluster://{user}:{PASSWORD}@", 1)
-    return f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
+    # Database 1: redis-py sends SELECT on every connection (a recipe without it fails).
+    return f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/1"
 
 
 @pytest.fixture(params=["redis", pytest.param("redis-cluster", marks=pytest.mark.slow)])
@@ -207,7 +208,8 @@ async def test_a_recipe_user_runs_every_operation_of_the_library(
 ) -> None:
     """A user made from the recipe runs every operation of the library on its prefix (the
     core, subscriptions, the feed's replay, history, commits, every manager, LangGraph, the
-    inspector's queries), and the server refused none of its commands."""
+    inspector's queries), in database 1 on a plain server, and the server refused none of its
+    commands."""
     user, prefix = f"app{uuid.uuid4().hex[:8]}", f"acl{uuid.uuid4().hex[:8]}:"
     admins = _admins(where, server)
     try:
