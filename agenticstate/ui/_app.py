@@ -69,6 +69,10 @@ MAX_STREAM_VALUE_CHARS = 2_000
 MAX_MESSAGES = 1000
 """The most messages of a session one request returns (`last` may not be larger)."""
 
+MAX_WRITE_BYTES = 16 * 1024 * 1024
+"""The largest body a save from the page may have (HTTP 413 beyond it, read no further): the
+page edits only values it shows whole, at most `MAX_VALUE_CHARS` characters of JSON."""
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 _STATIC = {
@@ -322,8 +326,16 @@ class Inspector:
         """Save or delete one key, only with `--allow-writes` and the version the page showed."""
         if not self.settings.allow_writes:
             return _error("the inspector is read-only (start it with --allow-writes)", 403)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_WRITE_BYTES:
+            return _error(f"the body is larger than {MAX_WRITE_BYTES} bytes", 413)
+        raw = bytearray()
+        async for chunk in request.stream():  # a body without a length is counted as it comes
+            raw += chunk
+            if len(raw) > MAX_WRITE_BYTES:
+                return _error(f"the body is larger than {MAX_WRITE_BYTES} bytes", 413)
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             return _error("the body must be JSON", 400)
         if not isinstance(body, dict):

@@ -254,3 +254,27 @@ async def test_the_key_list_reads_no_values_from_redis(redis_url: str) -> None:
     assert all(datetime.fromisoformat(row["updated_at"]).tzinfo is not None for row in rows)
     assert sent < value_size, f"Redis sent {sent} bytes for a list of 40 keys"
     assert refused.status_code == 400
+
+
+async def test_a_save_from_the_page_reads_a_bounded_body(state: StateManager) -> None:
+    """A save whose body is larger than `MAX_WRITE_BYTES` is refused (413) without being read
+    whole, with or without a declared length, and nothing is written."""
+    from agenticstate.ui._app import MAX_WRITE_BYTES
+
+    await state.save("k", 1)
+    app = create_app(state, allow_writes=True)
+    page = {"origin": "http://127.0.0.1:8765"}
+    big = b'{"key": "k", "expected_version": 1, "value": "' + b"x" * MAX_WRITE_BYTES + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(big), 1 << 20):
+            yield big[start : start + (1 << 20)]
+
+    async with _client(app) as client:
+        declared = await client.put("/api/value", content=big, headers=page)
+        streamed = await client.put("/api/value", content=chunks(), headers=page)
+        small = await client.put(
+            "/api/value", json={"key": "k", "expected_version": 1, "value": 2}, headers=page
+        )
+    assert (declared.status_code, streamed.status_code, small.status_code) == (413, 413, 200)
+    assert await state.get("k") == 2
