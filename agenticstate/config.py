@@ -160,7 +160,7 @@ def redact_url(url: str) -> str:
 
 
 def check_user_info(url: str) -> None:
-    """Refuse a URL whose user info a URL parser would cut short (so connect with it never).
+    """Refuse a URL whose user info a URL parser would cut short, before anything connects.
 
     A `/`, `?` or `#` ends a URL's authority, so in `redis://app:ab/cd@host` a parser sees the
     host `app`, the port `ab` and the path `/cd@host`: the password would reach error messages
