@@ -51,6 +51,7 @@ from agenticstate._keys import validate_pattern
 from agenticstate._progress import Progress, is_terminal
 from agenticstate._version import __version__
 from agenticstate.backends import ChangeOp, FileBackend, open_backend
+from agenticstate.config import redact_url
 from agenticstate.exceptions import (
     AgenticStateError,
     BackendError,
@@ -129,14 +130,15 @@ def _manager(args: argparse.Namespace) -> StateManager:
             backend.snapshot_path.exists() or backend.log_path.exists()
         ):
             raise _CommandError(
-                f"no store at {backend.base_path} ({url}): {backend.snapshot_path.name} does "
-                "not exist; check --url (only `set` creates a store)",
+                f"no store at {backend.base_path} ({redact_url(url)}): "
+                f"{backend.snapshot_path.name} does not exist; check --url (only `set` creates "
+                "a store)",
                 EXIT_NOT_FOUND,
             )
         path = getattr(backend, "path", None)  # the SQLite backend's database file
         if type(backend).__name__ == "SQLiteBackend" and path is not None and not path.exists():
             raise _CommandError(
-                f"no store at {path} ({url}): the database does not exist; check --url "
+                f"no store at {path} ({redact_url(url)}): the database does not exist; check --url "
                 "(only `set` creates a store)",
                 EXIT_NOT_FOUND,
             )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, unquote_plus
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -30,31 +30,208 @@ if TYPE_CHECKING:
 __all__ = ["FeedRetention", "HistoryRules", "StateConfig", "redact_url"]
 
 
-_PASSWORD_PARAMETER = re.compile(r"((?:^|&)password=)[^&]*", re.IGNORECASE)
+# Query parameters whose values are shown by `redact_url` (names compared case-insensitively
+# after percent-decoding): connection settings that are never secrets. Every other parameter's
+# value is hidden, so a new driver option, a misspelt `password` or an encoded name
+# (`pass%77ord`) never shows.
+_SHOWN_PARAMETERS = frozenset(
+    {
+        "db",
+        "protocol",
+        "key_prefix",
+        "feed",
+        "feed_max_changes",
+        "feed_max_age",
+        "change_retention",
+        "synchronous",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "retry_on_timeout",
+        "health_check_interval",
+        "max_connections",
+        "decode_responses",
+        "ssl_cert_reqs",
+        "ssl_check_hostname",
+        "sslmode",
+        "connect_timeout",
+    }
+)
+# A value shown must look like a setting (digits, words), not like free text.
+_SHOWN_VALUE = re.compile(r"[A-Za-z0-9_.+-]{0,64}")
+# A parameter name shown as written: letters, digits and percent-encodings only.
+_SHOWN_NAME = re.compile(r"[A-Za-z0-9_.%+-]{1,64}")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+# A user name shown before `:***@`: no URL delimiter, nothing a query or path could hold.
+_SHOWN_USER = re.compile(r"[A-Za-z0-9._~%!$'()*+,-]{0,256}")
+# A host or `host:port` (one of several in a cluster URL): a port, if any, is digits.
+_HOST = re.compile(r"(?:\[[^\[\]@]*\]|[^\[\]@:]*)(?::[0-9]*)?")
+_INVALID = "<invalid url>"
+_HIDDEN = "***"
+
+
+def _split_authority(url: str) -> tuple[str, str | None, str] | None:
+    """`url` as (scheme and `//`, user info or `None`, the rest), or `None` if it has no scheme.
+
+    The user info runs to the *last* `@` after the scheme, whatever comes between: a password
+    may hold `/`, `?`, `#` or `@`, which end the authority for a URL parser. When an `@`
+    belongs to a path or query instead (`redis://h/0?client_name=a@b`), more is hidden than
+    needed, never less. An authority that starts with `/` (`unix:///tmp/a@b.sock`) is empty.
+    """
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return None
+    start = scheme.end() + 2 if url.startswith("//", scheme.end()) else scheme.end()
+    rest = url[start:]
+    if (rest.startswith("/") and start > scheme.end()) or "@" not in rest:
+        return url[:start], None, rest
+    userinfo, _, after = rest.rpartition("@")
+    return url[:start], userinfo, after
+
+
+def _parameter_name(raw: str) -> str:
+    """A query parameter's name as a URL parser reads it (tabs and newlines dropped, decoded)."""
+    name = re.sub(r"[\t\r\n]", "", raw)
+    for _ in range(4):  # decoded repeatedly: `%2570` is still not shown as `db`
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    return name.casefold()
+
+
+def _redact_query(query: str) -> str:
+    parts = []
+    for parameter in query.split("&"):
+        name, equals, value = parameter.partition("=")
+        shown_name = name if _SHOWN_NAME.fullmatch(name) else _HIDDEN
+        if not equals:
+            parts.append(shown_name if name else "")
+        elif _parameter_name(name) in _SHOWN_PARAMETERS and _SHOWN_VALUE.fullmatch(value):
+            parts.append(f"{shown_name}={value}")
+        else:
+            parts.append(f"{shown_name}={_HIDDEN}")
+    return "&".join(parts)
 
 
 def redact_url(url: str) -> str:
-    """Return `url` with any password replaced by `***`, for logs and reprs.
+    """Return `url` with everything that could be a secret replaced by `***`, for logs and reprs.
 
-    Both places a Redis URL can carry one are redacted: the user info (`redis://user:pw@host`)
-    and a `password=` query parameter. A URL too malformed to parse is not echoed at all.
+    Scheme-agnostic (`redis://`, `rediss://`, `unix://`, `redis+cluster://`, `sqlite://`,
+    `postgresql://`, ...) and done on the text, before any URL parsing, so that it cannot fail
+    open:
+
+    - the user info, everything between `://` and the last `@`, is hidden, whatever it holds
+      (`/`, `?`, `#` or `@` included); a plain user name before the first `:` stays
+      (`redis://app:***@host:6379/0`);
+    - every query parameter's value is hidden except a few known settings (`db`, timeouts,
+      `key_prefix`, the feed's retention, ...), compared after percent-decoding, so neither
+      `password=` nor `pass%77ord=` shows; a fragment is hidden;
+    - a URL that does not parse (no scheme, a host that is not `host[:port]`) is not echoed
+      at all: `<invalid url>`.
     """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<invalid url>"
-    # Work on the netloc and query as text: `parts.port` raises on a malformed port, and
-    # rebuilding with urlunsplit would drop the `//` of `unix:///path`.
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if at and ":" in userinfo:
-        user = userinfo.partition(":")[0]
-        url = url.replace(parts.netloc, f"{user}:***@{host}", 1)
-    if parts.query:
-        before, hash_mark, fragment = url.partition("#")
-        head, question_mark, query = before.partition("?")
-        url = head + question_mark + _PASSWORD_PARAMETER.sub(r"\1***", query)
-        url += hash_mark + fragment
-    return url
+    if not isinstance(url, str):
+        return _INVALID
+    split = _split_authority(url)
+    if split is None:
+        return _INVALID
+    head, userinfo, rest = split
+    shown = head
+    if userinfo is not None:
+        user, colon, _ = userinfo.partition(":")
+        shown += f"{user}:{_HIDDEN}@" if colon and _SHOWN_USER.fullmatch(user) else f"{_HIDDEN}@"
+    before_fragment, hash_mark, fragment = rest.partition("#")
+    path, question_mark, query = before_fragment.partition("?")
+    if head.endswith("//"):
+        authority_end = len(path) if "/" not in path else path.index("/")
+        hosts = path[:authority_end]
+        # Without user info, a host that is not `host[:port]` may be a password typed without
+        # its `@host` (`redis://:pass/word`); after user info it is only shown as written.
+        if (
+            userinfo is None and not all(_HOST.fullmatch(host) for host in hosts.split(","))
+        ) or hosts.count("[") != hosts.count("]"):
+            return _INVALID
+    shown += path
+    if question_mark:
+        shown += "?" + _redact_query(query)
+    if hash_mark:
+        shown += "#" + (_HIDDEN if fragment else "")
+    return shown
+
+
+def check_user_info(url: str) -> None:
+    """Refuse a URL whose user info a URL parser would cut short, before anything connects.
+
+    A `/`, `?` or `#` ends a URL's authority, so in `redis://app:ab/cd@host` a parser sees the
+    host `app`, the port `ab` and the path `/cd@host`: the password would reach error messages
+    as a port or a path. `redact_url` hides everything up to the last `@`; this check makes
+    sure the connection reads the same user info, or nothing is sent at all.
+
+    Raises:
+        ConfigurationError: The user info holds an unencoded `/`, `?`, `#` or `@`, or an `@`
+            sits in the path, query or fragment (percent-encode it as `%40` there).
+    """
+    split = _split_authority(url)
+    if split is None or split[1] is None:
+        return
+    head, userinfo, _ = split
+    authority = re.split(r"[/?#]", url[len(head) :], maxsplit=1)[0]
+    if authority.rpartition("@")[0] != userinfo:
+        raise ConfigurationError(
+            f"the URL {redact_url(url)!r} has an '@' after a '/', '?' or '#': percent-encode "
+            "'/', '?', '#' and '@' in a user name or password (%2F, %3F, %23, %40), and an "
+            "'@' in a path or query value as %40"
+        )
+
+
+def hide_url_secrets(text: str, url: str) -> str:
+    """Return `text` (a foreign error message, say) with every secret part of `url` hidden.
+
+    The secrets are what `redact_url` hides: the user info's password and the hidden query
+    values, raw and percent-decoded, whole and in the pieces a URL parser may cut them into
+    (at `/ ? # @ : & ; =`). Pieces of four characters or more are replaced by `***`; if a
+    shorter one occurs, the whole text is dropped for a neutral one (it cannot be told apart
+    from the words around it).
+    """
+    pieces: set[str] = set()
+    for secret in _url_secrets(url):
+        for form in {secret, unquote(secret), unquote_plus(secret)}:
+            pieces.add(form)
+            pieces.update(re.split(r"[/?#@:&;=]", form))
+    pieces.discard("")
+    for piece in sorted(pieces, key=len, reverse=True):
+        if piece not in text:
+            continue
+        if len(piece) < 4:
+            return "(details withheld: they may hold part of a password)"
+        text = text.replace(piece, _HIDDEN)
+    return text
+
+
+def _url_secrets(url: str) -> list[str]:
+    if not isinstance(url, str):
+        return []
+    split = _split_authority(url)
+    if split is None or redact_url(url) == _INVALID:  # not echoed: all of it may be secret
+        return [url if split is None else url[len(split[0]) :]]
+    _, userinfo, rest = split
+    secrets = []
+    if userinfo is not None:
+        user, colon, password = userinfo.partition(":")
+        secrets.append(password if colon and _SHOWN_USER.fullmatch(user) else userinfo)
+    before_fragment, _, fragment = rest.partition("#")
+    query = before_fragment.partition("?")[2]
+    for parameter in query.split("&"):
+        name, equals, value = parameter.partition("=")
+        if not _SHOWN_NAME.fullmatch(name):
+            secrets.append(name)
+        if equals and not (
+            _parameter_name(name) in _SHOWN_PARAMETERS and _SHOWN_VALUE.fullmatch(value)
+        ):
+            secrets.append(value)
+    if fragment:
+        secrets.append(fragment)
+    return secrets
 
 
 @dataclass(frozen=True, slots=True)

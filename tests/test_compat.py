@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import anyio
 import pytest
 
 from agenticstate import StateConfig, StateManager
 from agenticstate.exceptions import BackendError, BackendUnavailableError
 from tests._redis_server import SERVER_VARIABLE, RedisServer, free_port, server_binary
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def test_the_fixture_refuses_a_server_that_died_at_start(tmp_path: Path) -> None:
@@ -96,71 +97,3 @@ async def test_unreachable_says_why(url: str, reason: str) -> None:
         await state.get("k")
     await state.aclose()
     assert str(caught.value).startswith(f"cannot reach Redis at {url}: {reason}")
-
-
-ACL_COMMANDS = "+@read +@write +@scripting +@pubsub +ping +hello +time"
-ACL_KEYS = (
-    "~myapp:* ~__agenticstate_idx__:myapp:* ~__agenticstate_feed__:myapp:* "
-    "~__agenticstate_feedseq__:myapp:* ~__agenticstate_hist__:myapp:*"
-)
-ACL_RECIPES = {
-    # docs/operations.md, word for word apart from the leading "ACL SETUSER".
-    "all-channels": (f"app on >secret {ACL_KEYS} allchannels {ACL_COMMANDS}"),
-    "exact-channels": (
-        f"app on >secret resetchannels {ACL_KEYS} "
-        f"&__agenticstate__:myapp:* &__agenticstate__:myapp:agent:* {ACL_COMMANDS}"
-    ),
-}
-
-
-def test_the_documented_acl_recipes_are_the_tested_ones() -> None:
-    """The recipes in docs/operations.md are the ones tested below."""
-    page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
-    for recipe in ACL_RECIPES.values():
-        assert f"ACL SETUSER {recipe}" in " ".join(page.split()), recipe
-
-
-@pytest.mark.redis
-@pytest.mark.parametrize("recipe", sorted(ACL_RECIPES))
-async def test_acl_recipe_works(tmp_path: Path, recipe: str) -> None:
-    """An ACL user made by the documented recipe saves, updates, lists, watches and uses a
-    manager's index, and cannot touch keys outside its prefix (run by `make compat` against
-    Valkey and Redis 6.2 too)."""
-    from redis import Redis
-    from redis.exceptions import NoPermissionError
-
-    from agenticstate.managers import WorkflowState, WorkflowStateManager
-
-    server = RedisServer(tmp_path / "acl")
-    server.start()
-    admin = Redis(unix_socket_path=str(server.socket_path))
-    try:
-        admin.execute_command("ACL", "SETUSER", *ACL_RECIPES[recipe].split())  # type: ignore[no-untyped-call]
-        url = f"redis://app:secret@127.0.0.1:{server.port}/0"
-        config = StateConfig(backend="redis", redis_url=url, key_prefix="myapp:")
-        async with StateManager(config) as state:
-            async with state.watch("agent:*") as changes:
-                await state.save("agent:1", {"a": 1})
-                await state.update("agent:1", {"b": 2})
-                with anyio.fail_after(20):
-                    seen = [change.new_value async for change in _take(changes, 2)]
-            assert seen == [{"a": 1}, {"a": 1, "b": 2}]
-            assert await state.list_keys("agent:*") == ["agent:1"]
-            workflows = WorkflowStateManager(state_manager=state)
-            await workflows.create(WorkflowState(workflow_id="w", total_steps=2))
-            assert [w.workflow_id for w in await workflows.list_workflows()] == ["w"]
-        user = Redis(host="127.0.0.1", port=server.port, username="app", password="secret")  # noqa: S106
-        with pytest.raises(NoPermissionError):
-            user.set("otherapp:k", "1")
-        user.close()
-    finally:
-        admin.close()
-        server.stop()
-
-
-async def _take(changes: Any, count: int) -> Any:
-    async for change in changes:
-        yield change
-        count -= 1
-        if count == 0:
-            return

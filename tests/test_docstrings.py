@@ -22,6 +22,7 @@ OWN_FORMATS = {
     "agenticstate/transfer.py",  # dump lines
     "agenticstate/cli.py",  # output
     "agenticstate/ui/_app.py",  # the inspector's output
+    "agenticstate/ui/_render.py",  # the inspector's bounded JSON text of a value
     "agenticstate/managers/sessions.py",  # a message's text
     "agenticstate/managers/tools.py",  # the cache key's canonical text
 }

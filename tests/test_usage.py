@@ -109,6 +109,39 @@ async def test_value_sizes_follow_the_contract_on_every_backend(backend: Backend
     assert await backend.value_sizes([]) == []
 
 
+async def test_stat_many_matches_the_entries_on_every_backend(backend: Backend) -> None:
+    """stat_many gives each key's version, times, expiry and stored size, in order, as the
+    entries hold them (None for missing or deleted keys), without needing the values."""
+    await backend.set("a:1", b"x" * 10, ttl=timedelta(hours=1))
+    await backend.set("a:2", b"")
+    await backend.set("a:3", b"y" * 5000)
+    await backend.set("a:3", b"z" * 7)
+    await backend.set("gone", b"abc")
+    await backend.delete("gone")
+    keys = ["a:3", "missing", "a:1", "gone", "a:2", "a:1"]
+    entries = await backend.get_many(keys)
+    stats = await backend.stat_many(keys)
+    assert [None if s is None else (s.key, s.size, s.version) for s in stats] == [
+        ("a:3", 7, 2),
+        None,
+        ("a:1", 10, 1),
+        None,
+        ("a:2", 0, 1),
+        ("a:1", 10, 1),
+    ]
+    for stat, entry in zip(stats, entries, strict=True):
+        assert (stat is None) == (entry is None)
+        if stat is not None and entry is not None:
+            times = (stat.created_at, stat.updated_at, stat.expires_at)
+            assert times == (entry.created_at, entry.updated_at, entry.expires_at)
+    first = stats[2]
+    assert first is not None
+    ttl = first.ttl()
+    assert ttl is not None
+    assert timedelta(minutes=59) < ttl <= timedelta(hours=1)
+    assert await backend.stat_many([]) == []
+
+
 async def test_usage_reports_progress_batch_by_batch(state: StateManager) -> None:
     """The progress callback sees running totals after each batch; the result is complete."""
     values = {f"item:{n:03}": n for n in range(23)}

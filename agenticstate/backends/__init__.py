@@ -32,6 +32,7 @@ from agenticstate.backends.base import (
     ChangeOp,
     Delete,
     Entry,
+    EntryStat,
     Exists,
     FeedRetention,
     Get,
@@ -50,7 +51,7 @@ from agenticstate.backends.file import FileBackend
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.redis import RedisBackend
 from agenticstate.backends.sqlite import SQLiteBackend
-from agenticstate.config import redact_url
+from agenticstate.config import hide_url_secrets, redact_url
 from agenticstate.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ __all__ = [
     "ChangeStream",
     "Delete",
     "Entry",
+    "EntryStat",
     "Exists",
     "FeedRetention",
     "FileBackend",
@@ -117,11 +119,14 @@ def open_backend(url: str, **options: Any) -> Backend:
         ConfigurationError: The URL is malformed or its scheme is unknown.
     """
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigurationError(f"backend URL must look like scheme://..., not {url!r}")
+        shown = redact_url(url) if isinstance(url, str) else type(url).__name__
+        raise ConfigurationError(f"backend URL must look like scheme://..., not {shown!r}")
     try:
         scheme = urlsplit(url).scheme.lower()
     except ValueError as exc:
-        raise ConfigurationError(f"malformed backend URL {redact_url(url)!r}: {exc}") from None
+        raise ConfigurationError(
+            f"malformed backend URL {redact_url(url)!r}: {hide_url_secrets(str(exc), url)}"
+        ) from None
     factory = url_factory(scheme)
     if factory is None:
         known = ", ".join(f"{name}://" for name in url_schemes())

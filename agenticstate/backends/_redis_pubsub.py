@@ -319,7 +319,8 @@ class Subscriber:
         def scan(self, pattern: str) -> AsyncIterator[str]: ...
         async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
 
-    def _init_subscriber(self, key_prefix: str) -> None:
+    def _init_subscriber(self, key_prefix: str, *, whole_prefix: bool = False) -> None:
+        self._whole_prefix = whole_prefix  # one pattern for every channel of the key prefix
         self._channel_text = f"{CHANNEL_NAMESPACE}{key_prefix}"
         self._channel_prefix = self._channel_text.encode()
         self._channel_cut = len(self._channel_prefix)
@@ -421,6 +422,10 @@ class Subscriber:
         for group in self._groups.values():
             matcher = group.matcher
             topics.add((matcher.literal_prefix, matcher.is_literal))
+        if self._whole_prefix and topics:
+            # Under an ACL limited to `&__agenticstate__:<prefix>*`, the one pattern Redis lets
+            # this user PSUBSCRIBE (it compares patterns literally); the rest is matched here.
+            topics = {("", False)}
         return {
             (escape_glob(self._channel_text + text) + ("" if exact else "*")).encode(): (
                 text,

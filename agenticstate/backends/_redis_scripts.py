@@ -44,6 +44,7 @@ __all__ = [
     "SET_MANY",
     "SET_MANY_SHA",
     "SET_SHA",
+    "STAT",
     "STRLEN",
     "entry",
     "from_ms",
@@ -66,6 +67,20 @@ STRLEN = """
 local sizes = {}
 for i, name in ipairs(KEYS) do sizes[i] = redis.call('STRLEN', name) end
 return sizes
+"""
+
+# Each key's header and stored length, false for a missing one (listings: no value is read).
+STAT = f"""
+local found = {{}}
+for i, name in ipairs(KEYS) do
+  local length = redis.call('STRLEN', name)
+  if length == 0 then
+    found[i] = false
+  else
+    found[i] = {{redis.call('GETRANGE', name, 0, {HEADER - 1}), length}}
+  end
+end
+return found
 """
 
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and

@@ -33,7 +33,7 @@ import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
-from agenticstate.config import redact_url
+from agenticstate.config import hide_url_secrets, redact_url
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -154,7 +154,7 @@ def make_client(
             )
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(
-                f"invalid Redis Cluster URL {redact_url(url)!r}: {exc}"
+                f"invalid Redis Cluster URL {redact_url(url)!r}: {hide_url_secrets(str(exc), url)}"
             ) from None
         return cast("aioredis.Redis", made)
 
@@ -174,7 +174,9 @@ def make_client(
         pool = aioredis.ConnectionPool.from_url(url, **settings)
         return aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
     except (ValueError, TypeError) as exc:
-        raise ConfigurationError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
+        raise ConfigurationError(
+            f"invalid Redis URL {redact_url(url)!r}: {hide_url_secrets(str(exc), url)}"
+        ) from None
 
 
 def node_client(
@@ -765,4 +767,7 @@ def _reason(exc: BaseException) -> str:
             return f"host name not resolved ({link.strerror})"
         if isinstance(link, OSError) and link.errno:
             return os.strerror(link.errno).lower()
-    return str(exc) or type(exc).__name__
+    text = str(exc)
+    if "connecting to" in text:  # redis-py names the host and port it parsed: say less
+        return f"{type(exc).__name__} while connecting"
+    return text or type(exc).__name__

@@ -87,6 +87,7 @@ __all__ = [
     "ChangeOp",
     "Delete",
     "Entry",
+    "EntryStat",
     "Exists",
     "FeedRetention",
     "Get",
@@ -150,6 +151,33 @@ class Entry:
 
     key: str
     value: bytes
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = None
+
+    def ttl(self, now: datetime | None = None) -> timedelta | None:
+        """Return the time left before expiry, or `None` if the key never expires."""
+        if self.expires_at is None:
+            return None
+        return max(self.expires_at - (now or utcnow()), timedelta(0))
+
+
+@dataclass(frozen=True, slots=True)
+class EntryStat:
+    """An entry's metadata and stored size, without its value (`Backend.stat_many`).
+
+    Attributes:
+        key: The key, without the backend's prefix.
+        size: The stored value's length in bytes (as `Backend.value_sizes` gives it).
+        version: As in `Entry`.
+        created_at: As in `Entry`.
+        updated_at: As in `Entry`.
+        expires_at: As in `Entry`.
+    """
+
+    key: str
+    size: int
     version: int
     created_at: datetime
     updated_at: datetime
@@ -556,6 +584,28 @@ class Backend(ABC):
         a backend that can measure without reading the values (Redis: STRLEN) overrides it.
         """
         return [None if entry is None else len(entry.value) for entry in await self.get_many(keys)]
+
+    async def stat_many(self, keys: Sequence[str]) -> list[EntryStat | None]:
+        """Return each key's metadata and stored size, in order, `None` if missing.
+
+        For listings that show versions and sizes but not values (the web inspector). The
+        default reads the entries with `get_many`; a backend that can read the metadata without
+        the values (Redis: the record's header and STRLEN) overrides it, so that a listing's
+        cost does not grow with the size of the values.
+        """
+        return [
+            None
+            if entry is None
+            else EntryStat(
+                key=entry.key,
+                size=len(entry.value),
+                version=entry.version,
+                created_at=entry.created_at,
+                updated_at=entry.updated_at,
+                expires_at=entry.expires_at,
+            )
+            for entry in await self.get_many(keys)
+        ]
 
     @abstractmethod
     async def set(

@@ -132,6 +132,7 @@ from agenticstate.backends.base import (
     new_change,
     new_entry,
 )
+from agenticstate.config import redact_url
 from agenticstate.exceptions import (
     BackendError,
     ConfigurationError,
@@ -273,7 +274,7 @@ class FileBackend(Backend):
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
-            raise ConfigurationError(f"file URL {url!r} names no directory")
+            raise ConfigurationError(f"file URL {redact_url(url)!r} names no directory")
         feed_from_query(parse_qsl(parts.query), options)
         return cls(base_path=path, **options)
 

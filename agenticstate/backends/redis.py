@@ -120,6 +120,7 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    EntryStat,
     FeedRetention,
     HistoryRules,
     TxnResult,
@@ -131,7 +132,7 @@ from agenticstate.backends.base import (
     conflict,
     new_change,
 )
-from agenticstate.config import redact_url
+from agenticstate.config import check_user_info, redact_url
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -148,7 +149,23 @@ if TYPE_CHECKING:
 
     from agenticstate.backends.base import TxnCompare, TxnOp
 
-__all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
+__all__ = ["CHANNEL_NAMESPACE", "CHANNEL_NAMESPACES", "KEY_NAMESPACES", "RedisBackend"]
+
+KEY_NAMESPACES: tuple[str, ...] = (
+    "",  # the state keys themselves: `{key_prefix}{key}`
+    scripts.INDEX_NAMESPACE,  # sorted indexes
+    _redis_feed.FEED_NAMESPACE,  # the change feed's streams
+    _redis_feed.COUNTER_NAMESPACE,  # the feed's id counters
+    history_lists.HISTORY_NAMESPACE,  # kept versions of keys with history rules
+)
+"""Every Redis key a store uses is `{namespace}{key_prefix}...` for one of these namespaces.
+
+An ACL user limited to one store needs the key pattern `~{namespace}{key_prefix}*` for each
+(the Security page's recipes; a test fails if a recipe misses one). A new kind of key gets its
+namespace here.
+"""
+CHANNEL_NAMESPACES: tuple[str, ...] = (scripts.CHANNEL_NAMESPACE,)
+"""Every channel a store publishes or subscribes to is `{namespace}{key_prefix}...`."""
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
 # Slots a SCAN call visits: a page of 5,000 holds the server well under a millisecond, and
@@ -160,6 +177,8 @@ CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 
 
 _NO_FEED_OPTION: Any = object()  # the URL says nothing about the feed
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True}
+_FLAGS.update({"0": False, "false": False, "no": False, "off": False})
 
 
 def _feed_from_query(query: dict[str, str]) -> FeedRetention | None:
@@ -222,6 +241,11 @@ class RedisBackend(Subscriber, Backend):
         client: Use this `redis.asyncio.Redis` instead of creating one (it is not closed).
         feed: The change feed's retention (see "Change feed"), or `None` for no feed: then
             changes carry no cursor, `since=` is refused and a reconnect resyncs.
+        subscribe_whole_prefix: Subscribe to every change channel of the key prefix with one
+            pattern (`__agenticstate__:<prefix>*`) and match subscriptions locally, instead of
+            one pattern per subscription. Needed under an ACL user limited to its prefix's
+            channels, since Redis checks a `PSUBSCRIBE` pattern literally against the user's
+            channel rules (see the Security page); it costs receiving every change of the prefix.
         **client_options: Passed to `redis.asyncio.Redis.from_url` (TLS files, for example:
             `ssl_ca_certs=...`, `ssl_certfile=...`, `ssl_keyfile=...`).
 
@@ -243,6 +267,7 @@ class RedisBackend(Subscriber, Backend):
         history: Mapping[str, int] | HistoryRules | None = None,
         client: aioredis.Redis | None = None,
         feed: FeedRetention | None = FeedRetention(),  # noqa: B008  # frozen: shared safely
+        subscribe_whole_prefix: bool = False,
         **client_options: Any,
     ) -> None:
         wire.require_redis()
@@ -250,6 +275,7 @@ class RedisBackend(Subscriber, Backend):
             raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         if not isinstance(url, str) or "://" not in url:
             raise ConfigurationError("url must look like redis://host:port/db")
+        check_user_info(url)
         validate_key_prefix(key_prefix)
         if connection_pool_size < 1 or read_retries < 0:
             raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
@@ -277,7 +303,8 @@ class RedisBackend(Subscriber, Backend):
                 0 if feed.max_age is None else scripts.ttl_ms(feed.max_age),
             )
         )
-        self._init_subscriber(key_prefix)
+        self.subscribe_whole_prefix = bool(subscribe_whole_prefix)
+        self._init_subscriber(key_prefix, whole_prefix=self.subscribe_whole_prefix)
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
@@ -304,17 +331,25 @@ class RedisBackend(Subscriber, Backend):
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         """Create a backend from `redis://`, `rediss://` or `unix://`.
 
-        Query parameters: `key_prefix`, and the feed's `feed=off`, `feed_max_changes=N`,
-        `feed_max_age=SECONDS`.
+        Query parameters: `key_prefix`, the feed's `feed=off`, `feed_max_changes=N`,
+        `feed_max_age=SECONDS`, and `subscribe_whole_prefix=1`.
         """
         from urllib.parse import parse_qsl, urlencode, urlsplit
 
+        check_user_info(url)  # before the URL is taken apart and put together again
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         prefix = query.pop("key_prefix", options.pop("key_prefix", ""))
         feed = _feed_from_query(query)
         if feed is not _NO_FEED_OPTION:
             options["feed"] = feed
+        whole = query.pop("subscribe_whole_prefix", None)
+        if whole is not None:
+            if whole.lower() not in _FLAGS:
+                raise ConfigurationError(
+                    f"subscribe_whole_prefix must be 1 or 0 (true or false), not {whole!r}"
+                )
+            options["subscribe_whole_prefix"] = _FLAGS[whole.lower()]
         cleaned = url
         if parts.query:
             # Rebuild by hand: urlunsplit drops the `//` of `unix:///path`.
@@ -473,6 +508,40 @@ class RedisBackend(Subscriber, Backend):
                 # A missing or expired key has length 0; a record is never shorter than its header.
                 sizes[position] = int(length) - scripts.HEADER if int(length) else None
         return sizes
+
+    async def stat_many(self, keys: Sequence[str]) -> list[EntryStat | None]:
+        """Return each key's metadata and stored size, one script per slot group.
+
+        See `Backend.stat_many`. The script returns each record's header and STRLEN: values are
+        never transferred, about 80 bytes a key.
+        """
+        if not keys:
+            return []
+        names = [self._k(key) for key in keys]
+        await self._redis()
+        stats: list[EntryStat | None] = [None] * len(names)
+        groups = [  # as in value_sizes: one slot per script, at most 1,000 keys
+            group[start : start + 1000]
+            for group in self._by_slot(names)
+            for start in range(0, len(group), 1000)
+        ]
+        for group in groups:
+            replies = await self._read(
+                "EVAL", scripts.STAT, len(group), *[names[position] for position in group]
+            )
+            for position, reply in zip(group, replies, strict=True):
+                if reply:
+                    header, length = reply
+                    head = scripts.entry(keys[position], header)
+                    stats[position] = EntryStat(
+                        key=head.key,
+                        size=int(length) - scripts.HEADER,
+                        version=head.version,
+                        created_at=head.created_at,
+                        updated_at=head.updated_at,
+                        expires_at=head.expires_at,
+                    )
+        return stats
 
     async def set(
         self,

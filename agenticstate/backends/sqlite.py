@@ -91,6 +91,7 @@ from agenticstate.backends.base import (
     conflict,
     new_change,
 )
+from agenticstate.config import redact_url
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -217,7 +218,7 @@ class SQLiteBackend(Backend):
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
-            raise ConfigurationError(f"sqlite URL {url!r} names no database file")
+            raise ConfigurationError(f"sqlite URL {redact_url(url)!r} names no database file")
         feed: list[tuple[str, str]] = []
         for name, value in parse_qsl(parts.query):
             if name == "synchronous":

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hmac
 import json
-import math
 import re
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
 
 import anyio
-from pydantic import BaseModel
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -41,6 +38,7 @@ from agenticstate.managers import (
     ToolStateManager,
     WorkflowStateManager,
 )
+from agenticstate.ui._render import plain, shown
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -59,13 +57,21 @@ ends with the server's port: browsers share cookies across the ports of one host
 inspectors must not overwrite each other's)."""
 
 MAX_KEYS = 5000
-"""The most keys one listing returns (the listing says when more matched)."""
+"""The most keys one listing returns (the listing says when more matched; `limit` may not be
+larger). A listing reads each key's metadata and size (`Backend.stat_many`), never its value."""
 
 MAX_VALUE_CHARS = 1_000_000
-"""Values longer than this (as JSON) are cut when shown."""
+"""Values longer than this (as JSON) are cut when shown; the text is built only this far."""
 
 MAX_STREAM_VALUE_CHARS = 2_000
-"""Values in the live stream are cut to this many characters."""
+"""Values in the live stream and session messages are cut to this many characters."""
+
+MAX_MESSAGES = 1000
+"""The most messages of a session one request returns (`last` may not be larger)."""
+
+MAX_WRITE_BYTES = 16 * 1024 * 1024
+"""The largest body a save from the page may have (HTTP 413 beyond it, read no further): the
+page edits only values it shows whole, at most `MAX_VALUE_CHARS` characters of JSON."""
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -87,30 +93,8 @@ _SECURITY_HEADERS = {
 }
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, bytes):
-        return {"$base64": base64.b64encode(value).decode()}
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return repr(value)
-
-
 def _json(value: Any) -> str:
-    return json.dumps(value, default=_plain, ensure_ascii=False)
-
-
-def _shown(value: Any, limit: int) -> tuple[str, bool]:
-    """Return `value` as JSON text, cut to `limit` characters, and whether it was cut."""
-    text = json.dumps(value, default=_plain, ensure_ascii=False, indent=2)
-    return (text[:limit], True) if len(text) > limit else (text, False)
+    return json.dumps(value, default=plain, ensure_ascii=False)
 
 
 def _reply(data: Any, status: int = 200) -> Response:
@@ -278,17 +262,18 @@ class Inspector:
         pattern = validate_pattern(request.query_params.get("pattern") or "*")
         limit = _int_param(request, "limit", 500, 1, MAX_KEYS)
         found, more = await self._scan(pattern, limit)
-        entries = await self.state.backend.get_many(found) if found else []
+        # Metadata and sizes only: a listing never transfers the values it lists.
+        stats = await self.state.backend.stat_many(found) if found else []
         rows = [
             {
-                "key": entry.key,
-                "version": entry.version,
-                "ttl": None if (ttl := entry.ttl()) is None else ttl.total_seconds(),
-                "size": len(entry.value),
-                "updated_at": entry.updated_at,
+                "key": stat.key,
+                "version": stat.version,
+                "ttl": None if (ttl := stat.ttl()) is None else ttl.total_seconds(),
+                "size": stat.size,
+                "updated_at": stat.updated_at,
             }
-            for entry in entries
-            if entry is not None
+            for stat in stats
+            if stat is not None
         ]
         return _reply({"pattern": pattern, "keys": rows, "more": more, "limit": limit})
 
@@ -315,10 +300,12 @@ class Inspector:
         entry = await self.state.get_entry(key)
         if entry is None:
             return _error(f"no state at key {key!r}", 404)
-        stored = await self.state.backend.get(key)
-        if stored is not None and stored.version != entry.version:
-            stored = None  # written in between: the size would be another version's
-        text, cut = _shown(entry.value, MAX_VALUE_CHARS)
+        stat = (await self.state.backend.stat_many([key]))[0]
+        if stat is not None and stat.version != entry.version:
+            stat = None  # written in between: the size would be another version's
+        # Bounded by the limit, but up to a million characters of Python work: in a thread, so
+        # that other requests and the live streams go on meanwhile.
+        text, cut = await anyio.to_thread.run_sync(shown, entry.value, MAX_VALUE_CHARS)
         return _reply(
             {
                 "key": key,
@@ -328,7 +315,7 @@ class Inspector:
                 "created_at": entry.created_at,
                 "updated_at": entry.updated_at,
                 "ttl": None if entry.ttl is None else entry.ttl.total_seconds(),
-                "size": None if stored is None else len(stored.value),
+                "size": None if stat is None else stat.size,
                 # History arrives with StateManager.history(key); until then: the current version.
                 "history": None,
                 "writable": self.settings.allow_writes,
@@ -339,8 +326,16 @@ class Inspector:
         """Save or delete one key, only with `--allow-writes` and the version the page showed."""
         if not self.settings.allow_writes:
             return _error("the inspector is read-only (start it with --allow-writes)", 403)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_WRITE_BYTES:
+            return _error(f"the body is larger than {MAX_WRITE_BYTES} bytes", 413)
+        raw = bytearray()
+        async for chunk in request.stream():  # a body without a length is counted as it comes
+            raw += chunk
+            if len(raw) > MAX_WRITE_BYTES:
+                return _error(f"the body is larger than {MAX_WRITE_BYTES} bytes", 413)
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             return _error("the body must be JSON", 400)
         if not isinstance(body, dict):
@@ -371,8 +366,8 @@ class Inspector:
             try:
                 yield f"event: ready\ndata: {_json({'pattern': pattern})}\n\n"
                 while (change := await self._next_change(watch)) is not None:
-                    new, cut_new = _shown(change.new_value, MAX_STREAM_VALUE_CHARS)
-                    old, cut_old = _shown(change.old_value, MAX_STREAM_VALUE_CHARS)
+                    new, cut_new = shown(change.new_value, MAX_STREAM_VALUE_CHARS)
+                    old, cut_old = shown(change.old_value, MAX_STREAM_VALUE_CHARS)
                     data = {
                         "key": change.key,
                         "op": change.op.value,
@@ -571,7 +566,7 @@ class Inspector:
     async def session_messages(self, request: Request) -> Response:
         """One session's last messages, oldest first."""
         session_id = request.path_params["session_id"]
-        last = _int_param(request, "last", 200, 1, 10_000)
+        last = _int_param(request, "last", 200, 1, MAX_MESSAGES)
         if await self.sessions.get_session(session_id) is None:
             return _error(f"no session {session_id!r}", 404)
         messages = await self.sessions.get_messages(session_id, last=last)
@@ -582,7 +577,7 @@ class Inspector:
                     {
                         "seq": m.seq,
                         "role": m.role,
-                        "content": _shown(m.content, MAX_STREAM_VALUE_CHARS)[0],
+                        "content": shown(m.content, MAX_STREAM_VALUE_CHARS)[0],
                         "created_at": m.created_at,
                     }
                     for m in messages

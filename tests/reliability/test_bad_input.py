@@ -441,6 +441,10 @@ BAD: list[Any] = [
     pytest.param(_redis_url_row(f"redis://u:{SECRET}@127.0.0.1:6379/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"), id="url-bad-option"),
     pytest.param(_redis_url_row(f"redis://127.0.0.1:6379/0?password={SECRET}&socket_timeout=x", "password=***"), id="url-password-in-query"),
     pytest.param(Bad(sync(lambda c: RedisBackend(url="localhost")), ConfigurationError, "url must look like redis://host:port/db", only="memory"), id="url-redis-no-scheme"),
+    pytest.param(Bad(sync(lambda c: RedisBackend(url=f"redis://u:a/{SECRET}@127.0.0.1:6379/0")), ConfigurationError, "percent-encode", only="memory"), id="url-slash-in-password"),
+    pytest.param(Bad(sync(lambda c: open_backend("redis://127.0.0.1:6379/0?subscribe_whole_prefix=maybe")), ConfigurationError, "subscribe_whole_prefix must be 1 or 0", only="memory"), id="url-bad-subscribe-whole-prefix"),
+    pytest.param(Bad(sync(lambda c: open_backend(f"redis://u:a?{SECRET}@127.0.0.1:6379/0")), ConfigurationError, "'redis://u:***@127.0.0.1:6379/0' has an '@' after", only="memory"), id="url-question-mark-in-password"),
+    pytest.param(Bad(sync(lambda c: open_backend(f"redis+cluster://u:a#{SECRET}@127.0.0.1:7000")), ConfigurationError, "percent-encode", only="memory"), id="url-hash-in-cluster-password"),
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path / "x", format=anything("xml"))), ConfigurationError, "format must be 'json' or 'msgpack', not 'xml'", only="memory"), id="file-format"),
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path, file_name="../x")), ConfigurationError, "file_name must be a plain file name", only="memory"), id="file-name-traversal"),
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path, durability=anything("maybe"))), ConfigurationError, "durability must be 'fsync' or 'none'", only="memory"), id="file-durability"),
@@ -521,9 +525,29 @@ async def test_redis_key_written_with_the_longest_ttl_stays_readable(redis_url: 
         (f"redis://u:{SECRET}@h:abc/0", "redis://u:***@h:abc/0"),
         (f"redis://u:{SECRET}@[::1]:6379/0", "redis://u:***@[::1]:6379/0"),
         (f"redis://h:6379/0?db=1&password={SECRET}", "redis://h:6379/0?db=1&password=***"),
-        (f"unix:///tmp/r.sock?PASSWORD={SECRET}#x", "unix:///tmp/r.sock?PASSWORD=***#x"),
+        (f"unix:///tmp/r.sock?PASSWORD={SECRET}#x", "unix:///tmp/r.sock?PASSWORD=***#***"),
         (f"redis://u:{SECRET}@[::1/0", "<invalid url>"),
         ("redis://h:6379/0?db=1", "redis://h:6379/0?db=1"),
+        # Delimiters in the password: everything up to the last `@` is hidden.
+        (f"redis://u:a/{SECRET}@h:6379/0", "redis://u:***@h:6379/0"),
+        (f"redis://u:a?{SECRET}@h:6379/0", "redis://u:***@h:6379/0"),
+        (f"redis://u:a#{SECRET}@h:6379/0", "redis://u:***@h:6379/0"),
+        (f"redis://u:a@{SECRET}@h:6379/0", "redis://u:***@h:6379/0"),
+        (f"rediss+cluster://u:/{SECRET}@a:1,b:2", "rediss+cluster://u:***@a:1,b:2"),
+        (f"redis://{SECRET}@h", "redis://***@h"),  # user info without `:`: all of it
+        # A parameter name spelled another way is still not a shown setting.
+        (f"redis://h/0?pass%77ord={SECRET}&db=2", "redis://h/0?pass%77ord=***&db=2"),
+        (f"redis://h/0?db=1;password={SECRET}", "redis://h/0?db=***"),  # not a setting's value
+        (f"redis://h/0?{SECRET} x=1", "redis://h/0?***=***"),
+        # No authority to parse: nothing is echoed.
+        (f"redis://:{SECRET}/x", "<invalid url>"),
+        (f"{SECRET}@h", "<invalid url>"),
+        (f"sqlite://./s.db?password={SECRET}", "sqlite://./s.db?password=***"),
+        (
+            f"postgresql://u:{SECRET}@db.internal:5432/app",
+            "postgresql://u:***@db.internal:5432/app",
+        ),
+        ("unix:///tmp/a@b.sock?db=2", "unix:///tmp/a@b.sock?db=2"),
     ],
 )
 def test_redact_url_hides_every_password(url: str, redacted: str) -> None:
