@@ -65,7 +65,7 @@ LangGraph never copies it into metadata.
 """
 
 _UPDATE_ONLY = "update"
-"""`HEAD_GUARD_KEY`'s value on an explicitly addressed snapshot config: guard `update_state` only."""
+"""`HEAD_GUARD_KEY` on an explicitly addressed snapshot config: guard `update_state` only."""
 
 _PAGE = 64
 
@@ -354,10 +354,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         ns = configurable.get("checkpoint_ns", "")
         parent = configurable.get("checkpoint_id")
         guard = configurable.get(HEAD_GUARD_KEY)
-        if guard == _UPDATE_ONLY:
-            guarded = metadata.get("source") == _UPDATE_ONLY
-        else:
-            guarded = bool(guard)
+        # A snapshot's config, named by id: only update_state's write is checked (see aget_tuple).
+        guarded = metadata.get("source") == guard if guard == _UPDATE_ONLY else bool(guard)
         head_key = self._head_key(thread_id, ns)
         if guarded:
             # Refuse a stale write before writing anything (the common case of a lost race);
