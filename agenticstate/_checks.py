@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from agenticstate.exceptions import InvalidArgumentError
 
-__all__ = ["as_ttl", "positive_timedelta"]
+__all__ = ["as_ttl", "positive_timedelta", "wrong_object"]
 
 
 def as_ttl(value: object) -> timedelta | None:
@@ -68,3 +68,21 @@ def positive_timedelta(value: object, name: str) -> timedelta | None:
     if not isinstance(value, timedelta) or value <= timedelta(0):
         raise InvalidArgumentError(f"{name} must be a positive timedelta or None, not {value!r}")
     return value
+
+
+def wrong_object(value: object, *, parameter: str, expected: str, owner: str) -> str:
+    """Say that `owner` got `value` for `parameter` where it takes an `expected`.
+
+    Both types are named with their modules (`agenticstate.sync.StateManager` is not
+    `agenticstate.StateManager`), and a blocking object of the sync API gets what to pass
+    instead: the blocking twin of `owner`, or the async object it wraps.
+    """
+    kind = type(value)
+    text = f"{owner}: {parameter} must be an {expected}, not {kind.__module__}.{kind.__qualname__}"
+    if kind.__module__ == "agenticstate.sync":
+        text += (
+            f"; {owner} is the async API: use agenticstate.sync.{owner}({parameter}=...) for a "
+            f"blocking one over it, or pass {parameter}.async_object from async code running on "
+            "the sync API's loop"
+        )
+    return text

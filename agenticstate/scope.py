@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from agenticstate._checks import wrong_object
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
 from agenticstate.exceptions import InvalidArgumentError, InvalidKeyError
 from agenticstate.manager import DEFAULT, StateManager
@@ -56,7 +57,14 @@ class ScopedState:
 
     def __init__(self, state: StateManager, prefix: str) -> None:
         if not isinstance(state, StateManager):
-            raise InvalidArgumentError(f"state must be a StateManager, not {type(state).__name__}")
+            raise InvalidArgumentError(
+                wrong_object(
+                    state,
+                    parameter="state",
+                    expected="agenticstate.StateManager",
+                    owner="ScopedState",
+                )
+            )
         if not isinstance(prefix, str) or not prefix:
             raise InvalidArgumentError(f"prefix must be a non-empty str, not {prefix!r}")
         try:

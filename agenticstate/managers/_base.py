@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel
 
+from agenticstate._checks import wrong_object
 from agenticstate._keys import escape_glob
 from agenticstate._log import get_logger
 from agenticstate._registry import backend_names, check_backend_name
@@ -59,6 +60,7 @@ def build_state_manager(
     redis_url: str | None,
     base_path: str | Path | None,
     key_prefix: str,
+    owner: str = "a manager",
 ) -> StateManager:
     """Return `state_manager`, or one built from the AgenticAI Framework shorthand arguments."""
     if state_manager is not None:
@@ -68,7 +70,12 @@ def build_state_manager(
             )
         if not isinstance(state_manager, StateManager):
             raise ConfigurationError(
-                f"state_manager must be a StateManager, not {type(state_manager).__name__}"
+                wrong_object(
+                    state_manager,
+                    parameter="state_manager",
+                    expected="agenticstate.StateManager",
+                    owner=owner,
+                )
             )
         return state_manager
     kind = persistence or "memory"
@@ -185,6 +192,7 @@ class StateManagerBase:
             redis_url=redis_url,
             base_path=base_path,
             key_prefix=key_prefix,
+            owner=type(self).__name__,
         )
         self.log = get_logger(type(self).__module__).bind(manager=type(self).__name__)
 

@@ -26,7 +26,7 @@ from uuid import uuid4
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate._checks import positive_timedelta
+from agenticstate._checks import positive_timedelta, wrong_object
 from agenticstate.exceptions import (
     InvalidArgumentError,
     NotFoundError,
@@ -352,7 +352,14 @@ class AgentRecoveryManager:
         retry_delay: timedelta = timedelta(0),
     ) -> None:
         if not isinstance(agent_store, AgentStateStore):
-            raise InvalidArgumentError("agent_store must be an AgentStateStore")
+            raise InvalidArgumentError(
+                wrong_object(
+                    agent_store,
+                    parameter="agent_store",
+                    expected="agenticstate.AgentStateStore",
+                    owner="AgentRecoveryManager",
+                )
+            )
         if type(max_recovery_attempts) is not int or max_recovery_attempts < 1:
             raise InvalidArgumentError("max_recovery_attempts must be an int >= 1")
         self.agent_store = agent_store
