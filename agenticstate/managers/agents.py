@@ -26,7 +26,7 @@ from uuid import uuid4
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate._checks import positive_timedelta, wrong_object
+from agenticstate._checks import duration, positive_timedelta, wrong_object
 from agenticstate.exceptions import (
     InvalidArgumentError,
     NotFoundError,
@@ -365,7 +365,7 @@ class AgentRecoveryManager:
         self.agent_store = agent_store
         self.auto_recover = auto_recover
         self.max_recovery_attempts = max_recovery_attempts
-        self.retry_delay = retry_delay
+        self.retry_delay = duration(retry_delay, "retry_delay", zero=True, optional=False)
         self._agents: dict[str, Any] = {}
         self._before: list[RecoveryHook] = []
         self._after: list[RecoveryHook] = []

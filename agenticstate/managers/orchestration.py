@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate._checks import positive_timedelta
+from agenticstate._checks import duration, seconds
 from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
 from agenticstate.managers._base import StateManagerBase, utcnow
 from agenticstate.managers._task_queue import (
@@ -167,11 +167,11 @@ class OrchestrationStateManager(StateManagerBase):
         max_retries: int = 3,
         finished_task_ttl: timedelta | None = None,
     ) -> None:
-        if not sync_interval > 0:
-            raise InvalidArgumentError("sync_interval must be positive")
+        sync_interval = seconds(sync_interval, "sync_interval")
+        default_lease = duration(default_lease, "default_lease")
+        finished_task_ttl = duration(finished_task_ttl, "finished_task_ttl")
         if type(max_retries) is not int or max_retries < 0:
             raise InvalidArgumentError("max_retries must be an int >= 0")
-        positive_timedelta(finished_task_ttl, "finished_task_ttl")
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -203,7 +203,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @sync_interval.setter
     def sync_interval(self, value: float) -> None:
-        self._queue.sync_interval = value
+        self._queue.sync_interval = seconds(value, "sync_interval")
 
     @property
     def default_lease(self) -> timedelta:
@@ -212,7 +212,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @default_lease.setter
     def default_lease(self, value: timedelta) -> None:
-        self._queue.default_lease = value
+        self._queue.default_lease = duration(value, "default_lease", optional=False)
 
     @property
     def max_retries(self) -> int:
@@ -230,7 +230,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @finished_task_ttl.setter
     def finished_task_ttl(self, value: timedelta | None) -> None:
-        self._queue.finished_task_ttl = value
+        self._queue.finished_task_ttl = duration(value, "finished_task_ttl")
 
     # teams and agents
 
@@ -492,6 +492,7 @@ class OrchestrationStateManager(StateManagerBase):
         Returns:
             The claim, or None when no task is available.
         """
+        lease = duration(lease, "lease")
         return await self._queue.claim_task(team_id, agent_id, capability=capability, lease=lease)
 
     async def heartbeat(
@@ -507,6 +508,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             ConflictError: The lease was lost (expired and reaped, or the task finished).
         """
+        lease = duration(lease, "lease")
         return await self._queue.heartbeat(team_id, task_id, lease_token, lease=lease)
 
     async def complete_task(
@@ -578,6 +580,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such team.
         """
+        older_than = duration(older_than, "older_than", zero=True)
         return await self._queue.purge_finished(team_id, older_than=older_than)
 
     async def reap_expired(self, team_id: str) -> list[str]:

@@ -47,7 +47,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate import txn
-from agenticstate._checks import positive_timedelta
+from agenticstate._checks import duration
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -237,8 +237,8 @@ class SpeechStateManager(StateManagerBase):
         ended_session_ttl: timedelta = timedelta(hours=1),
         session_ttl: timedelta | None = None,
     ) -> None:
-        positive_timedelta(ended_session_ttl, "ended_session_ttl")
-        positive_timedelta(session_ttl, "session_ttl")
+        duration(ended_session_ttl, "ended_session_ttl", optional=False)
+        duration(session_ttl, "session_ttl")
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,

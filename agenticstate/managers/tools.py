@@ -46,7 +46,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate import _otel, txn
-from agenticstate._checks import as_ttl
+from agenticstate._checks import as_ttl, seconds
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -350,8 +350,8 @@ class ToolStateManager(StateManagerBase):
         history_limit: int = 1000,
         flight_timeout: float = 60,
     ) -> None:
-        if not cache_ttl > 0 or not flight_timeout > 0:
-            raise InvalidArgumentError("cache_ttl and flight_timeout must be positive")
+        cache_ttl = seconds(cache_ttl, "cache_ttl")
+        flight_timeout = seconds(flight_timeout, "flight_timeout")
         if type(history_limit) is not int or history_limit < 1:
             raise InvalidArgumentError("history_limit must be an int >= 1")
         super().__init__(
@@ -981,8 +981,11 @@ class ToolStateManager(StateManagerBase):
         execution of the tool.
 
         Raises:
+            InvalidArgumentError: `base_delay` or `max_delay` is not a number of seconds >= 0.
             RetryExhaustedError: Every attempt failed (from the last exception).
         """
+        base_delay = seconds(base_delay, "base_delay", zero=True)
+        max_delay = seconds(max_delay, "max_delay", zero=True)
         retry = await self.get_retry_state(execution_id) or RetryState(
             execution_id=execution_id,
             max_attempts=max_attempts,
