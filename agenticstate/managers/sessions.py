@@ -711,6 +711,11 @@ class SessionManager(StateManagerBase):
         the last one it was given. Messages are kept; `get_messages(with_summary=True)` returns
         the summary followed by the messages it does not cover.
 
+        It covers only what it read: the messages it gives the summarizer are numbered without
+        a gap from the first one not yet covered, so a message whose number is taken but which
+        is not stored yet (another process is appending it) stops the summary before it, and a
+        later `summarize` covers it once it is there.
+
         Returns:
             The new summary, or `None` when no message beyond the summary is old enough.
 
@@ -731,9 +736,10 @@ class SessionManager(StateManagerBase):
         through = session.message_count - keep_last
         if through <= covered:
             return None
-        messages = await self._read_range(session_id, covered + 1, through)
+        messages = _unbroken(await self._read_range(session_id, covered + 1, through), covered)
         if not messages:
             return None
+        through = messages[-1].seq
         text = await maybe_await(
             summarizer(None if previous is None else previous.content, messages)
         )
@@ -749,6 +755,16 @@ class SessionManager(StateManagerBase):
             expected_version=0 if entry is None else entry.version,
         )
         return summary
+
+
+def _unbroken(messages: list[SessionMessage], covered: int) -> list[SessionMessage]:
+    """The messages numbered `covered + 1`, `covered + 2`, ... up to the first one missing."""
+    run: list[SessionMessage] = []
+    for message in messages:
+        if message.seq != covered + len(run) + 1:
+            break
+        run.append(message)
+    return run
 
 
 def render_template(
