@@ -334,7 +334,8 @@ class ToolStateManager(StateManagerBase):
         cache_results: Whether results are cached at all.
         cache_ttl: Seconds a cached result lives (unless its entry says otherwise).
         history_limit: Executions kept per tool (the oldest go first).
-        flight_timeout: How long a single-flight lock lasts if its holder dies, in seconds.
+        flight_timeout: How long a single-flight lock outlives a holder that died, in seconds
+            (a live holder renews it every third of this while its tool runs).
     """
 
     def __init__(
@@ -753,6 +754,11 @@ class ToolStateManager(StateManagerBase):
           another task's cancellation.
         - its process died: its lock expires after `flight_timeout`, then another caller runs it.
 
+        A live caller running `fn` renews its lock every third of `flight_timeout`, so `fn` may
+        run for as long as it needs and still runs once: `flight_timeout` bounds only how long
+        the lock of a caller that died outlives it. `fn` must not block the event loop (run
+        blocking work in a thread): a blocked loop cannot renew.
+
         Args:
             tool_name: The tool.
             parameters: Its parameters (hashed canonically, see `hash_parameters`).
@@ -833,6 +839,7 @@ class ToolStateManager(StateManagerBase):
                             if change.key == lock and change.new_value is None:
                                 break
                     continue
+            token = [held]
             try:
                 # Look once more now that the lock is ours: a holder caches its result before it
                 # releases the lock, so a result cached after our first lookup (or a release seen
@@ -841,17 +848,61 @@ class ToolStateManager(StateManagerBase):
                 if entry is not None:
                     return entry.result  # type: ignore[no-any-return]
                 await self._count(tool_name, hit=False)
-                result = await self._execute(tool_name, parameters, fn)
-                await self.cache_result(
-                    ToolCacheEntry(
-                        tool_name=tool_name, parameters_hash=digest, result=result, ttl=ttl
-                    )
-                )
+                failure: Exception | None = None
+                async with anyio.create_task_group() as renewals:
+                    # A live holder keeps its lock however long `fn` runs: `flight_timeout`
+                    # bounds only how long a dead holder's lock outlives it.
+                    renewals.start_soon(self._keep_lock, tool_name, lock, token)
+                    try:
+                        result = await self._execute(tool_name, parameters, fn)
+                        await self.cache_result(
+                            ToolCacheEntry(
+                                tool_name=tool_name, parameters_hash=digest, result=result, ttl=ttl
+                            )
+                        )
+                    except Exception as exc:  # noqa: BLE001  # raised below, as it is
+                        # Out of the task group first: it would wrap the error in a group.
+                        failure = exc
+                    finally:
+                        renewals.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
                 return result
             finally:
                 with anyio.CancelScope(shield=True), contextlib.suppress(ConflictError):
                     # Only our own lock: if it ran out and another caller took it, it is theirs.
-                    await self.state.delete(lock, expected_version=held)
+                    await self.state.delete(lock, expected_version=token[0])
+
+    async def _keep_lock(self, tool_name: str, lock: str, token: list[int]) -> None:
+        """Renew a held single-flight lock every third of `flight_timeout` until cancelled.
+
+        `token[0]` is the lock's current token, replaced at each renewal (the release needs the
+        latest). A renewal that finds the lock no longer ours (it lapsed, then another caller
+        took it: this process stalled for over `flight_timeout`) stops renewing; that caller
+        may then run the tool too.
+        """
+        while True:
+            await anyio.sleep(self.flight_timeout / 3)  # the renewal period, not a wait on state
+            try:
+                token[0] = await self._renew_lock(lock, token[0])
+            except ConflictError:
+                self.log.warning("tool_call_lock_lost", tool=tool_name)
+                return
+            except Exception as exc:  # noqa: BLE001  # the next period tries again
+                # A failed renewal (the store unreachable) must not stop the tool's run.
+                self.log.warning(
+                    "tool_call_lock_renewal_failed", tool=tool_name, error=type(exc).__name__
+                )
+
+    async def _renew_lock(self, lock: str, token: int) -> int:
+        """Extend the lock held under `token` by `flight_timeout`; return its new token.
+
+        Raises:
+            ConflictError: The lock is no longer held under `token`.
+        """
+        return await self.state.save(
+            lock, self._owner, ttl=self.flight_timeout, expected_version=token
+        )
 
     async def _execute(
         self, tool_name: str, parameters: Mapping[str, Any], fn: Callable[[], Awaitable[T]]
