@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate import txn
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
+    UnsupportedOperationError,
     WorkflowCancelledError,
 )
 from agenticstate.managers._base import (
@@ -321,8 +323,21 @@ class WorkflowStateManager(StateManagerBase):
         return state.model_copy(update={"status": target, **changes})
 
     async def start(self, workflow_id: str) -> WorkflowState:
-        """Move a pending workflow to running."""
-        return await self._change(workflow_id, lambda s: self._move(s, WorkflowStatus.RUNNING))
+        """Move a pending workflow to running.
+
+        Raises:
+            InvalidTransitionError: The workflow is not pending (`resume` continues a paused
+                one, `resume_from` a failed one).
+        """
+
+        def start(state: WorkflowState) -> WorkflowState:
+            if state.status is not WorkflowStatus.PENDING:
+                raise InvalidTransitionError(
+                    f"workflow {workflow_id!r} is {state.status.value}, not pending"
+                )
+            return self._move(state, WorkflowStatus.RUNNING)
+
+        return await self._change(workflow_id, start)
 
     async def pause(self, workflow_id: str) -> WorkflowState:
         """Ask the runner to stop at the next step boundary (any process may call this)."""
@@ -464,39 +479,87 @@ class WorkflowStateManager(StateManagerBase):
         after = await self._change(workflow_id, record)
         interval = self.checkpoint_interval
         if interval and after.current_step // interval > before_step[0] // interval:
-            await self.checkpoint(
-                WorkflowCheckpoint(
-                    workflow_id=workflow_id,
-                    checkpoint_id=f"auto-step-{after.current_step}",
-                    step=after.current_step,
-                    state=after.model_dump(mode="json"),
-                    context=after.context,
-                    automatic=True,
+            # Finished by another caller since the step was recorded: no checkpoint is due.
+            with contextlib.suppress(InvalidTransitionError):
+                await self.checkpoint(
+                    WorkflowCheckpoint(
+                        workflow_id=workflow_id,
+                        checkpoint_id=f"auto-step-{after.current_step}",
+                        step=after.current_step,
+                        state=after.model_dump(mode="json"),
+                        context=after.context,
+                        automatic=True,
+                    )
                 )
-            )
         return after
 
     async def update_context(self, workflow_id: str, changes: dict[str, Any]) -> WorkflowState:
-        """Merge `changes` into the workflow's context, atomically."""
-        return await self._change(
-            workflow_id, lambda s: s.model_copy(update={"context": {**s.context, **changes}})
-        )
+        """Merge `changes` into the workflow's context, atomically.
+
+        Raises:
+            NotFoundError: No such workflow.
+            InvalidTransitionError: The workflow is completed or cancelled
+                (`WorkflowCancelledError`); nothing changed.
+        """
+
+        def merge(state: WorkflowState) -> WorkflowState:
+            self._refuse_finished(state, "its context cannot change")
+            return state.model_copy(update={"context": {**state.context, **changes}})
+
+        return await self._change(workflow_id, merge)
+
+    @staticmethod
+    def _refuse_finished(state: WorkflowState, what: str) -> None:
+        """Raise if the workflow is completed or cancelled: after those, nothing changes."""
+        if state.status is WorkflowStatus.CANCELLED:
+            raise WorkflowCancelledError(state.workflow_id, state.cancel_reason)
+        if state.status is WorkflowStatus.COMPLETED:
+            raise InvalidTransitionError(f"workflow {state.workflow_id!r} is completed; {what}")
 
     # checkpoints
 
     async def checkpoint(self, checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
-        """Store a checkpoint (replacing one with the same id)."""
+        """Store a checkpoint (replacing one with the same id).
+
+        The checkpoint is written only if the workflow is neither completed nor cancelled when
+        it is written (one atomic step with a compare of the workflow's record).
+
+        Raises:
+            NotFoundError: No such workflow.
+            InvalidTransitionError: The workflow is completed or cancelled
+                (`WorkflowCancelledError`); nothing was written.
+        """
         if not isinstance(checkpoint, WorkflowCheckpoint):
             raise InvalidArgumentError("checkpoint takes a WorkflowCheckpoint")
-        await self.require(checkpoint.workflow_id)
-        key = self._checkpoint_key(checkpoint.workflow_id, checkpoint.checkpoint_id)
-        await self.state.save(key, checkpoint)
+        await self._store_checkpoint(checkpoint)
         if self.max_checkpoints is not None:
             for old in (await self.list_checkpoints(checkpoint.workflow_id))[
                 self.max_checkpoints :
             ]:
                 await self.state.delete(self._checkpoint_key(old.workflow_id, old.checkpoint_id))
         return checkpoint
+
+    async def _store_checkpoint(self, checkpoint: WorkflowCheckpoint) -> None:
+        """Write `checkpoint` if its workflow is not finished, in one step with that check."""
+        workflow_id = checkpoint.workflow_id
+        key = self._key(workflow_id)
+        target = self._checkpoint_key(workflow_id, checkpoint.checkpoint_id)
+        while True:
+            entry = await self.state.get_entry(key, model=WorkflowState)
+            if entry is None:
+                raise NotFoundError(f"no workflow {workflow_id!r}")
+            self._refuse_finished(entry.value, "no more checkpoints")
+            try:
+                done = await self.state.transact(
+                    [txn.Version(key, entry.version)], [txn.Put(target, checkpoint)]
+                )
+            except UnsupportedOperationError:
+                # A backend without `transact`: the check above, then the write.
+                await self.state.save(target, checkpoint)
+                return
+            if done.succeeded:
+                return
+            # The workflow changed between the read and the write: look again.
 
     async def get_checkpoint(
         self, workflow_id: str, checkpoint_id: str
