@@ -326,17 +326,21 @@ def test_a_blocking_subscribe_with_an_expired_cursor_raises_on_wait_live() -> No
         old = state.feed_cursor()
         for n in range(60):
             state.save(C, n)
+        calls: list[Any] = []
+
+        def on_change(key: str, before: Any, after: Any) -> None:
+            calls.append((key, before, after))
+
         for target in (state, state.scope("{f}:")):
-            calls: list[Any] = []
-            handle = target.subscribe("*", lambda *call: calls.append(call), since=old)
+            handle = target.subscribe("*", on_change, since=old)
             assert isinstance(handle, sync.Subscription)
             with pytest.raises(CursorExpiredError):
                 handle.wait_live()
-            again = target.subscribe("*", calls.append, since=state.feed_cursor())
+            again = target.subscribe("*", on_change, since=state.feed_cursor())
             again.wait_live()
             assert again.is_live
-            assert target.unsubscribe("*", calls.append)
-            assert not target.unsubscribe("*", calls.append)
+            assert target.unsubscribe("*", on_change)
+            assert not target.unsubscribe("*", on_change)
 
 
 @pytest.mark.parametrize("on_gap", ["raise", "resync"])

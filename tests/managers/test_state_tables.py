@@ -458,9 +458,8 @@ async def test_every_call_in_every_status_does_what_the_table_says(
                 if outcome == "returned" or not refused:
                     wrong.append(where)
                 elif after != before:
-                    wrong.append(
-                        f"{where}: the refusal changed {sorted(set(after) ^ set(before)) or 'values'}"
-                    )
+                    changed = sorted(set(after) ^ set(before)) or "values"
+                    wrong.append(f"{where}: the refusal changed {changed}")
             elif outcome != "returned":
                 wrong.append(where)
             elif cell == "deleted":
