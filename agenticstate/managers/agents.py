@@ -230,6 +230,7 @@ class AgentStateStore(StateManagerBase):
         """Store a snapshot (replacing one with the same id) and apply retention."""
         if not isinstance(snapshot, AgentSnapshot):
             raise InvalidArgumentError("save_snapshot takes an AgentSnapshot")
+        self._check_record(snapshot)
         key = self._key(snapshot.agent_id, "snapshots", snapshot.snapshot_id)
         await self.state.save(key, snapshot, ttl=self.max_age)
         await self._prune(snapshot.agent_id, "snapshots", AgentSnapshot, self.max_snapshots)
@@ -260,6 +261,7 @@ class AgentStateStore(StateManagerBase):
         """Store a checkpoint (replacing one with the same id) and apply retention."""
         if not isinstance(checkpoint, AgentCheckpoint):
             raise InvalidArgumentError("save_checkpoint takes an AgentCheckpoint")
+        self._check_record(checkpoint)
         key = self._key(checkpoint.agent_id, "checkpoints", checkpoint.checkpoint_id)
         await self.state.save(key, checkpoint, ttl=self.max_age)
         await self._prune(checkpoint.agent_id, "checkpoints", AgentCheckpoint, self.max_checkpoints)

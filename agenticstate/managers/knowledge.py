@@ -321,9 +321,15 @@ class KnowledgeStateManager(StateManagerBase):
     # sources
 
     async def update_source_state(self, source: SourceState) -> SourceState:
-        """Store a source's sync state."""
+        """Store a source's sync state.
+
+        Raises:
+            SerializationError: Its metadata holds a value that cannot be stored (the path
+                names it); nothing was written.
+        """
         if not isinstance(source, SourceState):
             raise InvalidArgumentError("update_source_state takes a SourceState")
+        self._check_record(source)
         await self.state.save(self._source_key(source.knowledge_base_id, source.source_id), source)
         return source
 

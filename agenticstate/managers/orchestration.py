@@ -53,8 +53,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate._checks import duration, seconds
-from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
-from agenticstate.managers._base import StateManagerBase, utcnow
+from agenticstate.exceptions import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    SerializationError,
+)
+from agenticstate.managers._base import StateManagerBase, unstorable, utcnow
 from agenticstate.managers._task_queue import (
     TaskClaim,
     TaskItem,
@@ -63,6 +68,7 @@ from agenticstate.managers._task_queue import (
     TaskQueueState,
     TaskStatus,
     TeamKeys,
+    _task_from,
 )
 
 if TYPE_CHECKING:
@@ -239,9 +245,12 @@ class OrchestrationStateManager(StateManagerBase):
 
         Raises:
             ConflictError: The team exists already.
+            SerializationError: A value in it (metadata, a task's data) cannot be stored (the
+                path names it); nothing was written.
         """
         if not isinstance(team, TeamState):
             raise InvalidArgumentError("create_team takes a TeamState")
+        self._check_record(team)
         record = _TeamRecord(
             team_id=team.team_id, metadata=team.metadata, created_at=team.created_at
         )
@@ -299,7 +308,9 @@ class OrchestrationStateManager(StateManagerBase):
 
         Raises:
             ConflictError: The team has an agent with this id already.
+            SerializationError: Its metadata cannot be stored; nothing was written.
         """
+        self._check_record(agent)
         await self._require_team(team_id)
         try:
             await self.state.save(
@@ -446,7 +457,10 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             ConflictError: A task with this id is in the team's queue already.
             NotFoundError: No such team.
+            SerializationError: Its data cannot be stored (the path names where,
+                `$.data.<key>`); nothing was written.
         """
+        self._check_record(_task_from(task))
         return await self._queue.enqueue_task(team_id, task)
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
@@ -526,9 +540,21 @@ class OrchestrationStateManager(StateManagerBase):
         holder whose lease expired and was handed on is refused. With `finished_task_ttl`, the
         completed task expires after it.
 
+        A `result` that cannot be stored fails the task instead, as `fail_task` does (it is
+        retried, or dead-lettered after `max_retries`; its `error` names the problem and where,
+        `UnsupportedTypeError at $.result`), and the error is raised.
+
         Raises:
             ConflictError: The task is not in progress, or is held under another lease.
+            SerializationError: `result` cannot be stored; the task was failed.
         """
+        try:
+            self._check_value(result, "$.result")
+        except SerializationError as exc:
+            await self._queue.fail_task(
+                team_id, task_id, unstorable(exc), lease_token=lease_token, agent_id=agent_id
+            )
+            raise
         return await self._queue.complete_task(
             team_id, task_id, result, lease_token=lease_token, agent_id=agent_id
         )

@@ -279,7 +279,8 @@ class SessionManager(StateManagerBase):
             updated_at=now,
             expires_at=None if life is None else now + life,
         )
-        # Encode the state first: a state that cannot be stored creates nothing.
+        # Check the state first: a state that cannot be stored creates nothing.
+        self._check_mapping(first, "$")
         self.state.serializer.dumps(first)
         # The user's index first: whatever happens next, delete_user finds this session.
         added = await self.state.index_add(index, {sid: -sort_time(now)})
@@ -459,6 +460,7 @@ class SessionManager(StateManagerBase):
         """
         session = await self._session(session_id)
         if isinstance(change, Mapping):
+            self._check_mapping(change, "$")
             apply: Mapping[str, Any] | Callable[[Any], Any] = change
         elif callable(change):
             fn = change
@@ -491,6 +493,7 @@ class SessionManager(StateManagerBase):
         """
         if not isinstance(state, Mapping):
             raise InvalidArgumentError("state must be a dict")
+        self._check_mapping(state, "$")
         new = dict(state)
         session = await self._session(session_id)
         await self.state.save(self._key(session_id, "state"), new, ttl=self._remaining(session))
@@ -543,6 +546,9 @@ class SessionManager(StateManagerBase):
         """
         if not isinstance(role, str) or not role:
             raise InvalidArgumentError(f"role must be a non-empty str, not {role!r}")
+        # As the core refuses them (pydantic would take NaN, and write it as null).
+        self._check_value(content, "$.content")
+        self._check_mapping(metadata, "$.metadata")
         meta_key = self._key(session_id, "meta")
         now = utcnow()
         message = SessionMessage(

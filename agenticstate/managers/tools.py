@@ -52,6 +52,7 @@ from agenticstate.exceptions import (
     InvalidArgumentError,
     NotFoundError,
     RetryExhaustedError,
+    SerializationError,
     UnsupportedOperationError,
     UnsupportedTypeError,
 )
@@ -60,6 +61,7 @@ from agenticstate.managers._base import (
     TaggedKeys,
     key_part,
     sort_time,
+    unstorable,
     utcnow,
 )
 
@@ -306,6 +308,18 @@ def _cache_ttl(ttl: object) -> float | None:
     return life.total_seconds()
 
 
+def recorded(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters as an execution records them: their canonical form (see `hash_parameters`).
+
+    The same as given for the common flat dict; a set, a datetime, bytes... become the tagged
+    values they hash as (`{"$set": [...]}`), so what `cached_call` accepts can always be stored.
+    """
+    if _is_flat(parameters):
+        return dict(parameters)
+    canonical: dict[str, Any] = _canonical(parameters)
+    return canonical
+
+
 def _naive_now() -> datetime:
     return datetime.now()  # noqa: DTZ005  # see RetryState: the AgenticAI Framework API compares with naive now()
 
@@ -413,9 +427,12 @@ class ToolStateManager(StateManagerBase):
 
         Raises:
             ConflictError: An execution with this id exists already.
+            SerializationError: Its parameters or result cannot be stored (the path names
+                which); nothing was written.
         """
         if not isinstance(execution, ToolExecution):
             raise InvalidArgumentError("start_execution takes a ToolExecution")
+        self._check_record(execution)
         key = self._execution_key(execution.tool_name, execution.execution_id)
         try:
             await self.state.save(
@@ -473,10 +490,20 @@ class ToolStateManager(StateManagerBase):
     ) -> ToolExecution:
         """Record an execution's result (the duration is measured if not given).
 
+        A result that cannot be stored ends the execution `failed` instead (its `error` names
+        the problem and where: `UnsupportedTypeError at $.result`, counted as a failure in the
+        statistics), and the error is raised: the execution never stays `running`.
+
         Raises:
             NotFoundError: No such execution.
             ConflictError: It finished already.
+            SerializationError: The result cannot be stored; the execution was failed.
         """
+        try:
+            self._check_value(result, "$.result")
+        except SerializationError as exc:
+            await self.fail_execution(execution_id, unstorable(exc), duration_ms)
+            raise
         return await self._finish(
             execution_id,
             {"status": ToolExecutionStatus.COMPLETED, "result": result, "duration_ms": duration_ms},
@@ -693,6 +720,7 @@ class ToolStateManager(StateManagerBase):
             raise InvalidArgumentError("cache_result takes a ToolCacheEntry")
         if not self.cache_results:
             return None
+        self._check_record(entry)
         ttl = entry.ttl if entry.ttl is not None else self.cache_ttl
         await self.state.save(
             self._cache_key(entry.tool_name, entry.parameters_hash), entry, ttl=ttl
@@ -913,7 +941,7 @@ class ToolStateManager(StateManagerBase):
         while the start is being recorded cancels the record, so no execution is ever left
         `running` by a cancelled caller.
         """
-        execution = ToolExecution(tool_name=tool_name, parameters=dict(parameters))
+        execution = ToolExecution(tool_name=tool_name, parameters=recorded(parameters))
         execution_id = execution.execution_id
         clock = time.perf_counter()
 
@@ -958,6 +986,7 @@ class ToolStateManager(StateManagerBase):
         """Store a retry schedule (replacing the one for the same execution)."""
         if not isinstance(retry, RetryState):
             raise InvalidArgumentError("update_retry_state takes a RetryState")
+        self._check_record(retry)
         await self.state.save(self._retry_key(retry.execution_id), retry)
         _otel.record_retry(self.state.backend, "tool")
         return retry
@@ -1032,8 +1061,11 @@ class ToolStateManager(StateManagerBase):
         execution of the tool.
 
         Raises:
-            InvalidArgumentError: `base_delay` or `max_delay` is not a number of seconds >= 0.
+            InvalidArgumentError: `base_delay` or `max_delay` is not a number of seconds >= 0,
+                or a parameter cannot be hashed (see `hash_parameters`).
             RetryExhaustedError: Every attempt failed (from the last exception).
+            SerializationError: The tool's result cannot be stored: its execution is recorded
+                failed and no attempt follows (the schedule is cleared).
         """
         base_delay = seconds(base_delay, "base_delay", zero=True)
         max_delay = seconds(max_delay, "max_delay", zero=True)
@@ -1044,7 +1076,7 @@ class ToolStateManager(StateManagerBase):
             base_delay=base_delay,
             max_delay=max_delay,
             tool_name=tool_name,
-            parameters=dict(parameters),
+            parameters=recorded(parameters),
         )
         while True:
             if retry.exhausted:
@@ -1057,6 +1089,11 @@ class ToolStateManager(StateManagerBase):
                     await anyio.sleep(wait)  # the backoff itself
             try:
                 result = await self._execute(tool_name, parameters, fn)
+            except SerializationError:
+                # The tool ran but its result cannot be stored: not a failure to retry. The
+                # execution is recorded failed; the schedule ends with it.
+                await self.clear_retry_state(execution_id)
+                raise
             except Exception as exc:
                 attempts = retry.attempts + 1
                 retry = retry.model_copy(

@@ -35,6 +35,7 @@ from agenticstate.exceptions import (
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
+    SerializationError,
     UnsupportedOperationError,
     WorkflowCancelledError,
 )
@@ -42,6 +43,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     sort_time,
+    unstorable,
     utcnow,
 )
 
@@ -284,9 +286,12 @@ class WorkflowStateManager(StateManagerBase):
 
         Raises:
             ConflictError: A workflow with this id exists already.
+            SerializationError: Its context or metadata holds a value that cannot be stored
+                (the path names it); nothing was written.
         """
         if not isinstance(state, WorkflowState):
             raise InvalidArgumentError("create takes a WorkflowState")
+        self._check_record(state)
         try:
             await self.state.save(self._key(state.workflow_id), state, expected_version=0)
         except ConflictError:
@@ -386,7 +391,19 @@ class WorkflowStateManager(StateManagerBase):
         """Mark the workflow completed (optionally storing `result` in its context).
 
         A step still running is marked `cancelled`: a completed workflow refuses its result.
+        A `result` that cannot be stored fails the workflow instead (its `error` names the
+        problem and where, `UnsupportedTypeError at $.context.result`; `resume_from` runs it
+        again) and the error is raised.
+
+        Raises:
+            InvalidTransitionError: The workflow is not running.
+            SerializationError: `result` cannot be stored; the workflow was failed.
         """
+        try:
+            self._check_value(result, "$.context.result")
+        except SerializationError as exc:
+            await self.fail(workflow_id, unstorable(exc))
+            raise
 
         def complete(state: WorkflowState) -> WorkflowState:
             context = {**state.context, "result": result} if result is not None else state.context
@@ -419,9 +436,14 @@ class WorkflowStateManager(StateManagerBase):
         automatically. Steps may be recorded while paused (one in flight when the pause came);
         not once the workflow is completed, failed or cancelled.
 
+        A step whose data cannot be stored (its `result`, say) is recorded `failed` instead,
+        with an `error` naming the problem and where (`UnsupportedTypeError at
+        $.steps.1.result`), and the error is raised: a step never stays `running` for it.
+
         Raises:
             NotFoundError: No such workflow.
             InvalidTransitionError: The workflow is finished.
+            SerializationError: The step's data cannot be stored; it was recorded failed.
         """
         if not isinstance(step, StepState):
             raise InvalidArgumentError("update_step takes a StepState")
@@ -442,6 +464,22 @@ class WorkflowStateManager(StateManagerBase):
         is refused with `InvalidTransitionError`, so it can neither advance `current_step` past
         steps that will run again nor write its context into the rewound one.
         """
+        try:
+            self._check_record(step, f"$.steps.{step.step_number}")
+            if context:
+                self._check_mapping(context, "$.context")
+        except SerializationError as exc:
+            # Recorded failed (without the context), then raised: never left running.
+            failed = step.model_copy(
+                update={
+                    "status": StepStatus.FAILED,
+                    "result": None,
+                    "error": unstorable(exc),
+                    "completed_at": step.completed_at or utcnow(),
+                }
+            )
+            await self._record_step(workflow_id, failed, in_flight=in_flight)
+            raise
         before_step: list[int] = []
 
         def record(state: WorkflowState) -> WorkflowState:
@@ -500,7 +538,10 @@ class WorkflowStateManager(StateManagerBase):
             NotFoundError: No such workflow.
             InvalidTransitionError: The workflow is completed or cancelled
                 (`WorkflowCancelledError`); nothing changed.
+            SerializationError: A value in `changes` cannot be stored (the path names it,
+                `$.context.<key>`); nothing changed.
         """
+        self._check_mapping(changes, "$.context")
 
         def merge(state: WorkflowState) -> WorkflowState:
             self._refuse_finished(state, "its context cannot change")
@@ -528,9 +569,12 @@ class WorkflowStateManager(StateManagerBase):
             NotFoundError: No such workflow.
             InvalidTransitionError: The workflow is completed or cancelled
                 (`WorkflowCancelledError`); nothing was written.
+            SerializationError: Its state or context holds a value that cannot be stored (the
+                path names it); nothing was written.
         """
         if not isinstance(checkpoint, WorkflowCheckpoint):
             raise InvalidArgumentError("checkpoint takes a WorkflowCheckpoint")
+        self._check_record(checkpoint)
         await self._store_checkpoint(checkpoint)
         if self.max_checkpoints is not None:
             for old in (await self.list_checkpoints(checkpoint.workflow_id))[
