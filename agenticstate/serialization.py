@@ -143,6 +143,7 @@ class _Encoder:
         if kind is dict or kind is list or kind is tuple:
             return self.container(value, depth)
         if isinstance(value, BaseModel):
+            dumped: object
             try:
                 dumped = value.model_dump(mode="json")
             except PydanticSerializationError:
