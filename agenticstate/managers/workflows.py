@@ -338,7 +338,9 @@ class WorkflowStateManager(StateManagerBase):
         def start(state: WorkflowState) -> WorkflowState:
             if state.status is not WorkflowStatus.PENDING:
                 raise InvalidTransitionError(
-                    f"workflow {workflow_id!r} is {state.status.value}, not pending"
+                    f"workflow {workflow_id!r} cannot go from {state.status.value} to running: "
+                    "start() begins a pending workflow (resume() continues a paused one, "
+                    "resume_from() a failed one)"
                 )
             return self._move(state, WorkflowStatus.RUNNING)
 
