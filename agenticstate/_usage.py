@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import inspect
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate._checks import duration
 from agenticstate.exceptions import InvalidArgumentError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from datetime import timedelta
 
     from agenticstate.backends.base import Backend
 
@@ -80,9 +81,8 @@ async def measure_usage(
     """Scan `pattern` on `backend` and add up the stored sizes of the values, batch by batch."""
     if type(batch_size) is not int or batch_size < 1:
         raise InvalidArgumentError(f"batch_size must be an int >= 1, not {batch_size!r}")
-    limit = max_time.total_seconds() if isinstance(max_time, timedelta) else max_time
-    if limit is not None and (isinstance(limit, bool) or not limit > 0):
-        raise InvalidArgumentError(f"max_time must be positive, not {max_time!r}")
+    checked = duration(max_time, "max_time", seconds=True)
+    limit = checked.total_seconds() if checked is not None else None
     if progress is not None and not callable(progress):
         raise InvalidArgumentError("progress must be callable")
     started = time.monotonic()

@@ -17,11 +17,12 @@ from urllib.parse import unquote, unquote_plus
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agenticstate._checks import as_ttl as _as_ttl  # the one TTL check; this name stays
+from agenticstate._checks import duration
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_pattern
 from agenticstate._registry import check_backend_name
 from agenticstate.encryption import Encryption  # pydantic needs it at runtime
-from agenticstate.exceptions import AgenticStateError, ConfigurationError
+from agenticstate.exceptions import AgenticStateError, ConfigurationError, InvalidArgumentError
 from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
 
 if TYPE_CHECKING:
@@ -256,12 +257,11 @@ class FeedRetention:
             raise ConfigurationError(
                 f"max_changes must be an int >= 1 or None, not {self.max_changes!r}"
             )
-        if self.max_age is not None and (
-            not isinstance(self.max_age, timedelta) or self.max_age <= timedelta(0)
-        ):
-            raise ConfigurationError(
-                f"max_age must be a positive timedelta or None, not {self.max_age!r}"
-            )
+        try:
+            duration(self.max_age, "max_age")
+        except InvalidArgumentError as exc:
+            # Configuration, refused as the other options of StateConfig are.
+            raise ConfigurationError(str(exc)) from None
 
 
 class HistoryRules:

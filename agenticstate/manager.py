@@ -860,7 +860,11 @@ class StateManager:
 
         A call of the callback already running (an async callback that unsubscribes itself,
         say) runs to its end; no later change is delivered.
+
+        Raises:
+            InvalidPatternError: `pattern` is not a valid pattern (as `subscribe` refuses it).
         """
+        validate_pattern(pattern)
         return self._pumps.unsubscribe(pattern, callback)
 
     def watch(

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from agenticstate._checks import wrong_object
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
-from agenticstate.exceptions import InvalidArgumentError, InvalidKeyError
+from agenticstate.exceptions import InvalidArgumentError, InvalidKeyError, InvalidPatternError
 from agenticstate.manager import DEFAULT, StateManager
 
 if TYPE_CHECKING:
@@ -32,7 +33,13 @@ if TYPE_CHECKING:
 
     from agenticstate.commits import CommitInfo
     from agenticstate.events import OnGap, StateChange
-    from agenticstate.manager import OverflowCallback, StateCallback, StateEntry, Watch
+    from agenticstate.manager import (
+        OverflowCallback,
+        StateCallback,
+        StateEntry,
+        Subscription,
+        Watch,
+    )
 
 __all__ = ["ScopedState"]
 
@@ -56,7 +63,14 @@ class ScopedState:
 
     def __init__(self, state: StateManager, prefix: str) -> None:
         if not isinstance(state, StateManager):
-            raise InvalidArgumentError(f"state must be a StateManager, not {type(state).__name__}")
+            raise InvalidArgumentError(
+                wrong_object(
+                    state,
+                    parameter="state",
+                    expected="agenticstate.StateManager",
+                    owner="ScopedState",
+                )
+            )
         if not isinstance(prefix, str) or not prefix:
             raise InvalidArgumentError(f"prefix must be a non-empty str, not {prefix!r}")
         try:
@@ -66,7 +80,6 @@ class ScopedState:
         self.state = state
         self.prefix = prefix
         self._glob = escape_glob(prefix)
-        self._callbacks: dict[tuple[str, StateCallback], StateCallback] = {}
 
     def __repr__(self) -> str:
         return f"ScopedState({self.prefix!r}, state={self.state!r})"
@@ -80,7 +93,7 @@ class ScopedState:
 
     def _pattern(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern:
-            raise InvalidArgumentError(f"pattern must be a non-empty str, not {pattern!r}")
+            raise InvalidPatternError(f"pattern must be a non-empty str, not {pattern!r}")
         return validate_pattern(self._glob + pattern)
 
     def _relative(self, key: str) -> str:
@@ -255,32 +268,29 @@ class ScopedState:
         on_overflow: OverflowCallback | None = None,
         since: str | None = None,
         on_gap: OnGap = "raise",
-    ) -> None:
+    ) -> Subscription:
         """Call `callback(key, old, new)` with relative keys for changes matching `pattern`.
 
-        `on_overflow` receives the full (prefixed) pattern. `since` and `on_gap` are as for
-        `StateManager.subscribe` (a cursor of the manager's feed). See `StateManager.subscribe`.
+        Everything else is `StateManager.subscribe`'s: the same checks and errors, the
+        subscription handle it returns (await it, or `wait_live()`, to know it is live; an
+        expired `since=` cursor raises `CursorExpiredError` there), subscribing the same
+        callback to the same pattern again returns the first handle, and a subscription that
+        ended (its cursor expired, or it was unsubscribed) can be made again. The handle's
+        `pattern` is the full one (with the prefix), as is what `on_overflow` receives. Two
+        scopes over one prefix share their subscriptions: either may unsubscribe a callback.
         """
+        full = self._pattern(pattern)
         if not callable(callback):
             raise InvalidArgumentError(f"callback must be callable, not {type(callback).__name__}")
-        full = self._pattern(pattern)
-        if (full, callback) in self._callbacks:
-            return
-        cut = len(self.prefix)
-
-        def relative(key: str, old: Any, new: Any) -> Any:
-            return callback(key[cut:], old, new)
-
-        self.state.subscribe(full, relative, on_overflow=on_overflow, since=since, on_gap=on_gap)
-        self._callbacks[full, callback] = relative
+        relative = _Relative(callback, len(self.prefix))
+        return self.state.subscribe(
+            full, relative, on_overflow=on_overflow, since=since, on_gap=on_gap
+        )
 
     def unsubscribe(self, pattern: str, callback: StateCallback) -> bool:
         """Stop calling `callback` for `pattern`; return whether it was subscribed."""
         full = self._pattern(pattern)
-        relative = self._callbacks.pop((full, callback), None)
-        if relative is None:
-            return False
-        return self.state.unsubscribe(full, relative)
+        return self.state.unsubscribe(full, _Relative(callback, len(self.prefix)))
 
     def watch(
         self,
@@ -326,6 +336,33 @@ class ScopedState:
     async def rollback(self, commit_id: str) -> int:
         """Put the scope back as it was at `commit_id`: `StateManager.rollback(prefix, id)`."""
         return await self.state.rollback(self.prefix, commit_id)
+
+
+class _Relative:
+    """A scope's callback: called with the key relative to the scope.
+
+    Equal to every other one wrapping the same callback for a prefix of the same length (the
+    manager keys its subscriptions by pattern and callback, and the pattern holds the prefix),
+    so subscribing again finds the running subscription and `unsubscribe` stops it, from any
+    scope over the prefix.
+    """
+
+    def __init__(self, callback: StateCallback, cut: int) -> None:
+        self.callback = callback
+        self.cut = cut
+        # What the manager's log lines name a callback by.
+        self.__qualname__ = getattr(callback, "__qualname__", type(callback).__name__)
+
+    def __call__(self, key: str, old: Any, new: Any) -> Any:
+        return self.callback(key[self.cut :], old, new)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Relative):
+            return NotImplemented
+        return self.cut == other.cut and self.callback == other.callback
+
+    def __hash__(self) -> int:
+        return hash((self.cut, self.callback))
 
 
 class ScopedWatch:

@@ -32,6 +32,7 @@ import math
 import threading
 import zlib
 from datetime import date, datetime
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import UUID
 
@@ -142,12 +143,15 @@ class _Encoder:
         if kind is dict or kind is list or kind is tuple:
             return self.container(value, depth)
         if isinstance(value, BaseModel):
+            dumped: object
             try:
                 dumped = value.model_dump(mode="json")
             except PydanticSerializationError:
                 # A field holds something JSON mode cannot render: walk the Python form, which
-                # this encoder either stores or refuses with a path.
-                dumped = value.model_dump(mode="python")
+                # this encoder either stores or refuses with a path. Its dict keys are made
+                # what JSON mode makes them (`{1: step}` keys "1"), so the error names the
+                # value at fault (`$.steps.1.result`), not a typed int key on the way to it.
+                dumped = _json_keys(value.model_dump(mode="python"))
             return self.walk(dumped, depth)
         if value is Ellipsis:
             return {_TAG_ELLIPSIS: 0} if self.for_json else msgpack.ExtType(_EXT_ELLIPSIS, b"")
@@ -221,6 +225,23 @@ class _Encoder:
             changed = changed or converted is not item
             out.append(converted)
         return out if changed else value
+
+
+def _json_keys(value: object) -> object:
+    """`value` with the int, float and enum dict keys written as JSON mode writes them."""
+    if isinstance(value, dict):
+        return {_json_key(key): _json_keys(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_keys(item) for item in value]
+    return value
+
+
+def _json_key(key: object) -> object:
+    if isinstance(key, Enum):
+        key = key.value
+    if isinstance(key, (int, float)) and not isinstance(key, bool):
+        return str(key)
+    return key
 
 
 _THREAD = threading.local()

@@ -49,6 +49,7 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from agenticstate import commits as _commits
+from agenticstate import events as _events
 from agenticstate import managers as _managers
 from agenticstate import scope as _scope
 from agenticstate import view as _view
@@ -73,6 +74,7 @@ __all__ = [
     "SessionManager",
     "SpeechStateManager",
     "StateManager",
+    "Subscription",
     "SyncDeadlockError",
     "ToolStateManager",
     "WorkflowStateManager",
@@ -185,6 +187,16 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return portal.call(fn, *args)
 
 
+def _call_plain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`_call` for a plain method: its result comes back as it is, even an awaitable one.
+
+    (`BlockingPortal.call` awaits whatever awaitable its function returns: a `Subscription`
+    would be waited on until live, and raise there, where the async call returns at once.)
+    """
+    boxed: list[Any] = _call(lambda: [fn(*args, **kwargs)])
+    return boxed[0]
+
+
 def _await(fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
     """Run a coroutine function on the loop and wait for it: the hot path of every method.
 
@@ -241,7 +253,7 @@ def _loop_method(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: Blocking[Any], *args: Any, **kwargs: Any) -> Any:
         bound = getattr(self._async, name)
-        return _wrap(_call(bound, *args, **kwargs))
+        return _wrap(_call_plain(bound, *args, **kwargs))
 
     return call
 
@@ -387,22 +399,19 @@ class BlockingStream:
 # ------------------------------------------------------------------ the blocking classes
 
 
+class Subscription(Blocking[_events.Subscription], wraps=_events.Subscription):
+    """Blocking `agenticstate.Subscription`, what the blocking `subscribe` returns.
+
+    `wait_live()` blocks until the subscription is live (and raises what the async one
+    raises: `CursorExpiredError` for an expired `since=` cursor, ...); `unsubscribe()` stops it;
+    `pattern`, `callback` and `is_live` read through.
+    """
+
+
 class _Subscriptions(Generic[A]):
     """`subscribe`/`unsubscribe` for a blocking view: sync callbacks run in a worker thread."""
 
     _async: Any
-    _callbacks: dict[tuple[str, Any], Any]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._callbacks = {}
-
-    @classmethod
-    def wrap(cls, obj: A) -> Self:
-        """Return a blocking view of an existing async object (closing it stays your call)."""
-        view: Self = super().wrap(obj)  # type: ignore[misc]
-        view._callbacks = {}
-        return view
 
     def subscribe(
         self,
@@ -412,25 +421,28 @@ class _Subscriptions(Generic[A]):
         on_overflow: Any = None,
         since: str | None = None,
         on_gap: str = "raise",
-    ) -> None:
-        """As the async `subscribe`; sync callbacks run in a worker thread."""
-        runner = _threaded(callback)
-        _call(
+    ) -> Subscription:
+        """As the async `subscribe`, returning its handle as a blocking `Subscription`.
+
+        It returns at once, as the async call does; `wait_live()` on the handle blocks until
+        the subscription is live, and raises what awaiting the async handle raises
+        (`CursorExpiredError` for an expired `since=` cursor). Sync callbacks run in a worker
+        thread. Subscribing the same callback to the same pattern again returns the first
+        handle.
+        """
+        handle = _call_plain(
             self._async.subscribe,
             pattern,
-            runner,
+            _threaded(callback),
             on_overflow=_threaded(on_overflow),
             since=since,
             on_gap=on_gap,
         )
-        self._callbacks.setdefault((pattern, callback), runner)
+        return Subscription.wrap(handle)
 
     def unsubscribe(self, pattern: str, callback: Any) -> bool:
         """Stop calling `callback` for `pattern`; return whether it was subscribed."""
-        runner = self._callbacks.pop((pattern, callback), None)
-        if runner is None:
-            return False
-        result: bool = _call(self._async.unsubscribe, pattern, runner)
+        result: bool = _call(self._async.unsubscribe, pattern, _threaded(callback))
         return result
 
 
@@ -533,12 +545,32 @@ def _threaded(callback: Any) -> Any:
         getattr(callback, "__call__", None)  # noqa: B004  # an object with an async __call__
     ):
         return callback
+    return _InThread(callback)
 
-    async def in_thread(*args: Any) -> None:
-        await anyio.to_thread.run_sync(lambda: callback(*args))
 
-    in_thread.__qualname__ = getattr(callback, "__qualname__", type(callback).__name__)
-    return in_thread
+class _InThread:
+    """A sync callback run in a worker thread.
+
+    Equal to every other one wrapping the same callback: the async manager keys its
+    subscriptions by pattern and callback, so subscribing again finds the running one and
+    `unsubscribe` stops it, with no table of wrappers kept here.
+    """
+
+    def __init__(self, callback: Callable[..., Any]) -> None:
+        self.callback = callback
+        # What the manager's log lines name a callback by.
+        self.__qualname__ = getattr(callback, "__qualname__", type(callback).__name__)
+
+    async def __call__(self, *args: Any) -> None:
+        await anyio.to_thread.run_sync(lambda: self.callback(*args))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _InThread):
+            return NotImplemented
+        return bool(self.callback == other.callback)
+
+    def __hash__(self) -> int:
+        return hash(self.callback)
 
 
 def close_all() -> None:

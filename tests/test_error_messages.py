@@ -8,10 +8,16 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agenticstate import StateConfig, StateManager
-from agenticstate.exceptions import BackendError, InvalidArgumentError, UnsupportedTypeError
+from agenticstate import AgentRecoveryManager, ScopedState, StateConfig, StateManager, sync
+from agenticstate.exceptions import (
+    BackendError,
+    ConfigurationError,
+    InvalidArgumentError,
+    UnsupportedTypeError,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -60,3 +66,59 @@ async def test_os_errors_are_in_words(tmp_path: Path) -> None:
     assert str(caught.value) == (
         f"could not create the store directory {blocker / 'store'}: not a directory (ENOTDIR)"
     )
+
+
+def _async_managers() -> list[type]:
+    import agenticstate.managers as managers
+    from agenticstate.managers._base import StateManagerBase
+
+    found = [getattr(managers, name) for name in managers.__all__]
+    return [
+        kind
+        for kind in found
+        if isinstance(kind, type)
+        and issubclass(kind, StateManagerBase)
+        and kind is not StateManagerBase
+    ]
+
+
+@pytest.mark.parametrize("manager", _async_managers(), ids=lambda kind: kind.__name__)
+def test_an_async_manager_given_a_blocking_state_manager_names_both_types(manager: type) -> None:
+    """An async manager given a `sync.StateManager` names both types with their modules and says
+    what to pass instead; the blocking twin it suggests accepts that object."""
+    with sync.StateManager() as blocking:
+        with pytest.raises(ConfigurationError) as caught:
+            manager(state_manager=blocking)
+        name = manager.__name__
+        assert str(caught.value) == (
+            f"{name}: state_manager must be an agenticstate.StateManager, not "
+            f"agenticstate.sync.StateManager; {name} is the async API: use "
+            f"agenticstate.sync.{name}(state_manager=...) for a blocking one over it, or pass "
+            "state_manager.async_object from async code running on the sync API's loop"
+        )
+        twin = getattr(sync, name)(state_manager=blocking)  # the advice works
+        assert twin.async_object.state is blocking.async_object
+
+
+def _scope(blocking: sync.StateManager) -> object:
+    return ScopedState(blocking, "p:")  # type: ignore[arg-type]
+
+
+def _recovery(blocking: sync.StateManager) -> object:
+    return AgentRecoveryManager(sync.AgentStateStore(state_manager=blocking))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("build", "parameter", "expected"),
+    [(_scope, "state", "StateManager"), (_recovery, "agent_store", "AgentStateStore")],
+    ids=["ScopedState", "AgentRecoveryManager"],
+)
+def test_other_async_classes_given_a_blocking_object_name_both_types(
+    build: Callable[[sync.StateManager], object], parameter: str, expected: str
+) -> None:
+    """`ScopedState` and `AgentRecoveryManager` given a blocking object name both types too."""
+    with sync.StateManager() as blocking, pytest.raises(InvalidArgumentError) as caught:
+        build(blocking)
+    text = str(caught.value)
+    assert f"{parameter} must be an agenticstate.{expected}, not agenticstate.sync." in text
+    assert f"{parameter}.async_object" in text

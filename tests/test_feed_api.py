@@ -285,6 +285,64 @@ async def test_subscribe_with_an_expired_cursor(
         assert calls == [(C, None, 59), (A, None, "live")]
 
 
+async def test_a_scope_subscribe_with_an_expired_cursor_behaves_as_the_managers(
+    small_feed: Callable[[], AbstractAsyncContextManager[StateManager]],
+) -> None:
+    """A scope's subscribe(since=expired) returns the manager's awaitable handle: awaiting it
+    raises CursorExpiredError, and the callback can then be subscribed again from a fresh
+    cursor (delivered), and unsubscribed (True once, then False)."""
+    async with small_feed() as state:
+        scope = state.scope("{f}:")
+        old = await expired_cursor(state)
+        calls: list[tuple[str, Any, Any]] = []
+        done = anyio.Event()
+
+        def on_change(key: str, before: Any, after: Any) -> None:
+            calls.append((key, before, after))
+            done.set()
+
+        with pytest.raises(CursorExpiredError):
+            await scope.subscribe("*", on_change, since=old)
+        assert not scope.unsubscribe("*", on_change)  # the expired one is gone
+        fresh = await state.feed_cursor()
+        handle = scope.subscribe("*", on_change, since=fresh)
+        assert await handle is handle
+        assert handle.is_live
+        assert scope.subscribe("*", on_change) is handle  # the same callback again: one handle
+        await state.save(A, "after")
+        with anyio.fail_after(10):
+            await done.wait()
+        assert calls == [("a", None, "after")]
+        assert scope.unsubscribe("*", on_change)
+        assert not scope.unsubscribe("*", on_change)
+        assert state.stats().subscriptions == 0
+
+
+def test_a_blocking_subscribe_with_an_expired_cursor_raises_on_wait_live() -> None:
+    """The sync API's subscribe (on a manager and on a scope) returns a blocking Subscription:
+    wait_live() raises CursorExpiredError for an expired cursor; a fresh one goes live."""
+    backend = MemoryBackend(feed=FeedRetention(max_changes=5))
+    with sync.StateManager(backend=backend) as state:
+        old = state.feed_cursor()
+        for n in range(60):
+            state.save(C, n)
+        calls: list[Any] = []
+
+        def on_change(key: str, before: Any, after: Any) -> None:
+            calls.append((key, before, after))
+
+        for target in (state, state.scope("{f}:")):
+            handle = target.subscribe("*", on_change, since=old)
+            assert isinstance(handle, sync.Subscription)
+            with pytest.raises(CursorExpiredError):
+                handle.wait_live()
+            again = target.subscribe("*", on_change, since=state.feed_cursor())
+            again.wait_live()
+            assert again.is_live
+            assert target.unsubscribe("*", on_change)
+            assert not target.unsubscribe("*", on_change)
+
+
 @pytest.mark.parametrize("on_gap", ["raise", "resync"])
 async def test_a_callback_behind_the_feeds_retention(
     small_feed: Callable[[], AbstractAsyncContextManager[StateManager]], on_gap: Any

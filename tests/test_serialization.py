@@ -232,3 +232,24 @@ def test_decode_fuzz_only_raises_decode_error(raw: bytes) -> None:
     """Random bytes either decode or raise DecodeError: no other exception escapes."""
     with contextlib.suppress(DecodeError):
         Serializer(max_size=10_000).loads(raw)
+
+
+class _Step(BaseModel):
+    result: Any = None
+
+
+class _Run(BaseModel):
+    steps: dict[int, _Step] = {}
+
+
+class _Opaque:
+    """Not a value the store knows."""
+
+
+def test_a_model_error_names_the_value_at_fault_not_a_typed_int_key() -> None:
+    """A model whose `dict[int, Model]` field holds an unstorable value deep inside is refused
+    with the path of that value (`$.steps.1.result`), as JSON mode would name the keys."""
+    with pytest.raises(UnsupportedTypeError) as caught:
+        Serializer().dumps(_Run(steps={1: _Step(result=_Opaque())}))
+    assert caught.value.path == "$.steps.1.result"
+    assert " at $.steps.1.result" in str(caught.value)

@@ -81,6 +81,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from agenticstate._checks import seconds
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
@@ -208,8 +209,9 @@ class FileBackend(Backend):
             raise ConfigurationError(f"format must be 'json' or 'msgpack', not {format!r}")
         if durability not in ("fsync", "none"):
             raise ConfigurationError(f"durability must be 'fsync' or 'none', not {durability!r}")
-        if not save_interval > 0 or compact_bytes < 1:
-            raise ConfigurationError("save_interval and compact_bytes must be positive")
+        save_interval = seconds(save_interval, "save_interval")
+        if compact_bytes < 1:
+            raise ConfigurationError("compact_bytes must be positive")
         if type(close_snapshot_keys) is not int or close_snapshot_keys < 0:
             raise ConfigurationError("close_snapshot_keys must be an int >= 0")
         self._explicit_name = file_name is not None

@@ -105,6 +105,7 @@ import contextlib
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from agenticstate._checks import seconds
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
 from agenticstate.backends import _redis_feed, _redis_txn
 from agenticstate.backends import _redis_history as history_lists
@@ -283,8 +284,8 @@ class RedisBackend(Subscriber, Backend):
         self.db = db
         self.key_prefix = key_prefix
         self.connection_pool_size = connection_pool_size
-        self.socket_timeout = socket_timeout
-        self.connect_timeout = connect_timeout
+        self.socket_timeout = seconds(socket_timeout, "socket_timeout")
+        self.connect_timeout = seconds(connect_timeout, "connect_timeout")
         self.read_retries = read_retries
         self._client_options = client_options
         self._client: aioredis.Redis | None = client

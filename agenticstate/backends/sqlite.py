@@ -58,6 +58,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import anyio
 import anyio.to_thread
 
+from agenticstate._checks import duration
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
@@ -172,8 +173,8 @@ class SQLiteBackend(Backend):
         self.feed: FeedRetention = feed
         if history is not None:
             self.keep_history(history)
-        self._poll = poll_interval.total_seconds()
-        self._lock_timeout = lock_timeout.total_seconds()
+        self._poll = duration(poll_interval, "poll_interval", optional=False).total_seconds()
+        self._lock_timeout = duration(lock_timeout, "lock_timeout", optional=False).total_seconds()
         self._low, self._high = key_range(key_prefix)
         self._writer: Worker | None = None
         self._reader: Worker | None = None

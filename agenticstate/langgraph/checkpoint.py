@@ -56,10 +56,16 @@ __all__ = ["HEAD_GUARD_KEY", "CheckpointSaver"]
 HEAD_GUARD_KEY = "__agenticstate_head__"
 """The `configurable` key that marks a config as "built on the thread head".
 
-`aget_tuple` adds it when it returns a thread's latest checkpoint; LangGraph carries it into
-every `aput` of that run, and `aput` then refuses to write unless the checkpoint it builds on is
-still the head. Its name starts with `__`, so LangGraph never copies it into metadata.
+`aget_tuple` sets it to `True` when it returns a thread's latest checkpoint; LangGraph carries it
+into every `aput` of that run, and `aput` then refuses to write unless the checkpoint it builds on
+is still the head. A config that names its checkpoint and still carries the key (a snapshot kept
+from `get_state`) is loaded with the key set to `"update"`: only an `update_state` on it stays
+guarded, a run started from it (a replay) is a deliberate fork. Its name starts with `__`, so
+LangGraph never copies it into metadata.
 """
+
+_UPDATE_ONLY = "update"
+"""`HEAD_GUARD_KEY` on an explicitly addressed snapshot config: guard `update_state` only."""
 
 _PAGE = 64
 
@@ -72,10 +78,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     Thread-head guarantee: a run that starts from a thread's latest checkpoint (the usual
     `graph.invoke(input, {"configurable": {"thread_id": ...}})`, a resume after `interrupt()`,
-    `update_state` without a `checkpoint_id`) writes each next checkpoint only if the one it
-    builds on is still the thread's head; otherwise `aput` raises `StaleCheckpointError` and
-    writes nothing. Two workers driving one thread therefore never fork it silently. A run
-    started from an explicit `checkpoint_id` (replay, fork) is a deliberate fork and is not
+    `update_state` without a `checkpoint_id`, or on the snapshot `get_state` returned) writes each
+    next checkpoint only if the one it builds on is still the thread's head; otherwise `aput`
+    raises `StaleCheckpointError` and writes nothing. Two workers driving one thread therefore
+    never fork it silently. A run started from an explicit `checkpoint_id` (replay, fork),
+    including one from a snapshot `get_state` returned earlier, is a deliberate fork and is not
     refused; its checkpoints become the new head.
 
     Args:
@@ -228,7 +235,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Return the checkpoint `config` names, or the thread's latest one, or `None`.
 
         The latest checkpoint comes back with `HEAD_GUARD_KEY` in its config, so the run that
-        continues from it is refused if another writer moves the head meanwhile.
+        continues from it is refused if another writer moves the head meanwhile. A checkpoint
+        named by its id comes back with the guard narrowed to `update_state` (a config kept
+        from `get_state` carries the key): a run started from it is a replay, never refused.
         """
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
@@ -238,6 +247,13 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             record = await self.state.get(self._cp_key(thread_id, ns, checkpoint_id))
             if record is None:
                 return None
+            if configurable.get(HEAD_GUARD_KEY):
+                # LangGraph merges this config over the one it was given, so the value set
+                # here (not the `True` a snapshot carried) is what every `aput` of the run sees.
+                config = {
+                    **config,
+                    "configurable": {**configurable, HEAD_GUARD_KEY: _UPDATE_ONLY},
+                }
             return await self._tuple(thread_id, ns, checkpoint_id, record, config)
         head = await self.state.get(self._head_key(thread_id, ns))
         if head is None:
@@ -329,14 +345,17 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Store a checkpoint and make it the thread's head.
 
         Raises:
-            StaleCheckpointError: The config carries `HEAD_GUARD_KEY` and the checkpoint it
-                builds on is no longer the thread's head; nothing was written.
+            StaleCheckpointError: The config carries `HEAD_GUARD_KEY` (`True`, or `"update"`
+                and this is an `update_state`) and the checkpoint it builds on is no longer the
+                thread's head; nothing was written.
         """
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         ns = configurable.get("checkpoint_ns", "")
         parent = configurable.get("checkpoint_id")
-        guarded = bool(configurable.get(HEAD_GUARD_KEY))
+        guard = configurable.get(HEAD_GUARD_KEY)
+        # A snapshot's config, named by id: only update_state's write is checked (see aget_tuple).
+        guarded = metadata.get("source") == guard if guard == _UPDATE_ONLY else bool(guard)
         head_key = self._head_key(thread_id, ns)
         if guarded:
             # Refuse a stale write before writing anything (the common case of a lost race);

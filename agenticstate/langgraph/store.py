@@ -28,6 +28,7 @@ from langgraph.store.base import (
     TTLConfig,
 )
 
+from agenticstate._checks import seconds
 from agenticstate.exceptions import ConflictError, InvalidArgumentError
 from agenticstate.langgraph._common import check_prefix, decode, encode, run_sync, unwrap_state
 
@@ -159,7 +160,7 @@ class Store(BaseStore):
             await self.state.delete(key)
             return
         now = datetime.now(UTC).isoformat()
-        ttl = op.ttl
+        ttl = None if op.ttl is None else seconds(op.ttl, "ttl", unit="minutes")
 
         def write(current: dict[str, Any] | None) -> dict[str, Any]:
             return {

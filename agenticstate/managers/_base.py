@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+from agenticstate._checks import wrong_object
 from agenticstate._keys import escape_glob
 from agenticstate._log import get_logger
 from agenticstate._registry import backend_names, check_backend_name
 from agenticstate.config import StateConfig
-from agenticstate.exceptions import ConfigurationError, InvalidArgumentError
+from agenticstate.exceptions import (
+    ConfigurationError,
+    InvalidArgumentError,
+    InvalidNumberError,
+    NonStringKeyError,
+    SerializationError,
+)
 from agenticstate.manager import StateManager
 
 if TYPE_CHECKING:
@@ -59,6 +69,7 @@ def build_state_manager(
     redis_url: str | None,
     base_path: str | Path | None,
     key_prefix: str,
+    owner: str = "a manager",
 ) -> StateManager:
     """Return `state_manager`, or one built from the AgenticAI Framework shorthand arguments."""
     if state_manager is not None:
@@ -68,7 +79,12 @@ def build_state_manager(
             )
         if not isinstance(state_manager, StateManager):
             raise ConfigurationError(
-                f"state_manager must be a StateManager, not {type(state_manager).__name__}"
+                wrong_object(
+                    state_manager,
+                    parameter="state_manager",
+                    expected="agenticstate.StateManager",
+                    owner=owner,
+                )
             )
         return state_manager
     kind = persistence or "memory"
@@ -185,6 +201,7 @@ class StateManagerBase:
             redis_url=redis_url,
             base_path=base_path,
             key_prefix=key_prefix,
+            owner=type(self).__name__,
         )
         self.log = get_logger(type(self).__module__).bind(manager=type(self).__name__)
 
@@ -210,8 +227,125 @@ class StateManagerBase:
     async def _load(self, key: str, model: type[M]) -> M | None:
         return await load(self.state, key, model)
 
+    def _check_value(self, value: object, path: str) -> None:
+        """Refuse a free-form value that cannot be stored, naming where it would go.
+
+        Raises:
+            SerializationError: As `StateManager.save` would for `value`, with `path` (the
+                place in the record, `$.steps.1.result`) in place of the value's own root.
+        """
+        check_value(self.state, value, path)
+
+    def _check_mapping(self, mapping: object, root: str) -> None:
+        """Check a dict of free-form values key by key, so each is named by its own path.
+
+        (A value over the size limit is then named by its key, not by the whole dict.)
+        """
+        if not isinstance(mapping, Mapping):
+            check_value(self.state, mapping, root)
+            return
+        for key, value in mapping.items():
+            if not isinstance(key, str):
+                raise NonStringKeyError(
+                    f"dict key {key!r} is a {type(key).__qualname__}, not a str", path=root
+                )
+            check_value(self.state, value, f"{root}.{key}")
+
+    def _check_record(self, record: BaseModel, root: str = "$") -> None:
+        """Refuse a record whose free-form fields hold a value that cannot be stored.
+
+        See `check_record`.
+        """
+        check_record(self.state, record, root)
+
     async def _load_many(self, pattern: str, model: type[M]) -> list[M]:
         return await load_many(self.state, pattern, model)
+
+
+def check_value(state: StateManager, value: object, path: str) -> None:
+    """Encode `value` as `state.save` would; a value it refuses raises here, named by `path`.
+
+    Costs one encoding of the value, before anything is written.
+
+    Raises:
+        SerializationError: The value cannot be stored (the same subclass `save` raises), with
+            its place given as `path` plus where in the value the problem is.
+    """
+    try:
+        state.serializer.dumps(value)
+    except SerializationError as exc:
+        raise at_path(exc, path) from None
+
+
+def unstorable(error: SerializationError) -> str:
+    """What a record's `error` says of a value that could not be stored: its type and place.
+
+    Never the message: it may quote part of the value.
+    """
+    return f"{type(error).__name__} at {error.path}"
+
+
+def at_path(error: SerializationError, root: str) -> SerializationError:
+    """The same error with its path moved under `root` (`$.a` under `$.result` is `$.result.a`)."""
+    path = root + error.path[1:] if error.path.startswith("$") else root
+    text = str(error.args[0]) if error.args else ""
+    moved = text.replace(f" at {error.path}", f" at {path}", 1) if error.path else text
+    copy = type(error).__new__(type(error))
+    Exception.__init__(copy, moved)
+    copy.path = path
+    return copy
+
+
+def check_record(state: StateManager, record: BaseModel, root: str = "$") -> None:
+    """Check the free-form values of `record` (and of the records inside it) before a write.
+
+    A field typed `Any` (or a `dict`/`list` of `Any`, or a JSON value) keeps whatever it was
+    given, and pydantic's JSON form would turn what `save` refuses into something else on the
+    way to the store (a set into a list, NaN into null, `{1: ...}` into `{"1": ...}`): such
+    values are checked as `save` checks a value, so they are refused with their place in the
+    record instead. Typed fields (a `set[str]`, a `dict[int, StepState]`) are read back into
+    their type, and are not checked, but for a float that is not finite (written as null).
+
+    Raises:
+        SerializationError: A free-form value cannot be stored; its path in the record is named.
+    """
+    for name, value in record:
+        annotation = type(record).model_fields[name].annotation
+        _check_field(state, annotation, value, f"{root}.{name}")
+
+
+def _free_form(annotation: object) -> bool:
+    return annotation is Any or "JsonValue" in str(annotation)
+
+
+def _check_field(state: StateManager, annotation: object, value: object, path: str) -> None:
+    if value is None:
+        return
+    if type(value) is float:
+        # A typed float too: pydantic's JSON form writes NaN and infinities as null.
+        if not math.isfinite(value):
+            raise InvalidNumberError(f"float {value!r} is not finite", path=path)
+        return
+    if _free_form(annotation):
+        check_value(state, value, path)
+        return
+    if isinstance(value, BaseModel):
+        check_record(state, value, path)
+        return
+    args = [arg for arg in get_args(annotation) if arg is not type(None)]
+    origin = get_origin(annotation)
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        for key, item in value.items():
+            _check_field(state, args[1], item, f"{path}.{key}")
+    elif origin is list and args and isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_field(state, args[0], item, f"{path}[{index}]")
+    elif origin in (Union, UnionType):
+        # `X | None` (None was handled above): check the value as an X.
+        if any(_free_form(arg) for arg in args):
+            check_value(state, value, path)
+        elif len(args) == 1:
+            _check_field(state, args[0], value, path)
 
 
 async def load(state: StateManager, key: str, model: type[M]) -> M | None:

@@ -26,7 +26,7 @@ from uuid import uuid4
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate._checks import positive_timedelta
+from agenticstate._checks import duration, positive_timedelta, wrong_object
 from agenticstate.exceptions import (
     InvalidArgumentError,
     NotFoundError,
@@ -230,6 +230,7 @@ class AgentStateStore(StateManagerBase):
         """Store a snapshot (replacing one with the same id) and apply retention."""
         if not isinstance(snapshot, AgentSnapshot):
             raise InvalidArgumentError("save_snapshot takes an AgentSnapshot")
+        self._check_record(snapshot)
         key = self._key(snapshot.agent_id, "snapshots", snapshot.snapshot_id)
         await self.state.save(key, snapshot, ttl=self.max_age)
         await self._prune(snapshot.agent_id, "snapshots", AgentSnapshot, self.max_snapshots)
@@ -260,6 +261,7 @@ class AgentStateStore(StateManagerBase):
         """Store a checkpoint (replacing one with the same id) and apply retention."""
         if not isinstance(checkpoint, AgentCheckpoint):
             raise InvalidArgumentError("save_checkpoint takes an AgentCheckpoint")
+        self._check_record(checkpoint)
         key = self._key(checkpoint.agent_id, "checkpoints", checkpoint.checkpoint_id)
         await self.state.save(key, checkpoint, ttl=self.max_age)
         await self._prune(checkpoint.agent_id, "checkpoints", AgentCheckpoint, self.max_checkpoints)
@@ -352,13 +354,20 @@ class AgentRecoveryManager:
         retry_delay: timedelta = timedelta(0),
     ) -> None:
         if not isinstance(agent_store, AgentStateStore):
-            raise InvalidArgumentError("agent_store must be an AgentStateStore")
+            raise InvalidArgumentError(
+                wrong_object(
+                    agent_store,
+                    parameter="agent_store",
+                    expected="agenticstate.AgentStateStore",
+                    owner="AgentRecoveryManager",
+                )
+            )
         if type(max_recovery_attempts) is not int or max_recovery_attempts < 1:
             raise InvalidArgumentError("max_recovery_attempts must be an int >= 1")
         self.agent_store = agent_store
         self.auto_recover = auto_recover
         self.max_recovery_attempts = max_recovery_attempts
-        self.retry_delay = retry_delay
+        self.retry_delay = duration(retry_delay, "retry_delay", zero=True, optional=False)
         self._agents: dict[str, Any] = {}
         self._before: list[RecoveryHook] = []
         self._after: list[RecoveryHook] = []

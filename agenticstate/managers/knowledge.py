@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate.exceptions import InvalidArgumentError, NotFoundError
+from agenticstate.exceptions import InvalidArgumentError, InvalidTransitionError, NotFoundError
 from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
@@ -248,10 +248,12 @@ class KnowledgeStateManager(StateManagerBase):
         """Add to the counts, atomically: parallel indexers never lose each other's counts.
 
         A pending run becomes in progress; once processed and failed reach the total, it is
-        completed.
+        completed. A paused run still takes counts (documents that were in flight).
 
         Raises:
             NotFoundError: No progress was recorded for this knowledge base yet.
+            InvalidTransitionError: The run is completed or failed: its counts are final
+                (`update_indexing_progress` starts a new run); nothing changed.
         """
         for name, amount in (
             ("processed", processed),
@@ -264,6 +266,11 @@ class KnowledgeStateManager(StateManagerBase):
 
         def add(current: Any) -> Any:
             progress = IndexingProgress.model_validate(current)
+            if progress.status in (IndexingStatus.COMPLETED, IndexingStatus.FAILED):
+                raise InvalidTransitionError(
+                    f"the indexing run of {knowledge_base_id!r} is {progress.status.value}; "
+                    "its counts are final"
+                )
             changes: dict[str, Any] = {
                 "processed_documents": progress.processed_documents + processed,
                 "failed_documents": progress.failed_documents + failed,
@@ -314,9 +321,15 @@ class KnowledgeStateManager(StateManagerBase):
     # sources
 
     async def update_source_state(self, source: SourceState) -> SourceState:
-        """Store a source's sync state."""
+        """Store a source's sync state.
+
+        Raises:
+            SerializationError: Its metadata holds a value that cannot be stored (the path
+                names it); nothing was written.
+        """
         if not isinstance(source, SourceState):
             raise InvalidArgumentError("update_source_state takes a SourceState")
+        self._check_record(source)
         await self.state.save(self._source_key(source.knowledge_base_id, source.source_id), source)
         return source
 

@@ -52,9 +52,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate._checks import positive_timedelta
-from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
-from agenticstate.managers._base import StateManagerBase, utcnow
+from agenticstate._checks import duration, seconds
+from agenticstate.exceptions import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    SerializationError,
+)
+from agenticstate.managers._base import StateManagerBase, unstorable, utcnow
 from agenticstate.managers._task_queue import (
     TaskClaim,
     TaskItem,
@@ -63,6 +68,7 @@ from agenticstate.managers._task_queue import (
     TaskQueueState,
     TaskStatus,
     TeamKeys,
+    _task_from,
 )
 
 if TYPE_CHECKING:
@@ -167,11 +173,11 @@ class OrchestrationStateManager(StateManagerBase):
         max_retries: int = 3,
         finished_task_ttl: timedelta | None = None,
     ) -> None:
-        if not sync_interval > 0:
-            raise InvalidArgumentError("sync_interval must be positive")
+        sync_interval = seconds(sync_interval, "sync_interval")
+        default_lease = duration(default_lease, "default_lease")
+        finished_task_ttl = duration(finished_task_ttl, "finished_task_ttl")
         if type(max_retries) is not int or max_retries < 0:
             raise InvalidArgumentError("max_retries must be an int >= 0")
-        positive_timedelta(finished_task_ttl, "finished_task_ttl")
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -203,7 +209,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @sync_interval.setter
     def sync_interval(self, value: float) -> None:
-        self._queue.sync_interval = value
+        self._queue.sync_interval = seconds(value, "sync_interval")
 
     @property
     def default_lease(self) -> timedelta:
@@ -212,7 +218,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @default_lease.setter
     def default_lease(self, value: timedelta) -> None:
-        self._queue.default_lease = value
+        self._queue.default_lease = duration(value, "default_lease", optional=False)
 
     @property
     def max_retries(self) -> int:
@@ -230,7 +236,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @finished_task_ttl.setter
     def finished_task_ttl(self, value: timedelta | None) -> None:
-        self._queue.finished_task_ttl = value
+        self._queue.finished_task_ttl = duration(value, "finished_task_ttl")
 
     # teams and agents
 
@@ -239,9 +245,12 @@ class OrchestrationStateManager(StateManagerBase):
 
         Raises:
             ConflictError: The team exists already.
+            SerializationError: A value in it (metadata, a task's data) cannot be stored (the
+                path names it); nothing was written.
         """
         if not isinstance(team, TeamState):
             raise InvalidArgumentError("create_team takes a TeamState")
+        self._check_record(team)
         record = _TeamRecord(
             team_id=team.team_id, metadata=team.metadata, created_at=team.created_at
         )
@@ -299,7 +308,9 @@ class OrchestrationStateManager(StateManagerBase):
 
         Raises:
             ConflictError: The team has an agent with this id already.
+            SerializationError: Its metadata cannot be stored; nothing was written.
         """
+        self._check_record(agent)
         await self._require_team(team_id)
         try:
             await self.state.save(
@@ -446,7 +457,10 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             ConflictError: A task with this id is in the team's queue already.
             NotFoundError: No such team.
+            SerializationError: Its data cannot be stored (the path names where,
+                `$.data.<key>`); nothing was written.
         """
+        self._check_record(_task_from(task))
         return await self._queue.enqueue_task(team_id, task)
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
@@ -492,6 +506,7 @@ class OrchestrationStateManager(StateManagerBase):
         Returns:
             The claim, or None when no task is available.
         """
+        lease = duration(lease, "lease")
         return await self._queue.claim_task(team_id, agent_id, capability=capability, lease=lease)
 
     async def heartbeat(
@@ -507,6 +522,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             ConflictError: The lease was lost (expired and reaped, or the task finished).
         """
+        lease = duration(lease, "lease")
         return await self._queue.heartbeat(team_id, task_id, lease_token, lease=lease)
 
     async def complete_task(
@@ -524,9 +540,21 @@ class OrchestrationStateManager(StateManagerBase):
         holder whose lease expired and was handed on is refused. With `finished_task_ttl`, the
         completed task expires after it.
 
+        A `result` that cannot be stored fails the task instead, as `fail_task` does (it is
+        retried, or dead-lettered after `max_retries`; its `error` names the problem and where,
+        `UnsupportedTypeError at $.result`), and the error is raised.
+
         Raises:
             ConflictError: The task is not in progress, or is held under another lease.
+            SerializationError: `result` cannot be stored; the task was failed.
         """
+        try:
+            self._check_value(result, "$.result")
+        except SerializationError as exc:
+            await self._queue.fail_task(
+                team_id, task_id, unstorable(exc), lease_token=lease_token, agent_id=agent_id
+            )
+            raise
         return await self._queue.complete_task(
             team_id, task_id, result, lease_token=lease_token, agent_id=agent_id
         )
@@ -578,6 +606,7 @@ class OrchestrationStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such team.
         """
+        older_than = duration(older_than, "older_than", zero=True)
         return await self._queue.purge_finished(team_id, older_than=older_than)
 
     async def reap_expired(self, team_id: str) -> list[str]:

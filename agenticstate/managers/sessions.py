@@ -279,7 +279,8 @@ class SessionManager(StateManagerBase):
             updated_at=now,
             expires_at=None if life is None else now + life,
         )
-        # Encode the state first: a state that cannot be stored creates nothing.
+        # Check the state first: a state that cannot be stored creates nothing.
+        self._check_mapping(first, "$")
         self.state.serializer.dumps(first)
         # The user's index first: whatever happens next, delete_user finds this session.
         added = await self.state.index_add(index, {sid: -sort_time(now)})
@@ -459,6 +460,7 @@ class SessionManager(StateManagerBase):
         """
         session = await self._session(session_id)
         if isinstance(change, Mapping):
+            self._check_mapping(change, "$")
             apply: Mapping[str, Any] | Callable[[Any], Any] = change
         elif callable(change):
             fn = change
@@ -491,6 +493,7 @@ class SessionManager(StateManagerBase):
         """
         if not isinstance(state, Mapping):
             raise InvalidArgumentError("state must be a dict")
+        self._check_mapping(state, "$")
         new = dict(state)
         session = await self._session(session_id)
         await self.state.save(self._key(session_id, "state"), new, ttl=self._remaining(session))
@@ -543,6 +546,9 @@ class SessionManager(StateManagerBase):
         """
         if not isinstance(role, str) or not role:
             raise InvalidArgumentError(f"role must be a non-empty str, not {role!r}")
+        # As the core refuses them (pydantic would take NaN, and write it as null).
+        self._check_value(content, "$.content")
+        self._check_mapping(metadata, "$.metadata")
         meta_key = self._key(session_id, "meta")
         now = utcnow()
         message = SessionMessage(
@@ -711,6 +717,11 @@ class SessionManager(StateManagerBase):
         the last one it was given. Messages are kept; `get_messages(with_summary=True)` returns
         the summary followed by the messages it does not cover.
 
+        It covers only what it read: the messages it gives the summarizer are numbered without
+        a gap from the first one not yet covered, so a message whose number is taken but which
+        is not stored yet (another process is appending it) stops the summary before it, and a
+        later `summarize` covers it once it is there.
+
         Returns:
             The new summary, or `None` when no message beyond the summary is old enough.
 
@@ -731,9 +742,10 @@ class SessionManager(StateManagerBase):
         through = session.message_count - keep_last
         if through <= covered:
             return None
-        messages = await self._read_range(session_id, covered + 1, through)
+        messages = _unbroken(await self._read_range(session_id, covered + 1, through), covered)
         if not messages:
             return None
+        through = messages[-1].seq
         text = await maybe_await(
             summarizer(None if previous is None else previous.content, messages)
         )
@@ -749,6 +761,16 @@ class SessionManager(StateManagerBase):
             expected_version=0 if entry is None else entry.version,
         )
         return summary
+
+
+def _unbroken(messages: list[SessionMessage], covered: int) -> list[SessionMessage]:
+    """The messages numbered `covered + 1`, `covered + 2`, ... up to the first one missing."""
+    run: list[SessionMessage] = []
+    for message in messages:
+        if message.seq != covered + len(run) + 1:
+            break
+        run.append(message)
+    return run
 
 
 def render_template(

@@ -47,7 +47,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate import txn
-from agenticstate._checks import positive_timedelta
+from agenticstate._checks import duration
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -237,8 +237,8 @@ class SpeechStateManager(StateManagerBase):
         ended_session_ttl: timedelta = timedelta(hours=1),
         session_ttl: timedelta | None = None,
     ) -> None:
-        positive_timedelta(ended_session_ttl, "ended_session_ttl")
-        positive_timedelta(session_ttl, "session_ttl")
+        duration(ended_session_ttl, "ended_session_ttl", optional=False)
+        duration(session_ttl, "session_ttl")
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -274,13 +274,20 @@ class SpeechStateManager(StateManagerBase):
         *,
         session_id: str | None = None,
     ) -> str:
-        """Create a session and return its id."""
+        """Create a session and return its id.
+
+        Raises:
+            ConflictError: A session with this id exists.
+            SerializationError: `config` holds a value that cannot be stored (the path names
+                it, `$.config.<key>`); nothing was written.
+        """
         session = AudioSession(
             session_id=session_id or uuid4().hex,
             session_type=session_type,
             streaming_mode=_enum(StreamingMode, streaming_mode),
             config=config or {},
         )
+        self._check_record(session)
         key = self._key(session.session_id, "session")
         done = await self._try_transact(
             [txn.Version(key, 0)],
@@ -550,6 +557,7 @@ class SpeechStateManager(StateManagerBase):
         """
         if not isinstance(stt_state, STTState):
             raise InvalidArgumentError("update_stt_state takes an STTState")
+        self._check_record(stt_state)
         await self._save_part(stt_state.session_id, "stt", stt_state)
         return stt_state
 
@@ -565,6 +573,7 @@ class SpeechStateManager(StateManagerBase):
         """
         if not isinstance(tts_state, TTSState):
             raise InvalidArgumentError("update_tts_state takes a TTSState")
+        self._check_record(tts_state)
         await self._save_part(tts_state.session_id, "tts", tts_state)
         return tts_state
 
@@ -584,6 +593,7 @@ class SpeechStateManager(StateManagerBase):
         """
         if not isinstance(conversation_state, VoiceConversationState):
             raise InvalidArgumentError("update_conversation_state takes a VoiceConversationState")
+        self._check_record(conversation_state)
         await self._save_part(conversation_state.session_id, "conversation", conversation_state)
         return conversation_state
 
@@ -599,6 +609,8 @@ class SpeechStateManager(StateManagerBase):
         Raises:
             NotFoundError: No such session.
             InvalidTransitionError: The session has ended.
+            SerializationError: A value in `extra` cannot be stored (the path names it,
+                `$.transcript[<n>].<key>`); nothing was written.
         """
         session = await self.get_session(session_id)
         if session is None:
@@ -609,6 +621,7 @@ class SpeechStateManager(StateManagerBase):
 
         def append(current: Any) -> Any:
             conversation = VoiceConversationState.model_validate(current)
+            self._check_mapping(turn, f"$.transcript[{len(conversation.transcript)}]")
             return conversation.model_copy(
                 update={
                     "transcript": [*conversation.transcript, turn],

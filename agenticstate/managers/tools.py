@@ -46,12 +46,13 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate import _otel, txn
-from agenticstate._checks import as_ttl
+from agenticstate._checks import as_ttl, seconds
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
     RetryExhaustedError,
+    SerializationError,
     UnsupportedOperationError,
     UnsupportedTypeError,
 )
@@ -60,6 +61,7 @@ from agenticstate.managers._base import (
     TaggedKeys,
     key_part,
     sort_time,
+    unstorable,
     utcnow,
 )
 
@@ -306,6 +308,18 @@ def _cache_ttl(ttl: object) -> float | None:
     return life.total_seconds()
 
 
+def recorded(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters as an execution records them: their canonical form (see `hash_parameters`).
+
+    The same as given for the common flat dict; a set, a datetime, bytes... become the tagged
+    values they hash as (`{"$set": [...]}`), so what `cached_call` accepts can always be stored.
+    """
+    if _is_flat(parameters):
+        return dict(parameters)
+    canonical: dict[str, Any] = _canonical(parameters)
+    return canonical
+
+
 def _naive_now() -> datetime:
     return datetime.now()  # noqa: DTZ005  # see RetryState: the AgenticAI Framework API compares with naive now()
 
@@ -334,7 +348,8 @@ class ToolStateManager(StateManagerBase):
         cache_results: Whether results are cached at all.
         cache_ttl: Seconds a cached result lives (unless its entry says otherwise).
         history_limit: Executions kept per tool (the oldest go first).
-        flight_timeout: How long a single-flight lock lasts if its holder dies, in seconds.
+        flight_timeout: How long a single-flight lock outlives a holder that died, in seconds
+            (a live holder renews it every third of this while its tool runs).
     """
 
     def __init__(
@@ -350,8 +365,8 @@ class ToolStateManager(StateManagerBase):
         history_limit: int = 1000,
         flight_timeout: float = 60,
     ) -> None:
-        if not cache_ttl > 0 or not flight_timeout > 0:
-            raise InvalidArgumentError("cache_ttl and flight_timeout must be positive")
+        cache_ttl = seconds(cache_ttl, "cache_ttl")
+        flight_timeout = seconds(flight_timeout, "flight_timeout")
         if type(history_limit) is not int or history_limit < 1:
             raise InvalidArgumentError("history_limit must be an int >= 1")
         super().__init__(
@@ -412,9 +427,12 @@ class ToolStateManager(StateManagerBase):
 
         Raises:
             ConflictError: An execution with this id exists already.
+            SerializationError: Its parameters or result cannot be stored (the path names
+                which); nothing was written.
         """
         if not isinstance(execution, ToolExecution):
             raise InvalidArgumentError("start_execution takes a ToolExecution")
+        self._check_record(execution)
         key = self._execution_key(execution.tool_name, execution.execution_id)
         try:
             await self.state.save(
@@ -472,10 +490,20 @@ class ToolStateManager(StateManagerBase):
     ) -> ToolExecution:
         """Record an execution's result (the duration is measured if not given).
 
+        A result that cannot be stored ends the execution `failed` instead (its `error` names
+        the problem and where: `UnsupportedTypeError at $.result`, counted as a failure in the
+        statistics), and the error is raised: the execution never stays `running`.
+
         Raises:
             NotFoundError: No such execution.
             ConflictError: It finished already.
+            SerializationError: The result cannot be stored; the execution was failed.
         """
+        try:
+            self._check_value(result, "$.result")
+        except SerializationError as exc:
+            await self.fail_execution(execution_id, unstorable(exc), duration_ms)
+            raise
         return await self._finish(
             execution_id,
             {"status": ToolExecutionStatus.COMPLETED, "result": result, "duration_ms": duration_ms},
@@ -692,6 +720,7 @@ class ToolStateManager(StateManagerBase):
             raise InvalidArgumentError("cache_result takes a ToolCacheEntry")
         if not self.cache_results:
             return None
+        self._check_record(entry)
         ttl = entry.ttl if entry.ttl is not None else self.cache_ttl
         await self.state.save(
             self._cache_key(entry.tool_name, entry.parameters_hash), entry, ttl=ttl
@@ -752,6 +781,11 @@ class ToolStateManager(StateManagerBase):
           of its waiters (in this process or another) runs `fn` instead. No waiter inherits
           another task's cancellation.
         - its process died: its lock expires after `flight_timeout`, then another caller runs it.
+
+        A live caller running `fn` renews its lock every third of `flight_timeout`, so `fn` may
+        run for as long as it needs and still runs once: `flight_timeout` bounds only how long
+        the lock of a caller that died outlives it. `fn` must not block the event loop (run
+        blocking work in a thread): a blocked loop cannot renew.
 
         Args:
             tool_name: The tool.
@@ -833,6 +867,7 @@ class ToolStateManager(StateManagerBase):
                             if change.key == lock and change.new_value is None:
                                 break
                     continue
+            token = [held]
             try:
                 # Look once more now that the lock is ours: a holder caches its result before it
                 # releases the lock, so a result cached after our first lookup (or a release seen
@@ -841,17 +876,61 @@ class ToolStateManager(StateManagerBase):
                 if entry is not None:
                     return entry.result  # type: ignore[no-any-return]
                 await self._count(tool_name, hit=False)
-                result = await self._execute(tool_name, parameters, fn)
-                await self.cache_result(
-                    ToolCacheEntry(
-                        tool_name=tool_name, parameters_hash=digest, result=result, ttl=ttl
-                    )
-                )
+                failure: Exception | None = None
+                async with anyio.create_task_group() as renewals:
+                    # A live holder keeps its lock however long `fn` runs: `flight_timeout`
+                    # bounds only how long a dead holder's lock outlives it.
+                    renewals.start_soon(self._keep_lock, tool_name, lock, token)
+                    try:
+                        result = await self._execute(tool_name, parameters, fn)
+                        await self.cache_result(
+                            ToolCacheEntry(
+                                tool_name=tool_name, parameters_hash=digest, result=result, ttl=ttl
+                            )
+                        )
+                    except Exception as exc:  # noqa: BLE001  # raised below, as it is
+                        # Out of the task group first: it would wrap the error in a group.
+                        failure = exc
+                    finally:
+                        renewals.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
                 return result
             finally:
                 with anyio.CancelScope(shield=True), contextlib.suppress(ConflictError):
                     # Only our own lock: if it ran out and another caller took it, it is theirs.
-                    await self.state.delete(lock, expected_version=held)
+                    await self.state.delete(lock, expected_version=token[0])
+
+    async def _keep_lock(self, tool_name: str, lock: str, token: list[int]) -> None:
+        """Renew a held single-flight lock every third of `flight_timeout` until cancelled.
+
+        `token[0]` is the lock's current token, replaced at each renewal (the release needs the
+        latest). A renewal that finds the lock no longer ours (it lapsed, then another caller
+        took it: this process stalled for over `flight_timeout`) stops renewing; that caller
+        may then run the tool too.
+        """
+        while True:
+            await anyio.sleep(self.flight_timeout / 3)  # the renewal period, not a wait on state
+            try:
+                token[0] = await self._renew_lock(lock, token[0])
+            except ConflictError:
+                self.log.warning("tool_call_lock_lost", tool=tool_name)
+                return
+            except Exception as exc:  # noqa: BLE001  # the next period tries again
+                # A failed renewal (the store unreachable) must not stop the tool's run.
+                self.log.warning(
+                    "tool_call_lock_renewal_failed", tool=tool_name, error=type(exc).__name__
+                )
+
+    async def _renew_lock(self, lock: str, token: int) -> int:
+        """Extend the lock held under `token` by `flight_timeout`; return its new token.
+
+        Raises:
+            ConflictError: The lock is no longer held under `token`.
+        """
+        return await self.state.save(
+            lock, self._owner, ttl=self.flight_timeout, expected_version=token
+        )
 
     async def _execute(
         self, tool_name: str, parameters: Mapping[str, Any], fn: Callable[[], Awaitable[T]]
@@ -862,7 +941,7 @@ class ToolStateManager(StateManagerBase):
         while the start is being recorded cancels the record, so no execution is ever left
         `running` by a cancelled caller.
         """
-        execution = ToolExecution(tool_name=tool_name, parameters=dict(parameters))
+        execution = ToolExecution(tool_name=tool_name, parameters=recorded(parameters))
         execution_id = execution.execution_id
         clock = time.perf_counter()
 
@@ -907,6 +986,7 @@ class ToolStateManager(StateManagerBase):
         """Store a retry schedule (replacing the one for the same execution)."""
         if not isinstance(retry, RetryState):
             raise InvalidArgumentError("update_retry_state takes a RetryState")
+        self._check_record(retry)
         await self.state.save(self._retry_key(retry.execution_id), retry)
         _otel.record_retry(self.state.backend, "tool")
         return retry
@@ -981,8 +1061,14 @@ class ToolStateManager(StateManagerBase):
         execution of the tool.
 
         Raises:
+            InvalidArgumentError: `base_delay` or `max_delay` is not a number of seconds >= 0,
+                or a parameter cannot be hashed (see `hash_parameters`).
             RetryExhaustedError: Every attempt failed (from the last exception).
+            SerializationError: The tool's result cannot be stored: its execution is recorded
+                failed and no attempt follows (the schedule is cleared).
         """
+        base_delay = seconds(base_delay, "base_delay", zero=True)
+        max_delay = seconds(max_delay, "max_delay", zero=True)
         retry = await self.get_retry_state(execution_id) or RetryState(
             execution_id=execution_id,
             max_attempts=max_attempts,
@@ -990,7 +1076,7 @@ class ToolStateManager(StateManagerBase):
             base_delay=base_delay,
             max_delay=max_delay,
             tool_name=tool_name,
-            parameters=dict(parameters),
+            parameters=recorded(parameters),
         )
         while True:
             if retry.exhausted:
@@ -1003,6 +1089,11 @@ class ToolStateManager(StateManagerBase):
                     await anyio.sleep(wait)  # the backoff itself
             try:
                 result = await self._execute(tool_name, parameters, fn)
+            except SerializationError:
+                # The tool ran but its result cannot be stored: not a failure to retry. The
+                # execution is recorded failed; the schedule ends with it.
+                await self.clear_retry_state(execution_id)
+                raise
             except Exception as exc:
                 attempts = retry.attempts + 1
                 retry = retry.model_copy(

@@ -29,17 +29,21 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agenticstate import txn
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
     InvalidTransitionError,
     NotFoundError,
+    SerializationError,
+    UnsupportedOperationError,
     WorkflowCancelledError,
 )
 from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     sort_time,
+    unstorable,
     utcnow,
 )
 
@@ -282,9 +286,12 @@ class WorkflowStateManager(StateManagerBase):
 
         Raises:
             ConflictError: A workflow with this id exists already.
+            SerializationError: Its context or metadata holds a value that cannot be stored
+                (the path names it); nothing was written.
         """
         if not isinstance(state, WorkflowState):
             raise InvalidArgumentError("create takes a WorkflowState")
+        self._check_record(state)
         try:
             await self.state.save(self._key(state.workflow_id), state, expected_version=0)
         except ConflictError:
@@ -321,8 +328,23 @@ class WorkflowStateManager(StateManagerBase):
         return state.model_copy(update={"status": target, **changes})
 
     async def start(self, workflow_id: str) -> WorkflowState:
-        """Move a pending workflow to running."""
-        return await self._change(workflow_id, lambda s: self._move(s, WorkflowStatus.RUNNING))
+        """Move a pending workflow to running.
+
+        Raises:
+            InvalidTransitionError: The workflow is not pending (`resume` continues a paused
+                one, `resume_from` a failed one).
+        """
+
+        def start(state: WorkflowState) -> WorkflowState:
+            if state.status is not WorkflowStatus.PENDING:
+                raise InvalidTransitionError(
+                    f"workflow {workflow_id!r} cannot go from {state.status.value} to running: "
+                    "start() begins a pending workflow (resume() continues a paused one, "
+                    "resume_from() a failed one)"
+                )
+            return self._move(state, WorkflowStatus.RUNNING)
+
+        return await self._change(workflow_id, start)
 
     async def pause(self, workflow_id: str) -> WorkflowState:
         """Ask the runner to stop at the next step boundary (any process may call this)."""
@@ -371,7 +393,19 @@ class WorkflowStateManager(StateManagerBase):
         """Mark the workflow completed (optionally storing `result` in its context).
 
         A step still running is marked `cancelled`: a completed workflow refuses its result.
+        A `result` that cannot be stored fails the workflow instead (its `error` names the
+        problem and where, `UnsupportedTypeError at $.context.result`; `resume_from` runs it
+        again) and the error is raised.
+
+        Raises:
+            InvalidTransitionError: The workflow is not running.
+            SerializationError: `result` cannot be stored; the workflow was failed.
         """
+        try:
+            self._check_value(result, "$.context.result")
+        except SerializationError as exc:
+            await self.fail(workflow_id, unstorable(exc))
+            raise
 
         def complete(state: WorkflowState) -> WorkflowState:
             context = {**state.context, "result": result} if result is not None else state.context
@@ -404,9 +438,14 @@ class WorkflowStateManager(StateManagerBase):
         automatically. Steps may be recorded while paused (one in flight when the pause came);
         not once the workflow is completed, failed or cancelled.
 
+        A step whose data cannot be stored (its `result`, say) is recorded `failed` instead,
+        with an `error` naming the problem and where (`UnsupportedTypeError at
+        $.steps.1.result`), and the error is raised: a step never stays `running` for it.
+
         Raises:
             NotFoundError: No such workflow.
             InvalidTransitionError: The workflow is finished.
+            SerializationError: The step's data cannot be stored; it was recorded failed.
         """
         if not isinstance(step, StepState):
             raise InvalidArgumentError("update_step takes a StepState")
@@ -427,6 +466,22 @@ class WorkflowStateManager(StateManagerBase):
         is refused with `InvalidTransitionError`, so it can neither advance `current_step` past
         steps that will run again nor write its context into the rewound one.
         """
+        try:
+            self._check_record(step, f"$.steps.{step.step_number}")
+            if context:
+                self._check_mapping(context, "$.context")
+        except SerializationError as exc:
+            # Recorded failed (without the context), then raised: never left running.
+            failed = step.model_copy(
+                update={
+                    "status": StepStatus.FAILED,
+                    "result": None,
+                    "error": unstorable(exc),
+                    "completed_at": step.completed_at or utcnow(),
+                }
+            )
+            await self._record_step(workflow_id, failed, in_flight=in_flight)
+            raise
         before_step: list[int] = []
 
         def record(state: WorkflowState) -> WorkflowState:
@@ -464,39 +519,93 @@ class WorkflowStateManager(StateManagerBase):
         after = await self._change(workflow_id, record)
         interval = self.checkpoint_interval
         if interval and after.current_step // interval > before_step[0] // interval:
-            await self.checkpoint(
-                WorkflowCheckpoint(
-                    workflow_id=workflow_id,
-                    checkpoint_id=f"auto-step-{after.current_step}",
-                    step=after.current_step,
-                    state=after.model_dump(mode="json"),
-                    context=after.context,
-                    automatic=True,
+            # Finished by another caller since the step was recorded: no checkpoint is due.
+            with contextlib.suppress(InvalidTransitionError):
+                await self.checkpoint(
+                    WorkflowCheckpoint(
+                        workflow_id=workflow_id,
+                        checkpoint_id=f"auto-step-{after.current_step}",
+                        step=after.current_step,
+                        state=after.model_dump(mode="json"),
+                        context=after.context,
+                        automatic=True,
+                    )
                 )
-            )
         return after
 
     async def update_context(self, workflow_id: str, changes: dict[str, Any]) -> WorkflowState:
-        """Merge `changes` into the workflow's context, atomically."""
-        return await self._change(
-            workflow_id, lambda s: s.model_copy(update={"context": {**s.context, **changes}})
-        )
+        """Merge `changes` into the workflow's context, atomically.
+
+        Raises:
+            NotFoundError: No such workflow.
+            InvalidTransitionError: The workflow is completed or cancelled
+                (`WorkflowCancelledError`); nothing changed.
+            SerializationError: A value in `changes` cannot be stored (the path names it,
+                `$.context.<key>`); nothing changed.
+        """
+        self._check_mapping(changes, "$.context")
+
+        def merge(state: WorkflowState) -> WorkflowState:
+            self._refuse_finished(state, "its context cannot change")
+            return state.model_copy(update={"context": {**state.context, **changes}})
+
+        return await self._change(workflow_id, merge)
+
+    @staticmethod
+    def _refuse_finished(state: WorkflowState, what: str) -> None:
+        """Raise if the workflow is completed or cancelled: after those, nothing changes."""
+        if state.status is WorkflowStatus.CANCELLED:
+            raise WorkflowCancelledError(state.workflow_id, state.cancel_reason)
+        if state.status is WorkflowStatus.COMPLETED:
+            raise InvalidTransitionError(f"workflow {state.workflow_id!r} is completed; {what}")
 
     # checkpoints
 
     async def checkpoint(self, checkpoint: WorkflowCheckpoint) -> WorkflowCheckpoint:
-        """Store a checkpoint (replacing one with the same id)."""
+        """Store a checkpoint (replacing one with the same id).
+
+        The checkpoint is written only if the workflow is neither completed nor cancelled when
+        it is written (one atomic step with a compare of the workflow's record).
+
+        Raises:
+            NotFoundError: No such workflow.
+            InvalidTransitionError: The workflow is completed or cancelled
+                (`WorkflowCancelledError`); nothing was written.
+            SerializationError: Its state or context holds a value that cannot be stored (the
+                path names it); nothing was written.
+        """
         if not isinstance(checkpoint, WorkflowCheckpoint):
             raise InvalidArgumentError("checkpoint takes a WorkflowCheckpoint")
-        await self.require(checkpoint.workflow_id)
-        key = self._checkpoint_key(checkpoint.workflow_id, checkpoint.checkpoint_id)
-        await self.state.save(key, checkpoint)
+        self._check_record(checkpoint)
+        await self._store_checkpoint(checkpoint)
         if self.max_checkpoints is not None:
             for old in (await self.list_checkpoints(checkpoint.workflow_id))[
                 self.max_checkpoints :
             ]:
                 await self.state.delete(self._checkpoint_key(old.workflow_id, old.checkpoint_id))
         return checkpoint
+
+    async def _store_checkpoint(self, checkpoint: WorkflowCheckpoint) -> None:
+        """Write `checkpoint` if its workflow is not finished, in one step with that check."""
+        workflow_id = checkpoint.workflow_id
+        key = self._key(workflow_id)
+        target = self._checkpoint_key(workflow_id, checkpoint.checkpoint_id)
+        while True:
+            entry = await self.state.get_entry(key, model=WorkflowState)
+            if entry is None:
+                raise NotFoundError(f"no workflow {workflow_id!r}")
+            self._refuse_finished(entry.value, "no more checkpoints")
+            try:
+                done = await self.state.transact(
+                    [txn.Version(key, entry.version)], [txn.Put(target, checkpoint)]
+                )
+            except UnsupportedOperationError:
+                # A backend without `transact`: the check above, then the write.
+                await self.state.save(target, checkpoint)
+                return
+            if done.succeeded:
+                return
+            # The workflow changed between the read and the write: look again.
 
     async def get_checkpoint(
         self, workflow_id: str, checkpoint_id: str

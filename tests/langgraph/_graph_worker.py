@@ -49,7 +49,7 @@ def _finish(state: Approval) -> Approval:
     return {"steps": [f"finish:{state['answer']}"]}
 
 
-def approval_graph(saver: CheckpointSaver) -> CompiledStateGraph[Any, Any, Any, Any]:
+def approval_graph(saver: Any) -> CompiledStateGraph[Any, Any, Any, Any]:
     """plan -> ask (interrupts for an answer) -> finish."""
     builder = StateGraph(Approval)
     builder.add_node("plan", _plan)

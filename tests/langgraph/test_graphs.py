@@ -292,3 +292,36 @@ async def test_update_state_on_a_stale_snapshot_is_refused(state: StateManager) 
     assert (await graph.aget_state(config)).config["configurable"]["checkpoint_id"] == (
         fork["configurable"]["checkpoint_id"]
     )
+
+
+async def _replay_kept_snapshot(graph: Any) -> list[Any]:
+    """Keep get_state's snapshot, move the head on, replay from the snapshot; what a user sees."""
+    config = _config("kept")
+    seen: list[Any] = [await graph.ainvoke({"steps": []}, config)]
+    kept = await graph.aget_state(config)
+    seen.append(await graph.ainvoke(Command(resume="first"), config))
+    # An explicit replay from the kept snapshot (the head has moved past it): a fork.
+    seen.append(await graph.ainvoke(None, kept.config))
+    seen.append(await graph.ainvoke(Command(resume="second"), config))
+    head = await graph.aget_state(config)
+    seen.append((head.values, head.next))
+    seen.append(len([s async for s in graph.aget_state_history(config)]))
+    return [_plain(item) for item in seen]
+
+
+def _plain(value: Any) -> Any:
+    """A run's output without interrupt ids (they differ between savers)."""
+    if isinstance(value, dict):
+        return {k: ([i.value for i in v] if k == "__interrupt__" else v) for k, v in value.items()}
+    return value
+
+
+async def test_replay_from_a_kept_get_state_snapshot_matches_in_memory_saver(
+    state: StateManager,
+) -> None:
+    """A run started from a snapshot kept from get_state() is an explicit replay: accepted after
+    the head moved on, exactly as InMemorySaver runs it (update_state on it stays guarded)."""
+    ours = await _replay_kept_snapshot(approval_graph(CheckpointSaver(state)))
+    theirs = await _replay_kept_snapshot(approval_graph(InMemorySaver()))
+    assert ours == theirs
+    assert ours[-2] == ({"steps": ["plan", "ask", "finish:second"], "answer": "second"}, ())

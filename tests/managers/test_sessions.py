@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -17,11 +18,13 @@ from agenticstate import (
     NotFoundError,
     SessionManager,
     SessionMessage,
+    StateConfig,
     StateManager,
     UnsupportedTypeError,
     estimate_tokens,
 )
 from agenticstate.managers.sessions import render_template
+from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -592,3 +595,62 @@ async def test_every_key_of_a_session_shares_its_hash_tag(sessions: SessionManag
     for key in keys:
         opening = key.index("{")
         assert key[opening + 1 : key.index("}", opening)] == "tagged", key
+
+
+class _PausedAppend(Serializer):
+    """Blocks the write of the message "in flight" once its number is taken, until released:
+    another process stopped between the two steps of its append."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = threading.Event()
+        self.release = threading.Event()
+
+    def dumps(self, value: object) -> bytes:
+        if isinstance(value, SessionMessage) and value.content == "in flight" and value.seq > 1:
+            self.taken.set()
+            assert self.release.wait(30)
+        return super().dumps(value)
+
+
+async def test_summarize_covers_only_the_messages_it_read(tmp_path: Path) -> None:
+    """A message whose number is taken but which is not stored yet (its writer, in another
+    thread and event loop on the same SQLite file, is between its two steps) is not covered by
+    a summary made meanwhile: it shows in get_messages(with_summary=True) once written."""
+    db = tmp_path / "sessions.db"
+    config = StateConfig(backend="sqlite", sqlite_path=db)
+    async with StateManager(config) as state:
+        sessions = SessionManager(state_manager=state)
+        session = await sessions.create_session("u", session_id="s")
+        await sessions.add_message("s", "user", "first")
+        paused = _PausedAppend()
+
+        async def append() -> None:
+            async with StateManager(config) as writer:
+                writer.serializer = paused
+                await SessionManager(state_manager=writer).add_message("s", "user", "in flight")
+
+        thread = threading.Thread(target=anyio.run, args=(append,))
+        thread.start()
+        try:
+            assert await anyio.to_thread.run_sync(paused.taken.wait, 30)
+            await sessions.add_message("s", "user", "third")
+            seen: list[str] = []
+
+            def summarizer(previous: str | None, messages: list[SessionMessage]) -> str:
+                seen.extend(str(m.content) for m in messages)
+                return "summary"
+
+            summary = await sessions.summarize(session.session_id, summarizer, keep_last=0)
+        finally:
+            paused.release.set()
+            await anyio.to_thread.run_sync(thread.join, 30)
+        assert seen == ["first"]
+        assert summary is not None
+        assert summary.covers_through == 1
+        shown = await sessions.get_messages("s", with_summary=True)
+        assert [m.content for m in shown] == ["summary", "in flight", "third"]
+        again = await sessions.summarize("s", summarizer, keep_last=0)
+        assert again is not None
+        assert again.covers_through == 3
+        assert seen == ["first", "in flight", "third"]
