@@ -46,7 +46,7 @@ from agenticstate.backends.base import (
     TxnResult,
     Version,
 )
-from agenticstate.backends.file import FileBackend
+from agenticstate.backends.file import FileBackend, FileRepairReport
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.redis import RedisBackend
 from agenticstate.backends.sqlite import SQLiteBackend
@@ -70,6 +70,7 @@ __all__ = [
     "Exists",
     "FeedRetention",
     "FileBackend",
+    "FileRepairReport",
     "Get",
     "HistoryRules",
     "IndexAdd",

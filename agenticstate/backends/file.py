@@ -65,6 +65,7 @@ replace to inject faults, and `translate`, the one place where an `OSError` beco
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -108,6 +109,8 @@ from agenticstate.backends._file_format import (
     entry_from_snapshot,
     from_ms,
     now,
+    salvage_frames,
+    tail_damage,
     whole_frames,
 )
 from agenticstate.backends._file_io import translate
@@ -135,7 +138,9 @@ from agenticstate.backends.base import (
 from agenticstate.exceptions import (
     BackendError,
     ConfigurationError,
+    CorruptStoreError,
     InvalidArgumentError,
+    NotFoundError,
     UnsupportedOperationError,
 )
 
@@ -145,7 +150,7 @@ if TYPE_CHECKING:
     from agenticstate._glob import GlobMatcher
     from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
-__all__ = ["Durability", "FileBackend", "FileFormat"]
+__all__ = ["Durability", "FileBackend", "FileFormat", "FileRepairReport"]
 
 log = get_logger(__name__)
 
@@ -443,9 +448,10 @@ class FileBackend(Backend):
         except MALFORMED_SNAPSHOT as exc:
             # Snapshots are replaced atomically, so this is damage, not a crash: refuse to
             # guess rather than silently start from nothing.
-            raise BackendError(
-                f"the snapshot {self.snapshot_path} is corrupt ({type(exc).__name__}); "
-                "restore it from a backup or move it away"
+            raise CorruptStoreError(
+                f"the snapshot {self.snapshot_path} is corrupt ({type(exc).__name__}: {exc}); "
+                "nothing was changed. Restore it from a backup, or move it away to start from "
+                "the log alone (which holds only the writes since that snapshot)"
             ) from exc
         return journal
 
@@ -516,10 +522,7 @@ class FileBackend(Backend):
             except MALFORMED_FRAME as exc:
                 # Its checksum holds, so it was written whole: this is damage (or a bug), not a
                 # crash mid-append. Refuse to guess rather than drop it and what follows.
-                raise BackendError(
-                    f"the log {self.log_path} has a malformed record at byte {offset} "
-                    f"({exc}); restore the store from a backup or move the log away"
-                ) from exc
+                raise self._damaged_log(offset, f"a malformed record ({exc})") from exc
             end = offset + FRAME_HEADER.size + len(body)
             for fields in records:
                 lsn = fields[0]
@@ -560,6 +563,10 @@ class FileBackend(Backend):
                     self._apply_logged(fields, moment)
                 replayed += 1
         if end < len(data):
+            damage = tail_damage(data, end)
+            if damage is not None:
+                # Not what a crash leaves: cutting here would drop acknowledged writes.
+                raise self._damaged_log(end, f"damaged bytes ({damage})")
             log.warning(
                 "file_store_torn_tail",
                 path=str(self.log_path),
@@ -569,6 +576,16 @@ class FileBackend(Backend):
             self._commit_log.truncate(end)
         if replayed:
             log.info("file_store_replayed", path=str(self.log_path), records=replayed)
+
+    def _damaged_log(self, offset: int, what: str) -> CorruptStoreError:
+        """The error that refuses a damaged log; the log is left exactly as it is."""
+        log.error("file_store_log_damaged", path=str(self.log_path), offset=offset)
+        return CorruptStoreError(
+            f"the log {self.log_path} is damaged at byte {offset}: {what}; nothing was "
+            "changed. `FileBackend(...).repair()` (or `agenticstate repair URL`) keeps every "
+            "intact frame around the damage, after keeping a copy of the log; or restore the "
+            "store from a backup"
+        )
 
     def _apply_logged(self, fields: list[Any], moment: datetime) -> None:
         lsn, op, key, value, version, created, updated, expires = fields[:8]
@@ -1204,6 +1221,96 @@ class FileBackend(Backend):
         self._last_snapshot = time.monotonic()
         log.debug("file_store_snapshot", path=str(self.snapshot_path), entries=len(entries))
 
+    async def repair(self) -> FileRepairReport:
+        """Salvage a damaged log: keep every intact frame, drop only the damaged bytes.
+
+        Opening a store whose log is damaged in the middle (bit rot, a bad copy) raises
+        `CorruptStoreError` and changes nothing. This keeps a copy of the log beside it
+        (`<name>.log.damaged-<time>`), then replaces the log with its intact frames, in order;
+        the writes in the damaged bytes are lost, every other one is kept. A log that is not
+        damaged is left alone. Run it on a closed store (it takes the owner lock); it never
+        creates a store.
+
+        Frames are found after damage by their checksum: a value that itself holds the bytes of
+        a valid log frame could be taken for one, so look at the report (and keep the copy)
+        before going on.
+
+        Returns:
+            What was kept and dropped, and where the copy is.
+
+        Raises:
+            NotFoundError: There is no store at this path.
+            CorruptStoreError: The snapshot is damaged (a repair cannot rebuild it).
+            BackendError: Another process has the store open, or the files cannot be written.
+        """
+        if self._is_open or self._closed:
+            raise BackendError("repair a store before opening it, from a FileBackend not in use")
+        return await anyio.to_thread.run_sync(self._repair_sync)
+
+    def _repair_sync(self) -> FileRepairReport:
+        if not (self.snapshot_path.exists() or self.log_path.exists()):
+            raise NotFoundError(f"no file store at {self.snapshot_path} (nothing to repair)")
+        self._lock.acquire(self.snapshot_path)
+        try:
+            with translate(f"read the snapshot {self.snapshot_path}"):
+                raw = self.snapshot_path.read_bytes() if self.snapshot_path.exists() else None
+            if raw is not None:
+                try:
+                    decode_snapshot(raw)
+                except MALFORMED_SNAPSHOT as exc:
+                    raise CorruptStoreError(
+                        f"the snapshot {self.snapshot_path} is corrupt ({exc}); a repair keeps "
+                        "the log's frames but cannot rebuild a snapshot: restore it from a backup"
+                    ) from exc
+            with translate(f"read the log {self.log_path}"):
+                data = self.log_path.read_bytes() if self.log_path.exists() else b""
+            frames, dropped = salvage_frames(data)
+            kept = b"".join(
+                data[offset : offset + FRAME_HEADER.size + len(body)] for offset, body in frames
+            )
+            report = FileRepairReport(
+                log_path=self.log_path,
+                frames_kept=len(frames),
+                records_kept=sum(len(decode_frame(body)) for _, body in frames),
+                dropped=dropped,
+                bytes_dropped=len(data) - len(kept),
+                damaged_copy=None,
+            )
+            if kept == data:
+                return report
+            copy = self._write_repaired_log(data, kept)
+            log.warning(
+                "file_store_repaired",
+                path=str(self.log_path),
+                frames=len(frames),
+                dropped=report.bytes_dropped,
+            )
+            return dataclasses.replace(report, damaged_copy=copy)
+        finally:
+            self._lock.release()
+
+    def _write_repaired_log(self, original: bytes, kept: bytes) -> Path:
+        """Keep `original` as a copy, then put `kept` in the log's place (atomically)."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        copy = self.base_path / f"{self.log_path.name}.damaged-{stamp}"
+        n = 1
+        while copy.exists():
+            n += 1
+            copy = self.base_path / f"{self.log_path.name}.damaged-{stamp}-{n}"
+        with translate(f"keep a copy of the log as {copy}"):
+            _write_new_file(copy, original)
+        temp = self.base_path / f"{self.log_path.name}.repair.tmp"
+        with translate(f"write the repaired log {self.log_path}"):
+            try:
+                _write_new_file(temp, kept)
+                os.replace(temp, self.log_path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    temp.unlink(missing_ok=True)
+                raise
+            _file_io.fsync_directory(self.base_path)
+        return copy
+
     def stats(self) -> dict[str, int]:
         """Counters since the store was opened: `batches` appended, `fsyncs`, `snapshots`."""
         return dict(self._counters)
@@ -1288,6 +1395,43 @@ class FileBackend(Backend):
         self._commit_log.close()
         self._release_lock()
         self._is_open = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileRepairReport:
+    """What `FileBackend.repair` did to a store's log.
+
+    Attributes:
+        log_path: The log it read.
+        frames_kept: Intact frames kept, in order.
+        records_kept: The writes those frames hold.
+        dropped: The `(start, end)` byte ranges of the original log that were dropped as damaged
+            (zeros at the very end, which a crash leaves, are not counted).
+        bytes_dropped: How many bytes the log lost.
+        damaged_copy: Where the original log was kept, or `None` if nothing was changed.
+    """
+
+    log_path: Path
+    frames_kept: int
+    records_kept: int
+    dropped: list[tuple[int, int]]
+    bytes_dropped: int
+    damaged_copy: Path | None
+
+
+def _write_new_file(path: Path, data: bytes) -> None:
+    """Write `data` to a new file at `path` (0600) and make it durable; remove it on failure."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            _file_io.write_all(fd, data)
+            _file_io.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
 
 
 class _FileStep:

@@ -19,7 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import agenticstate.backends.file as file_module
-from agenticstate import BackendError, FileBackend, StateConfig, StateManager
+from agenticstate import BackendError, CorruptStoreError, FileBackend, StateConfig, StateManager
 from agenticstate.backends import EARLIEST, ChangeOp, _file_io
 from tests.backends._file_writer import FEED
 
@@ -197,8 +197,9 @@ def _no_snapshot(
     """Stands in for the snapshot writer: closing then leaves the log as a crash would."""
 
 
-async def test_corrupt_record_stops_replay_there(tmp_path: Path) -> None:
-    """A record whose checksum does not match ends the replay: nothing after it is trusted."""
+async def test_a_whole_frame_that_fails_its_checksum_is_refused(tmp_path: Path) -> None:
+    """A whole last frame whose checksum does not match is damage, not a torn append: the store
+    is refused with the log untouched (it used to be cut), and repair drops only that frame."""
     async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
         await backend.set("a", b"first")
         backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]
@@ -210,6 +211,10 @@ async def test_corrupt_record_stops_replay_there(tmp_path: Path) -> None:
     data = bytearray(log_path.read_bytes())
     data[len(good) + 12] ^= 0xFF  # flip a byte inside the second record
     log_path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match="fails its checksum"):
+        await FileBackend(base_path=tmp_path).open()
+    assert log_path.read_bytes() == bytes(data)
+    await FileBackend(base_path=tmp_path).repair()
     async with FileBackend(base_path=tmp_path) as backend:
         entry = await backend.get("a")
         assert entry is not None

@@ -527,7 +527,7 @@ async def test_closing_a_large_store_keeps_the_log_and_loses_nothing(
         await backend.set("k0", JSON + b"-1")
         await backend.flush()
     lines = (tmp_path / "state.json").read_text().splitlines()
-    assert len(lines) == 50 + 11  # one line per entry, and the document's own lines
+    assert len(lines) == 50 + 12  # one line per entry, and the document's own lines
     async with FileBackend(base_path=tmp_path, **options) as backend:
         entry = await backend.get("k0")
         assert entry is not None
