@@ -344,6 +344,21 @@ class CommitLog:
             _file_io.fsync(fd)
         self.size = size
 
+    def written_by_another(self) -> bool:
+        """Whether the log's size is not what this process appended (another writer changed it).
+
+        Only a second owner can do that: one that opened the store after its lock file was
+        deleted, and appended to or emptied the same log.
+        """
+        fd = self.fd
+        if fd is None:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+        except OSError:
+            return False
+        return size != self.size
+
     def empty(self, *, sync: bool) -> None:
         """Empty the log: a snapshot now holds every record in it (blocking)."""
         fd = self.fd

@@ -159,6 +159,7 @@ Durability = Literal["fsync", "none"]
 _MILLISECOND = timedelta(milliseconds=1)
 _FRAME_RECORDS = 16  # a frame is sealed when it holds this many records
 _STAGE_CHUNK = 512  # records `set_many` stages between two yields to the event loop
+_LOCK_CHECK_INTERVAL = 0.01  # seconds between lock file checks with durability="none"
 _AGENT_EXIT_TIMEOUT = 2.0  # seconds `aclose()` waits for the agent to exit before killing it
 _DEFAULT_FEED = FeedRetention()
 _OPS = {OP_SET: ChangeOp.SET, OP_DELETE: ChangeOp.DELETE}
@@ -247,6 +248,7 @@ class FileBackend(Backend):
         self._snapshot_lsn = 0
         self._snapshot_bytes = 0  # the size of the snapshot file, as last written or read
         self._last_snapshot = time.monotonic()
+        self._lock_checked = 0.0  # when the lock file was last checked (`_still_owner`)
         self._ack_reader: object = None  # the task reading the agent's answers
         self._ack_reader_done: anyio.Event | None = None
         self._frame_records = _FRAME_RECORDS  # a frame is sealed when it holds this many
@@ -773,7 +775,11 @@ class FileBackend(Backend):
             return
         self._counters["batches"] += 1
         if self._commit_log.agent is None:  # durability="none": nothing more to wait for
-            self._apply(batch)
+            if self._still_owner():
+                self._apply(batch)
+            else:
+                batch.error = BackendError(str(self._failed))
+                batch.done.set()
             return
         self._request_fsync()
 
@@ -810,6 +816,8 @@ class FileBackend(Backend):
     def _acked(self, seq: int, code: int) -> None:
         """Apply the batches an fsync covered, or fail them and cut them from the log."""
         self._counters["fsyncs"] += 1
+        if not self._still_owner():
+            return
         durable, error = self._commit_log.acked(seq, code)
         for batch in durable:
             self._apply(batch)
@@ -861,12 +869,61 @@ class FileBackend(Backend):
         self._restage()
         log.error("file_store_write_failed", path=str(self.log_path), error=str(error))
 
-    def _lose_agent(self, reason: str) -> None:
+    def _ownership_problem(self, *, lock: bool = True) -> str | None:
+        """Why this process may no longer be the store's only owner, or `None`.
+
+        Its lock file was deleted or replaced (so another process may have locked a new one and
+        opened the store), or the log holds what this process did not append. With `lock=False`
+        only the log is checked (an `fstat`, cheaper than looking the lock file up by path).
+        """
+        if lock:
+            self._lock_checked = time.monotonic()
+            lost = self._lock.lost()
+            if lost is not None:
+                return lost
+        if self._commit_log.written_by_another():
+            return f"the log {self.log_path} was changed by another process"
+        return None
+
+    def _still_owner(self) -> bool:
+        """Check ownership before acknowledging writes; if it is lost, stop writing.
+
+        With `durability="fsync"` it runs once per fsync and checks everything. With `"none"` it
+        runs once per frame, so the lock file is looked up at most every 10 ms; the log's size,
+        which a second owner changes as soon as it writes or compacts, is checked every time.
+        """
+        lock = (
+            self._commit_log.agent is not None
+            or time.monotonic() - self._lock_checked >= _LOCK_CHECK_INTERVAL
+        )
+        problem = self._ownership_problem(lock=lock)
+        if problem is None:
+            return True
+        self._lose_ownership(problem)
+        return False
+
+    def _lose_ownership(self, problem: str) -> None:
+        """Another process may own the store too: acknowledge nothing more, write nothing more.
+
+        The log is left as it is (cutting it could cut the other process's writes): the writes
+        waiting now may or may not be in it, and the next opener replays whatever it holds.
+        """
+        if self._failed is not None:
+            return
+        log.error("file_store_ownership_lost", path=str(self.snapshot_path), problem=problem)
+        self._lose_agent(
+            f"{problem} while this process owned the store, so another process may have opened "
+            "it: this one stops writing (writes not yet confirmed may or may not be in the log). "
+            f"Close every process using {self.base_path}, then reopen it",
+            cut=False,
+        )
+
+    def _lose_agent(self, reason: str, *, cut: bool = True) -> None:
         """The agent cannot answer any more: fail what waits and refuse new writes."""
-        self._failed = f"{reason}; reopen the store"
+        self._failed = f"{reason}; reopen the store" if cut else reason
         error = BackendError(self._failed)
         unacked = self._commit_log.unacked
-        if unacked:
+        if unacked and cut:
             self._truncate_log(unacked[0].start)
         for job in [*unacked, self._open_batch]:
             job.error = error
@@ -1169,11 +1226,14 @@ class FileBackend(Backend):
                     )
                 except Exception as exc:  # noqa: BLE001  # reported to flush(); the log is intact
                     job.error = exc
-                    log.warning(
-                        "file_store_snapshot_failed",
-                        path=str(self.snapshot_path),
-                        error=type(exc).__name__,
-                    )
+                    if isinstance(exc, _OwnershipLostError):
+                        self._lose_ownership(str(exc))
+                    else:
+                        log.warning(
+                            "file_store_snapshot_failed",
+                            path=str(self.snapshot_path),
+                            error=type(exc).__name__,
+                        )
                 else:
                     self._counters["snapshots"] += 1
                 finally:
@@ -1188,7 +1248,13 @@ class FileBackend(Backend):
         lsn: int,
         journal: Journal | None,
     ) -> None:
-        """Replace the snapshot atomically and empty the log (in a worker thread)."""
+        """Replace the snapshot atomically and empty the log (in a worker thread).
+
+        Raises:
+            BackendError: It could not be written; `_OwnershipLostError` if this process may
+                not be the store's only owner any more (nothing is written then).
+        """
+        self._check_ownership()
         data = encode_snapshot(
             entries,
             indexes,
@@ -1206,6 +1272,7 @@ class FileBackend(Backend):
                     _file_io.fsync(fd)
                 finally:
                     os.close(fd)
+                self._check_ownership()  # again: writing a large snapshot takes a while
                 os.replace(temp, self.snapshot_path)
                 self._snapshot_bytes = len(data)
             except BaseException:
@@ -1311,6 +1378,11 @@ class FileBackend(Backend):
             _file_io.fsync_directory(self.base_path)
         return copy
 
+    def _check_ownership(self) -> None:
+        problem = self._ownership_problem()
+        if problem is not None:
+            raise _OwnershipLostError(problem)
+
     def stats(self) -> dict[str, int]:
         """Counters since the store was opened: `batches` appended, `fsyncs`, `snapshots`."""
         return dict(self._counters)
@@ -1395,6 +1467,10 @@ class FileBackend(Backend):
         self._commit_log.close()
         self._release_lock()
         self._is_open = False
+
+
+class _OwnershipLostError(BackendError):
+    """Raised in the snapshot thread: this process may no longer be the store's only owner."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
