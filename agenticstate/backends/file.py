@@ -86,7 +86,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
-from agenticstate.backends import _file_io, _file_lock
+from agenticstate.backends import _file_io, _file_lock, _file_log
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._file_format import (
     FRAME_HEADER,
@@ -115,7 +115,15 @@ from agenticstate.backends._file_format import (
 )
 from agenticstate.backends._file_io import translate
 from agenticstate.backends._file_lock import OwnerLock, holder_of
-from agenticstate.backends._file_log import CommitLog, FsyncAgent, IndexRecord, Job, Record
+from agenticstate.backends._file_log import (
+    CommitLog,
+    FsyncAgent,
+    IndexRecord,
+    Job,
+    Record,
+    TxnGroup,
+    UnencodableRecordsError,
+)
 from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -126,6 +134,7 @@ from agenticstate.backends.base import (
     Entry,
     FeedRetention,
     HistoryRules,
+    Put,
     check_expected_version,
     check_index_members,
     check_limit,
@@ -141,6 +150,7 @@ from agenticstate.exceptions import (
     CorruptStoreError,
     InvalidArgumentError,
     NotFoundError,
+    TooLargeError,
     UnsupportedOperationError,
 )
 
@@ -258,6 +268,7 @@ class FileBackend(Backend):
         self._staged: dict[str, Record] = {}  # the newest staged write per key, not yet applied
         self._call_soon: Callable[[Callable[[], object]], object] = _call_now
         self._snapshot_job: Job | None = None  # a wanted snapshot: appends pause until it ran
+        self._txn_group: TxnGroup | None = None  # the transaction staging records now
         self._snapshot_lock: anyio.Lock | None = None
         self._counters = {"batches": 0, "fsyncs": 0, "snapshots": 0}
         self.feed = feed
@@ -267,6 +278,22 @@ class FileBackend(Backend):
             self.keep_history(history)
 
     _agent_script = Path(__file__).with_name("_fsync_agent.py")
+
+    MAX_VALUE_BYTES = 2**30
+    """The largest value a store takes, in bytes (1 GiB): larger ones raise `TooLargeError`.
+
+    A log frame holds up to 4 GiB, but the snapshot's journal keeps a change's old and new
+    values together in one field of at most 4 GiB, and the whole store lives in memory.
+    """
+
+    def _check_size(self, key: str, value: bytes) -> None:
+        """Refuse a value over `MAX_VALUE_BYTES` before it is staged (its writer's own error)."""
+        if len(value) > self.MAX_VALUE_BYTES:
+            raise TooLargeError(
+                f"the value for {key!r} is {len(value)} bytes; a file store takes at most "
+                f"{self.MAX_VALUE_BYTES} bytes per value",
+                path="",
+            )
 
     def __repr__(self) -> str:
         return f"FileBackend(base_path={str(self.base_path)!r}, format={self.format!r})"
@@ -732,6 +759,9 @@ class FileBackend(Backend):
 
     def _add_to_batch(self, record: Record | IndexRecord) -> None:
         batch = record.batch = self._open_batch
+        group = record.group = self._txn_group
+        if group is not None:
+            group.records.append(record)
         records = batch.records
         records.append(record)
         if len(records) == 1:
@@ -740,11 +770,12 @@ class FileBackend(Backend):
         elif len(records) >= self._frame_records:
             self._seal()
 
-    async def _commit(self, batch: Job) -> None:
+    async def _commit(self, batch: Job, record: Record | IndexRecord | None = None) -> None:
         """Wait until `batch`, holding our staged records, is durable.
 
         Wait on the batch a record was staged in (`record.batch`), never on `_open_batch`
-        after staging: staging may have sealed it (a full frame) and opened the next.
+        after staging: staging may have sealed it (a full frame) and opened the next. `record`
+        is one of ours that may have failed alone (its batch went on without it).
         """
         if self._snapshot_job is not None:
             await self._snapshot_if_idle()
@@ -754,6 +785,8 @@ class FileBackend(Backend):
             await batch.done.wait()
         if batch.error is not None:
             raise BackendError(f"the write was not saved: {batch.error}") from batch.error
+        if record is not None:
+            _raise_alone(record.error)
 
     def _seal(self) -> None:
         """Append the open batch to the log as one frame and ask the agent to sync it.
@@ -769,9 +802,17 @@ class FileBackend(Backend):
             return
         self._open_batch = Job(self._new_event)
         try:
-            self._commit_log.append(batch)
-        except BackendError as exc:
-            self._fail(batch, exc)
+            try:
+                self._commit_log.append(batch)
+            except UnencodableRecordsError as exc:
+                # Those records' own fault: they (and what builds on them) fail alone, and the
+                # batch goes on without them.
+                if not self._drop_records(batch, exc.bad):
+                    return
+                self._commit_log.append(batch)
+        except (BackendError, UnencodableRecordsError) as exc:
+            error = exc if isinstance(exc, BackendError) else BackendError(str(exc))
+            self._fail(batch, error)
             return
         self._counters["batches"] += 1
         if self._commit_log.agent is None:  # durability="none": nothing more to wait for
@@ -918,6 +959,23 @@ class FileBackend(Backend):
             cut=False,
         )
 
+    def _drop_records(self, batch: Job, bad: dict[Record | IndexRecord, BaseException]) -> bool:
+        """Take the failed records out of `batch`; whether any records are left in it."""
+        for record, error in bad.items():
+            record.error = error
+        batch.records = [record for record in batch.records if record not in bad]
+        self._staged = {
+            record.key: record
+            for job in (*self._commit_log.unacked, batch)
+            for record in job.records
+            if isinstance(record, Record)
+        }
+        log.warning("file_store_writes_refused", path=str(self.log_path), records=len(bad))
+        if not batch.records:
+            batch.done.set()
+            return False
+        return True
+
     def _lose_agent(self, reason: str, *, cut: bool = True) -> None:
         """The agent cannot answer any more: fail what waits and refuse new writes."""
         self._failed = f"{reason}; reopen the store" if cut else reason
@@ -982,6 +1040,8 @@ class FileBackend(Backend):
     ) -> Change:
         """Store `value` at `key` durably; see `Backend.set`."""
         validate_key(key)
+        if len(value) > self.MAX_VALUE_BYTES:
+            self._check_size(key, value)
         if ttl is not None:
             check_ttl(ttl)
         if expected_version is not None:
@@ -997,9 +1057,9 @@ class FileBackend(Backend):
         if self._snapshot_job is None and not batch.done.is_set():
             # The hot path of `_commit`, without its frame.
             await batch.done.wait()
-            if batch.error is None:
+            if batch.error is None and record.error is None:
                 return record.change
-        await self._commit(batch)
+        await self._commit(batch, record)
         return record.change
 
     async def set_many(
@@ -1011,8 +1071,9 @@ class FileBackend(Backend):
         between chunks, so other tasks (and the reader of fsync answers) keep running; frames
         are appended as they fill and synced while the rest is staged.
         """
-        for key, _ in items:
+        for key, value in items:
             validate_key(key)
+            self._check_size(key, value)
         check_ttl(ttl)
         await self._ready()
         clock = self._clock()
@@ -1037,6 +1098,8 @@ class FileBackend(Backend):
         # Large batches span frames: every frame must be durable (dict keeps them in order).
         for batch in {record.batch: None for record in records}:
             await self._commit(batch)
+        for record in records:
+            _raise_alone(record.error)
         return [record.change for record in records]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
@@ -1047,7 +1110,7 @@ class FileBackend(Backend):
         record = self._stage(key, None, None, expected_version, self._clock())
         if record is None:
             return None
-        await self._commit(record.batch)
+        await self._commit(record.batch, record)
         return record.change
 
     async def update(
@@ -1066,11 +1129,12 @@ class FileBackend(Backend):
         self._local.sweep(clock[0])
         current = self._current(key, clock[0])
         value = fn(current)
+        self._check_size(key, value)
         record = self._stage(
             key, value, ttl, current.version if current else 0, clock, current=current
         )
         assert record is not None  # noqa: S101
-        await self._commit(record.batch)
+        await self._commit(record.batch, record)
         return record.change
 
     async def transact(
@@ -1087,17 +1151,30 @@ class FileBackend(Backend):
         once its frame is durable; see `Backend.transact`.
         """
         checked = check_transaction(compare, then, orelse)
+        for branch in checked[1:]:
+            puts = [op for op in branch if type(op) is Put]
+            for op in puts:
+                self._check_size(op.key, op.value)
+            total = sum(len(op.value) + 4 * len(op.key) for op in puts)
+            if total > _file_log.MAX_FRAME_BYTES:  # one frame holds the whole step
+                raise TooLargeError(
+                    f"the transaction writes {total} bytes; a file store logs at most "
+                    f"{_file_log.MAX_FRAME_BYTES} bytes in one step",
+                    path="",
+                )
         await self._ready()
         if self._failed is not None:
             raise BackendError(self._failed)
         clock = self._clock()
         self._local.sweep(clock[0])
         step = _FileStep(self, clock)
+        group = self._txn_group = TxnGroup()
         self._frame_records = sys.maxsize  # the step's records never split across frames
         try:
             result = run_transaction(step, *checked)
         finally:
             self._frame_records = _FRAME_RECORDS
+            self._txn_group = None
         # Wait for the last batch holding anything the step wrote or read: batches apply in order.
         batch = self._open_batch if self._open_batch.records else None
         if batch is None and self._commit_log.unacked:
@@ -1108,6 +1185,7 @@ class FileBackend(Backend):
         if len(batch.records) >= _FRAME_RECORDS and batch is self._open_batch:
             self._seal()
         await self._commit(batch)
+        _raise_alone(group.error())
         return result
 
     # sorted indexes
@@ -1131,7 +1209,7 @@ class FileBackend(Backend):
         self._lsn += 1
         record = IndexRecord(self._lsn, index, members)
         self._add_to_batch(record)
-        await self._commit(record.batch)
+        await self._commit(record.batch, record)
         return record.result
 
     async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
@@ -1469,6 +1547,12 @@ class FileBackend(Backend):
         self._is_open = False
 
 
+def _raise_alone(error: BaseException | None) -> None:
+    """Raise the error of a write that failed on its own (its batch went on without it)."""
+    if error is not None:
+        raise BackendError(f"the write was not saved: {error}") from error
+
+
 class _OwnershipLostError(BackendError):
     """Raised in the snapshot thread: this process may no longer be the store's only owner."""
 
@@ -1525,7 +1609,11 @@ class _FileStep:
         self._clock = clock
 
     def txn_get(self, key: str) -> Entry | None:
-        return self._backend._current(key, self._clock[0])
+        backend = self._backend
+        staged = backend._staged.get(key)
+        if staged is not None and backend._txn_group is not None:
+            backend._txn_group.depends.append(staged)
+        return backend._current(key, self._clock[0])
 
     def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
         record = self._backend._stage(key, value, ttl, None, self._clock)
@@ -1539,10 +1627,13 @@ class _FileStep:
     def _pending(self, index: str) -> dict[str, float | None]:
         """The members of `index` that waiting records set (a score) or removed (`None`)."""
         backend = self._backend
+        group = backend._txn_group
         pending: dict[str, float | None] = {}
         for job in (*backend._commit_log.unacked, backend._open_batch):
             for record in job.records:
                 if isinstance(record, IndexRecord) and record.index == index:
+                    if group is not None and record.group is not group:
+                        group.depends.append(record)
                     if isinstance(record.members, dict):
                         pending.update(record.members)
                     else:
