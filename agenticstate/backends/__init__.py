@@ -22,7 +22,13 @@ from urllib.parse import urlsplit
 
 from agenticstate._glob import glob_match
 from agenticstate._keys import validate_key, validate_pattern
-from agenticstate._registry import add_backend, config_factory, url_factory, url_schemes
+from agenticstate._registry import (
+    add_backend,
+    config_factory,
+    takes_create,
+    url_factory,
+    url_schemes,
+)
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._shared import SharedFileBackend
 from agenticstate.backends.base import (
@@ -109,10 +115,17 @@ def register_backend(
     add_backend(scheme, factory, from_config)
 
 
-def open_backend(url: str, **options: Any) -> Backend:
-    """Build a backend from a URL: `memory://`, `file://PATH`, `redis://...`, `rediss://...`.
+def open_backend(url: str, *, create: bool = True, **options: Any) -> Backend:
+    """Build a backend from a URL: `memory://`, `file://PATH`, `sqlite://FILE`, `redis://...`.
 
     No connection is made and no file is touched until the backend is first used.
+
+    Args:
+        url: The store's URL.
+        create: With `False`, a store that does not exist is not created when the backend
+            opens: opening it raises `NotFoundError` (file and SQLite stores; a backend whose
+            factory takes no `create` option has nothing to create, as memory and Redis).
+        **options: Passed to the backend's factory (`key_prefix`, `feed`, ...).
 
     Raises:
         ConfigurationError: The URL is malformed or its scheme is unknown.
@@ -127,6 +140,8 @@ def open_backend(url: str, **options: Any) -> Backend:
     if factory is None:
         known = ", ".join(f"{name}://" for name in url_schemes())
         raise ConfigurationError(f"unknown backend scheme {scheme!r}; known: {known}")
+    if not create and takes_create(factory):
+        options["create"] = False
     return factory(url, **options)
 
 

@@ -199,6 +199,9 @@ class FileBackend(Backend):
             open to replay, so closing it is fast. `flush()` always rewrites the snapshot.
         feed: The change feed's retention (`None`: no feed, changes carry no cursor).
         history: History rules (`keep_history`): key patterns to the versions each keeps.
+        create: Create the store (its directory and files) if it does not exist (the default).
+            With `False`, opening a store that does not exist raises `NotFoundError` and
+            creates nothing: what a command that only reads wants.
     """
 
     def __init__(
@@ -216,7 +219,10 @@ class FileBackend(Backend):
         close_snapshot_keys: int = 10_000,
         feed: FeedRetention | None = _DEFAULT_FEED,
         history: Mapping[str, int] | HistoryRules | None = None,
+        create: bool = True,
     ) -> None:
+        if not isinstance(create, bool):
+            raise ConfigurationError(f"create must be a bool, not {create!r}")
         if feed is not None and not isinstance(feed, FeedRetention):
             raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         if format not in ("json", "msgpack"):
@@ -241,6 +247,7 @@ class FileBackend(Backend):
         self.save_interval = save_interval
         self.compact_bytes = compact_bytes
         self.close_snapshot_keys = close_snapshot_keys
+        self.create = create
         self.snapshot_path = self.base_path / name
         self.log_path = self.base_path / f"{name}.log"
         self.lock_path = self.base_path / f"{name}.lock"
@@ -360,6 +367,11 @@ class FileBackend(Backend):
                 self._is_open = True
 
     def _open_sync(self) -> None:
+        if not self.create and not self.exists():
+            raise NotFoundError(
+                f"no file store at {self.snapshot_path}: neither it nor {self.log_path.name} "
+                "exists, and create=False"
+            )
         with translate(f"create the store directory {self.base_path}"):
             self.base_path.mkdir(parents=True, exist_ok=True)
         self._lock.acquire(self.snapshot_path)
@@ -388,6 +400,11 @@ class FileBackend(Backend):
         except BaseException:
             self._close_files()
             raise
+
+    def exists(self) -> bool:
+        """Whether the store has been created: its snapshot or its log is there (blocking)."""
+        with translate(f"look for the store {self.snapshot_path}"):
+            return self.snapshot_path.is_file() or self.log_path.is_file()
 
     def _refuse_other_format(self) -> None:
         """Refuse a directory that holds the other format's store under its default name.
