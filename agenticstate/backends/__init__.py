@@ -31,6 +31,7 @@ from agenticstate._registry import (
 )
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._shared import SharedFileBackend
+from agenticstate.backends._urls import check_url
 from agenticstate.backends.base import (
     EARLIEST,
     Backend,
@@ -128,10 +129,13 @@ def open_backend(url: str, *, create: bool = True, **options: Any) -> Backend:
         **options: Passed to the backend's factory (`key_prefix`, `feed`, ...).
 
     Raises:
-        ConfigurationError: The URL is malformed or its scheme is unknown.
+        ConfigurationError: The URL is malformed, its scheme is unknown, or it has a part that
+            would be ignored: a fragment (`#...`) or a query item without `=` (a `#` or `?` in a
+            path or password is written `%23`, `%3F`), or a parameter given twice.
     """
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(f"backend URL must look like scheme://..., not {url!r}")
+    check_url(url)  # nothing dropped: two different URLs never share a store by accident
     try:
         scheme = urlsplit(url).scheme.lower()
     except ValueError as exc:

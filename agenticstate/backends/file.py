@@ -76,7 +76,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -125,6 +125,7 @@ from agenticstate.backends._file_log import (
     UnencodableRecordsError,
 )
 from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
+from agenticstate.backends._urls import url_query
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -173,6 +174,7 @@ _LOCK_CHECK_INTERVAL = 0.01  # seconds between lock file checks with durability=
 _AGENT_EXIT_TIMEOUT = 2.0  # seconds `aclose()` waits for the agent to exit before killing it
 _DEFAULT_FEED = FeedRetention()
 _OPS = {OP_SET: ChangeOp.SET, OP_DELETE: ChangeOp.DELETE}
+_URL_PARAMETERS = ("feed", "feed_max_changes", "feed_max_age")
 
 
 def _call_now(callback: Callable[[], object]) -> None:
@@ -309,13 +311,16 @@ class FileBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> FileBackend:
         """Create a backend from `file:///absolute/dir` or `file://relative/dir`.
 
-        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`.
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`;
+        any other, a fragment or a query item without `=` is refused (a `#` or `?` in the path
+        is written `%23`, `%3F`).
         """
+        params = url_query(url, _URL_PARAMETERS)
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise ConfigurationError(f"file URL {url!r} names no directory")
-        feed_from_query(parse_qsl(parts.query), options)
+        feed_from_query(params, options)
         return cls(base_path=path, **options)
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
