@@ -37,6 +37,7 @@ import argparse
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -679,17 +680,23 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
 
     async with contextlib.AsyncExitStack() as stack:
 
-        async def store(url: str, *, create: bool) -> Backend:
-            backend = _open_url(url, args.prefix, create=create)
+        async def store(url: str, *, create: bool, backend: Backend | None = None) -> Backend:
+            backend = backend or _open_url(url, args.prefix, create=create)
             return await stack.enter_async_context(_opened(url, backend))
 
         if args.command == "import":
-            destination = await store(args.destination, create=True)
+            made = _open_url(args.destination, args.prefix, create=True)
+            limit = getattr(made, "MAX_VALUE_BYTES", None)
             try:
+                # The whole file first: a bad file neither creates the store nor writes to it.
+                await anyio.to_thread.run_sync(
+                    functools.partial(transfer.check_dump, args.file, max_value=limit)
+                )
+                destination = await store(args.destination, create=True, backend=made)
                 done = await transfer.import_state(args.file, destination, progress=show)
             except OSError as exc:
                 raise _CommandError(
-                    f"cannot read {args.file}: {exc.strerror}", EXIT_USAGE
+                    f"cannot read {args.file}: {exc.strerror or exc}", EXIT_USAGE
                 ) from None
         else:
             source = await store(args.source, create=False)
@@ -702,7 +709,7 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
                         source, args.file, args.pattern, progress=show
                     )
                 except OSError as exc:
-                    message = f"cannot write {args.file}: {exc.strerror}"
+                    message = f"cannot write {args.file}: {exc.strerror or exc}"
                     raise _CommandError(message, EXIT_USAGE) from None
     progress.clear()
     totals = {"entries": done.entries, "indexes": done.indexes, "skipped": done.skipped}
