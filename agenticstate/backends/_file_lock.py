@@ -68,12 +68,15 @@ class OwnerLock:
         fd = self.fd
         if fd is None:
             return None
-        try:
-            held, there = os.fstat(fd), os.stat(self.path)
-        except FileNotFoundError:
-            return f"the lock file {self.path} was deleted"
-        except OSError:
-            return None  # cannot tell (a transient error): the next check looks again
+        held = there = None
+        with contextlib.suppress(OSError):  # cannot tell (a transient error): look next time
+            held = os.fstat(fd)
+            try:
+                there = os.stat(self.path)
+            except FileNotFoundError:
+                return f"the lock file {self.path} was deleted"
+        if held is None or there is None:
+            return None
         if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
             return f"the lock file {self.path} was replaced"
         return None

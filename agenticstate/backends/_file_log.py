@@ -529,13 +529,10 @@ class CommitLog:
         deleted, and appended to or emptied the same log.
         """
         fd = self.fd
-        if fd is None:
-            return False
-        try:
-            size = os.fstat(fd).st_size
-        except OSError:
-            return False
-        return size != self.size
+        if fd is not None:
+            with contextlib.suppress(OSError):  # cannot tell: the next check looks again
+                return os.fstat(fd).st_size != self.size
+        return False
 
     def empty(self, *, sync: bool) -> None:
         """Empty the log: a snapshot now holds every record in it (blocking)."""
