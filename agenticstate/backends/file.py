@@ -630,12 +630,12 @@ class FileBackend(Backend):
 
     def _damaged_log(self, offset: int, what: str) -> CorruptStoreError:
         """The error that refuses a damaged log; the log is left exactly as it is."""
-        log.error("file_store_log_damaged", path=str(self.log_path), offset=offset)
+        log.info("file_store_log_damaged", path=str(self.log_path), offset=offset)
         return CorruptStoreError(
             f"the log {self.log_path} is damaged at byte {offset}: {what}; nothing was "
-            "changed. `FileBackend(...).repair()` (or `agenticstate repair URL`) keeps every "
-            "intact frame around the damage, after keeping a copy of the log; or restore the "
-            "store from a backup"
+            "changed. `FileBackend(...).repair()` (or `agenticstate --url file://DIR repair`) "
+            "keeps every intact frame around the damage, after keeping a copy of the log; or "
+            "restore the store from a backup"
         )
 
     def _apply_logged(self, fields: list[Any], moment: datetime) -> None:
@@ -1446,7 +1446,7 @@ class FileBackend(Backend):
             if kept == data:
                 return report
             copy = self._write_repaired_log(data, kept)
-            log.warning(
+            log.info(
                 "file_store_repaired",
                 path=str(self.log_path),
                 frames=len(frames),
@@ -1468,6 +1468,7 @@ class FileBackend(Backend):
             _write_new_file(copy, original)
         temp = self.base_path / f"{self.log_path.name}.repair.tmp"
         with translate(f"write the repaired log {self.log_path}"):
+            temp.unlink(missing_ok=True)  # left by an interrupted repair: we hold the lock
             try:
                 _write_new_file(temp, kept)
                 os.replace(temp, self.log_path)

@@ -319,3 +319,60 @@ def test_the_matrix_covers_each_region() -> None:
         assert len(_snapshot_points(snapshot)) >= 17 + (12 if not compressed else 0)
     document = json.loads(_written().files["state.json"])
     assert document["lsn"] == 21  # "21" to "31" by one bit: ten log records would be skipped
+
+
+async def test_repair_after_an_interrupted_repair(tmp_path: Path) -> None:
+    """A temporary file left by a repair that was interrupted does not stop the next one."""
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        for n in range(3):
+            await backend.set(f"k{n}", b"\x011")
+        backend._write_snapshot = lambda *args: None  # type: ignore[method-assign]
+    log_path = tmp_path / "state.json.log"
+    damaged = bytearray(log_path.read_bytes())
+    damaged[3] ^= 0x01
+    log_path.write_bytes(bytes(damaged))
+    (tmp_path / "state.json.log.repair.tmp").write_bytes(b"half a repair")
+    report = await FileBackend(base_path=tmp_path).repair()
+    assert report.frames_kept == 2
+    assert not (tmp_path / "state.json.log.repair.tmp").exists()
+
+
+def test_the_command_refuses_a_damaged_store_and_repairs_it(tmp_path: Path) -> None:
+    """`keys` on a store with a damaged log exits 3 in one line naming CorruptStoreError and
+    the repair command; `repair` then keeps the intact writes and `keys` lists them."""
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agenticstate", "--url", "file://store", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    async def write() -> None:
+        async with FileBackend(base_path=tmp_path / "store", auto_save=False) as backend:
+            for n in range(4):
+                await backend.set(f"k{n}", b"\x011")
+            backend._write_snapshot = lambda *args: None  # type: ignore[method-assign]
+
+    anyio.run(write)
+    log_path = tmp_path / "store" / "state.json.log"
+    damaged = bytearray(log_path.read_bytes())
+    damaged[len(damaged) // 3] ^= 0x01
+    log_path.write_bytes(bytes(damaged))
+    refused = cli("keys")
+    assert refused.returncode == 3
+    assert refused.stderr.count("\n") == 1
+    assert "(CorruptStoreError)" in refused.stderr
+    assert "repair" in refused.stderr
+    repaired = cli("repair")
+    assert repaired.returncode == 0, repaired.stderr
+    assert repaired.stdout.startswith("repaired: kept 3 writes in 3 frames")
+    assert repaired.stderr == ""
+    assert cli("keys").stdout.count("\n") == 3
+    again = cli("--json", "repair")
+    assert json.loads(again.stdout)["damaged_copy"] is None
