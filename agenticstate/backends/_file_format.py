@@ -631,6 +631,34 @@ before (a msgpack list, or a zlib stream when compressed); checking candidates o
 search for intact frames after damage fast."""
 
 
+def _looks_like_a_frame(data: bytes, start: int, end: int) -> bool:
+    """Whether the flags and payload starting at `start` begin as a frame's do (cheap).
+
+    A frame's payload is a msgpack list of records, each a list of 8 or 9 fields (before 0.2,
+    one such record), or a zlib stream. Checking that before the checksum keeps a search
+    through a long torn tail from checksumming at every offset that happens to look like a
+    length.
+    """
+    if end - start < 4:
+        return False
+    flags, first, second = data[start], data[start + 1], data[start + 2]
+    if flags == FLAG_COMPRESSED:
+        return first == 0x78 and (first * 256 + second) % 31 == 0  # a zlib header
+    if flags != 0:
+        return False
+    if first in (0x98, 0x99):  # one record (stores written before 0.2)
+        return True
+    if 0x91 <= first <= 0x9F:
+        record = second
+    elif first == 0xDC and end - start >= 5:
+        record = data[start + 4]
+    elif first == 0xDD and end - start >= 7:
+        record = data[start + 6]
+    else:
+        return False
+    return record in (0x98, 0x99)
+
+
 def intact_frame(data: bytes, offset: int) -> bytes | None:
     """The body of the frame at `offset` if it is whole, checks out and holds good records."""
     header = FRAME_HEADER.size
@@ -638,7 +666,7 @@ def intact_frame(data: bytes, offset: int) -> bytes | None:
         return None
     length, crc = FRAME_HEADER.unpack_from(data, offset)
     end = offset + header + length
-    if length < 2 or end > len(data):
+    if length < 2 or end > len(data) or not _looks_like_a_frame(data, offset + header, end):
         return None
     body = data[offset + header : end]
     if zlib.crc32(body) != crc:
