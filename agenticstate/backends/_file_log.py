@@ -60,7 +60,7 @@ __all__ = [
 
 MAX_REQUESTS = 8  # fsync requests unanswered at a time (each 8 bytes; a pipe holds 64 KiB)
 MAX_FRAME_BYTES = 2**32 - 1  # a frame's length field has 4 bytes
-_RECORD_OVERHEAD = 64  # bytes a record's fields take besides its key and value, at most
+_RECORD_OVERHEAD = 128  # bytes a record's fields take besides its key and value, at most
 _ACK = struct.Struct("<QI")  # the last request number an fsync covered, errno (0: success)
 
 
@@ -210,9 +210,14 @@ def frames_of(records: list[Record | IndexRecord], *, compress: bool) -> bytes:
         UnencodableRecordsError: A record cannot be encoded, or is alone too large for a frame.
     """
     try:
-        frame = encode_frame([record.payload() for record in records], compress=compress)
-        if len(frame) - FRAME_HEADER.size <= MAX_FRAME_BYTES:
-            return frame
+        frame: bytes | None = encode_frame(
+            [record.payload() for record in records], compress=compress
+        )
+    except Exception:  # noqa: BLE001  # too large for one frame (struct.error), or a bad record
+        frame = None
+    if frame is not None and len(frame) - FRAME_HEADER.size <= MAX_FRAME_BYTES:
+        return frame
+    try:
         return b"".join(_split_frames(records, compress=compress))
     except Exception as exc:  # find the records at fault; the others go on
         bad = _unencodable(records, compress=compress)
