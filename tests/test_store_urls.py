@@ -60,6 +60,9 @@ REFUSED_SUFFIXES = {
     "item-without-equals-after-one": "?feed_max_changes=5&x",
     "empty-query": "?",
     "empty-item": "?feed_max_changes=5&",
+    "empty-name": "?=5",
+    "empty-value": "?feed_max_changes=",
+    "only-equals": "?=",
 }
 
 REFUSED = [

@@ -2,9 +2,10 @@
 
 `urllib.parse` drops what a store URL should never hold: a fragment (`sqlite://data/run#1.db`
 opens `data/run`) and a query item without `=` (`?feed`). Two URLs that differ only there would
-open the same store. `check_url` refuses both, and a parameter given twice; `url_query` also
-refuses parameters a backend does not know. A `#` or `?` that belongs to a path or a password is
-written percent-encoded (`%23`, `%3F`), as in any URL.
+open the same store. `check_url` refuses both, a parameter with no name or no value (dropped
+too), and a parameter given twice; `url_query` also refuses parameters a backend does not know.
+A `#` or `?` that belongs to a path or a password is written percent-encoded (`%23`, `%3F`), as
+in any URL.
 
 Errors never echo the URL: it may hold a password.
 """
@@ -42,6 +43,13 @@ def check_url(url: str) -> None:
                 f"a {scheme}:// URL has a query item without '=', which would be ignored: give "
                 "parameters as name=value, and write a '?' that belongs to a path or a password "
                 "as %3F"
+            )
+        name, _, value = item.partition("=")
+        if not name or not value:
+            raise ConfigurationError(
+                f"a {scheme}:// URL has a query parameter with no "
+                f"{'name' if not name else 'value'}, which would be ignored: give parameters "
+                "as name=value, and write a '?' that belongs to a path or a password as %3F"
             )
         name = parse_qsl(item, keep_blank_values=True)[0][0]
         if name in names:
