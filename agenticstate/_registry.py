@@ -16,6 +16,7 @@ module imports no backend and `config.py` can read it without an import cycle.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from agenticstate.exceptions import ConfigurationError
@@ -32,6 +33,7 @@ __all__ = [
     "check_backend_name",
     "config_factory",
     "remove_backend",
+    "takes_create",
     "url_factory",
     "url_schemes",
 ]
@@ -113,6 +115,29 @@ def url_factory(scheme: str) -> Callable[..., Backend] | None:
     if isinstance(found, str):
         found = _schemes[scheme.lower()] = _resolve(found)
     return found
+
+
+def takes_create(factory: Callable[..., Backend]) -> bool:
+    """Whether a URL factory takes `create=False` (its stores are created on open, if missing).
+
+    That is, whether the factory, or the class whose `from_url` it is, has a `create`
+    parameter: the file and SQLite backends do; memory (always new) and Redis (a server holds
+    no store to create) do not, and `open_backend(url, create=False)` then has nothing to pass.
+    """
+    owner = getattr(factory, "__self__", None)
+    candidates: list[Any] = [factory]
+    if isinstance(owner, type):  # a classmethod: its class's __init__, and its bases'
+        candidates += [
+            cls.__dict__["__init__"] for cls in owner.__mro__ if "__init__" in cls.__dict__
+        ]
+    for candidate in candidates:
+        try:
+            parameters = inspect.signature(candidate).parameters
+        except (TypeError, ValueError):
+            continue
+        if "create" in parameters:
+            return True
+    return False
 
 
 def config_factory(name: str) -> Callable[[StateConfig], Backend]:

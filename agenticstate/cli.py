@@ -15,6 +15,7 @@ agenticstate demo
 agenticstate copy sqlite://./state/state.db redis://localhost:6379/0 'agent:*'
 agenticstate export redis://localhost:6379/0 backup.jsonl
 agenticstate import backup.jsonl sqlite://./restored.db
+agenticstate --url file://./state repair
 agenticstate ui --allow-writes
 ```
 
@@ -22,8 +23,9 @@ The store comes from `--url` (or `AGENTICSTATE_URL`, else `sqlite://./state/stat
 `file://DIR`, `sqlite://FILE`, `redis://...`, `rediss://...`, `unix://...`, or any scheme a
 backend registered. `--json` prints machine-readable output. Global options go before or after
 the command. Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is
-a terminal, unless `--json` or `--no-progress` is given; stdout never carries it. The read-only
-commands on a file store that does not exist say so and exit 1 (only `set` creates one).
+a terminal, unless `--json` or `--no-progress` is given; stdout never carries it. A command
+creates only a store it writes into (`set`, `import`, `copy`'s destination, `demo`'s own): any
+other on a store that does not exist says so and exits 1, creating nothing.
 
 Exit codes: 0 success, 1 the key, record or store was not found, 2 bad usage or input, 3 the
 backend failed (unreachable, in use by another process, corrupt, unsupported server).
@@ -34,6 +36,8 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import dataclasses
+import functools
 import json
 import logging
 import math
@@ -41,6 +45,7 @@ import os
 import sys
 import time
 from datetime import date, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 from uuid import UUID
 
@@ -63,7 +68,7 @@ from agenticstate.exceptions import (
 from agenticstate.manager import StateManager
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
     from agenticstate.backends import Backend
 
@@ -71,9 +76,12 @@ __all__ = ["configure_logging", "main"]
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_BACKEND = 0, 1, 2, 3
 DEFAULT_URL = "sqlite://./state/state.db"
-_READ_ONLY = frozenset(
-    {"keys", "get", "delete", "watch", "inspect", "usage", "history", "changes", "log", "diff"}
-)
+_CREATES = frozenset({"set"})
+"""The commands on --url that create the store when it does not exist: only those that add to
+it. Every other one (reads, `delete`, `watch`, `ui`, ...) on a missing store says so and exits
+1, so a typo in --url never looks like an empty store. (`import` and `copy` create the store
+they write into, `demo` its own; `export`, `copy`'s source and `repair` create nothing.)"""
+_CREATE_HINT = "only `set`, `import`, `copy` (its destination) and `demo` create a store"
 
 
 class _CommandError(Exception):
@@ -118,31 +126,31 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _url(args: argparse.Namespace) -> str:
+    return str(args.url or os.environ.get("AGENTICSTATE_URL") or DEFAULT_URL)
+
+
 def _manager(args: argparse.Namespace) -> StateManager:
-    url = args.url or os.environ.get("AGENTICSTATE_URL") or DEFAULT_URL
+    return StateManager(backend=_open_url(_url(args), args.prefix, create=args.command in _CREATES))
+
+
+def _missing(url: str, exc: NotFoundError, what: str = "--url") -> _CommandError:
+    """The error for a store that does not exist, opened by a command that does not create."""
+    return _CommandError(
+        f"no store at {redact_url(url)} ({exc}); check {what}: {_CREATE_HINT}", EXIT_NOT_FOUND
+    )
+
+
+@contextlib.asynccontextmanager
+async def _opened(url: str, backend: Backend) -> AsyncIterator[Backend]:
+    """`async with backend`, a store that does not exist reported as such."""
     try:
-        backend = open_backend(url, key_prefix=args.prefix)
-    except ConfigurationError as exc:
-        raise _CommandError(str(exc), EXIT_USAGE) from None
-    if args.command in _READ_ONLY:
-        # Opening would create an empty store: a typo in --url must not look like success.
-        if isinstance(backend, FileBackend) and not (
-            backend.snapshot_path.exists() or backend.log_path.exists()
-        ):
-            raise _CommandError(
-                f"no store at {backend.base_path} ({redact_url(url)}): "
-                f"{backend.snapshot_path.name} does not exist; check --url (only `set` creates "
-                "a store)",
-                EXIT_NOT_FOUND,
-            )
-        path = getattr(backend, "path", None)  # the SQLite backend's database file
-        if type(backend).__name__ == "SQLiteBackend" and path is not None and not path.exists():
-            raise _CommandError(
-                f"no store at {path} ({redact_url(url)}): the database does not exist; check --url "
-                "(only `set` creates a store)",
-                EXIT_NOT_FOUND,
-            )
-    return StateManager(backend=backend)
+        await backend.open()
+    except NotFoundError as exc:
+        await backend.aclose()
+        raise _missing(url, exc, "the URL") from None
+    async with backend:
+        yield backend
 
 
 async def _keys(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
@@ -434,7 +442,8 @@ _INSPECTORS: dict[str, Callable[[StateManager], Awaitable[Rows]]] = {
 
 _EPILOG = f"""\
 the store: --url, else the AGENTICSTATE_URL environment variable, else {DEFAULT_URL}
-(the directory ./state). Only `set` and `demo` create a file store.
+(the directory ./state). Only `set`, `import`, `copy` (its destination) and `demo` create a
+store; every other command on a missing store exits 1 and creates nothing.
 
 exit codes:
   0  success
@@ -605,6 +614,10 @@ def _parser() -> argparse.ArgumentParser:
 
     _cli_history.add_commands(command)
     command("demo", "run the demo pipeline in ./.state/demo (whatever --url says)")
+    command(
+        "repair",
+        "salvage a damaged file store's log: keep every intact write, keep a copy of the log",
+    )
     _add_transfer_commands(commands)
     _ui_parser(commands)
     return parser
@@ -640,11 +653,23 @@ def _add_transfer_commands(commands: Any) -> None:
     load.add_argument("destination", metavar="URL", help="the store to write")
 
 
-def _open_url(url: str, prefix: str) -> Backend:
+def _open_url(url: str, prefix: str, *, create: bool) -> Backend:
+    """The backend at `url`; with `create=False` opening it never makes a store."""
     try:
-        return open_backend(url, key_prefix=prefix)
+        backend = open_backend(url, key_prefix=prefix, create=create)
     except ConfigurationError as exc:
         raise _CommandError(str(exc), EXIT_USAGE) from None
+    path = getattr(backend, "path", None)
+    if (
+        not create
+        and not hasattr(backend, "create")
+        and isinstance(path, Path)
+        and not path.exists()
+    ):
+        # A store in a file, whose backend has no `create` option to refuse it: opening would
+        # create it, so a missing file is refused here.
+        raise _missing(url, NotFoundError(f"the database {path} does not exist"))
+    return backend
 
 
 async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
@@ -654,20 +679,29 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
         progress.update(f"{args.command}: keys", done.entries, "key")
 
     async with contextlib.AsyncExitStack() as stack:
+
+        async def store(url: str, *, create: bool, backend: Backend | None = None) -> Backend:
+            backend = backend or _open_url(url, args.prefix, create=create)
+            return await stack.enter_async_context(_opened(url, backend))
+
         if args.command == "import":
-            destination = await stack.enter_async_context(_open_url(args.destination, args.prefix))
+            made = _open_url(args.destination, args.prefix, create=True)
+            limit = getattr(made, "MAX_VALUE_BYTES", None)
             try:
+                # The whole file first: a bad file neither creates the store nor writes to it.
+                await anyio.to_thread.run_sync(
+                    functools.partial(transfer.check_dump, args.file, max_value=limit)
+                )
+                destination = await store(args.destination, create=True, backend=made)
                 done = await transfer.import_state(args.file, destination, progress=show)
             except OSError as exc:
                 raise _CommandError(
-                    f"cannot read {args.file}: {exc.strerror}", EXIT_USAGE
+                    f"cannot read {args.file}: {exc.strerror or exc}", EXIT_USAGE
                 ) from None
         else:
-            source = await stack.enter_async_context(_open_url(args.source, args.prefix))
+            source = await store(args.source, create=False)
             if args.command == "copy":
-                destination = await stack.enter_async_context(
-                    _open_url(args.destination, args.prefix)
-                )
+                destination = await store(args.destination, create=True)
                 done = await transfer.copy_state(source, destination, args.pattern, progress=show)
             else:
                 try:
@@ -675,7 +709,7 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
                         source, args.file, args.pattern, progress=show
                     )
                 except OSError as exc:
-                    message = f"cannot write {args.file}: {exc.strerror}"
+                    message = f"cannot write {args.file}: {exc.strerror or exc}"
                     raise _CommandError(message, EXIT_USAGE) from None
     progress.clear()
     totals = {"entries": done.entries, "indexes": done.indexes, "skipped": done.skipped}
@@ -688,7 +722,44 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
     return EXIT_OK
 
 
-_TRANSFERS = {"copy": _transfer, "export": _transfer, "import": _transfer}
+async def _repair(args: argparse.Namespace, progress: Progress) -> int:
+    """`repair`: salvage a damaged file store's log (`FileBackend.repair`)."""
+    url = _url(args)
+    backend = _open_url(url, args.prefix, create=True)  # never opened: repair() creates nothing
+    if not isinstance(backend, FileBackend):
+        raise _CommandError(
+            f"repair works on file stores (file://DIR), not {url.partition('://')[0]}:// ones",
+            EXIT_USAGE,
+        )
+    try:
+        report = await backend.repair()
+    except NotFoundError as exc:
+        raise _missing(url, exc) from None
+    if args.json:
+        _out(
+            _dump(
+                dataclasses.asdict(report)
+                | {
+                    "log_path": str(report.log_path),
+                    "damaged_copy": None
+                    if report.damaged_copy is None
+                    else str(report.damaged_copy),
+                }
+            )
+        )
+    elif report.damaged_copy is None:
+        _out(f"nothing to repair: the log holds {report.records_kept} writes, all intact")
+    else:
+        ranges = ", ".join(f"{start}-{end}" for start, end in report.dropped)
+        _out(
+            f"repaired: kept {report.records_kept} writes in {report.frames_kept} frames, dropped "
+            f"{report.bytes_dropped} damaged bytes (at {ranges or 'the end'}); the damaged log "
+            f"was kept as {report.damaged_copy}"
+        )
+    return EXIT_OK
+
+
+_TRANSFERS = {"copy": _transfer, "export": _transfer, "import": _transfer, "repair": _repair}
 
 
 def _seconds() -> Callable[[], int]:
@@ -700,7 +771,12 @@ async def _run(args: argparse.Namespace, progress: Progress) -> int:
     state = _manager(args)
     # A large file store takes a while to load, and to snapshot when it closes.
     async with progress.ticking("opening the store", _seconds(), "second"):
-        await state.open()
+        try:
+            await state.open()
+        except NotFoundError as exc:
+            with anyio.CancelScope(shield=True):
+                await state.aclose()
+            raise _missing(_url(args), exc) from None
     from agenticstate import _cli_history
 
     run = _COMMANDS.get(args.command) or _cli_history.COMMANDS[args.command]

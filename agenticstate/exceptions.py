@@ -15,6 +15,7 @@ AgenticStateError
  │   ├─ BackendUnavailableError           cannot connect, connection lost
  │   ├─ BackendTimeoutError(TimeoutError)
  │   ├─ WriteOutcomeUnknownError          the write may or may not have been applied
+ │   ├─ CorruptStoreError                 the store's files are damaged: repair or restore
  │   └─ UnsupportedOperationError(NotImplementedError)  an optional operation (transact) is missing
  ├─ SerializationError                    a value cannot be encoded, or stored bytes decoded
  │   ├─ UnsupportedTypeError(TypeError)   sets, arbitrary objects, functions, ...
@@ -44,6 +45,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigurationError",
     "ConflictError",
+    "CorruptStoreError",
     "CursorExpiredError",
     "CycleError",
     "DecodeError",
@@ -129,6 +131,14 @@ class WriteOutcomeUnknownError(BackendError):
     def __init__(self, key: str, message: str = "") -> None:
         super().__init__(message or f"the outcome of the write to {key!r} is unknown")
         self.key = key
+
+
+class CorruptStoreError(BackendError):
+    """The store's files are damaged (bit rot, a hand edit, a partial copy): it is not opened.
+
+    Not a passing failure: retrying gives the same answer. The message says where the damage is
+    and what to do (for a file store, `FileBackend.repair`, or `agenticstate repair`).
+    """
 
 
 class UnsupportedOperationError(BackendError, NotImplementedError):

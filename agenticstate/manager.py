@@ -31,6 +31,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
+import anyio.lowlevel
 from pydantic import BaseModel, ConfigDict
 
 from agenticstate import _otel, txn
@@ -106,6 +107,7 @@ DEFAULT: Any = _Default()
 """Use the configured default (for `ttl`: `StateConfig.ttl`)."""
 _MISSING: Any = object()
 _SUBSCRIBE_WAIT = 30.0  # seconds a write waits for a callback's subscription to start
+_ENCODE_CHUNK = 512  # values `save_many` encodes between two yields to the event loop
 _CLOSE_GRACE = 5.0  # seconds aclose() lets callbacks receive what was committed before it
 _COUNTERS = (  # what `stats()` reports, besides the backend and the subscriptions
     "saves",
@@ -502,12 +504,21 @@ class StateManager:
         """Store several values in one backend call; return `{key: new_version}`.
 
         Every value is validated and encoded before anything is written. Each write is atomic;
-        the batch is not a transaction.
+        the batch is not a transaction. Values are encoded `_ENCODE_CHUNK` at a time with a
+        yield to the event loop between chunks, so a batch of any size leaves other tasks
+        running (a million keys used to hold the loop for seconds).
         """
         life = self._ttl(ttl)
-        encoded = [
-            (validate_key(key), self._codec.encode(key, value)) for key, value in items.items()
-        ]
+        pairs = list(items.items())  # the mapping as it is now: it may change while we yield
+        encode = self._codec.encode
+        encoded: list[tuple[str, bytes]] = []
+        for start in range(0, len(pairs), _ENCODE_CHUNK):
+            if start:
+                await anyio.lowlevel.checkpoint()
+            encoded += [
+                (validate_key(key), encode(key, value))
+                for key, value in pairs[start : start + _ENCODE_CHUNK]
+            ]
         backend = await self._opened_backend()
         changes = await backend.set_many(encoded, ttl=life)
         self._counters["saves"] += len(changes)

@@ -21,23 +21,45 @@ The dump format (`DUMP_FORMAT`, version `DUMP_VERSION`) is JSON lines, one objec
 ```
 
 (each object on one line). The header comes first and the `end` line last, so a truncated dump
-is refused; `import_state` checks the whole file before it writes anything.
+is refused; `import_state` checks the whole file before it writes anything (`check_dump`): every
+line, key, value, index member and score, and each value against the destination's largest
+(`MAX_VALUE_BYTES`, where a backend has one), so an import never stops part-way on bad input.
+
+A score is a JSON number, or the string `"inf"` or `"-inf"`: scores may be infinite (a counter
+that overflowed; see the backend contract), and JSON has no infinity. (A dump written before
+holds `Infinity`, which is read too.) The dump is strict JSON: no `NaN`, no `Infinity`.
+
+An export is written to a temporary file beside its final name (`.<name>.<random>.partial`,
+created `0600`: a dump holds every value, so only its owner may read it), synced, and renamed
+into place when complete; on any failure (a full disk, an error of the source, cancellation) the
+temporary file is removed and the previous dump, if any, is left as it was.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
+import math
+import os
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
+
 from agenticstate._glob import compile_glob
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
-from agenticstate.backends.base import Backend, Entry, utcnow
-from agenticstate.exceptions import ConfigurationError, SerializationError
+from agenticstate.backends.base import Backend, Entry, check_index_members, utcnow
+from agenticstate.exceptions import (
+    ConfigurationError,
+    InvalidArgumentError,
+    SerializationError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -46,6 +68,7 @@ __all__ = [
     "DUMP_FORMAT",
     "DUMP_VERSION",
     "TransferProgress",
+    "check_dump",
     "copy_state",
     "export_state",
     "import_state",
@@ -56,6 +79,11 @@ DUMP_FORMAT = "agenticstate-dump"
 DUMP_VERSION = 1
 """The dump layout this module writes; `import_state` reads this version and refuses newer."""
 _BATCH = 500
+_CHUNK = 1 << 20  # an export writes this many bytes at a time (in a worker thread)
+_MAX_LINE = 4 * (1 << 30) // 3 + (1 << 20)
+"""The longest dump line read: the base64 of the largest value a built-in backend holds (1 GiB)
+and its fields. A longer one (a file that is not a dump, with no line breaks) is refused
+before it is read into memory."""
 
 
 @dataclass
@@ -184,6 +212,89 @@ def _stamp(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
+def _score(score: float) -> float | str:
+    """A score as the dump holds it: a number, or "inf" / "-inf" (JSON has no infinity)."""
+    if math.isinf(score):
+        return "inf" if score > 0 else "-inf"
+    return score
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+# The steps that touch the file, one function each, so tests can fail any one of them.
+
+
+def _create_temp(target: Path) -> tuple[int, Path]:
+    """A new, empty temporary file (0600) beside `target`: its descriptor and its path."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    return fd, Path(name)
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _sync(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _rename(source: Path, target: Path) -> None:
+    os.replace(source, target)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _DumpFile:
+    """The temporary file an export writes, buffered, renamed into place by `commit`."""
+
+    def __init__(self, target: Path) -> None:
+        if target.is_dir():
+            raise IsADirectoryError(21, "Is a directory", str(target))
+        self.target = target
+        self.fd, self.path = _create_temp(target)
+        self.pending: list[str] = []
+        self.size = 0
+
+    async def add(self, line: str) -> None:
+        self.pending.append(line)
+        self.size += len(line)
+        if self.size >= _CHUNK:
+            await self.flush()
+
+    async def flush(self) -> None:
+        data = "".join(self.pending).encode("utf-8")
+        self.pending, self.size = [], 0
+        if data:
+            await anyio.to_thread.run_sync(_write, self.fd, data)
+
+    async def commit(self) -> None:
+        await self.flush()
+        await anyio.to_thread.run_sync(_sync, self.fd)
+        fd, self.fd = self.fd, -1
+        os.close(fd)
+        await anyio.to_thread.run_sync(_rename, self.path, self.target)
+        await anyio.to_thread.run_sync(_sync_directory, self.target.parent)
+
+    def discard(self) -> None:
+        """Close and remove the temporary file (after a failure); never raises."""
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
+
+
 async def export_state(
     source: Backend,
     path: str | Path,
@@ -193,69 +304,101 @@ async def export_state(
 ) -> TransferProgress:
     """Write every key matching `pattern`, and its indexes, to a dump file (see above).
 
-    The file is written beside its final name and renamed into place when complete.
+    The file is written beside its final name, created readable by its owner only (0600), and
+    renamed into place when complete; whatever fails, nothing is left behind.
 
     Returns:
         The totals.
+
+    Raises:
+        OSError: The file cannot be written (`path` is a directory, its directory is missing,
+            the disk is full, ...); nothing was left behind.
     """
     validate_pattern(pattern)
-    target = Path(path)
-    partial = target.with_name(target.name + ".partial")
+    if str(path).endswith(("/", os.sep)) or not str(path):
+        raise IsADirectoryError(21, "names a directory, not a dump file", str(path))
+    out = _DumpFile(Path(path))
+    try:
+        done = await _export(source, out, pattern, progress)
+        await out.commit()
+    except BaseException:
+        out.discard()
+        raise
+    return done
+
+
+async def _export(
+    source: Backend,
+    out: _DumpFile,
+    pattern: str,
+    progress: Callable[[TransferProgress], object] | None,
+) -> TransferProgress:
     done = TransferProgress()
-    with partial.open("w", encoding="utf-8") as out:
-        header = {"format": DUMP_FORMAT, "version": DUMP_VERSION, "pattern": pattern}
-        out.write(json.dumps({**header, "created_at": utcnow().isoformat()}) + "\n")
-        keys: list[str] = []
+    header = {"format": DUMP_FORMAT, "version": DUMP_VERSION, "pattern": pattern}
+    await out.add(_line({**header, "created_at": utcnow().isoformat()}))
+    keys: list[str] = []
 
-        async def flush() -> None:
-            for entry in await source.get_many(keys):
-                if entry is None:
-                    done.skipped += 1
-                    continue
-                line = {
-                    "type": "entry",
-                    "key": entry.key,
-                    "value": base64.b64encode(entry.value).decode("ascii"),
-                    "version": entry.version,
-                    "created_at": _stamp(entry.created_at),
-                    "updated_at": _stamp(entry.updated_at),
-                    "expires_at": _stamp(entry.expires_at),
-                }
-                out.write(json.dumps(line, ensure_ascii=False) + "\n")
-                done.entries += 1
-                done.bytes += len(entry.value)
-            keys.clear()
-            if progress is not None:
-                progress(done)
+    async def flush() -> None:
+        for entry in await source.get_many(keys):
+            if entry is None:
+                done.skipped += 1
+                continue
+            line = {
+                "type": "entry",
+                "key": entry.key,
+                "value": base64.b64encode(entry.value).decode("ascii"),
+                "version": entry.version,
+                "created_at": _stamp(entry.created_at),
+                "updated_at": _stamp(entry.updated_at),
+                "expires_at": _stamp(entry.expires_at),
+            }
+            await out.add(_line(line))
+            done.entries += 1
+            done.bytes += len(entry.value)
+        keys.clear()
+        if progress is not None:
+            progress(done)
 
-        async for key in source.scan(pattern):
-            keys.append(key)
-            if len(keys) >= _BATCH:
-                await flush()
-        await flush()
-        for name in await _index_names(source, pattern):
-            members = await source.index_range(name)
-            if members:
-                line = {"type": "index", "name": name, "members": [list(m) for m in members]}
-                out.write(json.dumps(line, ensure_ascii=False) + "\n")
-                done.indexes += 1
-        out.write(json.dumps({"type": "end", "entries": done.entries, "indexes": done.indexes}))
-        out.write("\n")
-    partial.replace(target)
+    async for key in source.scan(pattern):
+        keys.append(key)
+        if len(keys) >= _BATCH:
+            await flush()
+    await flush()
+    for name in await _index_names(source, pattern):
+        members = await source.index_range(name)
+        if members:
+            scored = [[member, _score(score)] for member, score in members]
+            await out.add(_line({"type": "index", "name": name, "members": scored}))
+            done.indexes += 1
+    await out.add(_line({"type": "end", "entries": done.entries, "indexes": done.indexes}))
     return done
 
 
 def _bad(number: int, problem: str) -> SerializationError:
-    return SerializationError(f"dump line {number}: {problem}")
+    return SerializationError(f"dump line {number}: {problem}", path="")
 
 
 def _read_dump(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    """Each line of a dump as a JSON object, numbered from 1.
+
+    Raises:
+        SerializationError: A line is not UTF-8, not JSON, not an object, or too long.
+        OSError: The file cannot be read (missing, a directory, ...).
+    """
+    with path.open("rb") as lines:
+        number = 0
+        while line := lines.readline(_MAX_LINE + 1):
+            number += 1
+            if len(line) > _MAX_LINE:
+                raise _bad(number, f"longer than {_MAX_LINE} bytes: not a dump line")
             try:
-                record = json.loads(line)
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise _bad(number, "not UTF-8 text (a binary file?)") from None
             except json.JSONDecodeError as exc:
                 raise _bad(number, f"not JSON ({exc.msg})") from None
+            except RecursionError:
+                raise _bad(number, "nested too deeply") from None
             if not isinstance(record, dict):
                 raise _bad(number, "not a JSON object")
             yield number, record
@@ -282,7 +425,9 @@ def _parse_time(number: int, value: object) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _parse_entry(number: int, record: dict[str, Any]) -> tuple[str, bytes, datetime | None]:
+def _parse_entry(
+    number: int, record: dict[str, Any], max_value: int | None = None
+) -> tuple[str, bytes, datetime | None]:
     key, value = record.get("key"), record.get("value")
     try:
         validate_key(key)
@@ -294,7 +439,14 @@ def _parse_entry(number: int, record: dict[str, Any]) -> tuple[str, bytes, datet
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise _bad(number, "value is not valid base64") from None
+    if max_value is not None and len(raw) > max_value:
+        raise _bad(
+            number, f"the value is {len(raw)} bytes; the destination takes at most {max_value}"
+        )
     return str(key), raw, _parse_time(number, record.get("expires_at"))
+
+
+_SCORES = {"inf": math.inf, "-inf": -math.inf}
 
 
 def _parse_index(number: int, record: dict[str, Any]) -> tuple[str, dict[str, float]]:
@@ -307,19 +459,41 @@ def _parse_index(number: int, record: dict[str, Any]) -> tuple[str, dict[str, fl
         isinstance(m, list)
         and len(m) == 2  # [member, score]
         and isinstance(m[0], str)
-        and isinstance(m[1], (int, float))
+        and (isinstance(m[1], (int, float)) or m[1] in _SCORES)
         and not isinstance(m[1], bool)
         for m in members
     ):
-        raise _bad(number, "members must be a list of [member, score] pairs")
-    return str(name), {str(m[0]): float(m[1]) for m in members}
+        raise _bad(
+            number,
+            'members must be a list of [member, score] pairs (score: a number, "inf" or "-inf")',
+        )
+    scores: dict[str, float] = {
+        m[0]: _SCORES[m[1]] if isinstance(m[1], str) else m[1] for m in members
+    }
+    try:
+        # What `index_add` checks (member names, no NaN), so an import never stops part-way.
+        return str(name), check_index_members(scores)
+    except InvalidArgumentError as exc:
+        raise _bad(number, str(exc)) from None
 
 
-def _check_dump(path: Path) -> None:
-    """Read the whole dump once and raise on the first problem, before anything is written."""
+def check_dump(path: str | Path, *, max_value: int | None = None) -> None:
+    """Read a whole dump and raise on its first problem: what `import_state` checks first.
+
+    Args:
+        path: The dump file.
+        max_value: The largest value the destination takes, in bytes (`None`: no limit).
+
+    Raises:
+        SerializationError: The file is not a complete, well-formed dump (a binary or empty
+            file, a truncated dump, a bad key, value, member or score).
+        ConfigurationError: The dump's version is newer than this agenticstate reads.
+        OSError: The file cannot be read.
+    """
     seen_end = False
     entries = indexes = 0
-    for number, record in _read_dump(path):
+    number = 0
+    for number, record in _read_dump(Path(path)):
         if number == 1:
             _check_header(number, record)
             continue
@@ -327,7 +501,7 @@ def _check_dump(path: Path) -> None:
             raise _bad(number, "data after the end line")
         kind = record.get("type")
         if kind == "entry":
-            _parse_entry(number, record)
+            _parse_entry(number, record, max_value)
             entries += 1
         elif kind == "index":
             _parse_index(number, record)
@@ -338,8 +512,10 @@ def _check_dump(path: Path) -> None:
             seen_end = True
         else:
             raise _bad(number, f"unknown record type {kind!r}")
+    if number == 0:
+        raise SerializationError(f"{path} is empty: not an agenticstate dump", path="")
     if not seen_end:
-        raise SerializationError(f"dump {path} is truncated: it has no end line")
+        raise SerializationError(f"dump {path} is truncated: it has no end line", path="")
 
 
 async def import_state(
@@ -350,15 +526,17 @@ async def import_state(
 ) -> TransferProgress:
     """Write the keys and indexes of a dump file (from `export_state`) into `destination`.
 
-    The whole file is checked first: a malformed, truncated or newer dump raises and writes
-    nothing. Keys whose TTL ran out since the export are skipped. Running it again is safe.
+    The whole file is checked first (`check_dump`, with the destination's `MAX_VALUE_BYTES`
+    if it has one): a malformed, truncated or newer dump raises and writes nothing. Keys whose
+    TTL ran out since the export are skipped. Running it again is safe.
 
     Raises:
         SerializationError: The file is not a complete, well-formed dump.
         ConfigurationError: The dump's version is newer than this agenticstate reads.
+        OSError: The file cannot be read.
     """
     source = Path(path)
-    _check_dump(source)
+    check_dump(source, max_value=getattr(destination, "MAX_VALUE_BYTES", None))
     done = TransferProgress()
     batch: list[Entry] = []
     now = utcnow()

@@ -297,31 +297,6 @@ def test_json_get_of_a_key_with_a_ttl(
     assert "expires in 0:04:" in readable.stdout
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("keys",), "no store at"),
-        (("get", "k"), "no store at"),
-        (("delete", "k"), "no store at"),
-        (("inspect", "teams"), "no store at"),
-        (("watch", "*", "--count", "1"), "no store at"),
-    ],
-)
-def test_read_only_commands_do_not_create_a_store(
-    tmp_path: Path, args: tuple[str, ...], message: str
-) -> None:
-    """A typo in --url (or no --url, no ./state) is not found, exit 1, and creates nothing."""
-    typo = cli("--url", "file://.state/dmeo", *args, cwd=tmp_path)
-    assert typo.returncode == 1
-    assert message in typo.stderr
-    assert "check --url" in typo.stderr
-    assert typo.stdout == ""
-    default = cli(*args, cwd=tmp_path)
-    assert default.returncode == 1
-    assert "sqlite://./state/state.db" in default.stderr
-    assert list(tmp_path.iterdir()) == []  # neither .state/dmeo nor ./state was made
-
-
 def test_set_creates_the_store(tmp_path: Path) -> None:
     """set is the one command that creates a store (./state/state.db by default)."""
     assert cli("set", "k", "1", cwd=tmp_path).returncode == 0
@@ -678,13 +653,3 @@ def test_a_closed_pipe_ends_quietly(big_store: Path, tmp_path: Path) -> None:
     assert process.stderr is not None
     assert process.stderr.read() == b""
     process.stderr.close()
-
-
-def test_read_only_commands_do_not_create_a_sqlite_database(tmp_path: Path) -> None:
-    """A mistyped sqlite:// path is not found (exit 1), and no database file appears."""
-    result = cli("--url", "sqlite://.state/dmeo/state.db", "keys", cwd=tmp_path)
-    assert result.returncode == 1
-    assert "the database does not exist" in result.stderr
-    assert list(tmp_path.iterdir()) == []
-    assert cli("--url", "sqlite://s.db", "set", "k", "1", cwd=tmp_path).returncode == 0
-    assert cli("--url", "sqlite://s.db", "keys", cwd=tmp_path).stdout == "k\n"

@@ -22,9 +22,16 @@ from urllib.parse import urlsplit
 
 from agenticstate._glob import glob_match
 from agenticstate._keys import validate_key, validate_pattern
-from agenticstate._registry import add_backend, config_factory, url_factory, url_schemes
+from agenticstate._registry import (
+    add_backend,
+    config_factory,
+    takes_create,
+    url_factory,
+    url_schemes,
+)
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._shared import SharedFileBackend
+from agenticstate.backends._urls import check_url
 from agenticstate.backends.base import (
     EARLIEST,
     Backend,
@@ -47,7 +54,7 @@ from agenticstate.backends.base import (
     TxnResult,
     Version,
 )
-from agenticstate.backends.file import FileBackend
+from agenticstate.backends.file import FileBackend, FileRepairReport
 from agenticstate.backends.memory import MemoryBackend
 from agenticstate.backends.redis import RedisBackend
 from agenticstate.backends.sqlite import SQLiteBackend
@@ -72,6 +79,7 @@ __all__ = [
     "Exists",
     "FeedRetention",
     "FileBackend",
+    "FileRepairReport",
     "Get",
     "HistoryRules",
     "IndexAdd",
@@ -110,17 +118,27 @@ def register_backend(
     add_backend(scheme, factory, from_config)
 
 
-def open_backend(url: str, **options: Any) -> Backend:
-    """Build a backend from a URL: `memory://`, `file://PATH`, `redis://...`, `rediss://...`.
+def open_backend(url: str, *, create: bool = True, **options: Any) -> Backend:
+    """Build a backend from a URL: `memory://`, `file://PATH`, `sqlite://FILE`, `redis://...`.
 
     No connection is made and no file is touched until the backend is first used.
 
+    Args:
+        url: The store's URL.
+        create: With `False`, a store that does not exist is not created when the backend
+            opens: opening it raises `NotFoundError` (file and SQLite stores; a backend whose
+            factory takes no `create` option has nothing to create, as memory and Redis).
+        **options: Passed to the backend's factory (`key_prefix`, `feed`, ...).
+
     Raises:
-        ConfigurationError: The URL is malformed or its scheme is unknown.
+        ConfigurationError: The URL is malformed, its scheme is unknown, or it has a part that
+            would be ignored: a fragment (`#...`) or a query item without `=` (a `#` or `?` in a
+            path or password is written `%23`, `%3F`), or a parameter given twice.
     """
     if not isinstance(url, str) or "://" not in url:
         shown = redact_url(url) if isinstance(url, str) else type(url).__name__
         raise ConfigurationError(f"backend URL must look like scheme://..., not {shown!r}")
+    check_url(url)  # nothing dropped: two different URLs never share a store by accident
     try:
         scheme = urlsplit(url).scheme.lower()
     except ValueError as exc:
@@ -131,6 +149,8 @@ def open_backend(url: str, **options: Any) -> Backend:
     if factory is None:
         known = ", ".join(f"{name}://" for name in url_schemes())
         raise ConfigurationError(f"unknown backend scheme {scheme!r}; known: {known}")
+    if not create and takes_create(factory):
+        options["create"] = False
     return factory(url, **options)
 
 

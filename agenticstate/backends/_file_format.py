@@ -61,6 +61,7 @@ __all__ = [
     "Journal",
     "Times",
     "check_record",
+    "check_snapshot_header",
     "decode_frame",
     "decode_journal",
     "decode_snapshot",
@@ -69,8 +70,13 @@ __all__ = [
     "encode_snapshot",
     "entry_from_snapshot",
     "from_ms",
+    "intact_frame",
     "ms",
+    "next_intact_frame",
     "now",
+    "salvage_frames",
+    "seal_snapshot_header",
+    "tail_damage",
     "whole_frames",
 ]
 
@@ -297,6 +303,7 @@ def encode_snapshot(
         document["journal"] = (
             base64.b64encode(journal).decode("ascii") if format == "json" else journal
         )
+    seal_snapshot_header(document)
     if format == "json":
         data = _json_snapshot(document)
     else:
@@ -320,6 +327,7 @@ def decode_snapshot(raw: bytes) -> tuple[int, dict[str, Any], dict[str, Any], by
     document = json.loads(raw) if raw[:1] == _JSON_DOCUMENT else msgpack.unpackb(raw, raw=False)
     if not isinstance(document, dict) or document.get("magic") != SNAPSHOT_MAGIC:
         raise ValueError("not an agenticstate snapshot")
+    check_snapshot_header(document)
     entries, indexes = document["entries"], document.get("indexes", {})
     if not isinstance(entries, dict) or not isinstance(indexes, dict):
         raise TypeError("entries and indexes must be maps")
@@ -334,6 +342,28 @@ def decode_snapshot(raw: bytes) -> tuple[int, dict[str, Any], dict[str, Any], by
         if not isinstance(journal, bytes) or zlib.crc32(journal) != document["journal_checksum"]:
             raise ValueError("its journal's checksum does not match")
     return int(document["lsn"]), entries, indexes, journal
+
+
+_HEADER_FIELDS = ("magic", "format_version", "lsn", "checksum", "journal_checksum")
+
+
+def _header_checksum(document: dict[str, Any]) -> int:
+    return zlib.crc32(pack([document.get(name) for name in _HEADER_FIELDS]))
+
+
+def seal_snapshot_header(document: dict[str, Any]) -> None:
+    """Add `header_checksum`: a CRC-32 of the fields the other checksums leave out.
+
+    The entries' checksum does not cover the snapshot's sequence number: a damaged one would
+    skip (or replay twice) the log records after it. Releases that predate it ignore the field.
+    """
+    document["header_checksum"] = _header_checksum(document)
+
+
+def check_snapshot_header(document: dict[str, Any]) -> None:
+    """Raise ValueError if the snapshot has a `header_checksum` and its fields do not match."""
+    if "header_checksum" in document and document["header_checksum"] != _header_checksum(document):
+        raise ValueError("its header's checksum does not match")
 
 
 class Journal:
@@ -588,3 +618,122 @@ def _fits_checksum(parsed: object) -> bool:
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
     return True
+
+
+# Damage. A crash can only tear the end of the log: the frame being appended is cut short (a
+# process killed in `write`), or, after a power loss on some filesystems, the end reads as
+# zeros. Anything else that is wrong with a log is damage, and a frame that checks out after a
+# bad region proves that the region held frames: it is refused, never cut.
+
+_FRAME_START = re.compile(rb"(?=[\x00\x01][\x78\x90-\x9f\xdc\xdd])", re.DOTALL)
+"""Where a frame's flags byte and first payload byte may be: a candidate frame starts 8 bytes
+before (a msgpack list, or a zlib stream when compressed); checking candidates only keeps the
+search for intact frames after damage fast."""
+
+
+def _looks_like_a_frame(data: bytes, start: int, end: int) -> bool:
+    """Whether the flags and payload starting at `start` begin as a frame's do (cheap).
+
+    A frame's payload is a msgpack list of records, each a list of 8 or 9 fields (before 0.2,
+    one such record), or a zlib stream. Checking that before the checksum keeps a search
+    through a long torn tail from checksumming at every offset that happens to look like a
+    length.
+    """
+    if end - start < 4:
+        return False
+    flags, first, second = data[start], data[start + 1], data[start + 2]
+    if flags == FLAG_COMPRESSED:
+        return first == 0x78 and (first * 256 + second) % 31 == 0  # a zlib header
+    if flags != 0:
+        return False
+    if first in (0x98, 0x99):  # one record (stores written before 0.2)
+        return True
+    if 0x91 <= first <= 0x9F:
+        record = second
+    elif first == 0xDC and end - start >= 5:
+        record = data[start + 4]
+    elif first == 0xDD and end - start >= 7:
+        record = data[start + 6]
+    else:
+        return False
+    return record in (0x98, 0x99)
+
+
+def intact_frame(data: bytes, offset: int) -> bytes | None:
+    """The body of the frame at `offset` if it is whole, checks out and holds good records."""
+    header = FRAME_HEADER.size
+    if offset < 0 or offset + header > len(data):
+        return None
+    length, crc = FRAME_HEADER.unpack_from(data, offset)
+    end = offset + header + length
+    if length < 2 or end > len(data) or not _looks_like_a_frame(data, offset + header, end):
+        return None
+    body = data[offset + header : end]
+    if zlib.crc32(body) != crc:
+        return None
+    try:
+        decode_frame(body)
+    except MALFORMED_FRAME:
+        return None
+    return body
+
+
+def next_intact_frame(data: bytes, start: int) -> int | None:
+    """The offset of the first intact frame (`intact_frame`) that begins after `start`."""
+    header = FRAME_HEADER.size
+    for match in _FRAME_START.finditer(data, start + header + 1):
+        offset = match.start() - header
+        if intact_frame(data, offset) is not None:
+            return offset
+    return None
+
+
+def tail_damage(data: bytes, end: int) -> str | None:
+    """Why the bytes of a log after its last whole frame (which ends at `end`) are damage.
+
+    `None` means they are what a crash leaves, so cutting them loses nothing acknowledged: a
+    frame cut short by a crash during its append, or zeros. Anything else is damage, described
+    for the error: an intact frame after the bad bytes (what follows them must not be cut), a
+    frame that is whole but fails its checksum (a crash does not leave one), or a frame whose
+    length field is damaged while its bytes check out.
+    """
+    tail = data[end:]
+    if not tail.strip(b"\0"):
+        return None  # nothing, or zeros: a power loss on some filesystems leaves those
+    after = next_intact_frame(data, end)
+    if after is not None:
+        return f"an intact frame follows at byte {after}"
+    header = FRAME_HEADER.size
+    if len(tail) < header:
+        return None  # a header cut short
+    length, crc = FRAME_HEADER.unpack_from(data, end)
+    if length == 0:
+        return "a frame of length 0 is followed by data"
+    if header + length <= len(tail):
+        return "a whole frame fails its checksum"
+    if zlib.crc32(tail[header:]) == crc:
+        return "a frame's length field is damaged"
+    return None  # cut short: the append was torn
+
+
+def salvage_frames(data: bytes) -> tuple[list[tuple[int, bytes]], list[tuple[int, int]]]:
+    """Every intact frame of a damaged log, and the byte ranges between them that are not.
+
+    Returns:
+        `(offset, body)` of each intact frame in order, and the `(start, end)` ranges dropped.
+    """
+    frames: list[tuple[int, bytes]] = []
+    dropped: list[tuple[int, int]] = []
+    offset, header = 0, FRAME_HEADER.size
+    while offset < len(data):
+        body = intact_frame(data, offset)
+        if body is not None:
+            frames.append((offset, body))
+            offset += header + len(body)
+            continue
+        after = next_intact_frame(data, offset)
+        end = len(data) if after is None else after
+        if data[offset:end].strip(b"\0"):
+            dropped.append((offset, end))
+        offset = end
+    return frames, dropped

@@ -58,6 +58,29 @@ class OwnerLock:
             raise
         self.fd = fd
 
+    def lost(self) -> str | None:
+        """Why the lock file at the path is no longer the one this process holds, or `None`.
+
+        Deleting or replacing a store's lock file lets a second process lock a new file and
+        open the store beside its owner; the owner finds out here (the inode it holds is not
+        the one at the path) and must stop writing.
+        """
+        fd = self.fd
+        if fd is None:
+            return None
+        held = there = None
+        with contextlib.suppress(OSError):  # cannot tell (a transient error): look next time
+            held = os.fstat(fd)
+            try:
+                there = os.stat(self.path)
+            except FileNotFoundError:
+                return f"the lock file {self.path} was deleted"
+        if held is None or there is None:
+            return None
+        if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+            return f"the lock file {self.path} was replaced"
+        return None
+
     def release(self) -> None:
         """Unlock and close (nothing if not held)."""
         fd, self.fd = self.fd, None

@@ -29,6 +29,7 @@ import anyio
 
 from agenticstate.backends import _file_io
 from agenticstate.backends._file_format import (
+    FRAME_HEADER,
     OP_DELETE,
     OP_INDEX_ADD,
     OP_INDEX_REMOVE,
@@ -45,18 +46,53 @@ if TYPE_CHECKING:
     from agenticstate._tasks import EventLike
     from agenticstate.backends.base import Change, Entry
 
-__all__ = ["MAX_REQUESTS", "CommitLog", "FsyncAgent", "IndexRecord", "Job", "Record"]
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "MAX_REQUESTS",
+    "CommitLog",
+    "FsyncAgent",
+    "IndexRecord",
+    "Job",
+    "Record",
+    "TxnGroup",
+    "UnencodableRecordsError",
+]
 
 MAX_REQUESTS = 8  # fsync requests unanswered at a time (each 8 bytes; a pipe holds 64 KiB)
+MAX_FRAME_BYTES = 2**32 - 1  # a frame's length field has 4 bytes
+_RECORD_OVERHEAD = 128  # bytes a record's fields take besides its key and value, at most
 _ACK = struct.Struct("<QI")  # the last request number an fsync covered, errno (0: success)
+
+
+class TxnGroup:
+    """The records one `transact` step staged: logged in one frame, failed together.
+
+    `depends` holds the staged records (not yet durable) whose state the step read: if one of
+    them fails, the step's decision rested on a write that never happened, so it fails too.
+    """
+
+    __slots__ = ("depends", "records")
+
+    def __init__(self) -> None:
+        self.depends: list[Record | IndexRecord] = []
+        self.records: list[Record | IndexRecord] = []
+
+    def error(self) -> BaseException | None:
+        """The first error among its records and the records it read, or `None`."""
+        for record in (*self.records, *self.depends):
+            if record.error is not None:
+                return record.error
+        return None
 
 
 class Record:
     """One staged write: what the log gets, and the change it makes."""
 
-    __slots__ = ("batch", "change", "depth", "entry", "key", "lsn", "stamps")
+    __slots__ = ("batch", "change", "depth", "entry", "error", "group", "key", "lsn", "stamps")
 
     batch: Job  # the batch it was staged in (set when it is added to one)
+    group: TxnGroup | None  # the transaction it belongs to (set when it is added to a batch)
+    error: BaseException | None  # why this record alone failed (its batch went on without it)
 
     def __init__(
         self,
@@ -73,6 +109,13 @@ class Record:
         self.change = change
         self.stamps = stamps  # created, updated, expires: the entry's times in epoch ms
         self.depth = depth  # the versions of the key's history to keep (1: none)
+        self.group = None
+        self.error = None
+
+    def size(self) -> int:
+        """About how many bytes the record takes in a frame (uncompressed), at most."""
+        entry = self.entry
+        return len(self.key) * 4 + _RECORD_OVERHEAD + (0 if entry is None else len(entry.value))
 
     def payload(self) -> list[Any]:
         """The record's fields in the log (see `_file_format`)."""
@@ -96,9 +139,11 @@ class Record:
 class IndexRecord:
     """One staged change to a sorted index: members added (with scores) or removed."""
 
-    __slots__ = ("added", "batch", "index", "lsn", "members", "result")
+    __slots__ = ("added", "batch", "error", "group", "index", "lsn", "members", "result")
 
     batch: Job
+    group: TxnGroup | None
+    error: BaseException | None
 
     def __init__(self, lsn: int, index: str, members: dict[str, float] | list[str]) -> None:
         self.lsn = lsn
@@ -106,6 +151,17 @@ class IndexRecord:
         self.members = members
         self.added = isinstance(members, dict)
         self.result = 0
+        self.group = None
+        self.error = None
+
+    @property
+    def key(self) -> str:
+        """The index's name: what later records that build on this one share."""
+        return self.index
+
+    def size(self) -> int:
+        """About how many bytes the record takes in a frame (uncompressed), at most."""
+        return (len(self.index) + sum(len(m) + 8 for m in self.members)) * 4 + _RECORD_OVERHEAD
 
     def payload(self) -> list[Any]:
         """The record's fields in the log (see `_file_format`)."""
@@ -128,6 +184,134 @@ class Job:
         self.error: BaseException | None = None
         self.seq = 0
         self.start = 0
+
+
+class UnencodableRecordsError(Exception):
+    """Some records of a batch cannot go into a log frame; nothing was written.
+
+    Attributes:
+        bad: Each record that fails, with its own error, and each record that builds on one of
+            them (a later write of its key, the rest of its transaction, a transaction that read
+            it), with an error naming the failed write.
+    """
+
+    def __init__(self, bad: dict[Record | IndexRecord, BaseException]) -> None:
+        super().__init__(f"{len(bad)} record(s) cannot be logged")
+        self.bad = bad
+
+
+def frames_of(records: list[Record | IndexRecord], *, compress: bool) -> bytes:
+    """The log bytes of `records`: one frame, or several no larger than `MAX_FRAME_BYTES`.
+
+    A batch is only a way to share an fsync, so it may span frames; a transaction's records
+    stay in one frame (one checksum: after a crash all of it is replayed or none).
+
+    Raises:
+        UnencodableRecordsError: A record cannot be encoded, or is alone too large for a frame.
+    """
+    try:
+        frame: bytes | None = encode_frame(
+            [record.payload() for record in records], compress=compress
+        )
+    except Exception:  # noqa: BLE001  # too large for one frame (struct.error), or a bad record
+        frame = None
+    if frame is not None and len(frame) - FRAME_HEADER.size <= MAX_FRAME_BYTES:
+        return frame
+    try:
+        return b"".join(_split_frames(records, compress=compress))
+    except Exception as exc:  # find the records at fault; the others go on
+        bad = _unencodable(records, compress=compress)
+        if not bad:
+            # Every record encodes alone, so this is not about them: fail the whole batch.
+            raise BackendError(f"could not encode a log frame ({exc})") from exc
+        raise UnencodableRecordsError(_with_dependents(records, bad)) from exc
+
+
+def _units(records: list[Record | IndexRecord]) -> list[list[Record | IndexRecord]]:
+    """The records in runs that must share a frame: each transaction's, or one record."""
+    units: list[list[Record | IndexRecord]] = []
+    for record in records:
+        if record.group is not None and units and units[-1][0].group is record.group:
+            units[-1].append(record)
+        else:
+            units.append([record])
+    return units
+
+
+def _split_frames(records: list[Record | IndexRecord], *, compress: bool) -> list[bytes]:
+    frames: list[bytes] = []
+    pending: list[Record | IndexRecord] = []
+    size = 0
+    for unit in _units(records):
+        unit_size = sum(record.size() for record in unit)
+        if pending and size + unit_size > MAX_FRAME_BYTES:
+            frames.append(encode_frame([r.payload() for r in pending], compress=compress))
+            pending, size = [], 0
+        pending += unit
+        size += unit_size
+    if pending:
+        frames.append(encode_frame([r.payload() for r in pending], compress=compress))
+    for frame in frames:
+        if len(frame) - FRAME_HEADER.size > MAX_FRAME_BYTES:
+            raise ValueError("a log frame is too large")  # a unit alone is: found one by one
+    return frames
+
+
+def _unencodable(
+    records: list[Record | IndexRecord], *, compress: bool
+) -> dict[Record | IndexRecord, BaseException]:
+    """The records that cannot be logged, each alone (a transaction: all of it), with errors."""
+    bad: dict[Record | IndexRecord, BaseException] = {}
+    for unit in _units(records):
+        for record in unit:
+            try:
+                encode_frame([record.payload()], compress=compress)
+            except Exception as exc:  # noqa: BLE001  # the record's own fault, told its writer
+                error = bad[record] = BackendError(
+                    f"the write of {record.key!r} cannot be logged: {exc}"
+                )
+                error.__cause__ = exc
+        if any(record in bad for record in unit):
+            continue
+        size = len(encode_frame([r.payload() for r in unit], compress=compress))
+        if size - FRAME_HEADER.size > MAX_FRAME_BYTES:
+            for record in unit:
+                bad[record] = BackendError(
+                    f"the write of {record.key!r} does not fit in a log frame ({size} bytes"
+                    f"{' with its transaction' if len(unit) > 1 else ''}; at most "
+                    f"{MAX_FRAME_BYTES})"
+                )
+    return bad
+
+
+def _with_dependents(
+    records: list[Record | IndexRecord], bad: dict[Record | IndexRecord, BaseException]
+) -> dict[Record | IndexRecord, BaseException]:
+    """`bad`, plus every record that builds on one of them (see `UnencodableRecordsError`)."""
+    failed = dict(bad)
+    while True:
+        first_bad: dict[str, int] = {}  # key -> position of its first failed record
+        for position, record in enumerate(records):
+            if record in failed:
+                first_bad.setdefault(record.key, position)
+        bad_groups = {record.group for record in failed if record.group is not None}
+        added = False
+        for position, record in enumerate(records):
+            group = record.group
+            if record in failed:
+                continue
+            reason = None
+            if group is not None and group in bad_groups:
+                reason = "another write of its transaction cannot be logged"
+            elif first_bad.get(record.key, position) < position:
+                reason = f"it builds on a write of {record.key!r} that cannot be logged"
+            elif group is not None and any(read in failed for read in group.depends):
+                reason = "its transaction read a write that cannot be logged"
+            if reason is not None:
+                failed[record] = BackendError(f"the write of {record.key!r} failed: {reason}")
+                added = True
+        if not added:
+            return failed
 
 
 class FsyncAgent:
@@ -261,18 +445,17 @@ class CommitLog:
             self.agent = FsyncAgent(script, self.fd)
 
     def append(self, batch: Job) -> None:
-        """Append `batch` as one frame (to the page cache) and count it in for an fsync.
+        """Append `batch` as one frame (or a few, see `frames_of`) and count it in for an fsync.
 
         Raises:
+            UnencodableRecordsError: Records of the batch cannot be logged; nothing was written.
             BackendError: The write failed; `size` then counts the whole frame, so
                 `truncate(batch.start)` cuts off whatever part of it was written.
         """
         fd = self.fd
         assert fd is not None  # noqa: S101  # set by open()
-        frame = encode_frame(
-            [record.payload() for record in batch.records], compress=self.compression
-        )
-        batch.start = start = self.size
+        batch.start = start = self.size  # first: a failure to encode cuts nothing
+        frame = frames_of(batch.records, compress=self.compression)
         self.size = start + len(frame)  # at most, if the write fails
         with translate(f"append to the log {self.path}"):
             _file_io.write_all(fd, frame)
@@ -343,6 +526,18 @@ class CommitLog:
             os.ftruncate(fd, size)
             _file_io.fsync(fd)
         self.size = size
+
+    def written_by_another(self) -> bool:
+        """Whether the log's size is not what this process appended (another writer changed it).
+
+        Only a second owner can do that: one that opened the store after its lock file was
+        deleted, and appended to or emptied the same log.
+        """
+        fd = self.fd
+        if fd is not None:
+            with contextlib.suppress(OSError):  # cannot tell: the next check looks again
+                return os.fstat(fd).st_size != self.size
+        return False
 
     def empty(self, *, sync: bool) -> None:
         """Empty the log: a snapshot now holds every record in it (blocking)."""

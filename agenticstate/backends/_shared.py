@@ -148,6 +148,7 @@ class SharedFileBackend(FileBackend):
             compact_bytes=self.compact_bytes,
             feed=self.feed,
             history=self.history_rules,
+            create=self.create,
         )
 
     def _check_compatible(self, backend: FileBackend) -> None:

@@ -32,7 +32,9 @@ The rules, which every backend follows exactly:
   `reason="overflow"`, so it knows to re-read state. It is never dropped silently. When the backend
   closes, iteration ends.
 - **Sorted indexes** (`index_add`, `index_remove`, `index_range`) are named sets of members with
-  float scores, read in ascending score order (ties by member), in a namespace of their own: they
+  float scores, read in ascending score order (ties by member), in a namespace of their own. A
+  score is any 64-bit float but NaN: `inf` and `-inf` are scores (as in Redis), sorted after and
+  before every other, and copied, exported and imported like any; they
   are never returned by `get`, listed by `scan` or announced as changes. Each call is atomic;
   Redis keeps them as sorted sets, the other backends in memory (the file backend logs them).
   Managers use them where a scan of keys would not scale (a task queue's pending tasks).
@@ -354,7 +356,8 @@ class IndexIncr:
 
     A member that is not there is added with score `delta`: a counter. Scores are 64-bit floats:
     exact for whole numbers up to 2**53, and a sum past about 1.8e308 becomes an infinite score
-    on every backend (as Redis's ZINCRBY does), although `index_add` refuses infinite scores.
+    on every backend (as Redis's ZINCRBY does), a score like any other. `delta` itself must be
+    finite: an infinite one could meet the opposite infinity and make NaN, which no score is.
     """
 
     index: str
@@ -437,8 +440,17 @@ def _checked_op(op: object) -> TxnOp:
         if type(delta) is int or (type(delta) is float and delta - delta == 0.0):
             # The common case (a finite number), checked as `check_index_members` checks it.
             validate_key(op.member)
-            return op if type(delta) is float else IndexIncr(op.index, op.member, float(delta))
+            if type(delta) is float:
+                return op
+            try:
+                return IndexIncr(op.index, op.member, float(delta))
+            except OverflowError:  # an int beyond a float's range
+                raise InvalidArgumentError(
+                    f"IndexIncr delta for {op.member!r} is beyond a 64-bit float's range"
+                ) from None
         delta = check_index_members({op.member: op.delta})[op.member]
+        if delta in (_INF, -_INF):
+            raise InvalidArgumentError(f"IndexIncr delta for {op.member!r} must be finite")
         return IndexIncr(op.index, op.member, delta)
     if type(op) is IndexRange:
         validate_key(op.index)
@@ -489,7 +501,10 @@ def check_ttl(ttl: timedelta | None) -> timedelta | None:
 
 
 def check_index_members(members: Mapping[str, float]) -> dict[str, float]:
-    """Validate index members (each a valid key-like str) and scores (finite numbers).
+    """Validate index members (each a valid key-like str) and scores (numbers, not NaN).
+
+    Infinite scores are valid (see the module docstring): a counter that overflowed holds one,
+    and refusing them where `IndexIncr` makes them broke copies of such an index part-way.
 
     Raises:
         InvalidArgumentError: A member or score is invalid.
@@ -499,10 +514,16 @@ def check_index_members(members: Mapping[str, float]) -> dict[str, float]:
         validate_key(member)
         if isinstance(score, bool) or not isinstance(score, (int, float)) or score != score:
             raise InvalidArgumentError(f"index score for {member!r} must be a number")
-        if score in (float("inf"), float("-inf")):
-            raise InvalidArgumentError(f"index score for {member!r} must be finite")
-        checked[member] = float(score)
+        try:
+            checked[member] = float(score)
+        except OverflowError:  # an int beyond a float's range
+            raise InvalidArgumentError(
+                f"index score for {member!r} is beyond a 64-bit float's range"
+            ) from None
     return checked
+
+
+_INF = float("inf")
 
 
 def check_limit(limit: int | None) -> int | None:

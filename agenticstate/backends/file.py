@@ -65,6 +65,7 @@ replace to inject faults, and `translate`, the one place where an `OSError` beco
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -75,7 +76,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -86,7 +87,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
-from agenticstate.backends import _file_io, _file_lock
+from agenticstate.backends import _file_io, _file_lock, _file_log
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._file_format import (
     FRAME_HEADER,
@@ -109,12 +110,23 @@ from agenticstate.backends._file_format import (
     entry_from_snapshot,
     from_ms,
     now,
+    salvage_frames,
+    tail_damage,
     whole_frames,
 )
 from agenticstate.backends._file_io import translate
 from agenticstate.backends._file_lock import OwnerLock, holder_of
-from agenticstate.backends._file_log import CommitLog, FsyncAgent, IndexRecord, Job, Record
+from agenticstate.backends._file_log import (
+    CommitLog,
+    FsyncAgent,
+    IndexRecord,
+    Job,
+    Record,
+    TxnGroup,
+    UnencodableRecordsError,
+)
 from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
+from agenticstate.backends._urls import url_query
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -124,6 +136,7 @@ from agenticstate.backends.base import (
     Entry,
     FeedRetention,
     HistoryRules,
+    Put,
     check_expected_version,
     check_index_members,
     check_limit,
@@ -137,7 +150,10 @@ from agenticstate.config import redact_url
 from agenticstate.exceptions import (
     BackendError,
     ConfigurationError,
+    CorruptStoreError,
     InvalidArgumentError,
+    NotFoundError,
+    TooLargeError,
     UnsupportedOperationError,
 )
 
@@ -147,7 +163,7 @@ if TYPE_CHECKING:
     from agenticstate._glob import GlobMatcher
     from agenticstate.backends.base import TxnCompare, TxnOp, TxnResult
 
-__all__ = ["Durability", "FileBackend", "FileFormat"]
+__all__ = ["Durability", "FileBackend", "FileFormat", "FileRepairReport"]
 
 log = get_logger(__name__)
 
@@ -156,9 +172,11 @@ Durability = Literal["fsync", "none"]
 _MILLISECOND = timedelta(milliseconds=1)
 _FRAME_RECORDS = 16  # a frame is sealed when it holds this many records
 _STAGE_CHUNK = 512  # records `set_many` stages between two yields to the event loop
+_LOCK_CHECK_INTERVAL = 0.01  # seconds between lock file checks with durability="none"
 _AGENT_EXIT_TIMEOUT = 2.0  # seconds `aclose()` waits for the agent to exit before killing it
 _DEFAULT_FEED = FeedRetention()
 _OPS = {OP_SET: ChangeOp.SET, OP_DELETE: ChangeOp.DELETE}
+_URL_PARAMETERS = ("feed", "feed_max_changes", "feed_max_age")
 
 
 def _call_now(callback: Callable[[], object]) -> None:
@@ -185,6 +203,9 @@ class FileBackend(Backend):
             open to replay, so closing it is fast. `flush()` always rewrites the snapshot.
         feed: The change feed's retention (`None`: no feed, changes carry no cursor).
         history: History rules (`keep_history`): key patterns to the versions each keeps.
+        create: Create the store (its directory and files) if it does not exist (the default).
+            With `False`, opening a store that does not exist raises `NotFoundError` and
+            creates nothing: what a command that only reads wants.
     """
 
     def __init__(
@@ -202,7 +223,10 @@ class FileBackend(Backend):
         close_snapshot_keys: int = 10_000,
         feed: FeedRetention | None = _DEFAULT_FEED,
         history: Mapping[str, int] | HistoryRules | None = None,
+        create: bool = True,
     ) -> None:
+        if not isinstance(create, bool):
+            raise ConfigurationError(f"create must be a bool, not {create!r}")
         if feed is not None and not isinstance(feed, FeedRetention):
             raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         if format not in ("json", "msgpack"):
@@ -228,6 +252,7 @@ class FileBackend(Backend):
         self.save_interval = save_interval
         self.compact_bytes = compact_bytes
         self.close_snapshot_keys = close_snapshot_keys
+        self.create = create
         self.snapshot_path = self.base_path / name
         self.log_path = self.base_path / f"{name}.log"
         self.lock_path = self.base_path / f"{name}.lock"
@@ -245,6 +270,7 @@ class FileBackend(Backend):
         self._snapshot_lsn = 0
         self._snapshot_bytes = 0  # the size of the snapshot file, as last written or read
         self._last_snapshot = time.monotonic()
+        self._lock_checked = 0.0  # when the lock file was last checked (`_still_owner`)
         self._ack_reader: object = None  # the task reading the agent's answers
         self._ack_reader_done: anyio.Event | None = None
         self._frame_records = _FRAME_RECORDS  # a frame is sealed when it holds this many
@@ -254,6 +280,7 @@ class FileBackend(Backend):
         self._staged: dict[str, Record] = {}  # the newest staged write per key, not yet applied
         self._call_soon: Callable[[Callable[[], object]], object] = _call_now
         self._snapshot_job: Job | None = None  # a wanted snapshot: appends pause until it ran
+        self._txn_group: TxnGroup | None = None  # the transaction staging records now
         self._snapshot_lock: anyio.Lock | None = None
         self._counters = {"batches": 0, "fsyncs": 0, "snapshots": 0}
         self.feed = feed
@@ -264,6 +291,22 @@ class FileBackend(Backend):
 
     _agent_script = Path(__file__).with_name("_fsync_agent.py")
 
+    MAX_VALUE_BYTES = 2**30
+    """The largest value a store takes, in bytes (1 GiB): larger ones raise `TooLargeError`.
+
+    A log frame holds up to 4 GiB, but the snapshot's journal keeps a change's old and new
+    values together in one field of at most 4 GiB, and the whole store lives in memory.
+    """
+
+    def _check_size(self, key: str, value: bytes) -> None:
+        """Refuse a value over `MAX_VALUE_BYTES` before it is staged (its writer's own error)."""
+        if len(value) > self.MAX_VALUE_BYTES:
+            raise TooLargeError(
+                f"the value for {key!r} is {len(value)} bytes; a file store takes at most "
+                f"{self.MAX_VALUE_BYTES} bytes per value",
+                path="",
+            )
+
     def __repr__(self) -> str:
         return f"FileBackend(base_path={str(self.base_path)!r}, format={self.format!r})"
 
@@ -271,13 +314,16 @@ class FileBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> FileBackend:
         """Create a backend from `file:///absolute/dir` or `file://relative/dir`.
 
-        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`.
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`;
+        any other, a fragment or a query item without `=` is refused (a `#` or `?` in the path
+        is written `%23`, `%3F`).
         """
+        params = url_query(url, _URL_PARAMETERS)
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise ConfigurationError(f"file URL {redact_url(url)!r} names no directory")
-        feed_from_query(parse_qsl(parts.query), options)
+        feed_from_query(params, options)
         return cls(base_path=path, **options)
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
@@ -329,6 +375,11 @@ class FileBackend(Backend):
                 self._is_open = True
 
     def _open_sync(self) -> None:
+        if not self.create and not self.exists():
+            raise NotFoundError(
+                f"no file store at {self.snapshot_path}: neither it nor {self.log_path.name} "
+                "exists, and create=False"
+            )
         with translate(f"create the store directory {self.base_path}"):
             self.base_path.mkdir(parents=True, exist_ok=True)
         self._lock.acquire(self.snapshot_path)
@@ -357,6 +408,11 @@ class FileBackend(Backend):
         except BaseException:
             self._close_files()
             raise
+
+    def exists(self) -> bool:
+        """Whether the store has been created: its snapshot or its log is there (blocking)."""
+        with translate(f"look for the store {self.snapshot_path}"):
+            return self.snapshot_path.is_file() or self.log_path.is_file()
 
     def _refuse_other_format(self) -> None:
         """Refuse a directory that holds the other format's store under its default name.
@@ -446,9 +502,10 @@ class FileBackend(Backend):
         except MALFORMED_SNAPSHOT as exc:
             # Snapshots are replaced atomically, so this is damage, not a crash: refuse to
             # guess rather than silently start from nothing.
-            raise BackendError(
-                f"the snapshot {self.snapshot_path} is corrupt ({type(exc).__name__}); "
-                "restore it from a backup or move it away"
+            raise CorruptStoreError(
+                f"the snapshot {self.snapshot_path} is corrupt ({type(exc).__name__}: {exc}); "
+                "nothing was changed. Restore it from a backup, or move it away to start from "
+                "the log alone (which holds only the writes since that snapshot)"
             ) from exc
         return journal
 
@@ -519,10 +576,7 @@ class FileBackend(Backend):
             except MALFORMED_FRAME as exc:
                 # Its checksum holds, so it was written whole: this is damage (or a bug), not a
                 # crash mid-append. Refuse to guess rather than drop it and what follows.
-                raise BackendError(
-                    f"the log {self.log_path} has a malformed record at byte {offset} "
-                    f"({exc}); restore the store from a backup or move the log away"
-                ) from exc
+                raise self._damaged_log(offset, f"a malformed record ({exc})") from exc
             end = offset + FRAME_HEADER.size + len(body)
             for fields in records:
                 lsn = fields[0]
@@ -563,6 +617,10 @@ class FileBackend(Backend):
                     self._apply_logged(fields, moment)
                 replayed += 1
         if end < len(data):
+            damage = tail_damage(data, end)
+            if damage is not None:
+                # Not what a crash leaves: cutting here would drop acknowledged writes.
+                raise self._damaged_log(end, f"damaged bytes ({damage})")
             log.warning(
                 "file_store_torn_tail",
                 path=str(self.log_path),
@@ -572,6 +630,16 @@ class FileBackend(Backend):
             self._commit_log.truncate(end)
         if replayed:
             log.info("file_store_replayed", path=str(self.log_path), records=replayed)
+
+    def _damaged_log(self, offset: int, what: str) -> CorruptStoreError:
+        """The error that refuses a damaged log; the log is left exactly as it is."""
+        log.info("file_store_log_damaged", path=str(self.log_path), offset=offset)
+        return CorruptStoreError(
+            f"the log {self.log_path} is damaged at byte {offset}: {what}; nothing was "
+            "changed. `FileBackend(...).repair()` (or `agenticstate --url file://DIR repair`) "
+            "keeps every intact frame around the damage, after keeping a copy of the log; or "
+            "restore the store from a backup"
+        )
 
     def _apply_logged(self, fields: list[Any], moment: datetime) -> None:
         lsn, op, key, value, version, created, updated, expires = fields[:8]
@@ -716,6 +784,9 @@ class FileBackend(Backend):
 
     def _add_to_batch(self, record: Record | IndexRecord) -> None:
         batch = record.batch = self._open_batch
+        group = record.group = self._txn_group
+        if group is not None:
+            group.records.append(record)
         records = batch.records
         records.append(record)
         if len(records) == 1:
@@ -724,11 +795,12 @@ class FileBackend(Backend):
         elif len(records) >= self._frame_records:
             self._seal()
 
-    async def _commit(self, batch: Job) -> None:
+    async def _commit(self, batch: Job, record: Record | IndexRecord | None = None) -> None:
         """Wait until `batch`, holding our staged records, is durable.
 
         Wait on the batch a record was staged in (`record.batch`), never on `_open_batch`
-        after staging: staging may have sealed it (a full frame) and opened the next.
+        after staging: staging may have sealed it (a full frame) and opened the next. `record`
+        is one of ours that may have failed alone (its batch went on without it).
         """
         if self._snapshot_job is not None:
             await self._snapshot_if_idle()
@@ -738,6 +810,8 @@ class FileBackend(Backend):
             await batch.done.wait()
         if batch.error is not None:
             raise BackendError(f"the write was not saved: {batch.error}") from batch.error
+        if record is not None:
+            _raise_alone(record.error)
 
     def _seal(self) -> None:
         """Append the open batch to the log as one frame and ask the agent to sync it.
@@ -753,13 +827,25 @@ class FileBackend(Backend):
             return
         self._open_batch = Job(self._new_event)
         try:
-            self._commit_log.append(batch)
-        except BackendError as exc:
-            self._fail(batch, exc)
+            try:
+                self._commit_log.append(batch)
+            except UnencodableRecordsError as exc:
+                # Those records' own fault: they (and what builds on them) fail alone, and the
+                # batch goes on without them.
+                if not self._drop_records(batch, exc.bad):
+                    return
+                self._commit_log.append(batch)
+        except (BackendError, UnencodableRecordsError) as exc:
+            error = exc if isinstance(exc, BackendError) else BackendError(str(exc))
+            self._fail(batch, error)
             return
         self._counters["batches"] += 1
         if self._commit_log.agent is None:  # durability="none": nothing more to wait for
-            self._apply(batch)
+            if self._still_owner():
+                self._apply(batch)
+            else:
+                batch.error = BackendError(str(self._failed))
+                batch.done.set()
             return
         self._request_fsync()
 
@@ -796,6 +882,8 @@ class FileBackend(Backend):
     def _acked(self, seq: int, code: int) -> None:
         """Apply the batches an fsync covered, or fail them and cut them from the log."""
         self._counters["fsyncs"] += 1
+        if not self._still_owner():
+            return
         durable, error = self._commit_log.acked(seq, code)
         for batch in durable:
             self._apply(batch)
@@ -847,12 +935,78 @@ class FileBackend(Backend):
         self._restage()
         log.error("file_store_write_failed", path=str(self.log_path), error=str(error))
 
-    def _lose_agent(self, reason: str) -> None:
+    def _ownership_problem(self, *, lock: bool = True) -> str | None:
+        """Why this process may no longer be the store's only owner, or `None`.
+
+        Its lock file was deleted or replaced (so another process may have locked a new one and
+        opened the store), or the log holds what this process did not append. With `lock=False`
+        only the log is checked (an `fstat`, cheaper than looking the lock file up by path).
+        """
+        if lock:
+            self._lock_checked = time.monotonic()
+            lost = self._lock.lost()
+            if lost is not None:
+                return lost
+        if self._commit_log.written_by_another():
+            return f"the log {self.log_path} was changed by another process"
+        return None
+
+    def _still_owner(self) -> bool:
+        """Check ownership before acknowledging writes; if it is lost, stop writing.
+
+        With `durability="fsync"` it runs once per fsync and checks everything. With `"none"` it
+        runs once per frame, so the lock file is looked up at most every 10 ms; the log's size,
+        which a second owner changes as soon as it writes or compacts, is checked every time.
+        """
+        lock = (
+            self._commit_log.agent is not None
+            or time.monotonic() - self._lock_checked >= _LOCK_CHECK_INTERVAL
+        )
+        problem = self._ownership_problem(lock=lock)
+        if problem is None:
+            return True
+        self._lose_ownership(problem)
+        return False
+
+    def _lose_ownership(self, problem: str) -> None:
+        """Another process may own the store too: acknowledge nothing more, write nothing more.
+
+        The log is left as it is (cutting it could cut the other process's writes): the writes
+        waiting now may or may not be in it, and the next opener replays whatever it holds.
+        """
+        if self._failed is not None:
+            return
+        log.error("file_store_ownership_lost", path=str(self.snapshot_path), problem=problem)
+        self._lose_agent(
+            f"{problem} while this process owned the store, so another process may have opened "
+            "it: this one stops writing (writes not yet confirmed may or may not be in the log). "
+            f"Close every process using {self.base_path}, then reopen it",
+            cut=False,
+        )
+
+    def _drop_records(self, batch: Job, bad: dict[Record | IndexRecord, BaseException]) -> bool:
+        """Take the failed records out of `batch`; whether any records are left in it."""
+        for record, error in bad.items():
+            record.error = error
+        batch.records = [record for record in batch.records if record not in bad]
+        self._staged = {
+            record.key: record
+            for job in (*self._commit_log.unacked, batch)
+            for record in job.records
+            if isinstance(record, Record)
+        }
+        log.warning("file_store_writes_refused", path=str(self.log_path), records=len(bad))
+        if not batch.records:
+            batch.done.set()
+            return False
+        return True
+
+    def _lose_agent(self, reason: str, *, cut: bool = True) -> None:
         """The agent cannot answer any more: fail what waits and refuse new writes."""
-        self._failed = f"{reason}; reopen the store"
+        self._failed = f"{reason}; reopen the store" if cut else reason
         error = BackendError(self._failed)
         unacked = self._commit_log.unacked
-        if unacked:
+        if unacked and cut:
             self._truncate_log(unacked[0].start)
         for job in [*unacked, self._open_batch]:
             job.error = error
@@ -911,6 +1065,8 @@ class FileBackend(Backend):
     ) -> Change:
         """Store `value` at `key` durably; see `Backend.set`."""
         validate_key(key)
+        if len(value) > self.MAX_VALUE_BYTES:
+            self._check_size(key, value)
         if ttl is not None:
             check_ttl(ttl)
         if expected_version is not None:
@@ -926,9 +1082,9 @@ class FileBackend(Backend):
         if self._snapshot_job is None and not batch.done.is_set():
             # The hot path of `_commit`, without its frame.
             await batch.done.wait()
-            if batch.error is None:
+            if batch.error is None and record.error is None:
                 return record.change
-        await self._commit(batch)
+        await self._commit(batch, record)
         return record.change
 
     async def set_many(
@@ -940,8 +1096,9 @@ class FileBackend(Backend):
         between chunks, so other tasks (and the reader of fsync answers) keep running; frames
         are appended as they fill and synced while the rest is staged.
         """
-        for key, _ in items:
+        for key, value in items:
             validate_key(key)
+            self._check_size(key, value)
         check_ttl(ttl)
         await self._ready()
         clock = self._clock()
@@ -966,6 +1123,8 @@ class FileBackend(Backend):
         # Large batches span frames: every frame must be durable (dict keeps them in order).
         for batch in {record.batch: None for record in records}:
             await self._commit(batch)
+        for record in records:
+            _raise_alone(record.error)
         return [record.change for record in records]
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
@@ -976,7 +1135,7 @@ class FileBackend(Backend):
         record = self._stage(key, None, None, expected_version, self._clock())
         if record is None:
             return None
-        await self._commit(record.batch)
+        await self._commit(record.batch, record)
         return record.change
 
     async def update(
@@ -995,11 +1154,12 @@ class FileBackend(Backend):
         self._local.sweep(clock[0])
         current = self._current(key, clock[0])
         value = fn(current)
+        self._check_size(key, value)
         record = self._stage(
             key, value, ttl, current.version if current else 0, clock, current=current
         )
         assert record is not None  # noqa: S101
-        await self._commit(record.batch)
+        await self._commit(record.batch, record)
         return record.change
 
     async def transact(
@@ -1016,17 +1176,30 @@ class FileBackend(Backend):
         once its frame is durable; see `Backend.transact`.
         """
         checked = check_transaction(compare, then, orelse)
+        for branch in checked[1:]:
+            puts = [op for op in branch if type(op) is Put]
+            for op in puts:
+                self._check_size(op.key, op.value)
+            total = sum(len(op.value) + 4 * len(op.key) for op in puts)
+            if total > _file_log.MAX_FRAME_BYTES:  # one frame holds the whole step
+                raise TooLargeError(
+                    f"the transaction writes {total} bytes; a file store logs at most "
+                    f"{_file_log.MAX_FRAME_BYTES} bytes in one step",
+                    path="",
+                )
         await self._ready()
         if self._failed is not None:
             raise BackendError(self._failed)
         clock = self._clock()
         self._local.sweep(clock[0])
         step = _FileStep(self, clock)
+        group = self._txn_group = TxnGroup()
         self._frame_records = sys.maxsize  # the step's records never split across frames
         try:
             result = run_transaction(step, *checked)
         finally:
             self._frame_records = _FRAME_RECORDS
+            self._txn_group = None
         # Wait for the last batch holding anything the step wrote or read: batches apply in order.
         batch = self._open_batch if self._open_batch.records else None
         if batch is None and self._commit_log.unacked:
@@ -1037,6 +1210,7 @@ class FileBackend(Backend):
         if len(batch.records) >= _FRAME_RECORDS and batch is self._open_batch:
             self._seal()
         await self._commit(batch)
+        _raise_alone(group.error())
         return result
 
     # sorted indexes
@@ -1060,7 +1234,7 @@ class FileBackend(Backend):
         self._lsn += 1
         record = IndexRecord(self._lsn, index, members)
         self._add_to_batch(record)
-        await self._commit(record.batch)
+        await self._commit(record.batch, record)
         return record.result
 
     async def index_range(self, index: str, *, limit: int | None = None) -> list[tuple[str, float]]:
@@ -1155,11 +1329,14 @@ class FileBackend(Backend):
                     )
                 except Exception as exc:  # noqa: BLE001  # reported to flush(); the log is intact
                     job.error = exc
-                    log.warning(
-                        "file_store_snapshot_failed",
-                        path=str(self.snapshot_path),
-                        error=type(exc).__name__,
-                    )
+                    if isinstance(exc, _OwnershipLostError):
+                        self._lose_ownership(str(exc))
+                    else:
+                        log.warning(
+                            "file_store_snapshot_failed",
+                            path=str(self.snapshot_path),
+                            error=type(exc).__name__,
+                        )
                 else:
                     self._counters["snapshots"] += 1
                 finally:
@@ -1174,7 +1351,13 @@ class FileBackend(Backend):
         lsn: int,
         journal: Journal | None,
     ) -> None:
-        """Replace the snapshot atomically and empty the log (in a worker thread)."""
+        """Replace the snapshot atomically and empty the log (in a worker thread).
+
+        Raises:
+            BackendError: It could not be written; `_OwnershipLostError` if this process may
+                not be the store's only owner any more (nothing is written then).
+        """
+        self._check_ownership()
         data = encode_snapshot(
             entries,
             indexes,
@@ -1192,6 +1375,7 @@ class FileBackend(Backend):
                     _file_io.fsync(fd)
                 finally:
                     os.close(fd)
+                self._check_ownership()  # again: writing a large snapshot takes a while
                 os.replace(temp, self.snapshot_path)
                 self._snapshot_bytes = len(data)
             except BaseException:
@@ -1206,6 +1390,102 @@ class FileBackend(Backend):
         self._commit_log.empty(sync=self.durability == "fsync")
         self._last_snapshot = time.monotonic()
         log.debug("file_store_snapshot", path=str(self.snapshot_path), entries=len(entries))
+
+    async def repair(self) -> FileRepairReport:
+        """Salvage a damaged log: keep every intact frame, drop only the damaged bytes.
+
+        Opening a store whose log is damaged in the middle (bit rot, a bad copy) raises
+        `CorruptStoreError` and changes nothing. This keeps a copy of the log beside it
+        (`<name>.log.damaged-<time>`), then replaces the log with its intact frames, in order;
+        the writes in the damaged bytes are lost, every other one is kept. A log that is not
+        damaged is left alone. Run it on a closed store (it takes the owner lock); it never
+        creates a store.
+
+        Frames are found after damage by their checksum: a value that itself holds the bytes of
+        a valid log frame could be taken for one, so look at the report (and keep the copy)
+        before going on.
+
+        Returns:
+            What was kept and dropped, and where the copy is.
+
+        Raises:
+            NotFoundError: There is no store at this path.
+            CorruptStoreError: The snapshot is damaged (a repair cannot rebuild it).
+            BackendError: Another process has the store open, or the files cannot be written.
+        """
+        if self._is_open or self._closed:
+            raise BackendError("repair a store before opening it, from a FileBackend not in use")
+        return await anyio.to_thread.run_sync(self._repair_sync)
+
+    def _repair_sync(self) -> FileRepairReport:
+        if not (self.snapshot_path.exists() or self.log_path.exists()):
+            raise NotFoundError(f"no file store at {self.snapshot_path} (nothing to repair)")
+        self._lock.acquire(self.snapshot_path)
+        try:
+            with translate(f"read the snapshot {self.snapshot_path}"):
+                raw = self.snapshot_path.read_bytes() if self.snapshot_path.exists() else None
+            if raw is not None:
+                try:
+                    decode_snapshot(raw)
+                except MALFORMED_SNAPSHOT as exc:
+                    raise CorruptStoreError(
+                        f"the snapshot {self.snapshot_path} is corrupt ({exc}); a repair keeps "
+                        "the log's frames but cannot rebuild a snapshot: restore it from a backup"
+                    ) from exc
+            with translate(f"read the log {self.log_path}"):
+                data = self.log_path.read_bytes() if self.log_path.exists() else b""
+            frames, dropped = salvage_frames(data)
+            kept = b"".join(
+                data[offset : offset + FRAME_HEADER.size + len(body)] for offset, body in frames
+            )
+            report = FileRepairReport(
+                log_path=self.log_path,
+                frames_kept=len(frames),
+                records_kept=sum(len(decode_frame(body)) for _, body in frames),
+                dropped=dropped,
+                bytes_dropped=len(data) - len(kept),
+                damaged_copy=None,
+            )
+            if kept == data:
+                return report
+            copy = self._write_repaired_log(data, kept)
+            log.info(
+                "file_store_repaired",
+                path=str(self.log_path),
+                frames=len(frames),
+                dropped=report.bytes_dropped,
+            )
+            return dataclasses.replace(report, damaged_copy=copy)
+        finally:
+            self._lock.release()
+
+    def _write_repaired_log(self, original: bytes, kept: bytes) -> Path:
+        """Keep `original` as a copy, then put `kept` in the log's place (atomically)."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        copy = self.base_path / f"{self.log_path.name}.damaged-{stamp}"
+        n = 1
+        while copy.exists():
+            n += 1
+            copy = self.base_path / f"{self.log_path.name}.damaged-{stamp}-{n}"
+        with translate(f"keep a copy of the log as {copy}"):
+            _write_new_file(copy, original)
+        temp = self.base_path / f"{self.log_path.name}.repair.tmp"
+        with translate(f"write the repaired log {self.log_path}"):
+            temp.unlink(missing_ok=True)  # left by an interrupted repair: we hold the lock
+            try:
+                _write_new_file(temp, kept)
+                os.replace(temp, self.log_path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    temp.unlink(missing_ok=True)
+                raise
+            _file_io.fsync_directory(self.base_path)
+        return copy
+
+    def _check_ownership(self) -> None:
+        problem = self._ownership_problem()
+        if problem is not None:
+            raise _OwnershipLostError(problem)
 
     def stats(self) -> dict[str, int]:
         """Counters since the store was opened: `batches` appended, `fsyncs`, `snapshots`."""
@@ -1293,6 +1573,53 @@ class FileBackend(Backend):
         self._is_open = False
 
 
+def _raise_alone(error: BaseException | None) -> None:
+    """Raise the error of a write that failed on its own (its batch went on without it)."""
+    if error is not None:
+        raise BackendError(f"the write was not saved: {error}") from error
+
+
+class _OwnershipLostError(BackendError):
+    """Raised in the snapshot thread: this process may no longer be the store's only owner."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileRepairReport:
+    """What `FileBackend.repair` did to a store's log.
+
+    Attributes:
+        log_path: The log it read.
+        frames_kept: Intact frames kept, in order.
+        records_kept: The writes those frames hold.
+        dropped: The `(start, end)` byte ranges of the original log that were dropped as damaged
+            (zeros at the very end, which a crash leaves, are not counted).
+        bytes_dropped: How many bytes the log lost.
+        damaged_copy: Where the original log was kept, or `None` if nothing was changed.
+    """
+
+    log_path: Path
+    frames_kept: int
+    records_kept: int
+    dropped: list[tuple[int, int]]
+    bytes_dropped: int
+    damaged_copy: Path | None
+
+
+def _write_new_file(path: Path, data: bytes) -> None:
+    """Write `data` to a new file at `path` (0600) and make it durable; remove it on failure."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            _file_io.write_all(fd, data)
+            _file_io.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+
+
 class _FileStep:
     """A `TxnTarget` over a `FileBackend` at one moment: staged writes count, as in `update`.
 
@@ -1308,7 +1635,11 @@ class _FileStep:
         self._clock = clock
 
     def txn_get(self, key: str) -> Entry | None:
-        return self._backend._current(key, self._clock[0])
+        backend = self._backend
+        staged = backend._staged.get(key)
+        if staged is not None and backend._txn_group is not None:
+            backend._txn_group.depends.append(staged)
+        return backend._current(key, self._clock[0])
 
     def txn_put(self, key: str, value: bytes, ttl: timedelta | None) -> Change:
         record = self._backend._stage(key, value, ttl, None, self._clock)
@@ -1322,10 +1653,13 @@ class _FileStep:
     def _pending(self, index: str) -> dict[str, float | None]:
         """The members of `index` that waiting records set (a score) or removed (`None`)."""
         backend = self._backend
+        group = backend._txn_group
         pending: dict[str, float | None] = {}
         for job in (*backend._commit_log.unacked, backend._open_batch):
             for record in job.records:
                 if isinstance(record, IndexRecord) and record.index == index:
+                    if group is not None and record.group is not group:
+                        group.depends.append(record)
                     if isinstance(record.members, dict):
                         pending.update(record.members)
                     else:

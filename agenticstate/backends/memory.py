@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import uuid
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit
 
 import anyio.lowlevel
 
@@ -31,6 +30,7 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
+from agenticstate.backends._urls import url_query
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -104,12 +104,12 @@ class MemoryBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:
-        """Create a backend from `memory://` (any path is ignored).
+        """Create a backend from `memory://` (any path is ignored: each is a new store).
 
-        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`
-        (others are ignored).
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`;
+        any other is refused.
         """
-        feed_from_query(parse_qsl(urlsplit(url).query), options)
+        feed_from_query(url_query(url, ("feed", "feed_max_changes", "feed_max_age")), options)
         return cls(**options)
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:

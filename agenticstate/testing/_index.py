@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from agenticstate import InvalidArgumentError, InvalidKeyError
+from agenticstate import InvalidArgumentError, InvalidKeyError, UnsupportedOperationError
+from agenticstate.backends import IndexIncr
 
 if TYPE_CHECKING:
     from agenticstate.backends import Backend
@@ -74,12 +75,27 @@ class IndexContract:
         assert len(members) == 100
         assert all(int(member.split(":")[1]) % 2 == 1 for member, _ in members)
 
-    @pytest.mark.parametrize("score", [float("nan"), float("inf"), "1", True, None])
+    @pytest.mark.parametrize("score", [float("nan"), 10**400, "1", True, None])
     async def test_bad_scores_are_refused(self, backend: Backend, score: object) -> None:
-        """Scores must be finite numbers; nothing is added otherwise."""
+        """Scores must be numbers a float holds, never NaN; nothing is added otherwise."""
         with pytest.raises(InvalidArgumentError):
             await backend.index_add("q", {"m": score})  # type: ignore[dict-item]
         assert await backend.index_range("q") == []
+
+    async def test_infinite_scores_sort_last_and_first(self, backend: Backend) -> None:
+        """inf and -inf are scores: stored, sorted after and before every other, and reached
+        by a counter (IndexIncr) that overflows, as in Redis."""
+        inf = float("inf")
+        await backend.index_add("q", {"top": inf, "bottom": -inf, "mid": 1e308})
+        assert await backend.index_range("q") == [("bottom", -inf), ("mid", 1e308), ("top", inf)]
+        try:
+            result = await backend.transact([], [IndexIncr("q", "mid", 1e308)])
+        except UnsupportedOperationError:
+            return  # transact is optional
+        assert result.results == [inf]
+        assert await backend.index_range("q") == [("bottom", -inf), ("mid", inf), ("top", inf)]
+        with pytest.raises(InvalidArgumentError, match="must be finite"):
+            await backend.transact([], [IndexIncr("q", "mid", -inf)])  # inf - inf: no NaN
 
     async def test_bad_names_are_refused(self, backend: Backend) -> None:
         """Index names and members follow the key rules, reserved prefix included."""

@@ -19,8 +19,16 @@ import pytest
 from structlog.testing import capture_logs
 
 import agenticstate.backends.file as file_module
-from agenticstate import BackendError, FileBackend, StateConfig, StateManager
-from agenticstate.backends import EARLIEST, ChangeOp, _file_io
+from agenticstate import (
+    BackendError,
+    ConfigurationError,
+    CorruptStoreError,
+    FileBackend,
+    NotFoundError,
+    StateConfig,
+    StateManager,
+)
+from agenticstate.backends import EARLIEST, ChangeOp, _file_io, open_backend
 from tests.backends._file_writer import FEED
 
 if TYPE_CHECKING:
@@ -197,8 +205,9 @@ def _no_snapshot(
     """Stands in for the snapshot writer: closing then leaves the log as a crash would."""
 
 
-async def test_corrupt_record_stops_replay_there(tmp_path: Path) -> None:
-    """A record whose checksum does not match ends the replay: nothing after it is trusted."""
+async def test_a_whole_frame_that_fails_its_checksum_is_refused(tmp_path: Path) -> None:
+    """A whole last frame whose checksum does not match is damage, not a torn append: the store
+    is refused with the log untouched (it used to be cut), and repair drops only that frame."""
     async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
         await backend.set("a", b"first")
         backend._write_snapshot = _no_snapshot  # type: ignore[method-assign]
@@ -210,6 +219,10 @@ async def test_corrupt_record_stops_replay_there(tmp_path: Path) -> None:
     data = bytearray(log_path.read_bytes())
     data[len(good) + 12] ^= 0xFF  # flip a byte inside the second record
     log_path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match="fails its checksum"):
+        await FileBackend(base_path=tmp_path).open()
+    assert log_path.read_bytes() == bytes(data)
+    await FileBackend(base_path=tmp_path).repair()
     async with FileBackend(base_path=tmp_path) as backend:
         entry = await backend.get("a")
         assert entry is not None
@@ -599,3 +612,35 @@ async def test_a_store_that_is_only_read_lets_go_of_expired_entries(
         await anyio.sleep(0.7)  # expiry is wall-clock time: wait for the time itself
         assert [key async for key in backend.scan("stays")] == ["stays"]
         assert len(backend._local.data) == 1
+
+
+async def test_create_false_opens_only_a_store_that_exists(tmp_path: Path) -> None:
+    """With create=False (also open_backend(url, create=False)) a missing store raises
+    NotFoundError and nothing is made, not even the directory; an existing one opens."""
+    missing = tmp_path / "a" / "b"
+    for backend in (
+        FileBackend(base_path=missing, create=False),
+        open_backend(f"file://{missing}", create=False),
+        open_backend(f"file://{missing}?feed=off", create=False),
+    ):
+        with pytest.raises(NotFoundError, match="no file store"):
+            await backend.open()
+        await backend.aclose()
+    assert not os.listdir(tmp_path)
+    async with FileBackend(base_path=missing) as made:
+        await made.set("k", b"\x011")
+    async with open_backend(f"file://{missing}", create=False) as backend:
+        assert await backend.get("k") is not None
+    with pytest.raises(ConfigurationError):
+        FileBackend(base_path=missing, create="no")  # type: ignore[arg-type]
+
+
+def test_open_backend_passes_create_only_to_factories_that_take_it() -> None:
+    """create=False reaches the file backend (and any factory with a create parameter); memory
+    and Redis, with nothing to create, are built as before."""
+    from agenticstate._registry import takes_create, url_factory
+
+    found = {scheme: takes_create(url_factory(scheme)) for scheme in ("file", "memory", "redis")}  # type: ignore[arg-type]
+    assert found == {"file": True, "memory": False, "redis": False}
+    assert open_backend("memory://", create=False) is not None
+    assert open_backend("redis://localhost:1/0", create=False) is not None

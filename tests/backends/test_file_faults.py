@@ -3,7 +3,8 @@
 Large batches that froze the event loop, a forked child that held the lock and blocked
 `aclose()`, a failed snapshot that filled the disk, JSON values that stopped compaction, an
 expiry heap that grew with the write rate, the other format's store shown as empty, and a
-temp-file cleanup that reached into another store.
+temp-file cleanup that reached into another store. Then (issue 30) a write whose own error
+failed every write batched with it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agenticstate import BackendError, ConfigurationError, FileBackend, MemoryBackend
+from agenticstate.backends import Exists, Put, _file_format, _file_log
 from tests.helpers import LineProcess
 
 if TYPE_CHECKING:
@@ -527,7 +529,7 @@ async def test_closing_a_large_store_keeps_the_log_and_loses_nothing(
         await backend.set("k0", JSON + b"-1")
         await backend.flush()
     lines = (tmp_path / "state.json").read_text().splitlines()
-    assert len(lines) == 50 + 11  # one line per entry, and the document's own lines
+    assert len(lines) == 50 + 12  # one line per entry, and the document's own lines
     async with FileBackend(base_path=tmp_path, **options) as backend:
         entry = await backend.get("k0")
         assert entry is not None
@@ -557,3 +559,144 @@ async def test_interval_snapshots_wait_for_the_log_to_grow_with_the_store(tmp_pa
         await backend.set("last", b"\x01\x03")
         # Now the log holds more than a quarter of the snapshot: one is wanted (or written).
         assert backend._snapshot_job is not None or backend.stats()["snapshots"] > snapshots
+
+
+# 6. A write's own error fails that write alone, never the writes batched with it.
+
+POISON = b"\x01POISON"
+
+
+def poison_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any log frame holding the value `POISON` fail to encode (a record at fault)."""
+    encode = _file_format.encode_frame  # what _file_log calls, by that name
+
+    def failing(records: list[list[Any]], *, compress: bool) -> bytes:
+        if any(record[3] == POISON for record in records):
+            raise ValueError("injected: this record cannot be encoded")
+        return encode(records, compress=compress)
+
+    monkeypatch.setattr(_file_log, "encode_frame", failing)
+
+
+async def test_a_write_that_cannot_be_logged_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One record that cannot be encoded, in a frame shared with ten other writes: it fails,
+    so do the writes that build on it (a later update of its key, a transaction that read it),
+    and every other write of the frame is acknowledged and durable (they used to hang)."""
+    poison_frames(monkeypatch)
+    outcomes: dict[str, str] = {}
+    async with FileBackend(base_path=tmp_path) as backend:
+        await backend.set("p", b"\x01before")
+
+        async def attempt(name: str, write: Any) -> None:
+            try:
+                await write
+            except BackendError as exc:
+                outcomes[name] = f"failed: {exc}"
+            else:
+                outcomes[name] = "ok"
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                # Started together, they stage in one pass of the loop: one frame.
+                for n in range(5):
+                    tg.start_soon(attempt, f"k{n}", backend.set(f"k{n}", b"\x01%d" % n))
+                tg.start_soon(attempt, "poison", backend.set("p", POISON))
+                tg.start_soon(attempt, "update-p", backend.update("p", lambda e: b"\x01after"))
+                tg.start_soon(
+                    attempt, "txn-read-p", backend.transact([Exists("p")], [Put("t1", b"\x011")])
+                )
+                tg.start_soon(
+                    attempt, "txn-other", backend.transact([Exists("k0")], [Put("t2", b"\x012")])
+                )
+                tg.start_soon(attempt, "index", backend.index_add("idx", {"m": 1.0}))
+                for n in range(5, 8):
+                    tg.start_soon(attempt, f"k{n}", backend.set(f"k{n}", b"\x01%d" % n))
+        assert backend.stats()["batches"] == 2  # the first set, then one frame for all of these
+        assert (await backend.get("p")).value == b"\x01before"  # type: ignore[union-attr]
+        await backend.set("later", b"\x01ok")  # and the store goes on
+    failed = {name for name, outcome in outcomes.items() if outcome != "ok"}
+    assert failed == {"poison", "update-p", "txn-read-p"}, outcomes
+    assert "injected" in outcomes["poison"]
+    assert "builds on a write of 'p'" in outcomes["update-p"]
+    assert "read a write that cannot be logged" in outcomes["txn-read-p"]
+    monkeypatch.undo()
+    async with FileBackend(base_path=tmp_path) as backend:
+        keys = {key async for key in backend.scan("*")}
+        assert keys == {"p", "later", "t2", *(f"k{n}" for n in range(8))}
+        assert (await backend.get("p")).value == b"\x01before"  # type: ignore[union-attr]
+        assert await backend.index_range("idx") == [("m", 1.0)]
+
+
+async def test_a_value_over_the_limit_is_refused_alone(tmp_path: Path) -> None:
+    """A value over the store's limit raises TooLargeError naming the limit before it is
+    staged (by set, set_many, update and transact); the writes around it, and a value at the
+    limit, are acknowledged."""
+    async with FileBackend(base_path=tmp_path) as backend:
+        backend.MAX_VALUE_BYTES = 1000
+        results = await asyncio_gather(
+            backend.set("small", b"\x01x"),
+            backend.set("big", b"\x01" + b"x" * 1000),
+            backend.set_many([("many", b"\x01y"), ("many-big", b"\x01" + b"y" * 1000)]),
+            backend.update("up", lambda entry: b"\x01" + b"z" * 1000),
+            backend.transact([], [Put("t", b"\x01" + b"t" * 1000)]),
+            backend.set("edge", b"\x01" + b"e" * 999),
+        )
+        assert [type(result).__name__ for result in results] == [
+            "Change",
+            "TooLargeError",
+            "TooLargeError",
+            "TooLargeError",
+            "TooLargeError",
+            "Change",
+        ]
+        assert "at most 1000 bytes" in str(results[1])
+        assert {key async for key in backend.scan("*")} == {"small", "edge"}
+
+
+async def asyncio_gather(*calls: Any) -> list[Any]:
+    """Run the calls together (started in one pass of the loop); each result or its error."""
+    results: list[Any] = [None] * len(calls)
+
+    async def run(index: int, call: Any) -> None:
+        try:
+            results[index] = await call
+        except Exception as exc:  # noqa: BLE001  # the test looks at it
+            results[index] = exc
+
+    async with anyio.create_task_group() as tg:
+        for index, call in enumerate(calls):
+            tg.start_soon(run, index, call)
+    return results
+
+
+async def test_a_batch_larger_than_a_frame_is_split_between_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes that together exceed a log frame's size limit go into several frames, a
+    transaction's records never split; one transaction too large for a frame fails alone."""
+    monkeypatch.setattr(_file_log, "MAX_FRAME_BYTES", 4096)
+    value = b"\x01" + b"v" * 1000
+    async with FileBackend(base_path=tmp_path, auto_save=False) as backend:
+        results = await asyncio_gather(
+            *(backend.set(f"k{n}", value) for n in range(8)),
+            backend.transact([], [Put("t1", value), Put("t2", value)]),
+            backend.transact([], [Put(f"big{n}", value) for n in range(5)]),
+            *(backend.set(f"j{n}", value) for n in range(4)),
+        )
+        assert [type(r).__name__ for r in results] == ["Change"] * 8 + [
+            "TxnResult",
+            "TooLargeError",
+            *["Change"] * 4,
+        ]
+        backend._write_snapshot = lambda *args: None  # type: ignore[method-assign]
+    log = (tmp_path / "state.json.log").read_bytes()
+    frames = list(_file_format.whole_frames(log))
+    assert sum(8 + len(body) for _, body in frames) == len(log)
+    assert len(frames) >= 4
+    assert all(len(body) <= 4096 for _, body in frames)
+    monkeypatch.undo()
+    async with FileBackend(base_path=tmp_path) as backend:
+        keys = {key async for key in backend.scan("*")}
+    assert keys == {*(f"k{n}" for n in range(8)), "t1", "t2", *(f"j{n}" for n in range(4))}

@@ -5,7 +5,8 @@ headers, compression and format switches, damage behind a valid zlib stream), ev
 with garbage payloads, every msgpack extension code, and length, nesting and zlib bombs. They go
 through `Serializer.loads` and `load_model`, and, written raw through each backend's API, through
 `StateManager.get`, `get_entry`, `update` and `watch`. The file backend's log and snapshot are
-fuzzed too: a damaged log opens with exactly the writes before the damage.
+fuzzed too: a damaged log is refused, or (damage only at its end, as a crash leaves) opens with
+exactly the writes before the damage.
 
 The figures: the hypothesis tests decode 2,000 random (each also compressed) and 3,000 mutated
 inputs; the exhaustive lists add 504 JSON-tag and 4,608 extension payloads and 13 bombs; each
@@ -41,6 +42,7 @@ from pydantic import BaseModel
 
 from agenticstate import (
     BackendError,
+    CorruptStoreError,
     DecodeError,
     FileBackend,
     Serializer,
@@ -276,7 +278,8 @@ async def test_file_store_keeps_hostile_values_across_reopen(
         await backend.set("after", b"\x011")
 
 
-# The file backend's log: damaged anywhere, it opens with exactly the writes before the damage.
+# The file backend's log: damaged anywhere, it is refused or (damage at its end only) opens with
+# exactly the writes before the damage.
 
 LOG_WRITES: list[tuple[str, bytes | None]] = [
     ("a", b"\x011"),
@@ -352,12 +355,16 @@ def _reopen(data: bytes) -> tuple[State, State] | BackendError:
             return exc
 
 
-def _expected_after(log: WrittenLog, damaged: bytes) -> State:
-    """The state of the frames that lie wholly before the first damaged byte."""
-    first = next(
+def _first_damaged_byte(log: WrittenLog, damaged: bytes) -> int:
+    return next(
         (i for i, (a, b) in enumerate(zip(log.data, damaged, strict=False)) if a != b),
         min(len(log.data), len(damaged)),
     )
+
+
+def _expected_after(log: WrittenLog, damaged: bytes) -> State:
+    """The state of the frames that lie wholly before the first damaged byte."""
+    first = _first_damaged_byte(log, damaged)
     return log.states[sum(1 for end in log.frame_ends if end <= first)]
 
 
@@ -383,13 +390,26 @@ def _damage(data: bytes, rng: random.Random) -> bytes:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rng=st.randoms(use_true_random=False))
-def test_damaged_log_replays_exactly_the_writes_before_the_damage(rng: random.Random) -> None:
-    """A damaged log opens with exactly the frames before the first damaged byte, and writes on."""
+def test_damaged_log_is_refused_or_replays_exactly_the_writes_before_the_damage(
+    rng: random.Random,
+) -> None:
+    """A damaged log is refused untouched (CorruptStoreError) if any original frame survives
+    after the damage; otherwise it opens with exactly the frames before it, and writes on."""
     log = _written_log()
     assert len(log.frame_ends) == len(LOG_WRITES)
     damaged = _damage(log.data, rng)
     outcome = _reopen(damaged)
-    assert not isinstance(outcome, BackendError), outcome
+    first = _first_damaged_byte(log, damaged)
+    starts = [0, *log.frame_ends[:-1]]
+    survivors = [
+        log.data[start:end]
+        for start, end in zip(starts, log.frame_ends, strict=True)
+        if start > first and log.data[start:end] in damaged[first:]
+    ]
+    if isinstance(outcome, BackendError):
+        assert isinstance(outcome, CorruptStoreError), outcome
+        return
+    assert not survivors, "a frame after the damage was cut away"
     opened, after_write = outcome
     expected = _expected_after(log, damaged)
     assert opened == expected
