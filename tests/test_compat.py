@@ -101,7 +101,8 @@ async def test_unreachable_says_why(url: str, reason: str) -> None:
 ACL_COMMANDS = "+@read +@write +@scripting +@pubsub +ping +hello +time"
 ACL_KEYS = (
     "~myapp:* ~__agenticstate_idx__:myapp:* ~__agenticstate_feed__:myapp:* "
-    "~__agenticstate_feedseq__:myapp:* ~__agenticstate_hist__:myapp:*"
+    "~__agenticstate_feedseq__:myapp:* ~__agenticstate_hist__:myapp:* "
+    "~__agenticstate_rev__:myapp:*"
 )
 ACL_RECIPES = {
     # docs/operations.md, word for word apart from the leading "ACL SETUSER".

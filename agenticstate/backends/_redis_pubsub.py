@@ -1024,6 +1024,7 @@ class Subscriber:
                             new=entry.value,
                             version=entry.version,
                             timestamp=entry.updated_at,
+                            revision=entry.revision,
                         )
                     )
                     emitted += 1
