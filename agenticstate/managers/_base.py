@@ -20,11 +20,14 @@ from agenticstate.manager import StateManager
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from agenticstate._codec import StateEntry
+
 __all__ = [
     "DEFAULT_REDIS_URL",
     "Persistence",
     "StateManagerBase",
     "TaggedKeys",
+    "conditional",
     "sort_time",
     "utcnow",
 ]
@@ -41,6 +44,17 @@ DEFAULT_REDIS_URL = "redis://localhost:6379"
 def utcnow() -> datetime:
     """Return the current time as an aware UTC datetime (the default for generated timestamps)."""
     return datetime.now(UTC)
+
+
+def conditional(state: StateManager, entry: StateEntry | None) -> dict[str, int]:
+    """The condition of a compare-and-set on what `entry` read (`None`: missing).
+
+    The entry's revision where the backend keeps revisions (a key deleted and written again
+    meanwhile is refused, whatever its version), else its version.
+    """
+    if state.backend.has_revisions:
+        return {"expected_revision": 0 if entry is None else entry.revision}
+    return {"expected_version": 0 if entry is None else entry.version}
 
 
 def sort_time(value: datetime) -> float:
