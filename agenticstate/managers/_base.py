@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import random
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
@@ -28,6 +29,7 @@ __all__ = [
     "StateManagerBase",
     "TaggedKeys",
     "conditional",
+    "jitter",
     "sort_time",
     "utcnow",
 ]
@@ -44,6 +46,11 @@ DEFAULT_REDIS_URL = "redis://localhost:6379"
 def utcnow() -> datetime:
     """Return the current time as an aware UTC datetime (the default for generated timestamps)."""
     return datetime.now(UTC)
+
+
+def jitter(attempt: int) -> float:
+    """A full-jitter backoff delay in seconds before retry `attempt` of a compare-and-set."""
+    return random.uniform(0, min(0.05, 0.001 * 2**attempt))  # noqa: S311  # jitter, not crypto
 
 
 def conditional(state: StateManager, entry: StateEntry | None) -> dict[str, int]:
