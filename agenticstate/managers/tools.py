@@ -814,9 +814,7 @@ class ToolStateManager(StateManagerBase):
         while True:
             async with self.state.watch(both) as changes:
                 try:
-                    held = await self.state.save(
-                        lock, self._owner, ttl=self.flight_timeout, expected_version=0
-                    )
+                    held = await self._take_lock(lock)
                 except ConflictError:
                     # Another process is computing it: wait for its result to be cached, or for
                     # its lock to be released without one (its fn raised or it was cancelled)
@@ -851,7 +849,33 @@ class ToolStateManager(StateManagerBase):
             finally:
                 with anyio.CancelScope(shield=True), contextlib.suppress(ConflictError):
                     # Only our own lock: if it ran out and another caller took it, it is theirs.
-                    await self.state.delete(lock, expected_version=held)
+                    await self.state.delete(lock, **held)
+
+    async def _take_lock(self, lock: str) -> dict[str, int]:
+        """Take the single-flight lock `lock`; return the condition that releases it.
+
+        The condition names the lock's revision where the backend keeps revisions (a lock
+        that ran out and was taken by another caller is at version 1 again, never at the same
+        revision), else its version.
+
+        Raises:
+            ConflictError: Another caller holds it.
+        """
+        if self.state.backend.has_revisions:
+            try:
+                done = await self.state.transact(
+                    [txn.Revision(lock, 0)], [txn.Put(lock, self._owner, ttl=self.flight_timeout)]
+                )
+            except UnsupportedOperationError:
+                pass
+            else:
+                if not done.succeeded:
+                    raise ConflictError(f"the single-flight lock {lock!r} is held", key=lock)
+                return {"expected_revision": done.revisions[0]}
+        version = await self.state.save(
+            lock, self._owner, ttl=self.flight_timeout, expected_version=0
+        )
+        return {"expected_version": version}
 
     async def _execute(
         self, tool_name: str, parameters: Mapping[str, Any], fn: Callable[[], Awaitable[T]]
