@@ -21,7 +21,7 @@ from agenticstate.manager import StateManager
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from agenticstate._codec import StateEntry
+    from agenticstate.manager import StateEntry
 
 __all__ = [
     "DEFAULT_REDIS_URL",

@@ -204,7 +204,9 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         change = await backend.set("k", b"\x02")
         assert change.cursor is not None
         assert change.cursor.endswith(":43")  # after the migrated row's revision
-        assert (change.revision, (await backend.get("k")).create_revision) == (43, 42)
+        written = await backend.get("k")
+        assert written is not None
+        assert (change.revision, written.create_revision) == (43, 42)
         async with backend.changes("*", since=head) as changes:
             assert await take(changes, 1) == [change]
         assert [e.version for e in await backend.history("k")] == [4, 3]

@@ -850,5 +850,6 @@ async def test_a_lapsed_single_flight_lock_is_never_released_by_its_old_holder(
             finish.set()
     entry = await state.get_entry(lock)
     assert entry is not None, "A's release deleted the lock B holds"
+    assert held is not None
     assert (entry.value, entry.version) == ("b's process", held.version)
     assert await second.cached_call("t", {"q": 1}, other) == "a"  # A cached its result
