@@ -610,8 +610,13 @@ def conflict(key: str, expected: int, actual: int, *, what: str = "version") -> 
 
 
 def backoff(attempt: int, *, base: float = 0.001, cap: float = 0.05) -> float:
-    """Return a full-jitter backoff delay, in seconds, for a retry after `attempt` failures."""
-    return random.uniform(0, min(cap, base * 2**attempt))  # noqa: S311  # jitter, not crypto
+    """Return a full-jitter backoff delay, in seconds, for a retry after `attempt` failures.
+
+    Any number of attempts is fine: the exponent stops growing long before the cap (a float
+    cannot hold 2 ** 1024, and a loop that retries for a long time reaches that many).
+    """
+    ceiling = base * 2 ** min(attempt, 64)
+    return random.uniform(0, min(cap, ceiling))  # noqa: S311  # jitter, not crypto
 
 
 class Backend(ABC):

@@ -724,7 +724,8 @@ class SessionManager(StateManagerBase):
         life = 0  # the life of the session this call saw first (a cached record is not seen)
         for attempt in self._retries():
             if entry is None:
-                entry = (await self._step([], [Get(meta_key, model=Session)])).results[0]
+                # A read on its own (not a step): on SQLite it takes no write lock.
+                entry = await self.state.get_entry(meta_key, model=Session)
                 if entry is None or life not in (0, entry.create_revision):
                     raise self._gone(session_id)
                 life = entry.create_revision

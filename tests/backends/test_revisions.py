@@ -28,6 +28,7 @@ from agenticstate.backends._file_format import (
 from agenticstate.backends._redis_revision import REVISION_NAMESPACE, RevisionNames
 from agenticstate.backends._redis_slots import slot_tag
 from agenticstate.backends._redis_wire import key_slot
+from agenticstate.backends.base import backoff
 from tests._redis_server import RedisServer
 from tests.helpers import unique_prefix
 
@@ -321,3 +322,11 @@ async def test_a_backend_without_revisions_refuses_revision_conditions() -> None
         assert await state.get("k") == 1
         done = await state.transact([txn.Version("k", 1)], [txn.Put("k", 4)])
         assert done.revisions == [0]
+
+
+@pytest.mark.parametrize("attempt", [0, 1, 10, 1023, 1024, 10_000])
+def test_backoff_stays_bounded_however_many_attempts(attempt: int) -> None:
+    """A retry loop that runs long (SQLite's wait for the write lock counts its tries for up to
+    `lock_timeout`) gets a delay within the cap, never an OverflowError from 2 ** attempt."""
+    delay = backoff(attempt, base=0.0002, cap=0.004)
+    assert 0 <= delay <= 0.004
