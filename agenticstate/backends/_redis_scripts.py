@@ -160,7 +160,7 @@ end
 # One write: check the version (`expected`, -1: any) or the revision (`exprev`, -1: any), store
 # header + value, apply the TTL, publish old and new (and append the change to `feed`, false when
 # off), all with the revision `rev` gives. Returns {1, version, old-or-false, now, feed id or
-# false, revision, create revision} or {0, actual version or revision} on a conflict.
+# false, revision} or {0, actual version or revision} on a conflict.
 WRITE_FUNCTION = (
     FEED_FUNCTION
     + REVISION_FUNCTION
@@ -170,19 +170,26 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   local cur = redis.call('GET', key)
-  local ver, curev, crev = 0, 0, false
-  local created = nil
-  local old = false
+  local ver = 0
+  local created, crev, old = nil, nil, false  -- crev: the create revision's 16 digits
   if cur then
-    local at
-    ver, created, curev, crev, at = header(cur)
-    old = string.sub(cur, at)
+    ver = tonumber(string.sub(cur, 1, 20))
+    created = string.sub(cur, 21, 35)
+    if string.byte(cur, 1) == 43 then
+      crev = string.sub(cur, 82, 97)
+      old = string.sub(cur, 98)
+    else  -- written before revisions (see `header`)
+      crev = string.format('%016d', tonumber(created) * 1000)
+      old = string.sub(cur, 66)
+    end
   end
   if expected >= 0 and expected ~= ver then
     return {0, ver}
   end
-  if exprev >= 0 and exprev ~= curev then
-    return {0, curev}
+  if exprev >= 0 then
+    local curev = 0
+    if cur then ver, created, curev = header(cur) end
+    if exprev ~= curev then return {0, curev} end
   end
   local nowstr = string.format('%015d', now)
   if not created then created = nowstr end
@@ -190,11 +197,11 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   if ttl > 0 then expires = now + ttl end
   ver = ver + 1
   local revision = revise(rev, now_us)
-  if not crev then crev = revision end
   local verstr = string.format('%020d', ver)
   local revstr = string.format('%016d', revision)
-  local record = '+' .. string.sub(verstr, 2) .. created .. nowstr
-    .. string.format('%015d', expires) .. revstr .. string.format('%016d', crev) .. value
+  local expstr = string.format('%015d', expires)
+  local record = '+' .. string.sub(verstr, 2) .. created .. nowstr .. expstr .. revstr
+    .. (crev or revstr) .. value
   if ttl > 0 then
     redis.call('SET', key, record, 'PX', ttl)
   else
@@ -202,10 +209,10 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   end
   local oldpart = '0'
   if old then oldpart = '1' .. string.format('%010d', #old) .. old end
-  local data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr
-    .. string.format('%015d', expires) .. oldpart .. value, now)
+  local data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
+    .. oldpart .. value, now)
   redis.call('PUBLISH', channel, data)
-  return {1, ver, old, now, id, revision, crev}
+  return {1, ver, old, now, id, revision}
 end
 """
 )

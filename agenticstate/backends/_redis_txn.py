@@ -18,7 +18,7 @@ exists). An op is its code, its key's position in `KEYS`, and its fields:
 | op | fields | result |
 | --- | --- | --- |
 | `g` | | the raw record, or nil |
-| `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms, id or nil, revision, create}` |
+| `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms, id or nil, revision}` |
 | `ph` | value, ttl ms, history list's position in `KEYS`, depth | as `p` |
 | `d` | | `{version, old, now ms, feed id or nil, revision}`, or nil |
 | `dh` | history list's position in `KEYS` | as `d` |
