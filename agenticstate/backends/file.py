@@ -39,6 +39,11 @@ appended meanwhile, so the log can be emptied when the snapshot is in place. Wit
 `format="json"` the snapshot is readable JSON with JSON values embedded as JSON; `"msgpack"` is
 compact; `compression=True` compresses the snapshot and large log records.
 
+Revisions. A record's sequence number is also the revision of its write (the log's numbers never
+go back: a snapshot records the last one, and index records take numbers too); a write to a key
+that was there logs the key's create revision as well, and the snapshot keeps both per entry. A
+store written before revisions gets them on open (`_revise_legacy_entries`).
+
 The change feed and history. A change enters the in-memory feed (`FeedRing`) when its batch is
 durable, in the step that applies it, so a change is in the feed exactly when its write is; its
 cursor is `f1:<store id>:<lsn>`. The log is the truth: on open the feed is rebuilt from its

@@ -13,12 +13,11 @@ rest of a `get`, and yielding that often still keeps a loop of reads from starvi
 
 Revisions come from a counter of the instance, one more for every write and delete; a change's
 revision is also its place in the feed. The change feed is a bounded ring (`FeedRing`) of the
-committed changes, appended in the same step as each write; a cursor is
-`m1:<store id>:<revision>`, the store id random per
-instance (so another instance's cursor, or one from before a restart, raises
+committed changes, appended in the same step as each write; a cursor is `m1:<store id>:<revision>`,
+the store id random per instance (so another instance's cursor, or one from before a restart, raises
 `CursorExpiredError`). `changes(since=)` takes the replay from the ring and starts the live
-subscription in one step, with no await between. History (`keep_history`) keeps the last
-versions of a key in a bounded deque, also in the write's step.
+subscription in one step, with no await between. History (`keep_history`) keeps the last versions of
+a key in a bounded deque, also in the write's step.
 """
 
 from __future__ import annotations

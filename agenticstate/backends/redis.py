@@ -1,8 +1,10 @@
 """RedisBackend: shared state across processes and machines, with change events over pub/sub.
 
-Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 65-byte ASCII
-header (version, created, updated and expiry times in milliseconds) followed by the value bytes,
-so `get` is one GET and `get_many` one MGET. A non-empty prefix ends with `:`, so that no other
+Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 97-byte ASCII
+header (version, created, updated and expiry times in milliseconds, revision and create revision)
+followed by the value bytes, so `get` is one GET and `get_many` one MGET. Each write's revision
+comes from the prefix's counter `__agenticstate_rev__:{key_prefix}` in the write's own script
+(`_redis_scripts`, `_redis_revision`). A non-empty prefix ends with `:`, so that no other
 prefix starts with it (`app1:` and `app12:` never meet). Each change is published on the channel
 `__agenticstate__:{key_prefix}{key}`.
 

@@ -3,11 +3,14 @@
 On disk, one database file (plus SQLite's `-wal` and `-shm` files next to it) with three tables:
 
 - `kv`: one row per key (with the backend's `key_prefix`): value bytes, version, created, updated
-  and expiry times in microseconds since the epoch. The key is the primary key, so a pattern with
-  a literal prefix (`agent:*`) reads a range of the index, never the whole table.
+  and expiry times in microseconds since the epoch, revision and create revision. The key is the
+  primary key, so a pattern with a literal prefix (`agent:*`) reads a range of the index, never the
+  whole table.
 - `changes`: every committed change (key, old and new bytes, version, time) under a sequence
-  number, written in the same transaction as the value it describes. Subscribers in any process
-  read it in sequence order (see `agenticstate.backends._sqlite_feed`).
+  number, written in the same transaction as the value it describes. The sequence number is the
+  change's revision (one sequence per file, shared by every prefix and process on it; trimming keeps
+  the newest change, so it never goes back). Subscribers in any process read it in sequence order
+  (see `agenticstate.backends._sqlite_feed`).
 - `idx`: the sorted indexes (`index_add` / `index_range`).
 - `history`: the retained older versions of keys a history rule names (`keep_history`), written
   in the same transaction as the value.
@@ -40,8 +43,8 @@ reused). A subscriber that comes back with `since=cursor` replays from there whi
 still holds it; beyond that, `changes` raises `CursorExpiredError` on entry.
 
 Schema versions. `PRAGMA user_version` records the layout; a file of an older layout (version 1,
-before the feed cursors and history) is migrated in place when it is opened, in one transaction,
-and a file of a newer one is refused.
+before the feed cursors and history; version 2, before revisions) is migrated in place when it is
+opened, in one transaction, and a file of a newer one is refused.
 """
 
 from __future__ import annotations
