@@ -40,6 +40,11 @@ class StateEntry(BaseModel):
         updated_at: When it was last written (UTC).
         expires_at: When it expires (UTC), or `None` for never.
         ttl: The time left before it expires, or `None` for never.
+        revision: The revision of the write that made this version: unique and increasing in
+            the store, never given again, so it names this version of this life of the key
+            (`expected_revision`, the `Revision` compare). 0 from a backend without revisions,
+            and for a history version written before the store had them.
+        create_revision: The revision of the write that created the key's current life.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -51,6 +56,8 @@ class StateEntry(BaseModel):
     updated_at: datetime
     expires_at: datetime | None
     ttl: timedelta | None
+    revision: int = 0
+    create_revision: int = 0
 
 
 class Codec:
@@ -128,6 +135,8 @@ class Codec:
             updated_at=entry.updated_at,
             expires_at=entry.expires_at,
             ttl=entry.ttl(),
+            revision=entry.revision,
+            create_revision=entry.create_revision,
         )
 
     def state_change(self, change: Change) -> StateChange:
@@ -141,6 +150,7 @@ class Codec:
             op=change.op,
             timestamp=change.timestamp,
             cursor=change.cursor,
+            revision=change.revision,
         )
 
     def resync_change(self, entry: Entry) -> StateChange:
@@ -153,6 +163,7 @@ class Codec:
             op=ChangeOp.RESYNC,
             timestamp=entry.updated_at,
             cursor=None,
+            revision=entry.revision,
         )
 
     def change_values(self, change: Change) -> tuple[Any, Any]:

@@ -92,6 +92,9 @@ class StateChange(BaseModel):
             `since=` to `changes`, `watch` or `subscribe` to resume right after this change.
             `None` when the backend keeps no feed (`StateConfig(feed=None)`), and for a
             `RESYNC` change (a re-read value, not a change of the feed).
+        revision: The change's revision: a write's is the new entry's `revision`, a delete
+            gets one of its own; a `RESYNC` carries the revision of the entry it re-read. 0 from
+            a backend that keeps no revisions.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -103,6 +106,7 @@ class StateChange(BaseModel):
     op: ChangeOp
     timestamp: datetime
     cursor: str | None = None
+    revision: int = 0
 
 
 def check_on_gap(on_gap: object) -> OnGap:

@@ -41,7 +41,7 @@ from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._merge import deep_merge, updater
 from agenticstate._reencrypt import reencrypt
 from agenticstate.backends import Backend, open_config_backend
-from agenticstate.backends.base import HistoryRules, backoff, check_expected_version, check_limit
+from agenticstate.backends.base import HistoryRules, Revision, backoff, check_expected, check_limit
 from agenticstate.config import StateConfig
 from agenticstate.events import (
     CallbackPumps,
@@ -146,6 +146,15 @@ class StateStats(BaseModel):
     """Callback subscriptions that fell behind and were re-opened."""
     subscriptions: int = 0
     """Callbacks currently subscribed."""
+
+
+def _require_revisions(backend: Backend, what: str) -> None:
+    """Refuse `what` on a backend that keeps no revisions (`Backend.has_revisions`)."""
+    if not backend.has_revisions:
+        raise UnsupportedOperationError(
+            f"{type(backend).__name__} keeps no revisions, so it cannot take {what}; compare "
+            "versions instead (expected_version, Version), or use a backend with revisions"
+        )
 
 
 class _UpdateStep:
@@ -470,6 +479,7 @@ class StateManager:
         *,
         ttl: timedelta | float | None = DEFAULT,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> int:
         """Store `value` at `key` and return its new version.
 
@@ -479,19 +489,30 @@ class StateManager:
             ttl: Seconds or a timedelta until it expires; `None` for never; by default the
                 configured `StateConfig.ttl`.
             expected_version: Write only if the key is at this version (0: only if missing).
+            expected_revision: Write only if the key's current revision
+                (`StateEntry.revision`) is this one (0: only if missing). Unlike a version, a
+                revision read before the key was deleted or expired never matches its next life
+                (see `docs/concepts/versions.md`). Not with `expected_version`.
 
         Raises:
             SerializationError: The value cannot be stored; nothing was written.
-            ConflictError: `expected_version` did not match; nothing was written.
+            ConflictError: `expected_version` or `expected_revision` did not match; nothing was
+                written.
+            InvalidArgumentError: Both were given.
+            UnsupportedOperationError: `expected_revision` on a backend that keeps no revisions.
         """
         validate_key(key)
-        if expected_version is not None:
-            check_expected_version(expected_version)
+        if expected_version is not None or expected_revision is not None:
+            check_expected(expected_version, expected_revision)
         life = self.config.ttl if ttl is DEFAULT else self._ttl(ttl)
         raw = self._codec.encode(key, value)
         backend = self._ready_backend() or await self._opened_backend()
         try:
-            change = await backend.set(key, raw, ttl=life, expected_version=expected_version)
+            if expected_revision is None:
+                change = await backend.set(key, raw, ttl=life, expected_version=expected_version)
+            else:
+                _require_revisions(backend, "expected_revision")
+                change = await backend.set(key, raw, ttl=life, expected_revision=expected_revision)
         except ConflictError:
             self._counters["conflicts"] += 1
             raise
@@ -564,18 +585,34 @@ class StateManager:
         self._counters["updates"] += 1
         return step.result
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
+    ) -> bool:
         """Delete `key`; return whether it existed.
 
+        `expected_version` or `expected_revision` (not both) make it conditional, as in `save`;
+        a missing key with 0 expected is not a conflict (the call returns `False`).
+
         Raises:
-            ConflictError: `expected_version` did not match; nothing was deleted.
+            ConflictError: `expected_version` or `expected_revision` did not match; nothing was
+                deleted.
+            InvalidArgumentError: Both were given.
+            UnsupportedOperationError: `expected_revision` on a backend that keeps no revisions.
         """
         validate_key(key)
-        if expected_version is not None:
-            check_expected_version(expected_version)
+        if expected_version is not None or expected_revision is not None:
+            check_expected(expected_version, expected_revision)
         backend = self._ready_backend() or await self._opened_backend()
         try:
-            change = await backend.delete(key, expected_version=expected_version)
+            if expected_revision is None:
+                change = await backend.delete(key, expected_version=expected_version)
+            else:
+                _require_revisions(backend, "expected_revision")
+                change = await backend.delete(key, expected_revision=expected_revision)
         except ConflictError:
             self._counters["conflicts"] += 1
             raise
@@ -599,7 +636,8 @@ class StateManager:
         Raises:
             InvalidArgumentError: An operation or compare is malformed, or (Redis Cluster) its
                 keys do not share one hash slot.
-            UnsupportedOperationError: The backend has no atomic `transact`.
+            UnsupportedOperationError: The backend has no atomic `transact`, or a `Revision`
+                compare on a backend that keeps no revisions.
             DecodeError: A `Get`'s value does not decode (or validate as its `model`). Values
                 are decoded after the step: its writes have happened (the error's note says so).
         """
@@ -610,6 +648,8 @@ class StateManager:
         first = txn.to_backend(then, codec, self._ttl_or_configured, puts)
         second = txn.to_backend(orelse, codec, self._ttl_or_configured, puts) if orelse else []
         backend = self._ready_backend() or await self._opened_backend()
+        if not backend.has_revisions and any(type(item) is Revision for item in checked):
+            _require_revisions(backend, "a Revision compare")
         counters = self._counters
         try:  # `_counted_write`, inline: one coroutine less on the hot path
             done = await backend.transact(checked, first, second)
@@ -619,7 +659,7 @@ class StateManager:
         ops = then if done.succeeded else orelse
         results = txn.from_backend(ops, done.results, codec)
         txn.tally(ops, results, counters)
-        return txn.TransactResult(done.succeeded, results)
+        return txn.TransactResult(done.succeeded, results, txn.revisions(ops, done.results))
 
     def _ttl_or_configured(self, ttl: object) -> timedelta | None:
         return self.config.ttl if ttl is txn.CONFIGURED else self._ttl(ttl)
@@ -753,9 +793,14 @@ class StateManager:
                     f"{versions[0].version}; StateConfig(history=...) keeps past versions)"
                 )
             try:
-                change = await backend.set(
-                    key, target.value, ttl=life, expected_version=versions[0].version
-                )
+                if backend.has_revisions:  # a key deleted and written again meanwhile: refused
+                    change = await backend.set(
+                        key, target.value, ttl=life, expected_revision=versions[0].revision
+                    )
+                else:
+                    change = await backend.set(
+                        key, target.value, ttl=life, expected_version=versions[0].version
+                    )
             except ConflictError:
                 await anyio.sleep(backoff(attempt))
                 continue

@@ -180,10 +180,15 @@ class ScopedState:
         *,
         ttl: timedelta | float | None = DEFAULT,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> int:
         """Store `value` at `key` in the scope; return its new version (Agno's `set`)."""
         return await self.state.save(
-            self._key(key), value, ttl=ttl, expected_version=expected_version
+            self._key(key),
+            value,
+            ttl=ttl,
+            expected_version=expected_version,
+            expected_revision=expected_revision,
         )
 
     async def save_many(
@@ -207,9 +212,17 @@ class ScopedState:
             return await self.state.update(self._key(key), change, ttl=ttl)
         return await self.state.update(self._key(key), change, default=default, ttl=ttl)
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
+    ) -> bool:
         """Delete `key` in the scope; return whether it existed."""
-        return await self.state.delete(self._key(key), expected_version=expected_version)
+        return await self.state.delete(
+            self._key(key), expected_version=expected_version, expected_revision=expected_revision
+        )
 
     async def clear(self) -> int:
         """Delete every key in the scope; return how many were deleted.

@@ -20,7 +20,12 @@ if result.succeeded:
 await state.transact(compare=[Version("cache:q1", 3)], then=[Put("cache:q1", {"answer": 42})])
 ```
 
-The compares (`Version`, `Exists`) and the index operations (`IndexAdd`, `IndexRemove`,
+`Revision(key, revision)` compares the key's revision (`StateEntry.revision`) instead of its
+version: a revision read before the key was deleted (or expired) and written again never matches
+again, where a version does; compare revisions to guard a token or a claim
+(`docs/concepts/versions.md`). `TransactResult.revisions` gives each write's revision.
+
+The compares (`Version`, `Revision`, `Exists`) and the index operations (`IndexAdd`, `IndexRemove`,
 `IndexIncr`, `IndexRange`) are the backend's own (`agenticstate.backends`); `Get`, `Put` and
 `Delete` here take and return values the way `get_entry`, `save` and `delete` do. On a Redis
 Cluster every key and index of one call must share a hash tag (`InvalidArgumentError` otherwise,
@@ -29,7 +34,7 @@ before anything is sent).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agenticstate.backends import base
@@ -39,6 +44,7 @@ from agenticstate.backends.base import (
     IndexIncr,
     IndexRange,
     IndexRemove,
+    Revision,
     TxnCompare,
     Version,
 )
@@ -76,6 +82,7 @@ __all__ = [
     "IndexRemove",
     "Op",
     "Put",
+    "Revision",
     "TransactResult",
     "Version",
 ]
@@ -121,10 +128,14 @@ class TransactResult:
         results: One result per operation of the branch that ran, in order: a `StateEntry` or
             `None` for `Get`, the new version for `Put`, whether the key was there for `Delete`,
             and the backend's result for the index operations.
+        revisions: One per operation of the branch that ran, in order: the revision of a
+            `Put`'s write or of a `Delete` that deleted (a new one, as in etcd), else 0 (and 0
+            everywhere on a backend that keeps no revisions).
     """
 
     succeeded: bool
     results: list[Any]
+    revisions: list[int] = field(default_factory=list)
 
 
 def to_backend(
@@ -180,6 +191,14 @@ def from_backend(ops: Sequence[Op], results: Sequence[Any], codec: Codec) -> lis
     return out
 
 
+def revisions(ops: Sequence[Op], results: Sequence[Any]) -> list[int]:
+    """The revision of each write among the backend's `results` of `ops` (0 for the others)."""
+    return [
+        result.revision if result is not None and isinstance(op, Put | Delete) else 0
+        for op, result in zip(ops, results, strict=True)
+    ]
+
+
 def tally(ops: Sequence[Op], results: Sequence[Any], counters: dict[str, int]) -> None:
     """Count the saves, reads and deletes (of a key that was there) that `ops` made."""
     for op, result in zip(ops, results, strict=True):
@@ -229,6 +248,6 @@ def check_compares(compare: Sequence[TxnCompare]) -> list[TxnCompare]:
     """The compares, each checked to be one (their keys are checked by the backend)."""
     listed = _listed(compare, "compare")
     for item in listed:
-        if type(item) is not Version and not isinstance(item, Version | Exists):
+        if type(item) is not Version and not isinstance(item, Version | Revision | Exists):
             raise _NotTransactError(f"not a transact compare: {item!r}")
     return listed

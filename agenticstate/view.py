@@ -8,13 +8,17 @@ async with state.view("agent:*") as view:           # subscribe, then load every
 
 Built on public API only: the change feed of the manager's backend (what `StateManager.watch`
 wraps, here without decoding the changes the view skips), and the manager's `list_keys`,
-`get_entry` and `save(..., expected_version=...)`. How it stays exact:
+`get_entry` and `save(..., expected_revision=...)`. How it stays exact:
 
 - **Open.** The feed is entered first (live: every change committed from then on will arrive),
   then every matching key is read, then the buffered changes are applied. A change never moves a
-  key backwards: one whose version is not newer than the view's is skipped.
+  key backwards: one whose revision is not newer than the view's is skipped. Revisions never
+  repeat, so a key deleted or expired and written again (its versions starting over at 1) is
+  always taken, whether or not the view knew its expiry. (On a backend without revisions, and
+  for an own write until its change arrives with its revision, versions decide.)
 - **Writes are conditional.** `update` computes the new value from the cached value and writes it
-  with `expected_version` set to the cached version: one round trip when the view is current. If
+  with `expected_revision` set to the cached revision (`expected_version` on a backend without
+  revisions): one round trip when the view is current. If
   another writer got in first, the write is refused (`ConflictError`), the key is read fresh (one
   round trip) and the update retried. A stale view can cost a retry; it can never cause a lost
   update.
@@ -98,15 +102,30 @@ class ViewEntry(BaseModel):
 class _Cached:
     """One key in the view: the encoded value (decoded per read: callers never share it)."""
 
-    __slots__ = ("expires_at", "expiry_known", "raw", "version")
+    __slots__ = ("expires_at", "expiry_known", "raw", "revision", "version")
 
     def __init__(
-        self, raw: bytes, version: int, expires_at: datetime | None, *, expiry_known: bool
+        self,
+        raw: bytes,
+        version: int,
+        expires_at: datetime | None,
+        *,
+        expiry_known: bool,
+        revision: int = 0,
     ) -> None:
         self.raw = raw
         self.version = version
+        self.revision = revision  # 0: not known (no revisions, or an own write in flight)
         self.expires_at = expires_at
         self.expiry_known = expiry_known
+
+    def is_older_than(self, change: Change) -> bool:
+        """Whether `change` came after this state of the key (by revision where both have one)."""
+        if change.revision and self.revision:
+            return change.revision > self.revision
+        if change.op is ChangeOp.DELETE:  # a delete carries the version it deleted
+            return self.version <= change.version
+        return change.version > self.version
 
     def is_expired(self, now: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= now
@@ -385,14 +404,20 @@ class LocalView:
         serializer = self._serializer
         attempts = self._state.config.update_max_attempts
         conflicts = 0
-        fresh: tuple[bytes | None, int] | None = None  # what a read found, once one was needed
+        # What a read found, once one was needed: the bytes, version and revision.
+        fresh: tuple[bytes | None, int, int] | None = None
+        by_revision = self._state.backend.has_revisions
         while True:
             if fresh is None:
                 cached = self._cached(key)
-                raw, version = (None, 0) if cached is None else (cached.raw, cached.version)
+                raw, version, revision = (
+                    (None, 0, 0)
+                    if cached is None
+                    else (cached.raw, cached.version, cached.revision)
+                )
             else:
                 self._check_open()
-                raw, version = fresh
+                raw, version, revision = fresh
             try:
                 if raw is not None:
                     current = serializer.loads(raw)
@@ -417,7 +442,10 @@ class LocalView:
             # Measured from before the write: the view hides the key no later than the store.
             started = None if life is None else utcnow()
             try:
-                await self._state.save(key, new, ttl=ttl, expected_version=version)
+                if by_revision and (revision or not version):
+                    await self._state.save(key, new, ttl=ttl, expected_revision=revision)
+                else:  # no revisions, or an own write's not known yet: on the version
+                    await self._state.save(key, new, ttl=ttl, expected_version=version)
             except ConflictError:
                 self._close_window(key, window)
                 conflicts += 1
@@ -496,19 +524,30 @@ class LocalView:
             # Gone from the store, so versions start again at 1: older is not stale here.
             del self._entries[key]
             current = None
+        if (
+            current is not None
+            and is_set
+            and not current.revision
+            and change.version == current.version
+            and change.revision
+        ):
+            current.revision = change.revision  # an own write's change: its revision, at last
+            return
         if not is_set:
-            if current is not None and current.version <= change.version:
+            if current is not None and current.is_older_than(change):
                 del self._entries[key]
                 self._wake()
             return
-        if current is not None and change.version <= current.version:
+        if current is not None and not current.is_older_than(change):
             return
         raw = self._plaintext(key, change.new)
         if raw is None:
             self._entries.pop(key, None)
         else:
             # Another writer's change: its TTL is unknown until read (expiry emits no change).
-            self._entries[key] = _Cached(raw, change.version, None, expiry_known=False)
+            self._entries[key] = _Cached(
+                raw, change.version, None, expiry_known=False, revision=change.revision
+            )
             self._want_expiry(key)
         self._wake()
 
@@ -534,9 +573,11 @@ class LocalView:
 
     def _from_entry(self, entry: StateEntry) -> _Cached:
         raw = self._serializer.dumps(entry.value)
-        return _Cached(raw, entry.version, entry.expires_at, expiry_known=True)
+        return _Cached(
+            raw, entry.version, entry.expires_at, expiry_known=True, revision=entry.revision
+        )
 
-    async def _read_fresh(self, key: str) -> tuple[bytes | None, int]:
+    async def _read_fresh(self, key: str) -> tuple[bytes | None, int, int]:
         """Read `key` (one round trip); store it unless a newer change arrived meanwhile."""
         window = self._open_window(key, None)
         try:
@@ -548,7 +589,7 @@ class LocalView:
             self._store(key, cached)
         elif key in self._entries and not self._entries[key].expiry_known:
             self._want_expiry(key)
-        return (None, 0) if cached is None else (cached.raw, cached.version)
+        return (None, 0, 0) if cached is None else (cached.raw, cached.version, cached.revision)
 
     async def _read_entries(self, keys: list[str]) -> list[StateEntry | None]:
         found: list[StateEntry | None] = [None] * len(keys)

@@ -389,7 +389,11 @@ def _stale_copy(view: LocalView, key: str, value: object, version: int) -> Any:
     """A cache entry for `key` at an older `version` (white box: a view lagging its feed)."""
     cached = view._entries[key]
     return type(cached)(
-        view._serializer.dumps(value), version, cached.expires_at, expiry_known=True
+        view._serializer.dumps(value),
+        version,
+        cached.expires_at,
+        expiry_known=True,
+        revision=min(cached.revision, 1),  # an older revision (0 where the backend has none)
     )
 
 
@@ -606,3 +610,25 @@ async def test_an_error_from_a_stale_copy_is_confirmed_on_the_store(state: State
             await view.update("agent:text", {"m": 2})  # the stored value is not a dict either
         with pytest.raises(NotFoundError):
             await view.update("agent:nowhere", {"m": 2})
+
+
+async def test_a_key_rewritten_after_it_expired_is_shown_whatever_the_view_knew(
+    state: StateManager, other: StateManager
+) -> None:
+    """Another writer's key at version 3 expires unseen (the view never learned its expiry) and
+    is written again at version 1: the view shows the new life, its revision being newer."""
+    async with state.view("agent:*") as view:
+        for n in range(3):
+            await other.save("agent:1", {"life": 1, "n": n}, ttl=0.15)
+        await _until(view, lambda v: _at(v, "agent:1", 3) and v._entries["agent:1"].expiry_known)
+        held = view._entries["agent:1"]  # white box: as if the expiry read had found none
+        held.expires_at = None
+        await anyio.sleep(0.25)  # expiry is wall-clock time: let it pass (no change announces it)
+        assert await other.get("agent:1") is None
+        await other.save("agent:1", {"life": 2})
+        await _until(view, lambda v: v.get("agent:1") == {"life": 2})
+        entry = view.entry("agent:1")
+        assert entry is not None
+        assert entry.version == 1
+        assert await view.update("agent:1", {"n": 1}) == {"life": 2, "n": 1}
+        assert await other.get("agent:1") == {"life": 2, "n": 1}

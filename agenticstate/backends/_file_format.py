@@ -7,13 +7,19 @@ record per frame), each a list of eight fields: `[lsn, op, key, value, version, 
 expires]` with times in epoch milliseconds. `op` is `OP_SET` (value: the stored bytes),
 `OP_DELETE`, `OP_INDEX_ADD` (value: members and scores) or `OP_INDEX_REMOVE` (value: members).
 A write of a key that keeps history has a ninth field, the history's depth (an int >= 2), and a
-delete's `updated` is when it happened (`None` in stores written before the change feed).
+delete's `updated` is when it happened (`None` in stores written before the change feed). A
+record's `lsn` is also the revision of its write. A write to a key that was present has a tenth
+field, the key's `create_revision` (then the ninth, the depth, may be 1); a write without it
+created the key, so its `create_revision` is its own `lsn` (or, in a store written before
+revisions, the one of the entry it replaced).
 `check_record` refuses anything else, so a frame whose checksum holds but whose records do not
 make sense is reported as damage rather than applied.
 
 A **snapshot** is a JSON or msgpack document (optionally zlib-compressed as a whole) holding
 `SNAPSHOT_MAGIC`, its format version, the last sequence number it contains, a CRC-32 of its
-entries and indexes (`snapshot_checksum`), the entries and the indexes. Since the change feed it
+entries and indexes (`snapshot_checksum`), the entries and the indexes. Each entry holds its
+`revision` and `create_revision` (an entry of a snapshot written before revisions has neither:
+it reads as revision 0, and the store gives it one on open). Since the change feed it
 may also hold a **journal** (`journal`, with `journal_checksum`, its CRC-32): one msgpack map,
 base64 in a JSON snapshot, with the store's id, the retained feed and the keys' older versions
 (see `encode_journal`). A release that predates it ignores those two fields. In a JSON snapshot a
@@ -224,7 +230,18 @@ def _is_stamp(value: object) -> bool:
 
 def check_record(record: object) -> None:
     """Raise ValueError unless `record` is a well-formed log record (see the module docstring)."""
-    if type(record) is list and len(record) == 9:
+    if type(record) is list and len(record) == 10:
+        lsn, depth, create_revision = record[0], record[8], record[9]
+        if (
+            record[1] != OP_SET
+            or type(depth) is not int
+            or depth < 1
+            or type(create_revision) is not int
+            or not 1 <= create_revision < lsn
+        ):
+            raise ValueError("bad history depth or create revision")
+        record = record[:8]
+    elif type(record) is list and len(record) == 9:
         depth = record[8]
         if record[1] != OP_SET or type(depth) is not int or depth < 2:
             raise ValueError("bad history depth")
@@ -397,7 +414,15 @@ def encode_journal(journal: Journal) -> bytes:
     """The journal as one msgpack map (a snapshot embeds it)."""
     history = {
         key: [
-            [e.value, e.version, ms(e.created_at), ms(e.updated_at), ms(e.expires_at)]
+            [
+                e.value,
+                e.version,
+                ms(e.created_at),
+                ms(e.updated_at),
+                ms(e.expires_at),
+                e.revision,
+                e.create_revision,
+            ]
             for e in versions
         ]
         for key, versions in journal.history.items()
@@ -444,12 +469,22 @@ def decode_journal(blob: bytes) -> Journal:
     history: dict[str, list[Entry]] = {}
     for key, versions in document["history"].items():
         entries = history[validate_key(key)] = []
-        for value, version, created, updated, expires in versions:
+        for value, version, created, updated, expires, *revisions in versions:
             if created is None or updated is None or type(version) is not int or version < 1:
                 raise ValueError("bad version in the journal's history")
+            revision, create_revision = revisions if revisions else (0, 0)  # before revisions
+            if type(revision) is not int or type(create_revision) is not int:
+                raise ValueError("bad revision in the journal's history")
             entries.append(
                 new_entry(
-                    key, bytes(value), version, times(created), times(updated), times(expires)
+                    key,
+                    bytes(value),
+                    version,
+                    times(created),
+                    times(updated),
+                    times(expires),
+                    revision,
+                    create_revision,
                 )
             )
     return Journal(store_id, trimmed, changes, history)
@@ -466,7 +501,19 @@ def entry_from_snapshot(key: str, item: dict[str, Any], times: Times) -> Entry:
     created, updated = times(item["created"]), times(item["updated"])
     if created is None or updated is None:
         raise ValueError("an entry without its creation or update time")
-    return new_entry(key, value, int(item["version"]), created, updated, times(item["expires"]))
+    revision, create_revision = item.get("revision", 0), item.get("create_revision", 0)
+    if type(revision) is not int or type(create_revision) is not int or revision < 0:
+        raise ValueError("a bad revision")
+    return new_entry(
+        key,
+        value,
+        int(item["version"]),
+        created,
+        updated,
+        times(item["expires"]),
+        revision,
+        create_revision,
+    )
 
 
 def snapshot_checksum(entries: dict[str, Any], indexes: dict[str, Any]) -> int:
@@ -491,6 +538,8 @@ def _snapshot_document(
             "created": ms(entry.created_at),
             "updated": ms(entry.updated_at),
             "expires": ms(entry.expires_at),
+            "revision": entry.revision,
+            "create_revision": entry.create_revision,
         }
         if readable:
             parsed = _readable_json(entry.value)

@@ -123,6 +123,17 @@ class Record:
         if entry is None:
             stamp = self.stamps[1]  # when it was deleted
             return [self.lsn, OP_DELETE, self.key, None, self.change.version, None, stamp, None]
+        if entry.create_revision != self.lsn:  # the key was there: its life's first revision
+            return [
+                self.lsn,
+                OP_SET,
+                self.key,
+                entry.value,
+                entry.version,
+                *self.stamps,
+                self.depth,
+                entry.create_revision,
+            ]
         if self.depth > 1:
             return [
                 self.lsn,

@@ -28,6 +28,7 @@ from agenticstate.backends.base import (
     IndexRange,
     IndexRemove,
     Put,
+    Revision,
     TxnResult,
     Version,
 )
@@ -448,6 +449,8 @@ def run_transaction(
         entry = target.txn_get(item.key)
         if type(item) is Version:
             holds = (entry.version if entry is not None else 0) == item.version
+        elif type(item) is Revision:
+            holds = (entry.revision if entry is not None else 0) == item.revision
         else:
             assert type(item) is Exists  # noqa: S101  # check_transaction allows no other
             holds = entry is not None

@@ -1029,6 +1029,7 @@ class Subscriber:
                             new=entry.value,
                             version=entry.version,
                             timestamp=entry.updated_at,
+                            revision=entry.revision,
                         )
                     )
                     emitted += 1

@@ -1,7 +1,20 @@
 """The Redis backend's data layout and the Lua scripts that write it.
 
-A state key is one Redis string, `{key_prefix}{key}`: a fixed 65-byte ASCII header (version,
-created, updated and expiry times in server milliseconds, 0 = never) followed by the value bytes.
+A state key is one Redis string, `{key_prefix}{key}`: a fixed 97-byte ASCII header (`+` and the
+version in 19 digits; created, updated and expiry times in server milliseconds, 0 = never; the
+revision and the create revision, 16 digits each) followed by the value bytes. A record written
+before revisions has a 65-byte header (the version in 20 digits, starting with `0`, and no
+revisions): it reads as revision `updated ms * 1000` and create revision `created ms * 1000`, and
+its next write gives it the new header. Code that reads only the version (`GETRANGE 0 19`) reads
+both, `+` being a sign `tonumber` and `int` take.
+
+Revisions (`revise`): each write and delete takes the next revision from a counter key per key
+prefix (on a cluster, per prefix and slot: `_redis_revision.RevisionNames`), given as the script's
+second key: the larger of one more than the counter and the server's clock in microseconds (a
+hybrid logical clock). The counter makes revisions strictly increase within a store; the clock
+makes them increase across stores whose prefixes nest (a key written through `app:` and through
+`app:prod:` draws from two counters, both kept above the clock) and after a server restart that
+lost the counter. The published message of a change starts with `R` and its revision (16 digits).
 A change is published on `{CHANNEL_NAMESPACE}{key_prefix}{key}` by the script that made it, with
 the exact old and new bytes (`parse_message` reads it back). A sorted index lives at
 `{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a list of its last
@@ -27,10 +40,14 @@ from __future__ import annotations
 import hashlib
 import math
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from agenticstate.backends._redis_history import HISTORY_FUNCTION
-from agenticstate.backends.base import Change, ChangeOp, Entry, new_change
+from agenticstate.backends.base import Change, ChangeOp, new_change, new_entry
 from agenticstate.exceptions import BackendError
+
+if TYPE_CHECKING:
+    from agenticstate.backends.base import Entry
 
 __all__ = [
     "CHANNEL_NAMESPACE",
@@ -40,6 +57,8 @@ __all__ = [
     "FEED_FUNCTION",
     "HEADER",
     "INDEX_NAMESPACE",
+    "LEGACY_HEADER",
+    "REVISION_FUNCTION",
     "SET",
     "SET_MANY",
     "SET_MANY_SHA",
@@ -60,12 +79,24 @@ CHANNEL_NAMESPACE = "__agenticstate__:"
 INDEX_NAMESPACE = "__agenticstate_idx__:"
 """What every sorted index's Redis key starts with (before the key prefix)."""
 
-HEADER = 65  # version 20 + created 15 + updated 15 + expires 15 (0 = never), ASCII digits
+HEADER = (
+    97  # "+" version 19, created 15, updated 15, expires 15 (0 = never), revision 16, create 16
+)
+LEGACY_HEADER = 65  # before revisions: version 20 + created 15 + updated 15 + expires 15
 
-# The stored length of each key, 0 for a missing one (usage(): sizes without reading values).
+# The size of each key's value, -1 for a missing key (usage(): sizes without reading values).
 STRLEN = """
 local sizes = {}
-for i, name in ipairs(KEYS) do sizes[i] = redis.call('STRLEN', name) end
+for i, name in ipairs(KEYS) do
+  local n = redis.call('STRLEN', name)
+  if n == 0 then
+    sizes[i] = -1
+  elseif redis.call('GETRANGE', name, 0, 0) == '+' then
+    sizes[i] = n - 97
+  else
+    sizes[i] = n - 65
+  end
+end
 return sizes
 """
 
@@ -81,6 +112,32 @@ for i, name in ipairs(KEYS) do
   end
 end
 return found
+"""
+
+# Revisions (see the module docstring). `header(cur)`: a record's version, created time (its 15
+# digits), revision, create revision and where its value starts. `rev_at(k)`: the revision
+# counter KEYS[k], read once a script. `revise(rev, now_us)`: the next revision.
+REVISION_FUNCTION = """
+local function header(cur)
+  local ver = tonumber(string.sub(cur, 1, 20))
+  local created = string.sub(cur, 21, 35)
+  if string.byte(cur, 1) == 43 then
+    return ver, created, tonumber(string.sub(cur, 66, 81)), tonumber(string.sub(cur, 82, 97)), 98
+  end
+  return ver, created, tonumber(string.sub(cur, 36, 50)) * 1000, tonumber(created) * 1000, 66
+end
+local function rev_at(k)
+  return {KEYS[k], false}
+end
+local function revise(rev, now_us)
+  local last = rev[2]
+  if not last then last = tonumber(redis.call('GET', rev[1]) or '0') or 0 end
+  last = last + 1
+  if now_us > last then last = now_us end
+  rev[2] = last
+  redis.call('SET', rev[1], string.format('%d', last))
+  return last
+end
 """
 
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
@@ -115,32 +172,51 @@ local function to_feed(feed, key, message, now)
 end
 """
 
-# One write: check the version, store header + value, apply the TTL, publish old and new (and
-# append the change to `feed`, false when off). Returns {1, version, old-or-false, now, feed id
-# or false} or {0, actual version} on a version conflict.
+# One write: check the version (`expected`, -1: any) or the revision (`exprev`, -1: any), store
+# header + value, apply the TTL, publish old and new (and append the change to `feed`, false when
+# off), all with the revision `rev` gives. Returns {1, version, old-or-false, now, feed id or
+# false, revision} or {0, actual version or revision} on a conflict.
 WRITE_FUNCTION = (
     FEED_FUNCTION
+    + REVISION_FUNCTION
     + """
-local function write(key, value, ttl, expected, channel, now, feed)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   local cur = redis.call('GET', key)
   local ver = 0
-  local created = nil
-  local old = false
+  local created, crev, old = nil, nil, false  -- crev: the create revision's 16 digits
   if cur then
     ver = tonumber(string.sub(cur, 1, 20))
     created = string.sub(cur, 21, 35)
-    old = string.sub(cur, 66)
+    if string.byte(cur, 1) == 43 then
+      crev = string.sub(cur, 82, 97)
+      old = string.sub(cur, 98)
+    else  -- written before revisions (see `header`)
+      crev = string.format('%016d', tonumber(created) * 1000)
+      old = string.sub(cur, 66)
+    end
   end
   if expected >= 0 and expected ~= ver then
     return {0, ver}
+  end
+  if exprev >= 0 then
+    local curev = 0
+    if cur then ver, created, curev = header(cur) end
+    if exprev ~= curev then return {0, curev} end
   end
   local nowstr = string.format('%015d', now)
   if not created then created = nowstr end
   local expires = 0
   if ttl > 0 then expires = now + ttl end
   ver = ver + 1
+  local revision = revise(rev, now_us)
   local verstr = string.format('%020d', ver)
-  local record = verstr .. created .. nowstr .. string.format('%015d', expires) .. value
+  local revstr = string.format('%016d', revision)
+  local expstr = string.format('%015d', expires)
+  local record = '+' .. string.sub(verstr, 2) .. created .. nowstr .. expstr .. revstr
+    .. (crev or revstr) .. value
   if ttl > 0 then
     redis.call('SET', key, record, 'PX', ttl)
   else
@@ -148,35 +224,44 @@ local function write(key, value, ttl, expected, channel, now, feed)
   end
   local oldpart = '0'
   if old then oldpart = '1' .. string.format('%010d', #old) .. old end
-  local data, id = to_feed(feed, key, 'W' .. verstr .. nowstr .. string.format('%015d', expires)
+  local data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
     .. oldpart .. value, now)
   redis.call('PUBLISH', channel, data)
-  return {1, ver, old, now, id}
+  return {1, ver, old, now, id, revision}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 )
 
-# KEYS[1] the key (then the feed's stream and counter); ARGV: value, ttl ms (0 = none), expected
-# version (-1 = any), channel, the feed's max changes and max age ms. (Then its history list and
-# spec, if it keeps history: `take_history`.)
+# How the write scripts take a condition (ARGV): `-1` none, `<n>` version n, `r<n>` revision n.
+EXPECT_FUNCTION = """
+local function expectation(arg)
+  local n = tonumber(arg)
+  if n then return n, -1 end
+  return -1, tonumber(string.sub(arg, 2))
+end
+"""
+
+# KEYS[1] the key, KEYS[2] the revision counter (then the feed's stream and counter); ARGV:
+# value, ttl ms (0 = none), the condition (`expectation`), channel, the feed's max changes and
+# max age ms. (Then its history list and spec, if it keeps history: `take_history`.)
 SET = (
     WRITE_FUNCTION
+    + EXPECT_FUNCTION
     + HISTORY_FUNCTION
     + """
 local lists = take_history()
 local ttl = tonumber(ARGV[2])
-local r = write(KEYS[1], ARGV[1], ttl, tonumber(ARGV[3]), ARGV[4], now, feed_at(2, 5))
+local expected, exprev = expectation(ARGV[3])
+local r = write(KEYS[1], ARGV[1], ttl, expected, ARGV[4], now, feed_at(3, 5), rev_at(2), exprev)
 if lists and r[1] == 1 then keep(lists[1][1], KEYS[1], lists[1][2], r[2], ttl) end
 return r
 """
 )
 
-# KEYS: the keys (then the feed's stream and counter); ARGV: ttl ms, the feed's max changes and
-# max age ms, then a value and a channel per key. Each write is unconditional; the reply is each
-# write's reply, in order. (Then the history lists and their spec, if some keys keep history:
-# `take_history`.)
+# KEYS: the keys, the revision counter (then the feed's stream and counter); ARGV: ttl ms, the
+# feed's max changes and max age ms, then a value and a channel per key. Each write is
+# unconditional; the reply is each write's reply, in order. (Then the history lists and their
+# spec, if some keys keep history: `take_history`.)
 SET_MANY = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
@@ -184,10 +269,11 @@ SET_MANY = (
 local lists = take_history()
 local ttl = tonumber(ARGV[1])
 local count = (#ARGV - 3) / 2
-local feed = feed_at(count + 1, 2)
+local feed = feed_at(count + 2, 2)
+local rev = rev_at(count + 1)
 local replies = {}
 for i = 1, count do
-  replies[i] = write(KEYS[i], ARGV[2 * i + 2], ttl, -1, ARGV[2 * i + 3], now, feed)
+  replies[i] = write(KEYS[i], ARGV[2 * i + 2], ttl, -1, ARGV[2 * i + 3], now, feed, rev, -1)
   local kept = lists and lists[i]
   if kept then keep(kept[1], KEYS[i], kept[2], replies[i][2], ttl) end
 end
@@ -195,41 +281,53 @@ return replies
 """
 )
 
-# drop(key, expected, channel, now, feed): delete `key` and publish the change (and append it to
-# `feed`), in one place for DELETE and the transaction script. Returns {1, version, old, now,
-# feed id or false}, {2} when missing, or {0, actual version} on a conflict (expected -1 = any).
+# drop(key, expected, channel, now, feed, rev, exprev, now_us): delete `key` and publish the
+# change (and append it to `feed`), with a revision of its own, in one place for DELETE and the
+# transaction script. Returns {1, version, old, now, feed id or false, revision}, {2} when
+# missing, or {0, actual version or revision} on a conflict (expected, exprev -1 = any).
 DROP_FUNCTION = """
-local function drop(key, expected, channel, now, feed)
+local function drop(key, expected, channel, now, feed, rev, exprev, now_us)
   local cur = redis.call('GET', key)
-  local ver = 0
-  if cur then ver = tonumber(string.sub(cur, 1, 20)) end
+  local ver, curev, at = 0, 0, 66
+  if cur then
+    local created, crev
+    ver, created, curev, crev, at = header(cur)
+  end
   if expected >= 0 and expected ~= ver then
     return {0, ver}
   end
+  if exprev >= 0 and exprev ~= curev then
+    return {0, curev}
+  end
   if not cur then return {2} end
-  local old = string.sub(cur, 66)
+  local old = string.sub(cur, at)
   redis.call('DEL', key)
+  local revision = revise(rev, now_us)
   local verstr = string.format('%020d', ver)
-  local data, id = to_feed(feed, key, 'D' .. verstr .. string.format('%015d', now) .. '1'
-    .. string.format('%010d', #old) .. old, now)
+  local data, id = to_feed(feed, key, 'R' .. string.format('%016d', revision) .. 'D' .. verstr
+    .. string.format('%015d', now) .. '1' .. string.format('%010d', #old) .. old, now)
   redis.call('PUBLISH', channel, data)
-  return {1, ver, old, now, id}
+  return {1, ver, old, now, id, revision}
 end
 """
 
-# KEYS[1] the key (then the feed's stream and counter); ARGV: expected version (-1 = any),
-# channel, the feed's max changes and max age ms. (Then its history list and spec, if it keeps
-# history: `take_history`; the list goes with the key.)
-# Returns {1, version, old, now, id}, {2} when missing, or {0, actual version} on a conflict.
+# KEYS[1] the key, KEYS[2] the revision counter (then the feed's stream and counter); ARGV: the
+# condition (`expectation`), channel, the feed's max changes and max age ms. (Then its history
+# list and spec, if it keeps history: `take_history`; the list goes with the key.)
+# Returns {1, version, old, now, id, revision}, {2} when missing, or {0, actual} on a conflict.
 DELETE = (
     FEED_FUNCTION
+    + REVISION_FUNCTION
     + DROP_FUNCTION
+    + EXPECT_FUNCTION
     + HISTORY_FUNCTION
     + """
 local lists = take_history()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local r = drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now, feed_at(2, 3))
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local expected, exprev = expectation(ARGV[1])
+local r = drop(KEYS[1], expected, ARGV[2], now, feed_at(3, 3), rev_at(2), exprev, now_us)
 if lists and r[1] == 1 then redis.call('DEL', lists[1][1]) end
 return r
 """
@@ -242,23 +340,30 @@ def from_ms(value: int) -> datetime:
 
 
 def entry(key: str, raw: bytes) -> Entry:
-    """The entry a stored record (header + value) holds."""
-    if len(raw) < HEADER:
+    """The entry a stored record (header + value, either layout) holds."""
+    revised = raw[:1] == b"+"
+    if len(raw) < (HEADER if revised else LEGACY_HEADER):
         raise BackendError(f"the record at {key!r} is not an agenticstate record")
     try:
         version = int(raw[0:20])
         created = int(raw[20:35])
         updated = int(raw[35:50])
         expires = int(raw[50:65])
+        if revised:
+            revision, create_revision, start = int(raw[65:81]), int(raw[81:97]), HEADER
+        else:
+            revision, create_revision, start = updated * 1000, created * 1000, LEGACY_HEADER
     except ValueError:
         raise BackendError(f"the record at {key!r} is not an agenticstate record") from None
-    return Entry(
-        key=key,
-        value=raw[HEADER:],
-        version=version,
-        created_at=from_ms(created),
-        updated_at=from_ms(updated),
-        expires_at=from_ms(expires) if expires else None,
+    return new_entry(
+        key,
+        raw[start:],
+        version,
+        from_ms(created),
+        from_ms(updated),
+        from_ms(expires) if expires else None,
+        revision,
+        create_revision,
     )
 
 
@@ -268,9 +373,14 @@ def parse_message(
     """Decode a published change and when the key expires (server ms, 0 = never).
 
     `W`: a write (op, version, timestamp, expiry, optional old, new); `D`: a delete (no expiry);
-    `S`: a write published by an earlier version of this library (no expiry). The message
-    starts at `start` (after a feed header: `split_feed`); the change gets `cursor`.
+    `S`: a write published by an earlier version of this library (no expiry). Since revisions,
+    `R` and the change's revision (16 digits) come first. The message starts at `start` (after a
+    feed header: `split_feed`); the change gets `cursor`.
     """
+    revision = 0
+    if data[start : start + 1] == b"R":
+        revision = int(data[start + 1 : start + 17])
+        start += 17
     kind = data[start : start + 1]
     op = ChangeOp.DELETE if kind == b"D" else ChangeOp.SET
     version = int(data[start + 1 : start + 21])
@@ -288,7 +398,7 @@ def parse_message(
     else:
         position += 1
     new = data[position:] if op is ChangeOp.SET else None
-    change = new_change(key, op, old, new, version, from_ms(stamp), cursor)  # Change(...), fast
+    change = new_change(key, op, old, new, version, from_ms(stamp), cursor, revision)  # fast
     return change, expires
 
 
@@ -310,6 +420,8 @@ def stamp_of(data: bytes) -> int:
     start = 0
     if data[:1] == b"X":
         start = data.index(b" ", data.index(b" ", 1) + 1) + 1
+    if data[start : start + 1] == b"R":
+        start += 17
     return int(data[start + 21 : start + 36])
 
 

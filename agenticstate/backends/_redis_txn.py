@@ -1,27 +1,26 @@
 """`RedisBackend.transact`: one Lua script per transaction, its arguments and its reply.
 
-The script gets every key and index the transaction names as `KEYS` (each once) and the
-compares and both branches as `ARGV`, checks the compares (each key's version, read from its
-record header), then runs one branch, op by op, and returns `{succeeded, results}`. Redis runs a
-script as one atomic step, so nothing else writes between the compares and the writes, and one
-transaction is one command (EVALSHA). `Put` is the same `write` function `set` runs (record
-header, TTL, PUBLISH of old and new); `Delete` publishes as `delete` does. A `Put` or `Delete` of
-a key that keeps history (`ph`, `dh`) also keeps or drops its history list, as `set` and `delete`
-do (`_redis_history`).
+The script gets every key and index the transaction names as `KEYS` (each once) and the compares and
+both branches as `ARGV`, checks the compares (each key's version or revision, read from its record
+header), then runs one branch, op by op, and returns `{succeeded, results}`. Redis runs a script as
+one atomic step, so nothing else writes between the compares and the writes, and one transaction is
+one command (EVALSHA). `Put` is the same `write` function `set` runs (record header, TTL, PUBLISH of
+old and new); `Delete` publishes as `delete` does. A `Put` or `Delete` of a key that keeps history
+(`ph`, `dh`) also keeps or drops its history list, as `set` and `delete` do (`_redis_history`).
 
-`ARGV` layout: `[channel namespace, compares, then_at, else_at, end_at, feed_at, feed max
+`ARGV` layout: `[channel namespace, compares, then_at, else_at, end_at, written_at, feed max
 changes, feed max age ms, compares..., then ops..., else ops...]`, positions 1-based as Lua
-counts. `feed_at` is the position in `KEYS` of the change feed's stream (its counter follows;
-both after the transaction's own keys), 0 when the feed is off or nothing is written. A
-compare is `kind, key, version` (`v`: at version, `e`: exists). An op is its code, its key's
-position in `KEYS`, and its fields:
+counts. `written_at` is the position in `KEYS` of the revision counter (the change feed's stream
+and counter follow it when the feed is on; all after the transaction's own keys), 0 when
+nothing is written. A compare is `kind, key, number` (`v`: at version, `r`: at revision, `e`:
+exists). An op is its code, its key's position in `KEYS`, and its fields:
 
 | op | fields | result |
 | --- | --- | --- |
 | `g` | | the raw record, or nil |
-| `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms, id or nil}` |
+| `p` | value, ttl ms (0: none) | `{1, version, old or nil, now ms, id or nil, revision}` |
 | `ph` | value, ttl ms, history list's position in `KEYS`, depth | as `p` |
-| `d` | | `{version, old, now ms, feed id or nil}`, or nil |
+| `d` | | `{version, old, now ms, feed id or nil, revision}`, or nil |
 | `dh` | history list's position in `KEYS` | as `d` |
 | `ia` | n, then score, member n times | members added |
 | `ir` | n, then n members | members removed |
@@ -49,6 +48,7 @@ from agenticstate.backends.base import (
     IndexRange,
     IndexRemove,
     Put,
+    Revision,
     TxnResult,
     Version,
     new_change,
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
     from agenticstate.backends.base import Entry, TxnCompare, TxnOp
 
-__all__ = ["TxnCall", "add_feed", "check_one_slot", "pack", "parse", "result", "script"]
+__all__ = ["TxnCall", "add_written", "check_one_slot", "pack", "parse", "result", "script"]
 
 _MS = timedelta(milliseconds=1)
 
@@ -68,16 +68,26 @@ _MS = timedelta(milliseconds=1)
 # history's `keep`.
 _TXN_BODY = """
 local ns = ARGV[1]
-local feed = false
-if ARGV[6] ~= '0' then feed = feed_at(tonumber(ARGV[6]), 7) end
+local feed, rev = false, false
+if ARGV[6] ~= '0' then
+  rev = rev_at(tonumber(ARGV[6]))
+  feed = feed_at(tonumber(ARGV[6]) + 1, 7)
+end
 local ok = 1
 local i = 9
 for c = 1, tonumber(ARGV[2]) do
-  local head = redis.call('GETRANGE', KEYS[tonumber(ARGV[i + 1])], 0, 19)
+  local head = redis.call('GETRANGE', KEYS[tonumber(ARGV[i + 1])], 0, 96)
   local ver = 0
-  if head ~= '' then ver = tonumber(head) end
+  if head ~= '' then ver = tonumber(string.sub(head, 1, 20)) end
   if ARGV[i] == 'v' then
     if ver ~= tonumber(ARGV[i + 2]) then ok = 0 end
+  elseif ARGV[i] == 'r' then
+    local revision = 0
+    if head ~= '' then
+      local v, created
+      v, created, revision = header(head)
+    end
+    if revision ~= tonumber(ARGV[i + 2]) then ok = 0 end
   elseif ver == 0 then
     ok = 0
   end
@@ -105,16 +115,16 @@ while i < to do
     r = redis.call('GET', key)
     i = i + 2
   elseif op == 'p' then
-    r = write(key, ARGV[i + 2], tonumber(ARGV[i + 3]), -1, ns .. key, now, feed)
+    r = write(key, ARGV[i + 2], tonumber(ARGV[i + 3]), -1, ns .. key, now, feed, rev, -1)
     i = i + 4
   elseif op == 'ph' then
     local ttl = tonumber(ARGV[i + 3])
-    r = write(key, ARGV[i + 2], ttl, -1, ns .. key, now, feed)
+    r = write(key, ARGV[i + 2], ttl, -1, ns .. key, now, feed, rev, -1)
     keep(KEYS[tonumber(ARGV[i + 4])], key, tonumber(ARGV[i + 5]), r[2], ttl)
     i = i + 6
   elseif op == 'd' or op == 'dh' then
-    local d = drop(key, -1, ns .. key, now, feed)
-    if d[1] == 1 then r = {d[2], d[3], d[4], d[5]} end
+    local d = drop(key, -1, ns .. key, now, feed, rev, -1, now_us)
+    if d[1] == 1 then r = {d[2], d[3], d[4], d[5], d[6]} end
     if op == 'dh' then
       if d[1] == 1 then redis.call('DEL', KEYS[tonumber(ARGV[i + 2])]) end
       i = i + 1
@@ -165,7 +175,7 @@ class TxnCall:
         names: Each Redis key's name as the caller gave it (a key or an index), for messages.
         write_key: The key whose write outcome an unknown reply leaves open.
         writes: Whether it may write a key (a `Put` or a `Delete`): only then does it need the
-            change feed.
+            revision counter and the change feed.
     """
 
     keys: list[str]
@@ -209,6 +219,8 @@ def pack(
             found = positions[name] = len(keys)
         if type(item) is Version:
             args += ("v", found, item.version)
+        elif type(item) is Revision:
+            args += ("r", found, item.revision)
         else:
             args += ("e", found, 0)
     args[2] = len(args) + 1
@@ -220,13 +232,19 @@ def pack(
     return TxnCall(keys, args, names, (written or names or [""])[0], writes=bool(written))
 
 
-def add_feed(call: TxnCall, stream: str, counter: str, retention: tuple[int, int]) -> None:
-    """Append the change feed's stream and counter to `call` (only if it writes a key)."""
+def add_written(
+    call: TxnCall, revision_counter: str, feed: tuple[str, ...], retention: tuple[int, int]
+) -> None:
+    """Append the revision counter, then the feed's stream and counter (if on), to `call`.
+
+    Only if it writes a key: a transaction that only reads or compares takes neither.
+    """
     if not call.writes:
         return
     call.args[5] = len(call.keys) + 1
-    call.args[6], call.args[7] = retention
-    call.keys.extend((stream, counter))
+    if feed:
+        call.args[6], call.args[7] = retention
+    call.keys.extend((revision_counter, *feed))
 
 
 def _pack_ops(  # the packing state is passed down, not closed over
@@ -321,7 +339,8 @@ def parse(
                     op.value,
                     int(raw[1]),
                     _at(raw[3]),
-                    cursor(raw[4] if len(raw) > 4 else None),
+                    cursor(raw[4]),
+                    int(raw[5]),
                 )
             )
         elif type(op) is Delete:
@@ -335,7 +354,8 @@ def parse(
                     None,
                     int(raw[0]),
                     _at(raw[2]),
-                    cursor(raw[3] if len(raw) > 3 else None),
+                    cursor(raw[3]),
+                    int(raw[4]),
                 )
             )
         elif type(op) is IndexAdd or type(op) is IndexRemove:

@@ -216,12 +216,26 @@ class SharedFileBackend(FileBackend):
         *,
         ttl: timedelta | None = None,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> Coroutine[Any, Any, Change]:
         """See `Backend.set`."""
         store = self._store
         if store is not None:
-            return store.backend.set(key, value, ttl=ttl, expected_version=expected_version)
-        return self._later("set", key, value, ttl=ttl, expected_version=expected_version)
+            return store.backend.set(
+                key,
+                value,
+                ttl=ttl,
+                expected_version=expected_version,
+                expected_revision=expected_revision,
+            )
+        return self._later(
+            "set",
+            key,
+            value,
+            ttl=ttl,
+            expected_version=expected_version,
+            expected_revision=expected_revision,
+        )
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
@@ -230,13 +244,21 @@ class SharedFileBackend(FileBackend):
         return await (await self._backend()).set_many(items, ttl=ttl)
 
     def delete(
-        self, key: str, *, expected_version: int | None = None
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> Coroutine[Any, Any, Change | None]:
         """See `Backend.delete`."""
         store = self._store
         if store is not None:
-            return store.backend.delete(key, expected_version=expected_version)
-        return self._later("delete", key, expected_version=expected_version)
+            return store.backend.delete(
+                key, expected_version=expected_version, expected_revision=expected_revision
+            )
+        return self._later(
+            "delete", key, expected_version=expected_version, expected_revision=expected_revision
+        )
 
     def update(
         self,

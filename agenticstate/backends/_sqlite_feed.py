@@ -504,7 +504,10 @@ class Feed:
         params.append(limit)
         cut, tag = len(self._prefix), f"{CURSOR_TAG}:{self.db_id}:"
         return [
-            (seq, new_change(key[cut:], _OPS[op], old, new, version, from_us(ts), f"{tag}{seq}"))
+            (
+                seq,
+                new_change(key[cut:], _OPS[op], old, new, version, from_us(ts), f"{tag}{seq}", seq),
+            )
             for seq, key, op, old, new, version, ts in conn.execute(
                 sql + " ORDER BY seq LIMIT ?", params
             )

@@ -14,9 +14,24 @@ The rules, which every backend follows exactly:
   listed by `scan`, and satisfies `expected_version=0`.
 - **Versions.** A key's first write gives it version 1, and every later write adds exactly one.
   Deleting a key (or its expiry) removes its version with it: written again, it starts at 1.
+- **Revisions** (a backend with `has_revisions`; every backend agenticstate ships). Every write
+  and every delete also gets a revision: an int >= 1, unique and increasing within the store (on
+  Redis Cluster, within a slot), never given again, whatever is deleted, expires, trimmed,
+  compacted or reopened since (etcd's `mod_revision`). An `Entry` carries the revision of the
+  write that made it (`revision`) and of the write that created the key's current life
+  (`create_revision`; equal to `revision` after the first write). A `Change` carries its own
+  revision (a delete's is new, not the deleted entry's). So a revision read from an earlier
+  life of a key never matches the key again, where a version does (the ABA problem). A backend
+  without revisions reports 0 for all three and refuses `expected_revision` and `Revision`
+  compares with `UnsupportedOperationError`.
 - **expected_version** on `set` and `delete`: `None` writes unconditionally; `0` requires that the
   key is missing; `n > 0` requires that the key exists at version `n`. A mismatch raises
   `ConflictError` (with `expected` and `actual`, 0 for missing) and changes nothing.
+- **expected_revision** on `set` and `delete`, the same with revisions: `0` requires that the
+  key is missing; `n > 0` that its current revision (the `Entry.revision`) is `n`. A mismatch
+  raises `ConflictError` (with `expected` and `actual` revisions, 0 for missing) and changes
+  nothing. One call takes `expected_version` or `expected_revision`, not both
+  (`InvalidArgumentError`).
 - **TTL.** `ttl=None` stores the key with no expiry; a positive `timedelta` makes it expire that
   long after the write. Every write states its TTL: writing a key again replaces its expiry. A
   TTL that is not positive raises `InvalidArgumentError`. Expiry emits no change event.
@@ -38,10 +53,11 @@ The rules, which every backend follows exactly:
   are never returned by `get`, listed by `scan` or announced as changes. Each call is atomic;
   Redis keeps them as sorted sets, the other backends in memory (the file backend logs them).
   Managers use them where a scan of keys would not scale (a task queue's pending tasks).
-- **Transactions** (`transact`): compares (`Version`, `Exists`) and then one of two lists of
-  operations (`Get`, `Put`, `Delete`, `IndexAdd`, `IndexRemove`, `IndexIncr`, `IndexRange`), all
-  in one atomic step, modelled on etcd's `Txn`. See `Backend.transact`; a backend that cannot run
-  it atomically raises `UnsupportedOperationError`, and callers fall back to the calls above.
+- **Transactions** (`transact`): compares (`Version`, `Revision`, `Exists`) and then one of two
+  lists of operations (`Get`, `Put`, `Delete`, `IndexAdd`, `IndexRemove`, `IndexIncr`,
+  `IndexRange`), all in one atomic step, modelled on etcd's `Txn`. See `Backend.transact`; a
+  backend that cannot run it atomically raises `UnsupportedOperationError`, and callers fall
+  back to the calls above.
 - **The change feed** (`changes(..., since=cursor)`, `feed_cursor`): every write also appends its
   change to a durable feed in the same atomic step, kept under the backend's `FeedRetention` (the
   last `max_changes`, none older than `max_age`). Every `Change` a subscription yields carries its
@@ -99,11 +115,14 @@ __all__ = [
     "IndexRange",
     "IndexRemove",
     "Put",
+    "Revision",
     "TxnCompare",
     "TxnOp",
     "TxnResult",
     "Version",
     "backoff",
+    "check_expected",
+    "check_expected_revision",
     "check_expected_version",
     "check_index_members",
     "check_limit",
@@ -149,6 +168,11 @@ class Entry:
         created_at: When the key was first written (since it was last missing).
         updated_at: When it was last written.
         expires_at: When it expires, or `None` for never.
+        revision: The revision of the write that made this version (etcd's `mod_revision`):
+            unique and increasing within the store, never given twice. 0 from a backend that
+            keeps no revisions (`Backend.has_revisions`).
+        create_revision: The revision of the write that created the key's current life (its
+            version 1); a key deleted or expired and written again gets a new one.
     """
 
     key: str
@@ -157,6 +181,8 @@ class Entry:
     created_at: datetime
     updated_at: datetime
     expires_at: datetime | None = None
+    revision: int = 0
+    create_revision: int = 0
 
     def ttl(self, now: datetime | None = None) -> timedelta | None:
         """Return the time left before expiry, or `None` if the key never expires."""
@@ -207,6 +233,9 @@ class Change:
         cursor: This change's place in the backend's durable feed: pass it as `since=` to
             `changes` to resume right after it. `None` when the backend's feed is off, and for
             a `RESYNC` change (which is no change of the feed).
+        revision: The revision of this change: for a write, the new entry's `revision`; a
+            delete gets a revision of its own (as in etcd). For a `RESYNC`, the revision of the
+            entry re-read (0 after a delete). 0 from a backend that keeps no revisions.
     """
 
     key: str
@@ -216,6 +245,7 @@ class Change:
     version: int
     timestamp: datetime
     cursor: str | None = None
+    revision: int = 0
 
 
 # Hot-path constructors. A frozen dataclass's `__init__` sets each field through
@@ -227,8 +257,17 @@ def _slot_setters(cls: type, names: str) -> list[Callable[[object, object], None
     return [vars(cls)[name].__set__ for name in names.split()]
 
 
-_set_key, _set_value, _set_version, _set_created, _set_updated, _set_expires = _slot_setters(
-    Entry, "key value version created_at updated_at expires_at"
+(
+    _set_key,
+    _set_value,
+    _set_version,
+    _set_created,
+    _set_updated,
+    _set_expires,
+    _set_revision,
+    _set_create_revision,
+) = _slot_setters(
+    Entry, "key value version created_at updated_at expires_at revision create_revision"
 )
 (
     _set_change_key,
@@ -238,7 +277,8 @@ _set_key, _set_value, _set_version, _set_created, _set_updated, _set_expires = _
     _set_change_version,
     _set_timestamp,
     _set_cursor,
-) = _slot_setters(Change, "key op old new version timestamp cursor")
+    _set_change_revision,
+) = _slot_setters(Change, "key op old new version timestamp cursor revision")
 
 
 def new_entry(
@@ -248,6 +288,8 @@ def new_entry(
     created_at: datetime,
     updated_at: datetime,
     expires_at: datetime | None,
+    revision: int = 0,
+    create_revision: int = 0,
 ) -> Entry:
     """Build an `Entry` (equal to `Entry(...)` with the same fields), fast."""
     entry: Entry = _new(Entry)
@@ -257,6 +299,8 @@ def new_entry(
     _set_created(entry, created_at)
     _set_updated(entry, updated_at)
     _set_expires(entry, expires_at)
+    _set_revision(entry, revision)
+    _set_create_revision(entry, create_revision)
     return entry
 
 
@@ -268,6 +312,7 @@ def new_change(
     version: int,
     timestamp: datetime,
     cursor: str | None = None,
+    revision: int = 0,
 ) -> Change:
     """Build a `Change` (equal to `Change(...)` with the same fields), fast."""
     change: Change = _new(Change)
@@ -278,6 +323,7 @@ def new_change(
     _set_change_version(change, version)
     _set_timestamp(change, timestamp)
     _set_cursor(change, cursor)
+    _set_change_revision(change, revision)
     return change
 
 
@@ -296,6 +342,19 @@ class Version:
 
     key: str
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """Compare: `key`'s current revision (its `Entry.revision`) is `revision` (0: missing).
+
+    Unlike `Version`, a revision read from an earlier life of the key (before a delete or an
+    expiry) never matches again. A backend without revisions refuses it
+    (`UnsupportedOperationError`).
+    """
+
+    key: str
+    revision: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +432,7 @@ class IndexRange:
     limit: int | None = None
 
 
-TxnCompare = Version | Exists
+TxnCompare = Version | Revision | Exists
 """A condition of `Backend.transact`."""
 TxnOp = Get | Put | Delete | IndexAdd | IndexRemove | IndexIncr | IndexRange
 """An operation of `Backend.transact`."""
@@ -401,11 +460,18 @@ def _checked_compare(compare: object) -> TxnCompare:
                 f"Version({compare.key!r}) needs an int >= 0, not {compare.version!r}"
             )
         return compare
+    if type(compare) is Revision:
+        validate_key(compare.key)
+        if type(compare.revision) is not int or compare.revision < 0:
+            raise InvalidArgumentError(
+                f"Revision({compare.key!r}) needs an int >= 0, not {compare.revision!r}"
+            )
+        return compare
     if type(compare) is Exists:
         validate_key(compare.key)
         return compare
     raise InvalidArgumentError(
-        f"a transaction compare is Version or Exists, not {type(compare).__name__}"
+        f"a transaction compare is Version, Revision or Exists, not {type(compare).__name__}"
     )
 
 
@@ -552,18 +618,54 @@ def check_expected_version(expected_version: int | None) -> int | None:
     return expected_version
 
 
-def conflict(key: str, expected: int, actual: int) -> ConflictError:
-    """Build the `ConflictError` for a version mismatch on `key`."""
-    found = "missing" if actual == 0 else f"at version {actual}"
-    wanted = "missing" if expected == 0 else f"at version {expected}"
+def check_expected_revision(expected_revision: int | None) -> int | None:
+    """Return `expected_revision` if it is `None` or an int >= 0.
+
+    Raises:
+        InvalidArgumentError: It is negative or not an int.
+    """
+    if expected_revision is None:
+        return None
+    if type(expected_revision) is not int or expected_revision < 0:
+        raise InvalidArgumentError(
+            f"expected_revision must be an int >= 0 or None, not {expected_revision!r}"
+        )
+    return expected_revision
+
+
+def check_expected(
+    expected_version: int | None, expected_revision: int | None
+) -> tuple[int | None, int | None]:
+    """Check a write's condition: at most one of `expected_version`, `expected_revision`.
+
+    Raises:
+        InvalidArgumentError: Both are given, or one is not an int >= 0 or None.
+    """
+    if expected_version is not None and expected_revision is not None:
+        raise InvalidArgumentError(
+            "give expected_version or expected_revision, not both (a revision names one "
+            "version of one life of the key already)"
+        )
+    return check_expected_version(expected_version), check_expected_revision(expected_revision)
+
+
+def conflict(key: str, expected: int, actual: int, *, what: str = "version") -> ConflictError:
+    """Build the `ConflictError` for a version (or, `what="revision"`, revision) mismatch."""
+    found = "missing" if actual == 0 else f"at {what} {actual}"
+    wanted = "missing" if expected == 0 else f"at {what} {expected}"
     return ConflictError(
         f"key {key!r} is {found}, expected {wanted}", key=key, expected=expected, actual=actual
     )
 
 
 def backoff(attempt: int, *, base: float = 0.001, cap: float = 0.05) -> float:
-    """Return a full-jitter backoff delay, in seconds, for a retry after `attempt` failures."""
-    return random.uniform(0, min(cap, base * 2**attempt))  # noqa: S311  # jitter, not crypto
+    """Return a full-jitter backoff delay, in seconds, for a retry after `attempt` failures.
+
+    Any number of attempts is fine: the exponent stops growing long before the cap (a float
+    cannot hold 2 ** 1024, and a loop that retries for a long time reaches that many).
+    """
+    ceiling = base * 2 ** min(attempt, 64)
+    return random.uniform(0, min(cap, ceiling))  # noqa: S311  # jitter, not crypto
 
 
 class Backend(ABC):
@@ -576,6 +678,14 @@ class Backend(ABC):
     key_prefix: str = ""
     preferred_format: Literal["msgpack", "json"] | None = None
     """The value encoding this backend would like (a JSON file store wants readable JSON)."""
+    has_revisions: bool = False
+    """Whether this backend gives every write a revision (see "Revisions" above).
+
+    `False` (this default) for a backend written before revisions: its entries and changes carry
+    revision 0, and `StateManager` refuses `expected_revision` and `Revision` compares on it
+    with `UnsupportedOperationError`. A backend that keeps revisions sets it to `True` and
+    takes `expected_revision=` in `set` and `delete`.
+    """
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -636,11 +746,18 @@ class Backend(ABC):
         *,
         ttl: timedelta | None = None,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> Change:
         """Store `value` at `key`, bump its version and emit the change, atomically.
 
+        The write gets the store's next revision; the key's `create_revision` is that revision
+        when the key was missing, else it stays.
+
         Raises:
-            ConflictError: `expected_version` does not match; nothing was written.
+            ConflictError: `expected_version` or `expected_revision` does not match; nothing
+                was written.
+            InvalidArgumentError: Both are given.
+            UnsupportedOperationError: `expected_revision` on a backend without revisions.
         """
 
     async def set_many(
@@ -653,12 +770,23 @@ class Backend(ABC):
         return [await self.set(key, value, ttl=ttl) for key, value in items]
 
     @abstractmethod
-    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
+    ) -> Change | None:
         """Delete `key` and emit the change; return `None` if it was missing.
 
+        The delete gets a revision of its own (the change's `revision`).
+
         Raises:
-            ConflictError: `expected_version` does not match; nothing was deleted. A missing key
-                with `expected_version=0` is not a conflict: the call returns `None`.
+            ConflictError: `expected_version` or `expected_revision` does not match; nothing
+                was deleted. A missing key with `0` expected is not a conflict: the call
+                returns `None`.
+            InvalidArgumentError: Both are given.
+            UnsupportedOperationError: `expected_revision` on a backend without revisions.
         """
 
     async def update(
@@ -674,7 +802,9 @@ class Backend(ABC):
         `fn` receives the current entry (`None` if missing) and returns the new bytes. It may run
         more than once, so it must not have side effects; if it raises, nothing is written and the
         exception propagates. This default is a compare-and-set loop over `get` and `set` with
-        jittered backoff; backends with a lock run `fn` under it instead.
+        jittered backoff (on the revision read, where the backend keeps revisions, so a key
+        deleted and written again meanwhile is read again); backends with a lock run `fn` under
+        it instead.
 
         Raises:
             ConflictError: Every attempt lost a race (`max_attempts` of them).
@@ -683,6 +813,10 @@ class Backend(ABC):
             entry = await self.get(key)
             value = fn(entry)
             try:
+                if self.has_revisions:
+                    return await self.set(
+                        key, value, ttl=ttl, expected_revision=entry.revision if entry else 0
+                    )
                 return await self.set(
                     key, value, ttl=ttl, expected_version=entry.version if entry else 0
                 )
@@ -827,7 +961,8 @@ class Backend(ABC):
         print(result.succeeded, result.results[1])  # True 1.0
         ```
 
-        Values stay opaque bytes: a transaction compares versions and existence, never values.
+        Values stay opaque bytes: a transaction compares versions, revisions and existence,
+        never values.
         On Redis Cluster every key and index of one call must hash to one slot (a `{...}` hash
         tag), or it raises `InvalidArgumentError`.
 

@@ -39,6 +39,11 @@ appended meanwhile, so the log can be emptied when the snapshot is in place. Wit
 `format="json"` the snapshot is readable JSON with JSON values embedded as JSON; `"msgpack"` is
 compact; `compression=True` compresses the snapshot and large log records.
 
+Revisions. A record's sequence number is also the revision of its write (the log's numbers never
+go back: a snapshot records the last one, and index records take numbers too); a write to a key
+that was there logs the key's create revision as well, and the snapshot keeps both per entry. A
+store written before revisions gets them on open (`_revise_legacy_entries`).
+
 The change feed and history. A change enters the in-memory feed (`FeedRing`) when its batch is
 durable, in the step that applies it, so a change is in the feed exactly when its write is; its
 cursor is `f1:<store id>:<lsn>`. The log is the truth: on open the feed is rebuilt from its
@@ -137,7 +142,7 @@ from agenticstate.backends.base import (
     FeedRetention,
     HistoryRules,
     Put,
-    check_expected_version,
+    check_expected,
     check_index_members,
     check_limit,
     check_transaction,
@@ -290,6 +295,7 @@ class FileBackend(Backend):
             self.keep_history(history)
 
     _agent_script = Path(__file__).with_name("_fsync_agent.py")
+    has_revisions = True
 
     MAX_VALUE_BYTES = 2**30
     """The largest value a store takes, in bytes (1 GiB): larger ones raise `TooLargeError`.
@@ -391,18 +397,21 @@ class FileBackend(Backend):
             self._start_feed(journal)
             self._replay_log()
             self._local.sweep(now())  # replay kept expired entries: they give later changes' old
+            revised = self._revise_legacy_entries()
             ring = self._ring
             if ring is not None:
                 ring.head = self._lsn
-                if journal is None or journal.store_id != ring.store_id:
-                    # A new store id (a new store, or one written before the feed): in the
-                    # snapshot before any cursor naming it is handed out.
-                    self._write_snapshot(
-                        dict(self._local.data),
-                        {name: index.items() for name, index in self._local.indexes.items()},
-                        self._lsn,
-                        self._journal(),
-                    )
+            new_id = ring is not None and (journal is None or journal.store_id != ring.store_id)
+            if new_id or revised:
+                # A new store id (a new store, or one written before the feed): in the snapshot
+                # before any cursor naming it is handed out. Revisions given to the entries of a
+                # store written before revisions: in the snapshot before any of them is read.
+                self._write_snapshot(
+                    dict(self._local.data),
+                    {name: index.items() for name, index in self._local.indexes.items()},
+                    self._lsn,
+                    self._journal(),
+                )
             if self.durability == "fsync":
                 self._commit_log.start_agent(self._agent_script)
         except BaseException:
@@ -509,6 +518,35 @@ class FileBackend(Backend):
             ) from exc
         return journal
 
+    def _revise_legacy_entries(self) -> bool:
+        """Give each entry of a store written before revisions a revision of its own.
+
+        Such entries (from an older snapshot, revision 0) get the next sequence numbers, in key
+        order, after everything the log holds; the caller writes a snapshot before any is read.
+        Their life began before revisions existed, so `create_revision` is the same number.
+        Returns whether there were any.
+        """
+        local = self._local
+        legacy = sorted(key for key, entry in local.data.items() if entry.revision == 0)
+        for key in legacy:
+            entry = local.data[key]
+            self._lsn += 1
+            revised = new_entry(
+                key,
+                entry.value,
+                entry.version,
+                entry.created_at,
+                entry.updated_at,
+                entry.expires_at,
+                self._lsn,
+                self._lsn,
+            )
+            local.data[key] = revised
+            versions = local.history.get(key)
+            if versions and versions[-1] is entry:
+                versions[-1] = revised
+        return bool(legacy)
+
     def _load_history(self, history: dict[str, list[Entry]]) -> None:
         """Put the snapshot's older versions back before their keys' current entries."""
         data, kept = self._local.data, self._local.history
@@ -529,7 +567,7 @@ class FileBackend(Backend):
             prefix, times = ring.prefix, Times()
             for lsn, op, key, old, new, version, stamp in journal.changes:
                 change = new_change(
-                    key, _OPS[op], old, new, version, times(stamp), f"{prefix}{lsn}"
+                    key, _OPS[op], old, new, version, times(stamp), f"{prefix}{lsn}", lsn
                 )
                 ring.add(lsn, change)
         ring.head = self._snapshot_lsn
@@ -586,10 +624,23 @@ class FileBackend(Backend):
                     self._lsn = lsn
                 if fields[1] == OP_SET:  # most records: the fast path of `_apply_logged`
                     _, _, key, value, version, created, updated, expires = fields[:8]
-                    entry = new_entry(
-                        key, value, version, times(created), times(updated), times(expires)
-                    )
                     prior = entries.get(key)
+                    if len(fields) > 9:
+                        create_revision = fields[9]
+                    elif version > 1 and prior is not None and prior.create_revision:
+                        create_revision = prior.create_revision  # logged before revisions
+                    else:
+                        create_revision = lsn
+                    entry = new_entry(
+                        key,
+                        value,
+                        version,
+                        times(created),
+                        times(updated),
+                        times(expires),
+                        lsn,
+                        create_revision,
+                    )
                     if ring is not None:
                         old = (
                             prior.value
@@ -606,6 +657,7 @@ class FileBackend(Backend):
                                 version,
                                 entry.updated_at,
                                 f"{prefix}{lsn}",
+                                lsn,
                             ),
                         )
                     # Expired entries too, until the replay is done (see `_load_snapshot`).
@@ -655,7 +707,9 @@ class FileBackend(Backend):
                 stamp = from_ms(updated) or moment
                 ring.add(
                     lsn,
-                    new_change(key, ChangeOp.DELETE, old, None, version, stamp, ring.cursor(lsn)),
+                    new_change(
+                        key, ChangeOp.DELETE, old, None, version, stamp, ring.cursor(lsn), lsn
+                    ),
                 )
             self._local.drop(key)
             return
@@ -669,6 +723,8 @@ class FileBackend(Backend):
             created_at=created_at,
             updated_at=updated_at,
             expires_at=from_ms(expires),
+            revision=lsn,
+            create_revision=lsn,
         )
         if entry.expires_at is not None and entry.expires_at <= moment:
             self._local.drop(key)
@@ -741,6 +797,7 @@ class FileBackend(Backend):
         clock: tuple[datetime, int],
         *,
         current: Any = MISSING,
+        expected_revision: int | None = None,
     ) -> Record | None:
         if self._failed is not None:
             raise BackendError(self._failed)
@@ -750,29 +807,38 @@ class FileBackend(Backend):
         version = current.version if current is not None else 0
         if expected is not None and expected != version:
             raise conflict(key, expected, version)
-        lsn = self._lsn + 1
+        if expected_revision is not None:
+            found = current.revision if current is not None else 0
+            if expected_revision != found:
+                raise conflict(key, expected_revision, found, what="revision")
+        lsn = self._lsn + 1  # the write's revision too
         ring = self._ring
         cursor = None if ring is None else f"{ring.prefix}{lsn}"
         depth = 1
         if value is None:
             if current is None:
                 return None
-            change = new_change(key, ChangeOp.DELETE, current.value, None, version, moment, cursor)
+            change = new_change(
+                key, ChangeOp.DELETE, current.value, None, version, moment, cursor, lsn
+            )
             entry = None
             stamps: tuple[int | None, int | None, int | None] = (None, now_ms, None)
         else:
             if current is None:
-                old, created, created_ms = None, moment, now_ms
+                old, created, created_ms, create_revision = None, moment, now_ms, lsn
             else:
                 old, created = current.value, current.created_at
                 created_ms = round(created.timestamp() * 1000)
+                create_revision = current.create_revision
             if ttl is None:
                 expires, expires_ms = None, None
             else:
                 expires = moment + ttl
                 expires_ms = now_ms + round(ttl / _MILLISECOND)
-            entry = new_entry(key, value, version + 1, created, moment, expires)
-            change = new_change(key, ChangeOp.SET, old, value, version + 1, moment, cursor)
+            entry = new_entry(
+                key, value, version + 1, created, moment, expires, lsn, create_revision
+            )
+            change = new_change(key, ChangeOp.SET, old, value, version + 1, moment, cursor, lsn)
             stamps = (created_ms, now_ms, expires_ms)
             if self._keeps_history:
                 depth = self.history_rules.depth(key)
@@ -1062,6 +1128,7 @@ class FileBackend(Backend):
         *,
         ttl: timedelta | None = None,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> Change:
         """Store `value` at `key` durably; see `Backend.set`."""
         validate_key(key)
@@ -1069,14 +1136,16 @@ class FileBackend(Backend):
             self._check_size(key, value)
         if ttl is not None:
             check_ttl(ttl)
-        if expected_version is not None:
-            check_expected_version(expected_version)
+        if expected_version is not None or expected_revision is not None:
+            check_expected(expected_version, expected_revision)
         if not self._is_open or self._closed:
             await self._ready()
         clock = self._clock()
         if self._local.expiries:
             self._local.sweep(clock[0])
-        record = self._stage(key, value, ttl, expected_version, clock)
+        record = self._stage(
+            key, value, ttl, expected_version, clock, expected_revision=expected_revision
+        )
         assert record is not None  # noqa: S101  # a set always stages a record
         batch = record.batch
         if self._snapshot_job is None and not batch.done.is_set():
@@ -1127,12 +1196,20 @@ class FileBackend(Backend):
             _raise_alone(record.error)
         return [record.change for record in records]
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
+    ) -> Change | None:
         """Delete `key` durably; see `Backend.delete`."""
         validate_key(key)
-        check_expected_version(expected_version)
+        check_expected(expected_version, expected_revision)
         await self._ready()
-        record = self._stage(key, None, None, expected_version, self._clock())
+        record = self._stage(
+            key, None, None, expected_version, self._clock(), expected_revision=expected_revision
+        )
         if record is None:
             return None
         await self._commit(record.batch, record)

@@ -11,12 +11,13 @@ read (`get`, `get_many`) yields only one time in `_YIELD_EVERY`: the yield costs
 rest of a `get`, and yielding that often still keeps a loop of reads from starving other tasks
 (a task polling a key sees the write another task makes).
 
-The change feed is a bounded ring (`FeedRing`) of the committed changes, appended in the same
-step as each write; a cursor is `m1:<store id>:<sequence number>`, the store id random per
-instance (so another instance's cursor, or one from before a restart, raises
+Revisions come from a counter of the instance, one more for every write and delete; a change's
+revision is also its place in the feed. The change feed is a bounded ring (`FeedRing`) of the
+committed changes, appended in the same step as each write; a cursor is `m1:<store id>:<revision>`,
+the store id random per instance (so another instance's cursor, or one from before a restart, raises
 `CursorExpiredError`). `changes(since=)` takes the replay from the ring and starts the live
-subscription in one step, with no await between. History (`keep_history`) keeps the last
-versions of a key in a bounded deque, also in the write's step.
+subscription in one step, with no await between. History (`keep_history`) keeps the last versions of
+a key in a bounded deque, also in the write's step.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from agenticstate.backends.base import (
     Entry,
     FeedRetention,
     HistoryRules,
-    check_expected_version,
+    check_expected,
     check_index_members,
     check_limit,
     check_transaction,
@@ -95,9 +96,12 @@ class MemoryBackend(Backend):
         self._ring = FeedRing(feed, "m1", uuid.uuid4().hex[:16]) if feed is not None else None
         self._closed = False
         self._turns = 0  # reads since the last yield to the event loop
+        self._revision = 0  # the last revision given (a write's or a delete's)
         self._keeps_history = False
         if history is not None:
             self.keep_history(history)
+
+    has_revisions = True
 
     def __repr__(self) -> str:
         return f"MemoryBackend(key_prefix={self.key_prefix!r}, keys={len(self._local.data)})"
@@ -137,15 +141,17 @@ class MemoryBackend(Backend):
         new: bytes | None,
         version: int,
         now: datetime,
+        revision: int,
     ) -> Change:
         """Build the change, append it to the feed and hand it to subscribers, in one step."""
         ring = self._ring
         if ring is None:
-            change = new_change(key, op, old, new, version, now)
+            change = new_change(key, op, old, new, version, now, None, revision)
         else:
-            seq = ring.head + 1
-            change = new_change(key, op, old, new, version, now, ring.prefix + str(seq))
-            ring.add(seq, change)
+            change = new_change(
+                key, op, old, new, version, now, ring.prefix + str(revision), revision
+            )
+            ring.add(revision, change)
         self._fanout.publish(change)
         return change
 
@@ -158,13 +164,24 @@ class MemoryBackend(Backend):
         return True
 
     def _write(
-        self, key: str, value: bytes, ttl: timedelta | None, expected: int | None, now: datetime
+        self,
+        key: str,
+        value: bytes,
+        ttl: timedelta | None,
+        expected: int | None,
+        now: datetime,
+        expected_revision: int | None = None,
     ) -> Change:
         current = self._local.live(key, now)
         version = current.version if current is not None else 0
         if expected is not None and expected != version:
             raise conflict(key, expected, version)
+        if expected_revision is not None:
+            found = current.revision if current is not None else 0
+            if expected_revision != found:
+                raise conflict(key, expected_revision, found, what="revision")
         expires_at = now + ttl if ttl is not None else None
+        self._revision = revision = self._revision + 1
         entry = new_entry(
             key,
             value,
@@ -172,6 +189,8 @@ class MemoryBackend(Backend):
             current.created_at if current is not None else now,
             now,
             expires_at,
+            revision,
+            current.create_revision if current is not None else revision,
         )
         self._local.store(entry)
         if self._keeps_history:
@@ -183,6 +202,7 @@ class MemoryBackend(Backend):
             value,
             version + 1,
             now,
+            revision,
         )
 
     async def get(self, key: str) -> Entry | None:
@@ -209,15 +229,16 @@ class MemoryBackend(Backend):
         *,
         ttl: timedelta | None = None,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> Change:
         """Store `value` at `key`; see `Backend.set`."""
         validate_key(key)
         check_ttl(ttl)
-        check_expected_version(expected_version)
+        check_expected(expected_version, expected_revision)
         await anyio.lowlevel.checkpoint()
         now = utcnow()
         self._local.sweep(now)
-        return self._write(key, value, ttl, expected_version, now)
+        return self._write(key, value, ttl, expected_version, now, expected_revision)
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
@@ -231,24 +252,37 @@ class MemoryBackend(Backend):
         self._local.sweep(now)
         return [self._write(key, value, ttl, None, now) for key, value in items]
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
+    ) -> Change | None:
         """Delete `key`; see `Backend.delete`."""
         validate_key(key)
-        if expected_version is not None:
-            check_expected_version(expected_version)
+        if expected_version is not None or expected_revision is not None:
+            check_expected(expected_version, expected_revision)
         await anyio.lowlevel.checkpoint()
         current = self._local.get(key, utcnow)
         if expected_version is not None:
             version = current.version if current is not None else 0
             if expected_version != version:
                 raise conflict(key, expected_version, version)
+        if expected_revision is not None:
+            found = current.revision if current is not None else 0
+            if expected_revision != found:
+                raise conflict(key, expected_revision, found, what="revision")
         if current is None:
             return None
         return self._drop(current, utcnow())
 
     def _drop(self, current: Entry, now: datetime) -> Change:
         self._local.drop(current.key)
-        return self._emit(current.key, ChangeOp.DELETE, current.value, None, current.version, now)
+        self._revision = revision = self._revision + 1
+        return self._emit(
+            current.key, ChangeOp.DELETE, current.value, None, current.version, now, revision
+        )
 
     async def transact(
         self,
@@ -279,7 +313,7 @@ class MemoryBackend(Backend):
         self._local.sweep(now)
         current = self._local.live(key, now)
         value = fn(current)
-        return self._write(key, value, ttl, current.version if current else 0, now)
+        return self._write(key, value, ttl, None, now)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the present keys matching `pattern` (sorted, as it happens)."""

@@ -1,8 +1,10 @@
 """RedisBackend: shared state across processes and machines, with change events over pub/sub.
 
-Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 65-byte ASCII
-header (version, created, updated and expiry times in milliseconds) followed by the value bytes,
-so `get` is one GET and `get_many` one MGET. A non-empty prefix ends with `:`, so that no other
+Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 97-byte ASCII
+header (version, created, updated and expiry times in milliseconds, revision and create revision)
+followed by the value bytes, so `get` is one GET and `get_many` one MGET. Each write's revision
+comes from the prefix's counter `__agenticstate_rev__:{key_prefix}` in the write's own script
+(`_redis_scripts`, `_redis_revision`). A non-empty prefix ends with `:`, so that no other
 prefix starts with it (`app1:` and `app12:` never meet). Each change is published on the channel
 `__agenticstate__:{key_prefix}{key}`.
 
@@ -107,7 +109,7 @@ from typing import TYPE_CHECKING, Any
 
 from agenticstate._checks import seconds
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
-from agenticstate.backends import _redis_feed, _redis_txn
+from agenticstate.backends import _redis_feed, _redis_revision, _redis_txn
 from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_scripts as scripts
 from agenticstate.backends import _redis_wire as wire
@@ -125,7 +127,7 @@ from agenticstate.backends.base import (
     FeedRetention,
     HistoryRules,
     TxnResult,
-    check_expected_version,
+    check_expected,
     check_index_members,
     check_limit,
     check_transaction,
@@ -158,6 +160,7 @@ KEY_NAMESPACES: tuple[str, ...] = (
     _redis_feed.FEED_NAMESPACE,  # the change feed's streams
     _redis_feed.COUNTER_NAMESPACE,  # the feed's id counters
     history_lists.HISTORY_NAMESPACE,  # kept versions of keys with history rules
+    _redis_revision.REVISION_NAMESPACE,  # the revision counters every write takes from
 )
 """Every Redis key a store uses is `{namespace}{key_prefix}...` for one of these namespaces.
 
@@ -212,6 +215,13 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark an abandoned future's outcome as seen (no "exception never retrieved" warning)."""
     if not future.cancelled():
         future.exception()
+
+
+def _expectation(expected_version: int | None, expected_revision: int | None) -> int | str:
+    """A write script's condition argument: -1 (none), the version, or `r<revision>`."""
+    if expected_revision is not None:
+        return f"r{expected_revision}"
+    return -1 if expected_version is None else expected_version
 
 
 class _KeyLock:
@@ -295,6 +305,7 @@ class RedisBackend(Subscriber, Backend):
             raise ConfigurationError("Redis Cluster has only database 0")
         self.feed = feed
         self._feed_names = _redis_feed.FeedNames(key_prefix, cluster=self.is_cluster)
+        self._revision_names = _redis_revision.RevisionNames(key_prefix, cluster=self.is_cluster)
         # The scripts' retention arguments: max changes, max age in ms (0 = no bound).
         self._feed_retention = (
             (0, 0)
@@ -315,6 +326,8 @@ class RedisBackend(Subscriber, Backend):
         self._keeps_history = False
         if history is not None:
             self.keep_history(history)
+
+    has_revisions = True
 
     @property
     def url(self) -> str:
@@ -506,8 +519,8 @@ class RedisBackend(Subscriber, Backend):
                 "EVAL", scripts.STRLEN, len(group), *[names[position] for position in group]
             )
             for position, length in zip(group, lengths, strict=True):
-                # A missing or expired key has length 0; a record is never shorter than its header.
-                sizes[position] = int(length) - scripts.HEADER if int(length) else None
+                # -1: a missing or expired key (the script takes off either header's size).
+                sizes[position] = int(length) if int(length) >= 0 else None
         return sizes
 
     async def stat_many(self, keys: Sequence[str]) -> list[EntryStat | None]:
@@ -536,7 +549,7 @@ class RedisBackend(Subscriber, Backend):
                     head = scripts.entry(keys[position], header)
                     stats[position] = EntryStat(
                         key=head.key,
-                        size=int(length) - scripts.HEADER,
+                        size=int(length) - len(header) + len(head.value),
                         version=head.version,
                         created_at=head.created_at,
                         updated_at=head.updated_at,
@@ -551,20 +564,22 @@ class RedisBackend(Subscriber, Backend):
         *,
         ttl: timedelta | None = None,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> Change:
         """Store `value` at `key` in one atomic script; see `Backend.set`."""
         name = self._k(key)
         if ttl is not None:
             check_ttl(ttl)
-        if expected_version is not None:
-            check_expected_version(expected_version)
-        expected = -1 if expected_version is None else expected_version
+        expected: int | str = -1
+        if expected_version is not None or expected_revision is not None:
+            check_expected(expected_version, expected_revision)
+            expected = _expectation(expected_version, expected_revision)
         kept = self._keeps_history and self._history_list(key)
         if kept:  # the history list is the script's last key, its spec the last argument
             reply = await self._script(
                 scripts.SET_SHA,
                 scripts.SET,
-                (name, *self._feed_keys(name), kept[0]),
+                (name, self._revision_key(name), *self._feed_keys(name), kept[0]),
                 value,
                 scripts.ttl_ms(ttl),
                 expected,
@@ -573,11 +588,11 @@ class RedisBackend(Subscriber, Backend):
                 history_lists.spec([(1, kept[1])]),
                 write_key=key,
             )
-            return self._set_change(key, value, reply, expected_version, name)
+            return self._set_change(key, value, reply, expected_version, name, expected_revision)
         reply = await self._script(
             scripts.SET_SHA,
             scripts.SET,
-            (name, *self._feed_keys(name)),
+            (name, self._revision_key(name), *self._feed_keys(name)),
             value,
             scripts.ttl_ms(ttl),
             expected,
@@ -585,12 +600,20 @@ class RedisBackend(Subscriber, Backend):
             *self._feed_argv,
             write_key=key,
         )
-        return self._set_change(key, value, reply, expected_version, name)
+        return self._set_change(key, value, reply, expected_version, name, expected_revision)
 
     def _set_change(
-        self, key: str, value: bytes, reply: list[Any], expected: int | None, name: str
+        self,
+        key: str,
+        value: bytes,
+        reply: list[Any],
+        expected: int | None,
+        name: str,
+        expected_revision: int | None = None,
     ) -> Change:
         if reply[0] == 0:
+            if expected_revision is not None:
+                raise conflict(key, expected_revision, int(reply[1]), what="revision")
             raise conflict(key, expected if expected is not None else -1, int(reply[1]))
         return new_change(
             key,
@@ -599,7 +622,8 @@ class RedisBackend(Subscriber, Backend):
             value,
             int(reply[1]),
             scripts.from_ms(int(reply[3])),
-            self._write_cursor(name, reply[4] if len(reply) > 4 else None),
+            self._write_cursor(name, reply[4]),
+            int(reply[5]),
         )
 
     # the change feed
@@ -608,6 +632,12 @@ class RedisBackend(Subscriber, Backend):
     def _feed_argv(self) -> tuple[int, ...]:
         """The write scripts' feed arguments: max changes and max age ms (none when off)."""
         return () if self.feed is None else self._feed_retention
+
+    def _revision_key(self, name: str) -> str:
+        """The revision counter a write of Redis key `name` draws from (`_redis_revision`)."""
+        if not self.is_cluster:
+            return self._revision_names.plain
+        return self._revision_names.for_slot(wire.key_slot(name))
 
     def _feed_keys(self, name: str) -> tuple[str, ...]:
         """The feed stream and counter a write of Redis key `name` appends to (none when off)."""
@@ -662,7 +692,7 @@ class RedisBackend(Subscriber, Backend):
         # slots in a cluster), so Redis is never blocked for long either.
         retention = self._feed_retention
         for group in self._by_slot(names):
-            feed_keys = self._feed_keys(names[group[0]])
+            feed_keys = (self._revision_key(names[group[0]]), *self._feed_keys(names[group[0]]))
             for start in range(0, len(group), _SET_MANY_CHUNK):
                 chunk = group[start : start + _SET_MANY_CHUNK]
                 args: list[str | bytes | int] = [life, *retention]
@@ -719,16 +749,23 @@ class RedisBackend(Subscriber, Backend):
             if lock.users == 0 and self._update_locks.get(key) is lock:
                 del self._update_locks[key]
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
+    ) -> Change | None:
         """Delete `key` in one atomic script; see `Backend.delete`."""
         name = self._k(key)
-        check_expected_version(expected_version)
-        expected = -1 if expected_version is None else expected_version
+        check_expected(expected_version, expected_revision)
+        expected = _expectation(expected_version, expected_revision)
         kept = self._keeps_history and self._history_list(key)
+        keys = (name, self._revision_key(name), *self._feed_keys(name))
         reply = await self._script(
             scripts.DELETE_SHA,
             scripts.DELETE,
-            (name, *self._feed_keys(name), kept[0]) if kept else (name, *self._feed_keys(name)),
+            (*keys, kept[0]) if kept else keys,
             expected,
             CHANNEL_NAMESPACE + name,
             *self._feed_argv,
@@ -736,7 +773,9 @@ class RedisBackend(Subscriber, Backend):
             write_key=key,
         )
         if reply[0] == 0:
-            raise conflict(key, expected, int(reply[1]))
+            if expected_revision is not None:
+                raise conflict(key, expected_revision, int(reply[1]), what="revision")
+            raise conflict(key, expected_version or 0, int(reply[1]))
         if reply[0] == 2:
             return None
         return new_change(
@@ -746,7 +785,8 @@ class RedisBackend(Subscriber, Backend):
             None,
             int(reply[1]),
             scripts.from_ms(int(reply[3])),
-            self._write_cursor(name, reply[4] if len(reply) > 4 else None),
+            self._write_cursor(name, reply[4]),
+            int(reply[5]),
         )
 
     async def transact(
@@ -776,9 +816,10 @@ class RedisBackend(Subscriber, Backend):
         client: Any = self._client or await self._redis()
         if self.is_cluster:
             _redis_txn.check_one_slot(call, client.keyslot)
-        feed_keys = self._feed_keys(call.keys[0])
-        if feed_keys:
-            _redis_txn.add_feed(call, feed_keys[0], feed_keys[1], self._feed_retention)
+        first = call.keys[0]
+        _redis_txn.add_written(
+            call, self._revision_key(first), self._feed_keys(first), self._feed_retention
+        )
         source, sha = _redis_txn.script(
             scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION, history_lists.HISTORY_FUNCTION
         )

@@ -3,11 +3,14 @@
 On disk, one database file (plus SQLite's `-wal` and `-shm` files next to it) with three tables:
 
 - `kv`: one row per key (with the backend's `key_prefix`): value bytes, version, created, updated
-  and expiry times in microseconds since the epoch. The key is the primary key, so a pattern with
-  a literal prefix (`agent:*`) reads a range of the index, never the whole table.
+  and expiry times in microseconds since the epoch, revision and create revision. The key is the
+  primary key, so a pattern with a literal prefix (`agent:*`) reads a range of the index, never the
+  whole table.
 - `changes`: every committed change (key, old and new bytes, version, time) under a sequence
-  number, written in the same transaction as the value it describes. Subscribers in any process
-  read it in sequence order (see `agenticstate.backends._sqlite_feed`).
+  number, written in the same transaction as the value it describes. The sequence number is the
+  change's revision (one sequence per file, shared by every prefix and process on it; trimming keeps
+  the newest change, so it never goes back). Subscribers in any process read it in sequence order
+  (see `agenticstate.backends._sqlite_feed`).
 - `idx`: the sorted indexes (`index_add` / `index_range`).
 - `history`: the retained older versions of keys a history rule names (`keep_history`), written
   in the same transaction as the value.
@@ -40,8 +43,8 @@ reused). A subscriber that comes back with `since=cursor` replays from there whi
 still holds it; beyond that, `changes` raises `CursorExpiredError` on entry.
 
 Schema versions. `PRAGMA user_version` records the layout; a file of an older layout (version 1,
-before the feed cursors and history) is migrated in place when it is opened, in one transaction,
-and a file of a newer one is refused.
+before the feed cursors and history; version 2, before revisions) is migrated in place when it is
+opened, in one transaction, and a file of a newer one is refused.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ from agenticstate.backends.base import (
     FeedRetention,
     HistoryRules,
     backoff,
-    check_expected_version,
+    check_expected,
     check_index_members,
     check_limit,
     check_transaction,
@@ -187,9 +190,9 @@ class SQLiteBackend(Backend):
         self._commits = 0
         # The writer thread's batch in progress: rows as the batch has them, staged writes.
         self._rows: dict[str, schema.Row | None] = {}
-        self._puts: list[tuple[str, bytes, int, int, int, int | None]] = []
+        self._puts: list[tuple[str, bytes, int, int, int, int | None, int, int]] = []
         self._logs: list[tuple[int, str, int, bytes | None, bytes | None, int, int]] = []
-        self._history: dict[str, list[tuple[str, int, bytes, int, int | None]]] = {}
+        self._history: dict[str, list[tuple[str, int, bytes, int, int | None, int]]] = {}
         self._history_trims: dict[str, int] = {}  # key: drop its versions below this
         self._seq = 0  # the batch's last change sequence number
         self._db_id = ""
@@ -204,6 +207,8 @@ class SQLiteBackend(Backend):
     def change_retention(self) -> int | None:
         """The most changes the feed keeps (`feed.max_changes`; the old option's name)."""
         return self.feed.max_changes
+
+    has_revisions = True
 
     def __repr__(self) -> str:
         return f"SQLiteBackend(path={str(self.path)!r}, key_prefix={self.key_prefix!r})"
@@ -297,6 +302,7 @@ class SQLiteBackend(Backend):
                         for statement in schema.SCHEMA.split(";"):
                             if statement.strip():
                                 conn.execute(statement)
+                        schema.migrate_revisions(conn, found)
                         conn.execute(
                             "INSERT OR IGNORE INTO meta VALUES ('db_id', ?)",
                             (secrets.token_hex(8),),
@@ -398,8 +404,7 @@ class SQLiteBackend(Backend):
         """
         try:
             self._begin(conn)
-            (last,) = conn.execute("SELECT max(seq) FROM changes").fetchone()
-            self._seq = last or 0
+            (self._seq,) = conn.execute(schema.REVISION).fetchone()
             if len(jobs) > 1:
                 self._prefetch(conn, [job.key for job in jobs if job.key is not None])
             for job in jobs:
@@ -466,6 +471,7 @@ class SQLiteBackend(Backend):
         now: int,
         expires: int | None,
         prior: schema.Row | None,
+        revision: int,
     ) -> None:
         """Keep version `version` of `key` if a rule says so, dropping versions past its depth.
 
@@ -483,8 +489,8 @@ class SQLiteBackend(Backend):
         else:
             trims[full] = max(trims.get(full, 0), version - depth + 1)
             if prior is not None and (not rows or rows[-1][1] != prior[1]):
-                rows.append((full, prior[1], prior[0], prior[3], prior[4]))
-        rows.append((full, version, value, now, expires))
+                rows.append((full, prior[1], prior[0], prior[3], prior[4], prior[5]))
+        rows.append((full, version, value, now, expires, revision))
         if len(rows) > depth:
             del rows[:-depth]
 
@@ -673,19 +679,25 @@ class SQLiteBackend(Backend):
         now: int,
     ) -> Change:
         """Stage a write of `key` (flushed with the batch) and return its change."""
-        version = current[1] + 1 if current is not None else 1
-        created = current[2] if current is not None else now
-        old = current[0] if current is not None else None
+        self._seq = seq = self._seq + 1  # the change's sequence number is its revision
+        if current is None:
+            version, created, old, create_revision = 1, now, None, seq
+        else:
+            version, created, old, create_revision = (
+                current[1] + 1,
+                current[2],
+                current[0],
+                current[6],
+            )
         full = self.key_prefix + key
         expires = now + ttl_us if ttl_us else None
-        self._seq = seq = self._seq + 1
-        self._puts.append((full, value, version, created, now, expires))
+        self._puts.append((full, value, version, created, now, expires, seq, create_revision))
         self._logs.append((seq, full, schema.SET, old, value, version, now))
-        self._rows[full] = (value, version, created, now, expires)
+        self._rows[full] = (value, version, created, now, expires, seq, create_revision)
         if self.history_rules:
-            self._stage_history(full, key, version, value, now, expires, current)
+            self._stage_history(full, key, version, value, now, expires, current, seq)
         cursor = format_cursor(self._db_id, seq)
-        return new_change(key, ChangeOp.SET, old, value, version, from_us(now), cursor)
+        return new_change(key, ChangeOp.SET, old, value, version, from_us(now), cursor, seq)
 
     def _current(self, conn: sqlite3.Connection, key: str, now: int) -> schema.Row | None:
         """The live row at `key` as this batch has it so far."""
@@ -704,19 +716,18 @@ class SQLiteBackend(Backend):
         *,
         ttl: timedelta | None = None,
         expected_version: int | None = None,
+        expected_revision: int | None = None,
     ) -> Change:
         """Store `value` at `key`; see `Backend.set`."""
         validate_key(key)
         ttl_us = schema.ttl_us(check_ttl(ttl))
-        check_expected_version(expected_version)
+        check_expected(expected_version, expected_revision)
         value = schema.as_bytes(value)
 
         def run(conn: sqlite3.Connection) -> Change:
             now = schema.now_us()
             current = self._current(conn, key, now)
-            version = current[1] if current is not None else 0
-            if expected_version is not None and expected_version != version:
-                raise conflict(key, expected_version, version)
+            _check(key, current, expected_version, expected_revision)
             return self._put(key, value, ttl_us, current, now)
 
         result: Change = await self._call(True, run, self.key_prefix + key)
@@ -750,18 +761,21 @@ class SQLiteBackend(Backend):
             history = self._stage_history if self.history_rules else None
             for key, value in batch:
                 row = current.get(key)
-                version = row[1] + 1 if row is not None else 1
-                created = row[2] if row is not None else now
-                old = row[0] if row is not None else None
                 seq += 1
-                puts.append((prefix + key, value, version, created, now, expires))
+                if row is None:
+                    version, created, old, create_revision = 1, now, None, seq
+                else:
+                    version, created, old, create_revision = row[1] + 1, row[2], row[0], row[6]
+                puts.append(
+                    (prefix + key, value, version, created, now, expires, seq, create_revision)
+                )
                 logs.append((seq, prefix + key, schema.SET, old, value, version, now))
-                current[key] = (value, version, created, now, expires)
+                current[key] = (value, version, created, now, expires, seq, create_revision)
                 changes.append(
-                    new_change(key, ChangeOp.SET, old, value, version, stamp, f"{tag}{seq}")
+                    new_change(key, ChangeOp.SET, old, value, version, stamp, f"{tag}{seq}", seq)
                 )
                 if history is not None:
-                    history(prefix + key, key, version, value, now, expires, row)
+                    history(prefix + key, key, version, value, now, expires, row, seq)
             self._seq = seq
             conn.executemany(schema.PUT, puts)
             conn.executemany(schema.LOG, logs)
@@ -773,17 +787,21 @@ class SQLiteBackend(Backend):
         result: list[Change] = await self._call(True, run)
         return result
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> Change | None:
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        expected_revision: int | None = None,
+    ) -> Change | None:
         """Delete `key`; see `Backend.delete`."""
         validate_key(key)
-        check_expected_version(expected_version)
+        check_expected(expected_version, expected_revision)
 
         def run(conn: sqlite3.Connection) -> Change | None:
             now = schema.now_us()
             current = self._current(conn, key, now)
-            version = current[1] if current is not None else 0
-            if expected_version is not None and expected_version != version:
-                raise conflict(key, expected_version, version)
+            _check(key, current, expected_version, expected_revision)
             if current is None:
                 return None
             return self._drop(conn, key, current, now)
@@ -802,7 +820,9 @@ class SQLiteBackend(Backend):
         conn.execute(schema.HISTORY_TRIM, (full, _ALL_VERSIONS))  # a delete ends its history
         self._logged += 1
         cursor = format_cursor(self._db_id, seq)
-        return new_change(key, ChangeOp.DELETE, current[0], None, current[1], from_us(now), cursor)
+        return new_change(
+            key, ChangeOp.DELETE, current[0], None, current[1], from_us(now), cursor, seq
+        )
 
     async def transact(
         self,
@@ -993,19 +1013,45 @@ class SQLiteBackend(Backend):
         Rows an earlier life of the key left (written before it was created again) are
         passed over, should a writer without the rules have deleted it.
         """
-        _, version, created, _, _ = current
+        _, version, created, _, _, _, create_revision = current
         sql = (
-            "SELECT version, value, updated_at, expires_at FROM history "  # noqa: S608  # constants
-            f"WHERE key = ? AND version < ? AND updated_at >= ?{where} "
-            "ORDER BY version DESC LIMIT ?"
+            "SELECT version, value, updated_at, expires_at, revision FROM history "  # noqa: S608  # constants
+            f"WHERE key = ? AND version < ? AND updated_at >= ? "
+            f"AND (revision = 0 OR revision >= ?){where} ORDER BY version DESC LIMIT ?"
         )
         made = from_us(created)
         return [
-            Entry(key, old, number, made, from_us(updated), from_us(expires) if expires else None)
-            for number, old, updated, expires in conn.execute(
-                sql, (full, version, created, *params)
+            Entry(
+                key,
+                old,
+                number,
+                made,
+                from_us(updated),
+                from_us(expires) if expires else None,
+                revision,
+                create_revision,
+            )
+            for number, old, updated, expires, revision in conn.execute(
+                sql, (full, version, created, create_revision, *params)
             )
         ]
+
+
+def _check(
+    key: str,
+    current: schema.Row | None,
+    expected_version: int | None,
+    expected_revision: int | None,
+) -> None:
+    """Raise `ConflictError` unless the live row `current` is the one expected (writer thread)."""
+    if expected_version is not None:
+        version = current[1] if current is not None else 0
+        if expected_version != version:
+            raise conflict(key, expected_version, version)
+    if expected_revision is not None:
+        revision = current[5] if current is not None else 0
+        if expected_revision != revision:
+            raise conflict(key, expected_revision, revision, what="revision")
 
 
 class _SQLiteStep:

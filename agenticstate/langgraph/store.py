@@ -134,10 +134,15 @@ class Store(BaseStore):
         entry = await self.state.get_entry(key)
         if entry is None or entry.value != record:
             return
+        # On the revision read (where the backend keeps them): an item deleted and written
+        # again meanwhile is not refreshed, whatever its version.
+        condition = (
+            {"expected_revision": entry.revision}
+            if self.state.backend.has_revisions
+            else {"expected_version": entry.version}
+        )
         try:
-            await self.state.save(
-                key, record, ttl=timedelta(minutes=minutes), expected_version=entry.version
-            )
+            await self.state.save(key, record, ttl=timedelta(minutes=minutes), **condition)
         except ConflictError:
             return  # a newer write carries its own TTL
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import random
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,11 +31,15 @@ from agenticstate.manager import StateManager
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from agenticstate.manager import StateEntry
+
 __all__ = [
     "DEFAULT_REDIS_URL",
     "Persistence",
     "StateManagerBase",
     "TaggedKeys",
+    "conditional",
+    "jitter",
     "sort_time",
     "utcnow",
 ]
@@ -51,6 +56,22 @@ DEFAULT_REDIS_URL = "redis://localhost:6379"
 def utcnow() -> datetime:
     """Return the current time as an aware UTC datetime (the default for generated timestamps)."""
     return datetime.now(UTC)
+
+
+def jitter(attempt: int) -> float:
+    """A full-jitter backoff delay in seconds before retry `attempt` of a compare-and-set."""
+    return random.uniform(0, min(0.05, 0.001 * 2**attempt))  # noqa: S311  # jitter, not crypto
+
+
+def conditional(state: StateManager, entry: StateEntry | None) -> dict[str, int]:
+    """The condition of a compare-and-set on what `entry` read (`None`: missing).
+
+    The entry's revision where the backend keeps revisions (a key deleted and written again
+    meanwhile is refused, whatever its version), else its version.
+    """
+    if state.backend.has_revisions:
+        return {"expected_revision": 0 if entry is None else entry.revision}
+    return {"expected_version": 0 if entry is None else entry.version}
 
 
 def sort_time(value: datetime) -> float:

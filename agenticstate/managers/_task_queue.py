@@ -33,6 +33,7 @@ from agenticstate.exceptions import (
 )
 from agenticstate.managers._base import (
     TaggedKeys,
+    conditional,
     key_part,
     load,
     load_many,
@@ -48,8 +49,8 @@ from agenticstate.txn import (
     IndexRange,
     IndexRemove,
     Put,
+    Revision,
     TransactResult,
-    Version,
 )
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ _REPAIR_EVERY = 60
 """`sync_interval`s between two checks of a team's task records against its indexes."""
 
 _KNOWN_MAX = 4096
-"""Records (tasks and agents) whose last version this process knows, at most (oldest go)."""
+"""Records (tasks and agents) whose last revision this process knows, at most (oldest go)."""
 
 _HEADS = 2
 """Pending tasks after the one a claim took whose records the next claim reads with the index."""
@@ -179,13 +180,13 @@ class TaskClaim(BaseModel):
         return self.task.task_id
 
 
-_Snapshot = tuple[list[tuple[str, float]], dict[str, "StateEntry | None"], list["Version"]]
+_Snapshot = tuple[list[tuple[str, float]], dict[str, "StateEntry | None"], list["Revision"]]
 """A team's pending index head, the records of some of its tasks, and the compares on the keys
-whose versions tell that nothing was added to the index since (see `TaskQueue._candidates`)."""
+whose revisions tell that nothing was added to the index since (see `TaskQueue._candidates`)."""
 
 _SNAPSHOT_LIFE = 2.0
-"""Seconds a claim may use a snapshot of the pending index (versions restart after a deletion:
-a snapshot kept long could meet a team deleted and made anew)."""
+"""Seconds a claim may use a snapshot of the pending index (it only saves a read: past this,
+the next claim reads the index again)."""
 
 _PAGE = 16
 """Pending entries a claim reads first."""
@@ -252,7 +253,7 @@ class TeamKeys(TaggedKeys):
     def added(self, team_id: str) -> str:
         """Written with (or after) every addition to the pending index: `teams:{<team_id>}:added`.
 
-        Its version tells a worker that nothing was added to the pending index since it last
+        Its revision tells a worker that nothing was added to the pending index since it last
         read it (only claims removed entries).
         """
         return self.key(team_id, "added")
@@ -260,8 +261,10 @@ class TeamKeys(TaggedKeys):
     def lease(self, team_id: str, task_id: str, lease_token: str) -> str:
         """Present while a claim holds its task: `teams:{<team_id>}:leases:<task_id>:<token>`.
 
-        A single step on a task compares it present as well as the task's version: a version
-        alone could come round again after the task was deleted and enqueued anew.
+        A single step on a task compares it present as well as the task's revision. The
+        revision alone already refuses a step of an earlier life of the task (deleted and
+        enqueued anew under the same id); the marker also ends a claim the moment its task is
+        reaped, deleted or finished, since those delete it.
         """
         return self.key(team_id, "leases", key_part(task_id, "task_id"), lease_token)
 
@@ -300,14 +303,17 @@ class TaskQueue:
     Single steps: where the backend has `transact` (every built-in one), an enqueue's store, a
     claim's take, a completion, a failure and a heartbeat are each one atomic
     `StateManager.transact` (one round trip on Redis) that moves the task and its index entries
-    and sets its holder's record, compared on the versions of the task and the agent record
-    this process last wrote or read, and on the claim's lease marker (`TeamKeys.lease`). The
-    queue remembers those versions (`_known`, at most `_KNOWN_MAX` records); when one is
-    unknown or stale, the step fails its compare, reads them back in the same round trip, and
-    the call falls back to the multi-call path (a read, then a compare-and-set), which gives
-    the exact errors. A completion or failure step also reads the head of the pending index
-    for the next claim (see `_candidates`). A backend without `transact` always takes the
-    multi-call path. docs/managers/orchestration.md describes it all.
+    and sets its holder's record, compared on the revisions of the task and the agent record
+    this process last wrote or read (`Revision` compares: a revision never comes round again,
+    so a step of a claim on an earlier life of a task, deleted and enqueued anew under the same
+    id, is refused where a version would match), and on the claim's lease marker
+    (`TeamKeys.lease`). The queue remembers those revisions (`_known`, at most `_KNOWN_MAX`
+    records); when one is unknown or stale, the step fails its compare, reads them back in the
+    same round trip, and the call falls back to the multi-call path (a read, then a
+    compare-and-set), which checks the lease token in the record itself and gives the exact
+    errors. A completion or failure step also reads the head of the pending index for the next
+    claim (see `_candidates`). A backend without `transact` or without revisions always takes
+    the multi-call path. docs/managers/orchestration.md describes it all.
     """
 
     def __init__(
@@ -340,9 +346,10 @@ class TaskQueue:
         self.finished_task_ttl = finished_task_ttl
         self._checked: dict[str, float] = {}  # team id -> when its indexes were last checked
         self._finishes = 0  # tasks finished here: every 32nd tidies the index
-        # key -> (version, record) this process last wrote or read: 0 and None for missing.
+        # key -> (revision, record) this process last wrote or read: 0 and None for missing.
         self._known: dict[str, tuple[int, Any]] = {}
-        self._transact = True  # False once the backend said it has no transact
+        # False once the backend said it has no transact (or no revisions to compare).
+        self._transact = True
         self._heads: dict[str, list[str]] = {}  # team id -> likely head of its pending index
         # team id -> the pending index as this process's last step read it, with the records
         # of its likely head, and the compares that hold while nothing was added to it since.
@@ -350,9 +357,9 @@ class TaskQueue:
 
     # single steps
 
-    def _remember(self, key: str, version: int, value: Any) -> None:
+    def _remember(self, key: str, revision: int, value: Any) -> None:
         self._known.pop(key, None)
-        self._known[key] = (version, value)
+        self._known[key] = (revision, value)
         if len(self._known) > _KNOWN_MAX:
             del self._known[next(iter(self._known))]
 
@@ -360,9 +367,12 @@ class TaskQueue:
         self._known.pop(key, None)
 
     async def _step(
-        self, compare: Sequence[Version | Exists], then: Sequence[Op], orelse: Sequence[Op] = ()
+        self, compare: Sequence[Revision | Exists], then: Sequence[Op], orelse: Sequence[Op] = ()
     ) -> TransactResult | None:
-        """One `StateManager.transact`; `None` if the backend has none (then never again)."""
+        """One `StateManager.transact`; `None` (then never again) if the backend cannot.
+
+        It cannot when it has no `transact`, or keeps no revisions to compare.
+        """
         if not self._transact:
             return None
         try:
@@ -373,10 +383,10 @@ class TaskQueue:
 
     def _agent_step(
         self, team_id: str, agent_id: str | None, task_id: str | None
-    ) -> tuple[list[Version], list[Op], list[Op]] | None:
+    ) -> tuple[list[Revision], list[Op], list[Op]] | None:
         """The compare, write and read-back of setting an agent's record in a single step.
 
-        `None` if this process does not know the record's version (then it is set apart, by
+        `None` if this process does not know the record's revision (then it is set apart, by
         `_set_agent`). A known non-member is compared as missing and left alone.
         """
         if agent_id is None:
@@ -385,44 +395,43 @@ class TaskQueue:
         known = self._known.get(key)
         if known is None:
             return None
-        version, record = known
-        if version == 0:
-            return [Version(key, 0)], [], [Get(key)]
-        return [Version(key, version)], [Put(key, self._agent_change(record, task_id))], [Get(key)]
+        revision, record = known
+        if revision == 0:
+            return [Revision(key, 0)], [], [Get(key)]
+        change = self._agent_change(record, task_id)
+        return [Revision(key, revision)], [Put(key, change)], [Get(key)]
 
     def _learn_agent(
-        self, team_id: str, agent_id: str | None, then: Sequence[Op], results: Sequence[Any]
+        self, team_id: str, agent_id: str | None, ops: Sequence[Op], done: TransactResult
     ) -> None:
         """Remember the agent record a single step wrote or read back (the last op on it)."""
         if agent_id is None:
             return
         key = self.keys.agent(team_id, agent_id)
-        for op, result in zip(then, results, strict=True):
+        for op, result, revision in zip(ops, done.results, done.revisions, strict=True):
             # This manager's own operations: exact types (index operations have no key).
             if type(op) is Put and op.key == key:
-                self._remember(key, result, op.value)
+                self._remember(key, revision, op.value)
             elif type(op) is Get and op.key == key:
                 self._remember(
-                    key, *((0, None) if result is None else (result.version, result.value))
+                    key, *((0, None) if result is None else (result.revision, result.value))
                 )
 
     async def _set_agent(self, team_id: str, agent_id: str, task_id: str | None) -> None:
         """Set an agent's record apart from the task's step (working on `task_id`, or idle)."""
         key = self.keys.agent(team_id, agent_id)
         if self._transact:
-            # A read and a compare-and-set, so that the next steps know the record's version.
+            # A read and a compare-and-set, so that the next steps know the record's revision.
             entry = await self.state.get_entry(key)
             if entry is None:
                 self._remember(key, 0, None)
                 return
             record = self._agent_change(entry.value, task_id)
-            try:
-                version = await self.state.save(key, record, expected_version=entry.version)
-            except ConflictError:
-                self._forget(key)
-            else:
-                self._remember(key, version, record)
+            done = await self._step([Revision(key, entry.revision)], [Put(key, record)])
+            if done is not None and done.succeeded:
+                self._remember(key, done.revisions[0], record)
                 return
+            self._forget(key)  # it changed meanwhile: set it by the multi-call path below
         if task_id is not None:
             await self._agent_took(team_id, agent_id, task_id)
         else:
@@ -506,7 +515,7 @@ class TaskQueue:
         key = self.keys.task(team_id, item.task_id)
         # Stored, indexed and announced (for claims reading snapshots) in one step.
         done = await self._step(
-            [Version(key, 0)],
+            [Revision(key, 0)],
             [
                 Put(key, item),
                 IndexAdd(self.keys.pending(team_id), self._order(item)),
@@ -524,7 +533,7 @@ class TaskQueue:
                 ) from None
             await self.state.index_add(self.keys.pending(team_id), self._order(item))
         else:
-            self._remember(key, done.results[0], item)
+            self._remember(key, done.revisions[0], item)
         return item
 
     async def get_task(self, team_id: str, task_id: str) -> TaskItem:
@@ -551,7 +560,7 @@ class TaskQueue:
             return fn(task).model_copy(update={"updated_at": utcnow()})
 
         key = self.keys.task(team_id, task_id)
-        self._forget(key)  # its next version is not learned here
+        self._forget(key)  # its next revision is not learned here
         try:
             value = await self.state.update(key, apply, **self._finished_ttl(finished))
         except NotFoundError:
@@ -648,9 +657,9 @@ class TaskQueue:
                 if entry is None or task is None or task.status is not TaskStatus.PENDING:
                     # A stale entry (the task was taken or finished): tidy it away, unless the
                     # task changed since (it may be pending again, and indexed again).
-                    version = 0 if entry is None else entry.version
+                    revision = 0 if entry is None else entry.revision
                     tidied = await self._step(
-                        [Version(key, version)], [IndexRemove(pending, [task_id])]
+                        [Revision(key, revision)], [IndexRemove(pending, [task_id])]
                     )
                     if tidied is None:
                         await self.state.index_remove(pending, [task_id])
@@ -672,7 +681,7 @@ class TaskQueue:
                 assert taken.lease_expires_at is not None  # noqa: S101
                 member = self.keys.member(task_id, taken.lease_token)
                 won = await self._take_step(
-                    team_id, agent_id, key, entry.version, taken, member, guard, lease
+                    team_id, agent_id, key, entry.revision, taken, member, guard, lease
                 )
                 if won == "stale":
                     stale = True  # a task was added to pending since the snapshot
@@ -693,14 +702,13 @@ class TaskQueue:
                 # the two leaves a stale entry (tidied by the reaper), never an unreapable task.
                 await self.state.index_add(in_progress, {member: self._lease_score(taken)})
                 try:
-                    # Compare-and-set on the version just read: one round trip, and only one
+                    # Compare-and-set on what was just read: one round trip, and only one
                     # claimer can win it.
-                    version = await self.state.save(key, taken, expected_version=entry.version)
+                    await self.state.save(key, taken, **conditional(self.state, entry))
                 except ConflictError:
                     await self.state.index_remove(in_progress, [member])
                     contended = True
                     continue  # another worker won this one
-                self._remember(key, version, taken)
                 await self.state.index_remove(pending, [task_id])
                 await self._set_agent(team_id, agent_id, task_id)
                 return TaskClaim(
@@ -718,7 +726,7 @@ class TaskQueue:
 
         The first read of a claim uses the snapshot that this process's last completion or
         failure of a task of the team took in its own step, if there is one. Its guard compares
-        the version of `TeamKeys.added` as that step read it, so a take compared on it fails if
+        the revision of `TeamKeys.added` as that step read it, so a take compared on it fails if
         a task was added to pending since (then the claim reads the index again). Else one step
         reads the index's first `page` entries and the records of the tasks that followed the
         last task this process claimed (the likely head now), with no guard. Either way the
@@ -764,7 +772,7 @@ class TaskQueue:
     def _keep_snapshot(self, team_id: str, guesses: list[str], results: Sequence[Any]) -> None:
         """Keep what the `_snapshot_ops` at the end of a step read, for the next claim."""
         ranked, added, *entries = results
-        guard = [Version(self.keys.added(team_id), 0 if added is None else added.version)]
+        guard = [Revision(self.keys.added(team_id), 0 if added is None else added.revision)]
         snapshot = (ranked, self._head_entries(ranked, guesses, entries), guard)
         self._snapshots[team_id] = (time.monotonic(), snapshot)
 
@@ -773,13 +781,13 @@ class TaskQueue:
         team_id: str,
         agent_id: str,
         key: str,
-        version: int,
+        revision: int,
         taken: TaskItem,
         member: str,
-        guard: list[Version],
+        guard: list[Revision],
         lease: timedelta,
     ) -> Literal["taken", "lost", "stale", "none"]:
-        """Take a task read at `version` in a single step, compared also on `guard`.
+        """Take a task read at `revision` in a single step, compared also on `guard`.
 
         Returns "taken", "lost" (the task changed), "stale" (a guard's key changed: a task was
         added to pending since the snapshot), or "none" (the backend has no `transact`).
@@ -803,23 +811,23 @@ class TaskQueue:
                 *agent_back,
                 *[Get(check.key) for check in guard],
             ]
-            done = await self._step([Version(key, version), *guard, *compare], then, orelse)
+            done = await self._step([Revision(key, revision), *guard, *compare], then, orelse)
             if done is None:
                 return "none"
             if done.succeeded:
-                self._remember(key, done.results[0], taken)
-                self._learn_agent(team_id, agent_id, then, done.results)
+                self._remember(key, done.revisions[0], taken)
+                self._learn_agent(team_id, agent_id, then, done)
                 if agent is None:
                     await self._set_agent(team_id, agent_id, task_id)
                 return "taken"
-            self._learn_agent(team_id, agent_id, orelse, done.results)
+            self._learn_agent(team_id, agent_id, orelse, done)
             current = done.results[0]
-            if current is None or current.version != version:
+            if current is None or current.revision != revision:
                 self._forget(key)
                 return "lost"  # the task changed: another worker took it (or it went)
             now = done.results[len(done.results) - len(guard) :]
             if any(
-                (0 if entry is None else entry.version) != check.version
+                (0 if entry is None else entry.revision) != check.revision
                 for check, entry in zip(guard, now, strict=True)
             ):
                 return "stale"
@@ -858,16 +866,16 @@ class TaskQueue:
         # lease extended and moves the entry (one index write per lease, not per heartbeat).
         known = self._held(team_id, task_id, lease_token, None)
         if known is not None:
-            version, held = known
+            revision, held = known
             key = self.keys.task(team_id, task_id)
             extended = extend(held).model_copy(update={"updated_at": utcnow()})
             held_key = self.keys.lease(team_id, task_id, lease_token)
             done = await self._step(
-                [Version(key, version), Exists(held_key)],
+                [Revision(key, revision), Exists(held_key)],
                 [Put(key, extended), Put(held_key, task_id, ttl=2 * life)],
             )
             if done is not None and done.succeeded:
-                self._remember(key, done.results[0], extended)
+                self._remember(key, done.revisions[0], extended)
                 return extended
         _, task = await self._change_task(team_id, task_id, extend)
         return task
@@ -899,8 +907,8 @@ class TaskQueue:
 
         known = self._held(team_id, task_id, lease_token, agent_id)
         if known is not None:
-            version, held = known
-            done = await self._finish_step(team_id, version, held, complete(held))
+            revision, held = known
+            done = await self._finish_step(team_id, revision, held, complete(held))
             if done is not None:
                 return done
         before, task = await self._change_task(team_id, task_id, complete, finished=True)
@@ -910,25 +918,25 @@ class TaskQueue:
     def _held(
         self, team_id: str, task_id: str, lease_token: str | None, agent_id: str | None
     ) -> tuple[int, TaskItem] | None:
-        """The version and record of a task this process knows to be in progress as given."""
+        """The revision and record of a task this process knows to be in progress as given."""
         if not self._transact:
             return None
         known = self._known.get(self.keys.task(team_id, task_id))
         if known is None or not isinstance(known[1], TaskItem):
             return None
-        version, task = known
+        revision, task = known
         if task.lease_token is None:
             return None
         try:
             self._check_holder(task, lease_token, agent_id)
         except ConflictError:
             return None  # maybe stale: the multi-call path reads it and says exactly why
-        return version, task
+        return revision, task
 
     async def _finish_step(
-        self, team_id: str, version: int, before: TaskItem, after: TaskItem
+        self, team_id: str, revision: int, before: TaskItem, after: TaskItem
     ) -> TaskItem | None:
-        """Move a task out of in-progress in a single step, compared on the known `version`.
+        """Move a task out of in-progress in a single step, compared on the known `revision`.
 
         Writes the task, adds its next index entry, removes its claim's, and sets its holder
         idle (in the same step when this process knows the holder's record). Returns the task
@@ -968,21 +976,21 @@ class TaskQueue:
             ]
             orelse: list[Op] = [Get(key, model=TaskItem), Get(held_key), *agent_back]
             done = await self._step(
-                [Version(key, version), Exists(held_key), *compare], then, orelse
+                [Revision(key, revision), Exists(held_key), *compare], then, orelse
             )
             if done is None:
                 return None
             if done.succeeded:
-                self._remember(key, done.results[0], task)
-                self._learn_agent(team_id, holder, then, done.results)
+                self._remember(key, done.revisions[0], task)
+                self._learn_agent(team_id, holder, then, done)
                 self._keep_snapshot(team_id, guesses, done.results[len(then) - len(reads) :])
                 if agent is None and holder is not None:
                     await self._set_agent(team_id, holder, None)
                 await self._finished_one(team_id, task)
                 return task
-            self._learn_agent(team_id, holder, orelse, done.results)
+            self._learn_agent(team_id, holder, orelse, done)
             current = done.results[0]
-            if current is None or current.version != version or done.results[1] is None:
+            if current is None or current.revision != revision or done.results[1] is None:
                 self._forget(key)
                 return None
         return None
@@ -990,6 +998,8 @@ class TaskQueue:
     async def _finish(self, team_id: str, before: TaskItem, task: TaskItem) -> None:
         """Move a task that just left in-progress to its next index; set its holder idle."""
         member = self.keys.member(before.task_id, before.lease_token)
+        if before.lease_token is not None:  # the claim is over, as in the single step
+            await self.state.delete(self.keys.lease(team_id, before.task_id, before.lease_token))
         # The new index entry goes in before the old one goes, so a reader of the indexes
         # (get_queue_status) never finds the task in neither.
         if task.status is TaskStatus.PENDING:
@@ -1056,9 +1066,9 @@ class TaskQueue:
         task: TaskItem | None = None
         known = self._held(team_id, task_id, lease_token, agent_id)
         if known is not None:
-            version, held = known
+            revision, held = known
             expect_dead = held.failures + 1 > held.max_retries
-            task = await self._finish_step(team_id, version, held, fail(held))
+            task = await self._finish_step(team_id, revision, held, fail(held))
         while task is None:
             try:
                 before, task = await self._change_task(team_id, task_id, fail, finished=expect_dead)
@@ -1088,7 +1098,7 @@ class TaskQueue:
             if entry is None:
                 raise NotFoundError(f"team {team_id!r} has no task {task_id!r}")
             try:
-                await self.state.delete(key, expected_version=entry.version)
+                await self.state.delete(key, **conditional(self.state, entry))
             except ConflictError:
                 continue  # it changed meanwhile: delete what it is now
             break
@@ -1223,6 +1233,8 @@ class TaskQueue:
             _, back = await self._change_task(team_id, task.task_id, release)
         except (InvalidTransitionError, NotFoundError):
             return False
+        if token is not None:  # the claim is over: its holder's single steps fail from now on
+            await self.state.delete(self.keys.lease(team_id, task.task_id, token))
         await self.state.index_add(self.keys.pending(team_id), self._order(back))
         await self._added(team_id, back.task_id)
         if task.assigned_to is not None:

@@ -9,10 +9,20 @@ history = await sessions.get_messages(session.session_id, last=20, max_tokens=20
 prompt = await sessions.render(session.session_id, "Current list: {shopping_list}")
 ```
 
-Each message is a record of its own, numbered by a per-session sequence that one atomic
-`update` allocates, so appending costs the same at the 10th and the 100,000th message, and
-writers in several processes never lose a message or disagree on the order. Reading the last N
-messages is one read of the session and one batch read of N keys.
+Each message is a record of its own, numbered by a per-session sequence: one atomic step bumps
+the session's count and writes the message under its number, so appending costs the same at the
+10th and the 100,000th message, writers in several processes never lose a message or disagree
+on the order, and no number is ever given without its message. Reading the last N messages is
+one read of the session and one batch read of N keys.
+
+Deleting a session erases every write that races it. Each write of a session key is one step
+compared on revisions (`Revision`): on the key itself when it is there, else on the session
+record, which a delete removes first; a write that began in one life of a session (before it was
+deleted, and perhaps created again under the same id) is refused with `NotFoundError`, never
+left behind nor carried into the new session. The delete then erases the keys of the life it
+ended (those created before its own revision), and leaves alone those a session created again
+meanwhile wrote. On a backend without `transact` or revisions, appends and state writes take
+the older multi-call path, where a write racing a delete can outlive it.
 
 Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
 slot):
@@ -37,24 +47,32 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import uuid4
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from agenticstate._checks import as_ttl
-from agenticstate._merge import deep_merge
-from agenticstate.exceptions import ConflictError, InvalidArgumentError, NotFoundError
+from agenticstate._merge import deep_merge, updater
+from agenticstate.exceptions import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedOperationError,
+)
 from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
+    jitter,
     key_part,
     maybe_await,
     sort_time,
     utcnow,
 )
+from agenticstate.txn import Delete, Get, Put, Revision
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agenticstate.manager import StateManager
+    from agenticstate.manager import StateEntry, StateManager
     from agenticstate.managers._base import Persistence
 
 __all__ = [
@@ -81,6 +99,10 @@ _CREATION_GRACE = timedelta(minutes=1)  # an index entry younger than this may b
 
 class _StaleExpiryError(Exception):
     """A cached session expiry no longer matches the stored session (internal)."""
+
+
+class _NoSteps(Exception):  # noqa: N818  # internal signal, never raised to callers
+    """The backend has no `transact` or no revisions: take the multi-call path."""
 
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)\}")
@@ -208,6 +230,10 @@ class SessionManager(StateManagerBase):
         )
         self.token_counter: TokenCounter = token_counter or estimate_tokens
         self._expiries: dict[str, datetime | None] = {}
+        # Session records as this process last wrote or read them (an append compares on the
+        # revision: one round trip when nobody else wrote meanwhile).
+        self._metas: dict[str, StateEntry] = {}
+        self._steps = True  # False once the backend has no transact or no revisions
 
     # ---------------------------------------------------------------- keys
     # Every key this manager writes is built here (the layout is in the module docstring).
@@ -235,6 +261,30 @@ class SessionManager(StateManagerBase):
         if session is None:
             raise NotFoundError(f"no session {session_id!r}")
         return session
+
+    async def _step(
+        self, compare: Sequence[Revision], then: Sequence[Any], orelse: Sequence[Any] = ()
+    ) -> Any:
+        """One `StateManager.transact` compared on revisions.
+
+        Raises:
+            _NoSteps: The backend has no `transact` or keeps no revisions (then never again).
+        """
+        if not self._steps or not self.state.backend.has_revisions:
+            self._steps = False
+            raise _NoSteps
+        try:
+            return await self.state.transact(compare, then, orelse)
+        except UnsupportedOperationError:
+            self._steps = False
+            raise _NoSteps from None
+
+    def _retries(self) -> range:
+        return range(self.state.config.update_max_attempts)
+
+    @staticmethod
+    def _gone(session_id: str) -> NotFoundError:
+        return NotFoundError(f"no session {session_id!r} (it was deleted)")
 
     # ---------------------------------------------------------------- sessions
 
@@ -392,20 +442,52 @@ class SessionManager(StateManagerBase):
         if session is not None and user_id is not None and session.user_id != user_id:
             return False, 0, 0
         self._expiries.pop(session_id, None)
-        # The session record goes first: appends racing the delete then fail as NotFoundError.
-        existed = await self.state.delete(self._key(session_id, "meta"))
+        self._metas.pop(session_id, None)
+        # The session record goes first: every write racing the delete then fails (see the
+        # module docstring). Its revision tells this life's keys from a new life's.
+        meta_key = self._key(session_id, "meta")
+        ended: int | None = None
+        try:
+            done = await self._step([], [Delete(meta_key)])
+            existed = bool(done.results[0])
+            ended = done.revisions[0] or None
+        except _NoSteps:
+            existed = await self.state.delete(meta_key)
         owner = session.user_id if session is not None else user_id
         if owner is not None:
             await self.state.index_remove(self._user_index(owner), [session_id])
         keys = int(existed)
         messages = 0
-        for key in await self.state.list_keys(self._keys.glob(session_id, "*")):
-            if await self.state.delete(key):
+        listed = await self.state.list_keys(self._keys.glob(session_id, "*"))
+        for start in range(0, len(listed), _PAGE):
+            for key in await self._erase(listed[start : start + _PAGE], ended):
                 keys += 1
                 messages += ":msg:" in key
         if existed:
             self.log.debug("session_deleted", session_id=session_id, keys=keys)
         return existed, keys, messages
+
+    async def _erase(self, keys: list[str], ended: int | None) -> list[str]:
+        """Delete the keys of the life a delete ended (at revision `ended`); return the deleted.
+
+        Each is read, then deleted only as read (`expected_revision`), unless a session created
+        again since wrote it (created after `ended`). Without steps, or when the session record
+        was gone already (`ended` None), every key is deleted as it is.
+        """
+        if ended is None or not self._steps:
+            return [key for key in keys if await self.state.delete(key)]
+        deleted: list[str] = []
+        done = await self._step([], [Get(key) for key in keys])
+        for key, entry in zip(keys, done.results, strict=True):
+            while entry is not None and entry.create_revision < ended:
+                try:
+                    await self.state.delete(key, expected_revision=entry.revision)
+                except ConflictError:  # a write of the ended life landed meanwhile: again
+                    entry = await self.state.get_entry(key)
+                else:
+                    deleted.append(key)
+                    break
+        return deleted
 
     async def delete_user(self, user_id: str) -> SessionDeletion:
         """Erase every session of a user, with their states, messages and summaries.
@@ -455,9 +537,15 @@ class SessionManager(StateManagerBase):
         must have no side effects). Concurrent updates from any number of processes lose nothing.
 
         Raises:
-            NotFoundError: No such session.
+            NotFoundError: No such session (or it was deleted while the update ran: a write
+                racing a delete never outlives it).
             InvalidArgumentError: A function returned something other than a dict.
         """
+        if isinstance(change, Mapping) or callable(change):
+            try:
+                return await self._write_state(session_id, updater("state", change))
+            except _NoSteps:
+                pass
         session = await self._session(session_id)
         if isinstance(change, Mapping):
             self._check_mapping(change, "$")
@@ -495,9 +583,45 @@ class SessionManager(StateManagerBase):
             raise InvalidArgumentError("state must be a dict")
         self._check_mapping(state, "$")
         new = dict(state)
+        try:
+            return await self._write_state(session_id, lambda current: new)
+        except _NoSteps:
+            pass
         session = await self._session(session_id)
         await self.state.save(self._key(session_id, "state"), new, ttl=self._remaining(session))
         return new
+
+    async def _write_state(self, session_id: str, change: Callable[[Any], Any]) -> dict[str, Any]:
+        """Write `change(current state)` in one step compared on revisions.
+
+        On the state as read, if this life of the session wrote it, else on the session record
+        as read (which a delete removes first, so a delete since refuses the write).
+
+        Raises:
+            _NoSteps: The backend cannot (then the caller takes the multi-call path).
+            NotFoundError: The session is gone, or was deleted since the first read.
+        """
+        meta_key, key = self._key(session_id, "meta"), self._key(session_id, "state")
+        life = 0
+        for attempt in self._retries():
+            meta, current = (await self._step([], [Get(meta_key, model=Session), Get(key)])).results
+            if meta is None or life not in (0, meta.create_revision):
+                raise self._gone(session_id)
+            life = meta.create_revision
+            ttl = self._time_left(session_id, meta.value.expires_at)
+            ours = current is not None and current.create_revision > life  # not an older life's
+            new = change(current.value if ours else deepcopy(self.default_state))
+            if not isinstance(new, dict):
+                raise InvalidArgumentError(
+                    f"a session state is a dict; the function returned {type(new).__name__}"
+                )
+            compare = [Revision(key, 0 if current is None else current.revision)]
+            if not ours:
+                compare.append(Revision(meta_key, meta.revision))
+            if (await self._step(compare, [Put(key, new, ttl=ttl)])).succeeded:
+                return new
+            await anyio.sleep(jitter(attempt))
+        raise ConflictError(f"the state of session {session_id!r} kept changing; try again")
 
     async def render(
         self,
@@ -536,13 +660,15 @@ class SessionManager(StateManagerBase):
     ) -> SessionMessage:
         """Append a message to the session's history and return it (with its number).
 
-        Two round trips whatever the history's length: allocate the next number atomically
-        (an `update` of the session record), then write the message under its own key. Appends
-        from many processes get distinct, increasing numbers; none is lost. The first append to
-        a session in a process also reads the session, for its expiry.
+        One atomic step whatever the history's length: it bumps the session's message count
+        and writes the message under its number, compared on the session record's revision as
+        this process last saw it, so one round trip when no other writer came in between (else
+        it reads the record and tries again). Appends from many processes get distinct,
+        increasing numbers, each written with its message; none is lost. An append racing a
+        `delete_session` is refused (`NotFoundError`) and leaves nothing behind.
 
         Raises:
-            NotFoundError: No such session.
+            NotFoundError: No such session (or it was deleted while the append ran).
         """
         if not isinstance(role, str) or not role:
             raise InvalidArgumentError(f"role must be a non-empty str, not {role!r}")
@@ -561,6 +687,10 @@ class SessionManager(StateManagerBase):
         )
         # Encode before allocating a number, so a value that cannot be stored leaves no gap.
         self.state.serializer.dumps(message)
+        try:
+            return await self._append(session_id, message)
+        except _NoSteps:
+            pass
         while True:
             expiry = await self._expiry(session_id)
 
@@ -588,6 +718,52 @@ class SessionManager(StateManagerBase):
             self._msg_key(session_id, message.seq), message, ttl=life, expected_version=0
         )
         return message
+
+    async def _append(self, session_id: str, message: SessionMessage) -> SessionMessage:
+        """Number and write `message` in one step (see `add_message`).
+
+        Raises:
+            _NoSteps: The backend cannot (then `add_message` takes the multi-call path).
+        """
+        meta_key = self._key(session_id, "meta")
+        entry = self._metas.pop(session_id, None)
+        life = 0  # the life of the session this call saw first (a cached record is not seen)
+        for attempt in self._retries():
+            if entry is None:
+                # A read on its own (not a step): on SQLite it takes no write lock.
+                entry = await self.state.get_entry(meta_key, model=Session)
+                if entry is None or life not in (0, entry.create_revision):
+                    raise self._gone(session_id)
+                life = entry.create_revision
+            session: Session = entry.value
+            ttl = self._time_left(session_id, session.expires_at)
+            seq = session.message_count + 1
+            numbered = message.model_copy(update={"seq": seq})
+            counted = session.model_copy(
+                update={"message_count": seq, "updated_at": message.created_at}
+            )
+            done = await self._step(
+                [Revision(meta_key, entry.revision)],
+                [
+                    Put(meta_key, counted, ttl=ttl),
+                    Put(self._msg_key(session_id, seq), numbered, ttl=ttl),
+                ],
+                [Get(meta_key, model=Session)],
+            )
+            if done.succeeded:
+                if len(self._metas) >= _EXPIRIES_KEPT:
+                    self._metas.clear()
+                self._metas[session_id] = entry.model_copy(
+                    update={"value": counted, "revision": done.revisions[0]}
+                )
+                return numbered
+            entry = done.results[0]  # read in the same step: the record as it is now
+            if entry is None or life not in (0, entry.create_revision):
+                raise self._gone(session_id)
+            life = entry.create_revision
+            if attempt:
+                await anyio.sleep(jitter(attempt))
+        raise ConflictError(f"appending to session {session_id!r} lost every race; try again")
 
     async def _expiry(self, session_id: str) -> datetime | None:
         """The session's expiry, cached: it never changes while the session exists."""
@@ -734,10 +910,15 @@ class SessionManager(StateManagerBase):
             raise InvalidArgumentError(f"keep_last must be an int >= 0, not {keep_last!r}")
         if not callable(summarizer):
             raise InvalidArgumentError("summarizer must be callable")
-        session = await self._session(session_id)
+        meta = await self.state.get_entry(self._key(session_id, "meta"), model=Session)
+        if meta is None:
+            raise NotFoundError(f"no session {session_id!r}")
+        session: Session = meta.value
         key = self._key(session_id, "summary")
         entry = await self.state.get_entry(key, model=SessionSummary)
         previous: SessionSummary | None = None if entry is None else entry.value
+        if entry is not None and entry.create_revision < meta.create_revision:
+            previous = None  # an earlier life's summary, left behind: not this session's
         covered = 0 if previous is None else previous.covers_through
         through = session.message_count - keep_last
         if through <= covered:
@@ -754,13 +935,57 @@ class SessionManager(StateManagerBase):
                 f"the summarizer must return a str, not {type(text).__name__}"
             )
         summary = SessionSummary(session_id=session_id, content=text, covers_through=through)
-        await self.state.save(
-            key,
-            summary,
-            ttl=self._remaining(session),
-            expected_version=0 if entry is None else entry.version,
-        )
+        await self._store_summary(session_id, meta, entry, summary)
         return summary
+
+    async def _store_summary(
+        self,
+        session_id: str,
+        meta: StateEntry,
+        entry: StateEntry | None,
+        summary: SessionSummary,
+    ) -> None:
+        """Store `summary` where `entry` was read (`None`: none), in the session's life `meta`.
+
+        One step compared on revisions: the summary as read, and unless this life of the
+        session wrote it, the session record (appends move it on: then it is read again, in the
+        same step).
+
+        Raises:
+            ConflictError: Another summary was stored since `entry` was read.
+            NotFoundError: The session was deleted since `meta` was read.
+        """
+        key, meta_key = self._key(session_id, "summary"), self._key(session_id, "meta")
+        read = 0 if entry is None else entry.revision
+        try:
+            for attempt in self._retries():
+                compare = [Revision(key, read)]
+                if entry is None or entry.create_revision < meta.create_revision:
+                    compare.append(Revision(meta_key, meta.revision))
+                ttl = self._time_left(session_id, meta.value.expires_at)
+                done = await self._step(
+                    compare, [Put(key, summary, ttl=ttl)], [Get(key), Get(meta_key, model=Session)]
+                )
+                if done.succeeded:
+                    return
+                now, fresh = done.results
+                if fresh is None or fresh.create_revision != meta.create_revision:
+                    raise self._gone(session_id)
+                if (0 if now is None else now.revision) != read:
+                    raise ConflictError(
+                        f"another summarize of session {session_id!r} stored its summary first",
+                        key=key,
+                    )
+                meta = fresh
+                await anyio.sleep(jitter(attempt))
+            raise ConflictError(f"session {session_id!r} kept changing; try again", key=key)
+        except _NoSteps:
+            await self.state.save(
+                key,
+                summary,
+                ttl=self._time_left(session_id, meta.value.expires_at),
+                expected_version=0 if entry is None else entry.version,
+            )
 
 
 def _unbroken(messages: list[SessionMessage], covered: int) -> list[SessionMessage]:

@@ -303,11 +303,14 @@ class SpeechStateManager(StateManagerBase):
 
     async def _try_transact(
         self,
-        compare: list[txn.Version | txn.Exists],
+        compare: list[txn.Version | txn.Revision | txn.Exists],
         then: list[txn.Op],
         orelse: list[txn.Op] | None = None,
     ) -> txn.TransactResult | None:
-        """`state.transact(...)`, or None if the backend has none (asked only once)."""
+        """`state.transact(...)`, or None if the backend cannot (asked only once).
+
+        It cannot when it has no `transact`, or keeps no revisions to compare.
+        """
         if not self._transact:
             return None
         try:
@@ -325,7 +328,7 @@ class SpeechStateManager(StateManagerBase):
     ) -> AudioSession:
         """Replace the session with `fn(session)`, its live marker following in the same step.
 
-        A compare-and-set on the session's version: the marker is written with the session's
+        A compare-and-set on the session's revision: the marker is written with the session's
         TTL while it is live and deleted when it ends, so it never outlives a live session nor
         survives its end. Without `transact`, an atomic update of the session alone.
 
@@ -346,7 +349,7 @@ class SpeechStateManager(StateManagerBase):
             ended = session.status is AudioSessionStatus.ENDED
             marker = txn.Delete(live) if ended else txn.Put(live, 1, ttl=ttl)
             done = await self._try_transact(
-                [txn.Version(key, entry.version)], [txn.Put(key, session, ttl=ttl), marker]
+                [txn.Revision(key, entry.revision)], [txn.Put(key, session, ttl=ttl), marker]
             )
             if done is None:
                 break
@@ -446,16 +449,21 @@ class SpeechStateManager(StateManagerBase):
             [txn.Exists(live)], then, [write, txn.Get(session_key, model=AudioSession)]
         )
         if done is None:
-            version = await self.state.save(key, value, ttl=self._lease)
+            written = {"expected_version": await self.state.save(key, value, ttl=self._lease)}
             entry = await self.state.get_entry(session_key, model=AudioSession)
         elif done.succeeded:
             if len(done.results) > 1 and done.results[1] is not None:
                 await self._renew_if_due(session_id, done.results[1].ttl)
             return  # a live session: the part lives as the session does
         else:
-            version, entry = done.results
+            written = (
+                {"expected_revision": done.revisions[0]}
+                if self.state.backend.has_revisions
+                else {"expected_version": done.results[0]}
+            )
+            entry = done.results[1]
             if entry is not None and entry.value.status is not AudioSessionStatus.ENDED:
-                await self._mark_live(session_id, entry.version, entry.ttl)
+                await self._mark_live(session_id, entry.revision, entry.ttl)
         if entry is None:
             life: timedelta | None = self.ended_session_ttl  # expired, or never created
         elif entry.value.status is AudioSessionStatus.ENDED:
@@ -467,13 +475,13 @@ class SpeechStateManager(StateManagerBase):
             return  # the ended session never expires either
         life = max(life, timedelta(milliseconds=1))
         try:
-            await self.state.save(key, value, ttl=life, expected_version=version)
+            await self.state.save(key, value, ttl=life, **written)
         except ConflictError:
             return  # written again meanwhile: that write checks the session itself
         self.log.debug("speech_late_update", session_id=session_id, part=part)
 
-    async def _mark_live(self, session_id: str, version: int, left: timedelta | None) -> None:
-        """Give a live session found without a marker its marker, if it is still at `version`.
+    async def _mark_live(self, session_id: str, revision: int, left: timedelta | None) -> None:
+        """Give a live session found without a marker its marker, if still at `revision`.
 
         Such a session was stored before markers existed, or its marker just ran out. The
         marker lives a little less than the session's `left` (read a moment ago), so it never
@@ -484,7 +492,7 @@ class SpeechStateManager(StateManagerBase):
             if left <= timedelta(0):
                 return
         await self._try_transact(
-            [txn.Version(self._key(session_id, "session"), version)],
+            [txn.Revision(self._key(session_id, "session"), revision)],
             [txn.Put(self._key(session_id, _LIVE), 1, ttl=left)],
         )
 

@@ -848,9 +848,7 @@ class ToolStateManager(StateManagerBase):
         while True:
             async with self.state.watch(both) as changes:
                 try:
-                    held = await self.state.save(
-                        lock, self._owner, ttl=self.flight_timeout, expected_version=0
-                    )
+                    held = await self._take_lock(lock)
                 except ConflictError:
                     # Another process is computing it: wait for its result to be cached, or for
                     # its lock to be released without one (its fn raised or it was cancelled)
@@ -899,12 +897,39 @@ class ToolStateManager(StateManagerBase):
             finally:
                 with anyio.CancelScope(shield=True), contextlib.suppress(ConflictError):
                     # Only our own lock: if it ran out and another caller took it, it is theirs.
-                    await self.state.delete(lock, expected_version=token[0])
+                    await self.state.delete(lock, **token[0])
 
-    async def _keep_lock(self, tool_name: str, lock: str, token: list[int]) -> None:
+    async def _take_lock(self, lock: str) -> dict[str, int]:
+        """Take the single-flight lock `lock`; return the condition that releases it.
+
+        The condition names the lock's revision where the backend keeps revisions (a lock
+        that ran out and was taken by another caller is at version 1 again, never at the same
+        revision), else its version.
+
+        Raises:
+            ConflictError: Another caller holds it.
+        """
+        if self.state.backend.has_revisions:
+            try:
+                done = await self.state.transact(
+                    [txn.Revision(lock, 0)], [txn.Put(lock, self._owner, ttl=self.flight_timeout)]
+                )
+            except UnsupportedOperationError:
+                pass
+            else:
+                if not done.succeeded:
+                    raise ConflictError(f"the single-flight lock {lock!r} is held", key=lock)
+                return {"expected_revision": done.revisions[0]}
+        version = await self.state.save(
+            lock, self._owner, ttl=self.flight_timeout, expected_version=0
+        )
+        return {"expected_version": version}
+
+    async def _keep_lock(self, tool_name: str, lock: str, token: list[dict[str, int]]) -> None:
         """Renew a held single-flight lock every third of `flight_timeout` until cancelled.
 
-        `token[0]` is the lock's current token, replaced at each renewal (the release needs the
+        `token[0]` is the condition the lock is held under (its revision, or its version where
+        the backend keeps no revisions), replaced at each renewal (the release needs the
         latest). A renewal that finds the lock no longer ours (it lapsed, then another caller
         took it: this process stalled for over `flight_timeout`) stops renewing; that caller
         may then run the tool too.
@@ -922,15 +947,22 @@ class ToolStateManager(StateManagerBase):
                     "tool_call_lock_renewal_failed", tool=tool_name, error=type(exc).__name__
                 )
 
-    async def _renew_lock(self, lock: str, token: int) -> int:
-        """Extend the lock held under `token` by `flight_timeout`; return its new token.
+    async def _renew_lock(self, lock: str, held: dict[str, int]) -> dict[str, int]:
+        """Extend the lock held under `held` by `flight_timeout`; return its new condition.
 
         Raises:
-            ConflictError: The lock is no longer held under `token`.
+            ConflictError: The lock is no longer held under `held`.
         """
-        return await self.state.save(
-            lock, self._owner, ttl=self.flight_timeout, expected_version=token
-        )
+        if "expected_revision" in held:
+            done = await self.state.transact(
+                [txn.Revision(lock, held["expected_revision"])],
+                [txn.Put(lock, self._owner, ttl=self.flight_timeout)],
+            )
+            if not done.succeeded:
+                raise ConflictError(f"the single-flight lock {lock!r} is no longer ours", key=lock)
+            return {"expected_revision": done.revisions[0]}
+        version = await self.state.save(lock, self._owner, ttl=self.flight_timeout, **held)
+        return {"expected_version": version}
 
     async def _execute(
         self, tool_name: str, parameters: Mapping[str, Any], fn: Callable[[], Awaitable[T]]

@@ -18,16 +18,17 @@ class TestDictBackend(BackendContract):
 ```
 
 pytest then collects every contract test (storage, expiry, events, scan, index, transactions, the
-change feed, history, and `StateManager` over the backend) as methods of `TestDictBackend`. The
-suite needs `pytest` and `pytest-asyncio` (the `testing` extra installs both); it works in
-pytest-asyncio's `auto` and `strict` modes. Each test gets its own `backend`; a backend over a
-shared server should give each test its own namespace (as `RedisBackend(key_prefix=...)` does
-in our own run).
+change feed, history, revisions, and `StateManager` over the backend) as methods of
+`TestDictBackend`. The suite needs `pytest` and `pytest-asyncio` (the `testing` extra installs
+both); it works in pytest-asyncio's `auto` and `strict` modes. Each test gets its own `backend`; a
+backend over a shared server should give each test its own namespace (as
+`RedisBackend(key_prefix=...)` does in our own run).
 
 The parts are importable on their own (`StorageContract`, `ExpiryContract`, `EventsContract`,
 `ScanContract`, `IndexContract`, `TransactContract`, `FeedContract`, `HistoryContract`,
-`ManagerContract`) for a backend that is built up in steps. A backend without transactions, a
-change feed (`feed is None`) or history skips those parts. The feed's retention tests also take
+`RevisionContract`, `ManagerContract`) for a backend that is built up in steps. A backend
+without transactions, a change feed (`feed is None`), history or revisions (`has_revisions`
+false) skips those parts. The feed's retention tests also take
 a `feed_backend` fixture (see `FeedContract`), and skip without one. `BackendContract` is all
 of them, and what "passes the contract" means.
 
@@ -57,6 +58,7 @@ pytest.register_assert_rewrite(
             "history",
             "index",
             "manager",
+            "revision",
             "scan",
             "storage",
             "txn",
@@ -71,6 +73,7 @@ from agenticstate.testing._feed import FeedContract  # noqa: E402
 from agenticstate.testing._history import HistoryContract  # noqa: E402
 from agenticstate.testing._index import IndexContract  # noqa: E402
 from agenticstate.testing._manager import ManagerContract  # noqa: E402
+from agenticstate.testing._revision import RevisionContract  # noqa: E402
 from agenticstate.testing._scan import ScanContract  # noqa: E402
 from agenticstate.testing._storage import StorageContract  # noqa: E402
 from agenticstate.testing._txn import TransactContract  # noqa: E402
@@ -83,6 +86,7 @@ __all__ = [
     "HistoryContract",
     "IndexContract",
     "ManagerContract",
+    "RevisionContract",
     "ScanContract",
     "StorageContract",
     "TransactContract",
@@ -99,6 +103,7 @@ class BackendContract(
     TransactContract,
     FeedContract,
     HistoryContract,
+    RevisionContract,
     ManagerContract,
 ):
     """The whole backend contract. Subclass it (name the subclass `Test...`) and give it a

@@ -196,18 +196,23 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         entry = await backend.get("k")
         assert entry is not None
         assert (entry.value, entry.version) == (b"\x01", 3)
+        # The row got a revision of its own after the newest change (its life began before).
+        assert (entry.revision, entry.create_revision) == (42, 42)
         assert await backend.index_range("queue") == [("a", 1.0)]
         head = await backend.feed_cursor()
         assert head.endswith(":41")
         change = await backend.set("k", b"\x02")
         assert change.cursor is not None
-        assert change.cursor.endswith(":42")
+        assert change.cursor.endswith(":43")  # after the migrated row's revision
+        written = await backend.get("k")
+        assert written is not None
+        assert (change.revision, written.create_revision) == (43, 42)
         async with backend.changes("*", since=head) as changes:
             assert await take(changes, 1) == [change]
         assert [e.version for e in await backend.history("k")] == [4, 3]
     conn = sqlite3.connect(db)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         (db_id,) = conn.execute("SELECT value FROM meta WHERE name = 'db_id'").fetchone()
     finally:
         conn.close()

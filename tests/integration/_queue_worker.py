@@ -6,6 +6,10 @@ python -m tests.integration._queue_worker reaper URL PREFIX
     put expired leases back every 50 ms until stdin closes
 python -m tests.integration._queue_worker indexer URL PREFIX COUNT
     add COUNT processed documents (and every 7th a failure) one increment at a time
+python -m tests.integration._queue_worker holder URL PREFIX NAME
+    run one command per stdin line, print one line per command: `claim MS` (a claim under a
+    lease of MS ms: "claimed TASK TOKEN" or "none"), `complete TASK TOKEN`, `heartbeat TASK
+    TOKEN`, `fail TASK TOKEN` ("ok" or "refused ERROR"); URL is any backend URL
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ from datetime import timedelta
 
 import anyio
 
-from agenticstate import KnowledgeStateManager, OrchestrationStateManager, StateConfig, StateManager
+from agenticstate import (
+    AgenticStateError,
+    KnowledgeStateManager,
+    OrchestrationStateManager,
+    StateConfig,
+    StateManager,
+    open_backend,
+)
 
 TEAM = "crew"
 LEASE = timedelta(milliseconds=600)
@@ -64,7 +75,33 @@ async def indexer(kb: KnowledgeStateManager, count: int) -> None:
     say("indexed")
 
 
+async def holder(orch: OrchestrationStateManager, name: str) -> None:
+    """One worker's calls, one per stdin line: the test decides when each happens."""
+    while line := await anyio.to_thread.run_sync(sys.stdin.readline):
+        command, *args = line.split()
+        try:
+            if command == "claim":
+                lease = timedelta(milliseconds=int(args[0]))
+                claim = await orch.claim_task(TEAM, name, lease=lease)
+                say("none" if claim is None else f"claimed {claim.task_id} {claim.lease_token}")
+                continue
+            task_id, token = args
+            if command == "complete":
+                await orch.complete_task(TEAM, task_id, {"by": name}, lease_token=token)
+            elif command == "heartbeat":
+                await orch.heartbeat(TEAM, task_id, token)
+            else:
+                await orch.fail_task(TEAM, task_id, f"failed by {name}", lease_token=token)
+            say("ok")
+        except AgenticStateError as exc:
+            say(f"refused {type(exc).__name__}")
+
+
 async def main(mode: str, url: str, prefix: str, arg: str = "") -> None:
+    if mode == "holder":
+        async with StateManager(backend=open_backend(url, key_prefix=prefix)) as state:
+            await holder(OrchestrationStateManager(state_manager=state), arg)
+        return
     state = StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=prefix))
     try:
         if mode == "worker":

@@ -79,7 +79,8 @@ async def test_save_is_one_command(url: str, redis_state: StateManager) -> None:
     assert counts.sent == {"evalsha": 1}, counts.describe()
     # The server ran more: the script's own commands, which are not round trips.
     assert counts.calls["evalsha"] == 1
-    assert counts.calls["set"] == 2  # the value, and the change feed's counter (issue #23)
+    # The value, the change feed's counter (issue #23) and the revision counter (issue #32).
+    assert counts.calls["set"] == 3
     assert counts.calls["xadd"] == 1
     assert counts.calls["publish"] == 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
@@ -13,12 +14,18 @@ from agenticstate import (
     IndexingProgress,
     KnowledgeStateManager,
     OrchestrationStateManager,
+    RedisBackend,
+    SQLiteBackend,
     StateConfig,
     StateManager,
+    TaskStatus,
     TeamState,
 )
 from tests.helpers import LineProcess, unique_prefix
 from tests.integration._queue_worker import TEAM
+
+if TYPE_CHECKING:
+    from agenticstate.backends import Backend
 
 pytestmark = pytest.mark.redis
 
@@ -114,3 +121,65 @@ async def test_four_indexer_processes_count_exactly(redis_url: str) -> None:
     assert progress.failed_documents == 4 * failed_each
     assert progress.processed_documents == 4 * (150 - failed_each)
     assert progress.embeddings_generated == 2 * 600
+
+
+def _ask(proc: LineProcess, command: str) -> str:
+    """Send one command to a holder process and return its one-line answer."""
+    count = len(proc.lines)
+    assert proc.process.stdin is not None
+    proc.process.stdin.write(command + "\n")
+    proc.process.stdin.flush()
+    assert proc.wait_lines(count + 1, timeout=60), proc.close()
+    return proc.lines[count]
+
+
+@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+async def test_a_reaped_process_cannot_touch_a_task_enqueued_again(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    """Issue #32, across processes: worker 1 claims x and stalls, the reaper puts x back,
+    worker 2 completes it, x is purged and enqueued again and worker 3 claims it; worker 1's
+    complete, heartbeat and fail with its old token are refused, worker 3's accepted."""
+    prefix = unique_prefix()
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        backend: Backend = RedisBackend(url=url, key_prefix=prefix)
+    else:
+        url = f"sqlite:///{tmp_path / 'queue.db'}"
+        backend = SQLiteBackend(tmp_path / "queue.db", key_prefix=prefix)
+    holders = {name: Proc("holder", url, prefix, name) for name in ("w1", "w2", "w3")}
+    try:
+        async with StateManager(backend=backend) as state:
+            orch = OrchestrationStateManager(state_manager=state)
+            await orch.create_team(TeamState(team_id=TEAM))
+            await orch.enqueue_task(TEAM, {"id": "x"})
+            _, task, stale = _ask(holders["w1"], "claim 300").split()
+            assert task == "x"
+            await anyio.sleep(0.32)  # let the lease run out: wall-clock expiry
+            assert await orch.reap_expired(TEAM) == ["x"]
+            assert not await state.exists(f"teams:{{{TEAM}}}:leases:x:{stale}")
+            _, _, second = _ask(holders["w2"], "claim 60000").split()
+            assert _ask(holders["w2"], f"complete x {second}") == "ok"
+            assert await orch.purge_finished(TEAM) == 1
+            await orch.enqueue_task(TEAM, {"id": "x"})
+            _, _, third = _ask(holders["w3"], "claim 60000").split()
+            for command in ("complete", "heartbeat", "fail"):
+                answer = _ask(holders["w1"], f"{command} x {stale}")
+                assert answer == "refused ConflictError", (command, answer)
+            held = await orch.get_task(TEAM, "x")
+            assert (held.status, held.assigned_to, held.lease_token) == (
+                TaskStatus.IN_PROGRESS,
+                "w3",
+                third,
+            )
+            assert _ask(holders["w3"], f"heartbeat x {third}") == "ok"
+            assert _ask(holders["w3"], f"complete x {third}") == "ok"
+            done = await orch.get_task(TEAM, "x")
+            assert (done.status, done.assigned_to, done.result) == (
+                TaskStatus.COMPLETED,
+                "w3",
+                {"by": "w3"},
+            )
+    finally:
+        for proc in holders.values():
+            proc.stop()

@@ -3,8 +3,9 @@
 Commands go out on connections the backend holds to each primary, routed by a slot map of its
 own (issue #21, 5). These tests move a slot from one primary to the other with CLUSTER SETSLOT
 and MIGRATE, as `redis-cli --cluster reshard` does, and check that the routing follows: ASK
-while the slot is migrating (a key not yet moved is served by the old owner, a moved or new key
-by the new one, after ASKING), MOVED once it has moved, and every write landing exactly once;
+while the slot is migrating (a key not yet moved is served by the old owner, a moved one by the
+new one, after ASKING; a write split between them waits on TRYAGAIN), MOVED once it has moved,
+and every write landing exactly once;
 and that after a coordinated failover the demoted primary's MOVED replies lead to the new map.
 Failover under load (coordinated, then a killed primary) is in test_redis_cluster.py.
 """
@@ -153,8 +154,9 @@ async def test_writes_during_a_slot_migration_land_exactly_once(
         assert entry is not None, key
         assert (entry.version, entry.value) == (count, last[key]), key
     with cluster.client(target) as client:
-        # The keys, and the slot's change feed (its stream and counter) moved with them.
-        assert client.execute_command("CLUSTER COUNTKEYSINSLOT", SLOT) == KEYS + 2
+        # The keys, the slot's change feed (its stream and counter) and its revision counter
+        # moved with them.
+        assert client.execute_command("CLUSTER COUNTKEYSINSLOT", SLOT) == KEYS + 3
     with cluster.client(source) as client:
         assert client.execute_command("CLUSTER COUNTKEYSINSLOT", SLOT) == 0
     assert _stat(cluster, target, "commandstats", "cmdstat_asking") > 0  # ASK was followed
@@ -164,38 +166,52 @@ async def test_writes_during_a_slot_migration_land_exactly_once(
 async def test_ask_sends_a_key_not_yet_moved_to_the_new_owner_only_for_that_command(
     cluster: RedisClusterServers,
 ) -> None:
-    """While the slot is migrating: a key still on the old owner is read and written there; a
-    new key is written on the new owner (ASK, then ASKING on the same connection) and read
-    back from it; the map is not changed by an ASK, so the old owner still serves the rest.
+    """While the slot is migrating: a key still on the old owner is written there; a key moved
+    to the new owner is read from it (ASK, then ASKING on the same connection), and the map is
+    not changed by an ASK, so the old owner still serves the rest; a write creating a key waits
+    (TRYAGAIN) until the migration is done, then lands once.
 
-    Without the change feed: with it, a write is a script on the key and the slot's feed
-    stream, and while the migration holds them on different nodes Redis answers TRYAGAIN (the
-    write waits until they are together again: the test above)."""
+    Every write is a script on the key and the slot's revision counter (and, with the feed on,
+    its stream): while a migration holds them on different nodes, or the key is new, Redis
+    answers TRYAGAIN and the backend tries again until they are together (bounded by
+    `socket_timeout`)."""
     source, target = _owner_and_other(cluster)
     async with RedisBackend(url=cluster.url, key_prefix=unique_prefix(), feed=None) as backend:
         await backend.set(f"{TAG}:old", b"before")
-        name = f"{backend.key_prefix}{TAG}:old"
+        await backend.set(f"{TAG}:moved", b"there")
+        prefix = backend.key_prefix
         await anyio.to_thread.run_sync(_start_migration, cluster, source, target)
-
-        await backend.set(f"{TAG}:new", b"fresh")  # missing on the old owner: ASK
-        assert _stat(cluster, target, "commandstats", "cmdstat_asking") >= 1
-        entry = await backend.get(f"{TAG}:new")
-        assert entry is not None
-        assert (entry.value, entry.version) == (b"fresh", 1)
 
         change = await backend.set(f"{TAG}:old", b"after")  # still on the old owner
         assert change.version == 2
-        assert _keys_in_slot(cluster, source) == [name]
-        assert _keys_in_slot(cluster, target) == [f"{backend.key_prefix}{TAG}:new"]
+        with cluster.client(source) as client:  # one key moves ahead of the others
+            client.execute_command(
+                "MIGRATE", "127.0.0.1", target.port, f"{prefix}{TAG}:moved", 0, 5000
+            )
+        entry = await backend.get(f"{TAG}:moved")  # missing on the old owner: ASK
+        assert entry is not None
+        assert (entry.value, entry.version) == (b"there", 1)
+        assert _stat(cluster, target, "commandstats", "cmdstat_asking") >= 1
+        assert f"{prefix}{TAG}:old" in _keys_in_slot(cluster, source)
 
-        await anyio.to_thread.run_sync(_move_keys, cluster, source, target, 10)
-        await anyio.to_thread.run_sync(_finish_migration, cluster, target)
-        entries = await backend.get_many([f"{TAG}:old", f"{TAG}:new"])  # MOVED, then the map
+        async with anyio.create_task_group() as tg:
+            written: list[int] = []
+
+            async def create() -> None:
+                written.append((await backend.set(f"{TAG}:new", b"fresh")).version)
+
+            tg.start_soon(create)  # TRYAGAIN until the slot has moved whole
+            await anyio.to_thread.run_sync(_move_keys, cluster, source, target, 10)
+            await anyio.to_thread.run_sync(_finish_migration, cluster, target)
+        assert written == [1]
+        entries = await backend.get_many([f"{TAG}:old", f"{TAG}:new", f"{TAG}:moved"])
         assert [(entry.value, entry.version) for entry in entries if entry] == [
             (b"after", 2),
             (b"fresh", 1),
+            (b"there", 1),
         ]
         assert sorted([key async for key in backend.scan(f"{TAG}:*")]) == [
+            f"{TAG}:moved",
             f"{TAG}:new",
             f"{TAG}:old",
         ]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import anyio
 import pytest
 
-from agenticstate import SessionManager, StateManager, open_backend
+from agenticstate import ChangeOp, SessionManager, StateManager, open_backend
 from tests.helpers import LineProcess, unique_prefix
 
 if TYPE_CHECKING:
@@ -92,3 +93,50 @@ async def test_two_processes_append_to_one_session(
     for tag in "ab":
         mine = [m.content for m in messages if m.metadata["writer"] == tag]
         assert mine == [f"{tag}-{i}" for i in range(MESSAGES_EACH)]
+
+
+ROUNDS = 40
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", list(SHARED_BACKENDS))
+async def test_a_delete_erases_every_write_racing_it(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Two processes append, update, set and summarize one session while this one deletes and
+    re-creates it: once a delete returns, nothing of the session is left (no message, state or
+    summary written after it), a re-created session starts clean, and no writer ever meets a
+    ConflictError."""
+    url = SHARED_BACKENDS[kind](request, tmp_path)
+    sid = "shared"
+    workers = [LineProcess("tests.integration._session_race_worker", url, sid, tag) for tag in "ab"]
+    try:
+        for worker in workers:
+            assert worker.wait_lines(1), worker.close()
+        async with (
+            StateManager(backend=open_backend(url)) as state,
+            state.watch(f"sessions:{{{sid}}}:msg:*") as changes,
+        ):
+            sessions = SessionManager(state_manager=state)
+            glob = f"sessions:{{{sid}}}:*"
+            for round_ in range(ROUNDS):
+                await sessions.create_session(f"user{round_}", session_id=sid)
+                written = 0
+                with anyio.fail_after(30):  # the writers land a few messages
+                    while written < 3:
+                        written += (await anext(changes)).op is ChangeOp.SET
+                messages = await sessions.get_messages(sid)
+                # Numbered and written in one step: no gap, nothing of an earlier life.
+                assert [m.seq for m in messages] == list(range(1, len(messages) + 1))
+                assert await sessions.delete_session(sid)
+                left = await state.list_keys(glob)
+                assert left == [], f"round {round_}: the delete left {left}"
+    finally:
+        for worker in workers:
+            worker.stop()
+    for worker in workers:
+        line = next(line for line in worker.lines if line.startswith("counts "))
+        counts = json.loads(line.removeprefix("counts "))
+        assert not [name for name in counts if name.startswith("error:")], counts
+        assert counts.get("add", 0) > 0
+        assert counts.get("refused", 0) > 0

@@ -90,13 +90,14 @@ async def test_one_transaction_is_one_command(kind: str, request: pytest.Fixture
             assert result.succeeded
             # The script: the clock (TIME), two compares (GETRANGE), Put (GET, SET, PUBLISH),
             # Delete (GET, DEL, PUBLISH), IndexIncr (ZINCRBY); each write also appends to the
-            # change feed (XADD, SET of its counter, read once: GET).
+            # change feed (XADD, SET of its counter, read once: GET) and takes a revision (SET
+            # of the revision counter, read once: GET).
             assert after - before == Counter(
                 evalsha=1,
                 time=1,
                 getrange=2,
-                get=3,
-                set=3,
+                get=4,
+                set=5,
                 xadd=2,
                 publish=2,
                 zincrby=1,

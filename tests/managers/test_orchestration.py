@@ -755,3 +755,59 @@ async def test_a_claim_on_a_deleted_and_enqueued_again_task_is_refused(
     )
     await other.complete_task("research_team", "t", 2, lease_token=new.lease_token)
     assert (await orch.get_task("research_team", "t")).result == 2
+
+
+@pytest.mark.parametrize("removal", ["purge_finished", "delete_task", "finished_task_ttl"])
+async def test_a_reaped_worker_cannot_touch_a_task_enqueued_again(
+    state: StateManager, removal: str
+) -> None:
+    """Issue #32: worker 1 claims x and stalls past its lease, the reaper puts x back, worker 2
+    claims and completes it, x is removed and enqueued again, worker 3 claims it: worker 1's
+    complete, heartbeat and fail with its old token are refused, worker 3's accepted."""
+    ttl = timedelta(milliseconds=60) if removal == "finished_task_ttl" else None
+    # One manager per worker, as in three processes: each remembers its own claims.
+    w1, w2, w3, reaper = (
+        OrchestrationStateManager(state_manager=state, finished_task_ttl=ttl) for _ in range(4)
+    )
+    await reaper.create_team(TeamState(team_id="crew"))
+    await reaper.enqueue_task("crew", {"id": "x"})
+    # A lease marker lived twice the lease: the stale steps below came within it.
+    first = await w1.claim_task("crew", "w1", lease=timedelta(milliseconds=300))
+    assert first is not None
+    marker = f"teams:{{crew}}:leases:x:{first.lease_token}"  # set where there is transact
+    await anyio.sleep(0.32)  # let the lease run out: wall-clock expiry
+    assert await reaper.reap_expired("crew") == ["x"]
+    assert not await state.exists(marker), "the reaper ends the old claim's lease marker"
+    second = await w2.claim_task("crew", "w2")
+    assert second is not None
+    await w2.complete_task("crew", "x", {"by": "w2"}, lease_token=second.lease_token)
+    if removal == "purge_finished":
+        assert await reaper.purge_finished("crew") == 1
+    elif removal == "delete_task":
+        await reaper.delete_task("crew", "x")
+    else:
+        await anyio.sleep(0.1)  # let the finished task expire: wall-clock expiry
+    await reaper.enqueue_task("crew", {"id": "x"})
+    third = await w3.claim_task("crew", "w3")
+    assert third is not None
+    assert third.task.attempts == first.task.attempts  # a new life: attempts restart too
+    for stale in (
+        w1.complete_task("crew", "x", {"by": "w1"}, lease_token=first.lease_token),
+        w1.heartbeat("crew", "x", first.lease_token),
+        w1.fail_task("crew", "x", "stale", lease_token=first.lease_token),
+    ):
+        with pytest.raises(ConflictError):
+            await stale
+    held = await reaper.get_task("crew", "x")
+    assert (held.status, held.assigned_to, held.lease_token) == (
+        TaskStatus.IN_PROGRESS,
+        "w3",
+        third.lease_token,
+    )
+    await w3.heartbeat("crew", "x", third.lease_token)
+    done = await w3.complete_task("crew", "x", {"by": "w3"}, lease_token=third.lease_token)
+    assert (done.status, done.assigned_to, done.result) == (
+        TaskStatus.COMPLETED,
+        "w3",
+        {"by": "w3"},
+    )

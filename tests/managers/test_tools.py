@@ -816,3 +816,40 @@ async def test_concurrent_cache_hits_are_counted_exactly(tools: ToolStateManager
                 tg.start_soon(run, n)
     stats = await tools.get_tool_stats("search")
     assert (stats.cache_hits, stats.cache_misses, stats.total_executions) == (200, 1, 11)
+
+
+async def test_a_lapsed_single_flight_lock_is_never_released_by_its_old_holder(
+    state: StateManager,
+) -> None:
+    """Caller A's lock lapses while it runs and caller B (another process) takes the lock: A's
+    release, compared on the revision it wrote, leaves B's lock alone (a version would match,
+    the lock being at version 1 again)."""
+    first, second = (
+        ToolStateManager(state_manager=state, cache_results=True, cache_ttl=3600)
+        for _ in range(2)  # two managers: two processes' flights
+    )
+    lock = f"tools:{{t}}:flight:{hash_parameters({'q': 1})}"
+    running, finish = anyio.Event(), anyio.Event()
+
+    async def slow() -> str:
+        running.set()
+        await finish.wait()
+        return "a"
+
+    async def other() -> str:
+        return "b"
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.cached_call, "t", {"q": 1}, slow)
+            await running.wait()
+            held = await state.get_entry(lock)
+            assert held is not None
+            await state.delete(lock)  # A's lock lapses (its flight_timeout ran out)
+            await state.save(lock, "b's process", expected_version=0)  # B takes it
+            finish.set()
+    entry = await state.get_entry(lock)
+    assert entry is not None, "A's release deleted the lock B holds"
+    assert held is not None
+    assert (entry.value, entry.version) == ("b's process", held.version)
+    assert await second.cached_call("t", {"q": 1}, other) == "a"  # A cached its result

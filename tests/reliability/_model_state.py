@@ -9,6 +9,9 @@ it can be written in, so that it is a check and not a copy.
   matches a one-line predicate computes (prefix, suffix, length, first-character class): Redis
   glob semantics, without a glob matcher in the model.
 - Values are small JSON-like data; `canon` compares them strictly (1, 1.0 and True differ).
+- Lives (issue #32): each write that finds its key missing starts a new life of it, numbered
+  across the store; a write is named by its key's `(life, version)`, which is what a revision
+  names, so a token read from an earlier life is stale however the versions compare.
 - History (issue #23): `HISTORY` names how many versions some keys keep; the model keeps each
   key's retained versions, and a delete or an expiry ends them (a rewrite starts at version 1).
   Every committed change carries the step that made it (a `save_many` or a `transact` commits
@@ -198,6 +201,7 @@ class Stored:
     value: Json
     version: int
     has_ttl: bool
+    life: int = 0  # which life of its key this is (a new one after each delete or expiry)
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,7 @@ class Model:
     indexes: dict[str, dict[str, float]] = field(default_factory=dict)
     versions: dict[str, list[tuple[int, Json]]] = field(default_factory=dict)
     step: int = 0
+    lives: int = 0  # lives begun so far, of every key
 
     @classmethod
     def empty(cls) -> Model:
@@ -239,6 +244,11 @@ class Model:
         kept = [*kept, (version, copy.deepcopy(value))]
         self.versions[key] = kept[-history_depth(key) :]
 
+    def write_of(self, key: str) -> tuple[int, int] | None:
+        """The write `key` holds now, as `(life, version)`, or `None` when it is missing."""
+        stored = self.data.get(key)
+        return None if stored is None else (stored.life, stored.version)
+
     def version(self, key: str) -> int:
         stored = self.data.get(key)
         return 0 if stored is None else stored.version
@@ -247,8 +257,10 @@ class Model:
         """Record a committed write; return the version it gets."""
         old = self.data.get(key)
         version = 1 if old is None else old.version + 1
+        if old is None:
+            self.lives += 1
         kept = copy.deepcopy(value)
-        self.data[key] = Stored(kept, version, has_ttl)
+        self.data[key] = Stored(kept, version, has_ttl, self.lives if old is None else old.life)
         old_value = None if old is None else old.value
         self.log.append(Committed(key, "set", old_value, kept, version, self.step))
         self._keep(key, version, kept)

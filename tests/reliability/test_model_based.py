@@ -34,6 +34,15 @@ ran out. `open_view` opens a `LocalView`, which from then on must follow every w
 and `view_update` wait until it holds exactly what the model holds for its pattern);
 `view_update` writes through it (functions, merges, defaults, TTLs, refusals, keys outside it).
 
+Issue #32's steps (revisions): `take_token` reads a key's revision (or 0 for a missing key) as
+a token, `recreate_to_token` deletes the token's key (or lets it expire) and writes it again up
+to the token's version, so the version matches and only the revision tells the lives apart,
+and `write_with_token` makes a conditional write with a token (`save` and `delete` with
+`expected_revision`, a `transact` on a `Revision` compare): it goes through exactly when the
+key still holds the write the token was read from, and a stale one changes nothing. Every
+revision read is checked against the model's writes: one write always shows one revision, and a
+key's later writes (a later life, or a later version of one) show larger ones.
+
 The state machine is synchronous and owns a blocking portal: each step runs its calls on the
 portal's event loop (`portal.call`). Waiting is always `anyio.fail_after` around a blocking read.
 """
@@ -118,6 +127,8 @@ CLUSTER_EXAMPLES = 30  # each step is a few round trips to several shards
 STEPS = 50
 MAX_REOPENS = 2  # per example: closing and opening a file store costs a process and a snapshot
 MAX_EXPIRIES = 1  # per example: waiting for a key to expire costs real time
+MAX_TOKENS = 6  # revisions `take_token` keeps (the oldest go)
+MAX_RECREATED_VERSION = 5  # `recreate_to_token` writes a key again up to this version at most
 SHORT_TTL = 0.02  # seconds: the TTL of a write that expires within a step
 WAIT = 10.0  # seconds a subscription may take to deliver what was committed
 
@@ -173,6 +184,7 @@ _ops = st.one_of(
     st.tuples(st.just("index_incr"), _indexes, _members, _scores),
     st.tuples(st.just("index_range"), _indexes, st.sampled_from([None, 0, 1, 2, 5])),
 )
+_TOKEN_WRITES = ("save", "delete", "transact_put", "transact_delete")
 _TTLS: dict[str, float | None] = {"none": None, "hour": 3600, "configured": txn.CONFIGURED}
 
 # ---------------------------------------------------------------- stores
@@ -314,6 +326,11 @@ class StoreMachine(RuleBasedStateMachine):
         self.reopens = 0
         self.expiries = 0
         self.txn_expiries = 0
+        self.token_expiries = 0
+        # Issue #32: revision tokens (key, revision, the write it names or None for missing),
+        # and per key the revision each of its writes `(life, version)` showed.
+        self.tokens: list[tuple[str, int, tuple[int, int] | None]] = []
+        self.revisions: dict[str, dict[tuple[int, int], int]] = {}
         # Cursors taken so far, each with the number of committed changes it comes after, the
         # pattern of the read that yielded it, and the earlier-committed changes still to come
         # after it. On one stream that is what its read yielded after it (none: commit order).
@@ -515,6 +532,9 @@ class StoreMachine(RuleBasedStateMachine):
         assert versions == {
             key: (stored.version, stored.has_ttl) for key, stored in self.model.data.items()
         }
+        for entry in entries:
+            if entry is not None:
+                self._note_revision(entry.key, entry.revision, entry.create_revision)
         for index in INDEXES:
             assert await manager.backend.index_range(index) == self.model.index_range(index)
 
@@ -532,6 +552,33 @@ class StoreMachine(RuleBasedStateMachine):
         assert canon(value) == canon(stored.value)
         assert (entry.expires_at is not None) == stored.has_ttl
         assert entry.created_at <= entry.updated_at
+
+    def _note_revision(self, key: str, revision: int, create_revision: int) -> None:
+        """Check `key`'s revision against the model's write it holds, and remember it.
+
+        One write shows one revision, every time; a key's writes in model order (a later life,
+        or a later version of one) show larger revisions; `create_revision` is the revision of
+        the life's first write.
+        """
+        write = self.model.write_of(key)
+        assert write is not None, f"{key!r} has a revision but the model has it missing"
+        assert type(revision) is int
+        assert revision >= 1
+        known = self.revisions.setdefault(key, {})
+        seen = known.get(write)
+        if seen is not None:
+            assert revision == seen, f"{key!r} {write}: revision {revision}, before {seen}"
+        else:
+            for other, other_revision in known.items():
+                assert (other < write) == (other_revision < revision), (
+                    f"{key!r}: write {write} has revision {revision}, write {other} had "
+                    f"{other_revision}: revisions must follow the order of the writes"
+                )
+            known[write] = revision
+        first = known.get((write[0], 1))
+        if first is not None:
+            assert create_revision == first, f"{key!r}: create_revision {create_revision}"
+        assert create_revision <= revision
 
     # ------------------------------------------------------------ rules
 
@@ -940,6 +987,129 @@ class StoreMachine(RuleBasedStateMachine):
         assert step.results[0] is None
         assert step.results[1] == self.model.write(key, later) == 1
         assert self._txn_answer(txn.Get(key), step.results[2]) == (canon(later), 1, False)
+
+    # ------------------------------------------------------------ revisions (issue #32)
+
+    @rule(key=keys)
+    def take_token(self, key: str) -> None:
+        """Read `key`'s revision (0 when missing) as a token for a later conditional write."""
+        self.harness.figures.count("take_token")
+        entry = self._call(self.manager.get_entry, key)
+        write = self.model.write_of(key)
+        if write is None:
+            assert entry is None
+            revision = 0
+        else:
+            assert entry is not None
+            self._note_revision(key, entry.revision, entry.create_revision)
+            revision = entry.revision
+        self.tokens = [*self.tokens, (key, revision, write)][-MAX_TOKENS:]
+
+    @precondition(lambda self: self.session is not None and bool(self.tokens))
+    @rule(
+        which=st.integers(min_value=0, max_value=MAX_TOKENS - 1),
+        values=st.lists(values, min_size=MAX_RECREATED_VERSION, max_size=MAX_RECREATED_VERSION),
+        expire=st.booleans(),
+        then=st.sampled_from([None, *_TOKEN_WRITES]),
+    )
+    def recreate_to_token(
+        self, which: int, values: list[Json], *, expire: bool, then: str | None
+    ) -> None:
+        """End the token's key's life (a delete, or an expiry) and write it again up to the
+        token's version: the same version as the token, in a new life. `then`: a conditional
+        write with the token right after, which must be refused."""
+        key, _, write = self.tokens[which % len(self.tokens)]
+        target = min(write[1] if write is not None else 1, MAX_RECREATED_VERSION)
+        manager = self.manager
+        expire = expire and self.harness.expiry and self.token_expiries < MAX_EXPIRIES
+        self.harness.figures.count("recreate_expired" if expire else "recreate_deleted")
+
+        async def recreate() -> list[int]:
+            if expire:
+                await manager.save(key, "short-lived", ttl=SHORT_TTL)
+                await anyio.sleep(SHORT_TTL + 0.01)  # expiry is time: let it pass
+                assert not await manager.exists(key)
+            else:
+                await manager.delete(key)
+            return [await manager.save(key, copy.deepcopy(v), ttl=None) for v in values[:target]]
+
+        versions = self.harness.portal.call(recreate)
+        if expire:
+            self.token_expiries += 1
+            self.model.write(key, "short-lived", has_ttl=True)
+            self.model.expire(key)
+        else:
+            self.model.delete(key)
+        assert versions == [self.model.write(key, value) for value in values[:target]]
+        if then is not None:
+            self._write_with_token(self.tokens[which % len(self.tokens)], values[-1], then)
+
+    @precondition(lambda self: self.session is not None and bool(self.tokens))
+    @rule(
+        which=st.integers(min_value=0, max_value=MAX_TOKENS - 1),
+        value=values,
+        how=st.sampled_from(_TOKEN_WRITES),
+    )
+    def write_with_token(self, which: int, value: Json, how: str) -> None:
+        """A conditional write on a token: through only while the key holds the token's write
+        (or is missing, for a token of a missing key); a stale token changes nothing."""
+        self._write_with_token(self.tokens[which % len(self.tokens)], value, how)
+
+    def _write_with_token(
+        self, token: tuple[str, int, tuple[int, int] | None], value: Json, how: str
+    ) -> None:
+        key, revision, write = token
+        current = self.model.write_of(key)
+        holds = current == write
+        self.harness.figures.count(("token_" if holds else "stale_token_") + how)
+        manager = self.manager
+        if how.startswith("transact"):
+            op = (
+                txn.Put(key, copy.deepcopy(value), ttl=None)
+                if how == "transact_put"
+                else txn.Delete(key)
+            )
+            done = self._call(manager.transact, [txn.Revision(key, revision)], [op], [txn.Get(key)])
+            assert done.succeeded == holds, f"{key!r}: token {write}, the key holds {current}"
+            if not holds:
+                found = done.results[0]
+                assert (found is None) == (current is None)
+                return
+            if how == "transact_put":
+                assert done.results == [self.model.write(key, value)]
+                self._note_written(key, done.revisions[0])
+            else:
+                assert done.results == [self.model.delete(key)]
+            return
+        call: Callable[[], Awaitable[object]]
+        if how == "save":
+            call = functools.partial(
+                manager.save, key, copy.deepcopy(value), ttl=None, expected_revision=revision
+            )
+        else:
+            call = functools.partial(manager.delete, key, expected_revision=revision)
+        if not holds:
+            with pytest.raises(ConflictError) as refused:
+                self._call(call)
+            assert (refused.value.key, refused.value.expected) == (key, revision)
+            actual = 0 if current is None else self.revisions.get(key, {}).get(current)
+            if actual is not None:
+                assert refused.value.actual == actual
+            return
+        if how == "save":
+            assert self._call(call) == self.model.write(key, value)
+        else:
+            assert self._call(call) == self.model.delete(key)
+
+    def _note_written(self, key: str, revision: int) -> None:
+        """Check the revision a write just returned (its entry's create revision unknown here)."""
+        write = self.model.write_of(key)
+        assert write is not None
+        known = self.revisions.setdefault(key, {})
+        for other, other_revision in known.items():
+            assert other < write
+            assert other_revision < revision
+        known[write] = revision
 
     # ------------------------------------------------------------ the feed (issue #23)
 
