@@ -57,7 +57,6 @@ The rules, which every backend follows exactly:
 
 from __future__ import annotations
 
-import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -67,6 +66,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import anyio
 
 from agenticstate._keys import validate_key
+from agenticstate._retry import backoff  # re-exported: backends import it from here
 from agenticstate.config import FeedRetention, HistoryRules  # defined with StateConfig
 from agenticstate.exceptions import (
     ConflictError,
@@ -510,11 +510,6 @@ def conflict(key: str, expected: int, actual: int) -> ConflictError:
     return ConflictError(
         f"key {key!r} is {found}, expected {wanted}", key=key, expected=expected, actual=actual
     )
-
-
-def backoff(attempt: int, *, base: float = 0.001, cap: float = 0.05) -> float:
-    """Return a full-jitter backoff delay, in seconds, for a retry after `attempt` failures."""
-    return random.uniform(0, min(cap, base * 2**attempt))  # noqa: S311  # jitter, not crypto
 
 
 class Backend(ABC):

@@ -1,0 +1,55 @@
+"""SQLite and another process's locks: what a write waits, what a read and an open never wait for,
+and how far the WAL grows behind a long reader. The other process is a plain `sqlite3` program
+(`_sqlite_lock`) holding a real lock on the file."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import pytest
+
+from agenticstate import SQLiteBackend
+from agenticstate.exceptions import BackendTimeoutError
+from tests.helpers import LineProcess
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+
+@contextmanager
+def holding(path: Path, mode: str) -> Iterator[LineProcess]:
+    """Another process holding the write lock (`write`) or a read snapshot (`read`) on `path`."""
+    proc = LineProcess("tests.integration._sqlite_lock", str(path), mode)
+    try:
+        word = "locked" if mode == "write" else "reading"
+        assert proc.wait_until(lambda lines: word in lines, 60), proc.errors
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize(
+    "lock_timeout",
+    [0.5, pytest.param(6.0, marks=pytest.mark.slow, id="6.0-past-1030-tries")],
+)
+async def test_a_write_waits_lock_timeout_then_raises_backend_timeout(
+    tmp_path: Path, lock_timeout: float
+) -> None:
+    """While another process holds the write lock, a write fails with BackendTimeoutError after
+    lock_timeout, not earlier (and not with OverflowError from its retry backoff)."""
+    path = tmp_path / "s.db"
+    async with SQLiteBackend(path, lock_timeout=timedelta(seconds=lock_timeout)) as backend:
+        await backend.set("before", b"1")
+        with holding(path, "write"):
+            started = time.monotonic()
+            with pytest.raises(BackendTimeoutError, match="write lock"):
+                await backend.set("k", b"v")
+            waited = time.monotonic() - started
+        assert waited >= lock_timeout
+        assert waited < 2 * lock_timeout + 30  # about lock_timeout: a loose bound for busy hosts
+        await backend.set("k", b"v")  # the lock released: the next write goes through
+        assert (await backend.get("k")) is not None
