@@ -47,7 +47,6 @@ and a file of a newer one is refused.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import sqlite3
 import time
 from datetime import timedelta
@@ -72,7 +71,15 @@ from agenticstate.backends._sqlite_feed import (
     parse_since,
 )
 from agenticstate.backends._sqlite_schema import SCHEMA_VERSION
-from agenticstate.backends._sqlite_worker import Job, Worker, connect, translate, translated
+from agenticstate.backends._sqlite_worker import (
+    Access,
+    Job,
+    Worker,
+    connect,
+    open_errors,
+    prepare,
+    translated,
+)
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -96,6 +103,7 @@ from agenticstate.exceptions import (
     BackendTimeoutError,
     ConfigurationError,
     InvalidArgumentError,
+    NotFoundError,
 )
 
 if TYPE_CHECKING:
@@ -109,11 +117,21 @@ __all__ = ["SCHEMA_VERSION", "SQLiteBackend", "SQLiteChangeStream"]
 
 
 _FEED_DEFAULT = FeedRetention()
+_MODES = {  # a URL's ?mode=, as in SQLite's URIs
+    "rwc": {"create": True, "read_only": False},
+    "rw": {"create": False, "read_only": False},
+    "ro": {"create": False, "read_only": True},
+}
 _ALL_VERSIONS = 1 << 62  # HISTORY_TRIM below this: every version of a key
 
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _stop_workers(*workers: Worker) -> None:
+    for worker in workers:
+        worker.stop()
 
 
 class SQLiteBackend(Backend):
@@ -131,7 +149,14 @@ class SQLiteBackend(Backend):
             `keep_history`).
         change_retention: The old spelling of `feed=FeedRetention(max_changes=N)`.
         poll_interval: How often a subscribed process checks for other processes' commits.
-        lock_timeout: How long a write waits for another process's transaction.
+        lock_timeout: How long a write waits for another process's transaction before it
+            raises `BackendTimeoutError`.
+        create: Create the database (and its directory) if it is missing (the default). With
+            `False`, opening a missing or empty file raises `NotFoundError` and creates
+            nothing: what a command that only reads wants.
+        read_only: Serve reads only (implies `create=False`): writes raise `BackendError`.
+            A store SQLite cannot write (a read-only file, directory or mount) is opened so
+            by itself.
     """
 
     def __init__(
@@ -145,6 +170,8 @@ class SQLiteBackend(Backend):
         change_retention: int | None = None,
         poll_interval: timedelta = timedelta(milliseconds=2),
         lock_timeout: timedelta = timedelta(seconds=30),
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
         if synchronous not in ("full", "normal"):
             raise ConfigurationError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
@@ -165,8 +192,13 @@ class SQLiteBackend(Backend):
             raise ConfigurationError(f"feed must be a FeedRetention, not {feed!r}")
         if str(path) in ("", ":memory:"):
             raise ConfigurationError("SQLiteBackend needs a database file path")
+        if not isinstance(create, bool) or not isinstance(read_only, bool):
+            raise ConfigurationError("create and read_only must be bools")
         self.path = Path(path)
         self.key_prefix = key_prefix
+        self.create = create and not read_only
+        self.read_only = read_only
+        self._access = Access("mode=rw")  # set by the writer thread when it opens the file
         self.synchronous = synchronous
         self.feed: FeedRetention = feed
         if history is not None:
@@ -212,7 +244,9 @@ class SQLiteBackend(Backend):
 
         Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` and
         `feed_max_age=SECONDS`; `change_retention=N` (the old spelling of
-        `feed_max_changes`). `feed=off` is refused: SQLite's feed cannot be off.
+        `feed_max_changes`); `mode`, as in SQLite's own URIs: `rwc` (the default: read, write,
+        create), `rw` (`create=False`) or `ro` (`read_only=True`). `feed=off` is refused:
+        SQLite's feed cannot be off.
         """
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
@@ -222,6 +256,13 @@ class SQLiteBackend(Backend):
         for name, value in parse_qsl(parts.query):
             if name == "synchronous":
                 options.setdefault("synchronous", value.lower())
+            elif name == "mode":
+                if value not in _MODES:
+                    raise ConfigurationError(
+                        f"sqlite URL mode must be one of {', '.join(_MODES)}, not {value!r}"
+                    )
+                for option, setting in _MODES[value].items():
+                    options.setdefault(option, setting)
             elif name == "change_retention" and value.isdigit():
                 feed.append(("feed_max_changes", value))
             elif name.startswith("feed"):
@@ -234,7 +275,19 @@ class SQLiteBackend(Backend):
     # ---------------------------------------------------------------- opening and closing
 
     async def open(self) -> None:
-        """Create or open the database and start the writer and reader threads. Idempotent."""
+        """Open the database (creating it if allowed) and start its threads. Idempotent.
+
+        Opening reads the file's layout without the write lock, so it never waits for another
+        process's writer; only a new file, or one of an older layout, takes the lock to be
+        created or migrated. A call cancelled while the backend opens leaves no thread or
+        connection behind.
+
+        Raises:
+            NotFoundError: The file is missing or empty and `create` is off.
+            ConfigurationError: The path is a directory or cannot be read, or the file is not
+                an agenticstate store (nothing in it is changed).
+            BackendError: The file is a store of a newer layout, or SQLite failed.
+        """
         if self._is_open:
             return
         if self._closed:
@@ -244,6 +297,8 @@ class SQLiteBackend(Backend):
         async with self._open_lock:
             if self._is_open:
                 return
+            if self._closed:
+                raise BackendError("this SQLiteBackend is closed")
             schedule = threadsafe_scheduler()
             writer = Worker(
                 "agenticstate-sqlite-write", self._open_writer, self._write_batch, schedule
@@ -251,11 +306,13 @@ class SQLiteBackend(Backend):
             reader = Worker(
                 "agenticstate-sqlite-read", self._open_reader, self._read_batch, schedule
             )
-            await anyio.to_thread.run_sync(writer.start)
             try:
+                await anyio.to_thread.run_sync(writer.start)
                 await anyio.to_thread.run_sync(reader.start)
             except BaseException:
-                await anyio.to_thread.run_sync(writer.stop)
+                # Cancelled (or failed) part way: a thread that started ends with its connection.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_stop_workers, writer, reader)
                 raise
             self._writer, self._reader = writer, reader
             self._feed = Feed(
@@ -271,72 +328,121 @@ class SQLiteBackend(Backend):
             self._is_open = True
 
     def _open_writer(self) -> sqlite3.Connection:
-        with translate(f"open the database {self.path}"):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = connect(self.path, synchronous=self.synchronous, busy_ms=10_000)
-            try:
-                for attempt in range(100):  # another opener switching the mode: BUSY at once
-                    try:
-                        conn.execute("PRAGMA journal_mode=WAL")
-                        break
-                    except sqlite3.OperationalError as exc:
-                        if "locked" not in str(exc) or attempt == 99:
-                            raise
-                        time.sleep(0.01)  # the writer thread, never the event loop
-                self._begin(conn)
-                try:
-                    found = conn.execute("PRAGMA user_version").fetchone()[0]
-                    if found > SCHEMA_VERSION:
-                        raise BackendError(
-                            f"{self.path} has schema version {found}; this agenticstate "
-                            f"reads up to {SCHEMA_VERSION}: upgrade agenticstate"
-                        )
-                    if found < SCHEMA_VERSION:  # a new file, or version 1: the same steps
-                        for statement in schema.SCHEMA.split(";"):
-                            if statement.strip():
-                                conn.execute(statement)
-                        conn.execute(
-                            "INSERT OR IGNORE INTO meta VALUES ('db_id', ?)",
-                            (secrets.token_hex(8),),
-                        )
-                        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                    (self._db_id,) = conn.execute(
-                        "SELECT value FROM meta WHERE name = 'db_id'"
-                    ).fetchone()
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+        """The writer's connection: the file checked, made or migrated (in the writer thread)."""
+        self._access = access = prepare(self.path, create=self.create, read_only=self.read_only)
+        with open_errors(self.path):
+            schema.check_header(self.path)  # another application's file: refused unopened
+            if (
+                access.params == "mode=ro"
+                and not self.path.with_name(f"{self.path.name}-wal").exists()
+            ):
+                self._probe()
+            conn = connect(self.path, access, synchronous=self.synchronous, busy_ms=10_000)
+        try:
+            with open_errors(self.path):
+                layout = schema.inspect_layout(conn, self.path)
+                if layout.kind == "empty" and (not self.create or access.read_only):
+                    raise NotFoundError(
+                        f"no SQLite store at {self.path}: the database holds no tables "
+                        f"({'opened without create' if not self.create else access.read_only})"
+                    )
+                if access.read_only is None:
+                    self._db_id = self._install(conn, layout)
+                elif layout.is_readable:
+                    self._db_id = layout.db_id
+                else:
+                    raise BackendError(
+                        f"{self.path} has schema version {layout.version} and is "
+                        f"{access.read_only}: open it writable once to migrate it"
+                    )
+                conn.execute(f"PRAGMA journal_size_limit={schema.WAL_SIZE_LIMIT}")
                 conn.execute("PRAGMA busy_timeout=0")  # BEGIN IMMEDIATE waits in _begin
-            except BaseException:
-                conn.close()
-                raise
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
+    def _probe(self) -> None:
+        """Refuse a file that is not a store before a read-only connection reads it.
+
+        A read-only connection to a WAL database makes a `-wal` and `-shm` beside it that it
+        cannot remove when it closes; a connection to the file as it is (nobody writes it: it
+        has no `-wal`) makes none, so another application's file is refused with nothing left.
+        """
+        probe = connect(
+            self.path, Access("mode=ro&immutable=1"), synchronous=self.synchronous, busy_ms=0
+        )
+        try:
+            schema.inspect_layout(probe, self.path)
+        finally:
+            probe.close()
+
+    def _install(self, conn: sqlite3.Connection, layout: schema.Layout) -> str:
+        """Make a new or older file a current store, under the write lock; its database id.
+
+        A current store needs neither the lock nor a write: it is opened as it is.
+        """
+        if layout.kind == "current":
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                self._use_wal(conn)
+            return layout.db_id
+        self._use_wal(conn)
+        self._begin(conn)
+        try:
+            layout = schema.inspect_layout(conn, self.path)  # again, under the lock
+            db_id = layout.db_id
+            if layout.kind != "current":
+                db_id = schema.install_layout(conn, layout)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return db_id
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection) -> None:
+        for attempt in range(100):  # another opener switching the mode: BUSY at once
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == 99:
+                    raise
+                time.sleep(0.01)  # the writer thread, never the event loop
+
     def _open_reader(self) -> sqlite3.Connection:
-        with translate(f"open the database {self.path}"):
-            return connect(self.path, synchronous=self.synchronous, busy_ms=10_000)
+        with open_errors(self.path):
+            return connect(self.path, self._access, synchronous=self.synchronous, busy_ms=10_000)
 
     async def aclose(self) -> None:
-        """Finish queued writes, end every subscription and close the connections. Idempotent."""
+        """Finish queued writes, end every subscription and close the connections. Idempotent.
+
+        Runs to the end even when the calling task is being cancelled (the threads and their
+        connections must not outlive the backend); a call while the backend opens waits for
+        the open to finish, then closes it.
+        """
         if self._closed:
             return
         self._closed = True
-        if not self._is_open:
-            return
-        self._is_open = False
-        feed, writer, reader = self._feed, self._writer, self._reader
-        assert feed is not None  # noqa: S101  # set by open()
-        assert writer is not None  # noqa: S101
-        assert reader is not None  # noqa: S101
-        feed.close()
+        with anyio.CancelScope(shield=True):
+            if self._open_lock is not None:
+                async with self._open_lock:
+                    pass  # an open in progress has finished
+            if not self._is_open:
+                return
+            self._is_open = False
+            feed, writer, reader = self._feed, self._writer, self._reader
+            assert feed is not None  # noqa: S101  # set by open()
+            assert writer is not None  # noqa: S101
+            assert reader is not None  # noqa: S101
+            feed.close()
 
-        def stop() -> None:
-            writer.stop()
-            reader.stop()
-            feed.join()
+            def stop() -> None:
+                writer.stop()
+                reader.stop()
+                feed.join()
 
-        await anyio.to_thread.run_sync(stop)
+            await anyio.to_thread.run_sync(stop)
 
     # ---------------------------------------------------------------- calls into the threads
 
@@ -348,6 +454,10 @@ class SQLiteBackend(Backend):
         if current_loop() is not self._loop:
             raise BackendError(
                 "this SQLiteBackend was opened on another event loop; open one per event loop"
+            )
+        if write and self._access.read_only is not None:
+            raise BackendError(
+                f"{self.path} is {self._access.read_only}: this store serves reads only"
             )
         worker = self._writer if write else self._reader
         assert worker is not None  # noqa: S101  # set by open()

@@ -4,6 +4,7 @@ and how far the WAL grows behind a long reader. The other process is a plain `sq
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -11,9 +12,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agenticstate import SQLiteBackend
+from agenticstate import SQLiteBackend, StateManager
 from agenticstate.exceptions import BackendTimeoutError
 from tests.helpers import LineProcess
+from tests.test_cli import cli
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -53,3 +55,19 @@ async def test_a_write_waits_lock_timeout_then_raises_backend_timeout(
         assert waited < 2 * lock_timeout + 30  # about lock_timeout: a loose bound for busy hosts
         await backend.set("k", b"v")  # the lock released: the next write goes through
         assert (await backend.get("k")) is not None
+
+
+async def test_opening_and_reading_never_wait_for_another_process_writer(tmp_path: Path) -> None:
+    """While another process holds the write lock, a new backend opens and reads, and the CLI's
+    `get` answers: checking a current store's layout takes no lock."""
+    path = tmp_path / "s.db"
+    async with StateManager(backend=SQLiteBackend(path)) as state:
+        await state.save("k", {"a": 1})
+    with holding(path, "write"):
+        backend = SQLiteBackend(path, lock_timeout=timedelta(seconds=3))
+        async with StateManager(backend=backend) as state:
+            assert await state.get("k") == {"a": 1}
+            assert await state.list_keys() == ["k"]
+        shown = cli("--url", f"sqlite://{path}", "--json", "get", "k", cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["value"] == {"a": 1}
