@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agenticstate import SQLiteBackend, StateManager
+from agenticstate.backends._sqlite_schema import WAL_SIZE_LIMIT
 from agenticstate.exceptions import BackendTimeoutError
 from tests.helpers import LineProcess
 from tests.test_cli import cli
@@ -71,3 +72,27 @@ async def test_opening_and_reading_never_wait_for_another_process_writer(tmp_pat
         shown = cli("--url", f"sqlite://{path}", "--json", "get", "k", cwd=tmp_path)
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["value"] == {"a": 1}
+
+
+async def test_the_wal_returns_under_its_limit_after_a_long_reader(tmp_path: Path) -> None:
+    """A reader in another process holds a snapshot while 40 MB are written (the -wal grows past
+    its limit: nothing can be checkpointed behind the reader); once it lets go, the next
+    writes' checkpoints bring the -wal back under WAL_SIZE_LIMIT while the store stays open."""
+    path = tmp_path / "s.db"
+    wal = tmp_path / "s.db-wal"
+    value = b"x" * 100_000
+    async with SQLiteBackend(path, synchronous="normal") as backend:
+        await backend.set("k0", value)
+        with holding(path, "read"):
+            for round_ in range(400):
+                await backend.set(f"k{round_ % 50}", value)
+            grown = wal.stat().st_size
+        assert grown > WAL_SIZE_LIMIT
+        sizes = []
+        for writes in range(100):  # a checkpoint runs about every 4 MB (1,000 pages) written
+            sizes.append(wal.stat().st_size)
+            if sizes[-1] <= WAL_SIZE_LIMIT:
+                break
+            await backend.set(f"k{writes % 50}", value)
+        assert sizes[-1] <= WAL_SIZE_LIMIT, sizes
+        assert (await backend.get("k0")) is not None
