@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,7 +15,6 @@ from agenticstate.backends.base import Entry, new_entry
 from agenticstate.exceptions import BackendError, ConfigurationError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    import sqlite3
     from pathlib import Path
 
     from agenticstate._glob import GlobMatcher
@@ -26,7 +26,9 @@ __all__ = [
     "GET",
     "HISTORY_PUT",
     "HISTORY_TRIM",
+    "LENGTH_LIMIT",
     "LOG",
+    "MAX_VALUE_SIZE",
     "PAGE",
     "PUT",
     "SCHEMA",
@@ -43,6 +45,7 @@ __all__ = [
     "install_layout",
     "is_prefix_pattern",
     "live",
+    "max_value_size",
     "now_us",
     "ttl_us",
 ]
@@ -180,6 +183,32 @@ class Layout:
     def is_readable(self) -> bool:
         """Whether reads work before any migration (a read-only store cannot be migrated)."""
         return self.kind == "current" or (self.kind == "older" and self.version >= 2)
+
+
+ROW_MARGIN = 65_536
+"""Bytes of a change row that are not its two values: the key (at most 1 KiB), the other
+columns, the record's header, with room to spare."""
+
+
+def _length_limit() -> int:
+    """SQLite's largest string, BLOB or row, in bytes (`SQLITE_MAX_LENGTH`: 10**9 by default)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        return int(conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+    finally:
+        conn.close()
+
+
+LENGTH_LIMIT = _length_limit()
+MAX_VALUE_SIZE = (LENGTH_LIMIT - ROW_MARGIN) // 2
+"""The largest value every write can store and overwrite: an overwrite's change row holds the
+old and the new value, and a row is at most `LENGTH_LIMIT` (499,967,232 bytes with SQLite's
+default build)."""
+
+
+def max_value_size(key_prefix: str) -> int:
+    """`MAX_VALUE_SIZE` for keys under `key_prefix` (it is in each change row too)."""
+    return MAX_VALUE_SIZE - (len(key_prefix.encode()) + 1) // 2
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -59,6 +59,7 @@ import anyio.to_thread
 
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
 from agenticstate.backends._local import feed_from_query, run_transaction
@@ -89,6 +90,7 @@ from agenticstate.backends.base import (
     Entry,
     FeedRetention,
     HistoryRules,
+    Put,
     backoff,
     check_expected_version,
     check_index_members,
@@ -104,6 +106,7 @@ from agenticstate.exceptions import (
     ConfigurationError,
     InvalidArgumentError,
     NotFoundError,
+    TooLargeError,
 )
 
 if TYPE_CHECKING:
@@ -115,6 +118,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend", "SQLiteChangeStream"]
 
+
+log = get_logger(__name__)
 
 _FEED_DEFAULT = FeedRetention()
 _MODES = {  # a URL's ?mode=, as in SQLite's URIs
@@ -157,6 +162,10 @@ class SQLiteBackend(Backend):
         read_only: Serve reads only (implies `create=False`): writes raise `BackendError`.
             A store SQLite cannot write (a read-only file, directory or mount) is opened so
             by itself.
+        max_value_size: The largest value accepted, in bytes; by default, and at most, the
+            largest every write can store and overwrite (`MAX_VALUE_SIZE` less half the key
+            prefix's length: a change row holds the old and the new value). A larger value
+            raises `TooLargeError` before anything is written.
     """
 
     def __init__(
@@ -172,6 +181,7 @@ class SQLiteBackend(Backend):
         lock_timeout: timedelta = timedelta(seconds=30),
         create: bool = True,
         read_only: bool = False,
+        max_value_size: int | None = None,
     ) -> None:
         if synchronous not in ("full", "normal"):
             raise ConfigurationError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
@@ -198,6 +208,16 @@ class SQLiteBackend(Backend):
         self.key_prefix = key_prefix
         self.create = create and not read_only
         self.read_only = read_only
+        largest = schema.max_value_size(key_prefix)
+        if max_value_size is None:
+            max_value_size = largest
+        elif type(max_value_size) is not int or not 0 < max_value_size <= largest:
+            raise ConfigurationError(
+                f"max_value_size must be an int from 1 to {largest} (the most the SQLite "
+                f"backend can store and overwrite), not {max_value_size!r}"
+            )
+        self.max_value_size: int = max_value_size
+        """The largest value a write accepts, in bytes (see the `max_value_size` option)."""
         self._access = Access("mode=rw")  # set by the writer thread when it opens the file
         self.synchronous = synchronous
         self.feed: FeedRetention = feed
@@ -500,9 +520,39 @@ class SQLiteBackend(Backend):
 
         The rows the jobs read are read together first, and their writes go out together
         (`executemany`) before the commit: a batch of single-key writes costs a few statements,
-        not three per write. Every job checks (versions, the user's `fn`) before it writes, so a
-        job that raises has written nothing and the others go on; an SQLite error fails the
-        whole batch, which is rolled back.
+        not three per write. Every job checks (versions, value sizes, the user's `fn`) before it
+        writes, so a job that raises has written nothing and the others go on.
+
+        An SQLite error (a statement a job ran, its staged rows, the commit) is rolled back and
+        then each job of the batch runs again in a transaction of its own: a job fails with its
+        own error only, never with another's. (So an `update` function may run a second time
+        then.) A lock wait that runs out fails every job at once: each would wait as long.
+        """
+        error = self._run_batch(conn, jobs)
+        if error is None:
+            self._nudge()
+            return
+        if len(jobs) == 1 or isinstance(error, BackendTimeoutError):
+            for job in jobs:
+                job.result, job.error = None, job.error or error
+            return
+        log.debug("sqlite_batch_split", jobs=len(jobs), error=type(error).__name__)
+        for position, job in enumerate(jobs):
+            job.result, job.error = None, None
+            alone = self._run_batch(conn, [job])
+            if alone is None:
+                self._nudge()
+                continue
+            job.error = job.error or alone
+            if isinstance(alone, BackendTimeoutError):  # the lock is taken: as long for each
+                for rest in jobs[position + 1 :]:
+                    rest.result, rest.error = None, alone
+                return
+
+    def _run_batch(self, conn: sqlite3.Connection, jobs: list[Job]) -> BackendError | None:
+        """Run `jobs` in one transaction: `None` once committed, else the error it rolled back.
+
+        Each job's own error (a conflict, its function's) is on the job, not returned.
         """
         try:
             self._begin(conn)
@@ -521,19 +571,19 @@ class SQLiteBackend(Backend):
             self._maintain(conn)
             conn.execute("COMMIT")
         except (sqlite3.Error, BackendError) as exc:
-            error = translated(exc, f"write to {self.path}")
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            for job in jobs:
-                job.result, job.error = None, job.error or error
-            return
+            return translated(exc, f"write to {self.path}")
         finally:
             self._rows.clear()
             self._puts.clear()
             self._logs.clear()
             self._history.clear()
             self._history_trims.clear()
+        return None
+
+    def _nudge(self) -> None:
         feed = self._feed
         if feed is not None and feed.active:
             feed.nudge()
@@ -781,6 +831,7 @@ class SQLiteBackend(Backend):
         now: int,
     ) -> Change:
         """Stage a write of `key` (flushed with the batch) and return its change."""
+        self._check_size(key, value)  # an update's new value, known only here
         version = current[1] + 1 if current is not None else 1
         created = current[2] if current is not None else now
         old = current[0] if current is not None else None
@@ -794,6 +845,15 @@ class SQLiteBackend(Backend):
             self._stage_history(full, key, version, value, now, expires, current)
         cursor = format_cursor(self._db_id, seq)
         return new_change(key, ChangeOp.SET, old, value, version, from_us(now), cursor)
+
+    def _check_size(self, key: str, value: bytes) -> None:
+        """Refuse a value over `max_value_size` before it is queued or staged."""
+        if len(value) > self.max_value_size:
+            raise TooLargeError(
+                f"the value for {key!r} is {len(value)} bytes; the SQLite backend stores values "
+                f"of at most {self.max_value_size} bytes (max_value_size)",
+                path="",
+            )
 
     def _current(self, conn: sqlite3.Connection, key: str, now: int) -> schema.Row | None:
         """The live row at `key` as this batch has it so far."""
@@ -818,6 +878,7 @@ class SQLiteBackend(Backend):
         ttl_us = schema.ttl_us(check_ttl(ttl))
         check_expected_version(expected_version)
         value = schema.as_bytes(value)
+        self._check_size(key, value)
 
         def run(conn: sqlite3.Connection) -> Change:
             now = schema.now_us()
@@ -838,6 +899,8 @@ class SQLiteBackend(Backend):
             validate_key(key)
         ttl_us = schema.ttl_us(check_ttl(ttl))
         batch = [(key, schema.as_bytes(value)) for key, value in items]
+        for key, value in batch:
+            self._check_size(key, value)
         prefix = self.key_prefix
 
         def run(conn: sqlite3.Connection) -> list[Change]:
@@ -925,6 +988,9 @@ class SQLiteBackend(Backend):
         that same transaction, as `set`'s do.
         """
         checked = check_transaction(compare, then, orelse)
+        for op in (*checked[1], *checked[2]):
+            if isinstance(op, Put):  # all checked first: a step writes all or nothing
+                self._check_size(op.key, op.value)
 
         def run(conn: sqlite3.Connection) -> TxnResult:
             return run_transaction(_SQLiteStep(self, conn, schema.now_us()), *checked)
