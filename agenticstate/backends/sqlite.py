@@ -407,6 +407,7 @@ class SQLiteBackend(Backend):
                 self._use_wal(conn)
             return layout.db_id
         self._use_wal(conn)
+        conn.execute("PRAGMA busy_timeout=0")  # _begin waits, for lock_timeout at most
         self._begin(conn)
         try:
             layout = schema.inspect_layout(conn, self.path)  # again, under the lock

@@ -299,6 +299,14 @@ async def test_opening_without_create_makes_no_file(tmp_path: Path, make: Any) -
     assert _files(path.parent) == {"s.db": b""}
 
 
+@pytest.mark.parametrize("name", ["a#1.db", "b?x=1.db", "c%20d.db", "e f.db", "g&mode=ro.db"])
+async def test_a_file_name_with_uri_characters_opens_that_file(tmp_path: Path, name: str) -> None:
+    """Connections open the file by an SQLite URI: `#`, `?`, `%`, `&` in a name stay the name."""
+    async with SQLiteBackend(tmp_path / name) as backend:
+        await backend.set("k", b"v")
+    assert sorted([p.name async for p in anyio.Path(tmp_path).iterdir()]) == [name]
+
+
 def test_a_bad_url_mode_is_a_configuration_error(tmp_path: Path) -> None:
     """`?mode=` takes rwc, rw or ro."""
     with pytest.raises(ConfigurationError, match="mode"):
