@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agenticstate import _otel
 from agenticstate._log import get_logger
+from agenticstate._retry import retry_delay
 from agenticstate._tasks import spawn_detached
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends.base import ChangeOp, new_change
@@ -685,7 +686,7 @@ class CallbackPumps:
                     error=type(exc).__name__,
                     attempt=failures,
                 )
-                await anyio.sleep(min(0.05 * 2**failures, 5.0))
+                await anyio.sleep(retry_delay(failures, base=0.05, cap=5.0))
                 pump.error = None
                 pump.settled = anyio.Event()
 

@@ -26,7 +26,7 @@ AgenticStateError
  │   ├─ TooLargeError(ValueError)         encoded value beyond the configured size
  │   └─ DecodeError                       stored bytes are corrupt, truncated or invalid
  │       └─ DecryptionError               an encrypted value failed authentication
- ├─ NotFoundError(LookupError)            the key/agent/workflow/task/session does not exist
+ ├─ NotFoundError(LookupError)            the key/agent/workflow/task/session/store does not exist
  ├─ ConflictError                         version mismatch, duplicate id, lost a claim
  ├─ InvalidTransitionError                a state machine refused the move
  │   └─ WorkflowCancelledError            the workflow was cancelled; its runner stops
@@ -197,7 +197,10 @@ class DecryptionError(DecodeError):
 
 
 class NotFoundError(AgenticStateError, LookupError):
-    """The key, agent, workflow, task or session does not exist."""
+    """The key, agent, workflow, task, session or store does not exist.
+
+    A store: one opened without creating it (`SQLiteBackend(path, create=False)`).
+    """
 
 
 class ConflictError(AgenticStateError):

@@ -52,8 +52,9 @@ from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._merge import updater
+from agenticstate._retry import backoff, retry_delay
 from agenticstate._tasks import spawn_service
-from agenticstate.backends.base import ChangeOp, backoff, utcnow
+from agenticstate.backends.base import ChangeOp, utcnow
 from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.exceptions import (
     AgenticStateError,
@@ -690,7 +691,7 @@ class LocalView:
                     attempt=failures,
                 )
                 self._is_live = False
-                await anyio.sleep(min(0.05 * 2**failures, 5.0))
+                await anyio.sleep(retry_delay(failures, base=0.05, cap=5.0))
                 continue
             self._is_live = False
             self._reloads += 1

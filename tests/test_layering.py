@@ -31,6 +31,7 @@ MANAGER_PRIVATE_IMPORTS = {
     "agenticstate._otel": "spans for manager operations (telemetry integration)",
     "agenticstate._registry": "backend names for the persistence= shorthand (one registry)",
     "agenticstate._checks": "as_ttl, positive_timedelta: the argument checks shared with the core",
+    "agenticstate._retry": "retry_delay: the one bounded exponential wait (tool retries)",
 }
 # Public core modules the managers may import from.
 MANAGER_PUBLIC_IMPORTS = {
@@ -229,6 +230,7 @@ FOUNDATION = {
     "agenticstate._keys",
     "agenticstate._log",
     "agenticstate._registry",
+    "agenticstate._retry",
     "agenticstate._tasks",
     "agenticstate._merge",
     "agenticstate._version",

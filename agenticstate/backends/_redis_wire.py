@@ -451,6 +451,12 @@ _MAX_REDIRECTS = 5  # MOVED or ASK replies followed for one command
 _ASKING = pack(("ASKING",))
 
 
+async def _close_discovery(cluster: Any) -> None:
+    """Disconnect the nodes a `RedisCluster.initialize()` made before it failed."""
+    await cluster.nodes_manager.aclose()
+    await cluster.nodes_manager.aclose("startup_nodes")
+
+
 def key_slot(key: str | bytes) -> int:
     """The cluster slot of `key`: CRC16 of its hash tag (`{...}`, if any) modulo 16384."""
     data = key.encode() if type(key) is str else cast("bytes", key)
@@ -500,6 +506,7 @@ class Cluster:
     """
 
     __slots__ = (
+        "closed",
         "errors",
         "generation",
         "lock",
@@ -525,6 +532,7 @@ class Cluster:
         self.stale = True
         self.generation = 0  # maps read so far
         self.lock = asyncio.Lock()
+        self.closed = False
 
     def node(self, client: aioredis.Redis, host: str, port: int) -> Node:
         """The node at `host:port`, with connections made on first use."""
@@ -537,6 +545,7 @@ class Cluster:
             settings = {**cluster.get_connection_kwargs(), "max_connections": self.size}
             made = ClusterNode(host, port, **settings)
             connections = Connections(self.size, made.acquire_connection)
+            connections.closed = self.closed
             node = self.nodes[name] = Node(host, port, connections)
         return node
 
@@ -603,7 +612,13 @@ class Cluster:
             if self.generation != seen and not self.stale:
                 return  # read by another caller meanwhile
             cluster: Any = client
-            await cluster.initialize()  # redis-py's discovery, once: the startup nodes
+            try:
+                await cluster.initialize()  # redis-py's discovery, once: the startup nodes
+            except BaseException:
+                # Cut short (cancelled): redis-py's own cleanup is cancelled with it, and its
+                # aclose() skips a client that never finished: close its nodes, shielded.
+                await asyncio.shield(_close_discovery(cluster))
+                raise
             candidates = [*self.primaries]
             candidates += [self.node(client, n.host, int(n.port)) for n in cluster.get_nodes()]
             candidates += list(self.nodes.values())
@@ -642,6 +657,14 @@ class Cluster:
         self.stale = False
 
     async def close(self) -> None:
+        """Disconnect every node's connections.
+
+        A discovery in progress (another task's first call) finishes first, and a node met
+        after the close disconnects each connection once it has been used.
+        """
+        self.closed = True
+        async with self.lock:
+            pass
         for node in self.nodes.values():
             await node.connections.close()
 

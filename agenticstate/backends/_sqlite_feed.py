@@ -147,15 +147,19 @@ def key_range(prefix: str) -> tuple[str, str | None]:
     """Bounds `low <= key < high` holding exactly the keys that start with `prefix`.
 
     Keys compare as UTF-8 bytes (SQLite's BINARY collation), which orders like code points, so
-    the upper bound is the prefix with its last character moved one code point up.
+    the upper bound is the prefix with its last character moved one code point up. A last
+    character that is already the highest (U+10FFFF) cannot move: the bound moves the one
+    before it instead, while the low bound stays the whole prefix (a key at or above it that
+    starts with the shorter prefix can only continue with U+10FFFF).
     """
-    while prefix:
-        last = ord(prefix[-1])
+    head = prefix
+    while head:
+        last = ord(head[-1])
         if last < 0x10FFFF:
             bumped = last + 1 if last + 1 != 0xD800 else 0xE000  # skip the surrogates
-            return prefix, prefix[:-1] + chr(bumped)
-        prefix = prefix[:-1]
-    return "", None
+            return prefix, head[:-1] + chr(bumped)
+        head = head[:-1]
+    return prefix, None
 
 
 class _Sub:

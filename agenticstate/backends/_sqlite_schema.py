@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+import secrets
+import sqlite3
 import time
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from agenticstate._glob import compile_glob
 from agenticstate.backends._sqlite_feed import from_us
 from agenticstate.backends.base import Entry, new_entry
-from agenticstate.exceptions import InvalidArgumentError
+from agenticstate.exceptions import BackendError, ConfigurationError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    import sqlite3
+    from pathlib import Path
 
     from agenticstate._glob import GlobMatcher
 
 __all__ = [
+    "APPLICATION_ID",
     "CHUNK",
     "DELETE",
     "GET",
     "HISTORY_PUT",
     "HISTORY_TRIM",
+    "LENGTH_LIMIT",
     "LOG",
+    "MAX_VALUE_SIZE",
     "PAGE",
     "PUT",
     "REVISION",
@@ -30,11 +36,17 @@ __all__ = [
     "SCHEMA_VERSION",
     "SELECT_MANY",
     "SET",
+    "WAL_SIZE_LIMIT",
+    "Layout",
     "Row",
     "as_bytes",
+    "check_header",
     "entry",
+    "inspect_layout",
+    "install_layout",
     "is_prefix_pattern",
     "live",
+    "max_value_size",
     "migrate_revisions",
     "now_us",
     "ttl_us",
@@ -71,6 +83,24 @@ CREATE TABLE IF NOT EXISTS history (
     PRIMARY KEY (key, version)
 ) WITHOUT ROWID;
 """
+APPLICATION_ID = 0x41675374
+"""`PRAGMA application_id` of an agenticstate store ("AgSt" in the file's header).
+
+Set with the schema, with the `meta` row `MARK`: a store is told from any other SQLite file by
+its header, and a file that is neither empty nor ours is refused untouched.
+"""
+MARK = ("format", "agenticstate")
+WAL_SIZE_LIMIT = 16 * 1024 * 1024
+"""`PRAGMA journal_size_limit`: the size the `-wal` file is cut back to once a checkpoint has
+copied it into the database (a long reader can make it grow past this meanwhile)."""
+LEGACY_VERSIONS = (1, 2)
+"""Layouts written before stores were marked (`application_id` 0): recognized by their tables
+(and marked when first opened writable)."""
+KV_COLUMNS = ("key", "value", "version", "created_at", "updated_at", "expires_at")
+"""The first columns of `kv` in every layout (later layouts may add columns after them)."""
+TABLES = frozenset({"kv", "changes", "idx", "meta", "history"})
+INDEXES = frozenset({"kv_expiry", "idx_order"})
+
 _ROW = "value, version, created_at, updated_at, expires_at, revision, create_revision"
 GET = f"SELECT {_ROW} FROM kv WHERE key = ?"  # noqa: S608  # constants
 SELECT_MANY = f"SELECT key, {_ROW} FROM kv WHERE key IN"  # noqa: S608  # constants
@@ -172,3 +202,196 @@ def migrate_revisions(conn: sqlite3.Connection, found: int) -> None:
         ((last + n, last + n, key) for n, key in enumerate(keys, 1)),
     )
     conn.execute("INSERT OR REPLACE INTO meta VALUES ('revision', ?)", (str(last + len(keys)),))
+
+
+# ---------------------------------------------------------------- the layout of a file
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What an SQLite file holds, as far as opening it as a store is concerned.
+
+    Attributes:
+        kind: `"empty"` (no tables and no marks: a new file), `"current"` (a marked store of
+            this layout) or `"older"` (a store to migrate or mark: an earlier layout, or one
+            written before stores were marked).
+        version: Its `PRAGMA user_version`.
+        db_id: The database's id (`meta`), or `""` if it has none yet.
+    """
+
+    kind: Literal["empty", "current", "older"]
+    version: int
+    db_id: str
+
+    @property
+    def is_readable(self) -> bool:
+        """Whether reads work before any migration (a read-only store cannot be migrated).
+
+        Only the current layout: reads select the revision columns layout 3 added.
+        """
+        return self.kind == "current"
+
+
+ROW_MARGIN = 65_536
+"""Bytes of a change row that are not its two values: the key (at most 1 KiB), the other
+columns, the record's header, with room to spare."""
+
+
+def _length_limit() -> int:
+    """SQLite's largest string, BLOB or row, in bytes (`SQLITE_MAX_LENGTH`: 10**9 by default)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        return int(conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+    finally:
+        conn.close()
+
+
+LENGTH_LIMIT = _length_limit()
+MAX_VALUE_SIZE = (LENGTH_LIMIT - ROW_MARGIN) // 2
+"""The largest value every write can store and overwrite: an overwrite's change row holds the
+old and the new value, and a row is at most `LENGTH_LIMIT` (499,967,232 bytes with SQLite's
+default build)."""
+
+
+def max_value_size(key_prefix: str) -> int:
+    """`MAX_VALUE_SIZE` for keys under `key_prefix` (it is in each change row too)."""
+    return MAX_VALUE_SIZE - (len(key_prefix.encode()) + 1) // 2
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_header(path: Path) -> None:
+    """Refuse, before SQLite opens it, a file whose header says it is not a store.
+
+    Reads the first 100 bytes: a file that is not SQLite, or an SQLite database with another
+    application's id, is refused without a connection ever touching it. (A store's own header
+    may still show id 0 while its first commits are in the `-wal` alone: `inspect_layout`
+    decides those.)
+
+    Raises:
+        BackendError: Not SQLite (a damaged store, or no store at all).
+        ConfigurationError: Another application's database.
+    """
+    with path.open("rb") as file:
+        head = file.read(100)
+    if not head:
+        return  # empty, or its content is in the -wal so far
+    if len(head) < 100 or not head.startswith(SQLITE_MAGIC):
+        raise BackendError(
+            f"{path} is not an SQLite database (its first bytes are not SQLite's header): a "
+            "damaged store, or not a store at all; it was left as it is"
+        )
+    app = int.from_bytes(head[68:72], "big", signed=True)
+    if app not in (0, APPLICATION_ID):
+        raise _foreign(path, f"its application_id is {app:#x}")
+
+
+def inspect_layout(conn: sqlite3.Connection, path: Path) -> Layout:
+    """Read what the file at `path` holds, without writing or waiting for a writer.
+
+    Reads only, in one snapshot (inside the caller's transaction if it has one), so another
+    process's write transaction never delays it.
+
+    Raises:
+        ConfigurationError: The file is an SQLite database of another application (its
+            application id, or tables that are not a store's); it is left as it is.
+        sqlite3.DatabaseError: The file is not an SQLite database (`open_errors` says so).
+        BackendError: The file is a store of a newer layout than this agenticstate reads.
+    """
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        return _classify(conn, path)
+    finally:
+        if own and conn.in_transaction:
+            conn.execute("ROLLBACK")  # a read: nothing to keep
+
+
+def _classify(conn: sqlite3.Connection, path: Path) -> Layout:
+    (app,) = conn.execute("PRAGMA application_id").fetchone()
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    names = {
+        name
+        for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
+    }
+    if app not in (0, APPLICATION_ID):
+        raise _foreign(path, f"its application_id is {app:#x}")
+    if app == 0 and version == 0 and not names:
+        return Layout("empty", 0, "")
+    if app == APPLICATION_ID and version > SCHEMA_VERSION:
+        raise BackendError(
+            f"{path} has schema version {version}; this agenticstate reads up to "
+            f"{SCHEMA_VERSION}: upgrade agenticstate"
+        )
+    if not _has_store_tables(conn, names):
+        found = ", ".join(sorted(names)[:6]) or "none"
+        raise _foreign(path, f"user_version {version}, tables {found}")
+    meta = _meta(conn) if "meta" in names else {}
+    if app == APPLICATION_ID:
+        if meta.get(MARK[0]) != MARK[1] or version < 1:
+            raise _foreign(path, "agenticstate's application_id but not its meta row")
+        kind: Literal["current", "older"] = "current" if version == SCHEMA_VERSION else "older"
+        return Layout(kind, version, meta.get("db_id", ""))
+    if version not in LEGACY_VERSIONS:
+        raise _foreign(path, f"user_version {version} with tables named like a store's")
+    return Layout("older", version, meta.get("db_id", ""))
+
+
+def _has_store_tables(conn: sqlite3.Connection, names: set[str]) -> bool:
+    """Only tables and indexes a store has, with `kv`'s columns (and `meta`'s) as a store's."""
+    if "kv" not in names or not names <= TABLES | INDEXES:
+        return False
+    kv = tuple(row[1] for row in conn.execute("PRAGMA table_info(kv)"))
+    if kv[: len(KV_COLUMNS)] != KV_COLUMNS:
+        return False
+    if "meta" in names:
+        meta = tuple(row[1] for row in conn.execute("PRAGMA table_info(meta)"))
+        return meta == ("name", "value")
+    return True
+
+
+def _meta(conn: sqlite3.Connection) -> dict[str, str]:
+    rows = conn.execute("SELECT name, value FROM meta WHERE name IN ('db_id', ?)", (MARK[0],))
+    return {str(name): str(value) for name, value in rows}
+
+
+def _foreign(path: Path, detail: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{path} is an SQLite database of another application, not an agenticstate store "
+        f"({detail}); it was left as it is: give the store a file of its own"
+    )
+
+
+def install_layout(conn: sqlite3.Connection, layout: Layout) -> str:
+    """Make the file a marked store of this layout; return its database id.
+
+    Runs inside the caller's write transaction (`BEGIN IMMEDIATE`, after `inspect_layout`
+    read the file again under the lock): creates what is missing, migrates an older layout,
+    and marks the file. Nothing that is there is rewritten.
+    """
+    _migrate(conn, layout.version)
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('db_id', ?)", (secrets.token_hex(8),))
+    _mark(conn)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    (db_id,) = conn.execute("SELECT value FROM meta WHERE name = 'db_id'").fetchone()
+    return str(db_id)
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Bring a layout of `version` (0: a new file) to `SCHEMA_VERSION`.
+
+    0 and 1 to 2: create the tables and indexes a file lacks (`meta` and `history` for 1);
+    then to 3: the revision columns, and a revision for every row (`migrate_revisions`).
+    """
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    migrate_revisions(conn, version)
+
+
+def _mark(conn: sqlite3.Connection) -> None:
+    """Mark the file as a store: the header's application id and the `meta` row."""
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", MARK)

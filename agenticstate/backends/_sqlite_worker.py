@@ -8,15 +8,21 @@ back to the loop with one thread-safe callback, where each waiting task is woken
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import sqlite3
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
+    ConfigurationError,
+    NotFoundError,
 )
 
 if TYPE_CHECKING:
@@ -25,7 +31,16 @@ if TYPE_CHECKING:
 
     from agenticstate._tasks import EventLike
 
-__all__ = ["Job", "Worker", "connect", "translate", "translated"]
+__all__ = [
+    "Access",
+    "Job",
+    "Worker",
+    "connect",
+    "open_errors",
+    "prepare",
+    "translate",
+    "translated",
+]
 
 _LOCKED = ("database is locked", "database table is locked")
 
@@ -54,10 +69,164 @@ def translate(action: str) -> Iterator[None]:
         raise translated(exc, action) from exc
 
 
-def connect(path: Path, *, synchronous: str, busy_ms: int) -> sqlite3.Connection:
-    """Open a connection in autocommit mode (transactions are explicit), WAL journal."""
+@dataclass(frozen=True)
+class Access:
+    """How the backend's connections open the file.
+
+    Attributes:
+        params: SQLite URI parameters (`mode=rw`, `mode=ro`, `mode=ro&immutable=1`).
+        read_only: Why the store serves reads only, or `None` if it is writable.
+    """
+
+    params: str
+    read_only: str | None = None
+
+
+def prepare(path: Path, *, create: bool, read_only: bool) -> Access:
+    """Look at `path` before SQLite opens it; create it (mode 0600) if allowed and missing.
+
+    SQLite itself never creates the file (connections open it with `mode=rw` or `mode=ro`), so
+    a file appears only here, with its owner's permissions alone; SQLite gives the `-wal` and
+    `-shm` files it makes beside it the same permissions. Runs in the writer thread.
+
+    Raises:
+        NotFoundError: The file does not exist (or is empty) and may not be created.
+        ConfigurationError: The path is a directory, or cannot be reached or read.
+    """
+    with open_errors(path):
+        if path.is_dir():
+            raise ConfigurationError(f"{path} is a directory, not an SQLite database file")
+        if not path.exists() or _is_empty(path):
+            if read_only or not create:
+                state = "is empty" if path.exists() else "does not exist"
+                raise NotFoundError(
+                    f"no SQLite store at {path}: the file {state} (opened without create)"
+                )
+            if not path.exists():
+                _create(path)
+        if not os.access(path, os.R_OK):
+            raise ConfigurationError(f"{path} cannot be read by this user: permission denied")
+        return _access(path, read_only=read_only)
+
+
+def _is_empty(path: Path) -> bool:
+    """Whether `path` is 0 bytes and its `-wal` holds nothing either.
+
+    A new store's first commits may be in its `-wal` alone until a checkpoint copies them in.
+    """
+    wal = path.with_name(path.name + "-wal")
+    return path.stat().st_size == 0 and (not wal.exists() or wal.stat().st_size == 0)
+
+
+def _create(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return  # another process created it first: open theirs
+    os.close(fd)
+
+
+def _access(path: Path, *, read_only: bool) -> Access:
+    """How to open `path`: writable if it can be, else read-only.
+
+    Read-only as an immutable snapshot when SQLite could not make the `-wal` and `-shm` files
+    it needs beside the database to read it as it changes.
+    """
+    directory = path.parent
+    wal = path.with_name(path.name + "-wal")
+    shm = path.with_name(path.name + "-shm")
+    if os.statvfs(directory).f_flag & os.ST_RDONLY:
+        reason = "on a read-only file system"
+    elif not os.access(path, os.W_OK):
+        reason = "read-only for this user"
+    elif not os.access(directory, os.W_OK | os.X_OK) and not (
+        os.access(wal, os.W_OK) and os.access(shm, os.W_OK)
+    ):
+        reason = f"in a directory this user cannot write ({directory})"
+    elif read_only:
+        reason = "opened read-only"
+    else:
+        return Access("mode=rw")
+    if wal.exists() or os.access(directory, os.W_OK | os.X_OK):
+        return Access("mode=ro", reason)  # SQLite reads the WAL through the -shm index
+    # Nobody writes the file now (a writer keeps a -wal beside it): read it as it is.
+    return Access("mode=ro&immutable=1", reason)
+
+
+@contextlib.contextmanager
+def open_errors(path: Path) -> Iterator[None]:
+    """Raise the errors of opening `path` as what they mean.
+
+    A path to fix is a `ConfigurationError` (never worth a retry), not the
+    `BackendUnavailableError` SQLite's "unable to open database file" used to become.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise _path_error(path, exc) from exc
+    except sqlite3.OperationalError as exc:
+        name = getattr(exc, "sqlite_errorname", "")
+        if name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")):
+            raise ConfigurationError(f"could not open {path}: {exc} ({_diagnose(path)})") from exc
+        raise translated(exc, f"open the database {path}") from exc
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_NOTADB":
+            raise BackendError(
+                f"{path} is not an SQLite database ({exc}): a damaged store, or not a store at "
+                "all; it was left as it is"
+            ) from exc
+        raise translated(exc, f"open the database {path}") from exc
+
+
+def _path_error(path: Path, exc: OSError) -> BackendError | ConfigurationError:
+    causes = {
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.EROFS: "read-only file system",
+        errno.EISDIR: "is a directory",
+        errno.ENOTDIR: "a part of the path is not a directory",
+        errno.EEXIST: "a part of the path is not a directory",  # from mkdir
+        errno.ENAMETOOLONG: "the name is too long",
+        errno.ELOOP: "too many symbolic links",
+    }
+    cause = causes.get(exc.errno or 0)
+    if cause is None:  # a full disk, an I/O error: the storage failed, the path may be fine
+        return BackendUnavailableError(f"could not open {path}: {exc.strerror or exc}")
+    return ConfigurationError(f"could not open {path}: {cause} ({exc.strerror or exc})")
+
+
+def _diagnose(path: Path) -> str:
+    """Why SQLite could not open `path`, as far as the file system tells."""
+    try:
+        if path.is_dir():
+            return "it is a directory"
+        if not path.exists():
+            return "it does not exist"
+        if not os.access(path, os.R_OK):
+            return "permission denied"
+        if os.statvfs(path.parent).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            return f"this user cannot write the directory {path.parent}"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return "see the error above"
+
+
+def connect(path: Path, access: Access, *, synchronous: str, busy_ms: int) -> sqlite3.Connection:
+    """Open a connection in autocommit mode (transactions are explicit), as `access` says.
+
+    The URI's `mode` never includes `c`: SQLite never creates the file (see `prepare`).
+    """
     conn = sqlite3.connect(
-        str(path), isolation_level=None, check_same_thread=False, cached_statements=256
+        # An empty authority (`file://` then the absolute path): a path starting with `//`
+        # must not be read as a host name.
+        f"file://{quote(os.path.abspath(path))}?{access.params}",
+        uri=True,
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=256,
     )
     conn.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
     conn.execute(f"PRAGMA synchronous={synchronous}")

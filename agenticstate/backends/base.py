@@ -75,7 +75,6 @@ The rules, which every backend follows exactly:
 
 from __future__ import annotations
 
-import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -85,6 +84,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import anyio
 
 from agenticstate._keys import validate_key
+from agenticstate._retry import backoff  # re-exported: backends import it from here
 from agenticstate.config import FeedRetention, HistoryRules  # defined with StateConfig
 from agenticstate.exceptions import (
     ConflictError,
@@ -656,16 +656,6 @@ def conflict(key: str, expected: int, actual: int, *, what: str = "version") -> 
     return ConflictError(
         f"key {key!r} is {found}, expected {wanted}", key=key, expected=expected, actual=actual
     )
-
-
-def backoff(attempt: int, *, base: float = 0.001, cap: float = 0.05) -> float:
-    """Return a full-jitter backoff delay, in seconds, for a retry after `attempt` failures.
-
-    Any number of attempts is fine: the exponent stops growing long before the cap (a float
-    cannot hold 2 ** 1024, and a loop that retries for a long time reaches that many).
-    """
-    ceiling = base * 2 ** min(attempt, 64)
-    return random.uniform(0, min(cap, ceiling))  # noqa: S311  # jitter, not crypto
 
 
 class Backend(ABC):

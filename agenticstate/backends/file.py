@@ -1578,6 +1578,10 @@ class FileBackend(Backend):
             return
         self._closed = True
         self._fanout.close()
+        if self._open_lock is not None:
+            with anyio.CancelScope(shield=True):
+                async with self._open_lock:
+                    pass  # an open in progress (another task's) has finished: close what it made
         if not self._is_open:
             return
         with anyio.CancelScope(shield=True):

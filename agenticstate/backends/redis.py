@@ -109,6 +109,7 @@ from typing import TYPE_CHECKING, Any
 
 from agenticstate._checks import seconds
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
+from agenticstate._retry import retry_delay
 from agenticstate.backends import _redis_feed, _redis_revision, _redis_txn
 from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_scripts as scripts
@@ -474,7 +475,7 @@ class RedisBackend(Subscriber, Backend):
             except (BackendUnavailableError, BackendTimeoutError):
                 if attempt >= self.read_retries or self._closed:
                     raise
-                await asyncio.sleep(0.05 * 2**attempt)
+                await asyncio.sleep(retry_delay(attempt, base=0.05, cap=2.0))
                 attempt += 1
 
     # the contract

@@ -50,7 +50,6 @@ opened, in one transaction, and a file of a newer one is refused.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import sqlite3
 import time
 from datetime import timedelta
@@ -64,6 +63,7 @@ import anyio.to_thread
 from agenticstate._checks import duration
 from agenticstate._glob import compile_glob
 from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
 from agenticstate.backends._local import feed_from_query, run_transaction
@@ -76,7 +76,15 @@ from agenticstate.backends._sqlite_feed import (
     parse_since,
 )
 from agenticstate.backends._sqlite_schema import SCHEMA_VERSION
-from agenticstate.backends._sqlite_worker import Job, Worker, connect, translate, translated
+from agenticstate.backends._sqlite_worker import (
+    Access,
+    Job,
+    Worker,
+    connect,
+    open_errors,
+    prepare,
+    translated,
+)
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -86,6 +94,7 @@ from agenticstate.backends.base import (
     Entry,
     FeedRetention,
     HistoryRules,
+    Put,
     backoff,
     check_expected,
     check_index_members,
@@ -101,6 +110,8 @@ from agenticstate.exceptions import (
     BackendTimeoutError,
     ConfigurationError,
     InvalidArgumentError,
+    NotFoundError,
+    TooLargeError,
 )
 
 if TYPE_CHECKING:
@@ -113,12 +124,24 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend", "SQLiteChangeStream"]
 
 
+log = get_logger(__name__)
+
 _FEED_DEFAULT = FeedRetention()
+_MODES = {  # a URL's ?mode=, as in SQLite's URIs
+    "rwc": {"create": True, "read_only": False},
+    "rw": {"create": False, "read_only": False},
+    "ro": {"create": False, "read_only": True},
+}
 _ALL_VERSIONS = 1 << 62  # HISTORY_TRIM below this: every version of a key
 
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _stop_workers(*workers: Worker) -> None:
+    for worker in workers:
+        worker.stop()
 
 
 class SQLiteBackend(Backend):
@@ -136,7 +159,18 @@ class SQLiteBackend(Backend):
             `keep_history`).
         change_retention: The old spelling of `feed=FeedRetention(max_changes=N)`.
         poll_interval: How often a subscribed process checks for other processes' commits.
-        lock_timeout: How long a write waits for another process's transaction.
+        lock_timeout: How long a write waits for another process's transaction before it
+            raises `BackendTimeoutError`.
+        create: Create the database (and its directory) if it is missing (the default). With
+            `False`, opening a missing or empty file raises `NotFoundError` and creates
+            nothing: what a command that only reads wants.
+        read_only: Serve reads only (implies `create=False`): writes raise `BackendError`.
+            A store SQLite cannot write (a read-only file, directory or mount) is opened so
+            by itself.
+        max_value_size: The largest value accepted, in bytes; by default, and at most, the
+            largest every write can store and overwrite (`MAX_VALUE_SIZE` less half the key
+            prefix's length: a change row holds the old and the new value). A larger value
+            raises `TooLargeError` before anything is written.
     """
 
     def __init__(
@@ -150,6 +184,9 @@ class SQLiteBackend(Backend):
         change_retention: int | None = None,
         poll_interval: timedelta = timedelta(milliseconds=2),
         lock_timeout: timedelta = timedelta(seconds=30),
+        create: bool = True,
+        read_only: bool = False,
+        max_value_size: int | None = None,
     ) -> None:
         if synchronous not in ("full", "normal"):
             raise ConfigurationError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
@@ -170,8 +207,23 @@ class SQLiteBackend(Backend):
             raise ConfigurationError(f"feed must be a FeedRetention, not {feed!r}")
         if str(path) in ("", ":memory:"):
             raise ConfigurationError("SQLiteBackend needs a database file path")
+        if not isinstance(create, bool) or not isinstance(read_only, bool):
+            raise ConfigurationError("create and read_only must be bools")
         self.path = Path(path)
         self.key_prefix = key_prefix
+        self.create = create and not read_only
+        self.read_only = read_only
+        largest = schema.max_value_size(key_prefix)
+        if max_value_size is None:
+            max_value_size = largest
+        elif type(max_value_size) is not int or not 0 < max_value_size <= largest:
+            raise ConfigurationError(
+                f"max_value_size must be an int from 1 to {largest} (the most the SQLite "
+                f"backend can store and overwrite), not {max_value_size!r}"
+            )
+        self.max_value_size: int = max_value_size
+        """The largest value a write accepts, in bytes (see the `max_value_size` option)."""
+        self._access = Access("mode=rw")  # set by the writer thread when it opens the file
         self.synchronous = synchronous
         self.feed: FeedRetention = feed
         if history is not None:
@@ -219,7 +271,9 @@ class SQLiteBackend(Backend):
 
         Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` and
         `feed_max_age=SECONDS`; `change_retention=N` (the old spelling of
-        `feed_max_changes`). `feed=off` is refused: SQLite's feed cannot be off.
+        `feed_max_changes`); `mode`, as in SQLite's own URIs: `rwc` (the default: read, write,
+        create), `rw` (`create=False`) or `ro` (`read_only=True`). `feed=off` is refused:
+        SQLite's feed cannot be off.
         """
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
@@ -229,6 +283,13 @@ class SQLiteBackend(Backend):
         for name, value in parse_qsl(parts.query):
             if name == "synchronous":
                 options.setdefault("synchronous", value.lower())
+            elif name == "mode":
+                if value not in _MODES:
+                    raise ConfigurationError(
+                        f"sqlite URL mode must be one of {', '.join(_MODES)}, not {value!r}"
+                    )
+                for option, setting in _MODES[value].items():
+                    options.setdefault(option, setting)
             elif name == "change_retention" and value.isdigit():
                 feed.append(("feed_max_changes", value))
             elif name.startswith("feed"):
@@ -241,7 +302,19 @@ class SQLiteBackend(Backend):
     # ---------------------------------------------------------------- opening and closing
 
     async def open(self) -> None:
-        """Create or open the database and start the writer and reader threads. Idempotent."""
+        """Open the database (creating it if allowed) and start its threads. Idempotent.
+
+        Opening reads the file's layout without the write lock, so it never waits for another
+        process's writer; only a new file, or one of an older layout, takes the lock to be
+        created or migrated. A call cancelled while the backend opens leaves no thread or
+        connection behind.
+
+        Raises:
+            NotFoundError: The file is missing or empty and `create` is off.
+            ConfigurationError: The path is a directory or cannot be read, or the file is not
+                an agenticstate store (nothing in it is changed).
+            BackendError: The file is a store of a newer layout, or SQLite failed.
+        """
         if self._is_open:
             return
         if self._closed:
@@ -251,6 +324,8 @@ class SQLiteBackend(Backend):
         async with self._open_lock:
             if self._is_open:
                 return
+            if self._closed:
+                raise BackendError("this SQLiteBackend is closed")
             schedule = threadsafe_scheduler()
             writer = Worker(
                 "agenticstate-sqlite-write", self._open_writer, self._write_batch, schedule
@@ -258,11 +333,13 @@ class SQLiteBackend(Backend):
             reader = Worker(
                 "agenticstate-sqlite-read", self._open_reader, self._read_batch, schedule
             )
-            await anyio.to_thread.run_sync(writer.start)
             try:
+                await anyio.to_thread.run_sync(writer.start)
                 await anyio.to_thread.run_sync(reader.start)
             except BaseException:
-                await anyio.to_thread.run_sync(writer.stop)
+                # Cancelled (or failed) part way: a thread that started ends with its connection.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_stop_workers, writer, reader)
                 raise
             self._writer, self._reader = writer, reader
             self._feed = Feed(
@@ -278,73 +355,122 @@ class SQLiteBackend(Backend):
             self._is_open = True
 
     def _open_writer(self) -> sqlite3.Connection:
-        with translate(f"open the database {self.path}"):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = connect(self.path, synchronous=self.synchronous, busy_ms=10_000)
-            try:
-                for attempt in range(100):  # another opener switching the mode: BUSY at once
-                    try:
-                        conn.execute("PRAGMA journal_mode=WAL")
-                        break
-                    except sqlite3.OperationalError as exc:
-                        if "locked" not in str(exc) or attempt == 99:
-                            raise
-                        time.sleep(0.01)  # the writer thread, never the event loop
-                self._begin(conn)
-                try:
-                    found = conn.execute("PRAGMA user_version").fetchone()[0]
-                    if found > SCHEMA_VERSION:
-                        raise BackendError(
-                            f"{self.path} has schema version {found}; this agenticstate "
-                            f"reads up to {SCHEMA_VERSION}: upgrade agenticstate"
-                        )
-                    if found < SCHEMA_VERSION:  # a new file, or version 1: the same steps
-                        for statement in schema.SCHEMA.split(";"):
-                            if statement.strip():
-                                conn.execute(statement)
-                        schema.migrate_revisions(conn, found)
-                        conn.execute(
-                            "INSERT OR IGNORE INTO meta VALUES ('db_id', ?)",
-                            (secrets.token_hex(8),),
-                        )
-                        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                    (self._db_id,) = conn.execute(
-                        "SELECT value FROM meta WHERE name = 'db_id'"
-                    ).fetchone()
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+        """The writer's connection: the file checked, made or migrated (in the writer thread)."""
+        self._access = access = prepare(self.path, create=self.create, read_only=self.read_only)
+        with open_errors(self.path):
+            schema.check_header(self.path)  # another application's file: refused unopened
+            if (
+                access.params == "mode=ro"
+                and not self.path.with_name(f"{self.path.name}-wal").exists()
+            ):
+                self._probe()
+            conn = connect(self.path, access, synchronous=self.synchronous, busy_ms=10_000)
+        try:
+            with open_errors(self.path):
+                layout = schema.inspect_layout(conn, self.path)
+                if layout.kind == "empty" and (not self.create or access.read_only):
+                    raise NotFoundError(
+                        f"no SQLite store at {self.path}: the database holds no tables "
+                        f"({'opened without create' if not self.create else access.read_only})"
+                    )
+                if access.read_only is None:
+                    self._db_id = self._install(conn, layout)
+                elif layout.is_readable:
+                    self._db_id = layout.db_id
+                else:
+                    raise BackendError(
+                        f"{self.path} has schema version {layout.version} and is "
+                        f"{access.read_only}: open it writable once to migrate it"
+                    )
+                conn.execute(f"PRAGMA journal_size_limit={schema.WAL_SIZE_LIMIT}")
                 conn.execute("PRAGMA busy_timeout=0")  # BEGIN IMMEDIATE waits in _begin
-            except BaseException:
-                conn.close()
-                raise
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
+    def _probe(self) -> None:
+        """Refuse a file that is not a store before a read-only connection reads it.
+
+        A read-only connection to a WAL database makes a `-wal` and `-shm` beside it that it
+        cannot remove when it closes; a connection to the file as it is (nobody writes it: it
+        has no `-wal`) makes none, so another application's file is refused with nothing left.
+        """
+        probe = connect(
+            self.path, Access("mode=ro&immutable=1"), synchronous=self.synchronous, busy_ms=0
+        )
+        try:
+            schema.inspect_layout(probe, self.path)
+        finally:
+            probe.close()
+
+    def _install(self, conn: sqlite3.Connection, layout: schema.Layout) -> str:
+        """Make a new or older file a current store, under the write lock; its database id.
+
+        A current store needs neither the lock nor a write: it is opened as it is.
+        """
+        if layout.kind == "current":
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                self._use_wal(conn)
+            return layout.db_id
+        self._use_wal(conn)
+        conn.execute("PRAGMA busy_timeout=0")  # _begin waits, for lock_timeout at most
+        self._begin(conn)
+        try:
+            layout = schema.inspect_layout(conn, self.path)  # again, under the lock
+            db_id = layout.db_id
+            if layout.kind != "current":
+                db_id = schema.install_layout(conn, layout)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return db_id
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection) -> None:
+        for attempt in range(100):  # another opener switching the mode: BUSY at once
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == 99:
+                    raise
+                time.sleep(0.01)  # the writer thread, never the event loop
+
     def _open_reader(self) -> sqlite3.Connection:
-        with translate(f"open the database {self.path}"):
-            return connect(self.path, synchronous=self.synchronous, busy_ms=10_000)
+        with open_errors(self.path):
+            return connect(self.path, self._access, synchronous=self.synchronous, busy_ms=10_000)
 
     async def aclose(self) -> None:
-        """Finish queued writes, end every subscription and close the connections. Idempotent."""
+        """Finish queued writes, end every subscription and close the connections. Idempotent.
+
+        Runs to the end even when the calling task is being cancelled (the threads and their
+        connections must not outlive the backend); a call while the backend opens waits for
+        the open to finish, then closes it.
+        """
         if self._closed:
             return
         self._closed = True
-        if not self._is_open:
-            return
-        self._is_open = False
-        feed, writer, reader = self._feed, self._writer, self._reader
-        assert feed is not None  # noqa: S101  # set by open()
-        assert writer is not None  # noqa: S101
-        assert reader is not None  # noqa: S101
-        feed.close()
+        with anyio.CancelScope(shield=True):
+            if self._open_lock is not None:
+                async with self._open_lock:
+                    pass  # an open in progress has finished
+            if not self._is_open:
+                return
+            self._is_open = False
+            feed, writer, reader = self._feed, self._writer, self._reader
+            assert feed is not None  # noqa: S101  # set by open()
+            assert writer is not None  # noqa: S101
+            assert reader is not None  # noqa: S101
+            feed.close()
 
-        def stop() -> None:
-            writer.stop()
-            reader.stop()
-            feed.join()
+            def stop() -> None:
+                writer.stop()
+                reader.stop()
+                feed.join()
 
-        await anyio.to_thread.run_sync(stop)
+            await anyio.to_thread.run_sync(stop)
 
     # ---------------------------------------------------------------- calls into the threads
 
@@ -356,6 +482,10 @@ class SQLiteBackend(Backend):
         if current_loop() is not self._loop:
             raise BackendError(
                 "this SQLiteBackend was opened on another event loop; open one per event loop"
+            )
+        if write and self._access.read_only is not None:
+            raise BackendError(
+                f"{self.path} is {self._access.read_only}: this store serves reads only"
             )
         worker = self._writer if write else self._reader
         assert worker is not None  # noqa: S101  # set by open()
@@ -398,9 +528,39 @@ class SQLiteBackend(Backend):
 
         The rows the jobs read are read together first, and their writes go out together
         (`executemany`) before the commit: a batch of single-key writes costs a few statements,
-        not three per write. Every job checks (versions, the user's `fn`) before it writes, so a
-        job that raises has written nothing and the others go on; an SQLite error fails the
-        whole batch, which is rolled back.
+        not three per write. Every job checks (versions, value sizes, the user's `fn`) before it
+        writes, so a job that raises has written nothing and the others go on.
+
+        An SQLite error (a statement a job ran, its staged rows, the commit) is rolled back and
+        then each job of the batch runs again in a transaction of its own: a job fails with its
+        own error only, never with another's. (So an `update` function may run a second time
+        then.) A lock wait that runs out fails every job at once: each would wait as long.
+        """
+        error = self._run_batch(conn, jobs)
+        if error is None:
+            self._nudge()
+            return
+        if len(jobs) == 1 or isinstance(error, BackendTimeoutError):
+            for job in jobs:
+                job.result, job.error = None, job.error or error
+            return
+        log.debug("sqlite_batch_split", jobs=len(jobs), error=type(error).__name__)
+        for position, job in enumerate(jobs):
+            job.result, job.error = None, None
+            alone = self._run_batch(conn, [job])
+            if alone is None:
+                self._nudge()
+                continue
+            job.error = job.error or alone
+            if isinstance(alone, BackendTimeoutError):  # the lock is taken: as long for each
+                for rest in jobs[position + 1 :]:
+                    rest.result, rest.error = None, alone
+                return
+
+    def _run_batch(self, conn: sqlite3.Connection, jobs: list[Job]) -> BackendError | None:
+        """Run `jobs` in one transaction: `None` once committed, else the error it rolled back.
+
+        Each job's own error (a conflict, its function's) is on the job, not returned.
         """
         try:
             self._begin(conn)
@@ -418,19 +578,19 @@ class SQLiteBackend(Backend):
             self._maintain(conn)
             conn.execute("COMMIT")
         except (sqlite3.Error, BackendError) as exc:
-            error = translated(exc, f"write to {self.path}")
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            for job in jobs:
-                job.result, job.error = None, job.error or error
-            return
+            return translated(exc, f"write to {self.path}")
         finally:
             self._rows.clear()
             self._puts.clear()
             self._logs.clear()
             self._history.clear()
             self._history_trims.clear()
+        return None
+
+    def _nudge(self) -> None:
         feed = self._feed
         if feed is not None and feed.active:
             feed.nudge()
@@ -679,6 +839,7 @@ class SQLiteBackend(Backend):
         now: int,
     ) -> Change:
         """Stage a write of `key` (flushed with the batch) and return its change."""
+        self._check_size(key, value)  # an update's new value, known only here
         self._seq = seq = self._seq + 1  # the change's sequence number is its revision
         if current is None:
             version, created, old, create_revision = 1, now, None, seq
@@ -698,6 +859,15 @@ class SQLiteBackend(Backend):
             self._stage_history(full, key, version, value, now, expires, current, seq)
         cursor = format_cursor(self._db_id, seq)
         return new_change(key, ChangeOp.SET, old, value, version, from_us(now), cursor, seq)
+
+    def _check_size(self, key: str, value: bytes) -> None:
+        """Refuse a value over `max_value_size` before it is queued or staged."""
+        if len(value) > self.max_value_size:
+            raise TooLargeError(
+                f"the value for {key!r} is {len(value)} bytes; the SQLite backend stores values "
+                f"of at most {self.max_value_size} bytes (max_value_size)",
+                path="",
+            )
 
     def _current(self, conn: sqlite3.Connection, key: str, now: int) -> schema.Row | None:
         """The live row at `key` as this batch has it so far."""
@@ -723,6 +893,7 @@ class SQLiteBackend(Backend):
         ttl_us = schema.ttl_us(check_ttl(ttl))
         check_expected(expected_version, expected_revision)
         value = schema.as_bytes(value)
+        self._check_size(key, value)
 
         def run(conn: sqlite3.Connection) -> Change:
             now = schema.now_us()
@@ -741,6 +912,8 @@ class SQLiteBackend(Backend):
             validate_key(key)
         ttl_us = schema.ttl_us(check_ttl(ttl))
         batch = [(key, schema.as_bytes(value)) for key, value in items]
+        for key, value in batch:
+            self._check_size(key, value)
         prefix = self.key_prefix
 
         def run(conn: sqlite3.Connection) -> list[Change]:
@@ -837,6 +1010,9 @@ class SQLiteBackend(Backend):
         that same transaction, as `set`'s do.
         """
         checked = check_transaction(compare, then, orelse)
+        for op in (*checked[1], *checked[2]):
+            if isinstance(op, Put):  # all checked first: a step writes all or nothing
+                self._check_size(op.key, op.value)
 
         def run(conn: sqlite3.Connection) -> TxnResult:
             return run_transaction(_SQLiteStep(self, conn, schema.now_us()), *checked)

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate import _otel, txn
 from agenticstate._checks import as_ttl, seconds
+from agenticstate._retry import retry_delay
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -1065,8 +1066,11 @@ class ToolStateManager(StateManagerBase):
         Exponential: `base_delay * backoff_factor ** (attempts - 1)`, capped at `max_delay`, with
         "equal jitter" (a uniform draw between half and all of it) so retrying callers spread out.
         """
-        delay = min(
-            retry.max_delay, retry.base_delay * retry.backoff_factor ** max(0, retry.attempts - 1)
+        delay = retry_delay(
+            retry.attempts - 1,
+            base=retry.base_delay,
+            cap=retry.max_delay,
+            factor=retry.backoff_factor,
         )
         if jitter:
             delay = random.uniform(delay / 2, delay)  # noqa: S311  # jitter, not crypto

@@ -188,6 +188,8 @@ async def test_since_is_validated_and_a_future_cursor_is_refused(tmp_path: Path)
 
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     """A file written by a newer agenticstate is refused with a clear error, not misread."""
+    async with SQLiteBackend(tmp_path / "s.db") as backend:
+        await backend.set("k", b"v")
     conn = sqlite3.connect(tmp_path / "s.db")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
@@ -250,7 +252,7 @@ async def test_prefix_patterns_select_what_the_matcher_selects(
 async def test_a_file_that_is_not_a_database_is_a_backend_error(tmp_path: Path) -> None:
     """Opening a file that is not an SQLite database raises BackendError and leaves it alone."""
     (tmp_path / "s.db").write_bytes(b"this is not a database, just text" * 100)
-    with pytest.raises(BackendError, match="not a database"):
+    with pytest.raises(BackendError, match="not an SQLite database"):
         await SQLiteBackend(tmp_path / "s.db").open()
     assert (tmp_path / "s.db").read_bytes().startswith(b"this is not a database")
 
