@@ -49,6 +49,7 @@ __all__ = [
     "max_value_size",
     "migrate_revisions",
     "now_us",
+    "revision_views",
     "ttl_us",
 ]
 
@@ -182,6 +183,22 @@ def as_bytes(value: object) -> bytes:
     raise InvalidArgumentError(f"a backend stores bytes, not {type(value).__name__}")
 
 
+def revision_views(conn: sqlite3.Connection) -> None:
+    """Read a layout-2 store without migrating it (it is read-only): revisions read as 0.
+
+    Temporary views named `kv` and `history` add the revision columns; SQLite looks names up in
+    the connection's `temp` schema first, so every statement reads them in place of the tables.
+    """
+    conn.execute(
+        "CREATE TEMP VIEW IF NOT EXISTS kv AS SELECT key, value, version, created_at, "
+        "updated_at, expires_at, 0 AS revision, 0 AS create_revision FROM main.kv"
+    )
+    conn.execute(
+        "CREATE TEMP VIEW IF NOT EXISTS history AS SELECT key, version, value, updated_at, "
+        "expires_at, 0 AS revision FROM main.history"
+    )
+
+
 def migrate_revisions(conn: sqlite3.Connection, found: int) -> None:
     """Bring a file of schema `found` (0: new) to revisions, after `SCHEMA`, in one transaction.
 
@@ -227,9 +244,14 @@ class Layout:
     def is_readable(self) -> bool:
         """Whether reads work before any migration (a read-only store cannot be migrated).
 
-        Only the current layout: reads select the revision columns layout 3 added.
+        Layout 2 reads through `revision_views` (it has no revision columns).
         """
-        return self.kind == "current"
+        return self.kind == "current" or (self.kind == "older" and self.version >= 2)
+
+    @property
+    def needs_views(self) -> bool:
+        """Whether a read-only connection reads it through `revision_views`."""
+        return self.kind == "older"
 
 
 ROW_MARGIN = 65_536

@@ -247,6 +247,7 @@ class SQLiteBackend(Backend):
         self._history: dict[str, list[tuple[str, int, bytes, int, int | None, int]]] = {}
         self._history_trims: dict[str, int] = {}  # key: drop its versions below this
         self._seq = 0  # the batch's last change sequence number
+        self._views = False  # a read-only store of layout 2: read through `revision_views`
         self._db_id = ""
         self._logged = 0  # changes written since the last trim
         self._trim_every = max(1, (feed.max_changes or 0) // 8)  # keeps at most 1/8 more
@@ -377,6 +378,9 @@ class SQLiteBackend(Backend):
                     self._db_id = self._install(conn, layout)
                 elif layout.is_readable:
                     self._db_id = layout.db_id
+                    if layout.needs_views:
+                        self._views = True
+                        schema.revision_views(conn)
                 else:
                     raise BackendError(
                         f"{self.path} has schema version {layout.version} and is "
@@ -440,7 +444,10 @@ class SQLiteBackend(Backend):
 
     def _open_reader(self) -> sqlite3.Connection:
         with open_errors(self.path):
-            return connect(self.path, self._access, synchronous=self.synchronous, busy_ms=10_000)
+            conn = connect(self.path, self._access, synchronous=self.synchronous, busy_ms=10_000)
+            if self._views:
+                schema.revision_views(conn)
+            return conn
 
     async def aclose(self) -> None:
         """Finish queued writes, end every subscription and close the connections. Idempotent.

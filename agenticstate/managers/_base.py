@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import random
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from agenticstate._checks import wrong_object
 from agenticstate._keys import escape_glob
 from agenticstate._log import get_logger
 from agenticstate._registry import backend_names, check_backend_name
+from agenticstate._retry import backoff
 from agenticstate.config import StateConfig
 from agenticstate.exceptions import (
     ConfigurationError,
@@ -60,7 +60,7 @@ def utcnow() -> datetime:
 
 def jitter(attempt: int) -> float:
     """A full-jitter backoff delay in seconds before retry `attempt` of a compare-and-set."""
-    return random.uniform(0, min(0.05, 0.001 * 2**attempt))  # noqa: S311  # jitter, not crypto
+    return backoff(attempt, base=0.001, cap=0.05)
 
 
 def conditional(state: StateManager, entry: StateEntry | None) -> dict[str, int]:
