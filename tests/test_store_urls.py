@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agenticstate import StateConfig, StateManager
+from agenticstate._registry import backend_names, url_schemes
 from agenticstate.backends import (
     Backend,
     FileBackend,
@@ -40,6 +41,7 @@ BASES = {
     "rediss": "rediss://localhost:6380/0",
     "unix": "unix:///tmp/redis.sock",
     "redis+cluster": "redis+cluster://localhost:7000,localhost:7001",
+    "rediss+cluster": "rediss+cluster://localhost:7000,localhost:7001",
 }
 
 
@@ -203,3 +205,26 @@ def test_a_new_path_without_a_snapshot_suffix_is_a_directory(tmp_path: Path) -> 
     """Where nothing exists yet, a name without `.json` or `.msgpack` is the store's directory."""
     backend = open_backend(f"file://{tmp_path / 'fresh'}")
     assert identity(backend) == ("file", str(tmp_path / "fresh" / "state.json"))
+
+
+def test_every_scheme_is_in_the_table() -> None:
+    """BASES has a URL for every registered scheme (a new backend is checked here too)."""
+    assert set(BASES) == set(url_schemes())
+
+
+@pytest.mark.parametrize("scheme", sorted(BASES))
+@pytest.mark.parametrize("prefix", ["app", "app:x", "a:b:c"])
+def test_one_key_prefix_rule_for_every_backend(scheme: str, prefix: str) -> None:
+    """A key prefix that does not end with ':' is refused by every backend, with the same
+    words (SQLite used to take what Redis refused); one that does is taken."""
+    with pytest.raises(ConfigurationError) as caught:
+        open_backend(BASES[scheme], key_prefix=prefix)
+    assert str(caught.value).startswith(f"key_prefix {prefix!r} must end with ':'")
+    assert open_backend(BASES[scheme], key_prefix=prefix + ":").key_prefix == prefix + ":"
+
+
+@pytest.mark.parametrize("name", backend_names())
+def test_one_key_prefix_rule_for_every_backend_name(name: str, tmp_path: Path) -> None:
+    """`StateConfig(backend=name, key_prefix="app")` is refused for every registered name."""
+    with pytest.raises(ConfigurationError, match="must end with ':'"):
+        open_config_backend(StateConfig(backend=name, key_prefix="app"))
