@@ -195,14 +195,13 @@ def _snapshot_named(path: Path) -> Path | None:
     name ends in `.json` or `.msgpack`, or when a store's log is beside it (`NAME.log`: a
     store written with `StateConfig(file_path=...)` under a name without that ending).
     """
-    try:
+    with contextlib.suppress(OSError):  # unreadable: opening the store reports the problem
         if path.is_dir() or not path.name or path.name in (".", ".."):
             return None
         if path.suffix.lower() in _SNAPSHOT_SUFFIXES:
             return path
         return path if path.with_name(f"{path.name}.log").is_file() else None
-    except OSError:  # unreadable: let opening it report the problem
-        return None
+    return None
 
 
 def _call_now(callback: Callable[[], object]) -> None:
