@@ -1,4 +1,8 @@
-"""agenticstate: async state for AI agents, on memory, crash-safe files and Redis.
+"""agenticstate: async state for AI agents, on memory, file, SQLite, Redis (and Redis Cluster).
+
+One `StateManager`, seven managers on top (`AgentStateStore`, `WorkflowStateManager`,
+`OrchestrationStateManager`, `KnowledgeStateManager`, `ToolStateManager`, `SpeechStateManager`,
+`SessionManager`), a LangGraph checkpointer and store, a blocking API and a command line.
 
 ```python
 from agenticstate import StateConfig, StateManager

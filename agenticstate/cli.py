@@ -19,11 +19,15 @@ agenticstate --url file://./state repair
 agenticstate ui --allow-writes
 ```
 
-The store comes from `--url` (or `AGENTICSTATE_URL`, else `sqlite://./state/state.db`): `memory://`,
-`file://DIR`, `sqlite://FILE`, `redis://...`, `rediss://...`, `unix://...`, or any scheme a
-backend registered. `--json` prints machine-readable output. Global options go before or after
-the command. Long operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is
-a terminal, unless `--json` or `--no-progress` is given; stdout never carries it. A command
+The store comes from `--url` (or `AGENTICSTATE_URL`, else `sqlite://./state/state.db`):
+`sqlite://FILE`, `file://DIR` or `file://DIR/NAME.json`, `memory://` (read-only here: what a
+command wrote into it would be lost when it exits), `redis://...`, `rediss://...`, `unix://...`,
+`redis+cluster://...`, or any scheme a backend registered. `--json` prints machine-readable
+output (data: `inspect`'s numbers as numbers). Global options go before or after the command,
+alike; a command that does not take one (`--url` of `copy`, `export` and `import`, which name
+their stores; all but `--no-progress` of `demo`) refuses it, wherever it is. Long operations
+(`keys`, `inspect`, `demo`) show a live counter on stderr when it is a terminal, unless `--json`
+or `--no-progress` is given; stdout never carries it. A command
 creates only a store it writes into (`set`, `import`, `copy`'s destination, `demo`'s own): any
 other on a store that does not exist says so and exits 1, creating nothing.
 
@@ -37,6 +41,7 @@ import argparse
 import base64
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import logging
@@ -55,7 +60,7 @@ from agenticstate._checks import as_ttl
 from agenticstate._keys import validate_pattern
 from agenticstate._progress import Progress, is_terminal
 from agenticstate._version import __version__
-from agenticstate.backends import ChangeOp, FileBackend, open_backend
+from agenticstate.backends import ChangeOp, FileBackend, MemoryBackend, open_backend
 from agenticstate.config import redact_url
 from agenticstate.exceptions import (
     AgenticStateError,
@@ -206,17 +211,39 @@ async def _get(state: StateManager, args: argparse.Namespace, progress: Progress
         _out(_dump(entry.model_dump()))  # ttl in seconds
     else:
         _out(_dump(entry.value, pretty=True))
-        ttl = f", expires in {entry.ttl}" if entry.ttl is not None else ""
-        _out(f"(version {entry.version}, updated {entry.updated_at.isoformat()}{ttl})")
+        ttl = f", expires in {_remaining(entry.ttl)}" if entry.ttl is not None else ""
+        updated = entry.updated_at.isoformat(timespec="milliseconds")
+        _out(f"(version {entry.version}, updated {updated}{ttl})")
     return EXIT_OK
+
+
+def _remaining(ttl: timedelta) -> str:
+    """A time to live in whole seconds, as `0:59:59` or `2 days, 3:00:00`."""
+    return str(timedelta(seconds=math.ceil(ttl.total_seconds())))
+
+
+def _refuse_memory(backend: Backend, url: str, command: str) -> None:
+    """Refuse to write into a `memory://` store: it is gone when the command exits."""
+    if isinstance(backend, MemoryBackend):
+        raise _CommandError(
+            f"{command} into {redact_url(url)} would be lost: a memory store lives only as long "
+            "as this one command; use sqlite://FILE (the default) or file://DIR to keep it, or "
+            "redis://... to share it",
+            EXIT_USAGE,
+        )
 
 
 async def _set(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     try:
         value = json.loads(args.value)
     except json.JSONDecodeError as exc:
+        hint = ""
+        if not args.value.lstrip().startswith(("{", "[", '"')):
+            # A bare word: what was meant is almost always a string.
+            quoted = json.dumps(args.value, ensure_ascii=False)
+            hint = f"; to store it as a string, put JSON's quotes inside the shell's: '{quoted}'"
         raise _CommandError(
-            f"VALUE is not valid JSON: {exc.msg} (column {exc.colno})", EXIT_USAGE
+            f"VALUE is not valid JSON: {exc.msg} (column {exc.colno}){hint}", EXIT_USAGE
         ) from None
     version = await state.save(args.key, value, ttl=args.ttl)
     _out(
@@ -274,21 +301,49 @@ async def _watch(state: StateManager, args: argparse.Namespace, progress: Progre
 
 async def _inspect(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
     # The managers read many records in few calls: count the reads while they run.
-    async with progress.ticking(f"reading {args.what}", lambda: state.stats().reads, "record"):
-        rows, columns = await _inspected(state, args.what)
-    _out(_dump(rows) if args.json else _table(rows, columns))
+    async with progress.ticking(f"reading {args.target}", lambda: state.stats().reads, "record"):
+        rows = await _inspected(state, args.target)
+    _out(_dump(rows) if args.json else _records_table(rows, _INSPECTORS[args.target].columns))
     return EXIT_OK
 
 
-async def _inspected(state: StateManager, what: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows and columns of `inspect <what>`: one manager's records, read by its list methods."""
-    return await _INSPECTORS[what](state)
+async def _inspected(state: StateManager, target: str) -> list[dict[str, Any]]:
+    """The records `inspect <target>` shows, as data: one manager's, read by its list methods."""
+    return await _INSPECTORS[target].read(state)
 
 
-Rows = tuple[list[dict[str, Any]], list[str]]
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
-async def _inspect_agents(state: StateManager) -> Rows:
+@dataclasses.dataclass(frozen=True)
+class _Column:
+    """A column of an `inspect` table: its header and how it shows a record."""
+
+    header: str
+    show: Callable[[dict[str, Any]], str]
+
+
+def _col(header: str, field: str, show: Callable[[Any], str] = _cell) -> _Column:
+    """The column `header` showing one field of each record (`show` formats it)."""
+    return _Column(header, lambda row: show(row[field]))
+
+
+def _percent(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _records_table(rows: list[dict[str, Any]], columns: Sequence[_Column]) -> str:
+    """The table of `inspect`'s records: `--json` prints the same records as data."""
+    shown = [{c.header: c.show(row) for c in columns} for row in rows]
+    return _table(shown, [c.header for c in columns])
+
+
+async def _inspect_agents(state: StateManager) -> list[dict[str, Any]]:
     from agenticstate.managers import AgentStateStore  # only `inspect` needs the managers
 
     agents = AgentStateStore(state_manager=state)
@@ -302,14 +357,14 @@ async def _inspect_agents(state: StateManager) -> Rows:
                 "agent": agent_id,
                 "snapshots": len(snapshots),
                 "checkpoints": len(saved),
-                "latest checkpoint": latest.checkpoint_id if latest else "-",
-                "step": latest.step if latest else "-",
+                "latest_checkpoint": latest.checkpoint_id if latest else None,
+                "step": latest.step if latest else None,
             }
         )
-    return rows, ["agent", "snapshots", "checkpoints", "latest checkpoint", "step"]
+    return rows
 
 
-async def _inspect_workflows(state: StateManager) -> Rows:
+async def _inspect_workflows(state: StateManager) -> list[dict[str, Any]]:
     from agenticstate.managers import WorkflowStateManager
 
     workflows = WorkflowStateManager(state_manager=state)
@@ -320,15 +375,16 @@ async def _inspect_workflows(state: StateManager) -> Rows:
             {
                 "workflow": workflow.workflow_id,
                 "status": workflow.status.value,
-                "step": f"{workflow.current_step}/{workflow.total_steps}",
+                "current_step": workflow.current_step,
+                "total_steps": workflow.total_steps,
                 "checkpoints": len(checkpoints),
-                "latest checkpoint": checkpoints[0].checkpoint_id if checkpoints else "-",
+                "latest_checkpoint": checkpoints[0].checkpoint_id if checkpoints else None,
             }
         )
-    return rows, ["workflow", "status", "step", "checkpoints", "latest checkpoint"]
+    return rows
 
 
-async def _inspect_teams(state: StateManager) -> Rows:
+async def _inspect_teams(state: StateManager) -> list[dict[str, Any]]:
     from agenticstate.managers import OrchestrationStateManager
 
     orch = OrchestrationStateManager(state_manager=state)
@@ -339,17 +395,17 @@ async def _inspect_teams(state: StateManager) -> Rows:
         rows.append(
             {
                 "team": team_id,
-                "agents": ", ".join(f"{a.agent_id}:{a.status.value}" for a in team.agents.values()),
+                "agents": {a.agent_id: a.status.value for a in team.agents.values()},
                 "pending": len(queue.pending),
-                "in progress": len(queue.in_progress),
+                "in_progress": len(queue.in_progress),
                 "completed": len(queue.completed),
-                "dead letter": len(queue.dead_letter),
+                "dead_letter": len(queue.dead_letter),
             }
         )
-    return rows, ["team", "agents", "pending", "in progress", "completed", "dead letter"]
+    return rows
 
 
-async def _inspect_knowledge(state: StateManager) -> Rows:
+async def _inspect_knowledge(state: StateManager) -> list[dict[str, Any]]:
     from agenticstate.managers import KnowledgeStateManager
 
     kb = KnowledgeStateManager(state_manager=state)
@@ -358,20 +414,19 @@ async def _inspect_knowledge(state: StateManager) -> Rows:
         overview = await kb.get_knowledge_base_state(kb_id)
         rows.append(
             {
-                "knowledge base": kb_id,
+                "knowledge_base": kb_id,
                 "documents": overview.total_documents,
                 "embeddings": overview.total_embeddings,
                 "pending": overview.documents_pending,
                 "failed": overview.failed_documents,
-                "indexing": overview.indexing_status.value if overview.indexing_status else "-",
+                "indexing": overview.indexing_status.value if overview.indexing_status else None,
                 "sources": len(overview.sources),
             }
         )
-    columns = ["knowledge base", "documents", "embeddings", "pending", "failed", "indexing"]
-    return rows, [*columns, "sources"]
+    return rows
 
 
-async def _inspect_tools(state: StateManager) -> Rows:
+async def _inspect_tools(state: StateManager) -> list[dict[str, Any]]:
     from agenticstate.managers import ToolStateManager
 
     tools = ToolStateManager(state_manager=state)
@@ -383,74 +438,161 @@ async def _inspect_tools(state: StateManager) -> Rows:
             {
                 "tool": name,
                 "runs": stats.total_executions,
-                "success": f"{stats.success_rate:.0%}",
-                "cache hits": f"{stats.cache_hit_rate:.0%}",
-                "avg ms": f"{stats.avg_duration_ms:.1f}",
-                "p95 ms": f"{stats.p95_duration_ms:.1f}",
-                "pending retries": sum(1 for r in pending if r.tool_name == name),
+                "success_rate": stats.success_rate,
+                "cache_hit_rate": stats.cache_hit_rate,
+                "avg_ms": stats.avg_duration_ms,
+                "p95_ms": stats.p95_duration_ms,
+                "pending_retries": sum(1 for r in pending if r.tool_name == name),
             }
         )
-    return rows, ["tool", "runs", "success", "cache hits", "avg ms", "p95 ms", "pending retries"]
+    return rows
 
 
-async def _inspect_sessions(state: StateManager) -> Rows:
+async def _inspect_sessions(state: StateManager) -> list[dict[str, Any]]:
     from agenticstate.managers import SessionManager
 
     sessions = SessionManager(state_manager=state)
     found = await sessions.get_sessions(await sessions.list_session_ids())
-    rows = [
+    return [
         {
             "session": session.session_id,
             "user": session.user_id,
-            "name": session.name or "-",
+            "name": session.name,
             "messages": session.message_count,
-            "updated": session.updated_at.isoformat(timespec="seconds"),
+            "updated": session.updated_at.isoformat(),
         }
         for session in sorted(found, key=lambda s: s.updated_at.timestamp(), reverse=True)
     ]
-    return rows, ["session", "user", "name", "messages", "updated"]
 
 
-async def _inspect_speech(state: StateManager) -> Rows:
+async def _inspect_speech(state: StateManager) -> list[dict[str, Any]]:
     from agenticstate.managers import SpeechStateManager
 
     speech = SpeechStateManager(state_manager=state)
-    rows = [
+    return [
         {
             "session": session.session_id,
             "type": session.session_type,
             "mode": session.streaming_mode.value,
             "status": session.status.value,
-            "created": session.created_at.isoformat(timespec="seconds"),
+            "created": session.created_at.isoformat(),
         }
         for session in await speech.list_sessions(active_only=False)
     ]
-    return rows, ["session", "type", "mode", "status", "created"]
 
 
-_INSPECTORS: dict[str, Callable[[StateManager], Awaitable[Rows]]] = {
-    "agents": _inspect_agents,
-    "workflows": _inspect_workflows,
-    "teams": _inspect_teams,
-    "knowledge": _inspect_knowledge,
-    "tools": _inspect_tools,
-    "sessions": _inspect_sessions,
-    "speech": _inspect_speech,
+def _second(stamp: str) -> str:
+    return datetime.fromisoformat(stamp).isoformat(timespec="seconds")
+
+
+def _agents(statuses: dict[str, str]) -> str:
+    return ", ".join(f"{agent}:{status}" for agent, status in statuses.items()) or "-"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inspector:
+    """What `inspect <target>` reads, and the table that shows it."""
+
+    read: Callable[[StateManager], Awaitable[list[dict[str, Any]]]]
+    columns: tuple[_Column, ...]
+
+
+_INSPECTORS: dict[str, _Inspector] = {
+    "agents": _Inspector(
+        _inspect_agents,
+        (
+            _col("agent", "agent"),
+            _col("snapshots", "snapshots"),
+            _col("checkpoints", "checkpoints"),
+            _col("latest checkpoint", "latest_checkpoint"),
+            _col("step", "step"),
+        ),
+    ),
+    "workflows": _Inspector(
+        _inspect_workflows,
+        (
+            _col("workflow", "workflow"),
+            _col("status", "status"),
+            _Column("step", lambda row: f"{row['current_step']}/{row['total_steps']}"),
+            _col("checkpoints", "checkpoints"),
+            _col("latest checkpoint", "latest_checkpoint"),
+        ),
+    ),
+    "teams": _Inspector(
+        _inspect_teams,
+        (
+            _col("team", "team"),
+            _col("agents", "agents", _agents),
+            _col("pending", "pending"),
+            _col("in progress", "in_progress"),
+            _col("completed", "completed"),
+            _col("dead letter", "dead_letter"),
+        ),
+    ),
+    "knowledge": _Inspector(
+        _inspect_knowledge,
+        (
+            _col("knowledge base", "knowledge_base"),
+            _col("documents", "documents"),
+            _col("embeddings", "embeddings"),
+            _col("pending", "pending"),
+            _col("failed", "failed"),
+            _col("indexing", "indexing"),
+            _col("sources", "sources"),
+        ),
+    ),
+    "tools": _Inspector(
+        _inspect_tools,
+        (
+            _col("tool", "tool"),
+            _col("runs", "runs"),
+            _col("success", "success_rate", _percent),
+            _col("cache hits", "cache_hit_rate", _percent),
+            _col("avg ms", "avg_ms", _ms),
+            _col("p95 ms", "p95_ms", _ms),
+            _col("pending retries", "pending_retries"),
+        ),
+    ),
+    "sessions": _Inspector(
+        _inspect_sessions,
+        (
+            _col("session", "session"),
+            _col("user", "user"),
+            _col("name", "name"),
+            _col("messages", "messages"),
+            _col("updated", "updated", _second),
+        ),
+    ),
+    "speech": _Inspector(
+        _inspect_speech,
+        (
+            _col("session", "session"),
+            _col("type", "type"),
+            _col("mode", "mode"),
+            _col("status", "status"),
+            _col("created", "created", _second),
+        ),
+    ),
 }
-"""`inspect <what>`: the manager records each target shows."""
+"""`inspect <target>`: the records each target reads, and the columns of its table (`--json`
+prints the records themselves: numbers as numbers, rates as fractions, times in ISO 8601)."""
 
 
-_EPILOG = f"""\
+_STORE_EPILOG = f"""\
 the store: --url, else the AGENTICSTATE_URL environment variable, else {DEFAULT_URL}
-(the directory ./state). Only `set`, `import`, `copy` (its destination) and `demo` create a
-store; every other command on a missing store exits 1 and creates nothing.
+(the SQLite database ./state/state.db). Only `set`, `import`, `copy` (its destination) and
+`demo` create a store; every other command on a missing store exits 1 and creates nothing.
+Global options (--url, --prefix, --json, --no-progress) go before or after the command.
 
+"""
+_EXIT_CODES = """\
 exit codes:
   0  success
   1  the key, record or store was not found
   2  bad usage or input
   3  the backend failed: unreachable, in use by another process, corrupt, unsupported server
 """
+_EPILOG = _STORE_EPILOG + _EXIT_CODES
 
 
 def _positive_int(text: str) -> int:
@@ -479,39 +621,73 @@ def _ttl_seconds(text: str) -> float:
     return value
 
 
-def _global_options(parser: argparse.ArgumentParser, *, here: bool) -> None:
-    # On the main parser with their defaults; on each command with SUPPRESS, so an option given
-    # after the command sets it and one left out does not reset what was given before.
-    def default(value: object) -> object:
-        return value if here else argparse.SUPPRESS
+_URL_HELP = (
+    "the store: sqlite://FILE (the default), file://DIR or file://DIR/NAME.json, memory:// "
+    "(empty, and gone when the command exits), redis://HOST:PORT/DB, rediss://... (TLS), "
+    "unix://SOCKET, redis+cluster://HOST:PORT,..., rediss+cluster://... "
+    f"(default: $AGENTICSTATE_URL, else {DEFAULT_URL})"
+)
+_GLOBAL_HELP = {
+    "url": _URL_HELP,
+    "prefix": "the key prefix (namespace) to work in, ending in ':' (such as app:); SQLite and "
+    "Redis stores hold many, a file or memory store is one namespace",
+    "json": "machine-readable output",
+    "no_progress": "no live progress on stderr (shown only on a terminal, never with --json)",
+}
+_GLOBAL_DEFAULTS: dict[str, object] = {
+    "url": None,
+    "prefix": "",
+    "json": False,
+    "no_progress": False,
+}
+_NOT_FOR: dict[str, dict[str, str]] = {
+    # The global options a command does not take, and why: refused the same way whether they
+    # come before or after the command.
+    "copy": {"url": "copy names its stores as arguments (SRC_URL DST_URL)"},
+    "export": {"url": "export names its store as an argument (URL FILE)"},
+    "import": {"url": "import names its store as an argument (FILE URL)"},
+    "demo": {
+        "url": "the demo runs on its own store, ./.state/demo/state.db",
+        "prefix": "the demo runs on its own store, ./.state/demo/state.db",
+        "json": "the demo prints a report for people to read",
+    },
+}
+"""Global options a command refuses (every other command takes all four)."""
 
-    parser.add_argument(
-        "--url",
-        default=default(None),
-        help=f"memory://, file://DIR, redis://..., rediss://..., unix://... "
-        f"(default: $AGENTICSTATE_URL, else {DEFAULT_URL})",
-    )
-    parser.add_argument(
-        "--prefix",
-        default=default(""),
-        help="the key prefix (namespace) to work in, on Redis (a file store is one namespace)",
-    )
-    parser.add_argument(
-        "--json", action="store_true", default=default(False), help="machine-readable output"
-    )
-    parser.add_argument(
-        "--no-progress",
-        action="store_true",
-        default=default(False),
-        help="no live progress on stderr (shown only on a terminal, never with --json)",
-    )
+
+def _global_options(parser: argparse.ArgumentParser, *, command: str | None) -> None:
+    """Add `--url`, `--prefix`, `--json` and `--no-progress` to the main parser or a command's.
+
+    On the main parser (`command=None`) with their defaults; on each command with SUPPRESS, so
+    an option given after the command sets it and one left out does not reset what was given
+    before. A command that does not take an option still parses it (hidden from its help), so
+    that `_check_global_options` refuses it with the same words before or after the command.
+    """
+    refused = _NOT_FOR.get(command or "", {})
+    for name, text in _GLOBAL_HELP.items():
+        flag = "--" + name.replace("_", "-")
+        default = _GLOBAL_DEFAULTS[name] if command is None else argparse.SUPPRESS
+        shown = argparse.SUPPRESS if name in refused else text
+        if isinstance(_GLOBAL_DEFAULTS[name], bool):
+            parser.add_argument(flag, action="store_true", default=default, help=shown)
+        else:
+            metavar = name.upper()
+            parser.add_argument(flag, default=default, metavar=metavar, help=shown)
+
+
+def _check_global_options(args: argparse.Namespace) -> None:
+    """Refuse a global option the command does not take (exit 2), rather than ignore it."""
+    for name, reason in _NOT_FOR.get(args.command, {}).items():
+        if getattr(args, name) != _GLOBAL_DEFAULTS[name]:
+            flag = "--" + name.replace("_", "-")
+            _fail(f"{args.command} does not take {flag}: {reason}", EXIT_USAGE)
 
 
 # -- `agenticstate ui`: the web inspector (agenticstate[ui]) ---------------------------------
 
 
-def _ui_parser(commands: Any) -> None:
-    ui = commands.add_parser("ui", help="serve the live web inspector (agenticstate[ui])")
+def _ui_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    ui = command("ui", "serve the live web inspector (agenticstate[ui])")
     ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=8765, help="the port (0: any free one)")
     ui.add_argument("--allow-writes", action="store_true", help="let the page edit and delete keys")
@@ -540,7 +716,10 @@ async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress)
 
     def ready(address: str) -> None:
         mode = "edits allowed" if args.allow_writes else "read-only"
-        _out(f"agenticstate inspector ({mode}) on {address}")
+        if args.json:
+            _out(_dump({"address": address, "allow_writes": args.allow_writes}))
+        else:
+            _out(f"agenticstate inspector ({mode}) on {address}")
         sys.stderr.write("open that address in a browser; Ctrl-C to stop\n")
         sys.stderr.flush()
 
@@ -556,8 +735,11 @@ async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress)
             ready=ready,
         )
     except OSError as exc:
+        hint = ""
+        if exc.errno == errno.EADDRINUSE:
+            hint = "; choose another with --port, or --port 0 for any free one"
         raise _CommandError(
-            f"cannot listen on {args.host}:{args.port}: {exc}", EXIT_USAGE
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}", EXIT_USAGE
         ) from None
     return EXIT_OK
 
@@ -570,7 +752,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"agenticstate {__version__}")
-    _global_options(parser, here=True)
+    _global_options(parser, command=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -578,10 +760,10 @@ def _parser() -> argparse.ArgumentParser:
             name,
             help=help_text,
             description=help_text,
-            epilog=_EPILOG,
+            epilog=_EXIT_CODES if "url" in _NOT_FOR.get(name, {}) else _EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        _global_options(sub, here=False)
+        _global_options(sub, command=name)
         return sub
 
     keys = command("keys", "list keys matching a Redis glob")
@@ -606,20 +788,21 @@ def _parser() -> argparse.ArgumentParser:
     usage.add_argument("--max-time", type=float, default=None, help="stop after this many seconds")
     inspect = command("inspect", "summaries of the managers' records")
     inspect.add_argument(
-        "what",
+        "target",
+        metavar="TARGET",
         choices=list(_INSPECTORS),
         help="which manager's records: %(choices)s",
     )
     from agenticstate import _cli_history  # imports this module: loaded once it is complete
 
     _cli_history.add_commands(command)
-    command("demo", "run the demo pipeline in ./.state/demo (whatever --url says)")
+    command("demo", "run the demo pipeline on its own store, ./.state/demo/state.db")
     command(
         "repair",
         "salvage a damaged file store's log: keep every intact write, keep a copy of the log",
     )
-    _add_transfer_commands(commands)
-    _ui_parser(commands)
+    _add_transfer_commands(command)
+    _ui_parser(command)
     return parser
 
 
@@ -639,16 +822,16 @@ _COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awai
 # Each names its own stores (not --url); --prefix applies to every store it opens.
 
 
-def _add_transfer_commands(commands: Any) -> None:
-    copy = commands.add_parser("copy", help="copy keys, TTLs and indexes from one store to another")
+def _add_transfer_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    copy = command("copy", "copy keys, TTLs and indexes from one store to another")
     copy.add_argument("source", metavar="SRC_URL", help="the store to read")
     copy.add_argument("destination", metavar="DST_URL", help="the store to write")
     copy.add_argument("pattern", nargs="?", default="*", help="a Redis glob (default: *)")
-    export = commands.add_parser("export", help="write a store to a JSON-lines dump file")
+    export = command("export", "write a store to a JSON-lines dump file")
     export.add_argument("source", metavar="URL", help="the store to read")
     export.add_argument("file", metavar="FILE", help="the dump file to write")
     export.add_argument("pattern", nargs="?", default="*", help="a Redis glob (default: *)")
-    load = commands.add_parser("import", help="write a dump file (from export) into a store")
+    load = command("import", "write a dump file (from export) into a store")
     load.add_argument("file", metavar="FILE", help="a dump file from export")
     load.add_argument("destination", metavar="URL", help="the store to write")
 
@@ -686,6 +869,7 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
 
         if args.command == "import":
             made = _open_url(args.destination, args.prefix, create=True)
+            _refuse_memory(made, args.destination, "import")
             limit = getattr(made, "MAX_VALUE_BYTES", None)
             try:
                 # The whole file first: a bad file neither creates the store nor writes to it.
@@ -701,7 +885,9 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
         else:
             source = await store(args.source, create=False)
             if args.command == "copy":
-                destination = await store(args.destination, create=True)
+                made = _open_url(args.destination, args.prefix, create=True)
+                _refuse_memory(made, args.destination, "copy")
+                destination = await store(args.destination, create=True, backend=made)
                 done = await transfer.copy_state(source, destination, args.pattern, progress=show)
             else:
                 try:
@@ -769,6 +955,8 @@ def _seconds() -> Callable[[], int]:
 
 async def _run(args: argparse.Namespace, progress: Progress) -> int:
     state = _manager(args)
+    if args.command in _CREATES:
+        _refuse_memory(state.backend, _url(args), args.command)
     # A large file store takes a while to load, and to snapshot when it closes.
     async with progress.ticking("opening the store", _seconds(), "second"):
         try:
@@ -819,6 +1007,7 @@ def _fail(message: str, code: int) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the command line."""
     args = _parser().parse_args(argv)
+    _check_global_options(args)
     wanted = not args.json and not args.no_progress
     if args.command == "demo":
         # The demo prints its report as it goes: a counter only when that goes somewhere else.

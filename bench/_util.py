@@ -8,10 +8,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
@@ -171,7 +172,21 @@ def chart(name: str, title: str, bars: list[tuple[str, float]]) -> Path | None:
     except ImportError:
         return None
     CHARTS.mkdir(parents=True, exist_ok=True)
-    figure, axes = plt.subplots(figsize=(8, 0.45 * len(bars) + 1.2))
+    figure = chart_figure(title, bars)
+    path = CHARTS / f"{name}.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def chart_figure(title: str, bars: list[tuple[str, float]]) -> Any:
+    """The matplotlib figure `chart` saves: bars of ratios, a line at 1.0, the title on top."""
+    import matplotlib.pyplot as plt
+
+    # Constrained layout keeps the long bar labels, the title and the value labels inside the
+    # figure. The title is the figure's, over its whole width (an axes title is centred over
+    # the bars alone, and a long one ran past the right edge), wrapped if it is longer still.
+    figure, axes = plt.subplots(figsize=(8, 0.45 * len(bars) + 1.4), layout="constrained")
     labels = [label for label, _ in bars]
     values = [value for _, value in bars]
     colors = ["#3f51b5" if value >= 1 else "#9fa8da" for value in values]
@@ -179,14 +194,11 @@ def chart(name: str, title: str, bars: list[tuple[str, float]]) -> Path | None:
     axes.axvline(1.0, color="black", linewidth=1)
     axes.invert_yaxis()
     axes.set_xlabel("ratio to the baseline (1.0 = as fast)")
-    axes.set_title(title)
+    axes.set_xlim(0, max([*values, 1.0]) * 1.15)  # room for the value after the longest bar
+    figure.suptitle(textwrap.fill(title, width=70))
     for position, value in enumerate(values):
         axes.text(value, position, f" {value:.2f}x", va="center", fontsize=8)
-    figure.tight_layout()
-    path = CHARTS / f"{name}.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return figure
 
 
 def publish(name: str, text: str, bars: list[tuple[str, float]] | None = None) -> None:

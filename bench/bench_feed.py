@@ -320,7 +320,7 @@ def run() -> tuple[str, list[tuple[str, float]]]:
             "same backend built with feed=None. SQLite's feed cannot be off (its subscriptions "
             "read the changes table): its row compares with plain sqlite3 autocommit "
             "INSERT OR REPLACE in WAL at synchronous=FULL, the backend's default.",
-            "Target (issue #23): on Redis the feed costs at most 1.25x a save without it: "
+            "Target: on Redis the feed costs at most 1.25x a save without it: "
             f"{verdict} on this run" + ("." if redis is None else f" ({redis:.2f}x)."),
         ],
     )
@@ -370,7 +370,7 @@ def run() -> tuple[str, list[tuple[str, float]]]:
             f"time and committing, then {CHANGED} more in one save_many and committing. Times "
             "are medians; the ratio is the commit's time over the writes' (the range over the "
             "rounds).",
-            "Target (issue #23): a commit with 1% changed under 3x the cost of writing the "
+            "Target: a commit with 1% changed under 3x the cost of writing the "
             f"changed keys, on this run: {'; '.join(verdicts)}.",
         ],
     )

@@ -273,7 +273,7 @@ async def run(redis_url: str | None) -> tuple[str, list[tuple[str, float]]]:
         "that changes it changes the store.",
         f"Target: memory `get` at least {GET_TARGET:,}/s: {gets:,.0f}/s "
         f"({'met' if gets >= GET_TARGET else 'missed'}).",
-        "Targets (issue #21, 7): " + "; ".join(verdicts) + ".",
+        "Targets: " + "; ".join(verdicts) + ".",
         "The peer has no SQLite backend; the SQLite rows compare with its file backend (one "
         "JSON file per key, never fsynced). On Redis the peer lists with one KEYS command; "
         "StateManager.list_keys pages with SCAN (bench_redis compares it with a raw SCAN loop).",

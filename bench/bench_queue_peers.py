@@ -257,7 +257,7 @@ def run() -> tuple[str, list[tuple[str, float]]]:
         f"hiredis, loopback TCP), the operations taking turns every {SLICE} calls; each ratio is "
         "taken within a round; shown: the median rate, the median ratio and the range of ratios "
         "over the rounds.",
-        "Targets are issue #21's: a cache hit at least 0.8x a raw GET; claim + complete at least "
+        "Targets: a cache hit at least 0.8x a raw GET; claim + complete at least "
         "2,000 tasks/s with one worker and at least arq's and SAQ's rate beside it; a speech "
         "update and update at least 0.8x a raw SET.",
     ]

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = sorted(path.stem.removeprefix("bench_") for path in (ROOT / "bench").glob("bench_*.py"))
 
@@ -63,3 +65,36 @@ def test_output_directory_is_made(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert (out / "index.md").exists()
     assert (out / "results").is_dir()
+
+
+def test_a_chart_keeps_its_title_and_labels_inside_the_figure() -> None:
+    """A chart with a long title, long bar labels and a long bar draws every text inside the
+    figure (the SQLite chart's title ran past the right edge). Needs matplotlib (the bench
+    group); skipped without it."""
+    pytest.importorskip("matplotlib")
+    import matplotlib as mpl
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench import _util
+
+    title = "SQLite backend: scale, durable writes and change notification, " * 2
+    bars = [(f"{n:,} keys: batch save vs executemany", 0.4) for n in (10, 10_000, 1_000_000)]
+    figure = _util.chart_figure(title, [*bars, ("50 writers, save vs fsync loop", 13.3)])
+    try:
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        bounds = figure.bbox
+        texts = [figure._suptitle, *figure.axes[0].texts, *figure.axes[0].get_yticklabels()]
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            inside = (
+                bounds.x0 <= box.x0,
+                box.x1 <= bounds.x1,
+                bounds.y0 <= box.y0,
+                box.y1 <= bounds.y1,
+            )
+            assert all(inside), text.get_text()
+    finally:
+        plt.close(figure)

@@ -121,7 +121,7 @@ def test_inspect_workflows(tmp_path: Path) -> None:
         ("agents", "agent", ["critic", "writer"]),
         ("workflows", "workflow", ["run-a", "run-b"]),
         ("teams", "team", ["band", "crew"]),
-        ("knowledge", "knowledge base", ["docs", "notes"]),
+        ("knowledge", "knowledge_base", ["docs", "notes"]),
         ("tools", "tool", ["calculator", "search_web"]),
         ("sessions", "session", ["chat-1", "chat-2"]),  # the latest activity first
         ("speech", "session", ["voice-b", "voice-a"]),  # the oldest first
@@ -144,7 +144,7 @@ def test_inspect_each_target(tmp_path: Path, what: str, column: str, shown: list
     assert [row[column] for row in rows] == shown
     table = cli("--url", f"file://{store}", "inspect", what, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    assert table.stdout.splitlines()[0].split()[0] == column.split()[0]
+    assert table.stdout.splitlines()[0].split()[0] == column.split("_")[0]
     assert all(name in table.stdout for name in shown)
 
 
@@ -156,7 +156,7 @@ def test_inspect_targets_are_the_table() -> None:
         action for action in _parser()._actions if isinstance(action, argparse._SubParsersAction)
     )
     inspect = commands.choices["inspect"]
-    what = next(action for action in inspect._actions if action.dest == "what")
+    what = next(action for action in inspect._actions if action.dest == "target")
     assert list(what.choices or []) == list(_INSPECTORS)
     assert set(_INSPECTORS) == {
         "agents",
@@ -294,7 +294,8 @@ def test_json_get_of_a_key_with_a_ttl(
     assert entry["value"] == "v"
     assert 290 < entry["ttl"] <= 300
     readable = cli("--url", url, "--prefix", prefix, "get", "k", cwd=tmp_path)
-    assert "expires in 0:04:" in readable.stdout
+    # Whole seconds, rounded up: 0:05:00 within the first second, then 0:04:59 and down.
+    assert re.search(r"expires in 0:0(4:[0-5]\d|5:00)\)", readable.stdout), readable.stdout
 
 
 def test_set_creates_the_store(tmp_path: Path) -> None:
@@ -597,10 +598,15 @@ def test_a_failing_store_is_reported_plainly_on_a_terminal(tmp_path: Path) -> No
     assert stdout == ""
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
 @pytest.mark.parametrize("flag", ["--no-progress", "--json"])
-def test_no_progress_with_the_flag_or_json(big_store: Path, tmp_path: Path, flag: str) -> None:
-    """--no-progress and --json keep the terminal free of progress."""
-    terminal, stdout = on_terminal("--url", f"file://{big_store}", flag, "keys", cwd=tmp_path)
+def test_no_progress_with_the_flag_or_json(
+    big_store: Path, tmp_path: Path, flag: str, where: str
+) -> None:
+    """--no-progress and --json keep the terminal free of progress, before or after the command."""
+    url = f"file://{big_store}"
+    args = [flag, "keys", "--url", url] if where == "before" else ["keys", flag, "--url", url]
+    terminal, stdout = on_terminal(*args, cwd=tmp_path)
     assert terminal == ""
     assert len(json.loads(stdout) if flag == "--json" else stdout.splitlines()) > KEYS
 

@@ -1,15 +1,42 @@
-"""Every program in docs/examples runs to completion (the docs include them verbatim)."""
+"""Every program in docs/examples, and the README's first example, runs to completion twice in a
+row from one directory, as a reader trying them one after another would run them (the docs
+include the programs verbatim)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "docs" / "examples").glob("*.py"))
+ROOT = Path(__file__).parent.parent
+EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
+FIRST_PYTHON_BLOCK = re.compile(r"^```python\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def run(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python PATH` in `cwd`, warnings as errors."""
+    return subprocess.run(
+        [sys.executable, str(path)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+        check=False,
+    )
+
+
+def readme_example(directory: Path) -> Path:
+    """The README's first python block, written to a file in `directory`."""
+    found = FIRST_PYTHON_BLOCK.search((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert found is not None, "the README has no python block"
+    path = directory / "readme_example.py"
+    path.write_text(found["body"], encoding="utf-8")
+    return path
 
 
 def test_examples_exist() -> None:
@@ -18,15 +45,31 @@ def test_examples_exist() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[path.stem for path in EXAMPLES])
-def test_example_runs(path: Path, tmp_path: Path) -> None:
-    """The example exits 0 (its own asserts check what it shows)."""
-    result = subprocess.run(
-        [sys.executable, str(path)],
+def test_example_runs_twice(path: Path, tmp_path: Path) -> None:
+    """The example exits 0 (its own asserts check what it shows), and again in the same place."""
+    for attempt in ("first", "second"):
+        result = run(path, tmp_path)
+        assert result.returncode == 0, f"{attempt} run:\n" + result.stdout + result.stderr
+
+
+def test_every_example_then_the_readme_in_one_directory(tmp_path: Path) -> None:
+    """All the examples, then the README's example twice, in one directory: no example writes
+    a store another one reads, and the CLI opens the README's store by its file name."""
+    for path in EXAMPLES:
+        result = run(path, tmp_path)
+        assert result.returncode == 0, f"{path.name}:\n" + result.stdout + result.stderr
+    snippet = readme_example(tmp_path)
+    for attempt in ("first", "second"):
+        result = run(snippet, tmp_path)
+        assert result.returncode == 0, f"{attempt} run:\n" + result.stdout + result.stderr
+        assert result.stderr == "", f"{attempt} run logged:\n" + result.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "agenticstate", "--url", "file://./state/app_state.json", "keys"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "error"},
+        timeout=60,
         check=False,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == ["agent:researcher", "runs"]

@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agenticstate import StateConfig, StateManager
+from agenticstate._registry import backend_names, url_schemes
 from agenticstate.backends import (
     Backend,
     FileBackend,
@@ -26,6 +29,7 @@ from agenticstate.backends import (
     RedisBackend,
     SQLiteBackend,
     open_backend,
+    open_config_backend,
 )
 from agenticstate.exceptions import ConfigurationError
 
@@ -37,6 +41,7 @@ BASES = {
     "rediss": "rediss://localhost:6380/0",
     "unix": "unix:///tmp/redis.sock",
     "redis+cluster": "redis+cluster://localhost:7000,localhost:7001",
+    "rediss+cluster": "rediss+cluster://localhost:7000,localhost:7001",
 }
 
 
@@ -150,3 +155,76 @@ def test_a_quoted_path_opens_that_path(name: str, tmp_path: Path) -> None:
         backend = open_backend(f"{scheme}://{quote(str(tmp_path / name))}")
         opened = backend.snapshot_path.parent if isinstance(backend, FileBackend) else backend.path  # type: ignore[attr-defined]
         assert Path(opened) == tmp_path / name
+
+
+SNAPSHOT_NAMES = ["app_state.json", "nested/app.json", "store.msgpack", "UPPER.JSON", "no-suffix"]
+
+
+@pytest.mark.parametrize("name", SNAPSHOT_NAMES)
+@pytest.mark.parametrize("form", ["absolute", "relative"])
+def test_a_file_url_opens_what_a_file_path_config_wrote(
+    name: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`file://PATH` opens the store `StateConfig(backend="file", file_path=PATH)` wrote, its
+    snapshot file named in the URL (the CLI reads the README's `./state/app_state.json`)."""
+    monkeypatch.chdir(tmp_path)
+    written = Path("state") / name
+    url_path = str(tmp_path / written) if form == "absolute" else f"./{written}"
+
+    async def main() -> None:
+        config = StateConfig(backend="file", file_path=written)
+        async with StateManager(config) as state:
+            await state.save("agent:1", {"status": "idle"})
+        backend = open_backend(f"file://{quote(url_path)}", create=False)
+        assert identity(backend) == identity(open_config_backend(config))
+        async with StateManager(backend=backend) as state:
+            assert await state.get("agent:1") == {"status": "idle"}
+
+    anyio.run(main)
+
+
+def test_an_existing_directory_named_like_a_snapshot_is_a_directory(tmp_path: Path) -> None:
+    """A store directory whose name ends in `.json` stays a directory: the URL opens the store
+    in it, as before file names were read."""
+    directory = tmp_path / "stores.json"
+
+    async def main() -> None:
+        async with StateManager(backend=FileBackend(base_path=directory)) as state:
+            await state.save("k", 1)
+        async with StateManager(backend=open_backend(f"file://{directory}", create=False)) as s:
+            assert await s.get("k") == 1
+
+    anyio.run(main)
+    assert identity(open_backend(f"file://{directory}")) == (
+        "file",
+        str(directory / "state.json"),
+    )
+
+
+def test_a_new_path_without_a_snapshot_suffix_is_a_directory(tmp_path: Path) -> None:
+    """Where nothing exists yet, a name without `.json` or `.msgpack` is the store's directory."""
+    backend = open_backend(f"file://{tmp_path / 'fresh'}")
+    assert identity(backend) == ("file", str(tmp_path / "fresh" / "state.json"))
+
+
+def test_every_scheme_is_in_the_table() -> None:
+    """BASES has a URL for every registered scheme (a new backend is checked here too)."""
+    assert set(BASES) == set(url_schemes())
+
+
+@pytest.mark.parametrize("scheme", sorted(BASES))
+@pytest.mark.parametrize("prefix", ["app", "app:x", "a:b:c"])
+def test_one_key_prefix_rule_for_every_backend(scheme: str, prefix: str) -> None:
+    """A key prefix that does not end with ':' is refused by every backend, with the same
+    words (SQLite used to take what Redis refused); one that does is taken."""
+    with pytest.raises(ConfigurationError) as caught:
+        open_backend(BASES[scheme], key_prefix=prefix)
+    assert str(caught.value).startswith(f"key_prefix {prefix!r} must end with ':'")
+    assert open_backend(BASES[scheme], key_prefix=prefix + ":").key_prefix == prefix + ":"
+
+
+@pytest.mark.parametrize("name", backend_names())
+def test_one_key_prefix_rule_for_every_backend_name(name: str, tmp_path: Path) -> None:
+    """`StateConfig(backend=name, key_prefix="app")` is refused for every registered name."""
+    with pytest.raises(ConfigurationError, match="must end with ':'"):
+        open_config_backend(StateConfig(backend=name, key_prefix="app"))

@@ -725,8 +725,12 @@ def translated(exc: Exception, url: str, write_key: str | None) -> Exception:
                 "it may or may not have been applied",
             )
         if _chain_has(exc, (rexc.TimeoutError, TimeoutError)):
-            return BackendTimeoutError(f"Redis at {url} did not answer in time")
-        return BackendUnavailableError(f"cannot reach Redis at {url}: {_reason(exc)}")
+            return BackendTimeoutError(
+                f"Redis at {url} did not answer in time{_tls_hint(url, exc, timed_out=True)}"
+            )
+        return BackendUnavailableError(
+            f"cannot reach Redis at {url}: {_reason(exc)}{_tls_hint(url, exc, timed_out=False)}"
+        )
     reply = str(exc).lower().replace("`", "'")  # Redis 5 and 6 quote with backticks
     if isinstance(exc, rexc.ResponseError) and "unknown command 'hello'" in reply:
         # Redis before 6.0 has no HELLO, so it cannot speak RESP3.
@@ -781,6 +785,30 @@ def _failed_to_connect(exc: BaseException) -> bool:
                 return True
             frame = frame.tb_next
     return False
+
+
+def _tls_hint(url: str, exc: BaseException, *, timed_out: bool) -> str:
+    """What to check when the failure looks like TLS on one side only, or `""`.
+
+    A `rediss://` client on a port that serves plain Redis sends its TLS hello and waits: the
+    server reads it as the start of a command and never answers, so the connection times out.
+    A `redis://` client on a port that serves only TLS has its connection reset.
+    """
+    scheme = url.partition("://")[0].lower()
+    if not _failed_to_connect(exc):
+        return ""
+    if timed_out and scheme.startswith("rediss"):
+        return (
+            "; a rediss:// (TLS) URL waits like this on a port that serves plain Redis: check "
+            "that the port is the server's TLS port (tls-port), or use redis://"
+        )
+    reset = any(
+        isinstance(link, ConnectionResetError) or "closed by server" in str(link).lower()
+        for link in _chain(exc)
+    )
+    if reset and scheme in ("redis", "redis+cluster"):
+        return "; if that port serves TLS only (tls-port), use rediss://"
+    return ""
 
 
 def _reason(exc: BaseException) -> str:

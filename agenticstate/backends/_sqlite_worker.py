@@ -95,7 +95,10 @@ def prepare(path: Path, *, create: bool, read_only: bool) -> Access:
     """
     with open_errors(path):
         if path.is_dir():
-            raise ConfigurationError(f"{path} is a directory, not an SQLite database file")
+            raise ConfigurationError(
+                f"{path} is a directory, not an SQLite database file: name a file in it, "
+                f"such as {path / 'state.db'}"
+            )
         if not path.exists() or _is_empty(path):
             if read_only or not create:
                 state = "is empty" if path.exists() else "does not exist"

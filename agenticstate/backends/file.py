@@ -89,7 +89,7 @@ import anyio.to_thread
 
 from agenticstate._checks import seconds
 from agenticstate._glob import compile_glob
-from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._keys import validate_key, validate_key_prefix, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
 from agenticstate.backends import _file_io, _file_lock, _file_log
@@ -184,6 +184,26 @@ _OPS = {OP_SET: ChangeOp.SET, OP_DELETE: ChangeOp.DELETE}
 _URL_PARAMETERS = ("feed", "feed_max_changes", "feed_max_age")
 
 
+_SNAPSHOT_SUFFIXES = (".json", ".msgpack")
+"""A `file://` path ending in one of these names a snapshot file rather than a directory."""
+
+
+def _snapshot_named(path: Path) -> Path | None:
+    """The snapshot file a `file://` path names, or `None` if it names a store's directory.
+
+    An existing directory is a directory; otherwise the path names a snapshot file when its
+    name ends in `.json` or `.msgpack`, or when a store's log is beside it (`NAME.log`: a
+    store written with `StateConfig(file_path=...)` under a name without that ending).
+    """
+    with contextlib.suppress(OSError):  # unreadable: opening the store reports the problem
+        if path.is_dir() or not path.name or path.name in (".", ".."):
+            return None
+        if path.suffix.lower() in _SNAPSHOT_SUFFIXES:
+            return path
+        return path if path.with_name(f"{path.name}.log").is_file() else None
+    return None
+
+
 def _call_now(callback: Callable[[], object]) -> None:
     callback()
 
@@ -251,7 +271,7 @@ class FileBackend(Backend):
         self.format: FileFormat = format
         self.preferred_format = format
         self.compression = compression
-        self.key_prefix = key_prefix
+        self.key_prefix = validate_key_prefix(key_prefix)
         self.durability: Durability = durability
         self.auto_save = auto_save
         self.save_interval = save_interval
@@ -318,7 +338,14 @@ class FileBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> FileBackend:
-        """Create a backend from `file:///absolute/dir` or `file://relative/dir`.
+        """Create a backend from `file://DIR` or `file://DIR/NAME.json`, relative or absolute.
+
+        The path names the store's directory (whose snapshot is `state.json`), or its snapshot
+        file, as `StateConfig(file_path=...)` does: a path that is not an existing directory
+        names the snapshot file when its name ends in `.json` or `.msgpack` (the format
+        follows: a `.msgpack` name opens a msgpack store) or when a store's log
+        (`NAME.log`) is beside it. So `file://./state/app_state.json` opens the store
+        `StateConfig(backend="file", file_path="./state/app_state.json")` writes.
 
         Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`;
         any other, a fragment or a query item without `=` is refused (a `#` or `?` in the path
@@ -330,7 +357,13 @@ class FileBackend(Backend):
         if not path:
             raise ConfigurationError(f"file URL {redact_url(url)!r} names no directory")
         feed_from_query(params, options)
-        return cls(base_path=path, **options)
+        snapshot = _snapshot_named(Path(path))
+        if snapshot is None:
+            return cls(base_path=path, **options)
+        if snapshot.suffix == ".msgpack":
+            options.setdefault("format", "msgpack")
+        options.setdefault("file_name", snapshot.name)
+        return cls(base_path=snapshot.parent, **options)
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
         """Keep the last versions of the keys `rules` names; see `Backend.keep_history`.

@@ -117,6 +117,15 @@ def run_sync(
     if portal is not None:
         called: T = portal.call(fn, *args)
         return called
+    if _in_async_code():
+        # On the event loop's own thread the call would block the loop it needs: LangGraph's
+        # sync API (`graph.invoke`) was used where its async one belongs.
+        raise ConfigurationError(
+            "a synchronous method of the saver or store (what graph.invoke, graph.stream and "
+            "graph.get_state call) was called from async code, where it would block the event "
+            "loop: use the async API there, await graph.ainvoke(...) (or astream, aget_state, "
+            "aupdate_state)"
+        )
     try:
         result: T = anyio.from_thread.run(fn, *args)
     except RuntimeError as exc:
@@ -128,3 +137,12 @@ def run_sync(
             "it), or call them from a thread started by anyio.to_thread.run_sync"
         ) from exc
     return result
+
+
+def _in_async_code() -> bool:
+    """Whether this thread is running an event loop (asyncio or trio) right now."""
+    try:
+        anyio.get_current_task()
+    except RuntimeError:  # anyio's NoEventLoopError: no loop runs in this thread
+        return False
+    return True

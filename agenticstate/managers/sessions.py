@@ -903,7 +903,7 @@ class SessionManager(StateManagerBase):
 
         Raises:
             NotFoundError: No such session.
-            ConflictError: Another `summarize` of this session stored its summary first; the
+            ConflictError: Another `summarize` of the same session stored its summary first; the
                 returned summary of that call stands (call again to extend it).
         """
         if type(keep_last) is not int or keep_last < 0:

@@ -8,7 +8,7 @@ from agenticstate import DecryptionError, Encryption, StateConfig, StateManager
 async def main() -> None:
     first_key = Encryption.generate_key()  # in real use: from your secret store
     keyring = Encryption({"2026-11": first_key})
-    config = StateConfig(backend="file", file_path="./state/app_state.json", encryption=keyring)
+    config = StateConfig(backend="file", file_path="./state/encrypted.json", encryption=keyring)
     async with StateManager(config) as state:
         await state.save("agent:researcher", {"api_token": "tok-123", "status": "running"})
         print(await state.get("agent:researcher"))  # plain to whoever holds the key
@@ -29,7 +29,7 @@ async def main() -> None:
     rotated = Encryption(
         {"2026-11": first_key, "2026-12": Encryption.generate_key()}, current="2026-12"
     )
-    config = StateConfig(backend="file", file_path="./state/app_state.json", encryption=rotated)
+    config = StateConfig(backend="file", file_path="./state/encrypted.json", encryption=rotated)
     async with StateManager(config) as state:
         await state.delete("agent:copy")
         rewritten = await state.reencrypt("agent:*")

@@ -44,12 +44,16 @@ def build(saver: CheckpointSaver, store: Store) -> Any:
 
 STORE = StateConfig(backend="file", file_path="./state/graphs.json")
 THREAD = {"configurable": {"thread_id": "post-42"}}
+RACE = {"configurable": {"thread_id": "post-43"}}
 
 
 async def main() -> None:
     # 1. Run until the interrupt; then the process "exits" (the state manager closes).
     async with StateManager(STORE) as state:
-        graph = build(CheckpointSaver(state), Store(state))
+        saver = CheckpointSaver(state)
+        for old_thread in ("post-42", "post-43"):  # a run before this one left them: start over
+            await saver.adelete_thread(old_thread)
+        graph = build(saver, Store(state))
         paused = await graph.ainvoke({"log": []}, THREAD)
         print("waiting for:", paused["__interrupt__"][0].value)
 
@@ -78,7 +82,7 @@ async def main() -> None:
         assert [item.key for item in found] == ["style"]
 
         # 5. Worker A loads the thread head; worker B moves it; A's next write is refused.
-        race = {"configurable": {"thread_id": "post-43"}}
+        race = RACE
         await graph.ainvoke({"log": []}, race)  # paused at the review
         seen_by_a = await saver.aget_tuple(race)  # what LangGraph loads when A resumes
         await graph.ainvoke(Command(resume="yes"), race)  # B resumes and finishes first

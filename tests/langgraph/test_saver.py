@@ -416,3 +416,15 @@ async def test_unknown_prune_strategy_changes_nothing(state: StateManager) -> No
     with pytest.raises(InvalidArgumentError):
         await saver.aprune(["p"], strategy="keep_everything")
     assert await state.list_keys("*") == keys
+
+
+async def test_sync_invoke_inside_async_code_says_to_await_ainvoke() -> None:
+    """`graph.invoke` called from async code (on the event loop's thread) says to use
+    `await graph.ainvoke`, rather than to pass a portal."""
+    async with StateManager() as state:
+        graph = approval_graph(CheckpointSaver(state))
+        with pytest.raises(ConfigurationError) as caught:
+            graph.invoke({"steps": []}, generate_config("in-async"))
+        assert "await graph.ainvoke(...)" in str(caught.value)
+        done = await graph.ainvoke({"steps": []}, generate_config("in-async"))  # the advice works
+        assert done["__interrupt__"]
