@@ -18,11 +18,12 @@ from agenticstate import (
     SQLiteBackend,
     StateConfig,
     StateManager,
+    TaskItem,
     TaskStatus,
     TeamState,
 )
 from tests.helpers import LineProcess, unique_prefix
-from tests.integration._queue_worker import TEAM
+from tests.integration._queue_worker import LEASE, TEAM
 
 if TYPE_CHECKING:
     from agenticstate.backends import Backend
@@ -183,3 +184,58 @@ async def test_a_reaped_process_cannot_touch_a_task_enqueued_again(
     finally:
         for proc in holders.values():
             proc.stop()
+
+
+@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+async def test_a_killed_worker_s_task_is_done_by_another_worker_with_no_reaper(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    """Two `run_worker` processes and no reap call anywhere: while the first one's handler runs
+    past its lease, its heartbeats keep the task from the second; once it is SIGKILLed mid-task,
+    the second one's next claim takes the task back and completes it."""
+    prefix = unique_prefix()
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        backend: Backend = RedisBackend(url=url, key_prefix=prefix)
+    else:
+        url = f"sqlite:///{tmp_path / 'queue.db'}"
+        backend = SQLiteBackend(tmp_path / "queue.db", key_prefix=prefix)
+    key = f"teams:{{{TEAM}}}:tasks:x"
+    victim = Proc("loop", url, prefix, "victim", "hang")
+    rescuer: LineProcess | None = None
+    try:
+        async with StateManager(backend=backend) as state, state.watch(key) as changes:
+            orch = OrchestrationStateManager(state_manager=state)
+            await orch.create_team(TeamState(team_id=TEAM))
+            await orch.enqueue_task(TEAM, {"id": "x"})
+            assert victim.wait_until(lambda lines: "started x" in lines), victim.close()
+            claimed = await orch.get_task(TEAM, "x")
+            assert claimed.lease_expires_at is not None
+            rescuer = Proc("loop", url, prefix, "rescuer")
+            assert rescuer.wait_until(lambda lines: "ready" in lines), rescuer.close()
+            # Heartbeats, while the rescuer claims every 20 ms: until the victim has held the
+            # task for two leases, well past the lease its claim took.
+            with anyio.fail_after(60):
+                while True:
+                    change = await changes.__anext__()
+                    expires = TaskItem.model_validate(change.new_value).lease_expires_at
+                    if expires is not None and expires - claimed.lease_expires_at >= 2 * LEASE:
+                        break
+            held = await orch.get_task(TEAM, "x")
+            assert (held.assigned_to, held.attempts, held.status) == (
+                "victim",
+                1,
+                TaskStatus.IN_PROGRESS,
+            )
+            assert rescuer.lines == ["ready"]
+            victim.kill()
+            with anyio.fail_after(60):
+                while (change := await changes.__anext__()).new_value["status"] != "completed":
+                    pass
+            done = await orch.get_task(TEAM, "x")
+    finally:
+        victim.close()
+        if rescuer is not None:
+            rescuer.stop()
+    assert (done.result, done.attempts, done.failures) == ({"by": "rescuer"}, 2, 0)
+    assert rescuer.lines == ["ready", "started x"]
