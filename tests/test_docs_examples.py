@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,17 @@ def test_example_runs(path: Path, tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    _check_stderr(result.stdout, result.stderr)
+
+
+LABELLED = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)[ :]")
+
+
+def _check_stderr(stdout: str, stderr: str) -> None:
+    """What an example writes on stderr are labelled log lines (never a bare event line or a
+    traceback, which read as a crash), and an example that logs a warning says on stdout that
+    the failure behind it is deliberate."""
+    lines = stderr.splitlines()
+    assert all(LABELLED.match(line) for line in lines), stderr
+    if any(not line.startswith(("DEBUG", "INFO")) for line in lines):
+        assert "on purpose" in stdout, stdout

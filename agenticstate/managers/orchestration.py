@@ -17,8 +17,9 @@ workers (in any processes) can never hold it at once.
 
 Three sorted indexes (Redis sorted sets) keep the queue's reads off a scan of every task: pending
 task ids scored by priority and then enqueue order, so a worker reads the next candidates in one
-call; claims in progress (`<task_id>:<lease_token>`) scored by lease expiry, so `reap_expired`
-reads only the claims that are due; and finished (completed or dead-lettered) task ids scored by
+call; claims in progress (`<task_id>:<lease_token>`) scored by lease expiry, so a claim (which
+reads its first entry with the pending head) and `reap_expired` read only the claims that are
+due and take back the tasks whose lease ran out; and finished (completed or dead-lettered) task ids scored by
 when they finished, so `purge_finished` reads the oldest first. The indexes are hints: a claim's
 entry is added before the compare-and-set that takes the task, stale entries are tidied when
 found, and a periodic check of every task record against the indexes (the first `reap_expired`
