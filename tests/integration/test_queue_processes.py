@@ -38,9 +38,11 @@ def Proc(*args: str) -> LineProcess:  # noqa: N802  # reads like the class it ma
     return LineProcess("tests.integration._queue_worker", *args)
 
 
-async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
-    """4 worker processes x 250 tasks, one SIGKILLed every so often, a reaper running:
-    every task completed, none lost, none held by two workers at once."""
+@pytest.mark.parametrize("with_reaper", [True, False], ids=["reaper", "claims-only"])
+async def test_workers_killed_and_reaped_lose_no_task(redis_url: str, with_reaper: bool) -> None:
+    """4 worker processes x 250 tasks, one SIGKILLed every so often, with a reaper running or
+    with none (the workers' claims take the dead workers' tasks back): every task completed,
+    none lost, none held by two workers at once."""
     prefix = unique_prefix()
     config = StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
     async with StateManager(config) as state:
@@ -50,7 +52,7 @@ async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
             await orch.enqueue_task(TEAM, {"id": f"t{n:04d}"})
 
     rng = random.Random(7)
-    reaper = Proc("reaper", redis_url, prefix)
+    reaper = Proc("reaper", redis_url, prefix) if with_reaper else None
     workers = {f"w{n}": Proc("worker", redis_url, prefix, f"w{n}") for n in range(4)}
     killed: list[LineProcess] = []
     try:
@@ -82,7 +84,8 @@ async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
     finally:
         for proc in workers.values():
             proc.stop()
-        reaper.stop()
+        if reaper is not None:
+            reaper.stop()
     kills = len(killed)
     finished = killed
 
