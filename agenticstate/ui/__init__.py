@@ -14,6 +14,7 @@ Read-only unless started with `allow_writes`; see `docs/inspector.md` for the se
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import secrets
 import socket
@@ -21,7 +22,11 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from agenticstate.exceptions import InvalidArgumentError, MissingDependencyError
+from agenticstate.exceptions import (
+    InvalidArgumentError,
+    MissingDependencyError,
+    UnsupportedOperationError,
+)
 
 try:
     import starlette  # noqa: F401  # optional dependency
@@ -37,6 +42,9 @@ if TYPE_CHECKING:
     from agenticstate.manager import StateManager
 
 __all__ = ["create_app", "is_loopback", "serve"]
+
+_EVERY_VERSION = 2**31 - 1
+"""A history depth no writer's rule exceeds: read every retained version."""
 
 
 def is_loopback(host: str) -> bool:
@@ -83,6 +91,12 @@ async def serve(
     no token is needed unless `require_token`. Bound elsewhere, a token is always required: one
     is generated unless given, and `ready` receives the address that carries it.
 
+    History: a backend reads as many retained versions of a key as its own history rules name
+    (the writers keep them). When `state`'s backend has no rules, `serve` gives it one naming
+    every key, so the value view lists whatever versions the writers kept; the inspector's own
+    saves (`allow_writes`) then keep the key's earlier versions too. A backend with rules keeps
+    them (`create_app`, for embedding, never changes them).
+
     Args:
         state: An open `StateManager`; the caller closes it.
         host: The address to bind.
@@ -107,6 +121,10 @@ async def serve(
     else:
         # The machine's names are unknown here: the token guards it (and --allowed-host narrows).
         hosts = (extra | {host.lower()}) if extra else None
+    if not state.backend.history_rules:
+        # A store that keeps no history refuses rules: the view then shows the current version.
+        with contextlib.suppress(UnsupportedOperationError):
+            state.backend.keep_history({"*": _EVERY_VERSION})
     app = create_app(
         state,
         allow_writes=allow_writes,
