@@ -6,10 +6,12 @@ agenticstate --url redis://localhost:6379/0 ui --allow-writes
 agenticstate --url redis://... ui --host 0.0.0.0          # prints an address with a token
 ```
 
-Keys by glob with version, TTL and size; a value; the live change stream (server-sent events fed
-by `StateManager.watch`); teams and queues with a chart over time; workflows with their step
-timeline and checkpoints; tool statistics; sessions with their messages; speech sessions.
-Read-only unless started with `allow_writes`; see `docs/inspector.md` for the security model.
+Keys by glob with version, TTL and size; a value with its retained versions; the live change
+stream (server-sent events fed by `StateManager.watch`); teams and queues with a chart over time;
+workflows with their step timeline and checkpoints; agents with their checkpoints and recovery
+record; knowledge bases with their indexing run and sources; tool statistics; sessions with their
+messages; speech sessions. Every view has an address (`#/<tab>/<item>?glob=...`). Read-only
+unless started with `allow_writes`; see `docs/inspector.md` for the security model.
 """
 
 from __future__ import annotations
