@@ -17,14 +17,14 @@ workers (in any processes) can never hold it at once.
 
 Three sorted indexes (Redis sorted sets) keep the queue's reads off a scan of every task: pending
 task ids scored by priority and then enqueue order, so a worker reads the next candidates in one
-call; claims in progress (`<task_id>:<lease_token>`) scored by lease expiry, so a claim (which
-reads its first entry with the pending head) and `reap_expired` read only the claims that are
-due and take back the tasks whose lease ran out; and finished (completed or dead-lettered) task ids scored by
+call; claims in progress (`<task_id>:<lease_token>`) scored by lease expiry, so a claim (which reads
+its first entry with the pending head) and `reap_expired` read only the claims that are due and take
+back the tasks whose lease ran out; and finished (completed or dead-lettered) task ids scored by
 when they finished, so `purge_finished` reads the oldest first. The indexes are hints: a claim's
-entry is added before the compare-and-set that takes the task, stale entries are tidied when
-found, and a periodic check of every task record against the indexes (the first `reap_expired`
-or `get_queue_status` of a team in a process, then at most every 60 `sync_interval`s) restores
-what a crash left out.
+entry is added before the compare-and-set that takes the task, stale entries are tidied when found,
+and a periodic check of every task record against the indexes (the first `reap_expired` or
+`get_queue_status` of a team in a process, then at most every 60 `sync_interval`s) restores what a
+crash left out.
 
 This module keeps the teams and their agents; the queue (claims, leases, retries, dead letters
 and the indexes) is a `TaskQueue` in `managers/_task_queue.py`, to which the manager delegates
@@ -526,8 +526,12 @@ class OrchestrationStateManager(StateManagerBase):
     ) -> TaskItem:
         """Extend a claim's lease.
 
+        A lease that ran out is extended too, as long as nobody took the task back meanwhile (a
+        claim, `reap_expired`); once one did, the claim is over.
+
         Raises:
-            ConflictError: The lease was lost (expired and reaped, or the task finished).
+            ConflictError: The lease was lost (it ran out and the task was taken back, or the
+                task finished).
         """
         lease = duration(lease, "lease")
         return await self._queue.heartbeat(team_id, task_id, lease_token, lease=lease)

@@ -122,7 +122,10 @@ async def loop(orch: OrchestrationStateManager, name: str, hang: bool) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(stop_when_stdin_closes)
         say("ready")
-        await orch.run_worker(TEAM, name, handler, lease=LEASE, poll_interval=0.02, stop=stop)
+        # Heartbeats well inside the lease: a busy machine may hold a beat back a while.
+        await orch.run_worker(
+            TEAM, name, handler, lease=LEASE, heartbeat_interval=0.05, poll_interval=0.02, stop=stop
+        )
         tg.cancel_scope.cancel()
 
 
