@@ -3,32 +3,39 @@
 It runs on the embedded default, the SQLite backend, in `.state/demo/state.db`, and uses every
 manager on one `StateManager`:
 
-- a team of three agents takes tasks from a leased queue (one task fails once and is retried);
+- a team of three agents works a leased queue with `run_worker` (one task fails once, on
+  purpose, and is retried);
 - a workflow advances step by step, checkpointing every two steps;
 - a tool's results are cached (an identical call is served from the cache, also on the next run)
-  and a flaky tool is retried with backoff;
-- a knowledge base counts what was indexed;
-- a speech session streams interim transcripts, records turns and ends;
-- the writer agent crashes mid-task and is recovered from its last checkpoint.
+  and a flaky tool (failing on purpose) is retried with backoff;
+- a knowledge base counts what was indexed, in an indexing run that completes;
+- a speech session streams interim transcripts, a final transcript, records turns and ends;
+- a user's chat session keeps messages, state and a running summary;
+- the writer agent crashes mid-task, on purpose, and is recovered from its last checkpoint.
+
+The failures are deliberate, and the report says so where each one happens; the library's
+warnings about them (`task_handler_failed`, `tool_retry_scheduled`, `guarded_job_failed`) are
+marked `demo='on purpose'` on their log line.
 
 Run it again and it continues from the state the last run left: the run counter, the team, the
-finished tasks, workflows, cache, knowledge counts and recovery records are all still there.
-Afterwards, `agenticstate --url sqlite://.state/demo/state.db inspect teams` (or agents, workflows,
-knowledge, tools, speech) shows the state, also while the demo runs: SQLite lets several processes
-share it; and `agenticstate --url sqlite://.state/demo/state.db ui` serves the live web inspector on
-it. The demo's last lines say how to run the command from where you are (`.venv/bin/agenticstate`
-in the repository, `agenticstate` in an activated environment).
+finished tasks, workflows, cache, knowledge counts, sessions and recovery records are all still
+there. Afterwards, `agenticstate --url sqlite://.state/demo/state.db inspect teams` (or agents,
+workflows, knowledge, tools, speech, sessions) shows the state, also while the demo runs: SQLite
+lets several processes share it; and `agenticstate --url sqlite://.state/demo/state.db ui` serves
+the live web inspector on it. The demo's last lines say how to run the command from where you are
+(`.venv/bin/agenticstate` in the repository, `agenticstate` in an activated environment).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import shlex
 import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -43,6 +50,7 @@ from agenticstate import (
     KnowledgeStateManager,
     OrchestrationStateManager,
     RecoveryEvent,
+    SessionManager,
     SourceState,
     SpeechStateManager,
     StateConfig,
@@ -50,6 +58,7 @@ from agenticstate import (
     StreamingMode,
     STTState,
     SyncStatus,
+    TaskItem,
     TeamState,
     ToolStateManager,
     TranscriptionStatus,
@@ -58,10 +67,59 @@ from agenticstate import (
 )
 from agenticstate._progress import Progress
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from agenticstate import SessionMessage
+
 STORE = Path(".state/demo/state.db")
 TEAM = "research"
 AGENTS = {"researcher": ["research"], "analyst": ["analysis"], "writer": ["writing"]}
 TOPICS = ["llm agents", "state machines", "vector search", "tool use", "speech", "evaluation"]
+USER = "ada"
+
+DELIBERATE = {
+    "agenticstate.managers.orchestration": "task_handler_failed",
+    "agenticstate.managers.tools": "tool_retry_scheduled",
+    "agenticstate.managers.agents": "guarded_job_failed",
+}
+"""The library's warnings about the demo's deliberate failures, by logger."""
+
+
+class _OnPurpose(logging.Filter):
+    """Mark the warnings about the demo's deliberate failures as such, on their log line."""
+
+    def __init__(self, event: str) -> None:
+        super().__init__()
+        self.event = event
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, dict) and record.msg.get("event") == self.event:
+            record.msg["demo"] = "on purpose"
+        return True
+
+
+@contextlib.contextmanager
+def deliberate_failures_marked() -> Iterator[None]:
+    """Mark the library's warnings about the demo's own failures while the demo runs."""
+    filters = [(logging.getLogger(name), _OnPurpose(event)) for name, event in DELIBERATE.items()]
+    for logger, on_purpose in filters:
+        logger.addFilter(on_purpose)
+    try:
+        yield
+    finally:
+        for logger, on_purpose in filters:
+            logger.removeFilter(on_purpose)
+
+
+def listed(items: Iterable[object]) -> str:
+    """`a, b, c`: a list as the report prints it."""
+    return ", ".join(str(item) for item in items) or "none"
+
+
+def times(count: int) -> str:
+    """`once`, `twice`, `3 times`; `no time` for 0."""
+    return {0: "no time", 1: "once", 2: "twice"}.get(count, f"{count} times")
 
 
 def say(text: str) -> None:
@@ -102,35 +160,50 @@ async def setup_team(orch: OrchestrationStateManager, run: int) -> list[str]:
 async def work_queue(
     orch: OrchestrationStateManager, kb: KnowledgeStateManager, agent_id: str
 ) -> int:
-    """Claim and complete tasks until the queue has none for this agent."""
+    """Work the queue with `run_worker` until it has no task for this agent; count the tasks."""
     done = 0
-    failed_once: set[str] = set()
-    while (claim := await orch.claim_task(TEAM, agent_id, lease=timedelta(seconds=30))) is not None:
-        data = claim.task.data
-        if data.get("flaky") and claim.task_id not in failed_once:
-            failed_once.add(claim.task_id)
-            await orch.fail_task(
-                TEAM, claim.task_id, "source timed out", lease_token=claim.lease_token
+
+    async def handle(task: TaskItem) -> dict[str, str]:
+        nonlocal done
+        data = task.data
+        if data.get("flaky") and task.failures == 0:
+            say(
+                f"  {agent_id}: {task.task_id} fails on purpose (a source timed out); "
+                "it goes back in the queue for a retry"
             )
-            say(f"  {agent_id}: {claim.task_id} failed once, back in the queue")
-            continue
-        await orch.heartbeat(TEAM, claim.task_id, claim.lease_token)
-        await orch.complete_task(
-            TEAM,
-            claim.task_id,
-            {"summary": f"notes on {data['topic']}"},
-            lease_token=claim.lease_token,
-        )
+            raise TimeoutError("source timed out")  # run_worker fails the task: a retry
         await kb.increment_progress("research-notes", processed=1, embeddings=8, bytes_indexed=4096)
-        say(f"  {agent_id}: {claim.task_id} ({data['topic']}) done")
+        say(f"  {agent_id}: {task.task_id} ({data['topic']}) done")
         done += 1
+        return {"summary": f"notes on {data['topic']}"}
+
+    await orch.run_worker(TEAM, agent_id, handle, lease=timedelta(seconds=30), until_empty=True)
     return done
+
+
+async def start_indexing(kb: KnowledgeStateManager) -> None:
+    """Start this run's indexing: the notes so far, and this run's to come (one per topic).
+
+    The run completes when the last of this run's notes is counted.
+    """
+    earlier = await kb.get_indexing_progress("research-notes")
+    await kb.update_indexing_progress(
+        IndexingProgress(
+            knowledge_base_id="research-notes",
+            total_documents=(earlier.processed_documents if earlier else 0) + len(TOPICS),
+            processed_documents=earlier.processed_documents if earlier else 0,
+            embeddings_generated=earlier.embeddings_generated if earlier else 0,
+            bytes_indexed=earlier.bytes_indexed if earlier else 0,
+        )
+    )
 
 
 async def run_workflow(workflows: WorkflowStateManager, run: int) -> None:
     """A six-step workflow, checkpointed every two steps."""
     workflow_id = f"pipeline-run{run}"
-    await workflows.create(WorkflowState(workflow_id=workflow_id, total_steps=6, name="research"))
+    await workflows.create(
+        WorkflowState(workflow_id=workflow_id, total_steps=6, name=f"research pipeline, run {run}")
+    )
     for number, name in enumerate(["plan", "collect", "read", "analyze", "draft", "review"], 1):
         async with workflows.step(workflow_id, number, name) as step:
             step.result = {"step": name}
@@ -138,7 +211,8 @@ async def run_workflow(workflows: WorkflowStateManager, run: int) -> None:
     await workflows.complete(workflow_id)
     checkpoints = await workflows.list_checkpoints(workflow_id)
     say(
-        f"  workflow {workflow_id}: 6/6 steps, checkpoints {[c.checkpoint_id for c in checkpoints]}"
+        f"  workflow {workflow_id}: 6 of 6 steps, checkpoints "
+        f"{listed(c.checkpoint_id for c in checkpoints)}"
     )
 
 
@@ -153,7 +227,16 @@ async def use_tools(tools: ToolStateManager, run: int) -> None:
 
     for _ in range(2):
         await tools.cached_call("search_web", {"query": "agent state"}, search)
-    say(f"  search_web: 2 identical calls, the tool ran {runs} time(s) (the cache served the rest)")
+    if runs:
+        say(
+            f"  search_web: 2 identical calls, the tool ran {times(runs)}, "
+            "the cache served the rest"
+        )
+    else:
+        say(
+            "  search_web: 2 identical calls, both served from the cache an earlier run filled "
+            "(the tool did not run)"
+        )
 
     attempts = 0
 
@@ -164,6 +247,7 @@ async def use_tools(tools: ToolStateManager, run: int) -> None:
             raise TimeoutError("upstream slow")
         return "<html>paper</html>"
 
+    say("  fetch_page times out twice on purpose; it is retried with exponential backoff")
     await tools.run_with_retries(
         f"fetch-run{run}",
         "fetch_page",
@@ -172,7 +256,7 @@ async def use_tools(tools: ToolStateManager, run: int) -> None:
         max_attempts=5,
         base_delay=0.01,
     )
-    say(f"  fetch_page: succeeded on attempt {attempts} (exponential backoff with jitter)")
+    say(f"  fetch_page: succeeded on attempt {attempts}")
 
 
 async def speech_session(speech: SpeechStateManager) -> None:
@@ -191,10 +275,57 @@ async def speech_session(speech: SpeechStateManager) -> None:
                 transcription_progress=n / len(words),
             )
         )
-    await speech.append_turn(session_id, "user", " ".join(words) + "?")
+    question = " ".join(words) + "?"
+    # The utterance is over: the transcript is final before the session ends.
+    await speech.update_stt_state(
+        STTState(
+            session_id=session_id,
+            status=TranscriptionStatus.COMPLETED,
+            interim_transcript="",
+            final_transcript=question,
+            transcription_progress=1.0,
+            confidence=0.94,
+        )
+    )
+    await speech.append_turn(session_id, "user", question)
     await speech.append_turn(session_id, "assistant", "Six topics, summarized in the notes.")
     await speech.end_session(session_id, reason="briefing_done")
-    say(f"  speech session {session_id[:8]}: 5 interim transcripts, 2 turns, ended")
+    say(f"  speech session {session_id[:8]}: 5 interim transcripts, a final one, 2 turns, ended")
+
+
+async def chat_session(sessions: SessionManager, run: int) -> None:
+    """A user's chat about this run: messages, state, and a summary of the older messages."""
+    session_id = f"chat-run{run}"
+    await sessions.create_session(
+        USER,
+        session_id=session_id,
+        name=f"Questions about run {run}",
+        state={"run": run, "topics_asked": []},
+    )
+    exchange = [
+        ("user", "Which topics did the team cover?"),
+        ("assistant", f"{len(TOPICS)} topics: {listed(TOPICS)}."),
+        ("user", "Which one failed first?"),
+        ("assistant", "Tool use: its source timed out once, and the retry succeeded."),
+        ("user", "Save tool use for the follow-up."),
+    ]
+    for role, content in exchange:
+        await sessions.add_message(session_id, role, content)
+    await sessions.update_state(session_id, {"topics_asked": ["tool use"], "follow_up": True})
+
+    def summarizer(previous: str | None, messages: list[SessionMessage]) -> str:
+        asked = [str(m.content) for m in messages if m.role == "user"]
+        return f"The user asked: {' / '.join(asked)}"
+
+    summary = await sessions.summarize(session_id, summarizer, keep_last=2)
+    covered = summary.covers_through if summary is not None else 0
+    state = await sessions.get_state(session_id)
+    say(
+        f"  chat session {session_id} of user {USER}: {len(exchange)} messages, "
+        f"a summary of the first {covered}, state keys {listed(sorted(state))}"
+    )
+    count = len(await sessions.list_sessions(USER))
+    say(f"  user {USER} has {count} chat session{'s' if count != 1 else ''}, one per run")
 
 
 class Writer:
@@ -246,11 +377,12 @@ async def main(progress: Progress | None = None) -> None:
             return stats.saves + stats.updates + stats.deletes
 
         async with progress.ticking("demo", writes, "write"):
-            await pipeline(state)
+            with deliberate_failures_marked():
+                await pipeline(state)
     command = cli_command()
     say(
         f"inspect it: {command} --url sqlite://.state/demo/state.db inspect teams "
-        "(or agents, workflows, knowledge, tools, speech)"
+        "(or agents, workflows, knowledge, tools, speech, sessions)"
     )
     say(f"see it live: {command} --url sqlite://.state/demo/state.db ui   (open the address)")
     say(f"run `{command} demo` again to continue from this state")
@@ -285,6 +417,7 @@ async def pipeline(state: StateManager) -> None:
     tools = ToolStateManager(state_manager=state, cache_ttl=3600)
     kb = KnowledgeStateManager(state_manager=state)
     speech = SpeechStateManager(state_manager=state)
+    sessions = SessionManager(state_manager=state)
     agents = AgentStateStore(state_manager=state, max_checkpoints=5)
 
     if run > 1:
@@ -298,8 +431,7 @@ async def pipeline(state: StateManager) -> None:
 
     say("team and queue:")
     await setup_team(orch, run)
-    if await kb.get_indexing_progress("research-notes") is None:
-        await kb.update_indexing_progress(IndexingProgress(knowledge_base_id="research-notes"))
+    await start_indexing(kb)
     counts: dict[str, int] = {}
 
     async def worker(agent_id: str) -> None:
@@ -315,6 +447,8 @@ async def pipeline(state: StateManager) -> None:
     await use_tools(tools, run)
     say("speech:")
     await speech_session(speech)
+    say("sessions:")
+    await chat_session(sessions, run)
 
     say("recovery:")
     recovery = AgentRecoveryManager(agent_store=agents, max_recovery_attempts=3)
@@ -325,8 +459,9 @@ async def pipeline(state: StateManager) -> None:
 
     recovery.on_after_recovery(recovered)
     writer = Writer()
+    say("  the writer crashes on purpose before its last section; recovering")
     sections = await recovery.run(writer, lambda: writer.write(agents, run))
-    say(f"  writer finished {sections} after the recovery")
+    say(f"  writer finished {listed(sections)} after the recovery")
 
     progress = await kb.get_indexing_progress("research-notes")
     await kb.update_source_state(
@@ -341,12 +476,14 @@ async def pipeline(state: StateManager) -> None:
     overview = await kb.get_knowledge_base_state("research-notes")
     search = await tools.get_tool_stats("search_web")
     say("summary:")
+    by_agent = listed(f"{agent_id} {counts.get(agent_id, 0)}" for agent_id in sorted(AGENTS))
     say(
         f"  queue: {len(queue.completed)} completed, {len(queue.pending)} pending, "
-        f"{len(queue.dead_letter)} dead-lettered; this run by agent: {counts}"
+        f"{len(queue.dead_letter)} dead-lettered; done this run by {by_agent}"
     )
     notes, vectors = overview.total_documents, overview.total_embeddings
-    say(f"  knowledge base: {notes} notes, {vectors} vectors")
+    status = progress.status.value.replace("_", " ") if progress else "not started"
+    say(f"  knowledge base: {notes} notes, {vectors} vectors, indexing {status}")
     say(f"  search_web cache hit rate: {search.cache_hit_rate:.0%}")
     if queue.pending or queue.in_progress or len(queue.completed) != run * len(TOPICS):
         raise SystemExit("demo failed: the queue did not finish")

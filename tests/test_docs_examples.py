@@ -50,6 +50,20 @@ def test_example_runs_twice(path: Path, tmp_path: Path) -> None:
     for attempt in ("first", "second"):
         result = run(path, tmp_path)
         assert result.returncode == 0, f"{attempt} run:\n" + result.stdout + result.stderr
+        _check_stderr(result.stdout, result.stderr)
+
+
+LABELLED = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)[ :]")
+
+
+def _check_stderr(stdout: str, stderr: str) -> None:
+    """What an example writes on stderr are labelled log lines (never a bare event line or a
+    traceback, which read as a crash), and an example that logs a warning says on stdout that
+    the failure behind it is deliberate."""
+    lines = stderr.splitlines()
+    assert all(LABELLED.match(line) for line in lines), stderr
+    if any(not line.startswith(("DEBUG", "INFO")) for line in lines):
+        assert "on purpose" in stdout, stdout
 
 
 def test_every_example_then_the_readme_in_one_directory(tmp_path: Path) -> None:

@@ -180,9 +180,16 @@ class TaskClaim(BaseModel):
         return self.task.task_id
 
 
-_Snapshot = tuple[list[tuple[str, float]], dict[str, "StateEntry | None"], list["Revision"]]
-"""A team's pending index head, the records of some of its tasks, and the compares on the keys
-whose revisions tell that nothing was added to the index since (see `TaskQueue._candidates`)."""
+_Snapshot = tuple[
+    list[tuple[str, float]],
+    dict[str, "StateEntry | None"],
+    list["Revision"],
+    list[tuple[str, float]],
+]
+"""A team's pending index head, the records of some of its tasks, the compares on the keys
+whose revisions tell that nothing was added to the index since, and the first entry of the
+in-progress index (the claim whose lease the index says runs out first), read at once (see
+`TaskQueue._candidates`)."""
 
 _SNAPSHOT_LIFE = 2.0
 """Seconds a claim may use a snapshot of the pending index (it only saves a read: past this,
@@ -629,9 +636,17 @@ class TaskQueue:
         in_progress = self.keys.in_progress(team_id)
         skipped: set[str] = set()
         contended = False
+        reclaimed = False
         page = _PAGE
         while True:
-            ranked, read, guard = await self._candidates(team_id, page)
+            ranked, read, guard, earliest = await self._candidates(team_id, page)
+            if not reclaimed and earliest and earliest[0][1] <= sort_time(utcnow()):
+                # A claim whose lease ran out, by the index (a heartbeat may have extended it
+                # since): put such tasks back to pending, then read the index again so that
+                # they are taken in queue order. Once per call, so a claim never loops here.
+                reclaimed = True
+                if await self._reclaim(team_id, limit=_PAGE):
+                    continue
             candidates = [(task_id, score) for task_id, score in ranked if task_id not in skipped]
             if not candidates:
                 if guard:
@@ -722,7 +737,7 @@ class TaskQueue:
             page *= 2  # every candidate on this page was skipped or lost: look further
 
     async def _candidates(self, team_id: str, page: int) -> _Snapshot:
-        """The head of the pending index, the records of the tasks expected there, and a guard.
+        """Read the pending index's head, its likely records, a guard and the first claim.
 
         The first read of a claim uses the snapshot that this process's last completion or
         failure of a task of the team took in its own step, if there is one. Its guard compares
@@ -731,22 +746,35 @@ class TaskQueue:
         reads the index's first `page` entries and the records of the tasks that followed the
         last task this process claimed (the likely head now), with no guard. Either way the
         records are those of the same instant as the index, and only records of tasks in the
-        returned head are returned.
+        returned head are returned. The first entry of the in-progress index (lowest lease
+        expiry) comes from the same read: a claim checks it against its own clock to learn
+        whether a lease may have run out (see `_reclaim`), at no extra round trip.
         """
         kept = self._snapshots.pop(team_id, None)
         if kept is not None and page == _PAGE and time.monotonic() - kept[0] < _SNAPSHOT_LIFE:
             return kept[1]
         pending = self.keys.pending(team_id)
+        in_progress = self.keys.in_progress(team_id)
         guesses = self._heads.pop(team_id, [])
-        if guesses and self._transact:
+        if self._transact:
             keys = [self.keys.task(team_id, task_id) for task_id in guesses]
             done = await self._step(
-                [], [IndexRange(pending, limit=page), *[Get(key, model=TaskItem) for key in keys]]
+                [],
+                [
+                    IndexRange(pending, limit=page),
+                    IndexRange(in_progress, limit=1),
+                    *[Get(key, model=TaskItem) for key in keys],
+                ],
             )
             if done is not None:
-                ranked, *entries = done.results
-                return ranked, self._head_entries(ranked, guesses, entries), []
-        return await self.state.index_range(pending, limit=page), {}, []
+                ranked, earliest, *entries = done.results
+                return ranked, self._head_entries(ranked, guesses, entries), [], earliest
+        return (
+            await self.state.index_range(pending, limit=page),
+            {},
+            [],
+            await self.state.index_range(in_progress, limit=1),
+        )
 
     @staticmethod
     def _head_entries(
@@ -765,15 +793,16 @@ class TaskQueue:
         guesses = self._heads.pop(team_id, [])
         return [
             IndexRange(self.keys.pending(team_id), limit=_PAGE),
+            IndexRange(self.keys.in_progress(team_id), limit=1),
             Get(self.keys.added(team_id)),
             *[Get(self.keys.task(team_id, task_id), model=TaskItem) for task_id in guesses],
         ], guesses
 
     def _keep_snapshot(self, team_id: str, guesses: list[str], results: Sequence[Any]) -> None:
         """Keep what the `_snapshot_ops` at the end of a step read, for the next claim."""
-        ranked, added, *entries = results
+        ranked, earliest, added, *entries = results
         guard = [Revision(self.keys.added(team_id), 0 if added is None else added.revision)]
-        snapshot = (ranked, self._head_entries(ranked, guesses, entries), guard)
+        snapshot = (ranked, self._head_entries(ranked, guesses, entries), guard, earliest)
         self._snapshots[team_id] = (time.monotonic(), snapshot)
 
     async def _take_step(
@@ -1086,6 +1115,34 @@ class TaskQueue:
             _otel.record_retry(self.state.backend, "task")
         return task
 
+    async def release_task(
+        self,
+        team_id: str,
+        task_id: str,
+        *,
+        lease_token: str | None = None,
+        agent_id: str | None = None,
+    ) -> TaskItem:
+        """Give an in-progress task back to pending, counting no failure.
+
+        See `OrchestrationStateManager.release_task`.
+        """
+
+        def release(task: TaskItem) -> TaskItem:
+            self._check_holder(task, lease_token, agent_id)
+            return self._released(task)
+
+        task: TaskItem | None = None
+        known = self._held(team_id, task_id, lease_token, agent_id)
+        if known is not None:
+            revision, held = known
+            task = await self._finish_step(team_id, revision, held, release(held))
+        if task is None:
+            before, task = await self._change_task(team_id, task_id, release)
+            await self._finish(team_id, before, task)
+        self.log.info("task_released", team_id=team_id, task_id=task_id)
+        return task
+
     async def delete_task(self, team_id: str, task_id: str) -> TaskItem:
         """Delete a task in any status, with its index entries; return it as it was.
 
@@ -1179,18 +1236,32 @@ class TaskQueue:
         See `OrchestrationStateManager.reap_expired`.
         """
         await self._check_indexes(team_id)
+        requeued = await self._reclaim(team_id)
+        await self._tidy_finished(team_id)
+        return requeued
+
+    async def _reclaim(self, team_id: str, *, limit: int | None = None) -> list[str]:
+        """Put the tasks whose lease ran out back to pending; return their ids.
+
+        Reads the in-progress entries that are due by their score (at most `limit`) and their
+        task records at once, then, for each: a stale entry (its claim is over) is removed, an
+        entry whose lease a heartbeat extended is moved to the new expiry, and a task whose
+        lease did run out goes back to pending in one atomic step compared on the revision read
+        (`_release`). Claims call it on their way (`claim_task`), `reap_expired` for the rest.
+        """
         now = utcnow()
         in_progress = self.keys.in_progress(team_id)
-        due = await self._due(in_progress, sort_time(now))
+        due = await self._due(in_progress, sort_time(now), limit=limit)
         requeued: list[str] = []
         if due:
             claims = [(member, *self.keys.claim_of(member)) for member, _ in due]
-            keys = {task_id: self.keys.task(team_id, task_id) for _, task_id, _ in claims}
-            found = await self.state.get_many(list(keys.values()), model=TaskItem)
+            keys = list(dict.fromkeys(self.keys.task(team_id, task_id) for _, task_id, _ in claims))
+            found = await self._entries(keys)
             stale: list[str] = []
             moved: dict[str, float] = {}
             for member, task_id, token in claims:
-                task = found.get(keys[task_id])
+                entry = found.get(self.keys.task(team_id, task_id))
+                task: TaskItem | None = None if entry is None else entry[1]
                 if task is None or task.status is not TaskStatus.IN_PROGRESS:
                     stale.append(member)  # finished, failed, reaped or deleted meanwhile
                 elif task.lease_token != token:
@@ -1199,19 +1270,86 @@ class TaskQueue:
                     moved[member] = _NO_LEASE
                 elif sort_time(task.lease_expires_at) > sort_time(now):
                     moved[member] = self._lease_score(task)  # heartbeats extended it
-                elif await self._release(team_id, task):
+                elif await self._release(team_id, task, 0 if entry is None else entry[0]):
                     stale.append(member)
                     requeued.append(task_id)
             if stale:
                 await self.state.index_remove(in_progress, stale)
             if moved:
                 await self.state.index_add(in_progress, moved)
-        await self._tidy_finished(team_id)
         _otel.record_lease_expiries(self.state.backend, team_id, len(requeued))
         return requeued
 
-    async def _release(self, team_id: str, task: TaskItem) -> bool:
-        """Put a task whose lease ran out back to pending; False if it changed meanwhile."""
+    async def _entries(self, keys: list[str]) -> dict[str, tuple[int, TaskItem]]:
+        """The revision and record of each task of `keys` that exists, read at once.
+
+        The revision is 0 where the backend has no `transact` (then `_release` takes the
+        multi-call path).
+        """
+        done = await self._step([], [Get(key, model=TaskItem) for key in keys])
+        if done is not None:
+            return {
+                key: (entry.revision, entry.value)
+                for key, entry in zip(keys, done.results, strict=True)
+                if entry is not None
+            }
+        found = await self.state.get_many(keys, model=TaskItem)
+        return {key: (0, task) for key, task in found.items()}
+
+    @staticmethod
+    def _released(task: TaskItem) -> TaskItem:
+        """A task in progress, back to pending with no holder (its counts unchanged)."""
+        return task.model_copy(
+            update={
+                "status": TaskStatus.PENDING,
+                "assigned_to": None,
+                "lease_token": None,
+                "lease_expires_at": None,
+            }
+        )
+
+    async def _release(self, team_id: str, task: TaskItem, revision: int) -> bool:
+        """Put a task whose lease ran out back to pending; False if it changed meanwhile.
+
+        One atomic step compared on the `revision` the task was read at: the task goes back to
+        pending, its pending entry and the `added` marker are written, and its claim's entry
+        and lease marker removed (its holder's single steps fail from then on). Without
+        `transact` (or a revision), a compare-and-set of the record and then the index writes.
+        """
+        token = task.lease_token
+        key = self.keys.task(team_id, task.task_id)
+        member = self.keys.member(task.task_id, token)
+        back = self._released(task).model_copy(update={"updated_at": utcnow()})
+        done = None
+        if revision:
+            done = await self._step(
+                [Revision(key, revision)],
+                [
+                    Put(key, back),
+                    IndexAdd(self.keys.pending(team_id), self._order(back)),
+                    Put(self.keys.added(team_id), back.task_id, ttl=None),
+                    IndexRemove(self.keys.in_progress(team_id), [member]),
+                    *(
+                        [Delete(self.keys.lease(team_id, task.task_id, token))]
+                        if token is not None
+                        else []
+                    ),
+                ],
+            )
+            if done is not None and not done.succeeded:
+                self._forget(key)
+                return False  # renewed, finished, or taken back by another claim meanwhile
+            if done is not None:
+                self._remember(key, done.revisions[0], back)
+        if done is None and not await self._release_apart(team_id, task):
+            return False
+        if task.assigned_to is not None:
+            await self._set_agent(team_id, task.assigned_to, None)
+        self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
+        return True
+
+    async def _release_apart(self, team_id: str, task: TaskItem) -> bool:
+        """`_release` by the multi-call path; False if the task changed meanwhile."""
         token = task.lease_token
 
         def release(current: TaskItem) -> TaskItem:
@@ -1220,14 +1358,7 @@ class TaskQueue:
             expires = current.lease_expires_at
             if expires is not None and sort_time(expires) > time.time():
                 raise InvalidTransitionError("lease renewed meanwhile")
-            return current.model_copy(
-                update={
-                    "status": TaskStatus.PENDING,
-                    "assigned_to": None,
-                    "lease_token": None,
-                    "lease_expires_at": None,
-                }
-            )
+            return self._released(current)
 
         try:
             _, back = await self._change_task(team_id, task.task_id, release)
@@ -1237,9 +1368,6 @@ class TaskQueue:
             await self.state.delete(self.keys.lease(team_id, task.task_id, token))
         await self.state.index_add(self.keys.pending(team_id), self._order(back))
         await self._added(team_id, back.task_id)
-        if task.assigned_to is not None:
-            await self._set_agent(team_id, task.assigned_to, None)
-        self.log.warning("lease_expired", team_id=team_id, task_id=task.task_id)
         return True
 
     async def _check_indexes(self, team_id: str) -> None:

@@ -17,13 +17,14 @@ workers (in any processes) can never hold it at once.
 
 Three sorted indexes (Redis sorted sets) keep the queue's reads off a scan of every task: pending
 task ids scored by priority and then enqueue order, so a worker reads the next candidates in one
-call; claims in progress (`<task_id>:<lease_token>`) scored by lease expiry, so `reap_expired`
-reads only the claims that are due; and finished (completed or dead-lettered) task ids scored by
+call; claims in progress (`<task_id>:<lease_token>`) scored by lease expiry, so a claim (which reads
+its first entry with the pending head) and `reap_expired` read only the claims that are due and take
+back the tasks whose lease ran out; and finished (completed or dead-lettered) task ids scored by
 when they finished, so `purge_finished` reads the oldest first. The indexes are hints: a claim's
-entry is added before the compare-and-set that takes the task, stale entries are tidied when
-found, and a periodic check of every task record against the indexes (the first `reap_expired`
-or `get_queue_status` of a team in a process, then at most every 60 `sync_interval`s) restores
-what a crash left out.
+entry is added before the compare-and-set that takes the task, stale entries are tidied when found,
+and a periodic check of every task record against the indexes (the first `reap_expired` or
+`get_queue_status` of a team in a process, then at most every 60 `sync_interval`s) restores what a
+crash left out.
 
 This module keeps the teams and their agents; the queue (claims, leases, retries, dead letters
 and the indexes) is a `TaskQueue` in `managers/_task_queue.py`, to which the manager delegates
@@ -50,6 +51,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate._checks import duration, seconds
@@ -59,7 +61,7 @@ from agenticstate.exceptions import (
     NotFoundError,
     SerializationError,
 )
-from agenticstate.managers._base import StateManagerBase, unstorable, utcnow
+from agenticstate.managers._base import StateManagerBase, key_part, unstorable, utcnow
 from agenticstate.managers._task_queue import (
     TaskClaim,
     TaskItem,
@@ -70,8 +72,10 @@ from agenticstate.managers._task_queue import (
     TeamKeys,
     _task_from,
 )
+from agenticstate.managers._worker import Worker
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from agenticstate.manager import StateManager
@@ -148,8 +152,8 @@ class OrchestrationStateManager(StateManagerBase):
         redis_url: With `persistence="redis"`.
         base_path: With `persistence="file"`.
         key_prefix: With the shorthand: a namespace before every key.
-        sync_interval: Seconds between the heartbeats and reaper passes that `default_lease`
-            is sized against.
+        sync_interval: Seconds between a worker's heartbeats and between an idle worker's
+            claims (`run_worker`); `default_lease` is sized against it.
         default_lease: How long a claim lasts without a heartbeat (default: 30 x sync_interval).
         max_retries: Default failures a task may have before it is dead-lettered.
         finished_task_ttl: How long a completed or dead-lettered task is kept: its record gets
@@ -204,7 +208,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @property
     def sync_interval(self) -> float:
-        """Seconds between heartbeats and reaper passes (`default_lease` is sized against it)."""
+        """Seconds between heartbeats and idle claims (`default_lease` is sized against it)."""
         return self._queue.sync_interval
 
     @sync_interval.setter
@@ -498,8 +502,11 @@ class OrchestrationStateManager(StateManagerBase):
         `capabilities` in the team's record); an agent that is not in the team has no
         capabilities, so it may take only tasks that need none. `capability=` narrows the claim
         further: tasks that need another capability are passed over (tasks that need none
-        still come). The lease lasts `lease` (default `default_lease`); `heartbeat` extends it,
-        and once it expires `reap_expired` puts the task back.
+        still come). The lease lasts `lease` (default `default_lease`); `heartbeat` extends it.
+        Once it has run out, the task is claimable again: a claim that finds a lease run out
+        (the in-progress index, read with the pending one, tells it) puts such tasks back to
+        pending, each in one atomic step, before it picks the next task in queue order; no
+        reaper needs to run.
 
         The agent's record is read only when a candidate task needs a capability.
 
@@ -519,8 +526,12 @@ class OrchestrationStateManager(StateManagerBase):
     ) -> TaskItem:
         """Extend a claim's lease.
 
+        A lease that ran out is extended too, as long as nobody took the task back meanwhile (a
+        claim, `reap_expired`); once one did, the claim is over.
+
         Raises:
-            ConflictError: The lease was lost (expired and reaped, or the task finished).
+            ConflictError: The lease was lost (it ran out and the task was taken back, or the
+                task finished).
         """
         lease = duration(lease, "lease")
         return await self._queue.heartbeat(team_id, task_id, lease_token, lease=lease)
@@ -581,6 +592,113 @@ class OrchestrationStateManager(StateManagerBase):
             team_id, task_id, error, lease_token=lease_token, agent_id=agent_id
         )
 
+    async def release_task(
+        self,
+        team_id: str,
+        task_id: str,
+        *,
+        lease_token: str | None = None,
+        agent_id: str | None = None,
+    ) -> TaskItem:
+        """Give an in-progress task back to pending, counting no failure.
+
+        For a worker that stops before it finishes its task (`run_worker` does this when it is
+        cancelled): the task goes back to its place in the queue for the next claim, at once
+        rather than when its lease runs out. Its `attempts` keep counting the claim; its
+        `failures` do not change.
+
+        Raises:
+            ConflictError: The task is not in progress, or is held under another lease.
+            NotFoundError: No such task.
+        """
+        return await self._queue.release_task(
+            team_id, task_id, lease_token=lease_token, agent_id=agent_id
+        )
+
+    async def run_worker(
+        self,
+        team_id: str,
+        agent_id: str,
+        handler: Callable[[TaskItem], Any],
+        *,
+        capability: str | None = None,
+        lease: timedelta | None = None,
+        heartbeat_interval: timedelta | float | None = None,
+        poll_interval: timedelta | float | None = None,
+        stop: anyio.Event | None = None,
+        until_empty: bool = False,
+        max_tasks: int | None = None,
+    ) -> int:
+        """Claim the team's tasks one at a time and run `handler` on each, until stopped.
+
+        For each task the worker claims (as `claim_task(team_id, agent_id, capability=...,
+        lease=...)`), it calls `handler(task)` while a heartbeat renews the lease every
+        `heartbeat_interval`, so a task may run longer than its lease; then:
+
+        - the handler returned: the task is completed with the return value as its result;
+        - the handler raised an exception: the task is failed with `"<ExceptionType>: <message>"`
+          (`fail_task`: retried until it has failed more than `max_retries` times, then
+          dead-lettered) and the worker goes on;
+        - a heartbeat found the lease lost (the worker stalled past its lease and another
+          worker took the task, or the task was deleted): the handler is cancelled and its
+          outcome dropped.
+
+        A coroutine function runs on the event loop; a plain function runs in a worker thread
+        (so blocking work does not stop the heartbeats; it cannot be interrupted, so a lost
+        lease only drops its outcome). When the queue has nothing for this agent, the worker
+        waits `poll_interval` and claims again. A worker that dies (SIGKILL, a lost host) stops
+        heartbeating; once its lease runs out, the next `claim_task` of any worker puts the task
+        back and it is done again, with no reaper to run.
+
+        Stopping: set `stop` (an `anyio.Event`), and the worker finishes the task in hand, then
+        returns (graceful); cancel the enclosing scope, and the worker cancels the handler and
+        gives its task back (`release_task`) before the cancellation goes on. `until_empty`
+        returns when a claim finds nothing; `max_tasks` after that many tasks.
+
+        Args:
+            team_id: The team whose queue to work.
+            agent_id: Who claims (a team member's capabilities apply, as in `claim_task`).
+            handler: Called with each claimed `TaskItem`; its return value is the result
+                (something `complete_task` can store).
+            capability: As `claim_task`'s.
+            lease: Each claim's lease (default `default_lease`).
+            heartbeat_interval: Seconds (or a timedelta) between heartbeats (default: the
+                smaller of `sync_interval` and a third of the lease).
+            poll_interval: Seconds (or a timedelta) an idle worker waits before it claims again
+                (default `sync_interval`).
+            stop: Set it to stop the worker once its current task is done.
+            until_empty: Return as soon as a claim finds no task.
+            max_tasks: Return after handling this many tasks.
+
+        Returns:
+            How many tasks the handler ran (completed, failed or lost).
+        """
+        lease = duration(lease, "lease") or self.default_lease
+        beat = duration(heartbeat_interval, "heartbeat_interval", seconds=True)
+        poll = duration(poll_interval, "poll_interval", seconds=True)
+        if max_tasks is not None and (type(max_tasks) is not int or max_tasks < 1):
+            raise InvalidArgumentError(f"max_tasks must be an int >= 1 or None, not {max_tasks!r}")
+        if not callable(handler):
+            raise InvalidArgumentError("handler must be callable: it is called with each task")
+        if stop is not None and not isinstance(stop, anyio.Event):
+            raise InvalidArgumentError("stop must be an anyio.Event or None")
+        interval = timedelta(seconds=self.sync_interval)
+        worker = Worker(
+            self,
+            team_id,
+            key_part(agent_id, "agent_id"),
+            handler,
+            capability=capability,
+            lease=lease,
+            heartbeat_interval=beat or min(interval, lease / 3),
+            poll_interval=poll or interval,
+            stop=stop,
+            until_empty=until_empty,
+            max_tasks=max_tasks,
+            log=self.log,
+        )
+        return await worker.run()
+
     async def delete_task(self, team_id: str, task_id: str) -> TaskItem:
         """Delete a task in any status, with its index entries; return it as it was.
 
@@ -618,7 +736,9 @@ class OrchestrationStateManager(StateManagerBase):
         then one every 60 `sync_interval`s, also checks every task record of the team against
         the indexes and restores what a crash left out of them.
 
-        Run it every `sync_interval` or so from any process; concurrent reapers are safe.
+        Claims reap on their way (see `claim_task`), so a queue with workers needs no reaper;
+        run it where no worker claims for a while yet the tasks should show as pending again
+        (a dashboard, `get_queue_status`). Concurrent reapers are safe.
 
         Returns:
             The ids of the tasks put back.

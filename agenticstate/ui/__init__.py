@@ -6,14 +6,17 @@ agenticstate --url redis://localhost:6379/0 ui --allow-writes
 agenticstate --url redis://... ui --host 0.0.0.0          # prints an address with a token
 ```
 
-Keys by glob with version, TTL and size; a value; the live change stream (server-sent events fed
-by `StateManager.watch`); teams and queues with a chart over time; workflows with their step
-timeline and checkpoints; tool statistics; sessions with their messages; speech sessions.
-Read-only unless started with `allow_writes`; see `docs/inspector.md` for the security model.
+Keys by glob with version, TTL and size; a value with its retained versions; the live change
+stream (server-sent events fed by `StateManager.watch`); teams and queues with a chart over time;
+workflows with their step timeline and checkpoints; agents with their checkpoints and recovery
+record; knowledge bases with their indexing run and sources; tool statistics; sessions with their
+messages; speech sessions. Every view has an address (`#/<tab>/<item>?glob=...`). Read-only
+unless started with `allow_writes`; see `docs/inspector.md` for the security model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import secrets
 import socket
@@ -21,7 +24,11 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from agenticstate.exceptions import InvalidArgumentError, MissingDependencyError
+from agenticstate.exceptions import (
+    InvalidArgumentError,
+    MissingDependencyError,
+    UnsupportedOperationError,
+)
 
 try:
     import starlette  # noqa: F401  # optional dependency
@@ -37,6 +44,9 @@ if TYPE_CHECKING:
     from agenticstate.manager import StateManager
 
 __all__ = ["create_app", "is_loopback", "serve"]
+
+_EVERY_VERSION = 2**31 - 1
+"""A history depth no writer's rule exceeds: read every retained version."""
 
 
 def is_loopback(host: str) -> bool:
@@ -83,6 +93,12 @@ async def serve(
     no token is needed unless `require_token`. Bound elsewhere, a token is always required: one
     is generated unless given, and `ready` receives the address that carries it.
 
+    History: a backend reads as many retained versions of a key as its own history rules name
+    (the writers keep them). When `state`'s backend has no rules, `serve` gives it one naming
+    every key, so the value view lists whatever versions the writers kept; the inspector's own
+    saves (`allow_writes`) then keep the key's earlier versions too. A backend with rules keeps
+    them (`create_app`, for embedding, never changes them).
+
     Args:
         state: An open `StateManager`; the caller closes it.
         host: The address to bind.
@@ -107,6 +123,10 @@ async def serve(
     else:
         # The machine's names are unknown here: the token guards it (and --allowed-host narrows).
         hosts = (extra | {host.lower()}) if extra else None
+    if not state.backend.history_rules:
+        # A store that keeps no history refuses rules: the view then shows the current version.
+        with contextlib.suppress(UnsupportedOperationError):
+            state.backend.keep_history({"*": _EVERY_VERSION})
     app = create_app(
         state,
         allow_writes=allow_writes,

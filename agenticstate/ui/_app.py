@@ -32,6 +32,9 @@ from agenticstate.exceptions import (
     SubscriptionClosedError,
 )
 from agenticstate.managers import (
+    AgentRecoveryManager,
+    AgentStateStore,
+    KnowledgeStateManager,
     OrchestrationStateManager,
     SessionManager,
     SpeechStateManager,
@@ -68,6 +71,13 @@ MAX_STREAM_VALUE_CHARS = 2_000
 
 MAX_MESSAGES = 1000
 """The most messages of a session one request returns (`last` may not be larger)."""
+
+MAX_VERSIONS = 20
+"""The most retained versions of a key the value view lists (the newest), each value cut to
+`MAX_STREAM_VALUE_CHARS` characters."""
+
+MAX_LISTED = 50
+"""The most checkpoints of an agent, and sources of a knowledge base, one view lists (newest)."""
 
 MAX_WRITE_BYTES = 16 * 1024 * 1024
 """The largest body a save from the page may have (HTTP 413 beyond it, read no further): the
@@ -254,6 +264,9 @@ class Inspector:
         self.tools = ToolStateManager(state_manager=state)
         self.sessions = SessionManager(state_manager=state)
         self.speech = SpeechStateManager(state_manager=state)
+        self.agents = AgentStateStore(state_manager=state)
+        self.recovery = AgentRecoveryManager(agent_store=self.agents)
+        self.knowledge = KnowledgeStateManager(state_manager=state)
 
     # -- keys and values -------------------------------------------------------------------
 
@@ -316,11 +329,34 @@ class Inspector:
                 "updated_at": entry.updated_at,
                 "ttl": None if entry.ttl is None else entry.ttl.total_seconds(),
                 "size": None if stat is None else stat.size,
-                # History arrives with StateManager.history(key); until then: the current version.
-                "history": None,
                 "writable": self.settings.allow_writes,
             }
         )
+
+    async def history(self, request: Request) -> Response:
+        """A key's retained versions, newest (the current one) first, each value cut short.
+
+        What the writers kept (`StateConfig.history`): the backend reads at most as many as its
+        own rules name (`serve` names every key when the backend has none). Each listed version
+        is read and decoded whole, then cut to `MAX_STREAM_VALUE_CHARS` characters.
+        """
+        key = validate_key(request.query_params.get("key", ""))
+        limit = _int_param(request, "limit", MAX_VERSIONS, 1, MAX_VERSIONS)
+        versions = await self.state.history(key, limit=limit)
+        if not versions:
+            return _error(f"no state at key {key!r}", 404)
+        rows = []
+        for version in versions:
+            text, cut = shown(version.value, MAX_STREAM_VALUE_CHARS)
+            rows.append(
+                {
+                    "version": version.version,
+                    "updated_at": version.updated_at,
+                    "json": text,
+                    "truncated": cut,
+                }
+            )
+        return _reply({"key": key, "versions": rows, "limit": limit})
 
     async def write(self, request: Request) -> Response:
         """Save or delete one key, only with `--allow-writes` and the version the page showed."""
@@ -606,13 +642,94 @@ class Inspector:
             )
         return _reply({"speech": rows})
 
+    async def agents_view(self, request: Request) -> Response:
+        """Agents with their snapshots, checkpoints (newest first) and recovery record."""
+        rows = []
+        for agent_id in await self.agents.list_agents():
+            snapshots = await self.agents.list_snapshots(agent_id)
+            checkpoints = await self.agents.list_checkpoints(agent_id)
+            recovery = await self.recovery.get_recovery_state(agent_id)
+            latest = snapshots[0] if snapshots else None
+            rows.append(
+                {
+                    "agent_id": agent_id,
+                    "snapshots": len(snapshots),
+                    "latest_snapshot": None
+                    if latest is None
+                    else {
+                        "snapshot_id": latest.snapshot_id,
+                        "timestamp": latest.timestamp,
+                        "step": latest.step,
+                        "messages": len(latest.conversation_history),
+                        "metadata": shown(latest.metadata, MAX_STREAM_VALUE_CHARS)[0],
+                    },
+                    "checkpoint_count": len(checkpoints),
+                    "checkpoints": [
+                        {
+                            "checkpoint_id": c.checkpoint_id,
+                            "step": c.step,
+                            "timestamp": c.timestamp,
+                            "recoverable": c.recoverable,
+                            "state": shown(c.state, MAX_STREAM_VALUE_CHARS)[0],
+                        }
+                        for c in checkpoints[:MAX_LISTED]
+                    ],
+                    "recovery": None if recovery is None else recovery.model_dump(mode="json"),
+                }
+            )
+        return _reply({"agents": rows})
+
+    async def knowledge_view(self, request: Request) -> Response:
+        """Knowledge bases: the overview, the indexing run's progress, and the sources."""
+        rows = []
+        for kb_id in await self.knowledge.list_knowledge_bases():
+            overview = await self.knowledge.get_knowledge_base_state(kb_id)
+            progress = await self.knowledge.get_indexing_progress(kb_id)
+            rows.append(
+                {
+                    "knowledge_base_id": kb_id,
+                    "documents": overview.total_documents,
+                    "embeddings": overview.total_embeddings,
+                    "pending": overview.documents_pending,
+                    "failed": overview.failed_documents,
+                    "storage_mb": overview.storage_size_mb,
+                    "last_updated": overview.last_updated,
+                    "sync_status": None
+                    if overview.sync_status is None
+                    else overview.sync_status.value,
+                    "progress": None
+                    if progress is None
+                    else {
+                        "status": progress.status.value,
+                        "processed": progress.processed_documents,
+                        "failed": progress.failed_documents,
+                        "total": progress.total_documents,
+                        "percent": progress.percent,
+                        "started_at": progress.started_at,
+                        "completed_at": progress.completed_at,
+                        "error": progress.error,
+                    },
+                    "sources": [
+                        {
+                            "source_id": source.source_id,
+                            "sync_status": source.sync_status.value,
+                            "last_sync": source.last_sync,
+                            "documents_synced": source.documents_synced,
+                            "documents_pending": source.documents_pending,
+                            "error": source.error,
+                        }
+                        for source in overview.sources[:MAX_LISTED]
+                    ],
+                }
+            )
+        return _reply({"knowledge": rows})
+
     async def info(self, request: Request) -> Response:
         """What the page needs to know about this inspector."""
         return _reply(
             {
                 "backend": type(self.state.backend).__name__,
                 "allow_writes": self.settings.allow_writes,
-                "history": False,
                 # The page refreshes its views as often as the chart gains a point.
                 "refresh_ms": max(500, round(self.settings.sample_interval * 1000)),
             }
@@ -694,6 +811,7 @@ def create_app(
         Route("/api/keys", _handled(inspector.keys)),
         Route("/api/value", _handled(inspector.value)),
         Route("/api/value", _handled(inspector.write), methods=["PUT", "DELETE"]),
+        Route("/api/history", _handled(inspector.history)),
         Route("/api/stream", _handled(inspector.stream)),
         Route("/api/teams", _handled(inspector.teams)),
         Route("/api/workflows", _handled(inspector.workflows_view)),
@@ -701,6 +819,8 @@ def create_app(
         Route("/api/sessions", _handled(inspector.sessions_view)),
         Route("/api/sessions/{session_id}/messages", _handled(inspector.session_messages)),
         Route("/api/speech", _handled(inspector.speech_view)),
+        Route("/api/agents", _handled(inspector.agents_view)),
+        Route("/api/knowledge", _handled(inspector.knowledge_view)),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, middleware=[Middleware(_Guard, settings=settings)]

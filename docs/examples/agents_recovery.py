@@ -1,5 +1,6 @@
 """An agent checkpoints its progress, crashes, and the recovery manager restores it."""
 
+import logging
 from typing import Any
 
 import anyio
@@ -42,6 +43,8 @@ class Researcher:
 
 
 async def main() -> None:
+    # The library logs through `logging`; show its warnings as labelled lines.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     async with AgentStateStore(persistence="memory", max_checkpoints=3) as store:
         agent = Researcher()
         await store.save_snapshot(AgentSnapshot(agent_id=agent.id, metadata={"version": "1.0"}))
@@ -54,6 +57,7 @@ async def main() -> None:
         )
 
         topics = ["llms", "agents", "state", "memory", "tools"]
+        print("the agent crashes on purpose at step 3 (a ConnectionError); recovering")
         result = await recovery.run(agent, lambda: agent.run(store, topics))
         print("finished:", result)
         assert result == topics

@@ -1,11 +1,15 @@
 """Tool state: a cached call run once for many callers, a flaky call retried, the stats."""
 
+import logging
+
 import anyio
 
 from agenticstate import ToolStateManager
 
 
 async def main() -> None:
+    # The library logs through `logging`; show its warnings as labelled lines.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     async with ToolStateManager(persistence="memory", cache_results=True, cache_ttl=3600) as tools:
         runs = 0
 
@@ -36,6 +40,7 @@ async def main() -> None:
                 raise TimeoutError("upstream slow")
             return "page"
 
+        print("the fetch times out on purpose twice; each failure schedules a retry")
         page = await tools.run_with_retries(
             "fetch-1",
             "fetch_page",

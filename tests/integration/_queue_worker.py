@@ -10,12 +10,17 @@ python -m tests.integration._queue_worker holder URL PREFIX NAME
     run one command per stdin line, print one line per command: `claim MS` (a claim under a
     lease of MS ms: "claimed TASK TOKEN" or "none"), `complete TASK TOKEN`, `heartbeat TASK
     TOKEN`, `fail TASK TOKEN` ("ok" or "refused ERROR"); URL is any backend URL
+python -m tests.integration._queue_worker loop URL PREFIX NAME [hang]
+    print "ready", then `run_worker` until stdin closes (then stop gracefully); the handler
+    prints "started TASK" and returns {"by": NAME}, or with `hang` never returns (the test
+    kills the process); URL is any backend URL. No reaper runs anywhere.
 """
 
 from __future__ import annotations
 
 import sys
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -27,6 +32,9 @@ from agenticstate import (
     StateManager,
     open_backend,
 )
+
+if TYPE_CHECKING:
+    from agenticstate import TaskItem
 
 TEAM = "crew"
 LEASE = timedelta(milliseconds=600)
@@ -97,10 +105,38 @@ async def holder(orch: OrchestrationStateManager, name: str) -> None:
             say(f"refused {type(exc).__name__}")
 
 
-async def main(mode: str, url: str, prefix: str, arg: str = "") -> None:
-    if mode == "holder":
+async def loop(orch: OrchestrationStateManager, name: str, hang: bool) -> None:
+    """The documented worker loop, stopped gracefully when stdin closes."""
+    stop = anyio.Event()
+
+    async def handler(task: TaskItem) -> dict[str, str]:
+        say(f"started {task.task_id}")
+        if hang:
+            await anyio.sleep_forever()
+        return {"by": name}
+
+    async def stop_when_stdin_closes() -> None:
+        await anyio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+        stop.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_when_stdin_closes)
+        say("ready")
+        # Heartbeats well inside the lease: a busy machine may hold a beat back a while.
+        await orch.run_worker(
+            TEAM, name, handler, lease=LEASE, heartbeat_interval=0.05, poll_interval=0.02, stop=stop
+        )
+        tg.cancel_scope.cancel()
+
+
+async def main(mode: str, url: str, prefix: str, arg: str = "", flag: str = "") -> None:
+    if mode in ("holder", "loop"):
         async with StateManager(backend=open_backend(url, key_prefix=prefix)) as state:
-            await holder(OrchestrationStateManager(state_manager=state), arg)
+            orch = OrchestrationStateManager(state_manager=state)
+            if mode == "holder":
+                await holder(orch, arg)
+            else:
+                await loop(orch, arg, hang=flag == "hang")
         return
     state = StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=prefix))
     try:
@@ -117,5 +153,5 @@ async def main(mode: str, url: str, prefix: str, arg: str = "") -> None:
 
 
 if __name__ == "__main__":
-    args = [*sys.argv[1:], ""]
-    anyio.run(main, args[0], args[1], args[2], args[3])
+    args = [*sys.argv[1:], "", ""]
+    anyio.run(main, args[0], args[1], args[2], args[3], args[4])

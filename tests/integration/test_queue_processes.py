@@ -18,11 +18,12 @@ from agenticstate import (
     SQLiteBackend,
     StateConfig,
     StateManager,
+    TaskItem,
     TaskStatus,
     TeamState,
 )
 from tests.helpers import LineProcess, unique_prefix
-from tests.integration._queue_worker import TEAM
+from tests.integration._queue_worker import LEASE, TEAM
 
 if TYPE_CHECKING:
     from agenticstate.backends import Backend
@@ -37,9 +38,11 @@ def Proc(*args: str) -> LineProcess:  # noqa: N802  # reads like the class it ma
     return LineProcess("tests.integration._queue_worker", *args)
 
 
-async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
-    """4 worker processes x 250 tasks, one SIGKILLed every so often, a reaper running:
-    every task completed, none lost, none held by two workers at once."""
+@pytest.mark.parametrize("with_reaper", [True, False], ids=["reaper", "claims-only"])
+async def test_workers_killed_and_reaped_lose_no_task(redis_url: str, with_reaper: bool) -> None:
+    """4 worker processes x 250 tasks, one SIGKILLed every so often, with a reaper running or
+    with none (the workers' claims take the dead workers' tasks back): every task completed,
+    none lost, none held by two workers at once."""
     prefix = unique_prefix()
     config = StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
     async with StateManager(config) as state:
@@ -49,7 +52,7 @@ async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
             await orch.enqueue_task(TEAM, {"id": f"t{n:04d}"})
 
     rng = random.Random(7)
-    reaper = Proc("reaper", redis_url, prefix)
+    reaper = Proc("reaper", redis_url, prefix) if with_reaper else None
     workers = {f"w{n}": Proc("worker", redis_url, prefix, f"w{n}") for n in range(4)}
     killed: list[LineProcess] = []
     try:
@@ -81,7 +84,8 @@ async def test_workers_killed_and_reaped_lose_no_task(redis_url: str) -> None:
     finally:
         for proc in workers.values():
             proc.stop()
-        reaper.stop()
+        if reaper is not None:
+            reaper.stop()
     kills = len(killed)
     finished = killed
 
@@ -183,3 +187,58 @@ async def test_a_reaped_process_cannot_touch_a_task_enqueued_again(
     finally:
         for proc in holders.values():
             proc.stop()
+
+
+@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+async def test_a_killed_worker_s_task_is_done_by_another_worker_with_no_reaper(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    """Two `run_worker` processes and no reap call anywhere: while the first one's handler runs
+    past its lease, its heartbeats keep the task from the second; once it is SIGKILLed mid-task,
+    the second one's next claim takes the task back and completes it."""
+    prefix = unique_prefix()
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        backend: Backend = RedisBackend(url=url, key_prefix=prefix)
+    else:
+        url = f"sqlite:///{tmp_path / 'queue.db'}"
+        backend = SQLiteBackend(tmp_path / "queue.db", key_prefix=prefix)
+    key = f"teams:{{{TEAM}}}:tasks:x"
+    victim = Proc("loop", url, prefix, "victim", "hang")
+    rescuer: LineProcess | None = None
+    try:
+        async with StateManager(backend=backend) as state, state.watch(key) as changes:
+            orch = OrchestrationStateManager(state_manager=state)
+            await orch.create_team(TeamState(team_id=TEAM))
+            await orch.enqueue_task(TEAM, {"id": "x"})
+            assert victim.wait_until(lambda lines: "started x" in lines), victim.close()
+            claimed = await orch.get_task(TEAM, "x")
+            assert claimed.lease_expires_at is not None
+            rescuer = Proc("loop", url, prefix, "rescuer")
+            assert rescuer.wait_until(lambda lines: "ready" in lines), rescuer.close()
+            # Heartbeats, while the rescuer claims every 20 ms: until the victim has held the
+            # task for two leases, well past the lease its claim took.
+            with anyio.fail_after(60):
+                while True:
+                    change = await changes.__anext__()
+                    expires = TaskItem.model_validate(change.new_value).lease_expires_at
+                    if expires is not None and expires - claimed.lease_expires_at >= 2 * LEASE:
+                        break
+            held = await orch.get_task(TEAM, "x")
+            assert (held.assigned_to, held.attempts, held.status) == (
+                "victim",
+                1,
+                TaskStatus.IN_PROGRESS,
+            )
+            assert rescuer.lines == ["ready"]
+            victim.kill()
+            with anyio.fail_after(60):
+                while (change := await changes.__anext__()).new_value["status"] != "completed":
+                    pass
+            done = await orch.get_task(TEAM, "x")
+    finally:
+        victim.close()
+        if rescuer is not None:
+            rescuer.stop()
+    assert (done.result, done.attempts, done.failures) == ({"by": "rescuer"}, 2, 0)
+    assert rescuer.lines == ["ready", "started x"]

@@ -1,7 +1,8 @@
 """Claim tokens against a model of task lives (hypothesis), on every backend.
 
 Generated programs enqueue two task ids over and over (deleting, purging, recycling (a delete
-and an enqueue at once) and reaping between),
+and an enqueue at once) and reaping between, by `reap_expired` and by claims that find a short
+lease run out),
 and three workers, each with its own queue (as three processes: each remembers its own claims),
 claim, heartbeat, complete and fail with every claim they ever got, stale ones included (each
 call is made by the worker that got the claim). The
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import anyio
@@ -86,6 +87,7 @@ class Life:
     token: str | None = None  # the claim it is under
     holder: int | None = None
     leased: bool = False  # claimed with the short lease (so `reap` takes it back)
+    expires: datetime | None = None  # when that short lease runs out
     failures: int = 0
 
 
@@ -130,6 +132,7 @@ async def _run(state: StateManager, team_id: str, ops: list[Op]) -> dict[str, in
             lease = LEASE if b else LONG
             life = None
             claim = await workers[a].claim_task(team_id, f"w{a}", lease=lease)
+            await _reclaimed(admin, team_id, model, claim, datetime.now(UTC))
             wanted = model.next_pending()
             assert (None if claim is None else claim.task_id) == wanted
             if claim is not None:
@@ -140,6 +143,7 @@ async def _run(state: StateManager, team_id: str, ops: list[Op]) -> dict[str, in
                     a,
                     bool(b),
                 )
+                life.expires = claim.lease_expires_at
                 model.claims.append((a, claim.task_id, life.number, claim))
         elif kind in ("complete", "heartbeat", "fail"):
             if not model.claims:
@@ -223,6 +227,35 @@ async def _run(state: StateManager, team_id: str, ops: list[Op]) -> dict[str, in
                 del model.lives[tid]
         await _check(admin, team_id, model)
     return seen
+
+
+async def _reclaimed(
+    admin: OrchestrationStateManager,
+    team_id: str,
+    model: Model,
+    claim: TaskClaim | None,
+    ended: datetime,
+) -> None:
+    """Put back to pending, in the model, the short leases the claim found run out and took
+    back. A lease still running when the claim returned must not have been taken back (the
+    `_check` after the step holds that); one that ran out before may or may not have been (a
+    claim reads the in-progress index with the pending one, or uses the copy its process's
+    last completion read, which may be older), so the store says which."""
+    for tid, life in model.lives.items():
+        if not (life.status is TaskStatus.IN_PROGRESS and life.leased):
+            continue
+        assert life.expires is not None
+        if life.expires > ended:
+            continue
+        task = await admin.get_task(team_id, tid)
+        taken = claim is not None and task.lease_token == claim.lease_token
+        if task.status is TaskStatus.PENDING or taken:
+            life.status, life.token, life.holder, life.leased = (
+                TaskStatus.PENDING,
+                None,
+                None,
+                False,
+            )
 
 
 async def _check(admin: OrchestrationStateManager, team_id: str, model: Model) -> None:

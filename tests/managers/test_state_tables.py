@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ from agenticstate import (
     SpeechStateManager,
     StepState,
     STTState,
+    TaskItem,
+    TaskStatus,
     TeamState,
     ToolExecution,
     ToolExecutionStatus,
@@ -237,7 +240,9 @@ TOOLS = Machine(
 
 
 async def _task(state: StateManager, status: str) -> Subject:
-    # A dead-lettered task failed once with no retry left; the others have 3.
+    # A dead-lettered task failed once with no retry left; the others have 3. "expired" is in
+    # progress under a lease that ran out (1 µs: out by the time it is read) and that nobody
+    # has taken back yet.
     orch = OrchestrationStateManager(
         state_manager=state, max_retries=0 if status == "dead_letter" else 3
     )
@@ -245,7 +250,8 @@ async def _task(state: StateManager, status: str) -> Subject:
     await orch.enqueue_task("team", {"id": "x"})
     token: str | None = None
     if status != "pending":
-        claim = await orch.claim_task("team", "worker")
+        lease = timedelta(microseconds=1) if status == "expired" else None
+        claim = await orch.claim_task("team", "worker", lease=lease)
         assert claim is not None
         token = claim.lease_token
     if status == "completed":
@@ -255,7 +261,13 @@ async def _task(state: StateManager, status: str) -> Subject:
 
     async def read() -> str | None:
         found = {t.task_id: t for t in await _tasks(orch)}
-        return found["x"].status.value if "x" in found else None
+        if "x" not in found:
+            return None
+        task: TaskItem = found["x"]
+        expires = task.lease_expires_at
+        if task.status is TaskStatus.IN_PROGRESS and expires and expires <= datetime.now(UTC):
+            return "expired"
+        return task.status.value
 
     return Subject(orch, "x", read, token=token or "no-such-lease")
 
@@ -274,6 +286,7 @@ ORCHESTRATION = Machine(
         "heartbeat": lambda s: s.obj.heartbeat("team", "x", s.token),
         "complete_task": lambda s: s.obj.complete_task("team", "x", 2, lease_token=s.token),
         "fail_task": lambda s: s.obj.fail_task("team", "x", "E2", lease_token=s.token),
+        "release_task": lambda s: s.obj.release_task("team", "x", lease_token=s.token),
         "delete_task": lambda s: s.obj.delete_task("team", "x"),
     },
     keys=lambda s: "orchestration:*",
@@ -370,11 +383,14 @@ NOT_IN_TABLES: dict[type, set[str]] = {
         "clear_retry_state",
     },
     # enqueue_task creates a task; reap_expired releases expired leases (test_orchestration.py);
-    # purge_finished and delete_team delete tasks as delete_task does. An agent's status and a
-    # team's membership are set as given: any value to any value.
+    # run_worker moves tasks only through claim_task, heartbeat, complete_task, fail_task and
+    # release_task (test_orchestration_worker.py); purge_finished and delete_team delete tasks
+    # as delete_task does. An agent's status and a team's membership are set as given: any
+    # value to any value.
     OrchestrationStateManager: {
         "enqueue_task",
         "reap_expired",
+        "run_worker",
         "purge_finished",
         "create_team",
         "delete_team",

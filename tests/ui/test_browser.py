@@ -8,6 +8,7 @@ images are taken with `AGENTICSTATE_UI_SCREENSHOTS=docs/images`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -21,11 +22,18 @@ import pytest
 from agenticstate import StateManager
 from agenticstate.backends import open_backend
 from agenticstate.managers import (
+    AgentCheckpoint,
     AgentCoordinationState,
+    AgentSnapshot,
+    AgentStateStore,
+    IndexingProgress,
+    KnowledgeStateManager,
     OrchestrationStateManager,
     SessionManager,
+    SourceState,
     SpeechStateManager,
     StepState,
+    SyncStatus,
     TeamState,
     ToolExecution,
     ToolStateManager,
@@ -183,7 +191,7 @@ async def test_key_list_filters_and_a_value_shows(
     )
     assert json.loads(shown) == {"status": "working", "task": "summarize the papers"}
     history = await page.evaluate("document.querySelector('#value-history').textContent")
-    assert "only the current version (1)" in history
+    assert "Only the current version (1) is retained" in history
     await _screenshot(page, shots, "inspector-keys.png")
 
     await page.click("#key-table tr[data-key='agent:xss']")
@@ -202,7 +210,7 @@ async def test_a_write_by_another_process_appears_in_the_live_stream_within_a_se
     inspector: tuple[str, str], store: StateManager, page: Page, shots: Path
 ) -> None:
     await page.goto(inspector[0])
-    await page.click("#tabs button[data-tab=stream]")
+    await page.click("#tabs a[data-tab=stream]")
     await page.type_into("#stream-pattern", "live:*")
     await page.click("#stream-form button[type=submit]")
     await page.wait_for("document.querySelector('#stream-table').dataset.watching === 'live:*'")
@@ -257,7 +265,7 @@ async def test_a_queue_chart_renders(
     assert await orchestration.claim_task("research", "bob", lease=timedelta(minutes=5))
 
     await page.goto(inspector[0])
-    await page.click("#tabs button[data-tab=teams]")
+    await page.click("#tabs a[data-tab=teams]")
     team = ".team[data-team='research']"
     # The chart needs two samples after the writes (one every 0.2 s here).
     pending = f"{team} polyline[data-series='pending']"
@@ -298,7 +306,41 @@ async def test_a_queue_chart_renders(
     # Fewer pending now than at the peak: the line went down (SVG y grows downwards). The
     # first point may be a sample from before the tasks were written, so compare with the top.
     assert ys[-1] > min(ys)
+    await _check_chart_reads(page, team)
     await _screenshot(page, shots, "inspector-teams.png")
+
+
+async def _check_chart_reads(page: Page, team: str) -> None:
+    """The chart is wide, its axes are labelled, and series at equal values stay apart: each
+    has its own stroke (width and dash), and the labels at their ends do not overlap."""
+    chart = f"{team} svg.queue-chart".replace("'", '"')
+    width = await page.evaluate(f"document.querySelector('{chart}').getBoundingClientRect().width")
+    assert width >= 700, width
+    texts = await page.evaluate(
+        f"[...document.querySelectorAll('{chart} text')].map(t => t.textContent)"
+    )
+    assert "tasks" in texts
+    assert any(text.startswith("time (a point every 0.2 s") for text in texts), texts
+    assert {"0", "1"} <= set(texts)  # y ticks
+    assert sum(":" in text for text in texts) >= 2  # x ticks: the samples' times
+    # Pending, in progress and dead letters all end at 1 here: drawn over each other.
+    ends = await page.evaluate(
+        f"[...document.querySelectorAll('{chart} text.end-label')].map(t => {{"
+        " const b = t.getBoundingClientRect();"
+        " return [t.dataset.series, t.textContent, b.top, b.bottom]; })"
+    )
+    assert {(series, text) for series, text, _, _ in ends} >= {
+        ("pending", "pending 1"),
+        ("in_progress", "in progress 1"),
+        ("dead_letter", "dead letter 1"),
+    }
+    boxes = sorted((top, bottom) for _, _, top, bottom in ends)
+    assert all(b[0] >= a[1] - 0.5 for a, b in itertools.pairwise(boxes)), boxes
+    strokes = await page.evaluate(
+        f"[...document.querySelectorAll('{chart} polyline')].map(l =>"
+        " [l.getAttribute('stroke-width'), l.getAttribute('stroke-dasharray')])"
+    )
+    assert len({tuple(stroke) for stroke in strokes}) == len(strokes) == 4, strokes
 
 
 async def test_workflows_tools_sessions_and_speech_show(
@@ -326,7 +368,7 @@ async def test_workflows_tools_sessions_and_speech_show(
     await speech.create_session(session_id="call-7")
 
     await page.goto(inspector[0])
-    await page.click("#tabs button[data-tab=workflows]")
+    await page.click("#tabs a[data-tab=workflows]")
     steps = await page.wait_for(
         "[...document.querySelectorAll(\".workflow[data-workflow='ingest'] .step\")]"
         ".map(s => s.className).join(' ')"
@@ -340,14 +382,14 @@ async def test_workflows_tools_sessions_and_speech_show(
     assert "cp-2 @ step 2" in checkpoints
     await _screenshot(page, shots, "inspector-workflows.png")
 
-    await page.click("#tabs button[data-tab=tools]")
+    await page.click("#tabs a[data-tab=tools]")
     row = await page.wait_for(
         "(() => { const r = document.querySelector(\"#tools-table tr[data-tool='web_search']\");"
         " return r && [...r.children].map(c => c.textContent); })()"
     )
     assert row[:3] == ["web_search", "3", "100%"]
 
-    await page.click("#tabs button[data-tab=sessions]")
+    await page.click("#tabs a[data-tab=sessions]")
     await page.wait_for("document.querySelector(\"#sessions-table tr[data-session='chat-1']\")")
     await page.click("#sessions-table tr[data-session='chat-1']")
     messages = await page.wait_for(
@@ -357,7 +399,7 @@ async def test_workflows_tools_sessions_and_speech_show(
     assert "find papers on agent memory" in messages
     assert "here are three" in messages
 
-    await page.click("#tabs button[data-tab=speech]")
+    await page.click("#tabs a[data-tab=speech]")
     speech_row = await page.wait_for(
         "(() => { const r = document.querySelector(\"#speech-table tr[data-session='call-7']\");"
         " return r && [...r.children].map(c => c.textContent); })()"
@@ -430,5 +472,199 @@ async def test_with_a_token_the_printed_address_opens_the_page_and_nothing_else_
         assert await page.evaluate("location.href") == bare
         assert await page.evaluate("document.querySelector('#mode').textContent") == "read-only"
         assert await page.evaluate("document.cookie") == ""  # HTTP-only: no script can read it
-        await page.click("#tabs button[data-tab=stream]")
+        await page.click("#tabs a[data-tab=stream]")
         await page.wait_for("document.querySelector('#stream-table').dataset.watching === '*'")
+
+
+HASH = "location.hash"
+
+
+async def _reload(page: Page) -> None:
+    await page.evaluate("document.body.dataset.ready = ''")
+    await page.send("Page.reload")
+    await page.wait_for("document.body && document.body.dataset.ready === '1'", 20)
+
+
+async def test_every_tab_and_selection_has_an_address(
+    inspector: tuple[str, str], store: StateManager, page: Page
+) -> None:
+    """Tabs, globs and selections are in the address: a link opens the same view, reload keeps
+    it, back returns to the one before."""
+    await store.save("addr:one", {"n": 1})
+    await store.save("addr:two", {"n": 2})
+    sessions = SessionManager(state_manager=store)
+    await sessions.create_session("grace", session_id="addr-chat", name="addresses")
+    await sessions.add_message("addr-chat", "user", "is this view a link?")
+    workflows = WorkflowStateManager(state_manager=store)
+    await workflows.create(WorkflowState(workflow_id="addr-flow", name="linked", total_steps=2))
+
+    # A shared link to a key, under a glob.
+    await page.goto(inspector[0] + "#/keys/addr%3Atwo?glob=addr%3A*")
+    shown = await page.wait_for(
+        "document.querySelector('#value-panel').dataset.key === 'addr:two'"
+        " && document.querySelector('#value-json').textContent"
+    )
+    assert json.loads(shown) == {"n": 2}
+    assert await page.evaluate("document.querySelector('#key-pattern').value") == "addr:*"
+    assert sorted(await page.evaluate(ROW_KEYS)) == ["addr:one", "addr:two"]
+    assert await page.evaluate(
+        "document.querySelector(\"#key-table tr[data-key='addr:two']\").classList"
+        ".contains('selected')"
+    )
+
+    # Selecting changes the address; reload keeps the view; back returns.
+    await page.click("#key-table tr[data-key='addr:one']")
+    await page.wait_for("document.querySelector('#value-panel').dataset.key === 'addr:one'")
+    assert await page.evaluate(HASH) == "#/keys/addr%3Aone?glob=addr%3A*"
+    await _reload(page)
+    await page.wait_for(
+        "document.querySelector('#value-panel').dataset.key === 'addr:one'"
+        " && document.querySelector('#value-json')"
+    )
+    await page.evaluate("history.back()")
+    await page.wait_for("document.querySelector('#value-panel').dataset.key === 'addr:two'")
+
+    # A tab, and a selection in it, survive a reload.
+    await page.click("#tabs a[data-tab=sessions]")
+    await page.wait_for("document.querySelector(\"#sessions-table tr[data-session='addr-chat']\")")
+    assert await page.evaluate(HASH) == "#/sessions"
+    await page.click("#sessions-table tr[data-session='addr-chat']")
+    await page.wait_for("document.querySelectorAll('#messages-panel .message').length === 1")
+    assert await page.evaluate(HASH) == "#/sessions/addr-chat"
+    await _reload(page)
+    messages = await page.wait_for(
+        "document.querySelectorAll('#messages-panel .message').length === 1"
+        " && document.querySelector('#messages-panel').textContent"
+    )
+    assert "is this view a link?" in messages
+    assert await page.evaluate("document.querySelector('#tabs a.active').dataset.tab") == "sessions"
+
+    # A workflow's card links to itself; the keys tab's link opens the keys as they were left.
+    await page.click("#tabs a[data-tab=workflows]")
+    link = ".workflow[data-workflow='addr-flow'] h3 a"
+    await page.wait_for(f'document.querySelector("{link}")')
+    await page.click(link)
+    await page.wait_for(
+        "document.querySelector(\".workflow[data-workflow='addr-flow']\")"
+        ".classList.contains('selected')"
+    )
+    assert await page.evaluate(HASH) == "#/workflows/addr-flow"
+    keys_link = await page.evaluate("document.querySelector('#tabs a[data-tab=keys]').hash")
+    assert keys_link == "#/keys/addr%3Atwo?glob=addr%3A*"
+    await page.goto(inspector[0] + "#/stream?glob=addr%3A*")
+    await page.wait_for("document.querySelector('#stream-table').dataset.watching === 'addr:*'")
+
+
+async def test_the_value_view_lists_the_versions_the_writers_kept(
+    inspector: tuple[str, str], store: StateManager, page: Page, tmp_path: Path
+) -> None:
+    """A key whose writer keeps history shows its retained versions, newest first, with their
+    values; a key without shows only its current version and says where history comes from."""
+    store.backend.keep_history({"hist:*": 10})
+    for status in ("queued", "running", "blocked", "done"):
+        await store.save("hist:job", {"status": status})
+    await page.goto(inspector[0] + "#/keys/hist%3Ajob?glob=hist%3A*")
+    rows = await page.wait_for(
+        "document.querySelectorAll('#value-history tr[data-version]').length === 4 &&"
+        " [...document.querySelectorAll('#value-history tr[data-version]')]"
+        ".map(r => [r.children[0].textContent, r.querySelector('pre').textContent])"
+    )
+    assert [(number, json.loads(value)["status"]) for number, value in rows] == [
+        ("4 (current)", "done"),
+        ("3", "blocked"),
+        ("2", "running"),
+        ("1", "queued"),
+    ]
+    note = await page.evaluate("document.querySelector('#value-history p').textContent")
+    assert note.startswith("4 retained versions, newest first"), note
+    await page.evaluate("document.querySelector('#value-history details').open = true")
+    await _screenshot(page, tmp_path, "inspector-history.png")
+
+
+async def test_agents_and_knowledge_tabs_show(
+    inspector: tuple[str, str], store: StateManager, page: Page, tmp_path: Path
+) -> None:
+    """The Agents tab lists agents with their checkpoints and recovery record; the Knowledge tab
+    lists knowledge bases with their indexing run and sources."""
+    agents = AgentStateStore(state_manager=store)
+    await agents.save_snapshot(AgentSnapshot(agent_id="scout", step=3, metadata={"model": "m1"}))
+    for step in (1, 2, 3):
+        await agents.save_checkpoint(
+            AgentCheckpoint(
+                agent_id="scout", checkpoint_id=f"cp-{step}", step=step, state={"done": step}
+            )
+        )
+    knowledge = KnowledgeStateManager(state_manager=store)
+    await knowledge.update_indexing_progress(
+        IndexingProgress(knowledge_base_id="papers", total_documents=40)
+    )
+    await knowledge.increment_progress("papers", processed=30, failed=2, embeddings=90)
+    await knowledge.update_source_state(
+        SourceState(
+            source_id="arxiv",
+            knowledge_base_id="papers",
+            sync_status=SyncStatus.SYNCED,
+            documents_synced=30,
+        )
+    )
+
+    await page.goto(inspector[0] + "#/agents/scout")
+    row = await page.wait_for(
+        "(() => { const r = document.querySelector(\"#agents-table tr[data-agent='scout']\");"
+        " return r && [...r.children].map(c => c.textContent); })()"
+    )
+    assert row[:4] == ["scout", "1", "3", "cp-3 (step 3)"]
+    checkpoints = await page.wait_for(
+        "[...document.querySelectorAll('#agent-panel tr[data-checkpoint]')]"
+        ".map(r => r.dataset.checkpoint).join(' ')"
+    )
+    assert checkpoints.split() == ["cp-3", "cp-2", "cp-1"]
+    await _screenshot(page, tmp_path, "inspector-agents.png")
+
+    await page.click("#tabs a[data-tab=knowledge]")
+    row = await page.wait_for(
+        "(() => { const r = document.querySelector(\"#knowledge-table tr[data-kb='papers']\");"
+        " return r && [...r.children].map(c => c.textContent); })()"
+    )
+    assert row[0] == "papers"
+    assert row[5] == "in progress 80%"
+    await page.click("#knowledge-table tr[data-kb='papers']")
+    panel = await page.wait_for(
+        "document.querySelector(\"#knowledge-panel tr[data-source='arxiv']\")"
+        " && document.querySelector('#knowledge-panel').textContent"
+    )
+    assert "30 processed, 2 failed of 40" in panel
+    assert await page.evaluate(HASH) == "#/knowledge/papers"
+    await _screenshot(page, tmp_path, "inspector-knowledge.png")
+
+
+EMPTY_TABS = {
+    "keys": "The store is empty",
+    "teams": "OrchestrationStateManager.create_team",
+    "workflows": "WorkflowStateManager.create",
+    "agents": "AgentStateStore.save_snapshot",
+    "knowledge": "KnowledgeStateManager.update_indexing_progress",
+    "tools": "ToolStateManager.start_execution",
+    "sessions": "SessionManager.create_session",
+    "speech": "SpeechStateManager.create_session",
+    "stream": "every write and delete shows here",
+}
+
+
+async def test_an_empty_tab_says_what_would_appear_and_how(
+    redis_url: str, page: Page, tmp_path: Path
+) -> None:
+    """On an empty store every tab says what it would show and which call (or the demo) puts
+    something there, instead of bare headers."""
+    for address, _prefix in _inspector(redis_url, "read-only"):
+        for tab, wanted in EMPTY_TABS.items():
+            await page.goto(address + "#/" + tab)
+            text = await page.wait_for(
+                f"document.querySelector('#tab-{tab} .empty')"
+                f" && document.querySelector('#tab-{tab} .empty').textContent"
+            )
+            assert wanted in text, (tab, text)
+            if tab not in ("keys", "stream"):
+                assert "agenticstate demo" in text, (tab, text)
+            if tab == "teams":
+                await _screenshot(page, tmp_path, "empty-teams.png")

@@ -64,7 +64,15 @@ def _client(app: object, host: str = "127.0.0.1:8765") -> httpx.AsyncClient:
 async def test_a_foreign_host_header_gets_no_value(state: StateManager, host: str) -> None:
     # DNS rebinding: a page on evil.example re-points its name at 127.0.0.1 and reads.
     async with _client(create_app(state)) as client:
-        for path in ["/", "/api/keys", "/api/value?key=agent:1", "/api/stream"]:
+        for path in [
+            "/",
+            "/api/keys",
+            "/api/value?key=agent:1",
+            "/api/history?key=agent:1",
+            "/api/stream",
+            "/api/agents",
+            "/api/knowledge",
+        ]:
             response = await client.get(path, headers={"host": host})
             assert response.status_code == 403, path
             assert "s3cr3t" not in response.text
@@ -77,7 +85,10 @@ async def test_loopback_names_are_served(state: StateManager, host: str) -> None
     assert response.status_code == 200
     assert json.loads(response.json()["json"]) == {"secret": "s3cr3t"}
     assert response.json()["version"] == 1
-    assert response.json()["history"] is None
+    async with _client(create_app(state), host) as client:
+        response = await client.get("/api/history", params={"key": "agent:1"})
+    [only] = response.json()["versions"]  # one version, the current one
+    assert (only["version"], json.loads(only["json"])) == (1, {"secret": "s3cr3t"})
     assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
 
 

@@ -1,12 +1,33 @@
 // agenticstate inspector: plain JS, no build step. Every value is put in the page with
 // textContent (never innerHTML), so a stored value cannot run script in the inspector.
+//
+// Every view has an address: `#/<tab>`, `#/<tab>/<item>` for what is selected in it, and
+// `?glob=` for the key list's and the live stream's glob (`#/keys/agent%3A1?glob=agent%3A*`).
+// The page changes the address and follows it (hashchange), so reload, back and a shared link
+// all show the same view.
 "use strict";
 
 const $ = (selector) => document.querySelector(selector);
 let info = { allow_writes: false, refresh_ms: 2000 };
-let activeTab = "keys";
 let refreshTimer = null;
 let stream = null;
+let streamPattern = null;
+let listedPattern = null;
+
+const TABS = ["keys", "stream", "teams", "workflows", "agents", "knowledge", "tools", "sessions", "speech"];
+let route = { tab: null, item: null, glob: null };
+// tab -> its last route, so a tab's link opens it as it was left (kept across reloads).
+const remembered = (() => {
+  try {
+    return JSON.parse(sessionStorage.getItem("agenticstate-routes")) || {};
+  } catch (error) {
+    return {};
+  }
+})();
+
+const DEMO_HINT =
+  " For a sample: `agenticstate demo` writes one of everything into .state/demo/state.db; " +
+  "`agenticstate --url sqlite://.state/demo/state.db ui` shows it.";
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -40,6 +61,7 @@ const time = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "");
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
 const pct = (x) => (x === null || x === undefined ? "" : (100 * x).toFixed(0) + "%");
 const ms = (x) => (x === null || x === undefined ? "" : x.toFixed(1));
+const words = (name) => String(name).replaceAll("_", " ");
 
 function bytes(n) {
   if (n === null || n === undefined) return "";
@@ -55,22 +77,129 @@ function ttl(seconds) {
   return (seconds / 3600).toFixed(1) + " h";
 }
 
-function fill(tbody, rows) {
-  tbody.replaceChildren(...rows);
+// A table's rows; when there are none, one row across all columns that says what would be
+// there and how it gets there.
+function fill(tbody, rows, empty) {
+  if (rows.length || !empty) {
+    tbody.replaceChildren(...rows);
+    return;
+  }
+  const columns = tbody.closest("table").querySelectorAll("thead th").length;
+  tbody.replaceChildren(el("tr", { class: "empty" }, el("td", { colspan: columns }, ...rich(empty))));
+}
+
+// Replace a node's children, leaving out the absent ones (replaceChildren would write "null").
+function show(node, ...children) {
+  node.replaceChildren(...children.filter((child) => child !== null && child !== undefined));
+}
+
+const emptyNote = (text) => el("p", { class: "empty muted" }, ...rich(text));
+
+// Text with `code` spans: each part a text node (never markup), the code ones in <code>.
+function rich(text) {
+  return String(text).split("`").map((part, n) => (n % 2 ? el("code", {}, part) : part));
+}
+
+// A row that selects `item` in the current tab (its address changes, the view follows).
+function pickRow(item, attrs, ...cells) {
+  return el(
+    "tr",
+    Object.assign({ class: "pick" + (route.item === item ? " selected" : ""), onclick: () => select(item) }, attrs),
+    ...cells,
+  );
+}
+
+// -- addresses --------------------------------------------------------------------------------
+
+function parseHash() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [path, query] = hash.split("?");
+  const [tab, ...rest] = path.split("/");
+  const params = new URLSearchParams(query || "");
+  return {
+    tab: TABS.includes(tab) ? tab : "keys",
+    item: rest.length && rest.join("/") ? decodeURIComponent(rest.join("/")) : null,
+    glob: params.get("glob"),
+  };
+}
+
+function hashOf(target) {
+  let hash = "#/" + target.tab;
+  if (target.item !== null && target.item !== undefined) hash += "/" + encodeURIComponent(target.item);
+  if (target.glob && target.glob !== "*") hash += "?glob=" + encodeURIComponent(target.glob);
+  return hash;
+}
+
+function go(target) {
+  const hash = hashOf(target);
+  if (location.hash === hash) follow();
+  else location.hash = hash; // a history entry: back returns to the previous view
+}
+
+const select = (item) => go({ tab: route.tab, item, glob: route.glob });
+
+async function follow() {
+  const target = parseHash();
+  const tabChanged = target.tab !== route.tab;
+  route = target;
+  remembered[route.tab] = route;
+  try {
+    sessionStorage.setItem("agenticstate-routes", JSON.stringify(remembered));
+  } catch (error) {
+    // storage refused (a private window): the links still open each tab
+  }
+  for (const link of document.querySelectorAll("#tabs a")) {
+    link.classList.toggle("active", link.dataset.tab === route.tab);
+    link.setAttribute("href", hashOf(remembered[link.dataset.tab] || { tab: link.dataset.tab }));
+  }
+  for (const section of document.querySelectorAll(".tab")) {
+    section.classList.toggle("active", section.id === "tab-" + route.tab);
+  }
+  if (route.tab === "keys") {
+    const pattern = route.glob || "*";
+    $("#key-pattern").value = pattern;
+    if (listedPattern !== pattern || tabChanged) await listKeys();
+    else markSelected("#key-table", "key");
+    if (route.item !== null) await showValue(route.item);
+    else $("#value-panel").replaceChildren(el("p", { class: "muted" }, "Select a key to see its value and its retained versions."));
+  }
+  if (route.tab === "stream") {
+    const pattern = route.glob || "*";
+    $("#stream-pattern").value = pattern;
+    if (!stream || streamPattern !== pattern) watch(pattern);
+  }
+  clearInterval(refreshTimer);
+  if (LOADERS[route.tab]) {
+    await refresh(!tabChanged);
+    refreshTimer = setInterval(() => refresh(false), info.refresh_ms);
+  }
+  document.body.dataset.route = hashOf(route);
+}
+
+function markSelected(table, attribute) {
+  for (const row of document.querySelectorAll(table + " tbody tr")) {
+    row.classList.toggle("selected", row.dataset[attribute] === route.item);
+  }
 }
 
 // -- keys and values ------------------------------------------------------------------------
 
 async function listKeys() {
-  const pattern = $("#key-pattern").value || "*";
+  const pattern = route.glob || "*";
   try {
     const data = await api("/api/keys?pattern=" + encodeURIComponent(pattern));
+    const empty =
+      pattern === "*"
+        ? "The store is empty. Keys appear here as applications write them (or " +
+          "`agenticstate --url URL set KEY VALUE`), with their version, time to live and size." +
+          DEMO_HINT
+        : "No key matches " + pattern + ". Try a wider glob (`*` lists every key).";
     fill(
       $("#key-table tbody"),
       data.keys.map((row) =>
-        el(
-          "tr",
-          { class: "pick", "data-key": row.key, onclick: () => showValue(row.key) },
+        pickRow(
+          row.key,
+          { "data-key": row.key },
           el("td", { class: "key" }, row.key),
           el("td", {}, row.version),
           el("td", {}, ttl(row.ttl)),
@@ -78,11 +207,13 @@ async function listKeys() {
           el("td", {}, when(row.updated_at)),
         ),
       ),
+      empty,
     );
     $("#key-count").textContent =
       data.keys.length + " key" + (data.keys.length === 1 ? "" : "s") +
       (data.more ? " (first " + data.limit + "; narrow the glob)" : "");
     $("#key-table").dataset.pattern = data.pattern;
+    listedPattern = data.pattern;
     showError("");
   } catch (error) {
     showError(error.message);
@@ -90,9 +221,7 @@ async function listKeys() {
 }
 
 async function showValue(key) {
-  for (const row of document.querySelectorAll("#key-table tbody tr")) {
-    row.classList.toggle("selected", row.dataset.key === key);
-  }
+  markSelected("#key-table", "key");
   const panel = $("#value-panel");
   try {
     const data = await api("/api/value?key=" + encodeURIComponent(key));
@@ -108,23 +237,64 @@ async function showValue(key) {
       el("pre", { id: "value-json" }, data.json),
     ];
     if (data.truncated) children.push(el("p", { class: "muted" }, "(cut: the value is larger)"));
-    children.push(
-      el("h4", {}, "History"),
-      el(
-        "p",
-        { id: "value-history", class: "muted" },
-        data.history === null
-          ? "This store keeps no history: only the current version (" + data.version + ") is shown."
-          : "",
-      ),
-    );
+    let versions = [];
+    try {
+      versions = (await api("/api/history?key=" + encodeURIComponent(key))).versions;
+    } catch (error) {
+      versions = []; // deleted in between: the value above says what there was
+    }
+    children.push(el("h4", {}, "History"), historyView(data, versions));
     if (data.writable && !data.truncated) children.push(editor(data));
     panel.replaceChildren(...children);
     panel.dataset.key = data.key;
     panel.dataset.version = data.version;
   } catch (error) {
     panel.replaceChildren(el("p", { class: "error" }, error.message));
+    panel.dataset.key = key;
   }
+}
+
+const oneLine = (text) => text.replace(/\s+/g, " ").slice(0, 80);
+
+function historyView(data, versions) {
+  if (versions.length <= 1) {
+    return el(
+      "p",
+      { id: "value-history", class: "muted" },
+      "Only the current version (" + data.version + ") is retained. Earlier versions of a key " +
+        "are kept by the processes that write it, when their StateConfig(history={pattern: depth}) " +
+        "names the key.",
+    );
+  }
+  const rows = versions.map((v, n) =>
+    el(
+      "tr",
+      { "data-version": v.version },
+      el("td", {}, v.version + (n === 0 ? " (current)" : "")),
+      el("td", {}, when(v.updated_at)),
+      el(
+        "td",
+        {},
+        el(
+          "details",
+          {},
+          el("summary", { class: "mono" }, oneLine(v.json)),
+          el("pre", {}, v.json + (v.truncated ? "\n(cut)" : "")),
+        ),
+      ),
+    ),
+  );
+  return el(
+    "div",
+    { id: "value-history" },
+    el(
+      "p",
+      { class: "muted" },
+      versions.length + " retained versions, newest first" +
+        (versions.length >= 20 ? " (the newest 20)" : "") + ":",
+    ),
+    el("table", { class: "versions" }, el("thead", {}, el("tr", {}, el("th", {}, "Version"), el("th", {}, "Written"), el("th", {}, "Value"))), el("tbody", {}, ...rows)),
+  );
 }
 
 function editor(data) {
@@ -173,10 +343,12 @@ function editor(data) {
 
 // -- the live stream ------------------------------------------------------------------------
 
-function watch() {
+function watch(pattern) {
   if (stream) stream.close();
-  const pattern = $("#stream-pattern").value || "*";
+  streamPattern = pattern;
   const status = $("#stream-status");
+  const body = $("#stream-table tbody");
+  fill(body, [], "Waiting for changes to keys matching " + pattern + ": every write and delete shows here as it commits, newest first.");
   status.textContent = "connecting…";
   stream = new EventSource("/api/stream?pattern=" + encodeURIComponent(pattern));
   stream.addEventListener("ready", () => {
@@ -188,13 +360,15 @@ function watch() {
     status.textContent =
       reason === "shutdown" ? "the inspector stopped" : "stream closed (" + reason + "); press Watch";
     stream.close();
+    stream = null;
   });
   stream.onerror = () => {
     status.textContent = "reconnecting…";
   };
   stream.onmessage = (event) => {
     const change = JSON.parse(event.data);
-    const body = $("#stream-table tbody");
+    const waiting = body.querySelector("tr.empty");
+    if (waiting) waiting.remove();
     body.prepend(
       el(
         "tr",
@@ -213,65 +387,141 @@ function watch() {
 
 // -- teams and queues -----------------------------------------------------------------------
 
+// Each series has its own colour, width and dash, drawn widest first: two series at the same
+// values stay visible (a thin dashed line over a wide solid one), and each line ends in a label
+// with its name and latest value, moved apart where they would overlap.
 const SERIES = [
-  ["pending", "#1565c0"],
-  ["in_progress", "#ef6c00"],
-  ["dead_letter", "#c62828"],
-  ["expired_leases", "#6a1b9a"],
+  { name: "pending", color: "#1565c0", width: 6, dash: "", opacity: 0.55 },
+  { name: "in_progress", color: "#ef6c00", width: 3, dash: "9 5", opacity: 1 },
+  { name: "dead_letter", color: "#c62828", width: 2.5, dash: "2 4", opacity: 1 },
+  { name: "expired_leases", color: "#6a1b9a", width: 1.5, dash: "12 4 2 4", opacity: 1 },
 ];
+const SVG = "http://www.w3.org/2000/svg";
 
-function chart(samples) {
-  const ns = "http://www.w3.org/2000/svg";
-  const width = 560, height = 140, pad = 24;
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("viewBox", "0 0 " + width + " " + height);
-  svg.setAttribute("width", width);
-  svg.setAttribute("height", height);
-  svg.setAttribute("class", "queue-chart");
-  const top = Math.max(1, ...samples.flatMap((s) => SERIES.map(([name]) => s[name])));
-  const axis = document.createElementNS(ns, "path");
-  axis.setAttribute("d", "M" + pad + " 4 V" + (height - pad) + " H" + (width - 4));
-  axis.setAttribute("stroke", "#999");
-  axis.setAttribute("fill", "none");
-  svg.append(axis);
-  const label = document.createElementNS(ns, "text");
-  label.setAttribute("x", 2);
-  label.setAttribute("y", 12);
-  label.setAttribute("font-size", 10);
-  label.textContent = String(top);
-  svg.append(label);
-  const n = samples.length;
-  for (const [name, color] of SERIES) {
-    const points = samples.map((s, i) => {
-      const x = pad + (n === 1 ? 0 : (i * (width - pad - 6)) / (n - 1));
-      const y = height - pad - (s[name] * (height - pad - 8)) / top;
-      return x.toFixed(1) + "," + y.toFixed(1);
-    });
-    const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("points", points.join(" "));
-    line.setAttribute("stroke", color);
-    line.setAttribute("stroke-width", 2);
-    line.setAttribute("fill", "none");
-    line.setAttribute("data-series", name);
-    svg.append(line);
-  }
-  return svg;
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
 }
 
-async function loadTeams() {
-  const data = await api("/api/teams");
-  const cards = data.teams.map((team) => {
-    const legend = el(
-      "div",
-      { class: "legend" },
-      ...SERIES.map(([name, color]) =>
-        el("span", {}, el("i", { class: "sw", style: "background:" + color }), name.replace("_", " ")),
+function niceTicks(top) {
+  const raw = top / 4;
+  const magnitude = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
+  const step = Math.max(1, [1, 2, 5, 10].map((m) => m * magnitude).find((s) => s >= raw));
+  const ticks = [];
+  for (let v = 0; v <= top + step / 2; v += step) ticks.push(v);
+  if (ticks[ticks.length - 1] < top) ticks.push(ticks[ticks.length - 1] + step);
+  return ticks;
+}
+
+function chart(samples, interval) {
+  const width = 860, height = 250;
+  const left = 46, right = 128, top = 12, bottom = 44;
+  const plotW = width - left - right, plotH = height - top - bottom;
+  const root = svg("svg", {
+    viewBox: "0 0 " + width + " " + height,
+    class: "queue-chart",
+    role: "img",
+    "aria-label": "queue counts over time",
+  });
+  const highest = Math.max(1, ...samples.flatMap((s) => SERIES.map((series) => s[series.name])));
+  const ticks = niceTicks(highest);
+  const ceiling = ticks[ticks.length - 1];
+  const y = (value) => top + plotH - (value * plotH) / ceiling;
+  const n = samples.length;
+  const x = (i) => left + (n === 1 ? plotW : (i * plotW) / (n - 1));
+  for (const tick of ticks) {
+    root.append(svg("line", { x1: left, x2: left + plotW, y1: y(tick), y2: y(tick), class: "grid" }));
+    root.append(svg("text", { x: left - 6, y: y(tick) + 4, "text-anchor": "end", class: "tick" }, String(tick)));
+  }
+  root.append(svg("path", { d: "M" + left + " " + top + " V" + (top + plotH) + " H" + (left + plotW), class: "axis" }));
+  root.append(
+    svg("text", { x: 12, y: top + plotH / 2, transform: "rotate(-90 12 " + (top + plotH / 2) + ")", "text-anchor": "middle", class: "axis-title" }, "tasks"),
+  );
+  if (n) {
+    const marks = n === 1 ? [0] : [0, Math.floor((n - 1) / 2), n - 1];
+    for (const i of [...new Set(marks)]) {
+      const anchor = i === 0 && n > 1 ? "start" : i === n - 1 ? "end" : "middle";
+      root.append(svg("text", { x: x(i), y: top + plotH + 16, "text-anchor": anchor, class: "tick" }, time(samples[i].at)));
+    }
+  }
+  root.append(
+    svg(
+      "text",
+      { x: left + plotW / 2, y: height - 6, "text-anchor": "middle", class: "axis-title" },
+      "time (a point every " + interval + " s, since the inspector started)",
+    ),
+  );
+  const labels = [];
+  for (const series of SERIES) {
+    const points = samples.map((s, i) => x(i).toFixed(1) + "," + y(s[series.name]).toFixed(1));
+    root.append(
+      svg("polyline", {
+        points: points.join(" "),
+        stroke: series.color,
+        "stroke-width": series.width,
+        "stroke-dasharray": series.dash,
+        "stroke-opacity": series.opacity,
+        "stroke-linejoin": "round",
+        fill: "none",
+        "data-series": series.name,
+      }),
+    );
+    if (n) {
+      const last = samples[n - 1][series.name];
+      root.append(svg("circle", { cx: x(n - 1), cy: y(last), r: 3, fill: series.color }));
+      labels.push({ series, value: last, y: y(last) });
+    }
+  }
+  // The end labels, top to bottom, at least a line apart (equal values would overlap).
+  labels.sort((a, b) => a.y - b.y);
+  let floor = -Infinity;
+  for (const label of labels) {
+    label.at = Math.max(label.y, floor + 15);
+    floor = label.at;
+  }
+  const overflow = floor - (top + plotH + 4);
+  for (const label of labels) {
+    const at = overflow > 0 ? label.at - overflow : label.at;
+    root.append(
+      svg(
+        "text",
+        { x: left + plotW + 8, y: at + 4, fill: label.series.color, class: "end-label", "data-series": label.series.name },
+        words(label.series.name) + " " + label.value,
       ),
     );
-    return el(
+  }
+  return root;
+}
+
+function legend() {
+  return el(
+    "div",
+    { class: "legend" },
+    ...SERIES.map((series) => {
+      const sample = svg("svg", { width: 28, height: 10, class: "sw" });
+      sample.append(
+        svg("line", {
+          x1: 0, x2: 28, y1: 5, y2: 5,
+          stroke: series.color,
+          "stroke-width": Math.min(series.width, 5),
+          "stroke-dasharray": series.dash,
+          "stroke-opacity": series.opacity,
+        }),
+      );
+      return el("span", {}, sample, " " + words(series.name));
+    }),
+  );
+}
+
+async function loadTeams(scroll) {
+  const data = await api("/api/teams");
+  const cards = data.teams.map((team) =>
+    el(
       "div",
-      { class: "card team", "data-team": team.team_id },
-      el("h3", {}, "Team " + team.team_id),
+      { class: "card team" + (route.item === team.team_id ? " selected" : ""), "data-team": team.team_id },
+      el("h3", {}, el("a", { href: hashOf({ tab: "teams", item: team.team_id }) }, "Team " + team.team_id)),
       el(
         "div",
         { class: "counts" },
@@ -284,8 +534,10 @@ async function loadTeams() {
         ].map(([name, count]) => el("span", {}, el("b", {}, count), " " + name)),
         el("span", { class: "muted" }, team.next_lease_expiry ? "next lease expiry " + time(team.next_lease_expiry) : ""),
       ),
-      chart(team.samples),
-      legend,
+      team.samples.length
+        ? chart(team.samples, data.sample_interval)
+        : emptyNote("The chart starts with the inspector: its first point comes within " + data.sample_interval + " s."),
+      legend(),
       el(
         "p",
         { class: "muted" },
@@ -294,14 +546,30 @@ async function loadTeams() {
       team.dead_letters.length
         ? el("p", {}, "Dead letters: " + team.dead_letters.map((t) => t.task_id + (t.error ? " – " + t.error : "")).join("; "))
         : null,
-    );
-  });
-  $("#teams").replaceChildren(...(cards.length ? cards : [el("p", { class: "muted" }, "No teams.")]));
+    ),
+  );
+  $("#teams").replaceChildren(
+    ...(cards.length
+      ? cards
+      : [
+          emptyNote(
+            "No teams. A team appears here once an application creates one on this store " +
+              "(`OrchestrationStateManager.create_team`): its agents, its queue's counts, a chart of " +
+              "the queue over time and its dead letters." + DEMO_HINT,
+          ),
+        ]),
+  );
+  if (scroll) reveal(".team.selected");
 }
 
-// -- workflows, tools, sessions, speech -----------------------------------------------------
+function reveal(selector) {
+  const node = $(selector);
+  if (node) node.scrollIntoView({ block: "nearest" });
+}
 
-async function loadWorkflows() {
+// -- workflows, agents, knowledge, tools, sessions, speech -----------------------------------
+
+async function loadWorkflows(scroll) {
   const data = await api("/api/workflows");
   const cards = data.workflows.map((w) => {
     const total = Math.max(w.total_steps, w.steps.length);
@@ -318,8 +586,14 @@ async function loadWorkflows() {
     }
     return el(
       "div",
-      { class: "card workflow", "data-workflow": w.workflow_id },
-      el("h3", {}, (w.name || w.workflow_id) + " · " + w.status + " · step " + w.current_step + "/" + w.total_steps),
+      { class: "card workflow" + (route.item === w.workflow_id ? " selected" : ""), "data-workflow": w.workflow_id },
+      el(
+        "h3",
+        {},
+        el("a", { href: hashOf({ tab: "workflows", item: w.workflow_id }) }, w.name || w.workflow_id),
+        w.name ? el("span", { class: "muted" }, " " + w.workflow_id) : null,
+        " · " + w.status + " · step " + w.current_step + "/" + w.total_steps,
+      ),
       el("div", { class: "timeline" }, ...boxes),
       w.error ? el("p", { class: "error" }, w.error) : null,
       el(
@@ -330,7 +604,174 @@ async function loadWorkflows() {
       ),
     );
   });
-  $("#workflows").replaceChildren(...(cards.length ? cards : [el("p", { class: "muted" }, "No workflows.")]));
+  $("#workflows").replaceChildren(
+    ...(cards.length
+      ? cards
+      : [
+          emptyNote(
+            "No workflows. A workflow appears here once an application creates one on this store " +
+              "(`WorkflowStateManager.create`): its status, a timeline of its steps and its checkpoints." +
+              DEMO_HINT,
+          ),
+        ]),
+  );
+  if (scroll) reveal(".workflow.selected");
+}
+
+async function loadAgents() {
+  const data = await api("/api/agents");
+  fill(
+    $("#agents-table tbody"),
+    data.agents.map((a) =>
+      pickRow(
+        a.agent_id,
+        { "data-agent": a.agent_id },
+        el("td", { class: "key" }, a.agent_id),
+        el("td", {}, a.snapshots),
+        el("td", {}, a.checkpoint_count),
+        el("td", {}, a.checkpoints.length ? a.checkpoints[0].checkpoint_id + " (step " + a.checkpoints[0].step + ")" : "-"),
+        el("td", {}, a.recovery ? recoverySummary(a.recovery) : "-"),
+      ),
+    ),
+    "No agents. An agent appears here once an application saves a snapshot or a checkpoint " +
+      "for it (`AgentStateStore.save_snapshot`, `save_checkpoint`), with its recovery attempts " +
+      "(`AgentRecoveryManager`)." + DEMO_HINT,
+  );
+  const panel = $("#agent-panel");
+  const agent = data.agents.find((a) => a.agent_id === route.item);
+  if (!agent) {
+    panel.replaceChildren(
+      el("p", { class: "muted" }, route.item === null ? "Select an agent to see its checkpoints and recovery record." : "No agent " + route.item + "."),
+    );
+    return;
+  }
+  const snapshot = agent.latest_snapshot;
+  show(
+    panel,
+    el("h3", { class: "key" }, agent.agent_id),
+    el(
+      "p",
+      { class: "muted" },
+      snapshot
+        ? "latest snapshot " + snapshot.snapshot_id + " at " + when(snapshot.timestamp) +
+            (snapshot.step === null ? "" : ", step " + snapshot.step) + ", " + snapshot.messages + " messages"
+        : "no snapshot",
+    ),
+    snapshot ? el("pre", {}, snapshot.metadata) : null,
+    el("h4", {}, "Recovery"),
+    el("p", {}, agent.recovery ? recoverySummary(agent.recovery) + recoveryDetail(agent.recovery) : "never recovered"),
+    el("h4", {}, "Checkpoints (" + agent.checkpoint_count + ", newest first)"),
+    agent.checkpoints.length
+      ? el(
+          "table",
+          { class: "checkpoints" },
+          el("thead", {}, el("tr", {}, el("th", {}, "Checkpoint"), el("th", {}, "Step"), el("th", {}, "Taken"), el("th", {}, "State"))),
+          el(
+            "tbody",
+            {},
+            ...agent.checkpoints.map((c) =>
+              el(
+                "tr",
+                { "data-checkpoint": c.checkpoint_id },
+                el("td", { class: "key" }, c.checkpoint_id + (c.recoverable ? "" : " (not recoverable)")),
+                el("td", {}, c.step),
+                el("td", { title: when(c.timestamp) }, time(c.timestamp)),
+                el("td", {}, el("details", {}, el("summary", { class: "mono" }, oneLine(c.state)), el("pre", {}, c.state))),
+              ),
+            ),
+          ),
+        )
+      : el("p", { class: "muted" }, "no checkpoint"),
+  );
+}
+
+function recoverySummary(r) {
+  const attempts = r.attempts + " failed attempt" + (r.attempts === 1 ? "" : "s");
+  return r.recovered_at ? "recovered " + time(r.recovered_at) + (r.attempts ? ", " + attempts + " since" : "") : attempts;
+}
+
+function recoveryDetail(r) {
+  return (r.last_checkpoint_id ? " from " + r.last_checkpoint_id : "") + (r.last_error ? "; last error " + r.last_error : "");
+}
+
+async function loadKnowledge() {
+  const data = await api("/api/knowledge");
+  fill(
+    $("#knowledge-table tbody"),
+    data.knowledge.map((k) =>
+      pickRow(
+        k.knowledge_base_id,
+        { "data-kb": k.knowledge_base_id },
+        el("td", { class: "key" }, k.knowledge_base_id),
+        el("td", {}, k.documents),
+        el("td", {}, k.embeddings),
+        el("td", {}, k.pending),
+        el("td", {}, k.failed),
+        el("td", {}, k.progress ? words(k.progress.status) + " " + pct(k.progress.percent) : "-"),
+        el("td", {}, k.sources.length + (k.sync_status ? " (" + k.sync_status + ")" : "")),
+      ),
+    ),
+    "No knowledge bases. A knowledge base appears here once an application records its " +
+      "indexing progress or a source on this store (`KnowledgeStateManager." +
+      "update_indexing_progress`, `update_source_state`): documents, embeddings, the indexing run " +
+      "and each source's sync status." + DEMO_HINT,
+  );
+  const panel = $("#knowledge-panel");
+  const kb = data.knowledge.find((k) => k.knowledge_base_id === route.item);
+  if (!kb) {
+    panel.replaceChildren(
+      el("p", { class: "muted" }, route.item === null ? "Select a knowledge base to see its indexing run and its sources." : "No knowledge base " + route.item + "."),
+    );
+    return;
+  }
+  const p = kb.progress;
+  show(
+    panel,
+    el("h3", { class: "key" }, kb.knowledge_base_id),
+    el(
+      "p",
+      { class: "muted" },
+      kb.documents + " documents, " + kb.embeddings + " embeddings, " + kb.storage_mb.toFixed(2) + " MiB" +
+        (kb.last_updated ? ", updated " + when(kb.last_updated) : ""),
+    ),
+    el("h4", {}, "Indexing run"),
+    p
+      ? el(
+          "div",
+          { class: "progress-run" },
+          el("div", { class: "bar-outer" }, el("div", { class: "bar-inner s-" + p.status, style: "width:" + (100 * p.percent).toFixed(1) + "%" })),
+          el(
+            "p",
+            {},
+            words(p.status) + ": " + p.processed + " processed, " + p.failed + " failed" +
+              (p.total ? " of " + p.total : "") + (p.completed_at ? ", finished " + when(p.completed_at) : "") +
+              (p.error ? " (" + p.error + ")" : ""),
+          ),
+        )
+      : el("p", { class: "muted" }, "no indexing run recorded"),
+    el("h4", {}, "Sources"),
+    kb.sources.length
+      ? el(
+          "table",
+          { class: "sources" },
+          el("thead", {}, el("tr", {}, el("th", {}, "Source"), el("th", {}, "Synced"), el("th", {}, "Pending"), el("th", {}, "Sync"))),
+          el(
+            "tbody",
+            {},
+            ...kb.sources.map((s) =>
+              el(
+                "tr",
+                { "data-source": s.source_id },
+                el("td", { class: "key" }, s.source_id),
+                el("td", {}, s.documents_synced),
+                el("td", {}, s.documents_pending),
+                el("td", {}, s.sync_status + (s.last_sync ? " at " + time(s.last_sync) : "") + (s.error ? " (" + s.error + ")" : "")),
+              ),
+            ),
+          ),
+        )
+      : el("p", { class: "muted" }, "no source recorded"),
+  );
 }
 
 async function loadTools() {
@@ -338,8 +779,8 @@ async function loadTools() {
   fill(
     $("#tools-table tbody"),
     data.tools.map((t) =>
-      el(
-        "tr",
+      pickRow(
+        t.tool,
         { "data-tool": t.tool },
         el("td", { class: "key" }, t.tool),
         el("td", {}, t.runs),
@@ -351,6 +792,9 @@ async function loadTools() {
         el("td", {}, t.pending_retries),
       ),
     ),
+    "No tool statistics. A tool appears here once an application records its executions on " +
+      "this store (`ToolStateManager.start_execution`, `cached_call`, `run_with_retries`): runs, " +
+      "success and cache hit rates, durations and retries pending." + DEMO_HINT,
   );
 }
 
@@ -359,9 +803,9 @@ async function loadSessions() {
   fill(
     $("#sessions-table tbody"),
     data.sessions.map((s) =>
-      el(
-        "tr",
-        { class: "pick", "data-session": s.session_id, onclick: () => showMessages(s.session_id) },
+      pickRow(
+        s.session_id,
+        { "data-session": s.session_id },
         el("td", { class: "key" }, s.session_id),
         el("td", {}, s.user_id),
         el("td", {}, s.name || ""),
@@ -369,7 +813,11 @@ async function loadSessions() {
         el("td", {}, when(s.updated_at)),
       ),
     ),
+    "No sessions. A session appears here once an application creates one on this store " +
+      "(`SessionManager.create_session`): its user, name and messages." + DEMO_HINT,
   );
+  if (route.item !== null) await showMessages(route.item);
+  else $("#messages-panel").replaceChildren(el("p", { class: "muted" }, "Select a session to see its messages."));
 }
 
 async function showMessages(sessionId) {
@@ -378,9 +826,11 @@ async function showMessages(sessionId) {
     const data = await api("/api/sessions/" + encodeURIComponent(sessionId) + "/messages");
     panel.replaceChildren(
       el("h3", { class: "key" }, sessionId),
-      ...data.messages.map((m) =>
-        el("div", { class: "message" }, el("b", {}, "#" + m.seq + " " + m.role), " ", el("span", { class: "muted" }, time(m.created_at)), el("pre", {}, m.content)),
-      ),
+      ...(data.messages.length
+        ? data.messages.map((m) =>
+            el("div", { class: "message" }, el("b", {}, "#" + m.seq + " " + m.role), " ", el("span", { class: "muted" }, time(m.created_at)), el("pre", {}, m.content)),
+          )
+        : [el("p", { class: "muted" }, ...rich("No messages yet (`SessionManager.add_message` adds them)."))]),
     );
   } catch (error) {
     panel.replaceChildren(el("p", { class: "error" }, error.message));
@@ -392,8 +842,8 @@ async function loadSpeech() {
   fill(
     $("#speech-table tbody"),
     data.speech.map((s) =>
-      el(
-        "tr",
+      pickRow(
+        s.session_id,
         { "data-session": s.session_id },
         el("td", { class: "key" }, s.session_id),
         el("td", {}, s.type),
@@ -405,6 +855,9 @@ async function loadSpeech() {
         el("td", {}, when(s.created_at)),
       ),
     ),
+    "No speech sessions. A voice session appears here once an application creates one on this " +
+      "store (`SpeechStateManager.create_session`): its status, speech-to-text and text-to-speech " +
+      "state, and its turns." + DEMO_HINT,
   );
 }
 
@@ -413,51 +866,38 @@ async function loadSpeech() {
 const LOADERS = {
   teams: loadTeams,
   workflows: loadWorkflows,
+  agents: loadAgents,
+  knowledge: loadKnowledge,
   tools: loadTools,
   sessions: loadSessions,
   speech: loadSpeech,
 };
 
-async function refresh() {
-  const loader = LOADERS[activeTab];
+async function refresh(scroll) {
+  const tab = route.tab;
+  const loader = LOADERS[tab];
   if (!loader) return;
   try {
-    await loader();
-    document.body.dataset.loaded = activeTab;
+    await loader(scroll);
+    document.body.dataset.loaded = tab;
     showError("");
   } catch (error) {
     showError(error.message);
   }
 }
 
-function showTab(name) {
-  activeTab = name;
-  for (const button of document.querySelectorAll("#tabs button")) {
-    button.classList.toggle("active", button.dataset.tab === name);
-  }
-  for (const section of document.querySelectorAll(".tab")) {
-    section.classList.toggle("active", section.id === "tab-" + name);
-  }
-  clearInterval(refreshTimer);
-  if (name === "stream" && !stream) watch();
-  if (LOADERS[name]) {
-    refresh();
-    refreshTimer = setInterval(refresh, info.refresh_ms);
-  }
-}
-
 async function start() {
-  for (const button of document.querySelectorAll("#tabs button")) {
-    button.addEventListener("click", () => showTab(button.dataset.tab));
-  }
   $("#key-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    listKeys();
+    go({ tab: "keys", item: null, glob: $("#key-pattern").value || "*" });
   });
   $("#stream-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    watch();
+    const pattern = $("#stream-pattern").value || "*";
+    if (pattern === streamPattern && stream) watch(pattern); // Watch again: a fresh stream
+    go({ tab: "stream", item: null, glob: pattern });
   });
+  window.addEventListener("hashchange", follow);
   try {
     info = await api("/api/info");
     $("#backend").textContent = info.backend;
@@ -465,7 +905,7 @@ async function start() {
   } catch (error) {
     showError(error.message);
   }
-  await listKeys();
+  await follow();
   document.body.dataset.ready = "1";
 }
 
