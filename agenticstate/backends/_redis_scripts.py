@@ -28,6 +28,7 @@ import hashlib
 import math
 from datetime import UTC, datetime, timedelta
 
+from agenticstate.backends._redis_feed import FEED_NAMESPACE
 from agenticstate.backends._redis_history import HISTORY_FUNCTION
 from agenticstate.backends.base import Change, ChangeOp, Entry, new_change
 from agenticstate.exceptions import BackendError
@@ -68,11 +69,50 @@ for i, name in ipairs(KEYS) do sizes[i] = redis.call('STRLEN', name) end
 return sizes
 """
 
+# Where a change sits in its server's commit order (see `_redis_feed`, "Order"): a feed entry's
+# `u` field, the server's clock in microseconds when its script ran, never less than the `u`
+# before it in the same stream. `feed_head(counter)`: the stream's last id and the `u` this
+# script's entries get (the counter holds `<last id> <its u>`; an earlier version of this library
+# wrote the id alone). `clock` is the script's TIME (read once, `clock = redis.call('TIME')`), so
+# its entries share one `u` and are told apart by id.
+ORDER_FUNCTION = """
+local clock = {}
+local function feed_head(counter)
+  local held = redis.call('GET', counter) or '0-0'
+  local prev, before = held, 0
+  local space = string.find(held, ' ', 1, true)
+  if space then
+    prev, before = string.sub(held, 1, space - 1), tonumber(string.sub(held, space + 1))
+  end
+  local u = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  if before > u then u = before end
+  return prev, u
+end
+"""
+
+# What a write publishes on its key's channel. With the feed on, a notification, not the change:
+# `F<id> <stream>` (the feed entry to read, and its stream's name after `FEED_NAMESPACE`). With
+# the feed off, the change itself (`data`, `parse_message`), which a subscriber checks against the
+# key before it delivers it. Subscribers take what they deliver from the store (`_redis_pubsub`),
+# so a message someone else PUBLISHes on these channels cannot deliver a change.
+NOTIFY_FUNCTION = """
+local function notify(channel, id, feed, data)
+  if id then
+    redis.call('PUBLISH', channel, 'F' .. id .. ' ' .. string.sub(feed[1], FEED_CUT))
+  else
+    redis.call('PUBLISH', channel, data)
+  end
+end
+""".replace("FEED_CUT", str(len(FEED_NAMESPACE) + 1))
+
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
 # counter are KEYS[k] and KEYS[k + 1] and whose retention is ARGV[a] and ARGV[a + 1], or false
 # when there is no KEYS[k] (the feed is off). `to_feed(feed, key, message, now)` appends `message`
 # (a change of `key`) to the feed and returns what to publish and its id (false: no feed).
-FEED_FUNCTION = """
+FEED_FUNCTION = (
+    ORDER_FUNCTION
+    + NOTIFY_FUNCTION
+    + """
 local function feed_at(k, a)
   if not KEYS[k] then return false end
   return {KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), tonumber(ARGV[a + 1])}
@@ -80,25 +120,27 @@ end
 local function to_feed(feed, key, message, now)
   if not feed then return message, false end
   local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
-  if not prev then prev = redis.call('GET', feed[2]) or '0-0' end
+  if not prev then prev, feed[6] = feed_head(feed[2]) end
   local dash = string.find(prev, '-', 1, true)
   local ms = tonumber(string.sub(prev, 1, dash - 1))
   if now > ms then ms = now end
   local id = string.format('%d-%d', ms, tonumber(string.sub(prev, dash + 1)) + 1)
   local data = 'X' .. id .. ' ' .. prev .. ' ' .. message
+  local u = string.format('%d', feed[6])
   if feed[3] > 0 then
-    redis.call('XADD', feed[1], 'MAXLEN', '~', feed[3], id, 'k', key, 'm', data)
+    redis.call('XADD', feed[1], 'MAXLEN', '~', feed[3], id, 'k', key, 'm', data, 'u', u)
   else
-    redis.call('XADD', feed[1], id, 'k', key, 'm', data)
+    redis.call('XADD', feed[1], id, 'k', key, 'm', data, 'u', u)
   end
   if feed[4] > 0 then
     redis.call('XTRIM', feed[1], 'MINID', string.format('%d-0', now - feed[4]))
   end
-  redis.call('SET', feed[2], id)
+  redis.call('SET', feed[2], id .. ' ' .. u)
   feed[5] = id
   return data, id
 end
 """
+)
 
 # One write: check the version, store header + value, apply the TTL, publish old and new (and
 # append the change to `feed`, false when off). Returns {1, version, old-or-false, now, feed id
@@ -135,10 +177,11 @@ local function write(key, value, ttl, expected, channel, now, feed)
   if old then oldpart = '1' .. string.format('%010d', #old) .. old end
   local data, id = to_feed(feed, key, 'W' .. verstr .. nowstr .. string.format('%015d', expires)
     .. oldpart .. value, now)
-  redis.call('PUBLISH', channel, data)
+  notify(channel, id, feed, data)
   return {1, ver, old, now, id}
 end
 local t = redis.call('TIME')
+clock = t
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 )
@@ -197,7 +240,7 @@ local function drop(key, expected, channel, now, feed)
   local verstr = string.format('%020d', ver)
   local data, id = to_feed(feed, key, 'D' .. verstr .. string.format('%015d', now) .. '1'
     .. string.format('%010d', #old) .. old, now)
-  redis.call('PUBLISH', channel, data)
+  notify(channel, id, feed, data)
   return {1, ver, old, now, id}
 end
 """
@@ -213,6 +256,7 @@ DELETE = (
     + """
 local lists = take_history()
 local t = redis.call('TIME')
+clock = t
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = drop(KEYS[1], tonumber(ARGV[1]), ARGV[2], now, feed_at(2, 3))
 if lists and r[1] == 1 then redis.call('DEL', lists[1][1]) end

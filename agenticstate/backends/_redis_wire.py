@@ -250,6 +250,10 @@ class PubSubLink:
         except (ImportError, AttributeError):  # pragma: no cover  # another redis-py
             pass
 
+    def close(self) -> None:
+        """Close the connection: the reader's next read ends, and it reconnects."""
+        self._writer.transport.close()
+
     def send(self, *args: str | bytes) -> None:
         """Write one command (dropped if the connection is closing: the reader reconnects)."""
         transport = self._writer.transport
@@ -720,6 +724,14 @@ def unknown_script(exc: BaseException) -> bool:
     from redis.exceptions import NoScriptError
 
     return isinstance(exc.__cause__, NoScriptError)
+
+
+def no_permission(exc: BaseException) -> bool:
+    """Whether `exc` (from `translate`) was a NOPERM reply: the ACL user may not do that."""
+    from redis.exceptions import NoPermissionError
+
+    cause = exc.__cause__
+    return isinstance(cause, NoPermissionError) or "NOPERM" in str(cause or "")
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -106,6 +106,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate.backends import _redis_feed, _redis_txn
 from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_scripts as scripts
@@ -149,6 +150,8 @@ if TYPE_CHECKING:
     from agenticstate.backends.base import TxnCompare, TxnOp
 
 __all__ = ["CHANNEL_NAMESPACE", "RedisBackend"]
+
+log = get_logger("agenticstate.backends.redis")
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
 # Slots a SCAN call visits: a page of 5,000 holds the server well under a millisecond, and
@@ -278,6 +281,10 @@ class RedisBackend(Subscriber, Backend):
             )
         )
         self._init_subscriber(key_prefix)
+        # On one server an outer prefix finds this store's feed in its registry (added once,
+        # before the first write: `_register_feed`).
+        self._feed_unregistered = feed is not None and not self.is_cluster and bool(key_prefix)
+        self._feed_just_registered = False
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
@@ -489,6 +496,8 @@ class RedisBackend(Subscriber, Backend):
         if expected_version is not None:
             check_expected_version(expected_version)
         expected = -1 if expected_version is None else expected_version
+        if self._feed_unregistered:
+            await self._register_feed()
         kept = self._keeps_history and self._history_list(key)
         if kept:  # the history list is the script's last key, its spec the last argument
             reply = await self._script(
@@ -550,32 +559,64 @@ class RedisBackend(Subscriber, Backend):
     def _write_cursor(self, name: str, at: bytes | None) -> str | None:
         """The cursor of a change this backend wrote, from its feed id (`None`: no feed).
 
-        On a cluster: that change's slot at its id, every other slot from its time on.
+        Its own stream at its id, every other stream from its time on.
         """
         if at is None:
             return None
-        if not self.is_cluster:
-            return _redis_feed.plain_cursor(at)
         text = at.decode()
-        own = (wire.key_slot(name), text)
-        return _redis_feed.cluster_cursor(_redis_feed.parse_id(text)[0], own, {})
+        if not self.is_cluster:
+            if text.endswith("-1") and not self._feed_just_registered:
+                # A new stream (the old one was lost): register it again.
+                self._feed_unregistered = bool(self.key_prefix)
+            self._feed_just_registered = False
+            return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text)
+        own: _redis_feed.Stream = (wire.key_slot(name), self.key_prefix)
+        return _redis_feed.make_cursor(
+            self._feed_names, _redis_feed.parse_id(text)[0], (own, text), {}
+        )
 
     async def feed_cursor(self) -> str | None:
         """The cursor of the newest committed change, or `None` when the feed is off.
 
-        On one server: the stream's last id (`r1:0-0` before the first change). On a cluster:
-        every slot from a time read from the primaries' clocks (`TIME`): one past the largest,
-        once every clock has passed it, so that changes committed before this call are before
-        it and those after are not (if the clocks are more than a second apart, the smallest:
-        then a change committed just before the call may be replayed too).
+        On one server: this store's stream's last id (`r1:0-0` before its first change) and
+        the server's clock in microseconds (`r1:<id>/<µs>`): changes committed before this
+        call, through any prefix, are before it, and those after are not; a feed lost since
+        (a restart without its data) is told apart by the id. On a cluster: every slot from
+        a time read from the primaries' clocks (`TIME`): one past the largest, once every
+        clock has passed it (if the clocks are more than a second apart, the smallest: then
+        a change committed just before the call may be replayed too).
         """
         if self.feed is None:
             return None
-        if not self.is_cluster:
-            last = await self._read("GET", self._feed_names.plain[1])
-            return _redis_feed.plain_cursor(last or b"0-0")
-        floor = await self._clock_floor(exact=True)
-        return _redis_feed.cluster_cursor(floor, None, {})
+        if self.is_cluster:
+            floor = await self._clock_floor(exact=True)
+            return _redis_feed.make_cursor(self._feed_names, floor, None, {})
+        last = await self._read("GET", self._feed_names.plain[1])
+        now = await self._clock_us()
+        text = _redis_feed.id_text(_redis_feed.parse_id(last) if last else (0, 0))
+        return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text, now)
+
+    async def _register_feed(self) -> None:
+        """Add this store's prefix to the registries of the prefixes it is nested in.
+
+        A store under an outer prefix reads the feeds of the prefixes in its registry
+        (`__agenticstate_feeds__:<outer prefix>`, a set) along with its own, so it replays the
+        changes written through this one (see "Change feed"). Done before this backend's first
+        write to its feed, and again after a write started a new stream (the old one was lost).
+        One SADD per outer prefix; an ACL user that may not add to one is not found by it.
+        """
+        self._feed_unregistered = False
+        self._feed_just_registered = True
+        for outer in _redis_feed.ancestors(self.key_prefix):
+            try:
+                await self._execute(
+                    "SADD", _redis_feed.registry_key(outer), self.key_prefix, write_key=None
+                )
+            except BackendError as exc:
+                if not wire.no_permission(exc):
+                    self._feed_unregistered = True
+                    raise
+                log.debug("feed_not_registered", outer=outer)
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
@@ -587,6 +628,8 @@ class RedisBackend(Subscriber, Backend):
         names = [self._k(key) for key, _ in items]
         life = scripts.ttl_ms(ttl)
         await self._redis()
+        if self._feed_unregistered:
+            await self._register_feed()
         replies: list[Any] = [None] * len(items)
         # One script call per chunk of keys sharing a slot (a script's keys may not cross
         # slots in a cluster), so Redis is never blocked for long either.
@@ -654,6 +697,8 @@ class RedisBackend(Subscriber, Backend):
         name = self._k(key)
         check_expected_version(expected_version)
         expected = -1 if expected_version is None else expected_version
+        if self._feed_unregistered:
+            await self._register_feed()
         kept = self._keeps_history and self._history_list(key)
         reply = await self._script(
             scripts.DELETE_SHA,
@@ -707,6 +752,8 @@ class RedisBackend(Subscriber, Backend):
         if self.is_cluster:
             _redis_txn.check_one_slot(call, client.keyslot)
         feed_keys = self._feed_keys(call.keys[0])
+        if self._feed_unregistered:
+            await self._register_feed()
         if feed_keys:
             _redis_txn.add_feed(call, feed_keys[0], feed_keys[1], self._feed_retention)
         source, sha = _redis_txn.script(
@@ -777,6 +824,19 @@ class RedisBackend(Subscriber, Backend):
             if found.version == version:
                 return found
         return None
+
+    async def _run_script(
+        self, sha: str, source: str, keys: Sequence[str], args: Sequence[str | bytes | int]
+    ) -> Any:
+        """EVALSHA a read-only script, retried as `_read`; loaded after NOSCRIPT."""
+        command = ("EVALSHA", sha, len(keys), *keys, *args)
+        try:
+            return await self._read(*command)
+        except BackendError as exc:
+            if not wire.unknown_script(exc):
+                raise
+        await self._load_script(source)
+        return await self._read(*command)
 
     async def _read_script(self, sha: str, source: str, *keys_then_args: str | int) -> Any:
         """EVALSHA a read-only script of two keys, retried as `_read`; loaded after NOSCRIPT."""
