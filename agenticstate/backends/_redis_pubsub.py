@@ -497,6 +497,7 @@ class Subscriber:
         self._delivering = False
         self._settling: dict[int, _Barrier] = {}  # lookups waiting for their barrier
         self._denied: set[feeds.Stream] = set()  # streams this ACL user may not read
+        self._caught = 0  # changes the last catch-up read
         self._ignored = 0  # notifications ignored since the last warning
         self._ignored_logged = 0.0
         # Without a feed: the changes heard of each key, until checked (`_deliver_checked`).
@@ -960,7 +961,8 @@ class Subscriber:
                 at = feeds.parse_id(header[0])
                 stream = (wire.key_slot(name) if self.is_cluster else 0, self.key_prefix)
             elif kind not in (b"W", b"D", b"S"):
-                self._ignore("unknown")
+                if b":" + self._reserved not in name:  # (not another store's barrier)
+                    self._ignore("unknown")
                 return
         except (ValueError, IndexError):
             self._ignore("malformed")
@@ -1573,6 +1575,7 @@ class Subscriber:
         if self.feed is None:
             return False
         cap = 0
+        self._caught = 0
         if self.is_cluster:
             if not self._feed_floor:
                 return False
@@ -1610,7 +1613,7 @@ class Subscriber:
             return False
         found.sort(key=lambda read: (read.order, read.at))
         await self._hand_over(found, budget)
-        log.info("pubsub_caught_up")
+        log.info("pubsub_caught_up", changes=self._caught)
         return True
 
     async def _hand_over(self, reads: list[_Read], budget: float) -> float:
@@ -1620,6 +1623,7 @@ class Subscriber:
                 budget = await self._room(group, budget)
             for read in reads[start : start + _PACE]:
                 self._deliver_entry(read, catching_up=True)
+        self._caught += len(reads)
         return budget
 
     def _prune(self, now: float) -> None:
