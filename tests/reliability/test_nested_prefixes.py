@@ -358,7 +358,7 @@ def _run(kind: str, url: str, tmp_path: Path) -> None:
                 async with aioredis.Redis.from_url(url, db=DB) as admin:
                     await admin.flushdb()
             backends = [
-                RedisBackend(url=url, key_prefix=prefix, **({} if cluster else {"db": DB}))
+                RedisBackend(url=url, key_prefix=prefix, db=None if cluster else DB)
                 for prefix in prefixes
             ]
         return world, backends
