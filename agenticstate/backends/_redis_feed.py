@@ -122,23 +122,15 @@ return {kept, counter, #page, prev, page[#page][1]}
 
 # What a subscriber reads for the notifications it received (`_redis_pubsub`). KEYS: streams (of
 # one slot); ARGV[1]: a channel to PUBLISH an empty marker on once read ('' for none), then pairs
-# (a stream's position in KEYS, an id). Returns {each asked entry or false, each stream's first
-# id or false, each stream's last id or false}, read in one atomic step.
+# (a stream's position in KEYS, an id). Returns each asked entry, or false where there is none.
 LOOKUP = """
 local found = {}
 for i = 2, #ARGV, 2 do
   local e = redis.call('XRANGE', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 1])
   found[#found + 1] = e[1] or false
 end
-local firsts, lasts = {}, {}
-for j = 1, #KEYS do
-  local a = redis.call('XRANGE', KEYS[j], '-', '+', 'COUNT', 1)
-  local b = redis.call('XREVRANGE', KEYS[j], '+', '-', 'COUNT', 1)
-  firsts[j] = a[1] and a[1][1] or false
-  lasts[j] = b[1] and b[1][1] or false
-end
 if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], '') end
-return {found, firsts, lasts}
+return found
 """
 
 Id = tuple[int, int]

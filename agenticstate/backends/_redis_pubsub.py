@@ -354,13 +354,14 @@ class _Read:
 class _Claim:
     """A change a message says happened (a write without a feed), until checked."""
 
-    __slots__ = ("change", "expires", "hint", "stamp")
+    __slots__ = ("change", "expires", "heard", "hint", "stamp")
 
-    def __init__(self, hint: _Hint, change: Change, stamp: int, expires: int) -> None:
+    def __init__(self, hint: _Hint, change: Change, stamp: int, expires: int, heard: int) -> None:
         self.hint = hint
         self.change = change
         self.stamp = stamp
         self.expires = expires
+        self.heard = heard  # its place in the order the messages were heard
 
 
 def _chain(claims: list[_Claim], entry: Entry | None) -> list[_Claim] | None:
@@ -399,12 +400,28 @@ def _chain(claims: list[_Claim], entry: Entry | None) -> list[_Claim] | None:
     return chain
 
 
+def _deliver_gone(group: _Group, claim: _Claim) -> None:
+    """Deliver a delete that nothing before it vouches for.
+
+    The key is gone, but its version and old value come from the message: delivered as heard
+    when they match what `group` was given; otherwise as the key's state as read (gone: a
+    `RESYNC`, old value unknown), unless `group` knows it gone already.
+    """
+    change = claim.change
+    known = group.seen.get(change.key)
+    if known is not None and known[1] is None:
+        return  # known gone
+    if known is not None and (known[0], known[1]) == (change.version, hash(change.old)):
+        group.deliver(change, claim.stamp, claim.expires)
+        return
+    group.remember(change.key, 0, None, claim.stamp + _GONE_KEPT_MS)
+    group.fanout.publish_to_all(
+        Change(change.key, ChangeOp.RESYNC, None, None, 0, from_ms(claim.stamp))
+    )
+
+
 if TYPE_CHECKING:
     _Item = _Hint | Callable[[], None]
-
-
-class _Gap(Exception):  # noqa: N818  # a signal inside the reader, never raised to users
-    """The feed no longer holds a change the reader was told of: catch up (or resync)."""
 
 
 class Subscriber:
@@ -503,6 +520,7 @@ class Subscriber:
         # Without a feed: the changes heard of each key, until checked (`_deliver_checked`).
         self._held: dict[str, list[_Claim]] = {}
         self._held_since: dict[str, float] = {}
+        self._heard = itertools.count()
 
     @asynccontextmanager
     async def _changes(
@@ -964,6 +982,11 @@ class Subscriber:
                 if b":" + self._reserved not in name:  # (not another store's barrier)
                     self._ignore("unknown")
                 return
+            elif self.feed is not None:
+                # A change written without the feed: this store's feed does not hold it, so
+                # neither does its live delivery (what a subscriber gets is what it can replay).
+                self._ignore("not_in_the_feed")
+                return
         except (ValueError, IndexError):
             self._ignore("malformed")
             return
@@ -1193,7 +1216,7 @@ class Subscriber:
                 args += [position, feeds.id_text(hint.at)]
                 asked.append((stream, hint))
         try:
-            found, firsts, lasts = await self._run_script(LOOKUP_SHA, feeds.LOOKUP, names, args)
+            found = await self._run_script(LOOKUP_SHA, feeds.LOOKUP, names, args)
         except BackendError as exc:
             if not wire.no_permission(exc):
                 raise
@@ -1209,36 +1232,23 @@ class Subscriber:
                 if settling.remaining <= 0:
                     settling.opened.set()
             return []
-        first_of = dict(zip(streams, firsts, strict=True))
-        last_of = dict(zip(streams, lasts, strict=True))
         reads = []
         for (stream, hint), entry in zip(asked, found, strict=True):
             if entry:
                 read = self._entry_read(stream, entry, hint)
                 if read is not None:
                     reads.append(read)
-                continue
-            assert hint.at is not None  # noqa: S101  # a feed notification
-            first, last = first_of[stream], last_of[stream]
-            known = self._feed_last.get(stream)
-            if (
-                first is not None
-                and last is not None
-                and hint.at < feeds.parse_id(first)
-                and hint.at <= feeds.parse_id(last)
-                and ((known is not None and hint.at > known) or hint.at[0] >= self._feed_floor)
-            ):
-                # A change this reader had yet to deliver was trimmed: read the feed again.
-                raise _Gap
-            self._ignore("no_such_change")
+            else:
+                # Made up, or gone already: the notification of a change is no change. (A real
+                # one trimmed before it was read means a retention of less than a read's time.)
+                self._ignore("no_such_change")
         return reads
 
     async def _may_read(self, stream: feeds.Stream) -> bool:
         """Whether this ACL user may read `stream` (remembered when not)."""
         try:
-            await self._run_script(
-                LOOKUP_SHA, feeds.LOOKUP, [self._feed_names.stream(stream)[0]], [b""]
-            )
+            name = self._feed_names.stream(stream)[0]
+            await self._run_script(LOOKUP_SHA, feeds.LOOKUP, [name], [b"", 1, "0-1"])
         except BackendError as exc:
             if not wire.no_permission(exc):
                 raise
@@ -1319,10 +1329,10 @@ class Subscriber:
         holds (version, time and value; for a delete, the key is gone), and each one before it
         must be the one its successor started from (the version before, and the value its
         successor names as old). Changes of a key that has moved on wait for the notifications
-        still on their way (up to `socket_timeout`); past that, or when they lead nowhere, the
-        key's present state is delivered instead, as a `RESYNC` (old value unknown), to each
-        subscription it is news to. The one part of a change nothing can check is its old value
-        when it is the first one heard: it comes from the message.
+        still on their way (up to `socket_timeout`); changes that lead nowhere (made up, or
+        written through a store with a feed, whose notifications name its entries instead) are
+        dropped. The one part of a change nothing can check is its old value when it is the
+        first one heard: it comes from the message.
         """
         held = self._held
         for hint in hints:
@@ -1333,13 +1343,14 @@ class Subscriber:
                 continue
             if not held.get(hint.key):
                 self._held_since[hint.key] = time.monotonic()
-            held.setdefault(hint.key, []).append(_Claim(hint, change, stamp_of(hint.data), expires))
+            claim = _Claim(hint, change, stamp_of(hint.data), expires, next(self._heard))
+            held.setdefault(hint.key, []).append(claim)
         if not held:
             return
         keys = list(held)
         entries = dict(zip(keys, await self.get_many(keys), strict=True))
-        now = int(time.time() * 1000 + self._clock_offset)
         give_up = time.monotonic() - self.socket_timeout
+        checked: list[tuple[int, _Claim]] = []  # (position in the chain, claim)
         for key in keys:
             claims = held[key]
             entry = entries[key]
@@ -1349,37 +1360,21 @@ class Subscriber:
             del held[key]
             del self._held_since[key]
             if accepted is None:
-                for group in {id(g): g for claim in claims for g in claim.hint.groups}.values():
-                    self._resend(group, key, entry, now)
+                self._ignore("unchecked_change")  # made up, or a write the key never held
                 continue
-            for claim in accepted:
-                if claim.stamp > self._horizon:
-                    self._horizon = claim.stamp
-                for group in claim.hint.groups:
-                    group.deliver(claim.change, claim.stamp, claim.expires)
             if len(accepted) < len(claims):
                 self._ignore("unchecked_change")
-
-    def _resend(self, group: _Group, key: str, entry: Entry | None, now: int) -> None:
-        """Deliver `key`'s present state to `group` as a `RESYNC`, if it is news to `group`."""
-        known = group.seen.get(key)
-        if known is not None and known[2] and known[2] <= now:
-            known = None  # that life of the key expired
-        if entry is None:
-            if known is None or known[1] is None:
-                return
-            group.remember(key, known[0], None, now + _GONE_KEPT_MS)
-            group.fanout.publish_to_all(
-                Change(key, ChangeOp.RESYNC, None, None, known[0], from_ms(now))
-            )
-            return
-        if known is not None and (known[0], known[1]) == (entry.version, hash(entry.value)):
-            return
-        expires = 0 if entry.expires_at is None else to_ms(entry.expires_at)
-        group.remember(key, entry.version, hash(entry.value), expires)
-        group.fanout.publish_to_all(
-            Change(key, ChangeOp.RESYNC, None, entry.value, entry.version, entry.updated_at)
-        )
+            checked += enumerate(accepted)
+        # In the order heard: across keys as their writes were published.
+        checked.sort(key=lambda item: item[1].heard)
+        for index, claim in checked:
+            if claim.stamp > self._horizon:
+                self._horizon = claim.stamp
+            for group in claim.hint.groups:
+                if index == 0 and claim.change.op is ChangeOp.DELETE:
+                    _deliver_gone(group, claim)
+                else:
+                    group.deliver(claim.change, claim.stamp, claim.expires)
 
     # the change feed
 
