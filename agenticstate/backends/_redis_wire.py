@@ -502,6 +502,7 @@ class Cluster:
     """
 
     __slots__ = (
+        "closed",
         "errors",
         "generation",
         "lock",
@@ -519,6 +520,7 @@ class Cluster:
 
         self.errors = (MovedError, AskError, ResponseError)  # bound once, for `call`
         self.try_again = TryAgainError
+        self.closed = False  # `close` was called: the map is never read again
         self.size = size
         self.url = url  # redacted, for messages
         self.nodes: dict[str, Node] = {}
@@ -600,6 +602,11 @@ class Cluster:
 
     async def refresh(self, client: aioredis.Redis) -> None:
         """Read the slot map (CLUSTER SLOTS) from the first node that answers."""
+        if self.closed:
+            # A call that began before the close must not bring redis-py's client back to life.
+            raise BackendUnavailableError(
+                f"the connection to the Redis Cluster at {self.url} is closed"
+            )
         seen = self.generation
         async with self.lock:
             if self.generation != seen and not self.stale:
@@ -644,6 +651,7 @@ class Cluster:
         self.stale = False
 
     async def close(self) -> None:
+        self.closed = True
         for node in self.nodes.values():
             await node.connections.close()
 

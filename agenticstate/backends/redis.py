@@ -387,6 +387,8 @@ class RedisBackend(Subscriber, Backend):
         target_nodes: Any,
     ) -> Any:
         """One command to one cluster node (`target_nodes`, from `_primaries`), as `_execute`."""
+        if self._closed:
+            raise BackendError("this RedisBackend is closed")
         with wire.translate(self.url, write_key, sent=False) as attempt:
             async with asyncio.timeout(self.socket_timeout):
                 return await self._cluster.call(client, args, attempt, target_nodes)
@@ -918,6 +920,9 @@ class RedisBackend(Subscriber, Backend):
 
     async def _primaries(self, client: aioredis.Redis) -> list[Any]:
         """The cluster's primaries, reading the slot map first if it is not known or stale."""
+        if self._closed:
+            # (A task that took the client before the close must not bring it back to life.)
+            raise BackendError("this RedisBackend is closed")
         if self._cluster.stale:
             with wire.translate(self.url):
                 async with asyncio.timeout(self.connect_timeout + self.socket_timeout):
