@@ -790,9 +790,15 @@ class RedisBackend(Subscriber, Backend):
         depth = self.history_rules.depth(key)
         return (history_lists.history_key(self.key_prefix, key), depth) if depth > 1 else None
 
+    def _history_lists(self, key: str) -> list[str]:
+        """`READ`'s keys: the key, its history list, and where an earlier version kept it."""
+        lists = [self.key_prefix + key, history_lists.history_key(self.key_prefix, key)]
+        legacy = history_lists.legacy_history_key(self.key_prefix, key)
+        return lists if legacy == lists[1] else [*lists, legacy]
+
     async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
         """The retained versions of `key`, newest first, in one script; see `Backend.history`."""
-        name = self._k(key)
+        self._k(key)  # validated
         limit = check_limit(limit)
         if limit == 0:
             return []
@@ -800,27 +806,21 @@ class RedisBackend(Subscriber, Backend):
             entry = await self.get(key)
             return [] if entry is None else [entry]
         stop = -1 if limit is None else limit - 1
-        hist = history_lists.history_key(self.key_prefix, key)
-        reply = await self._read_script(
-            history_lists.READ_SHA, history_lists.READ, name, hist, stop, 0
+        reply = await self._run_script(
+            history_lists.READ_SHA, history_lists.READ, self._history_lists(key), [stop, 0]
         )
         return history_lists.versions(key, reply, limit, scripts.entry)
 
     async def get_version(self, key: str, version: int) -> Entry | None:
         """Version `version` of `key` if retained, read in one script; see `Backend.get_version`."""
-        name = self._k(key)
+        self._k(key)  # validated
         if type(version) is not int or version < 1:
             raise InvalidArgumentError(f"version must be an int >= 1, not {version!r}")
         if self.history_rules.depth(key) == 1:
             entry = await self.get(key)
             return entry if entry is not None and entry.version == version else None
-        reply = await self._read_script(
-            history_lists.READ_SHA,
-            history_lists.READ,
-            name,
-            history_lists.history_key(self.key_prefix, key),
-            0,
-            version,
+        reply = await self._run_script(
+            history_lists.READ_SHA, history_lists.READ, self._history_lists(key), [0, version]
         )
         for found in history_lists.versions(key, reply, None, scripts.entry):
             if found.version == version:
@@ -832,17 +832,6 @@ class RedisBackend(Subscriber, Backend):
     ) -> Any:
         """EVALSHA a read-only script, retried as `_read`; loaded after NOSCRIPT."""
         command = ("EVALSHA", sha, len(keys), *keys, *args)
-        try:
-            return await self._read(*command)
-        except BackendError as exc:
-            if not wire.unknown_script(exc):
-                raise
-        await self._load_script(source)
-        return await self._read(*command)
-
-    async def _read_script(self, sha: str, source: str, *keys_then_args: str | int) -> Any:
-        """EVALSHA a read-only script of two keys, retried as `_read`; loaded after NOSCRIPT."""
-        command = ("EVALSHA", sha, 2, *keys_then_args)
         try:
             return await self._read(*command)
         except BackendError as exc:

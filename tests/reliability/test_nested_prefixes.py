@@ -6,7 +6,8 @@ tests share, `""`, `"<root>"` and `"<root>a:"`, the outer one reading only `<roo
 nest: a store sees every key under its prefix, whichever store wrote it. A hypothesis
 `RuleBasedStateMachine` writes and deletes keys through any store (keys chosen under that
 store: some fall in a nested store's range), takes cursors, and checks every path against the
-model: `get_many` and `list_keys`; a live `changes()` per store, opened at the start (exact
+model: `get_many` and `list_keys`; a key's `history` (every store keeps 3 versions of every
+key); a live `changes()` per store, opened at the start (exact
 changes, in commit order, nothing missed or extra); a replay from each cursor taken; a reconnect
 of every pub/sub connection (`CLIENT KILL TYPE pubsub`: the changes of the outage come from the
 feed, exactly, never as a `RESYNC`); and a commit of each store's whole scope (its checkout
@@ -57,6 +58,7 @@ SETTINGS = settings(
     database=None,
 )
 DB = 7  # the plain Redis database the machine owns (flushed before each example)
+DEPTH = 3  # versions of each key's history kept (by every store: the rules agree)
 
 Change = tuple[str, ChangeOp, int, Any]  # (root-relative key, op, version, new value)
 
@@ -111,12 +113,14 @@ class NestedMachine(RuleBasedStateMachine):
         self.stack = ExitStack()
         for backend in backends:
             self.stack.enter_context(self.portal.wrap_async_context_manager(backend))
-            state = StateManager(StateConfig(), backend=backend, close_backend=False)
+            config = StateConfig(history={"*": DEPTH})
+            state = StateManager(config, backend=backend, close_backend=False)
             self.world.states.append(
                 self.stack.enter_context(self.portal.wrap_async_context_manager(state))
             )
         self.log: list[Change] = []
         self.values: dict[str, tuple[Any, int]] = {}  # root-relative key -> (value, version)
+        self.lives: dict[str, list[tuple[int, Any]]] = {}  # each key's versions since created
         self.cursors: list[tuple[int, str, int]] = []  # (store, cursor, log length)
         self.watchers = [Watcher(store, 0) for store in range(3)]
         self.markers = 0
@@ -144,8 +148,10 @@ class NestedMachine(RuleBasedStateMachine):
         self.log.append((key, op, version, value))
         if op is ChangeOp.DELETE:
             self.values.pop(key, None)
+            self.lives.pop(key, None)
         else:
             self.values[key] = (value, version)
+            self.lives.setdefault(key, []).append((version, value))
 
     def _expected(self, store: int, start: int) -> list[Change]:
         prefix = self.world.covers(store)
@@ -250,6 +256,15 @@ class NestedMachine(RuleBasedStateMachine):
     def _entry(self, store: int, change: StateChange) -> Change:
         assert change.op is not ChangeOp.RESYNC, "a change came as a RESYNC"
         return (self.world.full(store, change.key), change.op, change.version, change.new_value)
+
+    @rule(store=st.integers(0, 2), pick=st.integers(0, 5))
+    def history(self, store: int, pick: int) -> None:
+        """A key's history through any store that sees it: its last versions, whoever wrote."""
+        keys = self._keys_of(store)
+        key = keys[pick % len(keys)]
+        entries = self.call(self.world.states[store].history, self.world.local(store, key))
+        expected = self.lives.get(key, [])[-DEPTH:][::-1]
+        assert [(entry.version, entry.value) for entry in entries] == expected, key
 
     @rule()
     def drop_pubsub(self) -> None:
