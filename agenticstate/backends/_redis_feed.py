@@ -1,37 +1,50 @@
 """The Redis backend's durable change feed: stream names, feed ids, cursors, and reading back.
 
 Storage. Every write script appends its change to a Redis stream in the same atomic step (see
-`_redis_scripts`, `record`). On a single server there is one stream per key prefix,
+`_redis_scripts`, `to_feed`). On a single server there is one stream per key prefix,
 `__agenticstate_feed__:{key_prefix}`, with its counter at `__agenticstate_feedseq__:{key_prefix}`
 (both in the reserved namespace: SCAN under a prefix never lists them). On Redis Cluster a script
-may not cross slots, so there is one stream per slot: `__agenticstate_feed__:{key_prefix}{TAG}`,
-where `TAG` is a short string whose CRC16 is that slot (`slot_tag`: a table built once, lazily,
-of the first base-62 strings covering every slot), in braces: the stream's hash tag, so it lives
-in that slot. The prefix comes first, so an ACL key pattern per prefix
-(`~__agenticstate_feed__:app:*`) reaches its streams. A prefix holding a brace would spoil the
-tag (`a{b:` makes Redis hash from its brace on), so then the tag comes first instead:
-`__agenticstate_feed__:{TAG}{key_prefix}`.
+may not cross slots, so there is one stream per prefix and slot:
+`__agenticstate_feed__:{key_prefix}{TAG}`, where `TAG` is a short string whose CRC16 is that slot
+(`slot_tag`: a table built once, lazily, of the first base-62 strings covering every slot), in
+braces: the stream's hash tag, so it lives in that slot. The prefix comes first, so an ACL key
+pattern per prefix (`~__agenticstate_feed__:app:*`) reaches its streams. A prefix holding a
+brace would spoil the tag (`a{b:` makes Redis hash from its brace on), so then the tag comes
+first instead: `__agenticstate_feed__:{TAG}{key_prefix}`. A `Stream` is (slot, prefix): 0 on one
+server.
 
 Feed ids are `<ms>-<n>`: `ms` the server's time at the write (never less than the id before it,
 so ids rise even if a clock steps back), `n` the stream's own count of changes over its whole life
 (trimming never resets it). Each entry carries the id before it, so a reader resuming after id
 `E` knows that nothing is missing exactly when the first entry it reads names `E` as its
-predecessor. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims whole stream nodes, so it
-keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
+predecessor. Each entry also carries `u`, its place in its server's commit order (the clock in
+microseconds when its script ran, never less than the stream's `u` before it): readers merge
+several streams by it. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims whole stream
+nodes, so it keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
 
-Cursors. On one server a cursor is `r1:<id>`: the change with that id and every change before it
-have been seen. On a cluster the shards' streams are not ordered with each other, so a cursor is a
-vector, `c1:<floor>:<slot>=<id>,...` (each id written as its time less the floor, a dot, and its
-`n`: `c1:1700000000000:5=3.42`): for each listed slot, every change up to that id has been
-seen; for every other slot, every change stamped before `floor` (server ms) and none after.
-Only slots seen to change since the floor are listed, so a cursor stays small: a subscription
-raises the floor with marker rounds (each primary publishes its clock, `TIME`; once every
-primary's marker has arrived, every change stamped before the smallest of those times has been
-read). A cursor of a change lists that change's own slot first. Clock assumption: each node's
-clock does not step back (the ids of one stream never do; the floor compares ids of different
-nodes, so a node whose clock is behind the others' is read from a lower floor, never skipped).
+Prefixes nest: a store reads its own stream, those of the prefixes nested in it (on one server,
+the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write;
+on a cluster, the SCAN that finds the slots' streams) and those of the prefixes it is nested in
+(`ancestors`: its own prefix says which), keeping its own keys. Cursors name a stream relative
+to the store's prefix (`FeedNames.token`): a cursor belongs to the store that gave it.
 
-Order and patterns on a cluster. Slots deliver apart (a replay merges the streams by id, a live
+Cursors on one server (`Position.point`) name a point in commit order: `r1:<id>` (a change of
+the store's own stream), `r1:<id>@<stream>` (of another prefix's), `r1:<id>/<u>` (a head:
+`feed_cursor`). Resuming reads the named stream after the id and every other stream from the
+point's order on (the order of the change's entry, looked up; its millisecond where the entry is
+gone). On a cluster the shards' streams are not ordered with each other, so a cursor is a
+vector, `c1:<floor>:<stream>=<id>,...` (each id written as its time less the floor, a dot, and
+its `n`: `c1:1700000000000:5=3.42`): for each listed stream, every change up to that id has been
+seen; for every other stream, every change stamped before `floor` (server ms) and none after.
+Only streams seen to change since the floor are listed, so a cursor stays small: a subscription
+raises the floor with marker rounds (each primary publishes a marker after reading its clock,
+`TIME`, which its reply returns; once every primary's marker has arrived, every change stamped
+before the smallest of those times has been delivered). A cursor of a change lists that change's
+own stream first. Clock assumption: each node's clock does not step back (the ids of one stream
+never do; the floor compares ids of different nodes, so a node whose clock is behind the
+others' is read from a lower floor, never skipped).
+
+Order and patterns on a cluster. Slots deliver apart (a replay merges the streams by `u`, a live
 subscription gets each shard as it arrives), so a change may come before one committed earlier on
 another slot; a cursor holds what its read yielded before it, in that order, and resuming from it
 yields exactly what came after it in that read (never a change committed after it but yielded
@@ -42,10 +55,12 @@ pattern's changes of unlisted slots stamped at or after the floor and committed 
 (duplicates, never gaps). A cluster cursor names no store: a head cursor (`c1:<ms>:`, nothing
 listed) of another key prefix or cluster is taken as a time here, not refused.
 
-Reading back (`read_page`, `check_start`): one script returns a page of a stream after a
-position together with the stream's last id, atomically, so a reader tells "nothing after the
-cursor" (the last id is the cursor's) from "everything after it was trimmed" (the last id is
-newer, the page empty or starting after a gap): the latter raises `CursorExpiredError`.
+Reading back (`READ`, `check_start`): one script returns a page of a stream after a position
+(only the entries of the reader's keys, for a stream of an outer prefix) together with the
+stream's last id and the first entry's predecessor, atomically, so a reader tells "nothing after
+the cursor" (the last id is the cursor's) from "everything after it was trimmed" (the last id
+is newer, the page empty or starting after a gap): the latter raises `CursorExpiredError`.
+`LOOKUP` reads the entries a subscriber's notifications name.
 """
 
 from __future__ import annotations

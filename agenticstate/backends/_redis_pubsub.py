@@ -1,15 +1,23 @@
-"""The Redis backend's change subscriptions: one pub/sub connection, patterns, resync.
+"""The Redis backend's change subscriptions: one pub/sub connection, patterns, read-back.
 
 One pub/sub connection per backend serves all its subscriptions. It PSUBSCRIBEs the channels of
 the subscriptions' literal prefixes (`_wanted_patterns`: a prefix covers the longer ones under
 it, at most `_MAX_PATTERNS`), so it hears only what some subscription may want; the reader
-(`_read_changes`) matches each change against the subscribed patterns through `_PatternIndex`
-(a few dict lookups per change however many patterns there are). Each pattern's subscriptions
-share a `_Group`, which remembers what was delivered to them. A subscription opens at a barrier
-(`_Barrier`): a PING on the subscribed connection after its PSUBSCRIBE, or on a cluster a marker
-published on every primary once the PSUBSCRIBE is confirmed. After a drop the reader reconnects,
-subscribes every prefix again and resyncs (see "Delivery" in `backends/redis.py`). Replies are
-read through `_redis_wire.PubSubLink`, every reply of one read at once.
+(`_read_changes`) matches each key heard against the subscribed patterns through
+`_PatternIndex` (a few dict lookups per change however many patterns there are). Each
+pattern's subscriptions share a `_Group`, which remembers what was delivered to them.
+
+A message is a hint, never a change to deliver (see "Delivery" in `backends/redis.py`). The
+reader queues what it hears (`_Hint`) with the actions that must follow it (a barrier opening
+a subscription, a floor raised), in the order heard; a deliverer task (`_deliver`) reads the
+feed entries the notifications name back from their streams (`_read_back`: one script per slot
+for a batch, and a barrier when an entry does not follow the last one delivered from its
+stream), or checks a change written without the feed against its key (`_deliver_checked`), and
+delivers them, in order. A subscription opens at a barrier (`_Barrier`): a PING on the
+subscribed connection after its PSUBSCRIBE, or on a cluster a marker published on every primary
+once the PSUBSCRIBE is confirmed, run once everything heard before it was delivered. After a
+drop the reader reconnects, subscribes every prefix again and catches up from the feed, or
+resyncs. Replies are read through `_redis_wire.PubSubLink`, every reply of one read at once.
 
 `Subscriber` is mixed into `RedisBackend`: it runs on the backend's client, its commands and its
 scan, and keeps all of the pub/sub state.

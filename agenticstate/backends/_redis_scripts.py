@@ -2,9 +2,11 @@
 
 A state key is one Redis string, `{key_prefix}{key}`: a fixed 65-byte ASCII header (version,
 created, updated and expiry times in server milliseconds, 0 = never) followed by the value bytes.
-A change is published on `{CHANNEL_NAMESPACE}{key_prefix}{key}` by the script that made it, with
-the exact old and new bytes (`parse_message` reads it back). A sorted index lives at
-`{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a list of its last
+The script that makes a change publishes on `{CHANNEL_NAMESPACE}{key_prefix}{key}` (`notify`):
+with the feed on, a notification naming the feed entry that holds the change; with it off, the
+change itself, with the exact old and new bytes (`parse_message` reads it back). Subscribers
+take what they deliver from the store, never from a message (`_redis_pubsub`). A sorted index
+lives at `{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a list of its last
 versions (`_redis_history`), which the write scripts push to (`keep`) and the delete script
 drops, when the caller appends it to the script's keys (`take_history`). The scripts are sent
 by SHA (`SET_SHA`, ...) and loaded after a NOSCRIPT reply.
@@ -15,11 +17,12 @@ to the written key's slot) and the retention (max changes, max age in ms; 0 = no
 `to_feed` then gives the change its feed id, `<ms>-<n>`: `ms` the server time (never less than the
 id before it), `n` one more than the stream's previous id, counted over the stream's whole life
 (the counter key holds the last id given, so trimming never resets it). It XADDs the change with
-fields `k` (the Redis key) and `m` (the message), trims the stream (`MAXLEN ~`, `MINID ~`) and
-publishes the same message: `X<id> <previous id> <W or D message>`. A reader knows from the
-previous id whether anything between two entries is missing (see `_redis_feed`). History lists
-come after the feed's keys (and their spec after its arguments): `take_history` takes them off
-first, so the feed's positions are the same with or without history.
+fields `k` (the Redis key), `m` (`X<id> <previous id> <W or D message>`) and `u` (the change's
+place in the server's commit order: `ORDER_FUNCTION`), trims the stream (`MAXLEN ~`, `MINID ~`)
+and publishes `F<id> <stream>`. A reader knows from the previous id whether anything between two
+entries is missing (see `_redis_feed`). History lists come after the feed's keys (and their spec
+after its arguments): `take_history` takes them off first, so the feed's positions are the same
+with or without history.
 """
 
 from __future__ import annotations

@@ -3,17 +3,18 @@
 Layout. Each state key is one Redis string, `{key_prefix}{key}`, holding a fixed 65-byte ASCII
 header (version, created, updated and expiry times in milliseconds) followed by the value bytes,
 so `get` is one GET and `get_many` one MGET. A non-empty prefix ends with `:`, so that no other
-prefix starts with it (`app1:` and `app12:` never meet). Each change is published on the channel
+prefix starts with it (`app1:` and `app12:` never meet); prefixes nest at colons (`app:` holds
+the keys of `app:prod:`). Each change is notified on the channel
 `__agenticstate__:{key_prefix}{key}`.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
-NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL
-and PUBLISHes the change with the exact old and new bytes and the key's expiry, all in one
-atomic step. Clock readings come from the server (`TIME`), so every client agrees on
-timestamps and expiry.
+NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
+appends the change to the feed and PUBLISHes a notification of it, all in one atomic step.
+Clock readings come from the server (`TIME`), so every client agrees on timestamps and expiry.
 
 History. With `history=` rules (`keep_history`), a key a rule names with a depth above 1 also
-has a list of its last versions, `__agenticstate_hist__:{key_prefix}{tag}{key}`, which the same
+has a list of its last versions, `__agenticstate_hist__:{key_prefix}{key}{tag}` (one per Redis
+key, whichever store of nested prefixes writes it), which the same
 script that writes the key pushes to and trims (`_redis_history`): a write stays one command.
 The list takes the key's expiry, a delete drops it, and writing version 1 starts it afresh;
 `{tag}` puts it in the key's cluster slot. `history()` and `get_version()` read the key and its
@@ -29,11 +30,19 @@ however many patterns there are), with the same glob rules as Redis. A subscript
 (a PING; in a cluster, a marker published on every primary), so every change committed after entry
 is delivered and none from before it.
 
+A message is a hint, never the change delivered. With the feed on, a write publishes which feed
+entry holds its change; the subscriber reads the entries it was told of back from their streams
+(one script per slot for a batch) and delivers those, in commit order: a message naming nothing
+the feed holds, or an entry delivered already, delivers nothing, so nobody who may PUBLISH on the
+channels can inject a change or move a subscription's place. With the feed off, a write publishes
+its change, and the subscriber delivers it once the key vouches for it (the key holds it, or a
+later change it leads to); a backend with the feed on ignores those (see `_redis_pubsub`).
+
 Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
 When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,
 subscribes again, then **catches up from the change feed** (below): it reads every stream from
-the last change it read and delivers what the gap hid before the live changes, dropping any live
-change it read there already, so nothing is lost or repeated. With the feed off, or when the
+the last change it delivered and delivers what the gap hid before the live changes, dropping any
+live change it read there already, so nothing is lost or repeated. With the feed off, or when the
 feed no longer holds the gap (trimmed, or a restart lost it), it **resyncs** instead: it scans
 the subscribed keys and emits a `RESYNC` change (old value unknown, `None`) for every key
 whose version or value differs from what it delivered, for every key written since the last
@@ -81,12 +90,17 @@ shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a m
 primary instead of a PING. The subscriber resyncs after a failover.
 
 Change feed. Unless built with `feed=None`, every write script also appends its change to a
-Redis stream (one per key prefix; on a cluster, one per slot, so no script crosses slots), trims
-it to the backend's `FeedRetention`, and publishes the change with its feed id. Each `Change`
-carries a `cursor`: `r1:<id>` on one server, a vector over slots `c1:<floor>:<slot>=<id>,...` on
-a cluster. `changes(since=cursor)` replays the streams after the cursor, then follows live with
-no gap and no duplicate; `feed_cursor()` is the head. `_redis_feed` holds the names, ids,
-cursors and the rules for telling a trimmed cursor (`CursorExpiredError`) from a current one.
+Redis stream (one per key prefix; on a cluster, one per prefix and slot, so no script crosses
+slots), trims it to the backend's `FeedRetention`, and publishes a notification of it. Prefixes
+nest: a store reads its own stream, those of the prefixes nested in it (on one server found in
+its registry, which a nested store joins before its first write: `_register_feed`) and those of
+the prefixes it is nested in, so it sees every change to its keys, whichever store made it. Each
+`Change` carries a `cursor`: on one server a point in commit order (`r1:<id>`, or
+`r1:<id>@<stream>` for another prefix's stream), on a cluster a vector over streams
+`c1:<floor>:<slot>=<id>,...`. `changes(since=cursor)` replays the streams after the cursor,
+then follows live with no gap and no duplicate; `feed_cursor()` is the head. `_redis_feed` holds
+the names, ids, cursors and the rules for telling a trimmed cursor (`CursorExpiredError`) from a
+current one.
 
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
 entry point raises `ConfigurationError` before touching the network.
