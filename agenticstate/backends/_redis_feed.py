@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COUNTER_NAMESPACE",
     "FEED_NAMESPACE",
+    "FIRSTS",
     "LOOKUP",
     "READ",
     "REGISTRY_NAMESPACE",
@@ -137,15 +138,36 @@ return {kept, counter, #page, prev, page[#page][1]}
 
 # What a subscriber reads for the notifications it received (`_redis_pubsub`). KEYS: streams (of
 # one slot); ARGV[1]: a channel to PUBLISH an empty marker on once read ('' for none), then pairs
-# (a stream's position in KEYS, an id). Returns each asked entry, or false where there is none.
+# (a stream's position in KEYS, an id). Returns, for each asked entry, its fields `k`, `m` and
+# `u` ('' for an entry of an earlier version, which has none), or false where there is none.
 LOOKUP = """
 local found = {}
 for i = 2, #ARGV, 2 do
-  local e = redis.call('XRANGE', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 1])
-  found[#found + 1] = e[1] or false
+  local e = redis.call('XRANGE', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 1])[1]
+  if e then
+    local f = e[2]
+    local k, m, u = '', '', ''
+    for j = 1, #f, 2 do
+      if f[j] == 'k' then k = f[j + 1] elseif f[j] == 'm' then m = f[j + 1]
+      elseif f[j] == 'u' then u = f[j + 1] end
+    end
+    found[#found + 1] = {k, m, u}
+  else
+    found[#found + 1] = false
+  end
 end
 if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], '') end
 return found
+"""
+
+# KEYS: streams. Returns each one's first retained id, or false (a stream gone or empty).
+FIRSTS = """
+local firsts = {}
+for j = 1, #KEYS do
+  local e = redis.call('XRANGE', KEYS[j], '-', '+', 'COUNT', 1)[1]
+  firsts[j] = e and e[1] or false
+end
+return firsts
 """
 
 Id = tuple[int, int]

@@ -92,6 +92,7 @@ _HELD_RECHECK = 0.02  # seconds between looks at keys whose changes wait (no fee
 _IGNORED_LOG_EVERY = 10.0  # seconds between warnings about ignored messages
 LOOKUP_SHA = hashlib.sha1(feeds.LOOKUP.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
 READ_SHA = hashlib.sha1(feeds.READ.encode()).hexdigest()  # noqa: S324
+FIRSTS_SHA = hashlib.sha1(feeds.FIRSTS.encode()).hexdigest()  # noqa: S324
 # A cluster marker: the node's clock (ms), published after it was read (see `_redis_feed`).
 _MARKER = """
 local t = redis.call('TIME')
@@ -316,7 +317,7 @@ class _Hint:
     when it was heard (a subscription made later opens after it: `_action`).
     """
 
-    __slots__ = ("at", "data", "groups", "key", "name", "stream")
+    __slots__ = ("at", "data", "groups", "key", "name", "raw", "stream")
 
     def __init__(
         self,
@@ -326,19 +327,21 @@ class _Hint:
         stream: feeds.Stream | None,
         at: feeds.Id | None,
         data: bytes,
+        raw: bytes = b"",
     ) -> None:
         self.groups = groups
         self.key = key  # without the prefix
         self.name = name  # the Redis key
         self.stream = stream
         self.at = at
+        self.raw = raw  # `at` as the notification wrote it
         self.data = data
 
 
 class _Read:
     """A feed entry read back for a notification, or by a catch-up (what is delivered)."""
 
-    __slots__ = ("at", "data", "groups", "key", "order", "prev", "stream")
+    __slots__ = ("at", "data", "groups", "key", "order", "prev", "start", "stream", "text")
 
     def __init__(
         self,
@@ -349,13 +352,17 @@ class _Read:
         key: str,
         data: bytes,
         groups: list[_Group] | None,
+        start: int,
+        text: str,
     ) -> None:
         self.stream = stream
         self.at = at
+        self.text = text  # `at` as text
         self.prev = prev
         self.order = order  # the entry's `u`: its place in its server's commit order
         self.key = key
         self.data = data
+        self.start = start  # where the change starts in `data` (after the feed's header)
         self.groups = groups  # None: match the key now (a catch-up)
 
 
@@ -426,6 +433,10 @@ def _deliver_gone(group: _Group, claim: _Claim) -> None:
     group.fanout.publish_to_all(
         Change(change.key, ChangeOp.RESYNC, None, None, 0, from_ms(claim.stamp))
     )
+
+
+class _Gap(Exception):  # noqa: N818  # a signal inside the reader, never raised to users
+    """The feed trimmed a change the reader was told of before it read it: catch up."""
 
 
 if TYPE_CHECKING:
@@ -521,6 +532,9 @@ class Subscriber:
         self._delivering = False
         self._settling: dict[int, _Barrier] = {}  # lookups waiting for their barrier
         self._denied: set[feeds.Stream] = set()  # streams this ACL user may not read
+        # (slot, stream name after the namespace) -> (stream, its prefix as bytes), or () if it
+        # is no feed stream
+        self._streams_named: dict[tuple[int, bytes], tuple[feeds.Stream, bytes] | tuple[()]] = {}
         self._caught = 0  # changes the last catch-up read
         self._ignored = 0  # notifications ignored since the last warning
         self._ignored_logged = 0.0
@@ -980,20 +994,25 @@ class Subscriber:
         kind = data[:1]
         stream: feeds.Stream | None = None
         at: feeds.Id | None = None
+        raw = b""
         try:
             if kind == b"F":  # F<id> <stream name after the namespace>
                 space = data.index(b" ")
-                at = feeds.parse_id(data[1:space])
+                raw = data[1:space]
+                at = feeds.parse_id(raw)
                 slot = wire.key_slot(name) if self.is_cluster else 0
-                prefix = self._feed_names.prefix_of(data[space + 1 :], slot)
-                if prefix is None or not name.startswith(prefix.encode()):
+                named = self._streams_named.get((slot, data[space + 1 :]))
+                if named is None:
+                    named = self._stream_named(slot, data[space + 1 :])
+                if not named or not name.startswith(named[1]):
                     self._ignore("not_a_feed_of_this_key")
                     return
-                stream = (slot, prefix)
+                stream = named[0]
             elif kind == b"X":  # an earlier version's writer: the change, in its own stream
                 header = split_feed(data)
                 assert header is not None  # noqa: S101  # it starts with X
-                at = feeds.parse_id(header[0])
+                raw = header[0]
+                at = feeds.parse_id(raw)
                 stream = (wire.key_slot(name) if self.is_cluster else 0, self.key_prefix)
             elif kind not in (b"W", b"D", b"S"):
                 if b":" + self._reserved not in name:  # (not another store's barrier)
@@ -1012,7 +1031,17 @@ class Subscriber:
             last = self._feed_last.get(stream)
             if last is not None and at <= last:
                 return  # delivered already (a catch-up read it, or a message heard again)
-        self._queue.append(_Hint(groups, key, name, stream, at, data))
+        self._queue.append(_Hint(groups, key, name, stream, at, data, raw))
+
+    def _stream_named(self, slot: int, tail: bytes) -> tuple[feeds.Stream, bytes] | tuple[()]:
+        """The stream `FEED_NAMESPACE + tail` of `slot` and its prefix's bytes (cached)."""
+        prefix = self._feed_names.prefix_of(tail, slot)
+        named: tuple[feeds.Stream, bytes] | tuple[()] = (
+            () if prefix is None else ((slot, prefix), prefix.encode())
+        )
+        if len(self._streams_named) < 65536:
+            self._streams_named[(slot, tail)] = named
+        return named
 
     def _ignore(self, reason: str) -> None:
         """Count a message that was ignored; warn about them at most every 10 seconds."""
@@ -1176,11 +1205,14 @@ class Subscriber:
 
     def _follows(self, reads: list[_Read]) -> bool:
         """Whether each stream's entries follow the last one delivered, with no gap between."""
-        last = dict(self._feed_last)
-        for read in sorted(reads, key=lambda read: read.at):
-            if last.get(read.stream) != read.prev:
+        last: dict[feeds.Stream, feeds.Id | None] = {}
+        known = self._feed_last
+        for read in reads:  # in the order heard: each stream's in its order, if nothing is amiss
+            stream = read.stream
+            before = last[stream] if stream in last else known.get(stream)
+            if before != read.prev:
                 return False
-            last[read.stream] = read.at
+            last[stream] = read.at
         return True
 
     async def _settle(self, token: int, settling: _Barrier, marked: bool) -> None:
@@ -1229,8 +1261,7 @@ class Subscriber:
         asked: list[tuple[feeds.Stream, _Hint]] = []
         for position, (stream, hints) in enumerate(streams.items(), 1):
             for hint in hints:
-                assert hint.at is not None  # noqa: S101  # a feed notification
-                args += [position, feeds.id_text(hint.at)]
+                args += [position, hint.raw]
                 asked.append((stream, hint))
         try:
             found = await self._run_script(LOOKUP_SHA, feeds.LOOKUP, names, args)
@@ -1250,16 +1281,39 @@ class Subscriber:
                     settling.opened.set()
             return []
         reads = []
+        missing: list[tuple[feeds.Stream, _Hint]] = []
         for (stream, hint), entry in zip(asked, found, strict=True):
             if entry:
                 read = self._entry_read(stream, entry, hint)
                 if read is not None:
                     reads.append(read)
             else:
-                # Made up, or gone already: the notification of a change is no change. (A real
-                # one trimmed before it was read means a retention of less than a read's time.)
-                self._ignore("no_such_change")
+                missing.append((stream, hint))
+        if missing:
+            await self._missing(missing)
         return reads
+
+    async def _missing(self, missing: list[tuple[feeds.Stream, _Hint]]) -> None:
+        """Notifications whose entries the feed does not hold: made up, or trimmed already.
+
+        Trimmed, when the stream's first retained entry is past one this reader was told of
+        and had not delivered: the reader fell behind the feed's retention, so it catches up
+        (`_Gap`: reconnect, then read the feed from its place, or resync when that is gone),
+        as when its connection drops, never silently. Otherwise the notification names no
+        change: it is ignored.
+        """
+        streams = list(dict.fromkeys(stream for stream, _ in missing))
+        names = [self._feed_names.stream(stream)[0] for stream in streams]
+        firsts = dict(
+            zip(streams, await self._run_script(FIRSTS_SHA, feeds.FIRSTS, names, []), strict=True)
+        )
+        for stream, hint in missing:
+            first, known, at = firsts[stream], self._feed_last.get(stream), hint.at
+            assert at is not None  # noqa: S101  # a feed notification
+            if first and at < feeds.parse_id(first) and (known is None or at > known):
+                log.warning("pubsub_fell_behind_the_feed", url=self.url)
+                raise _Gap
+            self._ignore("no_such_change")
 
     async def _may_read(self, stream: feeds.Stream) -> bool:
         """Whether this ACL user may read `stream` (remembered when not)."""
@@ -1276,16 +1330,29 @@ class Subscriber:
 
     def _entry_read(self, stream: feeds.Stream, entry: list[Any], hint: _Hint) -> _Read | None:
         """A looked-up entry as a `_Read`, if it is the change its notification names."""
+        name, data, order = entry
+        at = hint.at
+        assert at is not None  # noqa: S101  # a feed notification
         try:
-            name, data, at, order = _feed_entry(entry[1])
             header = split_feed(data)
-        except (BackendError, ValueError, KeyError):
+            if header is None or name != hint.name or header[0] != hint.raw:
+                self._ignore("not_this_key")
+                return None
+            prev = feeds.parse_id(header[1])
+        except ValueError:
             self._ignore("malformed_entry")
             return None
-        if name != hint.name or at != hint.at or header is None:
-            self._ignore("not_this_key")
-            return None
-        return _Read(stream, at, feeds.parse_id(header[1]), order, hint.key, data, hint.groups)
+        return _Read(
+            stream,
+            at,
+            prev,
+            int(order) if order else at[0] * 1000,
+            hint.key,
+            data,
+            hint.groups,
+            header[2],
+            header[0].decode(),
+        )
 
     def _deliver_entry(self, read: _Read, *, catching_up: bool = False) -> None:
         """Deliver a change read from the feed, unless delivered already.
@@ -1298,11 +1365,10 @@ class Subscriber:
             return
         self._feed_last[stream] = at
         data = read.data
-        header = split_feed(data)
-        assert header is not None  # noqa: S101  # checked when read
-        stamp = stamp_of(data)
+        start = read.start
+        stamp = int(data[start + 21 : start + 36])
         cursor: str | None = None
-        text = feeds.id_text(at)
+        text = read.text
         if not self.is_cluster:
             # One server: changes are delivered in commit order (`_read_back`), so a change's
             # cursor is its own place, and the reader's place is the last change delivered.
@@ -1334,7 +1400,7 @@ class Subscriber:
         if not groups:
             return
         self._clock_offset = stamp - time.time() * 1000
-        change, expires = parse_message(read.key, data, header[2], cursor)
+        change, expires = parse_message(read.key, data, start, cursor)
         for group in groups:
             group.deliver(change, stamp, expires)
 
@@ -1615,7 +1681,17 @@ class Subscriber:
                         if cap and order > cap:
                             continue  # heard live: it follows
                         found.append(
-                            _Read(stream, at, feeds.parse_id(header[1]), order, key, data, None)
+                            _Read(
+                                stream,
+                                at,
+                                feeds.parse_id(header[1]),
+                                order,
+                                key,
+                                data,
+                                None,
+                                header[2],
+                                header[0].decode(),
+                            )
                         )
                     if not cap:  # a cluster: each slot's stream in its order, as read
                         budget = await self._hand_over(found, budget)
@@ -1787,14 +1863,20 @@ def _feed_entry(fields: list[bytes]) -> tuple[bytes, bytes, feeds.Id, int]:
     the server's commit order (microseconds; an entry written by an earlier version of this
     library has none: its id's time, in microseconds).
     """
-    values = dict(zip(fields[::2], fields[1::2], strict=True))
-    data = values[b"m"]
-    header = split_feed(data)
-    if header is None:
+    name = data = order = None
+    for index in range(0, len(fields) - 1, 2):
+        field = fields[index]
+        if field == b"k":
+            name = fields[index + 1]
+        elif field == b"m":
+            data = fields[index + 1]
+        elif field == b"u":
+            order = fields[index + 1]
+    header = None if data is None else split_feed(data)
+    if name is None or data is None or header is None:
         raise BackendError("a feed stream entry is not an agenticstate change")
     at = feeds.parse_id(header[0])
-    order = values.get(b"u")
-    return values[b"k"], data, at, at[0] * 1000 if order is None else int(order)
+    return name, data, at, at[0] * 1000 if order is None else int(order)
 
 
 class _Ended:
