@@ -546,7 +546,7 @@ class Subscriber:
     @asynccontextmanager
     async def _changes(
         self, pattern: str, max_buffer: int, since: str | None = None
-    ) -> AsyncIterator[ChangeStream | _Replay | _Ended]:
+    ) -> AsyncIterator[ChangeStream | _Replay]:
         wire.require_asyncio()
         if type(max_buffer) is not int or max_buffer < 1:
             raise InvalidArgumentError(f"max_buffer must be an int >= 1, not {max_buffer!r}")
@@ -557,9 +557,6 @@ class Subscriber:
                 if since == EARLIEST
                 else feeds.parse_cursor(since, self._feed_names)
             )
-        if self._closed:
-            yield _Ended()  # as a subscription the close ended: no change comes
-            return
         await self._redis()
         group = self._groups.get(pattern)
         joined = group is None and self._link is not None  # a new topic, on a live connection
@@ -572,25 +569,19 @@ class Subscriber:
                 held = (stream, max_buffer)
                 group.streams.append(held)
                 try:
-                    subscribed: ChangeStream | _Replay | _Ended
-                    try:
-                        if position is None:
-                            await self._go_live(stream)
-                            if joined:
-                                await self._feed_start(group)
-                            subscribed = stream
-                        else:
-                            # Live from here, but opened only once the feed has been read up
-                            # to now (`_Replay`): the changes before that come from the feed.
-                            await self._go_live(None)
-                            replay = _Replay(self, group.matcher, since or "", position, stream)
-                            await replay.begin()
-                            subscribed = replay
-                    except BackendError:
-                        if not self._closed:
-                            raise
-                        subscribed = _Ended()  # closed meanwhile: its iteration ends, as live
-                    yield subscribed
+                    if position is None:
+                        await self._go_live(stream)
+                        if joined:
+                            await self._feed_start(group)
+                        yield stream
+                    else:
+                        # Live from here, but opened only once the feed has been read up to
+                        # now (`_Replay`): the changes before that come from the feed. (Closed
+                        # meanwhile, entry raises `BackendError`, as a live subscription's.)
+                        await self._go_live(None)
+                        replay = _Replay(self, group.matcher, since or "", position, stream)
+                        await replay.begin()
+                        yield replay
                 finally:
                     group.streams = [s for s in group.streams if s is not held]
         finally:
@@ -1877,16 +1868,6 @@ def _feed_entry(fields: list[bytes]) -> tuple[bytes, bytes, feeds.Id, int]:
         raise BackendError("a feed stream entry is not an agenticstate change")
     at = feeds.parse_id(header[0])
     return name, data, at, at[0] * 1000 if order is None else int(order)
-
-
-class _Ended:
-    """The changes of a subscription entered while its backend closed: none, as after a close."""
-
-    def __aiter__(self) -> _Ended:
-        return self
-
-    async def __anext__(self) -> Change:
-        raise StopAsyncIteration
 
 
 class _Replay:
