@@ -223,6 +223,7 @@ class _Manager(Protocol):
 
     backend: Backend
     _codec: Codec
+    _closed: bool
 
     async def _opened_backend(self) -> Backend: ...
 
@@ -313,7 +314,12 @@ class Watch:
             if self._implicit:
                 raise StopAsyncIteration
             self._implicit = True
-            await self.__aenter__()
+            try:
+                await self.__aenter__()
+            except BackendError:
+                if self._manager._closed:
+                    raise StopAsyncIteration from None  # iteration ends with the manager
+                raise
         assert self._stream is not None  # noqa: S101  # set by __aenter__
         if self._pending:
             return self._manager._codec.resync_change(self._pending.pop())
@@ -330,6 +336,10 @@ class Watch:
             if self._implicit:
                 with anyio.CancelScope(shield=True):
                     await self.__aexit__()
+            if isinstance(exc, BackendError) and self._manager._closed:
+                # The manager closed while its backend was being read (a replay's page, a
+                # reconnect): iteration ends, as it does when the close finds it waiting.
+                raise StopAsyncIteration from None
             raise
         _otel.record_subscriber_lag(self._manager.backend, change.timestamp, "watch")
         if change.cursor is not None:
@@ -678,6 +688,8 @@ class CallbackPumps:
                 self.pending.add(pump)
                 missed = not resumes
             except BackendError as exc:
+                if self.closed:
+                    return  # the manager closed while the pump read: no failure, the end
                 failures += 1
                 self._mark_ready(pump, exc)
                 log.warning(

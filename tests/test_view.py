@@ -311,15 +311,20 @@ async def _commands(url: str) -> Counter[str]:
     return total
 
 
-async def _sent(url: str, operation: Awaitable[object]) -> Counter[str]:
-    """The commands the server ran for `operation`.
+async def _sent(url: str, operation: Awaitable[object], state: StateManager) -> Counter[str]:
+    """The commands the server ran for `operation`, and for delivering what it changed.
 
     Redis counts the commands a script runs (GET, SET, PUBLISH, TIME inside the write script)
     beside the EVALSHA that ran it, so tests compare with the profile of a known operation (one
-    `save`: one round trip) rather than with a bare count.
+    `save`: one round trip) rather than with a bare count. A subscription reads each change it
+    is told of back from the feed (one script): the count is taken once the backend has
+    delivered what came before a barrier (white box), so each profile holds that too.
     """
     before = await _commands(url)
     await operation
+    backend = state.backend
+    assert isinstance(backend, RedisBackend)
+    await backend._go_live(None)
     after = await _commands(url)
     return after - before
 
@@ -342,11 +347,12 @@ async def test_update_with_a_known_version_is_one_command(redis_any_url: str) ->
         async with state.view("agent:*") as view:
             await view.update("agent:1", {"warm": True})  # loads the script once
             # Profiles taken on a key outside the view (a change the view sees costs it a read).
-            one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}))
+            one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}), state)
             assert one_save["cmdstat_evalsha"] == 1
             for change in ({"n": 1}, lambda value: {**value, "n": value["n"] + 1}):
-                assert await _sent(redis_any_url, view.update("agent:1", change)) == one_save
-            through_state = await _sent(redis_any_url, state.update("other:1", {"n": 5}))
+                sent = await _sent(redis_any_url, view.update("agent:1", change), state)
+                assert sent == one_save + _read_back(redis_any_url)
+            through_state = await _sent(redis_any_url, state.update("other:1", {"n": 5}), state)
             assert through_state == one_save + Counter(cmdstat_get=1)
             assert view.get("agent:1") == {"n": 2, "warm": True}
 
@@ -363,18 +369,32 @@ async def test_a_stale_update_costs_one_read_and_a_retry(redis_any_url: str) -> 
             await state.save("agent:1", {"n": 10, "warm": True, "rival": True})
             await _until(view, lambda v: _at(v, "agent:1", 3))
             await _poll(lambda: view._entries["agent:1"].expiry_known)  # its read is done
-            one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}))
+            one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}), state)
             one_refusal = await _refusal(redis_any_url, state)
             # As if the rival's change were still on its way: the view holds version 2.
             view._entries["agent:1"] = _stale_copy(view, "agent:1", {"n": 0, "warm": True}, 2)
             sent = await _sent(
-                redis_any_url, view.update("agent:1", lambda value: {**value, "n": value["n"] + 1})
+                redis_any_url,
+                view.update("agent:1", lambda value: {**value, "n": value["n"] + 1}),
+                state,
             )
-            assert sent == one_refusal + Counter(cmdstat_get=1) + one_save
+            assert sent == one_refusal + Counter(cmdstat_get=1) + one_save + _read_back(
+                redis_any_url
+            )
             assert await state.get("agent:1") == {"n": 11, "warm": True, "rival": True}
             assert view.entry("agent:1") == ViewEntry(
                 key="agent:1", value={"n": 11, "warm": True, "rival": True}, version=4
             )
+
+
+def _read_back(url: str) -> Counter[str]:
+    """What the view's subscription runs to read one change it was told of from the feed.
+
+    One script, one XRANGE; on a cluster it also publishes a marker (the change is delivered
+    once that is heard).
+    """
+    script = Counter(cmdstat_evalsha=1, cmdstat_xrange=1)
+    return script + Counter(cmdstat_publish=1) if "+cluster" in url else script
 
 
 async def _refusal(url: str, state: StateManager) -> Counter[str]:

@@ -1,37 +1,50 @@
 """The Redis backend's durable change feed: stream names, feed ids, cursors, and reading back.
 
 Storage. Every write script appends its change to a Redis stream in the same atomic step (see
-`_redis_scripts`, `record`). On a single server there is one stream per key prefix,
+`_redis_scripts`, `to_feed`). On a single server there is one stream per key prefix,
 `__agenticstate_feed__:{key_prefix}`, with its counter at `__agenticstate_feedseq__:{key_prefix}`
 (both in the reserved namespace: SCAN under a prefix never lists them). On Redis Cluster a script
-may not cross slots, so there is one stream per slot: `__agenticstate_feed__:{key_prefix}{TAG}`,
-where `TAG` is a short string whose CRC16 is that slot (`slot_tag`: a table built once, lazily,
-of the first base-62 strings covering every slot), in braces: the stream's hash tag, so it lives
-in that slot. The prefix comes first, so an ACL key pattern per prefix
-(`~__agenticstate_feed__:app:*`) reaches its streams. A prefix holding a brace would spoil the
-tag (`a{b:` makes Redis hash from its brace on), so then the tag comes first instead:
-`__agenticstate_feed__:{TAG}{key_prefix}`.
+may not cross slots, so there is one stream per prefix and slot:
+`__agenticstate_feed__:{key_prefix}{TAG}`, where `TAG` is a short string whose CRC16 is that slot
+(`slot_tag`: a table built once, lazily, of the first base-62 strings covering every slot), in
+braces: the stream's hash tag, so it lives in that slot. The prefix comes first, so an ACL key
+pattern per prefix (`~__agenticstate_feed__:app:*`) reaches its streams. A prefix holding a
+brace would spoil the tag (`a{b:` makes Redis hash from its brace on), so then the tag comes
+first instead: `__agenticstate_feed__:{TAG}{key_prefix}`. A `Stream` is (slot, prefix): 0 on one
+server.
 
 Feed ids are `<ms>-<n>`: `ms` the server's time at the write (never less than the id before it,
 so ids rise even if a clock steps back), `n` the stream's own count of changes over its whole life
 (trimming never resets it). Each entry carries the id before it, so a reader resuming after id
 `E` knows that nothing is missing exactly when the first entry it reads names `E` as its
-predecessor. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims whole stream nodes, so it
-keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
+predecessor. Each entry also carries `u`, its place in its server's commit order (the clock in
+microseconds when its script ran, never less than the stream's `u` before it): readers merge
+several streams by it. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims whole stream
+nodes, so it keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
 
-Cursors. On one server a cursor is `r1:<id>`: the change with that id and every change before it
-have been seen. On a cluster the shards' streams are not ordered with each other, so a cursor is a
-vector, `c1:<floor>:<slot>=<id>,...` (each id written as its time less the floor, a dot, and its
-`n`: `c1:1700000000000:5=3.42`): for each listed slot, every change up to that id has been
-seen; for every other slot, every change stamped before `floor` (server ms) and none after.
-Only slots seen to change since the floor are listed, so a cursor stays small: a subscription
-raises the floor with marker rounds (each primary publishes its clock, `TIME`; once every
-primary's marker has arrived, every change stamped before the smallest of those times has been
-read). A cursor of a change lists that change's own slot first. Clock assumption: each node's
-clock does not step back (the ids of one stream never do; the floor compares ids of different
-nodes, so a node whose clock is behind the others' is read from a lower floor, never skipped).
+Prefixes nest: a store reads its own stream, those of the prefixes nested in it (on one server,
+the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write;
+on a cluster, the SCAN that finds the slots' streams) and those of the prefixes it is nested in
+(`ancestors`: its own prefix says which), keeping its own keys. Cursors name a stream relative
+to the store's prefix (`FeedNames.token`): a cursor belongs to the store that gave it.
 
-Order and patterns on a cluster. Slots deliver apart (a replay merges the streams by id, a live
+Cursors on one server (`Position.point`) name a point in commit order: `r1:<id>` (a change of
+the store's own stream), `r1:<id>@<stream>` (of another prefix's), `r1:<id>/<u>` (a head:
+`feed_cursor`). Resuming reads the named stream after the id and every other stream from the
+point's order on (the order of the change's entry, looked up; its millisecond where the entry is
+gone). On a cluster the shards' streams are not ordered with each other, so a cursor is a
+vector, `c1:<floor>:<stream>=<id>,...` (each id written as its time less the floor, a dot, and
+its `n`: `c1:1700000000000:5=3.42`): for each listed stream, every change up to that id has been
+seen; for every other stream, every change stamped before `floor` (server ms) and none after.
+Only streams seen to change since the floor are listed, so a cursor stays small: a subscription
+raises the floor with marker rounds (each primary publishes a marker after reading its clock,
+`TIME`, which its reply returns; once every primary's marker has arrived, every change stamped
+before the smallest of those times has been delivered). A cursor of a change lists that change's
+own stream first. Clock assumption: each node's clock does not step back (the ids of one stream
+never do; the floor compares ids of different nodes, so a node whose clock is behind the
+others' is read from a lower floor, never skipped).
+
+Order and patterns on a cluster. Slots deliver apart (a replay merges the streams by `u`, a live
 subscription gets each shard as it arrives), so a change may come before one committed earlier on
 another slot; a cursor holds what its read yielded before it, in that order, and resuming from it
 yields exactly what came after it in that read (never a change committed after it but yielded
@@ -42,57 +55,132 @@ pattern's changes of unlisted slots stamped at or after the floor and committed 
 (duplicates, never gaps). A cluster cursor names no store: a head cursor (`c1:<ms>:`, nothing
 listed) of another key prefix or cluster is taken as a time here, not refused.
 
-Reading back (`read_page`, `check_start`): one script returns a page of a stream after a
-position together with the stream's last id, atomically, so a reader tells "nothing after the
-cursor" (the last id is the cursor's) from "everything after it was trimmed" (the last id is
-newer, the page empty or starting after a gap): the latter raises `CursorExpiredError`.
+Reading back (`READ`, `check_start`): one script returns a page of a stream after a position
+(only the entries of the reader's keys, for a stream of an outer prefix) together with the
+stream's last id and the first entry's predecessor, atomically, so a reader tells "nothing after
+the cursor" (the last id is the cursor's) from "everything after it was trimmed" (the last id
+is newer, the page empty or starting after a gap): the latter raises `CursorExpiredError`.
+`LOOKUP` reads the entries a subscriber's notifications name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import quote, unquote
 
 from agenticstate.backends._redis_slots import SLOTS, slot_tag
 from agenticstate.exceptions import CursorExpiredError, InvalidArgumentError
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 __all__ = [
     "COUNTER_NAMESPACE",
     "FEED_NAMESPACE",
+    "FIRSTS",
+    "LOOKUP",
     "READ",
+    "REGISTRY_NAMESPACE",
     "FeedNames",
     "Id",
     "Position",
+    "Stream",
+    "ancestors",
     "check_start",
-    "cluster_cursor",
     "cursor_place",
     "id_text",
+    "make_cursor",
     "parse_cursor",
     "parse_id",
-    "plain_cursor",
+    "point_cursor",
+    "registry_key",
     "slot_tag",
 ]
 
 FEED_NAMESPACE = "__agenticstate_feed__:"
 """What every feed stream's name starts with."""
 COUNTER_NAMESPACE = "__agenticstate_feedseq__:"
-"""What every feed counter's name starts with (it holds the stream's last id)."""
+"""What every feed counter's name starts with (it holds the stream's last id and its `u`)."""
+REGISTRY_NAMESPACE = "__agenticstate_feeds__:"
+"""What every registry of nested feeds starts with (then the outer prefix; a set of prefixes)."""
 
 
-# KEYS: the stream, its counter; ARGV: where to start (an exclusive `(id`, or `-`), how many.
-# Returns {entries, the stream's last id or false}, read in one atomic step.
+# KEYS: the stream, its counter; ARGV: where to start (an exclusive `(id`, an inclusive id, or
+# `-`), how many entries to look at, and a key prefix to keep ('' keeps all). Returns {the entries
+# kept, the counter, how many were looked at, the predecessor named by the first one looked at,
+# the last id looked at}, read in one atomic step.
 READ = """
 local page = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
-return {page, redis.call('GET', KEYS[2])}
+local counter = redis.call('GET', KEYS[2])
+if #page == 0 then return {page, counter, 0, false, false} end
+local first = page[1][2]
+local prev = false
+for j = 1, #first, 2 do
+  if first[j] == 'm' then prev = string.match(first[j + 1], '^X%S+ (%S+) ') or false end
+end
+local keep = ARGV[3]
+local kept = page
+if keep ~= '' then
+  kept = {}
+  for _, e in ipairs(page) do
+    local f = e[2]
+    for j = 1, #f, 2 do
+      if f[j] == 'k' then
+        if string.sub(f[j + 1], 1, #keep) == keep then kept[#kept + 1] = e end
+        break
+      end
+    end
+  end
+end
+return {kept, counter, #page, prev, page[#page][1]}
+"""
+
+# What a subscriber reads for the notifications it received (`_redis_pubsub`). KEYS: streams (of
+# one slot); ARGV[1]: a channel to PUBLISH an empty marker on once read ('' for none), then pairs
+# (a stream's position in KEYS, an id). Returns, for each asked entry, its fields `k`, `m` and
+# `u` ('' for an entry of an earlier version, which has none), or false where there is none.
+LOOKUP = """
+local found = {}
+for i = 2, #ARGV, 2 do
+  local e = redis.call('XRANGE', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 1])[1]
+  if e then
+    local f = e[2]
+    local k, m, u = '', '', ''
+    for j = 1, #f, 2 do
+      if f[j] == 'k' then k = f[j + 1] elseif f[j] == 'm' then m = f[j + 1]
+      elseif f[j] == 'u' then u = f[j + 1] end
+    end
+    found[#found + 1] = {k, m, u}
+  else
+    found[#found + 1] = false
+  end
+end
+if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], '') end
+return found
+"""
+
+# KEYS: streams. Returns each one's first retained id, or false (a stream gone or empty).
+FIRSTS = """
+local firsts = {}
+for j = 1, #KEYS do
+  local e = redis.call('XRANGE', KEYS[j], '-', '+', 'COUNT', 1)[1]
+  firsts[j] = e and e[1] or false
+end
+return firsts
 """
 
 Id = tuple[int, int]
 """A feed id as numbers: (ms, n)."""
 
+Stream = tuple[int, str]
+"""A feed stream: (its cluster slot, 0 on one server; the key prefix that writes to it)."""
+
 
 def parse_id(raw: bytes | str) -> Id:
-    """`b"1700000000000-42"` as `(1700000000000, 42)`."""
+    """`b"1700000000000-42"` as `(1700000000000, 42)` (a counter's `u` after a space is cut)."""
     text = raw.decode() if isinstance(raw, bytes) else raw
-    ms, _, n = text.partition("-")
+    ms, _, n = text.partition(" ")[0].partition("-")
     return int(ms), int(n)
 
 
@@ -101,90 +189,232 @@ def id_text(at: Id) -> str:
     return f"{at[0]}-{at[1]}"
 
 
-class FeedNames:
-    """The feed's Redis keys for one key prefix: one stream (or one per cluster slot)."""
+def ancestors(key_prefix: str) -> list[str]:
+    """The prefixes a store under `key_prefix` is nested in, longest first (`""` last).
 
-    __slots__ = ("_by_slot", "cluster", "key_prefix", "plain")
+    Prefixes nest at colons: `app:prod:` is in `app:` and in `""`.
+    """
+    found = []
+    end = key_prefix.rfind(":", 0, len(key_prefix) - 1)
+    while end >= 0:
+        found.append(key_prefix[: end + 1])
+        end = key_prefix.rfind(":", 0, end)
+    if key_prefix:
+        found.append("")
+    return found
+
+
+def registry_key(key_prefix: str) -> str:
+    """The set of prefixes nested in `key_prefix` that keep a feed (one server)."""
+    return REGISTRY_NAMESPACE + key_prefix
+
+
+def is_prefix(text: str) -> bool:
+    """Whether `text` can be a key prefix (empty, or ending with `:`)."""
+    return not text or text.endswith(":")
+
+
+_UNKNOWN = object()
+
+
+class FeedNames:
+    """The feed's Redis keys: per key prefix one stream (on a cluster, one per slot).
+
+    `key_prefix` is the store's own; `stream(slot, prefix)` names any prefix's (the stores
+    nested in this one, and those it is nested in, write their own streams).
+    """
+
+    __slots__ = ("_names", "_tails", "cluster", "key_prefix", "plain")
 
     def __init__(self, key_prefix: str, *, cluster: bool) -> None:
         self.key_prefix = key_prefix
         self.cluster = cluster
         self.plain = (FEED_NAMESPACE + key_prefix, COUNTER_NAMESPACE + key_prefix)
-        self._by_slot: dict[int, tuple[str, str]] = {}
+        self._names: dict[Stream, tuple[str, str]] = {}
+        self._tails: dict[tuple[int, bytes], str | None] = {}
 
     def for_slot(self, slot: int) -> tuple[str, str]:
-        """The stream and counter of `slot` (on one server: the only ones)."""
-        if not self.cluster:
-            return self.plain
-        names = self._by_slot.get(slot)
+        """This store's own stream and counter in `slot` (on one server: the only ones)."""
+        return self.stream((slot, self.key_prefix))
+
+    def stream(self, stream: Stream) -> tuple[str, str]:
+        """The stream and counter of `stream`: (slot, prefix)."""
+        names = self._names.get(stream)
         if names is None:
-            tag = "{" + slot_tag(slot) + "}"
-            tail = tag + self.key_prefix if "{" in self.key_prefix else self.key_prefix + tag
-            names = self._by_slot[slot] = (FEED_NAMESPACE + tail, COUNTER_NAMESPACE + tail)
+            slot, prefix = stream
+            if not self.cluster:
+                tail = prefix
+            else:
+                tag = "{" + slot_tag(slot) + "}"
+                tail = tag + prefix if "{" in prefix else prefix + tag
+            names = (FEED_NAMESPACE + tail, COUNTER_NAMESPACE + tail)
+            if len(self._names) < 65536:  # a cache, bounded
+                self._names[stream] = names
         return names
 
+    def prefix_of(self, tail: bytes, slot: int) -> str | None:
+        """The prefix whose stream in `slot` is named `FEED_NAMESPACE + tail`, or `None`."""
+        cached = self._tails.get((slot, tail), _UNKNOWN)
+        if cached is not _UNKNOWN:
+            return cached  # type: ignore[return-value]
+        found: str | None = None
+        try:
+            text = tail.decode()
+        except UnicodeDecodeError:
+            text = ""
+        candidates = [text]
+        if self.cluster:
+            candidates = []
+            close = text.rfind("{")
+            if close >= 0 and text.endswith("}"):
+                candidates.append(text[:close])
+            if text.startswith("{") and "}" in text:
+                candidates.append(text[text.index("}") + 1 :])
+        for prefix in candidates:
+            if is_prefix(prefix) and self.stream((slot, prefix))[0] == FEED_NAMESPACE + text:
+                found = prefix
+                break
+        if len(self._tails) < 65536:
+            self._tails[(slot, tail)] = found
+        return found
+
     def scan_match(self) -> str:
-        """A SCAN pattern that finds this prefix's streams on a cluster node (check each)."""
-        prefix = _escape(self.key_prefix)
-        return FEED_NAMESPACE + ("{*}" + prefix if "{" in self.key_prefix else prefix + "{*}")
+        """A SCAN pattern that finds the feed streams on a cluster node (check each's name)."""
+        return FEED_NAMESPACE + "*"
 
-    def slot_of_stream(self, name: str, slot: int) -> bool:
-        """Whether `name` (found by SCAN, hashing to `slot`) is this prefix's stream of `slot`."""
-        return self.for_slot(slot)[0] == name
+    def stream_of_name(self, name: str, slot: int) -> Stream | None:
+        """The stream `name` (found by SCAN, hashing to `slot`) is, if this store reads it.
+
+        That is its own stream, one of a prefix nested in it, or one of a prefix it is nested
+        in (whose writes may land in its keys).
+        """
+        if not name.startswith(FEED_NAMESPACE):
+            return None
+        prefix = self.prefix_of(name[len(FEED_NAMESPACE) :].encode(), slot)
+        if prefix is None or not related(prefix, self.key_prefix):
+            return None
+        return slot, prefix
+
+    # cursors: each stream written relative to this store's prefix
+
+    def token(self, stream: Stream) -> str:
+        """`stream` in a cursor: its slot, then how its prefix relates to this store's."""
+        slot, prefix = stream
+        own = self.key_prefix
+        if prefix == own:
+            return str(slot)
+        if prefix.startswith(own):
+            return f"{slot}+{quote(prefix[len(own) :], safe='')}"
+        return f"{slot}-{len(own) - len(prefix)}"
+
+    def of_token(self, token: str) -> Stream:
+        """The stream a cursor's `token` names (raises `ValueError` if none)."""
+        digits = len(token) - len(token.lstrip("0123456789"))
+        slot = int(token[:digits])
+        if not 0 <= slot < SLOTS or (slot and not self.cluster):
+            raise ValueError(token)
+        rest, own = token[digits:], self.key_prefix
+        if not rest:
+            return slot, own
+        if rest[0] == "+":
+            suffix = unquote(rest[1:], errors="strict")
+            if not suffix or not is_prefix(suffix):
+                raise ValueError(token)
+            return slot, own + suffix
+        if rest[0] == "-" and rest[1:].isdigit():
+            cut = int(rest[1:])
+            if not 0 < cut <= len(own) or not is_prefix(own[: len(own) - cut]):
+                raise ValueError(token)
+            return slot, own[: len(own) - cut]
+        raise ValueError(token)
 
 
-def _escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+def related(prefix: str, key_prefix: str) -> bool:
+    """Whether a store under `key_prefix` reads `prefix`'s stream (nested either way)."""
+    return prefix.startswith(key_prefix) or key_prefix.startswith(prefix)
 
 
-def plain_cursor(at: bytes | str) -> str:
-    """The cursor of the change with feed id `at` on one server."""
-    return "r1:" + (at.decode() if isinstance(at, bytes) else at)
+def make_cursor(
+    names: FeedNames, floor: int, own: tuple[Stream, str] | None, listed: dict[Stream, str]
+) -> str:
+    """A cluster cursor: the change `own` and what came before it.
 
-
-def cluster_cursor(floor: int, own: tuple[int, str] | None, listed: dict[int, str]) -> str:
-    """A cluster cursor: `own` (slot, id) first, then every other listed slot.
-
-    Each listed id is written `<slot>=<ms - floor>.<n>`, its time relative to the floor (a few
-    digits instead of thirteen: cursors are stored and sent with every change).
+    Every change of `own`'s stream and of each listed stream up to its id, and of any other
+    stream every change stamped before `floor`, has been seen. Written `c1:<floor>:<stream>=<ms
+    - floor>.<n>,...`, `own` first (each id's time relative to the floor: a few digits instead
+    of thirteen).
     """
-    parts = [] if own is None else [_listing(own[0], own[1], floor)]
+    parts = [] if own is None else [_listing(names, own[0], own[1], floor)]
     parts += [
-        _listing(slot, at, floor) for slot, at in listed.items() if own is None or slot != own[0]
+        _listing(names, stream, at, floor)
+        for stream, at in listed.items()
+        if own is None or stream != own[0]
     ]
     return f"c1:{floor}:{','.join(parts)}"
 
 
-def _listing(slot: int, at: str, floor: int) -> str:
+def point_cursor(names: FeedNames, stream: Stream, at: str, order: int | None = None) -> str:
+    """A cursor on one server: the change `at` of `stream`, and everything before it.
+
+    `r1:<id>` for a change of this store's own stream, `r1:<id>@<stream>` for one of another
+    prefix's (nested either way); `/<order>` when it names a time rather than a change (a
+    head: `feed_cursor`). The same change has the same cursor in any read.
+    """
+    relation = names.token(stream)[1:]  # "": this store's own stream
+    text = f"r1:{at}@{relation}" if relation else "r1:" + at
+    return text if order is None else f"{text}/{order}"
+
+
+def _listing(names: FeedNames, stream: Stream, at: str, floor: int) -> str:
     ms, _, n = at.partition("-")
-    return f"{slot}={int(ms) - floor}.{n}"
+    return f"{names.token(stream)}={int(ms) - floor}.{n}"
 
 
-def cursor_place(cursor: str) -> tuple[int, Id]:
-    """The stream (slot; 0 on one server) and id of the change a cursor was made for."""
+def cursor_place(names: FeedNames, cursor: str) -> tuple[Stream, Id]:
+    """The stream and id of the change a cursor was made for (a cluster's: its first listing)."""
     if cursor.startswith("r1:"):
-        return 0, parse_id(cursor[3:])
+        position = parse_cursor(cursor, names)
+        ((stream, at),) = position.ids.items()
+        return stream, at
     floor, _, listed = cursor[3:].partition(":")
-    slot, _, at = listed.split(",", 1)[0].partition("=")
-    delta, _, n = at.partition(".")
-    return int(slot), (int(floor) + int(delta), int(n))
+    token, _, at_text = listed.split(",", 1)[0].partition("=")
+    delta, _, n = at_text.partition(".")
+    return names.of_token(token), (int(floor) + int(delta), int(n))
 
 
 @dataclass
 class Position:
     """Where a cursor stands: per stream the last id seen, else everything before `floor`.
 
-    On one server the stream is slot 0 and `floor` is unused (0). `earliest`: `EARLIEST`,
-    everything retained.
+    `earliest`: `EARLIEST`, everything retained. On one server (`order` is set, or to be looked
+    up: `None` with `point`), a cursor names a point in the server's commit order: its stream
+    up to its id, and of every other stream the entries whose order (`u`) is at most `order`;
+    `floor` is then `order`'s millisecond, where reading those streams starts.
     """
 
     floor: int = 0
-    ids: dict[int, Id] = field(default_factory=dict)
+    ids: dict[Stream, Id] = field(default_factory=dict)
     earliest: bool = False
+    point: bool = False
+    order: int | None = None
 
-    def start(self, slot: int) -> str:
-        """Where to read `slot`'s stream from (XRANGE's start)."""
-        at = self.ids.get(slot)
+    def skips(self, stream: Stream, order: int, named: Iterable[Stream] = ()) -> bool:
+        """Whether an entry of `stream` with `order` was seen, though read from `start`.
+
+        On one server a stream the cursor does not name (`named`: those it names, or
+        `ids` when not given) is read from the point's millisecond: the entries up to the
+        point's order came before it.
+        """
+        return (
+            self.point
+            and self.order is not None
+            and stream not in (named or self.ids)
+            and order <= self.order
+        )
+
+    def start(self, stream: Stream) -> str:
+        """Where to read `stream` from (XRANGE's start)."""
+        at = self.ids.get(stream)
         if at is not None:
             return "(" + id_text(at)
         if self.earliest:
@@ -192,7 +422,7 @@ class Position:
         return f"({self.floor}-0"  # no id has n = 0: the same as from `floor`, inclusive
 
 
-def parse_cursor(cursor: str, *, cluster: bool) -> Position:
+def parse_cursor(cursor: str, names: FeedNames) -> Position:
     """The position a cursor names.
 
     Raises:
@@ -201,6 +431,7 @@ def parse_cursor(cursor: str, *, cluster: bool) -> Position:
     """
     if not isinstance(cursor, str):
         raise InvalidArgumentError(f"since must be a cursor (a str), not {type(cursor).__name__}")
+    cluster = names.cluster
     kind = "c1:" if cluster else "r1:"
     if not cursor.startswith(kind):
         raise InvalidArgumentError(
@@ -208,34 +439,44 @@ def parse_cursor(cursor: str, *, cluster: bool) -> Position:
             f"backend (they start with {kind!r})"
         )
     try:
+        body = cursor[3:]
         if not cluster:
-            at = parse_id(cursor[3:])
-            if at[0] < 0 or at[1] < 0:
+            body, slash, order_text = body.partition("/")
+            body, at_sign, token = body.partition("@")
+            at = parse_id(body)
+            if at[0] < 0 or at[1] < 0 or " " in body or (at_sign and not token):
                 raise ValueError(cursor)
-            return Position(ids={0: at})
-        floor_text, _, listed = cursor[3:].partition(":")
+            order = int(order_text) if slash else None
+            if order is not None and order < 0:
+                raise ValueError(cursor)
+            stream = names.of_token("0" + token)
+            floor = at[0] if order is None else order // 1000
+            return Position(floor=floor, ids={stream: at}, point=True, order=order)
+        floor_text, _, listed = body.partition(":")
         position = Position(floor=int(floor_text))
+        if position.floor < 0:
+            raise ValueError(cursor)
         for part in filter(None, listed.split(",")):
-            slot_text, _, at_text = part.partition("=")
+            token, _, at_text = part.partition("=")
             delta, dot, n = at_text.partition(".")
-            slot = int(slot_text)
-            if not dot or not 0 <= slot < SLOTS or int(n) < 0:
+            stream = names.of_token(token)
+            if not dot or int(n) < 0:
                 raise ValueError(part)
-            position.ids[slot] = (position.floor + int(delta), int(n))
+            position.ids[stream] = (position.floor + int(delta), int(n))
     except ValueError:
         raise InvalidArgumentError(f"{cursor!r} is not a well-formed cursor") from None
     return position
 
 
 def check_start(
-    cursor: str, position: Position, slot: int, first_prev: Id | None, last: Id | None
+    cursor: str, position: Position, stream: Stream, first_prev: Id | None, last: Id | None
 ) -> None:
-    """Raise `CursorExpiredError` unless reading `slot` from `position` misses nothing.
+    """Raise `CursorExpiredError` unless reading `stream` from `position` misses nothing.
 
     `first_prev`: the predecessor named by the first entry read (`None`: none was read);
     `last`: the stream's last id when that page was read (`None`: the stream never had one).
     """
-    at = position.ids.get(slot)
+    at = position.ids.get(stream)
     if at is None and position.earliest:
         return
     if at is not None:

@@ -1,24 +1,27 @@
 """Per-key history on Redis: where a key's versions live, and the Lua that keeps and reads them.
 
 A key whose `HistoryRules` depth is above 1 has a Redis list, newest first, at
-`history_key(prefix, key)`: `__agenticstate_hist__:{key_prefix}{tag}{key}`, so an ACL user's
-key patterns reach it as they reach the sorted indexes (`~__agenticstate_hist__:myapp:*`). Each
-element is the key's whole record as that write left it (the 65-byte
-header, then the value, as `_redis_scripts.entry` decodes it). The write script pushes it and
-trims the list to the depth (`keep`), in the same atomic step as the write, and gives the list
-the key's expiry (the same PEXPIRE as the key's `SET ... PX`, or PERSIST: run after it, so the
-list never expires before the key, at most the script's run time after it); writing version 1
-drops the old list first, and a delete drops it (DEL, in the delete's script). A write script
-is given the lists as its last `KEYS` and their `spec` as its last `ARGV`, which it takes off
-first (`take_history`): without history a call is exactly what it was, and the rest of the
-script reads its usual layout whatever else it is given.
+`history_key(prefix, key)`: `__agenticstate_hist__:{key_prefix}{key}{tag}` (the Redis key,
+with a tag before its first brace, if any: one list per Redis key, whichever of the stores
+whose prefixes nest writes it), so an ACL user's key patterns reach it as they reach the
+sorted indexes (`~__agenticstate_hist__:myapp:*`). Each element is the key's whole record as
+that write left it (the 65-byte header, then the value, as `_redis_scripts.entry` decodes it).
+The write script pushes it and trims the list to the depth (`keep`), in the same atomic step as
+the write, and gives the list the key's expiry (the same PEXPIRE as the key's `SET ... PX`, or
+PERSIST: run after it, so the list never expires before the key, at most the script's run time
+after it); writing version 1 drops the old list first, and a delete drops it (DEL, in the
+delete's script). A write script is given the lists as its last `KEYS` and their `spec` as its
+last `ARGV`, which it takes off first (`take_history`): without history a call is exactly what
+it was, and the rest of the script reads its usual layout whatever else it is given.
 
-`{tag}` makes the list hash to the key's cluster slot (a script's keys may not cross slots): the
-key's own hash tag when it has a valid one, else `slot_tag(slot)`, a short string found for each
-of the 16,384 slots (built once, lazily). The same name is used on a single server. The name is
-never ambiguous: a prefix holds no `{` (one that does, which no manager uses, puts the tag first:
-`__agenticstate_hist__:{tag}{key_prefix}{key}`) and the tag no `}`, so the prefix is what comes
-before the first `{` and the key what comes after the first `}`.
+`{tag}` makes the list hash to the key's cluster slot (a script's keys may not cross slots):
+`slot_tag(slot)`, a short string found for each of the 16,384 slots (built once, lazily), put
+before the name's first brace, so it is the list's hash tag whatever the name holds. The same
+name is used on a single server. The name is never ambiguous: what comes before the first `{`
+is the key's name up to its first brace, the tag holds no brace, and the rest follows. A prefix
+holding a brace (which no manager uses) gets its tag inside it, so a key pattern on the prefix
+does not reach its lists. An earlier version named the list by the writer's prefix
+(`legacy_history_key`); reads fall back to that list while the new one does not exist.
 
 Reads (`READ`) are one script: the key's record and the list's elements, so the current version
 and its predecessors are one consistent snapshot. `versions` keeps only the elements of the
@@ -45,6 +48,7 @@ __all__ = [
     "READ",
     "READ_SHA",
     "history_key",
+    "legacy_history_key",
     "slot_tag",
     "spec",
     "versions",
@@ -65,12 +69,28 @@ def _hash_tag(name: str) -> str | None:
 
 
 def history_key(prefix: str, key: str) -> str:
-    """The Redis key of `key`'s history list under `prefix`, in the slot of `prefix + key`."""
+    """The Redis key of `key`'s history list under `prefix`, in the slot of `prefix + key`.
+
+    It depends on the Redis key alone (`prefix + key`), so a key written through stores whose
+    prefixes nest (`app:` writing `prod:x`, `app:prod:` writing `x`) keeps one history: the
+    name up to its first brace, the tag of its slot, then the rest of the name.
+    """
+    name = prefix + key
+    tag = _hash_tag(name)
+    slot = binascii.crc_hqx((name if tag is None else tag).encode(), 0) % SLOTS
+    cut = name.find("{")
+    if cut < 0:
+        cut = len(name)
+    return f"{HISTORY_NAMESPACE}{name[:cut]}{{{slot_tag(slot)}}}{name[cut:]}"
+
+
+def legacy_history_key(prefix: str, key: str) -> str:
+    """Where an earlier version of this library kept the list (by the writer's prefix)."""
     name = prefix + key
     tag = _hash_tag(name)
     if tag is None:
         tag = slot_tag(binascii.crc_hqx(name.encode(), 0) % SLOTS)
-    if "{" in prefix:  # the prefix's brace would decide the slot: the tag goes first
+    if "{" in prefix:
         return f"{HISTORY_NAMESPACE}{{{tag}}}{name}"
     return f"{HISTORY_NAMESPACE}{prefix}{{{tag}}}{key}"
 
@@ -110,12 +130,14 @@ local function keep(hist, key, depth, version, ttl)
 end
 """
 
-# KEYS: the key, its history list; ARGV: the last list index to read (-1: all), the version
-# wanted (0: every retained one). Returns false for a missing key, else {record, elements}:
-# for one version, only the element that may be it (or none).
+# KEYS: the key, its history list (and where an earlier version kept it, read when the list is
+# missing); ARGV: the last list index to read (-1: all), the version wanted (0: every retained
+# one). Returns false for a missing key, else {record, elements}: for one version, only the
+# element that may be it (or none).
 READ = """
 local cur = redis.call('GET', KEYS[1])
 if not cur then return false end
+if KEYS[3] and redis.call('EXISTS', KEYS[2]) == 0 then KEYS[2] = KEYS[3] end
 local want = tonumber(ARGV[2])
 local ver = tonumber(string.sub(cur, 1, 20))
 if want == ver or want > ver then return {cur, {}} end

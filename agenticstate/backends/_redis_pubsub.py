@@ -1,15 +1,23 @@
-"""The Redis backend's change subscriptions: one pub/sub connection, patterns, resync.
+"""The Redis backend's change subscriptions: one pub/sub connection, patterns, read-back.
 
 One pub/sub connection per backend serves all its subscriptions. It PSUBSCRIBEs the channels of
 the subscriptions' literal prefixes (`_wanted_patterns`: a prefix covers the longer ones under
 it, at most `_MAX_PATTERNS`), so it hears only what some subscription may want; the reader
-(`_read_changes`) matches each change against the subscribed patterns through `_PatternIndex`
-(a few dict lookups per change however many patterns there are). Each pattern's subscriptions
-share a `_Group`, which remembers what was delivered to them. A subscription opens at a barrier
-(`_Barrier`): a PING on the subscribed connection after its PSUBSCRIBE, or on a cluster a marker
-published on every primary once the PSUBSCRIBE is confirmed. After a drop the reader reconnects,
-subscribes every prefix again and resyncs (see "Delivery" in `backends/redis.py`). Replies are
-read through `_redis_wire.PubSubLink`, every reply of one read at once.
+(`_read_changes`) matches each key heard against the subscribed patterns through
+`_PatternIndex` (a few dict lookups per change however many patterns there are). Each
+pattern's subscriptions share a `_Group`, which remembers what was delivered to them.
+
+A message is a hint, never a change to deliver (see "Delivery" in `backends/redis.py`). The
+reader queues what it hears (`_Hint`) with the actions that must follow it (a barrier opening
+a subscription, a floor raised), in the order heard; a deliverer task (`_deliver`) reads the
+feed entries the notifications name back from their streams (`_read_back`: one script per slot
+for a batch, and a barrier when an entry does not follow the last one delivered from its
+stream), or checks a change written without the feed against its key (`_deliver_checked`), and
+delivers them, in order. A subscription opens at a barrier (`_Barrier`): a PING on the
+subscribed connection after its PSUBSCRIBE, or on a cluster a marker published on every primary
+once the PSUBSCRIBE is confirmed, run once everything heard before it was delivered. After a
+drop the reader reconnects, subscribes every prefix again and catches up from the feed, or
+resyncs. Replies are read through `_redis_wire.PubSubLink`, every reply of one read at once.
 
 `Subscriber` is mixed into `RedisBackend`: it runs on the backend's client, its commands and its
 scan, and keeps all of the pub/sub state.
@@ -20,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import heapq
 import itertools
 import random
 import time
 import uuid
+from collections import deque
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +64,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     import redis.asyncio as aioredis
 
@@ -66,6 +76,7 @@ log = get_logger("agenticstate.backends.redis")  # the backend's logger: its eve
 
 _BARRIER = b"agenticstate-barrier:"  # PING payloads on the pub/sub connection (+ a token)
 _SUBSCRIBED = b"agenticstate-subscribed"  # the PING after a new connection's PSUBSCRIBE
+_SETTLE = b"agenticstate-settle:"  # a PING after a lookup (see `_read_back`), + a token
 _MAX_PATTERNS = 16  # server-side patterns per connection at most (see `_bounded_cover`)
 _GONE_KEPT_MS = 10_000  # how long a resync remembers a key it found gone
 _PRUNE_LAG_MS = 1000  # expired keys are forgotten this long after they expire
@@ -75,6 +86,13 @@ _IDLE_CHECK = 1.0  # the reader looks at the silence (and prunes) after about th
 _LISTED_MAX = 16  # cluster cursors: slots listed above the floor before a marker round raises it
 _PAGE = 1000  # feed entries read per XRANGE
 _PACE = 16  # a catch-up looks at the subscriptions' room after this many entries
+_LOOKUP_BATCH = 1000  # notifications read back per script, at most
+_MAX_NESTED = 1000  # nested prefixes a store reads the feeds of, at most
+_HELD_RECHECK = 0.02  # seconds between looks at keys whose changes wait (no feed)
+_IGNORED_LOG_EVERY = 10.0  # seconds between warnings about ignored messages
+LOOKUP_SHA = hashlib.sha1(feeds.LOOKUP.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
+READ_SHA = hashlib.sha1(feeds.READ.encode()).hexdigest()  # noqa: S324
+FIRSTS_SHA = hashlib.sha1(feeds.FIRSTS.encode()).hexdigest()  # noqa: S324
 # A cluster marker: the node's clock (ms), published after it was read (see `_redis_feed`).
 _MARKER = """
 local t = redis.call('TIME')
@@ -115,9 +133,9 @@ class _Group:
         # key -> (version, hash of the value or None once gone, expires in server ms or 0)
         self.seen: dict[str, tuple[int, int | None, int]] = {}
         self.expiries: list[tuple[int, str]] = []  # a heap of (expires, key)
-        # The feed's changes up to this id came before the group was subscribed: a catch-up
-        # after a reconnect hands it only later ones (None: every one the reader missed).
-        self.feed_after: feeds.Id | None = None
+        # The feed's changes up to this order (`u`) came before the group was subscribed: a
+        # catch-up after a reconnect hands it only later ones (None: every one it missed).
+        self.feed_after: int | None = None
 
     def deliver(self, change: Change, stamp: int, expires: int) -> None:
         """Publish a live change unless it was delivered already (by a resync)."""
@@ -177,7 +195,7 @@ class _Barrier:
     `remaining`, of its latest `round` (a round is sent again after a reconnect).
     """
 
-    __slots__ = ("low", "markers", "opened", "remaining", "round", "stream")
+    __slots__ = ("clocks", "low", "markers", "opened", "remaining", "round", "stream")
 
     def __init__(self, stream: ChangeStream | None, *, markers: bool = False) -> None:
         self.stream = stream
@@ -185,7 +203,8 @@ class _Barrier:
         self.opened = asyncio.Event()
         self.remaining = 1  # barrier messages still to come
         self.round = 0
-        self.low = 0  # the smallest node clock the round's markers carried (0: none yet)
+        self.low = 0  # the smallest node clock the round's markers were sent after (0: none)
+        self.clocks = False  # every node's clock of the round has come back
 
     def open(self) -> None:
         if self.stream is not None:
@@ -289,6 +308,141 @@ def _covers(topic: _Topic, key: str) -> bool:
     return key == topic[0] if topic[1] else key.startswith(topic[0])
 
 
+class _Hint:
+    """A notification the reader heard, to be read back from the store (`_deliver`).
+
+    A feed notification names its entry: `stream` and `at` (the entry's id) are set. A
+    notification of a write without a feed carries the change itself (`data`, checked against
+    the key before it is delivered). `groups`: the subscriptions whose pattern matched the key
+    when it was heard (a subscription made later opens after it: `_action`).
+    """
+
+    __slots__ = ("at", "data", "groups", "key", "name", "raw", "stream")
+
+    def __init__(
+        self,
+        groups: list[_Group],
+        key: str,
+        name: bytes,
+        stream: feeds.Stream | None,
+        at: feeds.Id | None,
+        data: bytes,
+        raw: bytes = b"",
+    ) -> None:
+        self.groups = groups
+        self.key = key  # without the prefix
+        self.name = name  # the Redis key
+        self.stream = stream
+        self.at = at
+        self.raw = raw  # `at` as the notification wrote it
+        self.data = data
+
+
+class _Read:
+    """A feed entry read back for a notification, or by a catch-up (what is delivered)."""
+
+    __slots__ = ("at", "data", "groups", "key", "order", "prev", "start", "stream", "text")
+
+    def __init__(
+        self,
+        stream: feeds.Stream,
+        at: feeds.Id,
+        prev: feeds.Id,
+        order: int,
+        key: str,
+        data: bytes,
+        groups: list[_Group] | None,
+        start: int,
+        text: str,
+    ) -> None:
+        self.stream = stream
+        self.at = at
+        self.text = text  # `at` as text
+        self.prev = prev
+        self.order = order  # the entry's `u`: its place in its server's commit order
+        self.key = key
+        self.data = data
+        self.start = start  # where the change starts in `data` (after the feed's header)
+        self.groups = groups  # None: match the key now (a catch-up)
+
+
+class _Claim:
+    """A change a message says happened (a write without a feed), until checked."""
+
+    __slots__ = ("change", "expires", "heard", "hint", "stamp")
+
+    def __init__(self, hint: _Hint, change: Change, stamp: int, expires: int, heard: int) -> None:
+        self.hint = hint
+        self.change = change
+        self.stamp = stamp
+        self.expires = expires
+        self.heard = heard  # its place in the order the messages were heard
+
+
+def _chain(claims: list[_Claim], entry: Entry | None) -> list[_Claim] | None:
+    """The claims that lead to `entry` (the key's state), oldest first; `None` if none does.
+
+    The newest claim that `entry` confirms anchors the chain; each claim before it belongs to
+    it when its successor started from it (the version before, and its new value as the old).
+    """
+    anchor = -1
+    for index in range(len(claims) - 1, -1, -1):
+        change = claims[index].change
+        if entry is None:
+            if change.op is ChangeOp.DELETE:
+                anchor = index
+                break
+        elif (
+            change.op is ChangeOp.SET
+            and change.version == entry.version
+            and claims[index].stamp == to_ms(entry.updated_at)
+            and change.new == entry.value
+        ):
+            anchor = index
+            break
+    if anchor < 0:
+        return None
+    chain = [claims[anchor]]
+    for index in range(anchor - 1, -1, -1):
+        later, change = chain[-1].change, claims[index].change
+        if change.version == later.version - (later.op is ChangeOp.SET) and (
+            change.op is ChangeOp.SET and change.new == later.old
+        ):
+            chain.append(claims[index])
+        elif change.version < later.version - 1:
+            break
+    chain.reverse()
+    return chain
+
+
+def _deliver_gone(group: _Group, claim: _Claim) -> None:
+    """Deliver a delete that nothing before it vouches for.
+
+    The key is gone, but its version and old value come from the message: delivered as heard
+    when they match what `group` was given; otherwise as the key's state as read (gone: a
+    `RESYNC`, old value unknown), unless `group` knows it gone already.
+    """
+    change = claim.change
+    known = group.seen.get(change.key)
+    if known is not None and known[1] is None:
+        return  # known gone
+    if known is not None and (known[0], known[1]) == (change.version, hash(change.old)):
+        group.deliver(change, claim.stamp, claim.expires)
+        return
+    group.remember(change.key, 0, None, claim.stamp + _GONE_KEPT_MS)
+    group.fanout.publish_to_all(
+        Change(change.key, ChangeOp.RESYNC, None, None, 0, from_ms(claim.stamp))
+    )
+
+
+class _Gap(Exception):  # noqa: N818  # a signal inside the reader, never raised to users
+    """The feed trimmed a change the reader was told of before it read it: catch up."""
+
+
+if TYPE_CHECKING:
+    _Item = _Hint | Callable[[], None]
+
+
 class Subscriber:
     """`RedisBackend`'s subscriptions (a mixin): `changes()` and the pub/sub reader behind it."""
 
@@ -301,6 +455,7 @@ class Subscriber:
         connect_timeout: float
         feed: FeedRetention | None
         _feed_names: feeds.FeedNames
+        key_prefix: str
 
         async def _read(self, *args: str | bytes | int) -> Any: ...
 
@@ -318,12 +473,17 @@ class Subscriber:
         ) -> Any: ...
         def scan(self, pattern: str) -> AsyncIterator[str]: ...
         async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
+        async def _run_script(
+            self, sha: str, source: str, keys: Sequence[str], args: Sequence[str | bytes | int]
+        ) -> Any: ...
 
     def _init_subscriber(self, key_prefix: str, *, whole_prefix: bool = False) -> None:
         self._whole_prefix = whole_prefix  # one pattern for every channel of the key prefix
         self._channel_text = f"{CHANNEL_NAMESPACE}{key_prefix}"
         self._channel_prefix = self._channel_text.encode()
         self._channel_cut = len(self._channel_prefix)
+        self._namespace_cut = len(CHANNEL_NAMESPACE.encode())
+        self._own_stream: feeds.Stream = (0, key_prefix)
         # Barrier markers go to a "key" no real key can be (keys may not use the reserved
         # prefix), tagged with this backend's id so other subscribers ignore them.
         self._reserved = RESERVED_PREFIX.encode()
@@ -354,14 +514,35 @@ class Subscriber:
         self._clock_skew_ms = 50 if self.is_cluster else 0
         self._clock_offset = 0.0  # server ms minus local ms, from the last change read
         self._pruned = 0  # server ms of the last pass forgetting expired keys
-        # The feed, as this reader has read it: per stream (slot; 0 on one server) the last id,
-        # and on a cluster the floor (every change stamped before it was read) and the slots
-        # read at or above it (what a cursor lists).
-        self._feed_last: dict[int, feeds.Id] = {}
+        # The feed, as this reader has delivered it: per stream the last id, the floor (every
+        # change stamped before it was delivered) and the streams delivered at or above it
+        # (what a cursor lists).
+        self._feed_last: dict[feeds.Stream, feeds.Id] = {}
+        # One server: the last change delivered (its stream, id and order), where a catch-up
+        # resumes (None: nowhere yet).
+        self._point: tuple[feeds.Stream, feeds.Id, int] | None = None
         self._feed_floor = 0
-        self._feed_listed: dict[int, str] = {}
+        self._feed_listed: dict[feeds.Stream, str] = {}
         self._floor_task: asyncio.Task[None] | None = None
         self._drops = 0  # connections lost while live (`_feed_start` checks for one)
+        # What the reader heard and has yet to deliver, in the order heard (`_deliver`): the
+        # notifications, and the barriers' actions that must follow them.
+        self._queue: deque[_Item] = deque()
+        self._queue_ready = asyncio.Event()
+        self._deliverer: asyncio.Task[None] | None = None
+        self._delivering = False
+        self._settling: dict[int, _Barrier] = {}  # lookups waiting for their barrier
+        self._denied: set[feeds.Stream] = set()  # streams this ACL user may not read
+        # (slot, stream name after the namespace) -> (stream, its prefix as bytes), or () if it
+        # is no feed stream
+        self._streams_named: dict[tuple[int, bytes], tuple[feeds.Stream, bytes] | tuple[()]] = {}
+        self._caught = 0  # changes the last catch-up read
+        self._ignored = 0  # notifications ignored since the last warning
+        self._ignored_logged = 0.0
+        # Without a feed: the changes heard of each key, until checked (`_deliver_checked`).
+        self._held: dict[str, list[_Claim]] = {}
+        self._held_since: dict[str, float] = {}
+        self._heard = itertools.count()
 
     @asynccontextmanager
     async def _changes(
@@ -375,7 +556,7 @@ class Subscriber:
             position = (
                 feeds.Position(earliest=True)
                 if since == EARLIEST
-                else feeds.parse_cursor(since, cluster=self.is_cluster)
+                else feeds.parse_cursor(since, self._feed_names)
             )
         await self._redis()
         group = self._groups.get(pattern)
@@ -396,7 +577,8 @@ class Subscriber:
                         yield stream
                     else:
                         # Live from here, but opened only once the feed has been read up to
-                        # now (`_Replay`): the changes before that come from the feed.
+                        # now (`_Replay`): the changes before that come from the feed. (Closed
+                        # meanwhile, entry raises `BackendError`, as a live subscription's.)
                         await self._go_live(None)
                         replay = _Replay(self, group.matcher, since or "", position, stream)
                         await replay.begin()
@@ -540,17 +722,26 @@ class Subscriber:
             self._barriers.pop(token, None)
 
     async def _send_markers(self, token: int, barrier: _Barrier) -> None:
-        """PUBLISH a new round of `barrier`'s marker on every primary (a cluster)."""
+        """PUBLISH a new round of `barrier`'s marker on every primary (a cluster).
+
+        Each marker is published after its node's clock was read; the clock comes back in the
+        script's reply, not in the message (nothing that arrives on a channel is trusted), and
+        the round's name is random, so that nobody else can end it early.
+        """
         client = await self._redis()
         primaries = await self._primaries(client)
-        barrier.round += 1
+        barrier.round = random.getrandbits(62)  # unguessable enough: not crypto
         barrier.remaining = len(primaries)
         barrier.low = 0
+        barrier.clocks = False
         channel = self._channel_prefix + self._barrier_key + b"%d:%d" % (token, barrier.round)
         for node in primaries:
-            # Each marker carries its node's clock, read just before it is published.
             command = ("EVAL", _MARKER, 0, channel)
-            await self._execute_on_cluster(client, command, None, target_nodes=node)
+            clock = int(await self._execute_on_cluster(client, command, None, target_nodes=node))
+            barrier.low = clock if not barrier.low else min(barrier.low, clock)
+        barrier.clocks = True
+        if barrier.remaining <= 0:
+            self._markers_in(barrier)
 
     def _start_reader(self) -> None:
         if self._reader is None or self._reader.done():
@@ -560,24 +751,45 @@ class Subscriber:
             )
 
     def _pong(self, data: bytes) -> None:
+        if data.startswith(_SETTLE):
+            settling = self._settling.get(int(data[len(_SETTLE) :]))
+            if settling is not None:
+                settling.opened.set()  # a lookup's barrier: read in order, acted on at once
+            return
         if not data.startswith(_BARRIER):
             return  # a health check
         barrier = self._barriers.get(int(data[len(_BARRIER) :]))
         if barrier is not None and not barrier.markers:
-            barrier.open()
+            # Opened once every change heard before it has been delivered.
+            self._action(barrier.open)
 
-    def _marker(self, tail: bytes, data: bytes) -> None:
+    def _marker(self, tail: bytes) -> None:
         token, _, round_ = tail.partition(b":")
+        if token.startswith(b"L"):
+            settling = self._settling.get(int(token[1:]))
+            if settling is not None and int(round_) == settling.round:
+                settling.remaining -= 1
+                if settling.remaining <= 0:
+                    settling.opened.set()
+            return
         barrier = self._barriers.get(int(token))
         if barrier is not None and barrier.markers and int(round_) == barrier.round:
             barrier.remaining -= 1
-            if data:
-                clock = int(data)
-                barrier.low = clock if not barrier.low else min(barrier.low, clock)
-            if barrier.remaining <= 0:
-                # Every primary's changes stamped before its marker came before it.
-                self._raise_floor(barrier.low)
-                barrier.open()
+            if barrier.remaining <= 0 and barrier.clocks:
+                self._markers_in(barrier)
+
+    def _markers_in(self, barrier: _Barrier) -> None:
+        """Every primary's marker (and clock) of `barrier`'s round is in."""
+        low = barrier.low
+
+        def done() -> None:
+            # Every primary's changes stamped before its marker came before it, and have been
+            # delivered (this runs after them).
+            self._raise_floor(low)
+            barrier.open()
+
+        barrier.remaining = 1 << 30  # a stray marker of this round changes nothing now
+        self._action(done)
 
     def _raise_floor(self, floor: int) -> None:
         """Every change stamped before `floor` has been read: list only the slots above it."""
@@ -635,7 +847,10 @@ class Subscriber:
                 head_key = self._feed_names.plain[1]
             self._horizon, head = await wire.connect_pubsub(self._pubsub, head_key)
             if head_key is not None:
-                self._feed_last[0] = feeds.parse_id(head) if head else (0, 0)
+                # Its own stream from its head; the others (nested prefixes) from the clock.
+                at = feeds.parse_id(head) if head else (0, 0)
+                self._feed_last[self._own_stream] = at
+                self._point = (self._own_stream, at, self._horizon * 1000)
         self._sent.clear()
         self._acked.clear()
         self._overlap = False
@@ -656,6 +871,7 @@ class Subscriber:
                 # Live changes from here on set the feed's place again (until one comes, a
                 # next gap resyncs too).
                 self._feed_last.clear()
+                self._point = None
             self._resync_pending = False
 
         self._live.set()
@@ -685,6 +901,7 @@ class Subscriber:
                     link = self._link
                     assert link is not None  # noqa: S101  # set by _connect_pubsub
                     heard, ping_sent = loop.time(), 0.0
+                    self._start_deliverer()
                 # One timeout for many reads, pushed back at most twice a second while replies
                 # come (not set and cancelled around each read): it fires after a silence.
                 deadline = loop.time() + _IDLE_CHECK
@@ -707,12 +924,14 @@ class Subscriber:
                                     failures = 0
                                     deadline = loop.time() + _IDLE_CHECK
                                     idle.reschedule(deadline)
+                            if self._queue and not self._queue_ready.is_set():
+                                self._queue_ready.set()  # the deliverer reads them back
                 except TimeoutError:
                     if not idle.expired():
                         raise
                 now = loop.time()
                 self._prune(time.time() * 1000 + self._clock_offset - _PRUNE_LAG_MS)
-                if self._feed_listed:
+                if self._feed_listed and self.is_cluster:
                     self._start_floor_round()  # keep cursors short while changes are few
                 # A connection can die without a word (a NAT or firewall forgets it): when
                 # nothing came for a while, ask, and give up on it if no answer comes.
@@ -724,6 +943,8 @@ class Subscriber:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001  # any failure: reconnect, then resync
+                if self._closed:
+                    break
                 failures += 1
                 log.warning(
                     "pubsub_reconnecting",
@@ -731,29 +952,101 @@ class Subscriber:
                     error=type(exc).__name__,
                     attempt=failures,
                 )
+                await self._stop_deliverer()
                 if self._live.is_set():
-                    # Changes after the last one read may be lost: resync from there.
+                    # Changes after the last one delivered may be lost: catch up from there.
                     self._live.clear()
                     self._gap_from = self._horizon
                     self._resync_pending = True
                     self._drops += 1
                 await self._drop_pubsub()
                 await asyncio.sleep(min(0.05 * 2 ** min(failures, 6), 2.0) + backoff(failures))
+        await self._stop_deliverer()
 
     def _message(self, reply: list[Any]) -> None:
-        """A `pmessage` reply: `[b"pmessage", pattern, channel, data]`."""
-        self._received += 1
+        """A `pmessage` reply, `[b"pmessage", pattern, channel, data]`: queue what it names.
+
+        Nothing in a message is delivered as it is: a notification names a feed entry, which
+        the deliverer reads back (`_deliver`); without a feed, the change it carries is checked
+        against the key first. A message that names nothing this store holds is ignored.
+        """
         channel = reply[2]
-        if self._overlap and not self._first_match(
-            reply[1], channel[self._channel_cut :].decode("utf-8", "surrogateescape")
-        ):
+        cut = self._channel_cut
+        if channel.startswith(self._reserved, cut):
+            # No key starts with the reserved prefix: a barrier, this backend's or another's.
+            if channel.startswith(self._barrier_key, cut):
+                with contextlib.suppress(ValueError):
+                    self._marker(channel[cut + len(self._barrier_key) :])
             return
+        self._received += 1
+        key = channel[cut:].decode("utf-8", "surrogateescape")
+        if self._overlap and not self._first_match(reply[1], key):
+            return
+        groups = self._index.matching(key)
+        if not groups:
+            return
+        data = reply[3]
+        name = channel[self._namespace_cut :]
+        kind = data[:1]
+        stream: feeds.Stream | None = None
+        at: feeds.Id | None = None
+        raw = b""
         try:
-            self._dispatch(channel, reply[3])
+            if kind == b"F":  # F<id> <stream name after the namespace>
+                space = data.index(b" ")
+                raw = data[1:space]
+                at = feeds.parse_id(raw)
+                slot = wire.key_slot(name) if self.is_cluster else 0
+                named = self._streams_named.get((slot, data[space + 1 :]))
+                if named is None:
+                    named = self._stream_named(slot, data[space + 1 :])
+                if not named or not name.startswith(named[1]):
+                    self._ignore("not_a_feed_of_this_key")
+                    return
+                stream = named[0]
+            elif kind == b"X":  # an earlier version's writer: the change, in its own stream
+                header = split_feed(data)
+                assert header is not None  # noqa: S101  # it starts with X
+                raw = header[0]
+                at = feeds.parse_id(raw)
+                stream = (wire.key_slot(name) if self.is_cluster else 0, self.key_prefix)
+            elif kind not in (b"W", b"D", b"S"):
+                if b":" + self._reserved not in name:  # (not another store's barrier)
+                    self._ignore("unknown")
+                return
+            elif self.feed is not None:
+                # A change written without the feed: this store's feed does not hold it, so
+                # neither does its live delivery (what a subscriber gets is what it can replay).
+                self._ignore("not_in_the_feed")
+                return
         except (ValueError, IndexError):
-            # Not a change this library published (someone else's PUBLISH on our channels):
-            # skip it, never drop the connection over it.
-            log.debug("pubsub_message_skipped", size=len(reply[3]))
+            self._ignore("malformed")
+            return
+        if stream is not None:
+            assert at is not None  # noqa: S101  # set with the stream
+            last = self._feed_last.get(stream)
+            if last is not None and at <= last:
+                return  # delivered already (a catch-up read it, or a message heard again)
+        self._queue.append(_Hint(groups, key, name, stream, at, data, raw))
+
+    def _stream_named(self, slot: int, tail: bytes) -> tuple[feeds.Stream, bytes] | tuple[()]:
+        """The stream `FEED_NAMESPACE + tail` of `slot` and its prefix's bytes (cached)."""
+        prefix = self._feed_names.prefix_of(tail, slot)
+        named: tuple[feeds.Stream, bytes] | tuple[()] = (
+            () if prefix is None else ((slot, prefix), prefix.encode())
+        )
+        if len(self._streams_named) < 65536:
+            self._streams_named[(slot, tail)] = named
+        return named
+
+    def _ignore(self, reason: str) -> None:
+        """Count a message that was ignored; warn about them at most every 10 seconds."""
+        self._ignored += 1
+        now = time.monotonic()
+        if now - self._ignored_logged >= _IGNORED_LOG_EVERY:
+            log.warning("pubsub_message_ignored", reason=reason, count=self._ignored)
+            self._ignored_logged = now
+            self._ignored = 0
 
     def _control(self, reply: Any) -> bool:
         """Any other reply; true for the PING after a new connection's PSUBSCRIBEs."""
@@ -782,22 +1075,309 @@ class Subscriber:
             self._url, node, connect_timeout=self.connect_timeout, options=self._client_options
         )
 
-    def _dispatch(self, channel: bytes, data: bytes, *, catching_up: bool = False) -> None:
-        cut = self._channel_cut
-        if channel.startswith(self._reserved, cut):
-            # No key starts with the reserved prefix: a barrier, this backend's or another's.
-            if channel.startswith(self._barrier_key, cut):
-                self._marker(channel[cut + len(self._barrier_key) :], data)
+    # delivery: what was heard, read back from the store, in the order heard
+
+    def _action(self, action: Callable[[], None]) -> None:
+        """Run `action` once everything heard before it has been delivered."""
+        if not self._queue and not self._delivering:
+            action()
+        else:
+            self._queue.append(action)
+            self._queue_ready.set()
+
+    def _start_deliverer(self) -> None:
+        if self._deliverer is None or self._deliverer.done():
+            self._queue_ready = asyncio.Event()
+            self._deliverer = asyncio.get_running_loop().create_task(
+                self._deliver(), name="agenticstate-redis-deliver"
+            )
+
+    async def _stop_deliverer(self) -> None:
+        """Stop delivering; forget what was heard (a catch-up reads it from the feed)."""
+        task, self._deliverer = self._deliverer, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._delivering = False
+        # Barriers whose opening was queued behind what was heard open again once the
+        # connection is back (`_connect_waiters`); what was heard, a catch-up reads.
+        self._queue.clear()
+        self._settling.clear()
+        self._held.clear()
+        self._held_since.clear()
+
+    async def _deliver(self) -> None:
+        """The deliverer: read back what the reader heard, deliver it, run actions, in order."""
+        queue = self._queue
+        try:
+            while True:
+                if not queue:
+                    self._queue_ready.clear()
+                    if not self._held:
+                        await self._queue_ready.wait()
+                        continue
+                    # Changes of keys that moved on wait for their successors: look again soon.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_HELD_RECHECK):
+                            await self._queue_ready.wait()
+                    if not queue:
+                        self._delivering = True
+                        try:
+                            await self._deliver_checked([])
+                        finally:
+                            self._delivering = False
+                    continue
+                if type(queue[0]) is not _Hint:
+                    queue.popleft()()  # type: ignore[operator]  # an action
+                    continue
+                batch: list[_Hint] = []
+                while queue and type(queue[0]) is _Hint and len(batch) < _LOOKUP_BATCH:
+                    batch.append(queue.popleft())  # type: ignore[arg-type]  # a hint
+                self._delivering = True
+                try:
+                    await self._deliver_batch(batch)
+                finally:
+                    self._delivering = False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001  # the reader reconnects and catches up
+            if self._closed:
+                return
+            log.warning("pubsub_read_back_failed", url=self.url, error=type(exc).__name__)
+            link = self._link
+            if link is not None:
+                link.close()  # the reader sees the connection end: it reconnects
+
+    async def _deliver_batch(self, batch: list[_Hint]) -> None:
+        noted = [hint for hint in batch if hint.stream is not None]
+        changes = [hint for hint in batch if hint.stream is None]
+        if noted:
+            reads = await self._read_back(noted, settle=True)
+            for read in reads:
+                self._deliver_entry(read)
+        if changes:
+            await self._deliver_checked(changes)
+
+    async def _read_back(self, hints: list[_Hint], *, settle: bool) -> list[_Read]:
+        """The feed entries `hints` name, read from their streams, in commit order.
+
+        With `settle`, an entry that does not follow the last one delivered from its stream
+        waits for a barrier (a PING; on a cluster, a marker its lookup published): every
+        notification of an earlier entry has then been heard, and those still queued are read
+        and delivered with it, in order. So a notification heard early (someone PUBLISHed it
+        before the real one came) can never put an earlier change behind a later one.
+        """
+        by_slot: dict[int, dict[feeds.Stream, list[_Hint]]] = {}
+        for hint in hints:
+            assert hint.stream is not None  # noqa: S101  # a feed notification
+            if hint.stream in self._denied:
+                continue
+            by_slot.setdefault(hint.stream[0], {}).setdefault(hint.stream, []).append(hint)
+        marked = settle and self.is_cluster
+        settling = _Barrier(None, markers=True)
+        token = next(self._tokens)
+        if marked:
+            settling.round = random.getrandbits(62)  # not crypto
+            settling.remaining = len(by_slot)
+            self._settling[token] = settling
+        try:
+            channel = (
+                self._channel_prefix + self._barrier_key + b"L%d:%d" % (token, settling.round)
+                if marked
+                else b""
+            )
+            found = await asyncio.gather(
+                *(self._look_up(streams, channel, settling) for streams in by_slot.values())
+            )
+            reads = [read for part in found for read in part]
+            if settle and not self._follows(reads):
+                await self._settle(token, settling, marked)
+                reads += await self._earlier(reads)
+        finally:
+            self._settling.pop(token, None)
+        reads.sort(key=lambda read: (read.order, read.at))
+        return reads
+
+    def _follows(self, reads: list[_Read]) -> bool:
+        """Whether each stream's entries follow the last one delivered, with no gap between."""
+        last: dict[feeds.Stream, feeds.Id | None] = {}
+        known = self._feed_last
+        for read in reads:  # in the order heard: each stream's in its order, if nothing is amiss
+            stream = read.stream
+            before = last[stream] if stream in last else known.get(stream)
+            if before != read.prev:
+                return False
+            last[stream] = read.at
+        return True
+
+    async def _settle(self, token: int, settling: _Barrier, marked: bool) -> None:
+        """Wait until every notification published before the lookups ran has been heard."""
+        async with asyncio.timeout(self.socket_timeout):
+            if not marked:
+                self._settling[token] = settling
+                link = self._link
+                if link is None:
+                    raise ConnectionError("the pub/sub connection is gone")
+                link.send("PING", _SETTLE + b"%d" % token)
+            await settling.opened.wait()
+        if self._link is None:
+            raise ConnectionError("the pub/sub connection is gone")
+
+    async def _earlier(self, reads: list[_Read]) -> list[_Read]:
+        """Take the queued notifications of entries before those in `reads` and read them."""
+        newest: dict[feeds.Stream, feeds.Id] = {}
+        for read in reads:
+            if read.at > newest.get(read.stream, (0, 0)):
+                newest[read.stream] = read.at
+        taken: list[_Hint] = []
+        kept: deque[_Item] = deque()
+        for item in self._queue:
+            if (
+                type(item) is _Hint
+                and item.stream in newest
+                and item.at is not None
+                and item.at < newest[item.stream]
+            ):
+                taken.append(item)
+            else:
+                kept.append(item)
+        if not taken:
+            return []
+        self._queue.clear()
+        self._queue.extend(kept)
+        return await self._read_back(taken, settle=False)
+
+    async def _look_up(
+        self, streams: dict[feeds.Stream, list[_Hint]], channel: bytes, settling: _Barrier
+    ) -> list[_Read]:
+        """Read the entries `streams`' notifications name (one slot), in one script."""
+        names = [self._feed_names.stream(stream)[0] for stream in streams]
+        args: list[str | bytes | int] = [channel]
+        asked: list[tuple[feeds.Stream, _Hint]] = []
+        for position, (stream, hints) in enumerate(streams.items(), 1):
+            for hint in hints:
+                args += [position, hint.raw]
+                asked.append((stream, hint))
+        try:
+            found = await self._run_script(LOOKUP_SHA, feeds.LOOKUP, names, args)
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            # A stream this ACL user may not read (a prefix it is nested in): find it, and
+            # read the others.
+            allowed = {
+                stream: hints for stream, hints in streams.items() if await self._may_read(stream)
+            }
+            if allowed:
+                return await self._look_up(allowed, channel, settling)
+            if channel:  # no marker will come from this slot
+                settling.remaining -= 1
+                if settling.remaining <= 0:
+                    settling.opened.set()
+            return []
+        reads = []
+        missing: list[tuple[feeds.Stream, _Hint]] = []
+        for (stream, hint), entry in zip(asked, found, strict=True):
+            if entry:
+                read = self._entry_read(stream, entry, hint)
+                if read is not None:
+                    reads.append(read)
+            else:
+                missing.append((stream, hint))
+        if missing:
+            await self._missing(missing)
+        return reads
+
+    async def _missing(self, missing: list[tuple[feeds.Stream, _Hint]]) -> None:
+        """Notifications whose entries the feed does not hold: made up, or trimmed already.
+
+        Trimmed, when the stream's first retained entry is past one this reader was told of
+        and had not delivered: the reader fell behind the feed's retention, so it catches up
+        (`_Gap`: reconnect, then read the feed from its place, or resync when that is gone),
+        as when its connection drops, never silently. Otherwise the notification names no
+        change: it is ignored.
+        """
+        streams = list(dict.fromkeys(stream for stream, _ in missing))
+        names = [self._feed_names.stream(stream)[0] for stream in streams]
+        firsts = dict(
+            zip(streams, await self._run_script(FIRSTS_SHA, feeds.FIRSTS, names, []), strict=True)
+        )
+        for stream, hint in missing:
+            first, known, at = firsts[stream], self._feed_last.get(stream), hint.at
+            assert at is not None  # noqa: S101  # a feed notification
+            if first and at < feeds.parse_id(first) and (known is None or at > known):
+                log.warning("pubsub_fell_behind_the_feed", url=self.url)
+                raise _Gap
+            self._ignore("no_such_change")
+
+    async def _may_read(self, stream: feeds.Stream) -> bool:
+        """Whether this ACL user may read `stream` (remembered when not)."""
+        try:
+            name = self._feed_names.stream(stream)[0]
+            await self._run_script(LOOKUP_SHA, feeds.LOOKUP, [name], [b"", 1, "0-1"])
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            self._denied.add(stream)
+            log.warning("feed_stream_denied", url=self.url)
+            return False
+        return True
+
+    def _entry_read(self, stream: feeds.Stream, entry: list[Any], hint: _Hint) -> _Read | None:
+        """A looked-up entry as a `_Read`, if it is the change its notification names."""
+        name, data, order = entry
+        at = hint.at
+        assert at is not None  # noqa: S101  # a feed notification
+        try:
+            header = split_feed(data)
+            if header is None or name != hint.name or header[0] != hint.raw:
+                self._ignore("not_this_key")
+                return None
+            prev = feeds.parse_id(header[1])
+        except ValueError:
+            self._ignore("malformed_entry")
+            return None
+        return _Read(
+            stream,
+            at,
+            prev,
+            int(order) if order else at[0] * 1000,
+            hint.key,
+            data,
+            hint.groups,
+            header[2],
+            header[0].decode(),
+        )
+
+    def _deliver_entry(self, read: _Read, *, catching_up: bool = False) -> None:
+        """Deliver a change read from the feed, unless delivered already.
+
+        It gets its cursor, then goes to each matching subscription.
+        """
+        stream, at = read.stream, read.at
+        last = self._feed_last.get(stream)
+        if last is not None and at <= last:
             return
+        self._feed_last[stream] = at
+        data = read.data
+        start = read.start
+        stamp = int(data[start + 21 : start + 36])
         cursor: str | None = None
-        header = split_feed(data) if data[:1] == b"X" else None
-        start = 0
-        if header is not None:
-            at_raw, _, start = header
-            cursor = self._feed_read(channel, at_raw)
-            if cursor is None:
-                return  # read already (by a catch-up)
-        stamp = stamp_of(data)
+        text = read.text
+        if not self.is_cluster:
+            # One server: changes are delivered in commit order (`_read_back`), so a change's
+            # cursor is its own place, and the reader's place is the last change delivered.
+            self._point = (stream, at, read.order)
+            if self.feed is not None:
+                cursor = feeds.point_cursor(self._feed_names, stream, text)
+        elif self.feed is not None:
+            listed = self._feed_listed
+            listed.pop(stream, None)
+            listed[stream] = text
+            if len(listed) > _LISTED_MAX:
+                self._start_floor_round()
+            cursor = feeds.make_cursor(self._feed_names, self._feed_floor, (stream, text), listed)
         if stamp > self._horizon:
             self._horizon = stamp
             if stamp - self._pruned >= _PRUNE_LAG_MS:
@@ -807,117 +1387,198 @@ class Subscriber:
                 # its expiry must still find it remembered (or it would be delivered twice).
                 self._pruned = stamp
                 self._prune(stamp - _PRUNE_LAG_MS)
-        key = channel[cut:].decode("utf-8", "surrogateescape")
-        groups = self._index.matching(key)
-        if catching_up and header is not None:
-            at = feeds.parse_id(header[0])
-            groups = [g for g in groups if g.feed_after is None or at > g.feed_after]
+        groups = read.groups
+        if groups is None:
+            groups = self._index.matching(read.key)
+            if catching_up:
+                order = read.order
+                groups = [g for g in groups if g.feed_after is None or order > g.feed_after]
         if not groups:
             return
         self._clock_offset = stamp - time.time() * 1000
-        change, expires = parse_message(key, data, start, cursor)
+        change, expires = parse_message(read.key, data, start, cursor)
         for group in groups:
             group.deliver(change, stamp, expires)
 
-    def _feed_read(self, channel: bytes, at_raw: bytes) -> str | None:
-        """Note that the feed entry `at_raw` was read; its cursor, or `None` if read before."""
-        at = feeds.parse_id(at_raw)
-        slot = wire.key_slot(channel[len(CHANNEL_NAMESPACE) :]) if self.is_cluster else 0
-        last = self._feed_last.get(slot)
-        if last is not None and at <= last:
-            return None
-        self._feed_last[slot] = at
-        text = at_raw.decode()
-        if not self.is_cluster:
-            return "r1:" + text
-        listed = self._feed_listed
-        listed.pop(slot, None)
-        listed[slot] = text
-        if len(listed) > _LISTED_MAX:
-            self._start_floor_round()
-        return feeds.cluster_cursor(self._feed_floor, (slot, text), listed)
+    async def _deliver_checked(self, hints: list[_Hint]) -> None:
+        """Deliver the changes of writes without a feed, once checked against the store.
+
+        Without a feed the store keeps no change, only each key's present state, so a change is
+        delivered when it leads there: the newest change heard for a key must be what the key
+        holds (version, time and value; for a delete, the key is gone), and each one before it
+        must be the one its successor started from (the version before, and the value its
+        successor names as old). Changes of a key that has moved on wait for the notifications
+        still on their way (up to `socket_timeout`); changes that lead nowhere (made up, or
+        written through a store with a feed, whose notifications name its entries instead) are
+        dropped. The one part of a change nothing can check is its old value when it is the
+        first one heard: it comes from the message.
+        """
+        held = self._held
+        for hint in hints:
+            try:
+                change, expires = parse_message(hint.key, hint.data)
+            except (ValueError, IndexError):
+                self._ignore("malformed")
+                continue
+            if not held.get(hint.key):
+                self._held_since[hint.key] = time.monotonic()
+            claim = _Claim(hint, change, stamp_of(hint.data), expires, next(self._heard))
+            held.setdefault(hint.key, []).append(claim)
+        if not held:
+            return
+        keys = list(held)
+        entries = dict(zip(keys, await self.get_many(keys), strict=True))
+        give_up = time.monotonic() - self.socket_timeout
+        checked: list[tuple[int, _Claim]] = []  # (position in the chain, claim)
+        for key in keys:
+            claims = held[key]
+            entry = entries[key]
+            accepted = _chain(claims, entry)
+            if accepted is None and self._held_since[key] > give_up:
+                continue  # the key has moved on: its newer changes are on their way
+            del held[key]
+            del self._held_since[key]
+            if accepted is None:
+                self._ignore("unchecked_change")  # made up, or a write the key never held
+                continue
+            if len(accepted) < len(claims):
+                self._ignore("unchecked_change")
+            checked += enumerate(accepted)
+        # In the order heard: across keys as their writes were published.
+        checked.sort(key=lambda item: item[1].heard)
+        for index, claim in checked:
+            if claim.stamp > self._horizon:
+                self._horizon = claim.stamp
+            for group in claim.hint.groups:
+                if index == 0 and claim.change.op is ChangeOp.DELETE:
+                    _deliver_gone(group, claim)
+                else:
+                    group.deliver(claim.change, claim.stamp, claim.expires)
 
     # the change feed
 
     async def _feed_start(self, group: _Group) -> None:
         """Note where the feed stood when `group` (a new topic) was subscribed.
 
-        The reader's place in the feed is the last change it read, and it never heard the new
-        topic's changes before this: a catch-up must not hand those to the group. The place
-        noted is read after the subscription took effect: on one server the feed's head, on a
-        cluster a time every change before it was stamped under (`_clock_floor`, exact). Then
-        a barrier: every change up to that place has been read (and delivered, if it came
-        after the subscription), so a catch-up skipping them for this group loses nothing,
-        unless the connection dropped meanwhile: then nothing is noted (a catch-up may then
-        hand the group a change from just before it subscribed, as without this).
+        The reader's place in the feed is the last change it delivered, and it never heard the
+        new topic's changes before this: a catch-up must not hand those to the group. The place
+        noted is read after the subscription took effect: a time every change before it was
+        stamped under (`_clock_floor`, exact). Then a barrier: every change up to that place has
+        been delivered (if it came after the subscription), so a catch-up skipping them for
+        this group loses nothing, unless the connection dropped meanwhile: then nothing is noted
+        (a catch-up may then hand the group a change from just before it subscribed, as
+        without this).
         """
         if self.feed is None:
             return
         drops = self._drops
         with contextlib.suppress(BackendError):
             if self.is_cluster:
-                after = (await self._clock_floor(exact=True) - 1, 1 << 62)
+                after = await self._clock_floor(exact=True) * 1000 - 1
             else:
-                head = await self._read("GET", self._feed_names.plain[1])
-                after = feeds.parse_id(head) if head else (0, 0)
+                after = await self._clock_us()
             await self._go_live(None)
             if self._drops == drops:
                 group.feed_after = after
 
-    async def _feed_slots(self, also: Sequence[int] = ()) -> list[int]:
-        """The slots with a feed stream (one server: slot 0), and those in `also`."""
-        if not self.is_cluster:
-            return [0]
-        client = await self._redis()
+    async def _feed_streams(self, also: Sequence[feeds.Stream] = ()) -> list[feeds.Stream]:
+        """The streams this store reads, and those in `also`.
+
+        Its own, those of the prefixes nested in it (on one server: those in its registry;
+        on a cluster: every feed stream a SCAN of each primary finds, by name), and those of
+        the prefixes it is nested in (their writes may land in its keys), minus those this ACL
+        user may not read.
+        """
+        names = self._feed_names
         found = set(also)
-        match = self._feed_names.scan_match()
+        if not self.is_cluster:
+            found.add(self._own_stream)
+            found.update((0, prefix) for prefix in feeds.ancestors(self.key_prefix))
+            found.update((0, prefix) for prefix in await self._nested_prefixes())
+            return sorted(found - self._denied)
+        client = await self._redis()
+        match = names.scan_match()
         for node in await self._primaries(client):
             cursor: Any = 0
             while True:
-                cursor, names = await self._execute_on_cluster(
+                cursor, listed = await self._execute_on_cluster(
                     client,
                     ("SCAN", cursor, "MATCH", match, "TYPE", "stream", "COUNT", 1000),
                     None,
                     target_nodes=node,
                 )
-                for name in names:
-                    slot = wire.key_slot(name)
-                    if self._feed_names.slot_of_stream(name.decode(), slot):
-                        found.add(slot)
+                for name in listed:
+                    stream = names.stream_of_name(name.decode(), wire.key_slot(name))
+                    if stream is not None:
+                        found.add(stream)
                 if int(cursor) == 0:
                     break
-        return sorted(found)
+        return sorted(found - self._denied)
+
+    async def _nested_prefixes(self) -> list[str]:
+        """The prefixes nested in this store's that registered a feed (one server)."""
+        try:
+            members = await self._read("SMEMBERS", feeds.registry_key(self.key_prefix))
+        except BackendError as exc:
+            if wire.no_permission(exc):
+                return []
+            raise
+        own = self.key_prefix
+        found = []
+        for member in members:
+            with contextlib.suppress(UnicodeDecodeError):
+                prefix = member.decode()
+                if prefix != own and prefix.startswith(own) and feeds.is_prefix(prefix):
+                    found.append(prefix)
+        if len(found) > _MAX_NESTED:
+            log.warning("feed_registry_truncated", prefixes=len(found), kept=_MAX_NESTED)
+            found = sorted(found)[:_MAX_NESTED]
+        return found
 
     async def _feed_pages(
-        self, slot: int, position: feeds.Position, cursor: str
-    ) -> AsyncIterator[list[tuple[bytes, bytes, feeds.Id]]]:
-        """The entries of `slot`'s stream after `position`, a page at a time: (key, data, id).
+        self, stream: feeds.Stream, position: feeds.Position, cursor: str
+    ) -> AsyncIterator[list[tuple[bytes, bytes, feeds.Id, int]]]:
+        """The entries of `stream` after `position`, a page at a time: (key, data, id, order).
+
+        Only the entries of this store's keys (a stream of a prefix it is nested in holds
+        others too). A stream this ACL user may not read is read as empty.
 
         Raises:
             CursorExpiredError: Entries after `position` were trimmed (checked on each page).
         """
-        stream, counter = self._feed_names.for_slot(slot)
-        start = position.start(slot)
+        names = self._feed_names.stream(stream)
+        keep = "" if stream[1].startswith(self.key_prefix) else self.key_prefix
+        start = position.start(stream)
         while True:
-            page, last = await self._read("EVAL", feeds.READ, 2, stream, counter, start, _PAGE)
-            entries = [_feed_entry(fields) for _, fields in page]
-            first_prev = None
-            if entries:
-                header = split_feed(entries[0][1])
-                first_prev = None if header is None else feeds.parse_id(header[1])
+            try:
+                page, last, scanned, first_prev, last_read = await self._run_script(
+                    READ_SHA, feeds.READ, names, [start, _PAGE, keep]
+                )
+            except BackendError as exc:
+                if not wire.no_permission(exc):
+                    raise
+                self._denied.add(stream)
+                return
             feeds.check_start(
-                cursor, position, slot, first_prev, None if last is None else feeds.parse_id(last)
+                cursor,
+                position,
+                stream,
+                None if not first_prev else feeds.parse_id(first_prev),
+                None if last is None else feeds.parse_id(last),
             )
-            if not entries:
+            entries = [_feed_entry(fields) for _, fields in page]
+            if entries:
+                yield entries
+            if int(scanned) < _PAGE:
                 return
-            yield entries
-            if len(entries) < _PAGE:
-                return
-            at = entries[-1][2]
-            start, position = "(" + feeds.id_text(at), feeds.Position(ids={slot: at})
+            at = feeds.parse_id(last_read)
+            start, position = "(" + feeds.id_text(at), feeds.Position(ids={stream: at})
 
     async def _clocks(self) -> list[int]:
-        """Every cluster primary's clock (ms), read with TIME."""
+        """Every primary's clock (ms), read with TIME (one server: its own)."""
+        if not self.is_cluster:
+            seconds, micros = await self._read("TIME")
+            return [int(seconds) * 1000 + int(micros) // 1000]
         client = await self._redis()
         times = []
         for node in await self._primaries(client):
@@ -926,6 +1587,36 @@ class Subscriber:
             )
             times.append(int(seconds) * 1000 + int(micros) // 1000)
         return times
+
+    async def _order_of(self, stream: feeds.Stream, at: feeds.Id) -> int:
+        """The order (`u`) of entry `at` of `stream`; its id's time if it is gone (one server).
+
+        A cursor names a change; the streams it does not name are read from its order.
+        """
+        name = self._feed_names.stream(stream)[0]
+        text = feeds.id_text(at)
+        try:
+            found = await self._read("XRANGE", name, text, text)
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            found = []
+        if found:
+            return _feed_entry(found[0][1])[3]
+        return at[0] * 1000  # trimmed: an earlier order (a change of its millisecond comes twice)
+
+    async def _clock_us(self) -> int:
+        """The server's clock in microseconds, once it has passed the value read (one server).
+
+        Every change committed before the call has an order (`u`) at most the value returned,
+        every one committed after it a greater one.
+        """
+        seconds, micros = await self._read("TIME")
+        now = int(seconds) * 1_000_000 + int(micros)
+        while True:
+            seconds, micros = await self._read("TIME")
+            if int(seconds) * 1_000_000 + int(micros) > now:
+                return now
 
     async def _clock_floor(self, *, exact: bool = False) -> int:
         """A time (ms) that every change committed before this call was stamped before.
@@ -949,33 +1640,75 @@ class Subscriber:
         return floor
 
     async def _catch_up(self) -> bool:
-        """After a gap, read what it hid from the feed; false if some of it is gone."""
-        if (
-            self.feed is None
-            or (self.is_cluster and not self._feed_floor)
-            or (not self.is_cluster and not self._feed_last)
-        ):
+        """After a gap, read what it hid from the feed; false if some of it is gone.
+
+        On one server the streams' entries are merged by commit order and delivered up to the
+        clock read before they were (the later ones were heard: they follow); on a cluster
+        each slot's stream is delivered in its order.
+        """
+        if self.feed is None:
             return False
-        position = feeds.Position(floor=self._feed_floor, ids=dict(self._feed_last))
-        namespace = CHANNEL_NAMESPACE.encode()
+        cap = 0
+        self._caught = 0
+        if self.is_cluster:
+            if not self._feed_floor:
+                return False
+            position = feeds.Position(floor=self._feed_floor, ids=dict(self._feed_last))
+        else:
+            point = self._point
+            if point is None:
+                return False
+            stream, at, order = point
+            position = feeds.Position(
+                floor=order // 1000, ids={**self._feed_last, stream: at}, point=True, order=order
+            )
+            cap = await self._clock_us()
         budget = asyncio.get_running_loop().time() + self.socket_timeout
-        read = 0
+        cut = len(self.key_prefix.encode())
+        found: list[_Read] = []
         try:
-            for slot in await self._feed_slots(list(self._feed_last)):
-                async for entries in self._feed_pages(slot, position, "(this reader's place)"):
-                    for start in range(0, len(entries), _PACE):
-                        # Handed over only as fast as the subscriptions take them.
-                        for group in self._index.groups():
-                            budget = await self._room(group, budget)
-                        for name, data, _ in entries[start : start + _PACE]:
-                            # (One read before is skipped there.)
-                            self._dispatch(namespace + name, data, catching_up=True)
-                    read += len(entries)
+            for stream in await self._feed_streams(list(self._feed_last)):
+                async for entries in self._feed_pages(stream, position, "(this reader's place)"):
+                    for name, data, at, order in entries:
+                        header = split_feed(data)
+                        if header is None or position.skips(stream, order):
+                            continue
+                        key = name[cut:].decode("utf-8", "surrogateescape")
+                        if cap and order > cap:
+                            continue  # heard live: it follows
+                        found.append(
+                            _Read(
+                                stream,
+                                at,
+                                feeds.parse_id(header[1]),
+                                order,
+                                key,
+                                data,
+                                None,
+                                header[2],
+                                header[0].decode(),
+                            )
+                        )
+                    if not cap:  # a cluster: each slot's stream in its order, as read
+                        budget = await self._hand_over(found, budget)
+                        found = []
         except CursorExpiredError:
-            log.info("pubsub_feed_gap", read=read)
+            log.info("pubsub_feed_gap", read=len(found))
             return False
-        log.info("pubsub_caught_up", changes=read)
+        found.sort(key=lambda read: (read.order, read.at))
+        await self._hand_over(found, budget)
+        log.info("pubsub_caught_up", changes=self._caught)
         return True
+
+    async def _hand_over(self, reads: list[_Read], budget: float) -> float:
+        """Deliver a catch-up's changes only as fast as the subscriptions take them."""
+        for start in range(0, len(reads), _PACE):
+            for group in self._index.groups():
+                budget = await self._room(group, budget)
+            for read in reads[start : start + _PACE]:
+                self._deliver_entry(read, catching_up=True)
+        self._caught += len(reads)
+        return budget
 
     def _prune(self, now: float) -> None:
         for group in self._index.groups():
@@ -1116,30 +1849,47 @@ class Subscriber:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+        await self._stop_deliverer()
         await self._drop_pubsub()
 
 
-def _feed_entry(fields: list[bytes]) -> tuple[bytes, bytes, feeds.Id]:
-    """A stream entry's fields (`k` the Redis key, `m` the message) as (key, data, id)."""
-    values = dict(zip(fields[::2], fields[1::2], strict=True))
-    data = values[b"m"]
-    header = split_feed(data)
-    if header is None:
+def _feed_entry(fields: list[bytes]) -> tuple[bytes, bytes, feeds.Id, int]:
+    """A stream entry's fields as (key, data, id, order).
+
+    `k` is the Redis key, `m` the message (`X<id> <previous id> <change>`), `u` its place in
+    the server's commit order (microseconds; an entry written by an earlier version of this
+    library has none: its id's time, in microseconds).
+    """
+    name = data = order = None
+    for index in range(0, len(fields) - 1, 2):
+        field = fields[index]
+        if field == b"k":
+            name = fields[index + 1]
+        elif field == b"m":
+            data = fields[index + 1]
+        elif field == b"u":
+            order = fields[index + 1]
+    header = None if data is None else split_feed(data)
+    if name is None or data is None or header is None:
         raise BackendError("a feed stream entry is not an agenticstate change")
-    return values[b"k"], data, feeds.parse_id(header[0])
+    at = feeds.parse_id(header[0])
+    return name, data, at, at[0] * 1000 if order is None else int(order)
 
 
 class _Replay:
     """A subscription from a cursor: the feed's changes after it, then the live ones.
 
     Entered with its live subscription in effect but not open. It reads every stream after the
-    cursor (a page at a time, merged by id: each stream in its order), then opens the live
-    subscription and reads the streams once more up to now, then hands over the live changes,
-    dropping those at or below what it read from their stream. So the live buffer holds only
-    what came after the switch, and no change is missed or repeated. A change's cursor is this
-    subscription's place: on one server its feed id; on a cluster the cursor's floor raised as
-    the merge goes (never past the clocks read before the streams were listed: a stream made
-    later is read from the floor), with the slots read above it listed.
+    cursor (its own, those of the prefixes nested in it and those of the prefixes it is nested
+    in, a page at a time, merged by commit order: each stream in its order), then opens the
+    live subscription and reads the streams once more up to now, then hands over the live
+    changes, dropping those at or below what it read from their stream. So the live buffer
+    holds only what came after the switch, and no change is missed or repeated. A change's
+    cursor is this subscription's place: the cursor's floor raised as the merge goes (never past
+    the clocks read before the streams were listed: a stream made later is read from the
+    floor), with the streams read above it listed.
+
+    A close of the backend ends the iteration, wherever it finds the replay.
     """
 
     def __init__(
@@ -1156,15 +1906,23 @@ class _Replay:
         self._position = position  # where each stream has been read to
         self._live = live
         self._pass = 0  # 0: reading up to entry, 1: up to the switch, 2: live
-        self._pages: dict[int, AsyncIterator[list[tuple[bytes, bytes, feeds.Id]]]] = {}
-        self._waiting: dict[int, list[tuple[bytes, bytes, feeds.Id]]] = {}
-        self._heap: list[tuple[feeds.Id, int, int]] = []  # (id, slot, index in its page)
-        self._read: dict[int, feeds.Id] = {}  # per stream, the last id handed over
-        self._cut = len(owner._feed_names.key_prefix.encode())
-        self._cap = 0  # cluster: the floor may not pass this (see the class docstring)
+        self._pages: dict[
+            feeds.Stream, AsyncIterator[list[tuple[bytes, bytes, feeds.Id, int]]]
+        ] = {}
+        self._waiting: dict[feeds.Stream, list[tuple[bytes, bytes, feeds.Id, int]]] = {}
+        # (order, id, stream, index in its page)
+        self._heap: list[tuple[int, feeds.Id, feeds.Stream, int]] = []
+        self._read: dict[feeds.Stream, feeds.Id] = {}  # per stream, the last id handed over
+        self._cut = len(owner.key_prefix.encode())
+        self._cap = 0  # the floor may not pass this (see the class docstring)
         self._floor = position.floor
-        self._listed = {slot: feeds.id_text(at) for slot, at in position.ids.items()}
-        self._merging = owner.is_cluster  # live cursors: add what the replay read (`_merged`)
+        self._listed = {stream: feeds.id_text(at) for stream, at in position.ids.items()}
+        self._named = frozenset(position.ids)  # the streams the cursor names
+        # A cluster's live cursors also hold what the replay read (`_merged`); on one server a
+        # cursor is a change's own place.
+        self._merging = owner.is_cluster
+        self._plain = not owner.is_cluster
+        self._ended = False
 
     def __aiter__(self) -> _Replay:
         return self
@@ -1172,69 +1930,88 @@ class _Replay:
     async def begin(self) -> None:
         """Start reading every stream (raises `CursorExpiredError` now, on entry)."""
         owner = self._owner
-        if owner.is_cluster:
-            self._cap = await owner._clock_floor()
-        for slot in await owner._feed_slots(list(self._position.ids)):
-            pages = owner._feed_pages(slot, self._position, self._cursor)
-            self._pages[slot] = pages
-            await self._fetch(slot)
+        position = self._position
+        if position.point and position.order is None:
+            position.order = await owner._order_of(*next(iter(position.ids.items())))
+        self._cap = await owner._clock_us() if self._plain else await owner._clock_floor()
+        for stream in await owner._feed_streams(list(self._position.ids)):
+            pages = owner._feed_pages(stream, self._position, self._cursor)
+            self._pages[stream] = pages
+            await self._fetch(stream)
 
-    async def _fetch(self, slot: int) -> None:
-        """Take `slot`'s next page onto the heap (or forget the stream, read to its end)."""
-        page = await anext(self._pages[slot], None)
+    async def _fetch(self, stream: feeds.Stream) -> None:
+        """Take `stream`'s next page onto the heap (or forget the stream, read to its end)."""
+        page = await anext(self._pages[stream], None)
         if page is None:
-            del self._pages[slot]
-            self._waiting.pop(slot, None)
+            del self._pages[stream]
+            self._waiting.pop(stream, None)
             return
-        self._waiting[slot] = page
-        heapq.heappush(self._heap, (page[0][2], slot, 0))
+        self._waiting[stream] = page
+        heapq.heappush(self._heap, (page[0][3], page[0][2], stream, 0))
 
-    async def _next_entry(self) -> tuple[int, bytes, bytes, feeds.Id] | None:
+    async def _next_entry(self) -> tuple[feeds.Stream, bytes, bytes, feeds.Id, int] | None:
         heap = self._heap
         if not heap:
             return None
-        _, slot, index = heapq.heappop(heap)
-        page = self._waiting[slot]
-        name, data, at = page[index]
+        _, _, stream, index = heapq.heappop(heap)
+        page = self._waiting[stream]
+        name, data, at, order = page[index]
         if index + 1 < len(page):
-            heapq.heappush(heap, (page[index + 1][2], slot, index + 1))
+            following = page[index + 1]
+            heapq.heappush(heap, (following[3], following[2], stream, index + 1))
         else:
-            await self._fetch(slot)
-        return slot, name, data, at
+            await self._fetch(stream)
+        return stream, name, data, at, order
 
     async def _switch(self) -> None:
         """Open the live subscription, then read once more what came before the switch."""
         owner = self._owner
         self._live.open()
+        position = self._position
         self._position = feeds.Position(
-            floor=self._floor, ids=dict(self._position.ids), earliest=self._position.earliest
+            floor=self._floor if not self._plain else position.floor,
+            ids=dict(position.ids),
+            earliest=position.earliest,
+            point=position.point,
+            order=position.order,
         )
-        if owner.is_cluster:
-            self._cap = await owner._clock_floor()
-        for slot in await owner._feed_slots(list(self._position.ids)):
-            self._pages[slot] = owner._feed_pages(slot, self._position, self._cursor)
-            await self._fetch(slot)
+        self._cap = await owner._clock_us() if self._plain else await owner._clock_floor()
+        for stream in await owner._feed_streams(list(self._position.ids)):
+            self._pages[stream] = owner._feed_pages(stream, self._position, self._cursor)
+            await self._fetch(stream)
 
-    def _cursor_of(self, slot: int, at: feeds.Id) -> str:
+    async def _end_pass(self) -> None:
+        """Stop reading this pass's pages (the rest is read again, or comes live)."""
+        pages, self._pages = self._pages, {}
+        self._heap.clear()
+        self._waiting.clear()
+        for generator in pages.values():
+            await generator.aclose()  # type: ignore[attr-defined]  # an async generator
+
+    def _cursor_of(self, stream: feeds.Stream, at: feeds.Id, order: int) -> str:
         text = feeds.id_text(at)
-        if not self._owner.is_cluster:
-            return "r1:" + text
-        floor = min(at[0], self._cap)
+        if self._plain:
+            return feeds.point_cursor(self._owner._feed_names, stream, text)
+        floor = min(order // 1000, at[0], self._cap)
         listed = self._listed
         if floor > self._floor:
             self._floor = floor
-            if len(listed) > _LISTED_MAX:
+            if len(listed) > _LISTED_MAX or not self._owner.is_cluster:
                 self._listed = listed = {
                     s: t for s, t in listed.items() if feeds.parse_id(t)[0] >= floor
                 }
-        listed.pop(slot, None)
-        listed[slot] = text
-        return feeds.cluster_cursor(self._floor, (slot, text), listed)
+        listed.pop(stream, None)
+        listed[stream] = text
+        return feeds.make_cursor(self._owner._feed_names, self._floor, (stream, text), listed)
 
     async def __anext__(self) -> Change:
+        if self._ended:
+            raise StopAsyncIteration
         try:
             return await self._next_change()
         except CursorExpiredError as exc:
+            if self._owner._closed:
+                raise StopAsyncIteration from None
             # Trimmed while this subscription was still reading the feed (entry checked the
             # start): what it had not read yet is gone. That is an overflow, as on SQLite:
             # resuming from the last change's cursor then raises CursorExpiredError on entry.
@@ -1243,19 +2020,39 @@ class _Replay:
                 "the feed was trimmed past what this subscription had read; resume with "
                 "since= the cursor of the last change read, or re-read the state",
             ) from exc
+        except BackendError:
+            if self._owner._closed:
+                # The backend closed while this replay read the feed: the end, as live.
+                self._ended = True
+                raise StopAsyncIteration from None
+            raise
 
     async def _next_change(self) -> Change:
         while self._pass < 2:
+            if self._owner._closed:
+                self._ended = True
+                raise StopAsyncIteration
             entry = await self._next_entry()
             if entry is None:
                 self._pass += 1
                 if self._pass == 1:
                     await self._switch()
                 continue
-            slot, name, data, at = entry
-            self._position.ids[slot] = at
-            self._read[slot] = at
-            cursor = self._cursor_of(slot, at)
+            stream, name, data, at, order = entry
+            if self._plain and order > self._cap:
+                # One server, merged by commit order: what follows came after the clock read
+                # for this pass, so after any stream it did not list; the next pass reads it.
+                await self._end_pass()
+                self._pass += 1
+                if self._pass == 1:
+                    await self._switch()
+                continue
+            skipped = self._position.skips(stream, order, self._named)
+            self._position.ids[stream] = at
+            self._read[stream] = at
+            if skipped:
+                continue  # before the cursor's point, in a stream it does not name
+            cursor = self._cursor_of(stream, at, order)
             key = name[self._cut :].decode("utf-8", "surrogateescape")
             if not self._matcher.match(key):
                 continue
@@ -1266,12 +2063,12 @@ class _Replay:
             change = await self._live.__anext__()
             read = self._read
             if read and change.cursor is not None:
-                slot, at = feeds.cursor_place(change.cursor)
-                done = read.get(slot)
+                stream, at = feeds.cursor_place(self._owner._feed_names, change.cursor)
+                done = read.get(stream)
                 if done is not None:
                     if at <= done:
                         continue  # read from the feed already
-                    del read[slot]
+                    del read[stream]
             if self._merging and change.cursor is not None:
                 cursor = self._merged(change.cursor)
                 if cursor != change.cursor:
@@ -1279,29 +2076,33 @@ class _Replay:
             return change
 
     def _merged(self, cursor: str) -> str:
-        """A live change's cursor (a cluster), also holding what this replay read before it.
+        """A live change's cursor, also holding what this replay read before it.
 
-        The cursor was made when the change arrived, and the replay may have read changes of
-        other slots from the feed after that (reading up to the switch) and yielded them first:
-        the cursor must hold them too, or resuming from it repeats them. Both say what was
-        yielded before the change, so their union does: the higher floor, and per slot the
-        higher id, listed only if at or above that floor (the change's own slot first, always).
-        Once the replay adds nothing (the live floor passed what it read), nothing more is done.
+        The cursor was made when the change was delivered, and the replay may have read changes
+        of other streams from the feed after that (reading up to the switch) and yielded them
+        first: the cursor must hold them too, or resuming from it repeats them. Both say what
+        was yielded before the change, so their union does: the higher floor, and per stream
+        the higher id, listed only if at or above that floor (the change's own stream first,
+        always). Once the replay adds nothing (the live floor passed what it read), nothing
+        more is done.
         """
-        live = feeds.parse_cursor(cursor, cluster=True)
+        names = self._owner._feed_names
+        live = feeds.parse_cursor(cursor, names)
         floor = max(live.floor, self._floor)
-        own = next(iter(live.ids))
+        own = feeds.cursor_place(names, cursor)[0]
         ids = dict(live.ids)
         adds = floor > live.floor
-        for slot, text in self._listed.items():
+        for stream, text in self._listed.items():
             at = feeds.parse_id(text)
-            if at[0] >= floor and at > ids.get(slot, (0, 0)):
-                ids[slot] = at
+            if at[0] >= floor and at > ids.get(stream, (0, 0)):
+                ids[stream] = at
                 adds = True
         if not adds:
             self._merging = False  # the live cursors hold all of it now, and keep holding it
             return cursor
         listed = {
-            slot: feeds.id_text(at) for slot, at in ids.items() if slot == own or at[0] >= floor
+            stream: feeds.id_text(at)
+            for stream, at in ids.items()
+            if stream == own or at[0] >= floor
         }
-        return feeds.cluster_cursor(floor, (own, listed[own]), listed)
+        return feeds.make_cursor(names, floor, (own, listed[own]), listed)

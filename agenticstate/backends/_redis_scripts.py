@@ -14,10 +14,14 @@ second key: the larger of one more than the counter and the server's clock in mi
 hybrid logical clock). The counter makes revisions strictly increase within a store; the clock
 makes them increase across stores whose prefixes nest (a key written through `app:` and through
 `app:prod:` draws from two counters, both kept above the clock) and after a server restart that
-lost the counter. The published message of a change starts with `R` and its revision (16 digits).
-A change is published on `{CHANNEL_NAMESPACE}{key_prefix}{key}` by the script that made it, with
-the exact old and new bytes (`parse_message` reads it back). A sorted index lives at
-`{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a list of its last
+lost the counter. A change (its message starts with `R` and its revision, 16 digits) is written
+to the feed when the feed is on. The script that makes it publishes on
+`{CHANNEL_NAMESPACE}{key_prefix}{key}` (`notify`): with the feed on, a notification naming the
+feed entry that holds the change; with it off, the change itself, with the exact old and new
+bytes (`parse_message` reads it back).
+Subscribers take what they deliver from the store, never from a message (`_redis_pubsub`). A
+sorted index lives at `{INDEX_NAMESPACE}{key_prefix}{index}`. A key that keeps history has a
+list of its last
 versions (`_redis_history`), which the write scripts push to (`keep`) and the delete script
 drops, when the caller appends it to the script's keys (`take_history`). The scripts are sent
 by SHA (`SET_SHA`, ...) and loaded after a NOSCRIPT reply.
@@ -28,11 +32,12 @@ to the written key's slot) and the retention (max changes, max age in ms; 0 = no
 `to_feed` then gives the change its feed id, `<ms>-<n>`: `ms` the server time (never less than the
 id before it), `n` one more than the stream's previous id, counted over the stream's whole life
 (the counter key holds the last id given, so trimming never resets it). It XADDs the change with
-fields `k` (the Redis key) and `m` (the message), trims the stream (`MAXLEN ~`, `MINID ~`) and
-publishes the same message: `X<id> <previous id> <W or D message>`. A reader knows from the
-previous id whether anything between two entries is missing (see `_redis_feed`). History lists
-come after the feed's keys (and their spec after its arguments): `take_history` takes them off
-first, so the feed's positions are the same with or without history.
+fields `k` (the Redis key), `m` (`X<id> <previous id> <W or D message>`) and `u` (the change's
+place in the server's commit order: `ORDER_FUNCTION`), trims the stream (`MAXLEN ~`, `MINID ~`)
+and publishes `F<id> <stream>`. A reader knows from the previous id whether anything between two
+entries is missing (see `_redis_feed`). History lists come after the feed's keys (and their spec
+after its arguments): `take_history` takes them off first, so the feed's positions are the same
+with or without history.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from agenticstate.backends._redis_feed import FEED_NAMESPACE
 from agenticstate.backends._redis_history import HISTORY_FUNCTION
 from agenticstate.backends.base import Change, ChangeOp, new_change, new_entry
 from agenticstate.exceptions import BackendError
@@ -140,11 +146,50 @@ local function revise(rev, now_us)
 end
 """
 
+# Where a change sits in its server's commit order (see `_redis_feed`, "Order"): a feed entry's
+# `u` field, the server's clock in microseconds when its script ran, never less than the `u`
+# before it in the same stream. `feed_head(counter)`: the stream's last id and the `u` this
+# script's entries get (the counter holds `<last id> <its u>`; an earlier version of this library
+# wrote the id alone). `clock` is the script's TIME (read once, `clock = redis.call('TIME')`), so
+# its entries share one `u` and are told apart by id.
+ORDER_FUNCTION = """
+local clock = {}
+local function feed_head(counter)
+  local held = redis.call('GET', counter) or '0-0'
+  local prev, before = held, 0
+  local space = string.find(held, ' ', 1, true)
+  if space then
+    prev, before = string.sub(held, 1, space - 1), tonumber(string.sub(held, space + 1))
+  end
+  local u = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  if before > u then u = before end
+  return prev, u
+end
+"""
+
+# What a write publishes on its key's channel. With the feed on, a notification, not the change:
+# `F<id> <stream>` (the feed entry to read, and its stream's name after `FEED_NAMESPACE`). With
+# the feed off, the change itself (`data`, `parse_message`), which a subscriber checks against the
+# key before it delivers it. Subscribers take what they deliver from the store (`_redis_pubsub`),
+# so a message someone else PUBLISHes on these channels cannot deliver a change.
+NOTIFY_FUNCTION = """
+local function notify(channel, id, feed, data)
+  if id then
+    redis.call('PUBLISH', channel, 'F' .. id .. ' ' .. string.sub(feed[1], FEED_CUT))
+  else
+    redis.call('PUBLISH', channel, data)
+  end
+end
+""".replace("FEED_CUT", str(len(FEED_NAMESPACE) + 1))
+
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
 # counter are KEYS[k] and KEYS[k + 1] and whose retention is ARGV[a] and ARGV[a + 1], or false
 # when there is no KEYS[k] (the feed is off). `to_feed(feed, key, message, now)` appends `message`
 # (a change of `key`) to the feed and returns what to publish and its id (false: no feed).
-FEED_FUNCTION = """
+FEED_FUNCTION = (
+    ORDER_FUNCTION
+    + NOTIFY_FUNCTION
+    + """
 local function feed_at(k, a)
   if not KEYS[k] then return false end
   return {KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), tonumber(ARGV[a + 1])}
@@ -152,25 +197,27 @@ end
 local function to_feed(feed, key, message, now)
   if not feed then return message, false end
   local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
-  if not prev then prev = redis.call('GET', feed[2]) or '0-0' end
+  if not prev then prev, feed[6] = feed_head(feed[2]) end
   local dash = string.find(prev, '-', 1, true)
   local ms = tonumber(string.sub(prev, 1, dash - 1))
   if now > ms then ms = now end
   local id = string.format('%d-%d', ms, tonumber(string.sub(prev, dash + 1)) + 1)
   local data = 'X' .. id .. ' ' .. prev .. ' ' .. message
+  local u = string.format('%d', feed[6])
   if feed[3] > 0 then
-    redis.call('XADD', feed[1], 'MAXLEN', '~', feed[3], id, 'k', key, 'm', data)
+    redis.call('XADD', feed[1], 'MAXLEN', '~', feed[3], id, 'k', key, 'm', data, 'u', u)
   else
-    redis.call('XADD', feed[1], id, 'k', key, 'm', data)
+    redis.call('XADD', feed[1], id, 'k', key, 'm', data, 'u', u)
   end
   if feed[4] > 0 then
     redis.call('XTRIM', feed[1], 'MINID', string.format('%d-0', now - feed[4]))
   end
-  redis.call('SET', feed[2], id)
+  redis.call('SET', feed[2], id .. ' ' .. u)
   feed[5] = id
   return data, id
 end
 """
+)
 
 # One write: check the version (`expected`, -1: any) or the revision (`exprev`, -1: any), store
 # header + value, apply the TTL, publish old and new (and append the change to `feed`, false when
@@ -181,6 +228,7 @@ WRITE_FUNCTION = (
     + REVISION_FUNCTION
     + """
 local t = redis.call('TIME')
+clock = t
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
@@ -226,7 +274,7 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   if old then oldpart = '1' .. string.format('%010d', #old) .. old end
   local data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
     .. oldpart .. value, now)
-  redis.call('PUBLISH', channel, data)
+  notify(channel, id, feed, data)
   return {1, ver, old, now, id, revision}
 end
 """
@@ -306,7 +354,7 @@ local function drop(key, expected, channel, now, feed, rev, exprev, now_us)
   local verstr = string.format('%020d', ver)
   local data, id = to_feed(feed, key, 'R' .. string.format('%016d', revision) .. 'D' .. verstr
     .. string.format('%015d', now) .. '1' .. string.format('%010d', #old) .. old, now)
-  redis.call('PUBLISH', channel, data)
+  notify(channel, id, feed, data)
   return {1, ver, old, now, id, revision}
 end
 """
@@ -324,6 +372,7 @@ DELETE = (
     + """
 local lists = take_history()
 local t = redis.call('TIME')
+clock = t
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local expected, exprev = expectation(ARGV[1])

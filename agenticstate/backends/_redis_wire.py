@@ -252,6 +252,10 @@ class PubSubLink:
         except (ImportError, AttributeError):  # pragma: no cover  # another redis-py
             pass
 
+    def close(self) -> None:
+        """Close the connection: the reader's next read ends, and it reconnects."""
+        self._writer.transport.close()
+
     def send(self, *args: str | bytes) -> None:
         """Write one command (dropped if the connection is closing: the reader reconnects)."""
         transport = self._writer.transport
@@ -524,6 +528,7 @@ class Cluster:
 
         self.errors = (MovedError, AskError, ResponseError)  # bound once, for `call`
         self.try_again = TryAgainError
+        self.closed = False  # `close` was called: the map is never read again
         self.size = size
         self.url = url  # redacted, for messages
         self.nodes: dict[str, Node] = {}
@@ -532,7 +537,6 @@ class Cluster:
         self.stale = True
         self.generation = 0  # maps read so far
         self.lock = asyncio.Lock()
-        self.closed = False
 
     def node(self, client: aioredis.Redis, host: str, port: int) -> Node:
         """The node at `host:port`, with connections made on first use."""
@@ -607,6 +611,11 @@ class Cluster:
 
     async def refresh(self, client: aioredis.Redis) -> None:
         """Read the slot map (CLUSTER SLOTS) from the first node that answers."""
+        if self.closed:
+            # A call that began before the close must not bring redis-py's client back to life.
+            raise BackendUnavailableError(
+                f"the connection to the Redis Cluster at {self.url} is closed"
+            )
         seen = self.generation
         async with self.lock:
             if self.generation != seen and not self.stale:
@@ -749,6 +758,14 @@ def unknown_script(exc: BaseException) -> bool:
     from redis.exceptions import NoScriptError
 
     return isinstance(exc.__cause__, NoScriptError)
+
+
+def no_permission(exc: BaseException) -> bool:
+    """Whether `exc` (from `translate`) was a NOPERM reply: the ACL user may not do that."""
+    from redis.exceptions import NoPermissionError
+
+    cause = exc.__cause__
+    return isinstance(cause, NoPermissionError) or "NOPERM" in str(cause or "")
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

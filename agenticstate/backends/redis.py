@@ -5,17 +5,18 @@ header (version, created, updated and expiry times in milliseconds, revision and
 followed by the value bytes, so `get` is one GET and `get_many` one MGET. Each write's revision
 comes from the prefix's counter `__agenticstate_rev__:{key_prefix}` in the write's own script
 (`_redis_scripts`, `_redis_revision`). A non-empty prefix ends with `:`, so that no other
-prefix starts with it (`app1:` and `app12:` never meet). Each change is published on the channel
+prefix starts with it (`app1:` and `app12:` never meet); prefixes nest at colons (`app:` holds
+the keys of `app:prod:`). Each change is notified on the channel
 `__agenticstate__:{key_prefix}{key}`.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
-NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL
-and PUBLISHes the change with the exact old and new bytes and the key's expiry, all in one
-atomic step. Clock readings come from the server (`TIME`), so every client agrees on
-timestamps and expiry.
+NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
+appends the change to the feed and PUBLISHes a notification of it, all in one atomic step.
+Clock readings come from the server (`TIME`), so every client agrees on timestamps and expiry.
 
 History. With `history=` rules (`keep_history`), a key a rule names with a depth above 1 also
-has a list of its last versions, `__agenticstate_hist__:{key_prefix}{tag}{key}`, which the same
+has a list of its last versions, `__agenticstate_hist__:{key_prefix}{key}{tag}` (one per Redis
+key, whichever store of nested prefixes writes it), which the same
 script that writes the key pushes to and trims (`_redis_history`): a write stays one command.
 The list takes the key's expiry, a delete drops it, and writing version 1 starts it afresh;
 `{tag}` puts it in the key's cluster slot. `history()` and `get_version()` read the key and its
@@ -31,11 +32,19 @@ however many patterns there are), with the same glob rules as Redis. A subscript
 (a PING; in a cluster, a marker published on every primary), so every change committed after entry
 is delivered and none from before it.
 
+A message is a hint, never the change delivered. With the feed on, a write publishes which feed
+entry holds its change; the subscriber reads the entries it was told of back from their streams
+(one script per slot for a batch) and delivers those, in commit order: a message naming nothing
+the feed holds, or an entry delivered already, delivers nothing, so nobody who may PUBLISH on the
+channels can inject a change or move a subscription's place. With the feed off, a write publishes
+its change, and the subscriber delivers it once the key vouches for it (the key holds it, or a
+later change it leads to); a backend with the feed on ignores those (see `_redis_pubsub`).
+
 Redis pub/sub is at-most-once: a message published while a subscriber is disconnected is lost.
 When the connection drops (or Redis restarts), the backend reconnects by itself with backoff,
 subscribes again, then **catches up from the change feed** (below): it reads every stream from
-the last change it read and delivers what the gap hid before the live changes, dropping any live
-change it read there already, so nothing is lost or repeated. With the feed off, or when the
+the last change it delivered and delivers what the gap hid before the live changes, dropping any
+live change it read there already, so nothing is lost or repeated. With the feed off, or when the
 feed no longer holds the gap (trimmed, or a restart lost it), it **resyncs** instead: it scans
 the subscribed keys and emits a `RESYNC` change (old value unknown, `None`) for every key
 whose version or value differs from what it delivered, for every key written since the last
@@ -83,12 +92,17 @@ shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a m
 primary instead of a PING. The subscriber resyncs after a failover.
 
 Change feed. Unless built with `feed=None`, every write script also appends its change to a
-Redis stream (one per key prefix; on a cluster, one per slot, so no script crosses slots), trims
-it to the backend's `FeedRetention`, and publishes the change with its feed id. Each `Change`
-carries a `cursor`: `r1:<id>` on one server, a vector over slots `c1:<floor>:<slot>=<id>,...` on
-a cluster. `changes(since=cursor)` replays the streams after the cursor, then follows live with
-no gap and no duplicate; `feed_cursor()` is the head. `_redis_feed` holds the names, ids,
-cursors and the rules for telling a trimmed cursor (`CursorExpiredError`) from a current one.
+Redis stream (one per key prefix; on a cluster, one per prefix and slot, so no script crosses
+slots), trims it to the backend's `FeedRetention`, and publishes a notification of it. Prefixes
+nest: a store reads its own stream, those of the prefixes nested in it (on one server found in
+its registry, which a nested store joins before its first write: `_register_feed`) and those of
+the prefixes it is nested in, so it sees every change to its keys, whichever store made it. Each
+`Change` carries a `cursor`: on one server a point in commit order (`r1:<id>`, or
+`r1:<id>@<stream>` for another prefix's stream), on a cluster a vector over streams
+`c1:<floor>:<slot>=<id>,...`. `changes(since=cursor)` replays the streams after the cursor,
+then follows live with no gap and no duplicate; `feed_cursor()` is the head. `_redis_feed` holds
+the names, ids, cursors and the rules for telling a trimmed cursor (`CursorExpiredError`) from a
+current one.
 
 This backend uses redis-py's asyncio client: it runs under asyncio, not trio. Under trio every
 entry point raises `ConfigurationError` before touching the network.
@@ -109,6 +123,7 @@ from typing import TYPE_CHECKING, Any
 
 from agenticstate._checks import seconds
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
+from agenticstate._log import get_logger
 from agenticstate._retry import retry_delay
 from agenticstate.backends import _redis_feed, _redis_revision, _redis_txn
 from agenticstate.backends import _redis_history as history_lists
@@ -162,6 +177,7 @@ KEY_NAMESPACES: tuple[str, ...] = (
     _redis_feed.COUNTER_NAMESPACE,  # the feed's id counters
     history_lists.HISTORY_NAMESPACE,  # kept versions of keys with history rules
     _redis_revision.REVISION_NAMESPACE,  # the revision counters every write takes from
+    _redis_feed.REGISTRY_NAMESPACE,  # the feeds of nested prefixes, for an outer prefix's reader
 )
 """Every Redis key a store uses is `{namespace}{key_prefix}...` for one of these namespaces.
 
@@ -171,6 +187,8 @@ namespace here.
 """
 CHANNEL_NAMESPACES: tuple[str, ...] = (scripts.CHANNEL_NAMESPACE,)
 """Every channel a store publishes or subscribes to is `{namespace}{key_prefix}...`."""
+
+log = get_logger("agenticstate.backends.redis")
 
 _SET_MANY_CHUNK = 500  # keys per set_many script call
 # Slots a SCAN call visits: a page of 5,000 holds the server well under a millisecond, and
@@ -318,6 +336,10 @@ class RedisBackend(Subscriber, Backend):
         )
         self.subscribe_whole_prefix = bool(subscribe_whole_prefix)
         self._init_subscriber(key_prefix, whole_prefix=self.subscribe_whole_prefix)
+        # On one server an outer prefix finds this store's feed in its registry (added once,
+        # before the first write: `_register_feed`).
+        self._feed_unregistered = feed is not None and not self.is_cluster and bool(key_prefix)
+        self._feed_just_registered = False
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
@@ -430,6 +452,8 @@ class RedisBackend(Subscriber, Backend):
         target_nodes: Any,
     ) -> Any:
         """One command to one cluster node (`target_nodes`, from `_primaries`), as `_execute`."""
+        if self._closed:
+            raise BackendError("this RedisBackend is closed")
         with wire.translate(self.url, write_key, sent=False) as attempt:
             async with asyncio.timeout(self.socket_timeout):
                 return await self._cluster.call(client, args, attempt, target_nodes)
@@ -575,6 +599,8 @@ class RedisBackend(Subscriber, Backend):
         if expected_version is not None or expected_revision is not None:
             check_expected(expected_version, expected_revision)
             expected = _expectation(expected_version, expected_revision)
+        if self._feed_unregistered:
+            await self._register_feed()
         kept = self._keeps_history and self._history_list(key)
         if kept:  # the history list is the script's last key, its spec the last argument
             reply = await self._script(
@@ -651,32 +677,64 @@ class RedisBackend(Subscriber, Backend):
     def _write_cursor(self, name: str, at: bytes | None) -> str | None:
         """The cursor of a change this backend wrote, from its feed id (`None`: no feed).
 
-        On a cluster: that change's slot at its id, every other slot from its time on.
+        Its own stream at its id, every other stream from its time on.
         """
         if at is None:
             return None
-        if not self.is_cluster:
-            return _redis_feed.plain_cursor(at)
         text = at.decode()
-        own = (wire.key_slot(name), text)
-        return _redis_feed.cluster_cursor(_redis_feed.parse_id(text)[0], own, {})
+        if not self.is_cluster:
+            if text.endswith("-1") and not self._feed_just_registered:
+                # A new stream (the old one was lost): register it again.
+                self._feed_unregistered = bool(self.key_prefix)
+            self._feed_just_registered = False
+            return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text)
+        own: _redis_feed.Stream = (wire.key_slot(name), self.key_prefix)
+        return _redis_feed.make_cursor(
+            self._feed_names, _redis_feed.parse_id(text)[0], (own, text), {}
+        )
 
     async def feed_cursor(self) -> str | None:
         """The cursor of the newest committed change, or `None` when the feed is off.
 
-        On one server: the stream's last id (`r1:0-0` before the first change). On a cluster:
-        every slot from a time read from the primaries' clocks (`TIME`): one past the largest,
-        once every clock has passed it, so that changes committed before this call are before
-        it and those after are not (if the clocks are more than a second apart, the smallest:
-        then a change committed just before the call may be replayed too).
+        On one server: this store's stream's last id (`r1:0-0` before its first change) and
+        the server's clock in microseconds (`r1:<id>/<µs>`): changes committed before this
+        call, through any prefix, are before it, and those after are not; a feed lost since
+        (a restart without its data) is told apart by the id. On a cluster: every slot from
+        a time read from the primaries' clocks (`TIME`): one past the largest, once every
+        clock has passed it (if the clocks are more than a second apart, the smallest: then
+        a change committed just before the call may be replayed too).
         """
         if self.feed is None:
             return None
-        if not self.is_cluster:
-            last = await self._read("GET", self._feed_names.plain[1])
-            return _redis_feed.plain_cursor(last or b"0-0")
-        floor = await self._clock_floor(exact=True)
-        return _redis_feed.cluster_cursor(floor, None, {})
+        if self.is_cluster:
+            floor = await self._clock_floor(exact=True)
+            return _redis_feed.make_cursor(self._feed_names, floor, None, {})
+        last = await self._read("GET", self._feed_names.plain[1])
+        now = await self._clock_us()
+        text = _redis_feed.id_text(_redis_feed.parse_id(last) if last else (0, 0))
+        return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text, now)
+
+    async def _register_feed(self) -> None:
+        """Add this store's prefix to the registries of the prefixes it is nested in.
+
+        A store under an outer prefix reads the feeds of the prefixes in its registry
+        (`__agenticstate_feeds__:<outer prefix>`, a set) along with its own, so it replays the
+        changes written through this one (see "Change feed"). Done before this backend's first
+        write to its feed, and again after a write started a new stream (the old one was lost).
+        One SADD per outer prefix; an ACL user that may not add to one is not found by it.
+        """
+        self._feed_unregistered = False
+        self._feed_just_registered = True
+        for outer in _redis_feed.ancestors(self.key_prefix):
+            try:
+                await self._execute(
+                    "SADD", _redis_feed.registry_key(outer), self.key_prefix, write_key=None
+                )
+            except BackendError as exc:
+                if not wire.no_permission(exc):
+                    self._feed_unregistered = True
+                    raise
+                log.debug("feed_not_registered", outer=outer)
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
@@ -688,6 +746,8 @@ class RedisBackend(Subscriber, Backend):
         names = [self._k(key) for key, _ in items]
         life = scripts.ttl_ms(ttl)
         await self._redis()
+        if self._feed_unregistered:
+            await self._register_feed()
         replies: list[Any] = [None] * len(items)
         # One script call per chunk of keys sharing a slot (a script's keys may not cross
         # slots in a cluster), so Redis is never blocked for long either.
@@ -761,6 +821,8 @@ class RedisBackend(Subscriber, Backend):
         name = self._k(key)
         check_expected(expected_version, expected_revision)
         expected = _expectation(expected_version, expected_revision)
+        if self._feed_unregistered:
+            await self._register_feed()
         kept = self._keeps_history and self._history_list(key)
         keys = (name, self._revision_key(name), *self._feed_keys(name))
         reply = await self._script(
@@ -818,6 +880,8 @@ class RedisBackend(Subscriber, Backend):
         if self.is_cluster:
             _redis_txn.check_one_slot(call, client.keyslot)
         first = call.keys[0]
+        if self._feed_unregistered:
+            await self._register_feed()
         _redis_txn.add_written(
             call, self._revision_key(first), self._feed_keys(first), self._feed_retention
         )
@@ -853,9 +917,15 @@ class RedisBackend(Subscriber, Backend):
         depth = self.history_rules.depth(key)
         return (history_lists.history_key(self.key_prefix, key), depth) if depth > 1 else None
 
+    def _history_lists(self, key: str) -> list[str]:
+        """`READ`'s keys: the key, its history list, and where an earlier version kept it."""
+        lists = [self.key_prefix + key, history_lists.history_key(self.key_prefix, key)]
+        legacy = history_lists.legacy_history_key(self.key_prefix, key)
+        return lists if legacy == lists[1] else [*lists, legacy]
+
     async def history(self, key: str, *, limit: int | None = None) -> list[Entry]:
         """The retained versions of `key`, newest first, in one script; see `Backend.history`."""
-        name = self._k(key)
+        self._k(key)  # validated
         limit = check_limit(limit)
         if limit == 0:
             return []
@@ -863,36 +933,32 @@ class RedisBackend(Subscriber, Backend):
             entry = await self.get(key)
             return [] if entry is None else [entry]
         stop = -1 if limit is None else limit - 1
-        hist = history_lists.history_key(self.key_prefix, key)
-        reply = await self._read_script(
-            history_lists.READ_SHA, history_lists.READ, name, hist, stop, 0
+        reply = await self._run_script(
+            history_lists.READ_SHA, history_lists.READ, self._history_lists(key), [stop, 0]
         )
         return history_lists.versions(key, reply, limit, scripts.entry)
 
     async def get_version(self, key: str, version: int) -> Entry | None:
         """Version `version` of `key` if retained, read in one script; see `Backend.get_version`."""
-        name = self._k(key)
+        self._k(key)  # validated
         if type(version) is not int or version < 1:
             raise InvalidArgumentError(f"version must be an int >= 1, not {version!r}")
         if self.history_rules.depth(key) == 1:
             entry = await self.get(key)
             return entry if entry is not None and entry.version == version else None
-        reply = await self._read_script(
-            history_lists.READ_SHA,
-            history_lists.READ,
-            name,
-            history_lists.history_key(self.key_prefix, key),
-            0,
-            version,
+        reply = await self._run_script(
+            history_lists.READ_SHA, history_lists.READ, self._history_lists(key), [0, version]
         )
         for found in history_lists.versions(key, reply, None, scripts.entry):
             if found.version == version:
                 return found
         return None
 
-    async def _read_script(self, sha: str, source: str, *keys_then_args: str | int) -> Any:
-        """EVALSHA a read-only script of two keys, retried as `_read`; loaded after NOSCRIPT."""
-        command = ("EVALSHA", sha, 2, *keys_then_args)
+    async def _run_script(
+        self, sha: str, source: str, keys: Sequence[str], args: Sequence[str | bytes | int]
+    ) -> Any:
+        """EVALSHA a read-only script, retried as `_read`; loaded after NOSCRIPT."""
+        command = ("EVALSHA", sha, len(keys), *keys, *args)
         try:
             return await self._read(*command)
         except BackendError as exc:
@@ -970,6 +1036,9 @@ class RedisBackend(Subscriber, Backend):
 
     async def _primaries(self, client: aioredis.Redis) -> list[Any]:
         """The cluster's primaries, reading the slot map first if it is not known or stale."""
+        if self._closed:
+            # (A task that took the client before the close must not bring it back to life.)
+            raise BackendError("this RedisBackend is closed")
         if self._cluster.stale:
             with wire.translate(self.url):
                 async with asyncio.timeout(self.connect_timeout + self.socket_timeout):

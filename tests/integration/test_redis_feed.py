@@ -109,7 +109,7 @@ def test_malformed_cursors_are_invalid_arguments(cursor: str) -> None:
     """A cursor that does not parse, or of the other kind, raises InvalidArgumentError."""
     for cluster in (False, True):
         with pytest.raises(InvalidArgumentError):
-            feeds.parse_cursor(cursor, cluster=cluster)
+            feeds.parse_cursor(cursor, feeds.FeedNames("p:", cluster=cluster))
 
 
 async def test_streams_live_in_the_reserved_namespace_and_are_never_scanned(
@@ -249,7 +249,8 @@ async def test_cluster_cursors_hold_what_came_before_them_out_of_commit_order(
             redis_cluster_url.replace("redis+cluster://", "redis://").split(",")[0]
         )
         with cluster:
-            cluster.set(counter, f"{int(time.time() * 1000) + 60_000}-0")
+            ahead = int(time.time() * 1000) + 60_000  # the id, and the order (`u`, in µs)
+            cluster.set(counter, f"{ahead}-0 {ahead * 1000}")
         await backend.set("{a}k", b"1")
         async with backend.changes("*", since=EARLIEST) as changes:
             (first,) = await _take(changes, 1)
