@@ -1010,7 +1010,7 @@ class Subscriber:
                 raw = header[0]
                 at = feeds.parse_id(raw)
                 stream = (wire.key_slot(name) if self.is_cluster else 0, self.key_prefix)
-            elif kind not in (b"W", b"D", b"S"):
+            elif kind not in (b"R", b"W", b"D", b"S"):  # R: a change with its revision first
                 if b":" + self._reserved not in name:  # (not another store's barrier)
                     self._ignore("unknown")
                 return
