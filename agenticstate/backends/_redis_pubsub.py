@@ -1362,7 +1362,10 @@ class Subscriber:
         self._feed_last[stream] = at
         data = read.data
         start = read.start
-        stamp = int(data[start + 21 : start + 36])
+        if data[start : start + 1] == b"R":  # the change's revision first: 17 bytes
+            stamp = int(data[start + 38 : start + 53])
+        else:
+            stamp = int(data[start + 21 : start + 36])
         cursor: str | None = None
         text = read.text
         if not self.is_cluster:
