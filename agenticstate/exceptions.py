@@ -16,6 +16,7 @@ AgenticStateError
  │   ├─ BackendTimeoutError(TimeoutError)
  │   ├─ WriteOutcomeUnknownError          the write may or may not have been applied
  │   ├─ CorruptStoreError                 the store's files are damaged: repair or restore
+ │   ├─ ForeignRecordError                a key under the prefix holds another application's data
  │   └─ UnsupportedOperationError(NotImplementedError)  an optional operation (transact) is missing
  ├─ SerializationError                    a value cannot be encoded, or stored bytes decoded
  │   ├─ UnsupportedTypeError(TypeError)   sets, arbitrary objects, functions, ...
@@ -50,6 +51,7 @@ __all__ = [
     "CycleError",
     "DecodeError",
     "DecryptionError",
+    "ForeignRecordError",
     "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidNumberError",
@@ -139,6 +141,20 @@ class CorruptStoreError(BackendError):
     Not a passing failure: retrying gives the same answer. The message says where the damage is
     and what to do (for a file store, `FileBackend.repair`, or `agenticstate repair`).
     """
+
+
+class ForeignRecordError(BackendError):
+    """A key under the store's prefix holds something agenticstate did not write.
+
+    On a Redis shared with other applications, a key of theirs under the same prefix (or any
+    key, under the empty prefix): a list, a hash, a string without a record's header. Reading
+    it raises this; listings that read headers only (`Backend.stat_many`, `value_sizes`) give
+    it as `None`, as a missing key, so one foreign key does not hide the others.
+    """
+
+    def __init__(self, key: str, message: str = "") -> None:
+        super().__init__(message or f"the record at {key!r} is not an agenticstate record")
+        self.key = key
 
 
 class UnsupportedOperationError(BackendError, NotImplementedError):

@@ -140,7 +140,7 @@ if not cur then return false end
 if KEYS[3] and redis.call('EXISTS', KEYS[2]) == 0 then KEYS[2] = KEYS[3] end
 local want = tonumber(ARGV[2])
 local ver = tonumber(string.sub(cur, 1, 20))
-if want == ver or want > ver then return {cur, {}} end
+if not ver or want == ver or want > ver then return {cur, {}} end  -- not ver: not a record
 local stop = tonumber(ARGV[1])
 if want > 0 then stop = ver - want end
 local items = redis.call('LRANGE', KEYS[2], 0, stop)

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from agenticstate.backends._redis_feed import FEED_NAMESPACE
 from agenticstate.backends._redis_history import HISTORY_FUNCTION
 from agenticstate.backends.base import Change, ChangeOp, new_change, new_entry
-from agenticstate.exceptions import BackendError
+from agenticstate.exceptions import ForeignRecordError
 
 if TYPE_CHECKING:
     from agenticstate.backends.base import Entry
@@ -90,27 +90,32 @@ HEADER = (
 )
 LEGACY_HEADER = 65  # before revisions: version 20 + created 15 + updated 15 + expires 15
 
-# The size of each key's value, -1 for a missing key (usage(): sizes without reading values).
+# The size of each key's value, -1 for a missing key or one that is not a record (another
+# application's list, hash or string under the prefix): usage(), sizes without reading values.
 STRLEN = """
 local sizes = {}
 for i, name in ipairs(KEYS) do
-  local n = redis.call('STRLEN', name)
-  if n == 0 then
-    sizes[i] = -1
-  elseif redis.call('GETRANGE', name, 0, 0) == '+' then
+  local n = 0
+  if redis.call('TYPE', name).ok == 'string' then n = redis.call('STRLEN', name) end
+  local first = n > 0 and redis.call('GETRANGE', name, 0, 0)
+  if first == '+' and n >= 97 then
     sizes[i] = n - 97
-  else
+  elseif first == '0' and n >= 65 then
     sizes[i] = n - 65
+  else
+    sizes[i] = -1  -- missing, or not a record (another application's key)
   end
 end
 return sizes
 """
 
-# Each key's header and stored length, false for a missing one (listings: no value is read).
+# Each key's header and stored length, false for a missing one or one that is not a string
+# (listings: no value is read).
 STAT = f"""
 local found = {{}}
 for i, name in ipairs(KEYS) do
-  local length = redis.call('STRLEN', name)
+  local length = 0
+  if redis.call('TYPE', name).ok == 'string' then length = redis.call('STRLEN', name) end
   if length == 0 then
     found[i] = false
   else
@@ -121,7 +126,9 @@ return found
 """
 
 # Revisions (see the module docstring). `header(cur)`: a record's version, created time (its 15
-# digits), revision, create revision and where its value starts. `rev_at(k)`: the revision
+# digits), revision, create revision and where its value starts. `refuse_foreign(names)`: an
+# error reply (WRONGTYPE, read as `ForeignRecordError`) when one of the keys holds something
+# that is not a record (another application's value), checked before a script writes anything. `rev_at(k)`: the revision
 # counter KEYS[k], read once a script. `revise(rev, now_us)`: the next revision.
 REVISION_FUNCTION = """
 local function header(cur)
@@ -131,6 +138,24 @@ local function header(cur)
     return ver, created, tonumber(string.sub(cur, 66, 81)), tonumber(string.sub(cur, 82, 97)), 98
   end
   return ver, created, tonumber(string.sub(cur, 36, 50)) * 1000, tonumber(created) * 1000, 66
+end
+local function foreign(name)
+  local kind = redis.call('TYPE', name).ok
+  if kind == 'none' then return false end
+  if kind ~= 'string' then return true end
+  local n = redis.call('STRLEN', name)
+  local head = redis.call('GETRANGE', name, 0, 19)
+  local first = string.byte(head, 1)
+  if first == 43 then return n < 97 or not tonumber(head) end
+  return first ~= 48 or n < 65 or not tonumber(head)
+end
+local function refuse_foreign(names)
+  for _, name in ipairs(names) do
+    if foreign(name) then
+      return redis.error_reply('WRONGTYPE ' .. name .. ' is not an agenticstate record')
+    end
+  end
+  return false
 end
 local function rev_at(k)
   return {KEYS[k], false}
@@ -297,6 +322,8 @@ SET = (
     + EXPECT_FUNCTION
     + HISTORY_FUNCTION
     + """
+local refused = refuse_foreign({KEYS[1]})
+if refused then return refused end
 local lists = take_history()
 local ttl = tonumber(ARGV[2])
 local expected, exprev = expectation(ARGV[3])
@@ -314,9 +341,11 @@ SET_MANY = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
     + """
+local count = (#ARGV - 3) / 2
+local refused = refuse_foreign({unpack(KEYS, 1, count)})
+if refused then return refused end
 local lists = take_history()
 local ttl = tonumber(ARGV[1])
-local count = (#ARGV - 3) / 2
 local feed = feed_at(count + 2, 2)
 local rev = rev_at(count + 1)
 local replies = {}
@@ -370,6 +399,8 @@ DELETE = (
     + EXPECT_FUNCTION
     + HISTORY_FUNCTION
     + """
+local refused = refuse_foreign({KEYS[1]})
+if refused then return refused end
 local lists = take_history()
 local t = redis.call('TIME')
 clock = t
@@ -392,7 +423,7 @@ def entry(key: str, raw: bytes) -> Entry:
     """The entry a stored record (header + value, either layout) holds."""
     revised = raw[:1] == b"+"
     if len(raw) < (HEADER if revised else LEGACY_HEADER):
-        raise BackendError(f"the record at {key!r} is not an agenticstate record")
+        raise ForeignRecordError(key)
     try:
         version = int(raw[0:20])
         created = int(raw[20:35])
@@ -403,7 +434,7 @@ def entry(key: str, raw: bytes) -> Entry:
         else:
             revision, create_revision, start = updated * 1000, created * 1000, LEGACY_HEADER
     except ValueError:
-        raise BackendError(f"the record at {key!r} is not an agenticstate record") from None
+        raise ForeignRecordError(key) from None
     return new_entry(
         key,
         raw[start:],

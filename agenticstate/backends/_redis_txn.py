@@ -95,6 +95,24 @@ for c = 1, tonumber(ARGV[2]) do
 end
 local from, to = tonumber(ARGV[3]), tonumber(ARGV[4])
 if ok == 0 then from, to = tonumber(ARGV[4]), tonumber(ARGV[5]) end
+do  -- the keys this branch reads or writes as records: none may be another application's
+  local names, j = {}, from
+  while j < to do
+    local op = ARGV[j]
+    if op == 'g' or op == 'p' or op == 'ph' or op == 'd' or op == 'dh' then
+      names[#names + 1] = KEYS[tonumber(ARGV[j + 1])]
+    end
+    if op == 'g' or op == 'd' then j = j + 2
+    elseif op == 'dh' then j = j + 3
+    elseif op == 'p' or op == 'ii' then j = j + 4
+    elseif op == 'ph' then j = j + 6
+    elseif op == 'ia' then j = j + 3 + 2 * tonumber(ARGV[j + 2])
+    elseif op == 'ir' then j = j + 3 + tonumber(ARGV[j + 2])
+    else j = j + 3 end
+  end
+  local refused = refuse_foreign(names)
+  if refused then return refused end
+end
 local function zmany(cmd, key, first, count, width)
   local total = 0
   -- at most 500 members per command: Lua's unpack has a stack limit

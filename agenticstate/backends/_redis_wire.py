@@ -39,6 +39,7 @@ from agenticstate.exceptions import (
     BackendTimeoutError,
     BackendUnavailableError,
     ConfigurationError,
+    ForeignRecordError,
     MissingDependencyError,
     WriteOutcomeUnknownError,
 )
@@ -747,6 +748,14 @@ def translated(exc: Exception, url: str, write_key: str | None) -> Exception:
             f"the server at {url} is not supported: it rejected the RESP3 handshake "
             "(HELLO), so it is older than Redis 6.0; agenticstate needs Redis 6.0 or newer "
             "(or Valkey)"
+        )
+    if isinstance(exc, rexc.ResponseError) and "wrongtype" in reply:
+        # A key of another application (a list, a hash, ...) where the command needs a record.
+        name = write_key if write_key is not None else "a key of the command"
+        return ForeignRecordError(
+            name,
+            f"{name if write_key is None else repr(name)} holds a Redis value of another type "
+            "than agenticstate's records (another application's key under the prefix)",
         )
     if isinstance(exc, rexc.RedisError):
         return BackendError(f"Redis error: {type(exc).__name__}: {exc}")

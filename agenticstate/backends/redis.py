@@ -157,6 +157,7 @@ from agenticstate.exceptions import (
     BackendTimeoutError,
     BackendUnavailableError,
     ConfigurationError,
+    ForeignRecordError,
     InvalidArgumentError,
     UnsupportedOperationError,
 )
@@ -571,7 +572,10 @@ class RedisBackend(Subscriber, Backend):
             for position, reply in zip(group, replies, strict=True):
                 if reply:
                     header, length = reply
-                    head = scripts.entry(keys[position], header)
+                    try:
+                        head = scripts.entry(keys[position], header)
+                    except ForeignRecordError:
+                        continue  # another application's string: listed as missing
                     stats[position] = EntryStat(
                         key=head.key,
                         size=int(length) - len(header) + len(head.value),

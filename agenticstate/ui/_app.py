@@ -26,6 +26,7 @@ from agenticstate.exceptions import (
     AgenticStateError,
     ConflictError,
     DecodeError,
+    ForeignRecordError,
     InvalidArgumentError,
     NotFoundError,
     SerializationError,
@@ -742,7 +743,9 @@ def _handled(
     async def run(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except DecodeError as exc:  # stored bytes that do not decode: say so, change nothing
+        except (DecodeError, ForeignRecordError) as exc:
+            # Stored bytes that do not decode, or another application's key: say so, change
+            # nothing.
             return _error(f"{type(exc).__name__}: {exc}", 422)
         except (InvalidArgumentError, SerializationError) as exc:  # bad input: nothing written
             return _error(str(exc), 400)
