@@ -86,7 +86,7 @@ async def test_a_foreign_key_is_refused_typed_and_hides_nothing(redis_url: str, 
                 assert await state.get("agent:0") == {"n": 0}  # nothing before it was written
 
             async with httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=create_app(state)),  # type: ignore[arg-type]
+                transport=httpx.ASGITransport(app=create_app(state)),
                 base_url="http://127.0.0.1:8765",
             ) as client:
                 listed = await client.get("/api/keys", params={"pattern": "agent:*"})
