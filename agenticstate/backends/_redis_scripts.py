@@ -129,7 +129,8 @@ return found
 # digits), revision, create revision and where its value starts. `refuse_foreign(names)`: an
 # error reply (WRONGTYPE, read as `ForeignRecordError`) when one of the keys holds something
 # that is not a record (another application's value), checked before a script writes anything.
-# `rev_at(k)`: the revision counter KEYS[k], read once a script. `revise(rev, now_us)`: the next revision.
+# `rev_at(k)`: the revision counter KEYS[k], read once a script. `revise(rev, now_us)`: the next
+# revision.
 REVISION_FUNCTION = """
 local function header(cur)
   local ver = tonumber(string.sub(cur, 1, 20))
