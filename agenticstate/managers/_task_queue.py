@@ -37,6 +37,7 @@ from agenticstate.managers._base import (
     key_part,
     load,
     load_many,
+    revise,
     sort_time,
     utcnow,
 )
@@ -503,14 +504,13 @@ class TaskQueue:
         item = _task_from(task)
         await self._require_team(team_id)
         sequence = await self.state.update(self.keys.sequence(team_id), lambda n: n + 1, default=0)
-        item = item.model_copy(
-            update={
-                "sequence": sequence,
-                "status": TaskStatus.PENDING,
-                "max_retries": item.max_retries
-                if "max_retries" in item.model_fields_set
-                else self.max_retries,
-            }
+        item = revise(
+            item,
+            sequence=sequence,
+            status=TaskStatus.PENDING,
+            max_retries=item.max_retries
+            if "max_retries" in item.model_fields_set
+            else self.max_retries,
         )
         key = self.keys.task(team_id, item.task_id)
         # Stored, indexed and announced (for claims reading snapshots) in one step.
@@ -557,7 +557,7 @@ class TaskQueue:
         def apply(current: Any) -> Any:
             task = TaskItem.model_validate(current)
             before[:] = [task]  # the last run is the one that committed
-            return fn(task).model_copy(update={"updated_at": utcnow()})
+            return revise(fn(task), updated_at=utcnow())
 
         key = self.keys.task(team_id, task_id)
         self._forget(key)  # its next revision is not learned here
@@ -577,14 +577,13 @@ class TaskQueue:
                 + (f" (held by {task.assigned_to!r})" if task.assigned_to else ""),
                 key=task.task_id,
             )
-        return task.model_copy(
-            update={
-                "status": TaskStatus.IN_PROGRESS,
-                "assigned_to": agent_id,
-                "lease_token": lease_token,
-                "lease_expires_at": lease_expires_at,
-                "attempts": task.attempts + 1,
-            }
+        return revise(
+            task,
+            status=TaskStatus.IN_PROGRESS,
+            assigned_to=agent_id,
+            lease_token=lease_token,
+            lease_expires_at=lease_expires_at,
+            attempts=task.attempts + 1,
         )
 
     async def assign_task(self, team_id: str, task_id: str, agent_id: str) -> TaskItem:
@@ -674,9 +673,7 @@ class TaskQueue:
                         skipped.add(task_id)
                         continue
                 now = utcnow()
-                taken = self._take(task, agent_id, uuid4().hex, now + lease).model_copy(
-                    update={"updated_at": now}
-                )
+                taken = revise(self._take(task, agent_id, uuid4().hex, now + lease), updated_at=now)
                 assert taken.lease_token is not None  # noqa: S101  # set by _take
                 assert taken.lease_expires_at is not None  # noqa: S101
                 member = self.keys.member(task_id, taken.lease_token)
@@ -860,7 +857,7 @@ class TaskQueue:
 
         def extend(task: TaskItem) -> TaskItem:
             self._check_holder(task, lease_token, None)
-            return task.model_copy(update={"lease_expires_at": utcnow() + life})
+            return revise(task, lease_expires_at=utcnow() + life)
 
         # The in-progress index keeps the older expiry: when it comes due, the reaper finds the
         # lease extended and moves the entry (one index write per lease, not per heartbeat).
@@ -868,7 +865,7 @@ class TaskQueue:
         if known is not None:
             revision, held = known
             key = self.keys.task(team_id, task_id)
-            extended = extend(held).model_copy(update={"updated_at": utcnow()})
+            extended = revise(extend(held), updated_at=utcnow())
             held_key = self.keys.lease(team_id, task_id, lease_token)
             done = await self._step(
                 [Revision(key, revision), Exists(held_key)],
@@ -896,13 +893,12 @@ class TaskQueue:
 
         def complete(task: TaskItem) -> TaskItem:
             self._check_holder(task, lease_token, agent_id)
-            return task.model_copy(
-                update={
-                    "status": TaskStatus.COMPLETED,
-                    "result": result,
-                    "lease_expires_at": None,
-                    "completed_at": utcnow(),
-                }
+            return revise(
+                task,
+                status=TaskStatus.COMPLETED,
+                result=result,
+                lease_expires_at=None,
+                completed_at=utcnow(),
             )
 
         known = self._held(team_id, task_id, lease_token, agent_id)
@@ -944,7 +940,7 @@ class TaskQueue:
         the multi-call path takes over.
         """
         key = self.keys.task(team_id, before.task_id)
-        task = after.model_copy(update={"updated_at": utcnow()})
+        task = revise(after, updated_at=utcnow())
         finished = task.status in _FINISHED
         if finished:
             entry: IndexAdd = IndexAdd(
@@ -1052,15 +1048,14 @@ class TaskQueue:
             dead = failures > task.max_retries
             if predicting and dead is not expect_dead:
                 raise _Mispredicted
-            return task.model_copy(
-                update={
-                    "status": TaskStatus.DEAD_LETTER if dead else TaskStatus.PENDING,
-                    "failures": failures,
-                    "error": error,
-                    "assigned_to": None,
-                    "lease_token": None,
-                    "lease_expires_at": None,
-                }
+            return revise(
+                task,
+                status=TaskStatus.DEAD_LETTER if dead else TaskStatus.PENDING,
+                failures=failures,
+                error=error,
+                assigned_to=None,
+                lease_token=None,
+                lease_expires_at=None,
             )
 
         task: TaskItem | None = None
@@ -1220,13 +1215,12 @@ class TaskQueue:
             expires = current.lease_expires_at
             if expires is not None and sort_time(expires) > time.time():
                 raise InvalidTransitionError("lease renewed meanwhile")
-            return current.model_copy(
-                update={
-                    "status": TaskStatus.PENDING,
-                    "assigned_to": None,
-                    "lease_token": None,
-                    "lease_expires_at": None,
-                }
+            return revise(
+                current,
+                status=TaskStatus.PENDING,
+                assigned_to=None,
+                lease_token=None,
+                lease_expires_at=None,
             )
 
         try:

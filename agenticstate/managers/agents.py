@@ -36,6 +36,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     maybe_await,
+    revise,
     sort_time,
     utcnow,
 )
@@ -507,8 +508,8 @@ class AgentRecoveryManager:
                     f"agent {agent_id!r} used all {limit} recovery attempts; "
                     "reset_attempts() to allow more"
                 )
-            return record.model_copy(
-                update={"attempts": record.attempts + 1, "last_attempt_at": utcnow()}
+            return revise(
+                record, attempts=record.attempts + 1, last_attempt_at=utcnow()
             ).model_dump(mode="json")
 
         store = self.agent_store

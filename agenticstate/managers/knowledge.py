@@ -28,6 +28,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     key_part,
+    revise,
     sort_time,
     utcnow,
 )
@@ -173,7 +174,7 @@ _SYNC_SEVERITY = [
 def _with_sample(progress: IndexingProgress) -> IndexingProgress:
     now = utcnow()
     samples = [*progress.samples, ProgressSample(at=now, processed=progress.processed_documents)]
-    return progress.model_copy(update={"samples": samples[-MAX_SAMPLES:], "updated_at": now})
+    return revise(progress, samples=samples[-MAX_SAMPLES:], updated_at=now)
 
 
 class KnowledgeStateManager(StateManagerBase):
@@ -227,7 +228,7 @@ class KnowledgeStateManager(StateManagerBase):
 
         def replace(current: Any) -> Any:
             samples = IndexingProgress.model_validate(current).samples if current else []
-            return _with_sample(progress.model_copy(update={"samples": samples}))
+            return _with_sample(revise(progress, samples=samples))
 
         value = await self.state.update(key, replace, default=None)
         return IndexingProgress.model_validate(value)
@@ -284,7 +285,7 @@ class KnowledgeStateManager(StateManagerBase):
             if progress.total_documents and done >= progress.total_documents:
                 changes["status"] = IndexingStatus.COMPLETED
                 changes["completed_at"] = progress.completed_at or utcnow()
-            return _with_sample(progress.model_copy(update=changes))
+            return _with_sample(revise(progress, **changes))
 
         try:
             value = await self.state.update(self._progress_key(knowledge_base_id), add)

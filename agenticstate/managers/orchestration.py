@@ -59,7 +59,7 @@ from agenticstate.exceptions import (
     NotFoundError,
     SerializationError,
 )
-from agenticstate.managers._base import StateManagerBase, unstorable, utcnow
+from agenticstate.managers._base import StateManagerBase, revise, unstorable, utcnow
 from agenticstate.managers._task_queue import (
     TaskClaim,
     TaskItem,
@@ -272,7 +272,7 @@ class OrchestrationStateManager(StateManagerBase):
             (TaskStatus.DEAD_LETTER, queue.dead_letter),
         ):
             for task in tasks:
-                await self._queue.restore(team.team_id, task.model_copy(update={"status": status}))
+                await self._queue.restore(team.team_id, revise(task, status=status))
         return await self.get_team(team.team_id)
 
     async def _require_team(self, team_id: str) -> _TeamRecord:
@@ -387,9 +387,7 @@ class OrchestrationStateManager(StateManagerBase):
 
         def change(current: Any) -> Any:
             agent = AgentCoordinationState.model_validate(current)
-            return agent.model_copy(
-                update={"status": new_status, "current_task": current_task, "updated_at": utcnow()}
-            )
+            return revise(agent, status=new_status, current_task=current_task, updated_at=utcnow())
 
         try:
             value = await self.state.update(self._keys.agent(team_id, agent_id), change)
@@ -429,12 +427,11 @@ class OrchestrationStateManager(StateManagerBase):
     def _agent_change(current: Any, task_id: str | None) -> AgentCoordinationState:
         """An agent's record after taking `task_id` (working), or letting go of one (idle)."""
         agent = AgentCoordinationState.model_validate(current)
-        return agent.model_copy(
-            update={
-                "status": AgentStatus.WORKING if task_id is not None else AgentStatus.IDLE,
-                "current_task": task_id,
-                "updated_at": utcnow(),
-            }
+        return revise(
+            agent,
+            status=AgentStatus.WORKING if task_id is not None else AgentStatus.IDLE,
+            current_task=task_id,
+            updated_at=utcnow(),
         )
 
     async def _set_agent_if_member(

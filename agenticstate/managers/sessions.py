@@ -74,6 +74,7 @@ from agenticstate.managers._base import (
     jitter,
     key_part,
     maybe_await,
+    revise,
     sort_time,
     utcnow,
 )
@@ -933,7 +934,7 @@ class SessionManager(StateManagerBase):
                 self._expiries.pop(session_id, None)
                 raise NotFoundError(f"no session {session_id!r}") from None
             break
-        message = message.model_copy(update={"seq": stored["message_count"]})
+        message = revise(message, seq=stored["message_count"])
         await self.state.save(
             self._msg_key(session_id, message.seq), message, ttl=life, expected_version=0
         )
@@ -958,10 +959,8 @@ class SessionManager(StateManagerBase):
             session: Session = entry.value
             ttl = self._time_left(session_id, session.expires_at)
             seq = session.message_count + 1
-            numbered = message.model_copy(update={"seq": seq})
-            counted = session.model_copy(
-                update={"message_count": seq, "updated_at": message.created_at}
-            )
+            numbered = revise(message, seq=seq)
+            counted = revise(session, message_count=seq, updated_at=message.created_at)
             done = await self._step(
                 [Revision(meta_key, entry.revision)],
                 [

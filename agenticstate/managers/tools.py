@@ -61,6 +61,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     key_part,
+    revise,
     sort_time,
     unstorable,
     utcnow,
@@ -469,7 +470,7 @@ class ToolStateManager(StateManagerBase):
             if duration is None:
                 elapsed = sort_time(utcnow()) - sort_time(execution.started_at)
                 changes["duration_ms"] = max(0.0, elapsed * 1000)
-            return execution.model_copy(update={**changes, "completed_at": utcnow()})
+            return revise(execution, **{**changes, "completed_at": utcnow()})
 
         try:
             value = await self.state.update(self._execution_key(tool_name, execution_id), finish)
@@ -619,7 +620,7 @@ class ToolStateManager(StateManagerBase):
             if hit is not None:
                 field = "cache_hits" if hit else "cache_misses"
                 changes[field] = getattr(stats, field) + 1
-            return stats.model_copy(update=changes)
+            return revise(stats, **changes)
 
         await self.state.update(self._stats_key(tool_name), count, default={"tool_name": tool_name})
         if hit is not None:
@@ -653,7 +654,7 @@ class ToolStateManager(StateManagerBase):
         stats = stats or ToolStats(tool_name=tool_name)
         hits = int(dict(counted).get(_HITS, 0))
         if hits:
-            stats = stats.model_copy(update={"cache_hits": stats.cache_hits + hits})
+            stats = revise(stats, cache_hits=stats.cache_hits + hits)
         return stats
 
     async def reset_stats(self, tool_name: str) -> bool:
@@ -1132,13 +1133,9 @@ class ToolStateManager(StateManagerBase):
                 raise
             except Exception as exc:
                 attempts = retry.attempts + 1
-                retry = retry.model_copy(
-                    update={"attempts": attempts, "last_error": type(exc).__name__}
-                )
+                retry = revise(retry, attempts=attempts, last_error=type(exc).__name__)
                 delay = self.next_delay(retry, jitter=jitter)
-                retry = retry.model_copy(
-                    update={"next_retry_at": _naive_now() + timedelta(seconds=delay)}
-                )
+                retry = revise(retry, next_retry_at=_naive_now() + timedelta(seconds=delay))
                 await self.update_retry_state(retry)
                 self.log.warning(
                     "tool_retry_scheduled",

@@ -42,6 +42,7 @@ from agenticstate.exceptions import (
 from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
+    revise,
     sort_time,
     unstorable,
     utcnow,
@@ -306,7 +307,7 @@ class WorkflowStateManager(StateManagerBase):
         def apply(current: Any) -> Any:
             before = WorkflowState.model_validate(current)
             after = fn(before)
-            return after.model_copy(update={"updated_at": utcnow()})
+            return revise(after, updated_at=utcnow())
 
         try:
             value = await self.state.update(self._key(workflow_id), apply)
@@ -325,7 +326,7 @@ class WorkflowStateManager(StateManagerBase):
             changes.setdefault("started_at", utcnow())
         if not TRANSITIONS[target]:
             changes.setdefault("finished_at", utcnow())
-        return state.model_copy(update={"status": target, **changes})
+        return revise(state, **{"status": target, **changes})
 
     async def start(self, workflow_id: str) -> WorkflowState:
         """Move a pending workflow to running.
@@ -367,7 +368,7 @@ class WorkflowStateManager(StateManagerBase):
         """The steps with those still running marked cancelled (their results will be refused)."""
         now = utcnow()
         return {
-            number: step.model_copy(update={"status": StepStatus.CANCELLED, "completed_at": now})
+            number: revise(step, status=StepStatus.CANCELLED, completed_at=now)
             if step.status is StepStatus.RUNNING
             else step
             for number, step in state.steps.items()
@@ -472,13 +473,12 @@ class WorkflowStateManager(StateManagerBase):
                 self._check_mapping(context, "$.context")
         except SerializationError as exc:
             # Recorded failed (without the context), then raised: never left running.
-            failed = step.model_copy(
-                update={
-                    "status": StepStatus.FAILED,
-                    "result": None,
-                    "error": unstorable(exc),
-                    "completed_at": step.completed_at or utcnow(),
-                }
+            failed = revise(
+                step,
+                status=StepStatus.FAILED,
+                result=None,
+                error=unstorable(exc),
+                completed_at=step.completed_at or utcnow(),
             )
             await self._record_step(workflow_id, failed, in_flight=in_flight)
             raise
@@ -514,7 +514,7 @@ class WorkflowStateManager(StateManagerBase):
             }
             if context:
                 changes["context"] = {**state.context, **context}
-            return state.model_copy(update=changes)
+            return revise(state, **changes)
 
         after = await self._change(workflow_id, record)
         interval = self.checkpoint_interval
@@ -547,7 +547,7 @@ class WorkflowStateManager(StateManagerBase):
 
         def merge(state: WorkflowState) -> WorkflowState:
             self._refuse_finished(state, "its context cannot change")
-            return state.model_copy(update={"context": {**state.context, **changes}})
+            return revise(state, context={**state.context, **changes})
 
         return await self._change(workflow_id, merge)
 
@@ -680,12 +680,8 @@ class WorkflowStateManager(StateManagerBase):
             if state.status is WorkflowStatus.FAILED:
                 state = self._move(state, WorkflowStatus.RUNNING, error=None)
             kept = {n: s for n, s in state.steps.items() if n <= checkpoint.step}
-            return state.model_copy(
-                update={
-                    "current_step": checkpoint.step,
-                    "context": dict(checkpoint.context),
-                    "steps": kept,
-                }
+            return revise(
+                state, current_step=checkpoint.step, context=dict(checkpoint.context), steps=kept
             )
 
         return await self._change(workflow_id, restore)
