@@ -13,6 +13,7 @@ finished) are hints that are restored when found wrong. The module docstring of
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -197,6 +198,13 @@ class _Mispredicted(Exception):  # noqa: N818  # internal signal, never raised t
     """A failure's outcome (retry or dead letter) differed from the one its TTL was chosen for."""
 
 
+def _own(value: Any) -> Any:
+    """A deep copy of a record (or of a value), so that no caller shares it with the queue."""
+    if isinstance(value, BaseModel):
+        return value.model_copy(deep=True)
+    return copy.deepcopy(value)
+
+
 def _task_from(task: dict[str, Any] | TaskItem) -> TaskItem:
     if isinstance(task, TaskItem):
         return task
@@ -359,8 +367,10 @@ class TaskQueue:
     # single steps
 
     def _remember(self, key: str, revision: int, value: Any) -> None:
+        """Keep `value` as the record at `revision`: a copy, so that what a call hands back
+        (a claim's task) stays the caller's to change."""
         self._known.pop(key, None)
-        self._known[key] = (revision, value)
+        self._known[key] = (revision, _own(value))
         if len(self._known) > _KNOWN_MAX:
             del self._known[next(iter(self._known))]
 
@@ -396,7 +406,7 @@ class TaskQueue:
         known = self._known.get(key)
         if known is None:
             return None
-        revision, record = known
+        revision, record = known[0], _own(known[1])
         if revision == 0:
             return [Revision(key, 0)], [], [Get(key)]
         change = self._agent_change(record, task_id)
@@ -691,7 +701,7 @@ class TaskQueue:
                     self._heads[team_id] = [c for c, _ in candidates[:_HEADS]]
                     return TaskClaim(
                         team_id=team_id,
-                        task=taken,
+                        task=_own(taken),
                         lease_token=taken.lease_token,
                         lease_expires_at=taken.lease_expires_at,
                     )
@@ -710,7 +720,7 @@ class TaskQueue:
                 await self._set_agent(team_id, agent_id, task_id)
                 return TaskClaim(
                     team_id=team_id,
-                    task=taken,
+                    task=_own(taken),
                     lease_token=taken.lease_token,
                     lease_expires_at=taken.lease_expires_at,
                 )
@@ -920,7 +930,7 @@ class TaskQueue:
         known = self._known.get(self.keys.task(team_id, task_id))
         if known is None or not isinstance(known[1], TaskItem):
             return None
-        revision, task = known
+        revision, task = known[0], _own(known[1])
         if task.lease_token is None:
             return None
         try:
