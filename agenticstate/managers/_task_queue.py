@@ -38,6 +38,7 @@ from agenticstate.managers._base import (
     key_part,
     load,
     load_many,
+    read_entries,
     revise,
     sort_time,
     utcnow,
@@ -1134,16 +1135,22 @@ class TaskQueue:
         finished = self.keys.finished(team_id)
         purged = 0
         while entries := await self._due(finished, cutoff, limit=256):
-            found = await self.state.get_many(
-                [self.keys.task(team_id, task_id) for task_id, _ in entries], model=TaskItem
-            )
-            for task_id, _ in entries:
-                task = found.get(self.keys.task(team_id, task_id))
-                # Finished is terminal: only a deletion (and a new task with the same id) can
-                # change the record now, so a plain delete deletes exactly what was read.
-                if task is not None and task.status in _FINISHED:
-                    purged += await self.state.delete(self.keys.task(team_id, task_id))
-            await self.state.index_remove(finished, [task_id for task_id, _ in entries])
+            keys = [self.keys.task(team_id, task_id) for task_id, _ in entries]
+            found = await read_entries(self.state, keys, model=TaskItem)
+            done: list[str] = []
+            for (task_id, _), key, entry in zip(entries, keys, found, strict=True):
+                self._forget(key)
+                if entry is not None and entry.value.status in _FINISHED:
+                    # Finished is terminal, but the task may be deleted and a new one enqueued
+                    # under its id since the read: delete only the record read (its revision).
+                    try:
+                        purged += await self.state.delete(key, **conditional(self.state, entry))
+                    except ConflictError:
+                        now = await self.state.get_entry(key, model=TaskItem)
+                        if now is not None and now.value.status in _FINISHED:
+                            continue  # a new life finished too: its own score says when it goes
+                done.append(task_id)
+            await self.state.index_remove(finished, done)
         if purged:
             self.log.info("finished_tasks_purged", team_id=team_id, count=purged)
         return purged
