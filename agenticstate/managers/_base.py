@@ -368,6 +368,21 @@ def check_value(state: StateManager, value: object, path: str) -> None:
         raise at_path(exc, path) from None
 
 
+def encode_error(state: StateManager, record: object, path: str) -> SerializationError | None:
+    """Why `record` (a whole record about to be written) cannot be stored, or `None`.
+
+    Checking a new value alone is not enough: it may fit `max_value_size` while the record that
+    holds it (with its other fields) does not. A failure of the whole record (too large) is
+    named by `path`, the value the change put in; one inside the value keeps its own path.
+    Costs one encoding of the record.
+    """
+    try:
+        state.serializer.dumps(record)
+    except SerializationError as exc:
+        return at_path(exc, path) if exc.path in ("", "$") else exc
+    return None
+
+
 def unstorable(error: SerializationError) -> str:
     """What a record's `error` says of a value that could not be stored: its type and place.
 

@@ -35,6 +35,7 @@ from agenticstate.exceptions import (
 from agenticstate.managers._base import (
     TaggedKeys,
     conditional,
+    encode_error,
     key_part,
     load,
     load_many,
@@ -904,13 +905,17 @@ class TaskQueue:
 
         def complete(task: TaskItem) -> TaskItem:
             self._check_holder(task, lease_token, agent_id)
-            return revise(
+            done = revise(
                 task,
                 status=TaskStatus.COMPLETED,
                 result=result,
                 lease_expires_at=None,
                 completed_at=utcnow(),
             )
+            # The result may fit alone and not with the task's data: nothing is written then.
+            if error := encode_error(self.state, done, "$.result"):
+                raise error
+            return done
 
         known = self._held(team_id, task_id, lease_token, agent_id)
         if known is not None:

@@ -573,14 +573,16 @@ class OrchestrationStateManager(StateManagerBase):
         """
         try:
             self._check_value(result, "$.result")
+            # The task's record is encoded whole before it is written: a result that fits
+            # alone may not fit with the task's data.
+            return await self._queue.complete_task(
+                team_id, task_id, result, lease_token=lease_token, agent_id=agent_id
+            )
         except SerializationError as exc:
             await self._queue.fail_task(
                 team_id, task_id, unstorable(exc), lease_token=lease_token, agent_id=agent_id
             )
             raise
-        return await self._queue.complete_task(
-            team_id, task_id, result, lease_token=lease_token, agent_id=agent_id
-        )
 
     async def fail_task(
         self,

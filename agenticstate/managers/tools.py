@@ -60,6 +60,7 @@ from agenticstate.exceptions import (
 from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
+    encode_error,
     key_part,
     revise,
     sort_time,
@@ -453,11 +454,20 @@ class ToolStateManager(StateManagerBase):
             return None
         return await self._load(self._execution_key(tool_name, execution_id), ToolExecution)
 
-    async def _finish(self, execution_id: str, changes: dict[str, Any]) -> ToolExecution:
+    async def _finish(
+        self, execution_id: str, changes: dict[str, Any], value_path: str | None = None
+    ) -> ToolExecution:
+        """Finish an execution with `changes`.
+
+        With `value_path` (the change stores a result), an execution that cannot be stored with
+        it (the result does not fit, with the parameters, in `max_value_size`) is failed
+        instead, and the error is raised after.
+        """
         tool_name = await self.state.get(self._index_key(execution_id))
         if tool_name is None:
             raise NotFoundError(f"no execution {execution_id!r}")
         before: list[ToolExecution] = []
+        refused: list[SerializationError] = []
 
         def finish(current: Any) -> Any:
             execution = ToolExecution.model_validate(current)
@@ -470,7 +480,17 @@ class ToolStateManager(StateManagerBase):
             if duration is None:
                 elapsed = sort_time(utcnow()) - sort_time(execution.started_at)
                 changes["duration_ms"] = max(0.0, elapsed * 1000)
-            return revise(execution, **{**changes, "completed_at": utcnow()})
+            refused.clear()
+            finished = revise(execution, **{**changes, "completed_at": utcnow()})
+            if value_path is not None and (
+                error := encode_error(self.state, finished, value_path)
+            ):
+                refused.append(error)
+                failed = {"status": ToolExecutionStatus.FAILED, "error": unstorable(error)}
+                finished = revise(
+                    execution, **{**changes, **failed, "result": None, "completed_at": utcnow()}
+                )
+            return finished
 
         try:
             value = await self.state.update(self._execution_key(tool_name, execution_id), finish)
@@ -485,6 +505,8 @@ class ToolStateManager(StateManagerBase):
                 ok=execution.status is ToolExecutionStatus.COMPLETED,
                 duration_ms=execution.duration_ms,
             )
+        if refused:
+            raise refused[0]
         return execution
 
     async def complete_execution(
@@ -494,7 +516,10 @@ class ToolStateManager(StateManagerBase):
 
         A result that cannot be stored ends the execution `failed` instead (its `error` names
         the problem and where: `UnsupportedTypeError at $.result`, counted as a failure in the
-        statistics), and the error is raised: the execution never stays `running`.
+        statistics), and the error is raised: the execution never stays `running`. That
+        includes a result that fits `max_value_size` alone but not in the execution record with
+        its parameters (`TooLargeError at $.result`): the whole record is encoded before it is
+        written.
 
         Raises:
             NotFoundError: No such execution.
@@ -509,6 +534,7 @@ class ToolStateManager(StateManagerBase):
         return await self._finish(
             execution_id,
             {"status": ToolExecutionStatus.COMPLETED, "result": result, "duration_ms": duration_ms},
+            "$.result",
         )
 
     async def fail_execution(
