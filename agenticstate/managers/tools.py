@@ -187,6 +187,9 @@ class ToolExecutionStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+_UNFINISHED = frozenset((ToolExecutionStatus.PENDING, ToolExecutionStatus.RUNNING))
+
+
 class ToolExecution(BaseModel):
     """One call of a tool."""
 
@@ -583,6 +586,8 @@ class ToolStateManager(StateManagerBase):
             return
         history = await self.get_execution_history(tool_name, limit=None)
         for execution in history[self.history_limit :]:
+            if execution.status in _UNFINISHED:
+                continue  # still under way, however old: its caller will finish it
             await self.state.delete(self._execution_key(tool_name, execution.execution_id))
             await self.state.delete(self._index_key(execution.execution_id))
 
