@@ -238,15 +238,55 @@ def _wrap(value: Any) -> Any:
     return value
 
 
+_JOBS: dict[tuple[str, str], str] = {
+    ("ToolStateManager", "run_with_retries"): "fn",
+    ("ToolStateManager", "cached_call"): "fn",
+    ("AgentRecoveryManager", "run"): "job",
+}
+"""The methods that run a job the caller hands over, and its parameter: a plain function given
+there runs in a worker thread (it may block, and call this API)."""
+
+
 def _blocking_method(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    job = _JOBS.get((method.__qualname__.split(".")[0], name))
+    signature = inspect.signature(method) if job else None
+
     @functools.wraps(method)
     def call(self: Blocking[Any], *args: Any, **kwargs: Any) -> Any:
         bound = getattr(self._async, name)
         args = tuple(_unwrap(arg) for arg in args)
         kwargs = {key: _unwrap(value) for key, value in kwargs.items()}
+        if job is not None and signature is not None:
+            try:
+                given = signature.bind(self._async, *args, **kwargs)
+            except TypeError:
+                pass  # the async method says what is wrong
+            else:
+                if job in given.arguments:
+                    given.arguments[job] = _in_thread_job(given.arguments[job])
+                    args, kwargs = given.args[1:], given.kwargs
         return _wrap(_await(bound, *args, **kwargs))
 
     return call
+
+
+def _in_thread_job(fn: Any) -> Any:
+    """A job to await: a plain function runs in a worker thread, an async one as it is.
+
+    A plain function that returns an awaitable (`lambda: client.fetch()`) has it awaited.
+    """
+    if not callable(fn) or inspect.iscoroutinefunction(fn):
+        return fn
+    if inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004
+        return fn
+
+    async def job() -> Any:
+        value = await anyio.to_thread.run_sync(fn)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    return job
 
 
 def _loop_method(name: str, method: Callable[..., Any]) -> Callable[..., Any]:

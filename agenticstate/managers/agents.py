@@ -554,7 +554,8 @@ class AgentRecoveryManager:
             self.register(agent)
         while True:
             try:
-                result = await job()
+                # A plain function that returned has succeeded: its value is the result.
+                result = await maybe_await(job())
             except Exception as exc:
                 if not self.auto_recover:
                     raise

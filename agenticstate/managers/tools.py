@@ -62,6 +62,7 @@ from agenticstate.managers._base import (
     TaggedKeys,
     encode_error,
     key_part,
+    maybe_await,
     revise,
     sort_time,
     unstorable,
@@ -1022,7 +1023,8 @@ class ToolStateManager(StateManagerBase):
                 await self._cancel_started(execution_id, type(exc).__name__, elapsed_ms())
             raise
         try:
-            result = await fn()
+            # A plain function that returned has succeeded: its value is the result.
+            result = await maybe_await(fn())
         except Exception as exc:
             with anyio.CancelScope(shield=True):
                 await self.fail_execution(execution_id, type(exc).__name__, elapsed_ms())
