@@ -221,13 +221,27 @@ class KnowledgeStateManager(StateManagerBase):
     # progress
 
     async def update_indexing_progress(self, progress: IndexingProgress) -> IndexingProgress:
-        """Store an indexing run's progress as given (adding a throughput sample)."""
+        """Store an indexing run's progress as given (adding a throughput sample).
+
+        The same run reported again keeps its throughput samples; a new run (the stored one is
+        completed or failed, or the processed count went back) starts with none, so `estimate`
+        never mixes two runs.
+        """
         if not isinstance(progress, IndexingProgress):
             raise InvalidArgumentError("update_indexing_progress takes an IndexingProgress")
         key = self._progress_key(progress.knowledge_base_id)
 
         def replace(current: Any) -> Any:
-            samples = IndexingProgress.model_validate(current).samples if current else []
+            samples: list[ProgressSample] = []
+            if current:
+                before = IndexingProgress.model_validate(current)
+                samples = before.samples
+                # The same run reported again keeps its samples; a new run (the last one had
+                # finished, or its count went back) starts afresh: its rate is its own.
+                if before.status in (IndexingStatus.COMPLETED, IndexingStatus.FAILED) or (
+                    samples and progress.processed_documents < samples[-1].processed
+                ):
+                    samples = []
             return _with_sample(revise(progress, samples=samples))
 
         value = await self.state.update(key, replace, default=None)
@@ -309,7 +323,7 @@ class KnowledgeStateManager(StateManagerBase):
         if len(progress.samples) >= 2:
             first, last = progress.samples[0], progress.samples[-1]
             seconds = sort_time(last.at) - sort_time(first.at)
-            if seconds > 0:
+            if seconds > 0 and last.processed >= first.processed:
                 rate = (last.processed - first.processed) / seconds
         eta = timedelta(seconds=remaining / rate) if rate else None
         return IndexingEstimate(
