@@ -49,7 +49,7 @@ def _sync_manager(method: str) -> Any:
     return sync.ToolStateManager()
 
 
-@pytest.mark.parametrize(("cls", "method"), sorted(sync._JOBS))  # noqa: SLF001
+@pytest.mark.parametrize(("cls", "method"), sorted(sync._JOBS))
 def test_a_plain_job_that_succeeds_runs_once_in_a_worker_thread(cls: str, method: str) -> None:
     """The sync API runs a plain function job once, off the loop thread (so it may call the
     blocking API), and returns its value."""
@@ -69,7 +69,7 @@ def test_a_plain_job_that_succeeds_runs_once_in_a_worker_thread(cls: str, method
     assert runs[0] != threading.current_thread().name
 
 
-@pytest.mark.parametrize(("cls", "method"), sorted(sync._JOBS))  # noqa: SLF001
+@pytest.mark.parametrize(("cls", "method"), sorted(sync._JOBS))
 def test_a_plain_job_returning_an_awaitable_is_awaited(cls: str, method: str) -> None:
     """A plain function that returns a coroutine (`lambda: client.fetch()`) has it awaited."""
     manager = _sync_manager(method)
@@ -83,7 +83,7 @@ def test_a_plain_job_returning_an_awaitable_is_awaited(cls: str, method: str) ->
         manager.close()
 
 
-@pytest.mark.parametrize(("cls", "method"), sorted(sync._JOBS))  # noqa: SLF001
+@pytest.mark.parametrize(("cls", "method"), sorted(sync._JOBS))
 async def test_the_async_api_runs_a_plain_job_once(cls: str, method: str) -> None:
     """Given a plain function, an async manager takes its value as the result (it succeeded):
     never a TypeError counted as a failure and a second run."""
@@ -116,9 +116,11 @@ def test_every_method_that_runs_a_job_is_in_the_table() -> None:
                 continue
             hints = typing.get_type_hints(method, vars(inspect.getmodule(method)))
             for parameter, hint in hints.items():
-                if typing.get_origin(hint) is not None and "Callable[[], " in str(hint) and (
-                    "Awaitable" in str(hint)
+                if (
+                    typing.get_origin(hint) is not None
+                    and "Callable[[], " in str(hint)
+                    and ("Awaitable" in str(hint))
                 ):
                     found.add((cls.__name__, method_name, parameter))
-    table = {(cls, method, parameter) for (cls, method), parameter in sync._JOBS.items()}  # noqa: SLF001
+    table = {(cls, method, parameter) for (cls, method), parameter in sync._JOBS.items()}
     assert found == table

@@ -144,6 +144,28 @@ async def read_entries(
     return list(done.results)
 
 
+def optional_count(value: object, what: str, *, minimum: int) -> int | None:
+    """Check a count argument (`limit=`): an int >= `minimum`, or None.
+
+    Raises:
+        InvalidArgumentError: Anything else (a bool, a float, a str, a negative number).
+    """
+    if value is not None and (type(value) is not int or value < minimum):
+        raise InvalidArgumentError(f"{what} must be an int >= {minimum} or None, not {value!r}")
+    return value
+
+
+def mapping_argument(value: object, what: str) -> Mapping[str, Any]:
+    """Check a mapping argument (`parameters=`, `changes=`).
+
+    Raises:
+        InvalidArgumentError: `value` is not a mapping.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{what} must be a mapping, not a {type(value).__name__}")
+    return value
+
+
 def sort_time(value: datetime) -> float:
     """Return a sortable instant for naive (local time) and aware datetimes alike.
 

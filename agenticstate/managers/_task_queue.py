@@ -369,8 +369,10 @@ class TaskQueue:
     # single steps
 
     def _remember(self, key: str, revision: int, value: Any) -> None:
-        """Keep `value` as the record at `revision`: a copy, so that what a call hands back
-        (a claim's task) stays the caller's to change."""
+        """Keep a copy of `value` as the record at `revision`.
+
+        A copy, so that what a call hands back (a claim's task) stays the caller's to change.
+        """
         self._known.pop(key, None)
         self._known[key] = (revision, _own(value))
         if len(self._known) > _KNOWN_MAX:

@@ -36,6 +36,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     maybe_await,
+    optional_count,
     revise,
     sort_time,
     utcnow,
@@ -242,7 +243,12 @@ class AgentStateStore(StateManagerBase):
         return await self._load(self._key(agent_id, "snapshots", snapshot_id), AgentSnapshot)
 
     async def list_snapshots(self, agent_id: str, limit: int | None = None) -> list[AgentSnapshot]:
-        """Return the agent's snapshots, newest first (by time, then step)."""
+        """Return the agent's snapshots, newest first (by time, then step).
+
+        Raises:
+            InvalidArgumentError: `limit` is not an int >= 0 or None.
+        """
+        optional_count(limit, "limit", minimum=0)
         found = await self._load_many(self._pattern(agent_id, "snapshots"), AgentSnapshot)
         found.sort(key=lambda s: (sort_time(s.timestamp), s.step or 0), reverse=True)
         return found[:limit] if limit is not None else found
@@ -275,7 +281,12 @@ class AgentStateStore(StateManagerBase):
     async def list_checkpoints(
         self, agent_id: str, limit: int | None = None, *, recoverable_only: bool = False
     ) -> list[AgentCheckpoint]:
-        """Return the agent's checkpoints, newest first (by time, then step)."""
+        """Return the agent's checkpoints, newest first (by time, then step).
+
+        Raises:
+            InvalidArgumentError: `limit` is not an int >= 0 or None.
+        """
+        optional_count(limit, "limit", minimum=0)
         found = await self._load_many(self._pattern(agent_id, "checkpoints"), AgentCheckpoint)
         if recoverable_only:
             found = [checkpoint for checkpoint in found if checkpoint.recoverable]

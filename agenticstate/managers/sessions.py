@@ -74,6 +74,7 @@ from agenticstate.managers._base import (
     jitter,
     key_part,
     maybe_await,
+    optional_count,
     revise,
     sort_time,
     utcnow,
@@ -236,10 +237,7 @@ def _positive_ttl(ttl: timedelta | float | None) -> timedelta | None:
     return as_ttl(ttl)
 
 
-def _optional_count(value: int | None, what: str, *, minimum: int) -> int | None:
-    if value is not None and (type(value) is not int or value < minimum):
-        raise InvalidArgumentError(f"{what} must be an int >= {minimum} or None, not {value!r}")
-    return value
+_optional_count = optional_count
 
 
 class SessionManager(StateManagerBase):

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID, uuid4
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agenticstate import _otel, txn
 from agenticstate._checks import as_ttl, seconds
@@ -62,7 +62,9 @@ from agenticstate.managers._base import (
     TaggedKeys,
     encode_error,
     key_part,
+    mapping_argument,
     maybe_await,
+    optional_count,
     revise,
     sort_time,
     unstorable,
@@ -170,9 +172,11 @@ def hash_parameters(parameters: Mapping[str, Any]) -> str:
     model hashes as its JSON dump (like the dict it dumps to).
 
     Raises:
-        InvalidArgumentError: A key is not a str, or a number is not finite.
+        InvalidArgumentError: `parameters` is not a mapping, a key is not a str, or a number
+            is not finite.
         UnsupportedTypeError: A value has a type that cannot be hashed canonically.
     """
+    mapping_argument(parameters, "parameters")
     canonical = parameters if _is_flat(parameters) else _canonical(parameters)
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -189,6 +193,13 @@ class ToolExecutionStatus(StrEnum):
 
 
 _UNFINISHED = frozenset((ToolExecutionStatus.PENDING, ToolExecutionStatus.RUNNING))
+
+
+def _first_problem(error: ValidationError) -> str:
+    """What is wrong with an argument, named by its field (never its value)."""
+    first = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}"
 
 
 class ToolExecution(BaseModel):
@@ -486,9 +497,7 @@ class ToolStateManager(StateManagerBase):
                 changes["duration_ms"] = max(0.0, elapsed * 1000)
             refused.clear()
             finished = revise(execution, **{**changes, "completed_at": utcnow()})
-            if value_path is not None and (
-                error := encode_error(self.state, finished, value_path)
-            ):
+            if value_path is not None and (error := encode_error(self.state, finished, value_path)):
                 refused.append(error)
                 failed = {"status": ToolExecutionStatus.FAILED, "error": unstorable(error)}
                 finished = revise(
@@ -575,7 +584,12 @@ class ToolStateManager(StateManagerBase):
     async def get_execution_history(
         self, tool_name: str, limit: int | None = 100
     ) -> list[ToolExecution]:
-        """Return a tool's executions, newest first."""
+        """Return a tool's executions, newest first.
+
+        Raises:
+            InvalidArgumentError: `limit` is not an int >= 0 or None.
+        """
+        optional_count(limit, "limit", minimum=0)
         found = await self._load_many(self._executions_glob(tool_name), ToolExecution)
         found.sort(key=lambda e: sort_time(e.started_at), reverse=True)
         return found[:limit] if limit is not None else found
@@ -832,6 +846,7 @@ class ToolStateManager(StateManagerBase):
             InvalidArgumentError: `ttl` is not a positive number of seconds or timedelta.
             Exception: Whatever `fn` raised (also in the callers waiting in this process).
         """
+        mapping_argument(parameters, "parameters")
         life = _cache_ttl(ttl)
         digest = hash_parameters(parameters)
         if not self.cache_results:
@@ -1139,15 +1154,26 @@ class ToolStateManager(StateManagerBase):
         """
         base_delay = seconds(base_delay, "base_delay", zero=True)
         max_delay = seconds(max_delay, "max_delay", zero=True)
-        retry = await self.get_retry_state(execution_id) or RetryState(
-            execution_id=execution_id,
-            max_attempts=max_attempts,
-            backoff_factor=backoff_factor,
-            base_delay=base_delay,
-            max_delay=max_delay,
-            tool_name=tool_name,
-            parameters=recorded(parameters),
-        )
+        mapping_argument(parameters, "parameters")
+        if type(max_attempts) is not int:
+            raise InvalidArgumentError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
+        if isinstance(backoff_factor, bool) or not isinstance(backoff_factor, int | float):
+            raise InvalidArgumentError(
+                f"backoff_factor must be a number >= 1, not {backoff_factor!r}"
+            )
+        try:  # checked before anything runs, even when a stored schedule is resumed
+            fresh = RetryState(
+                execution_id=execution_id,
+                max_attempts=max_attempts,
+                backoff_factor=backoff_factor,
+                base_delay=base_delay,
+                max_delay=max_delay,
+                tool_name=tool_name,
+                parameters=recorded(parameters),
+            )
+        except ValidationError as exc:
+            raise InvalidArgumentError(_first_problem(exc)) from None
+        retry = await self.get_retry_state(execution_id) or fresh
         while True:
             if retry.exhausted:
                 raise RetryExhaustedError(

@@ -43,6 +43,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     encode_error,
+    mapping_argument,
     revise,
     sort_time,
     unstorable,
@@ -582,9 +583,11 @@ class WorkflowStateManager(StateManagerBase):
             NotFoundError: No such workflow.
             InvalidTransitionError: The workflow is completed or cancelled
                 (`WorkflowCancelledError`); nothing changed.
+            InvalidArgumentError: `changes` is not a mapping; nothing changed.
             SerializationError: A value in `changes` cannot be stored (the path names it,
                 `$.context.<key>`); nothing changed.
         """
+        mapping_argument(changes, "changes")
         self._check_mapping(changes, "$.context")
 
         def merge(state: WorkflowState) -> WorkflowState:

@@ -75,9 +75,7 @@ async def test_a_claim_in_another_manager_is_isolated_too(state: StateManager) -
 
 
 BAD_TEAMS = {
-    "agent key differs": TeamState(
-        team_id="A", agents={"a": AgentCoordinationState(agent_id="b")}
-    ),
+    "agent key differs": TeamState(team_id="A", agents={"a": AgentCoordinationState(agent_id="b")}),
     "two tasks, one id": TeamState(
         team_id="B",
         task_queue=TaskQueueState(pending=[TaskItem(task_id="t"), TaskItem(task_id="t")]),
