@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate._checks import duration, positive_timedelta, wrong_object
 from agenticstate.exceptions import (
+    ConfigurationError,
     InvalidArgumentError,
     NotFoundError,
     RetryExhaustedError,
@@ -366,7 +367,7 @@ class AgentRecoveryManager:
         retry_delay: timedelta = timedelta(0),
     ) -> None:
         if not isinstance(agent_store, AgentStateStore):
-            raise InvalidArgumentError(
+            raise ConfigurationError(
                 wrong_object(
                     agent_store,
                     parameter="agent_store",
