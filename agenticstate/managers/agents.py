@@ -567,7 +567,7 @@ class AgentRecoveryManager:
         while True:
             try:
                 # A plain function that returned has succeeded: its value is the result.
-                result = await maybe_await(job())
+                result: T = await maybe_await(job())
             except Exception as exc:
                 if not self.auto_recover:
                     raise

@@ -1039,7 +1039,7 @@ class ToolStateManager(StateManagerBase):
             raise
         try:
             # A plain function that returned has succeeded: its value is the result.
-            result = await maybe_await(fn())
+            result: T = await maybe_await(fn())
         except Exception as exc:
             with anyio.CancelScope(shield=True):
                 await self.fail_execution(execution_id, type(exc).__name__, elapsed_ms())
