@@ -9,6 +9,7 @@ stays pending and the next claim gets it, whatever point the other process came 
 from __future__ import annotations
 
 import contextlib
+import functools
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +63,7 @@ async def test_removing_finished_tasks_never_removes_a_new_life(
                 await other.delete_task(team, "job")
             await other.enqueue_task(team, {"id": "job", "data": {"life": 2}})
 
-        _, outcome = await at_call(state, lambda team=team: victim(orch, team), at, again)
+        _, outcome = await at_call(state, functools.partial(victim, orch, team), at, again)
         if isinstance(outcome, Exception):
             problems.append(f"at call {at}: raised {outcome!r}")
             continue

@@ -77,7 +77,7 @@ async def _update_step(state: StateManager) -> str:
     await flows.update_step("W", StepState(step_number=1, result="z" * (LIMIT // 2)))
     with pytest.raises(TooLargeError):
         await flows.update_step("W", StepState(step_number=2, result="z" * (LIMIT // 2)))
-    return (await flows.get("W")).steps[2].status.value
+    return (await _get(flows, "W")).steps[2].status.value
 
 
 async def _step_block(state: StateManager) -> str:
@@ -88,7 +88,7 @@ async def _step_block(state: StateManager) -> str:
     with pytest.raises(TooLargeError):
         async with flows.step("W", 2, "second") as step:
             step.result = "z" * (LIMIT // 2)
-    return (await flows.get("W")).steps[2].status.value
+    return (await _get(flows, "W")).steps[2].status.value
 
 
 async def _workflow_complete(state: StateManager) -> str:
@@ -97,7 +97,7 @@ async def _workflow_complete(state: StateManager) -> str:
     await flows.start("W")
     with pytest.raises(TooLargeError):
         await flows.complete("W", result=FITS_ALONE)
-    return (await flows.get("W")).status.value
+    return (await _get(flows, "W")).status.value
 
 
 async def _complete_task(state: StateManager) -> str:
@@ -111,6 +111,12 @@ async def _complete_task(state: StateManager) -> str:
     task = await orch.get_task("T", "a")
     assert task.error == "TooLargeError at $.result"
     return task.status.value
+
+
+async def _get(flows: WorkflowStateManager, workflow_id: str) -> WorkflowState:
+    found = await flows.get(workflow_id)
+    assert found is not None
+    return found
 
 
 CASES: dict[str, tuple[Callable[[StateManager], Awaitable[str]], str]] = {
@@ -143,7 +149,7 @@ async def test_an_automatic_checkpoint_that_does_not_fit_is_skipped_not_raised(
     with caplog.at_level(logging.WARNING, logger="agenticstate"):
         async with flows.step("A", 1, "first") as step:
             step.result = "ok"
-    assert (await flows.get("A")).steps[1].status.value == "completed"
+    assert (await _get(flows, "A")).steps[1].status.value == "completed"
     assert await flows.list_checkpoints("A") == []
     assert [r.message for r in caplog.records if "checkpoint_skipped" in r.message]
 

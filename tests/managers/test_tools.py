@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 from datetime import UTC, date, datetime, timedelta
@@ -887,7 +888,7 @@ async def test_a_long_call_outlives_many_quicker_ones(state: StateManager, how: 
             group.start_soon(call)
             await started.wait()
             for n in range(12):
-                await tools.cached_call("t", {"q": n}, lambda n=n: _value(n))
+                await tools.cached_call("t", {"q": n}, functools.partial(_value, n))
             release.set()
     assert outcome == ["slow"]
     assert runs == 1
