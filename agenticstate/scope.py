@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from agenticstate._checks import wrong_object
 from agenticstate._keys import escape_glob, validate_key, validate_pattern
-from agenticstate.exceptions import InvalidArgumentError, InvalidKeyError, InvalidPatternError
+from agenticstate.exceptions import (
+    ConfigurationError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    InvalidPatternError,
+)
 from agenticstate.manager import DEFAULT, StateManager
 
 if TYPE_CHECKING:
@@ -63,7 +68,7 @@ class ScopedState:
 
     def __init__(self, state: StateManager, prefix: str) -> None:
         if not isinstance(state, StateManager):
-            raise InvalidArgumentError(
+            raise ConfigurationError(
                 wrong_object(
                     state,
                     parameter="state",

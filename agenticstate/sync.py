@@ -54,7 +54,7 @@ from agenticstate import managers as _managers
 from agenticstate import scope as _scope
 from agenticstate import view as _view
 from agenticstate._log import get_logger
-from agenticstate.exceptions import AgenticStateError, InvalidArgumentError
+from agenticstate.exceptions import AgenticStateError, BackendError, InvalidArgumentError
 from agenticstate.manager import StateManager as _AsyncStateManager
 
 if TYPE_CHECKING:
@@ -238,20 +238,77 @@ def _wrap(value: Any) -> Any:
     return value
 
 
+_JOBS: dict[tuple[str, str], str] = {
+    ("ToolStateManager", "run_with_retries"): "fn",
+    ("ToolStateManager", "cached_call"): "fn",
+    ("AgentRecoveryManager", "run"): "job",
+}
+"""The methods that run a job the caller hands over, and its parameter: a plain function given
+there runs in a worker thread (it may block, and call this API)."""
+
+
+def _check_process(view: Any) -> None:
+    """Refuse to use, in a forked child, an object built before the fork (in the parent).
+
+    Its connections, files and tasks belong to the parent's loop, which the child does not
+    have: every call would fail on them (a bare `RuntimeError` from deep inside), or worse,
+    share the parent's connection. A `BackendError` says so.
+    """
+    if view._pid != os.getpid():
+        raise BackendError(
+            f"this sync.{type(view).__name__} was built in process {view._pid}, before a fork; "
+            "objects built before os.fork() belong to the parent: build what the child needs "
+            "in the child"
+        )
+
+
 def _blocking_method(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    job = _JOBS.get((method.__qualname__.split(".")[0], name))
+    signature = inspect.signature(method) if job else None
+
     @functools.wraps(method)
     def call(self: Blocking[Any], *args: Any, **kwargs: Any) -> Any:
+        _check_process(self)
         bound = getattr(self._async, name)
         args = tuple(_unwrap(arg) for arg in args)
         kwargs = {key: _unwrap(value) for key, value in kwargs.items()}
+        if job is not None and signature is not None:
+            try:
+                given = signature.bind(self._async, *args, **kwargs)
+            except TypeError:
+                pass  # the async method says what is wrong
+            else:
+                if job in given.arguments:
+                    given.arguments[job] = _in_thread_job(given.arguments[job])
+                    args, kwargs = given.args[1:], given.kwargs
         return _wrap(_await(bound, *args, **kwargs))
 
     return call
 
 
+def _in_thread_job(fn: Any) -> Any:
+    """A job to await: a plain function runs in a worker thread, an async one as it is.
+
+    A plain function that returns an awaitable (`lambda: client.fetch()`) has it awaited.
+    """
+    if not callable(fn) or inspect.iscoroutinefunction(fn):
+        return fn
+    if inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004
+        return fn
+
+    async def job() -> Any:
+        value = await anyio.to_thread.run_sync(fn)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    return job
+
+
 def _loop_method(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: Blocking[Any], *args: Any, **kwargs: Any) -> Any:
+        _check_process(self)
         bound = getattr(self._async, name)
         return _wrap(_call_plain(bound, *args, **kwargs))
 
@@ -291,6 +348,7 @@ class Blocking(Generic[A]):
         kwargs = {key: _unwrap(value) for key, value in kwargs.items()}
         self._async = _call(self._async_class, *args, **kwargs)
         self._owned = True
+        self._pid = os.getpid()
         _OWNED.add(self)
 
     @classmethod
@@ -304,6 +362,7 @@ class Blocking(Generic[A]):
         view = cls.__new__(cls)
         view._async = obj
         view._owned = False
+        view._pid = os.getpid()
         return view
 
     @property
@@ -313,6 +372,7 @@ class Blocking(Generic[A]):
 
     def run(self, fn: Callable[[A], Awaitable[T]]) -> T:
         """Run `fn(async_object)` on the loop and return its result (typed for mypy)."""
+        _check_process(self)
         obj = self._async
 
         async def call() -> T:
@@ -322,8 +382,9 @@ class Blocking(Generic[A]):
         return result
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_async", "_owned"):
+        if name.startswith("__") or name in ("_async", "_owned", "_pid"):
             raise AttributeError(name)
+        _check_process(self)
         return _wrap(getattr(self._async, name))
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -331,14 +392,17 @@ class Blocking(Generic[A]):
         if name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
+            _check_process(self)
             setattr(self._async, name, _unwrap(value))
 
     def __repr__(self) -> str:
         return f"sync.{type(self).__name__}({self._async!r})"
 
     def close(self) -> None:
-        """Close the wrapped object (its `aclose()`)."""
+        """Close the wrapped object (its `aclose()`); in a forked child, nothing (the parent's)."""
         _OWNED.discard(self)
+        if self._pid != os.getpid():
+            return
         closer = getattr(self._async, "aclose", None)
         if closer is not None:
             _call(closer)
@@ -363,6 +427,7 @@ class BlockingStream:
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self._pid = os.getpid()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -370,6 +435,7 @@ class BlockingStream:
         return getattr(self._inner, name)
 
     def __enter__(self) -> Any:
+        _check_process(self)
         entered = _call(self._inner.__aenter__)
         return self if entered is self._inner else _wrap(entered)
 
@@ -379,6 +445,7 @@ class BlockingStream:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        _check_process(self)
         result: bool | None = _call(self._inner.__aexit__, exc_type, exc, tb)
         return result
 
@@ -386,14 +453,16 @@ class BlockingStream:
         return self
 
     def __next__(self) -> Any:
+        _check_process(self)
         try:
             return _await(self._inner.__anext__)
         except StopAsyncIteration:
             raise StopIteration from None
 
     def close(self) -> None:
-        """Close the stream (its `aclose()`)."""
-        _call(self._inner.aclose)
+        """Close the stream (its `aclose()`); in a forked child, nothing (the parent's)."""
+        if self._pid == os.getpid():
+            _call(self._inner.aclose)
 
 
 # ------------------------------------------------------------------ the blocking classes
@@ -430,6 +499,7 @@ class _Subscriptions(Generic[A]):
         thread. Subscribing the same callback to the same pattern again returns the first
         handle.
         """
+        _check_process(self)
         handle = _call_plain(
             self._async.subscribe,
             pattern,
@@ -442,6 +512,7 @@ class _Subscriptions(Generic[A]):
 
     def unsubscribe(self, pattern: str, callback: Any) -> bool:
         """Stop calling `callback` for `pattern`; return whether it was subscribed."""
+        _check_process(self)
         result: bool = _call(self._async.unsubscribe, pattern, _threaded(callback))
         return result
 

@@ -116,8 +116,9 @@ def _recovery(blocking: sync.StateManager) -> object:
 def test_other_async_classes_given_a_blocking_object_name_both_types(
     build: Callable[[sync.StateManager], object], parameter: str, expected: str
 ) -> None:
-    """`ScopedState` and `AgentRecoveryManager` given a blocking object name both types too."""
-    with sync.StateManager() as blocking, pytest.raises(InvalidArgumentError) as caught:
+    """`ScopedState` and `AgentRecoveryManager` given a blocking object name both types too,
+    with the error every class raises for an object of the wrong kind (ConfigurationError)."""
+    with sync.StateManager() as blocking, pytest.raises(ConfigurationError) as caught:
         build(blocking)
     text = str(caught.value)
     assert f"{parameter} must be an agenticstate.{expected}, not agenticstate.sync." in text

@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from agenticstate import InvalidArgumentError, InvalidKeyError, ScopedState, StateManager
+from agenticstate import (
+    ConfigurationError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    ScopedState,
+    StateManager,
+)
 
 
 class Cart(BaseModel):
@@ -119,7 +125,7 @@ async def test_bad_prefixes_and_keys_are_refused(state: StateManager) -> None:
         state.scope("")
     with pytest.raises(InvalidArgumentError):
         state.scope("bad\x00")
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(ConfigurationError):  # an object of the wrong kind, as everywhere
         ScopedState("not a manager", "p:")  # type: ignore[arg-type]
     s = state.scope("p:")
     with pytest.raises(InvalidKeyError):

@@ -19,6 +19,7 @@ from agenticstate import BackendError, NotFoundError, StateChange, StateConfig, 
 from agenticstate.scope import ScopedState as AsyncScopedState
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 WRAPPED = {
@@ -323,6 +324,58 @@ def test_a_forked_child_gets_its_own_loop(tmp_path: Path) -> None:
         os.waitpid(pid, 0)
         assert status == bytes([0])
         assert parent.get("k") == "parent"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_backend_error_from_every_parent_object() -> None:
+    """In a forked child, every call on an object built before the fork (methods, generated or
+    written by hand, run(), attributes, streams) raises BackendError; close() does nothing."""
+    with sync.StateManager() as parent, sync.SessionManager() as sessions:
+        parent.save("k", "parent")
+        stream = parent.watch("k*")
+        calls: dict[str, Callable[[], object]] = {
+            "get": lambda: parent.get("k"),
+            "save": lambda: parent.save("k", "child"),
+            "list_keys (plain)": lambda: parent.list_keys(),
+            "a manager's method": lambda: sessions.create_session("u"),
+            "a manager's state": lambda: sessions.state.get("k"),
+            "run": lambda: parent.run(lambda s: s.get("k")),
+            "attribute read": lambda: sessions.default_state,
+            "attribute write": lambda: setattr(sessions, "default_state", {}),
+            "subscribe": lambda: parent.subscribe("k*", lambda change: None),
+            "a stream": lambda: stream.__enter__(),
+        }
+        reader, writer = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: report through the pipe, never return into pytest
+            wrong = [b"?"]
+            try:
+                wrong = []
+                for name, call in calls.items():
+                    try:
+                        call()
+                    except BackendError:
+                        continue
+                    except BaseException as exc:  # noqa: BLE001
+                        wrong.append(f"{name}: {type(exc).__name__}".encode())
+                    else:
+                        wrong.append(f"{name}: no error".encode())
+                parent.close()
+                sessions.close()
+                stream.close()
+            finally:
+                os.write(writer, b";".join(wrong) or b"ok")
+                os._exit(0)
+        os.close(writer)
+        report = b""
+        while chunk := os.read(reader, 4096):
+            report += chunk
+        os.close(reader)
+        os.waitpid(pid, 0)
+        assert report == b"ok"
+        assert parent.get("k") == "parent"  # the parent's objects still work
 
 
 def test_attributes_read_and_write_through() -> None:

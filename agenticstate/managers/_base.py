@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -9,9 +10,19 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar, Union, get_args, get_origin
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Literal,
+    Self,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+)
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agenticstate._checks import wrong_object
 from agenticstate._keys import escape_glob
@@ -25,8 +36,10 @@ from agenticstate.exceptions import (
     InvalidNumberError,
     NonStringKeyError,
     SerializationError,
+    UnsupportedOperationError,
 )
 from agenticstate.manager import StateManager
+from agenticstate.txn import Get
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -40,6 +53,8 @@ __all__ = [
     "TaggedKeys",
     "conditional",
     "jitter",
+    "read_entries",
+    "revise",
     "sort_time",
     "utcnow",
 ]
@@ -72,6 +87,83 @@ def conditional(state: StateManager, entry: StateEntry | None) -> dict[str, int]
     if state.backend.has_revisions:
         return {"expected_revision": 0 if entry is None else entry.revision}
     return {"expected_version": 0 if entry is None else entry.version}
+
+
+def revise(record: M, /, **changes: Any) -> M:
+    """`record.model_copy(update=changes)`, with every change validated as its field.
+
+    `model_copy` does not validate: a wrongly typed argument (`fail(error=42)`) would be stored
+    in a typed field and the record could never be read again. Each change is validated as its
+    field's annotation and constraints (coerced as pydantic coerces, `"failed"` to the status
+    enum), so every manager writes only records that read back. Costs one validation per changed
+    field (the field's own, not the whole record's).
+
+    Raises:
+        InvalidArgumentError: A change does not validate as its field (nothing was changed).
+    """
+    model = type(record)
+    checked: dict[str, Any] = {}
+    for name, value in changes.items():
+        try:
+            checked[name] = _field_adapter(model, name).validate_python(value)
+        except ValidationError as exc:
+            reason = exc.errors(include_url=False, include_input=False)[0]["msg"]
+            # The type, never the value: it may be anything the caller holds.
+            raise InvalidArgumentError(
+                f"{model.__name__}.{name} cannot be a {type(value).__name__}: {reason}"
+            ) from None
+    return record.model_copy(update=checked)
+
+
+@functools.cache
+def _field_adapter(model: type[BaseModel], name: str) -> TypeAdapter[Any]:
+    """A validator of one field of `model`: its annotation with its constraints (`ge=0`)."""
+    field = model.model_fields.get(name)
+    if field is None:
+        raise InvalidArgumentError(f"{model.__name__} has no field {name!r}")
+    annotation: Any = field.annotation
+    if field.metadata:
+        annotation = Annotated[annotation, *field.metadata]
+    return TypeAdapter(annotation)
+
+
+async def read_entries(
+    state: StateManager, keys: list[str], model: type[BaseModel] | None = None
+) -> list[StateEntry | None]:
+    """The entries at `keys` (with their revisions), in one step where the backend can.
+
+    The keys share one hash tag (one record family's keys): on Redis Cluster one step reads
+    them all. A backend without `transact` reads them one by one.
+    """
+    if not keys:
+        return []
+    try:
+        done = await state.transact([], [Get(key, model=model) for key in keys])
+    except UnsupportedOperationError:
+        return [await state.get_entry(key, model=model) for key in keys]
+    return list(done.results)
+
+
+def optional_count(value: object, what: str, *, minimum: int) -> int | None:
+    """Check a count argument (`limit=`): an int >= `minimum`, or None.
+
+    Raises:
+        InvalidArgumentError: Anything else (a bool, a float, a str, a negative number).
+    """
+    if value is not None and (type(value) is not int or value < minimum):
+        raise InvalidArgumentError(f"{what} must be an int >= {minimum} or None, not {value!r}")
+    return value
+
+
+def mapping_argument(value: object, what: str) -> Mapping[str, Any]:
+    """Check a mapping argument (`parameters=`, `changes=`).
+
+    Raises:
+        InvalidArgumentError: `value` is not a mapping.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{what} must be a mapping, not a {type(value).__name__}")
+    return value
 
 
 def sort_time(value: datetime) -> float:
@@ -296,6 +388,21 @@ def check_value(state: StateManager, value: object, path: str) -> None:
         state.serializer.dumps(value)
     except SerializationError as exc:
         raise at_path(exc, path) from None
+
+
+def encode_error(state: StateManager, record: object, path: str) -> SerializationError | None:
+    """Why `record` (a whole record about to be written) cannot be stored, or `None`.
+
+    Checking a new value alone is not enough: it may fit `max_value_size` while the record that
+    holds it (with its other fields) does not. A failure of the whole record (too large) is
+    named by `path`, the value the change put in; one inside the value keeps its own path.
+    Costs one encoding of the record.
+    """
+    try:
+        state.serializer.dumps(record)
+    except SerializationError as exc:
+        return at_path(exc, path) if exc.path in ("", "$") else exc
+    return None
 
 
 def unstorable(error: SerializationError) -> str:

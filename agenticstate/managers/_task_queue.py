@@ -13,6 +13,7 @@ finished) are hints that are restored when found wrong. The module docstring of
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -34,9 +35,12 @@ from agenticstate.exceptions import (
 from agenticstate.managers._base import (
     TaggedKeys,
     conditional,
+    encode_error,
     key_part,
     load,
     load_many,
+    read_entries,
+    revise,
     sort_time,
     utcnow,
 )
@@ -203,6 +207,13 @@ class _Mispredicted(Exception):  # noqa: N818  # internal signal, never raised t
     """A failure's outcome (retry or dead letter) differed from the one its TTL was chosen for."""
 
 
+def _own(value: Any) -> Any:
+    """A deep copy of a record (or of a value), so that no caller shares it with the queue."""
+    if isinstance(value, BaseModel):
+        return value.model_copy(deep=True)
+    return copy.deepcopy(value)
+
+
 def _task_from(task: dict[str, Any] | TaskItem) -> TaskItem:
     if isinstance(task, TaskItem):
         return task
@@ -365,8 +376,12 @@ class TaskQueue:
     # single steps
 
     def _remember(self, key: str, revision: int, value: Any) -> None:
+        """Keep a copy of `value` as the record at `revision`.
+
+        A copy, so that what a call hands back (a claim's task) stays the caller's to change.
+        """
         self._known.pop(key, None)
-        self._known[key] = (revision, value)
+        self._known[key] = (revision, _own(value))
         if len(self._known) > _KNOWN_MAX:
             del self._known[next(iter(self._known))]
 
@@ -402,7 +417,7 @@ class TaskQueue:
         known = self._known.get(key)
         if known is None:
             return None
-        revision, record = known
+        revision, record = known[0], _own(known[1])
         if revision == 0:
             return [Revision(key, 0)], [], [Get(key)]
         change = self._agent_change(record, task_id)
@@ -510,14 +525,13 @@ class TaskQueue:
         item = _task_from(task)
         await self._require_team(team_id)
         sequence = await self.state.update(self.keys.sequence(team_id), lambda n: n + 1, default=0)
-        item = item.model_copy(
-            update={
-                "sequence": sequence,
-                "status": TaskStatus.PENDING,
-                "max_retries": item.max_retries
-                if "max_retries" in item.model_fields_set
-                else self.max_retries,
-            }
+        item = revise(
+            item,
+            sequence=sequence,
+            status=TaskStatus.PENDING,
+            max_retries=item.max_retries
+            if "max_retries" in item.model_fields_set
+            else self.max_retries,
         )
         key = self.keys.task(team_id, item.task_id)
         # Stored, indexed and announced (for claims reading snapshots) in one step.
@@ -564,7 +578,7 @@ class TaskQueue:
         def apply(current: Any) -> Any:
             task = TaskItem.model_validate(current)
             before[:] = [task]  # the last run is the one that committed
-            return fn(task).model_copy(update={"updated_at": utcnow()})
+            return revise(fn(task), updated_at=utcnow())
 
         key = self.keys.task(team_id, task_id)
         self._forget(key)  # its next revision is not learned here
@@ -584,14 +598,13 @@ class TaskQueue:
                 + (f" (held by {task.assigned_to!r})" if task.assigned_to else ""),
                 key=task.task_id,
             )
-        return task.model_copy(
-            update={
-                "status": TaskStatus.IN_PROGRESS,
-                "assigned_to": agent_id,
-                "lease_token": lease_token,
-                "lease_expires_at": lease_expires_at,
-                "attempts": task.attempts + 1,
-            }
+        return revise(
+            task,
+            status=TaskStatus.IN_PROGRESS,
+            assigned_to=agent_id,
+            lease_token=lease_token,
+            lease_expires_at=lease_expires_at,
+            attempts=task.attempts + 1,
         )
 
     async def assign_task(self, team_id: str, task_id: str, agent_id: str) -> TaskItem:
@@ -689,9 +702,7 @@ class TaskQueue:
                         skipped.add(task_id)
                         continue
                 now = utcnow()
-                taken = self._take(task, agent_id, uuid4().hex, now + lease).model_copy(
-                    update={"updated_at": now}
-                )
+                taken = revise(self._take(task, agent_id, uuid4().hex, now + lease), updated_at=now)
                 assert taken.lease_token is not None  # noqa: S101  # set by _take
                 assert taken.lease_expires_at is not None  # noqa: S101
                 member = self.keys.member(task_id, taken.lease_token)
@@ -709,7 +720,7 @@ class TaskQueue:
                     self._heads[team_id] = [c for c, _ in candidates[:_HEADS]]
                     return TaskClaim(
                         team_id=team_id,
-                        task=taken,
+                        task=_own(taken),
                         lease_token=taken.lease_token,
                         lease_expires_at=taken.lease_expires_at,
                     )
@@ -728,7 +739,7 @@ class TaskQueue:
                 await self._set_agent(team_id, agent_id, task_id)
                 return TaskClaim(
                     team_id=team_id,
-                    task=taken,
+                    task=_own(taken),
                     lease_token=taken.lease_token,
                     lease_expires_at=taken.lease_expires_at,
                 )
@@ -889,7 +900,7 @@ class TaskQueue:
 
         def extend(task: TaskItem) -> TaskItem:
             self._check_holder(task, lease_token, None)
-            return task.model_copy(update={"lease_expires_at": utcnow() + life})
+            return revise(task, lease_expires_at=utcnow() + life)
 
         # The in-progress index keeps the older expiry: when it comes due, the reaper finds the
         # lease extended and moves the entry (one index write per lease, not per heartbeat).
@@ -897,7 +908,7 @@ class TaskQueue:
         if known is not None:
             revision, held = known
             key = self.keys.task(team_id, task_id)
-            extended = extend(held).model_copy(update={"updated_at": utcnow()})
+            extended = revise(extend(held), updated_at=utcnow())
             held_key = self.keys.lease(team_id, task_id, lease_token)
             done = await self._step(
                 [Revision(key, revision), Exists(held_key)],
@@ -925,14 +936,17 @@ class TaskQueue:
 
         def complete(task: TaskItem) -> TaskItem:
             self._check_holder(task, lease_token, agent_id)
-            return task.model_copy(
-                update={
-                    "status": TaskStatus.COMPLETED,
-                    "result": result,
-                    "lease_expires_at": None,
-                    "completed_at": utcnow(),
-                }
+            done = revise(
+                task,
+                status=TaskStatus.COMPLETED,
+                result=result,
+                lease_expires_at=None,
+                completed_at=utcnow(),
             )
+            # The result may fit alone and not with the task's data: nothing is written then.
+            if error := encode_error(self.state, done, "$.result"):
+                raise error
+            return done
 
         known = self._held(team_id, task_id, lease_token, agent_id)
         if known is not None:
@@ -953,7 +967,7 @@ class TaskQueue:
         known = self._known.get(self.keys.task(team_id, task_id))
         if known is None or not isinstance(known[1], TaskItem):
             return None
-        revision, task = known
+        revision, task = known[0], _own(known[1])
         if task.lease_token is None:
             return None
         try:
@@ -973,7 +987,7 @@ class TaskQueue:
         the multi-call path takes over.
         """
         key = self.keys.task(team_id, before.task_id)
-        task = after.model_copy(update={"updated_at": utcnow()})
+        task = revise(after, updated_at=utcnow())
         finished = task.status in _FINISHED
         if finished:
             entry: IndexAdd = IndexAdd(
@@ -1081,15 +1095,14 @@ class TaskQueue:
             dead = failures > task.max_retries
             if predicting and dead is not expect_dead:
                 raise _Mispredicted
-            return task.model_copy(
-                update={
-                    "status": TaskStatus.DEAD_LETTER if dead else TaskStatus.PENDING,
-                    "failures": failures,
-                    "error": error,
-                    "assigned_to": None,
-                    "lease_token": None,
-                    "lease_expires_at": None,
-                }
+            return revise(
+                task,
+                status=TaskStatus.DEAD_LETTER if dead else TaskStatus.PENDING,
+                failures=failures,
+                error=error,
+                assigned_to=None,
+                lease_token=None,
+                lease_expires_at=None,
             )
 
         task: TaskItem | None = None
@@ -1186,16 +1199,22 @@ class TaskQueue:
         finished = self.keys.finished(team_id)
         purged = 0
         while entries := await self._due(finished, cutoff, limit=256):
-            found = await self.state.get_many(
-                [self.keys.task(team_id, task_id) for task_id, _ in entries], model=TaskItem
-            )
-            for task_id, _ in entries:
-                task = found.get(self.keys.task(team_id, task_id))
-                # Finished is terminal: only a deletion (and a new task with the same id) can
-                # change the record now, so a plain delete deletes exactly what was read.
-                if task is not None and task.status in _FINISHED:
-                    purged += await self.state.delete(self.keys.task(team_id, task_id))
-            await self.state.index_remove(finished, [task_id for task_id, _ in entries])
+            keys = [self.keys.task(team_id, task_id) for task_id, _ in entries]
+            found = await read_entries(self.state, keys, model=TaskItem)
+            done: list[str] = []
+            for (task_id, _), key, entry in zip(entries, keys, found, strict=True):
+                self._forget(key)
+                if entry is not None and entry.value.status in _FINISHED:
+                    # Finished is terminal, but the task may be deleted and a new one enqueued
+                    # under its id since the read: delete only the record read (its revision).
+                    try:
+                        purged += await self.state.delete(key, **conditional(self.state, entry))
+                    except ConflictError:
+                        now = await self.state.get_entry(key, model=TaskItem)
+                        if now is not None and now.value.status in _FINISHED:
+                            continue  # a new life finished too: its own score says when it goes
+                done.append(task_id)
+            await self.state.index_remove(finished, done)
         if purged:
             self.log.info("finished_tasks_purged", team_id=team_id, count=purged)
         return purged
@@ -1299,13 +1318,12 @@ class TaskQueue:
     @staticmethod
     def _released(task: TaskItem) -> TaskItem:
         """A task in progress, back to pending with no holder (its counts unchanged)."""
-        return task.model_copy(
-            update={
-                "status": TaskStatus.PENDING,
-                "assigned_to": None,
-                "lease_token": None,
-                "lease_expires_at": None,
-            }
+        return revise(
+            task,
+            status=TaskStatus.PENDING,
+            assigned_to=None,
+            lease_token=None,
+            lease_expires_at=None,
         )
 
     async def _release(self, team_id: str, task: TaskItem, revision: int) -> bool:
@@ -1319,7 +1337,7 @@ class TaskQueue:
         token = task.lease_token
         key = self.keys.task(team_id, task.task_id)
         member = self.keys.member(task.task_id, token)
-        back = self._released(task).model_copy(update={"updated_at": utcnow()})
+        back = revise(self._released(task), updated_at=utcnow())
         done = None
         if revision:
             done = await self._step(

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agenticstate._checks import duration, positive_timedelta, wrong_object
 from agenticstate.exceptions import (
+    ConfigurationError,
     InvalidArgumentError,
     NotFoundError,
     RetryExhaustedError,
@@ -36,6 +37,8 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     maybe_await,
+    optional_count,
+    revise,
     sort_time,
     utcnow,
 )
@@ -241,7 +244,12 @@ class AgentStateStore(StateManagerBase):
         return await self._load(self._key(agent_id, "snapshots", snapshot_id), AgentSnapshot)
 
     async def list_snapshots(self, agent_id: str, limit: int | None = None) -> list[AgentSnapshot]:
-        """Return the agent's snapshots, newest first (by time, then step)."""
+        """Return the agent's snapshots, newest first (by time, then step).
+
+        Raises:
+            InvalidArgumentError: `limit` is not an int >= 0 or None.
+        """
+        optional_count(limit, "limit", minimum=0)
         found = await self._load_many(self._pattern(agent_id, "snapshots"), AgentSnapshot)
         found.sort(key=lambda s: (sort_time(s.timestamp), s.step or 0), reverse=True)
         return found[:limit] if limit is not None else found
@@ -274,7 +282,12 @@ class AgentStateStore(StateManagerBase):
     async def list_checkpoints(
         self, agent_id: str, limit: int | None = None, *, recoverable_only: bool = False
     ) -> list[AgentCheckpoint]:
-        """Return the agent's checkpoints, newest first (by time, then step)."""
+        """Return the agent's checkpoints, newest first (by time, then step).
+
+        Raises:
+            InvalidArgumentError: `limit` is not an int >= 0 or None.
+        """
+        optional_count(limit, "limit", minimum=0)
         found = await self._load_many(self._pattern(agent_id, "checkpoints"), AgentCheckpoint)
         if recoverable_only:
             found = [checkpoint for checkpoint in found if checkpoint.recoverable]
@@ -354,7 +367,7 @@ class AgentRecoveryManager:
         retry_delay: timedelta = timedelta(0),
     ) -> None:
         if not isinstance(agent_store, AgentStateStore):
-            raise InvalidArgumentError(
+            raise ConfigurationError(
                 wrong_object(
                     agent_store,
                     parameter="agent_store",
@@ -507,8 +520,8 @@ class AgentRecoveryManager:
                     f"agent {agent_id!r} used all {limit} recovery attempts; "
                     "reset_attempts() to allow more"
                 )
-            return record.model_copy(
-                update={"attempts": record.attempts + 1, "last_attempt_at": utcnow()}
+            return revise(
+                record, attempts=record.attempts + 1, last_attempt_at=utcnow()
             ).model_dump(mode="json")
 
         store = self.agent_store
@@ -553,7 +566,8 @@ class AgentRecoveryManager:
             self.register(agent)
         while True:
             try:
-                result = await job()
+                # A plain function that returned has succeeded: its value is the result.
+                result: T = await maybe_await(job())
             except Exception as exc:
                 if not self.auto_recover:
                     raise

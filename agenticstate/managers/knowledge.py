@@ -28,6 +28,7 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     key_part,
+    revise,
     sort_time,
     utcnow,
 )
@@ -173,7 +174,7 @@ _SYNC_SEVERITY = [
 def _with_sample(progress: IndexingProgress) -> IndexingProgress:
     now = utcnow()
     samples = [*progress.samples, ProgressSample(at=now, processed=progress.processed_documents)]
-    return progress.model_copy(update={"samples": samples[-MAX_SAMPLES:], "updated_at": now})
+    return revise(progress, samples=samples[-MAX_SAMPLES:], updated_at=now)
 
 
 class KnowledgeStateManager(StateManagerBase):
@@ -220,14 +221,28 @@ class KnowledgeStateManager(StateManagerBase):
     # progress
 
     async def update_indexing_progress(self, progress: IndexingProgress) -> IndexingProgress:
-        """Store an indexing run's progress as given (adding a throughput sample)."""
+        """Store an indexing run's progress as given (adding a throughput sample).
+
+        The same run reported again keeps its throughput samples; a new run (the stored one is
+        completed or failed, or the processed count went back) starts with none, so `estimate`
+        never mixes two runs.
+        """
         if not isinstance(progress, IndexingProgress):
             raise InvalidArgumentError("update_indexing_progress takes an IndexingProgress")
         key = self._progress_key(progress.knowledge_base_id)
 
         def replace(current: Any) -> Any:
-            samples = IndexingProgress.model_validate(current).samples if current else []
-            return _with_sample(progress.model_copy(update={"samples": samples}))
+            samples: list[ProgressSample] = []
+            if current:
+                before = IndexingProgress.model_validate(current)
+                samples = before.samples
+                # The same run reported again keeps its samples; a new run (the last one had
+                # finished, or its count went back) starts afresh: its rate is its own.
+                if before.status in (IndexingStatus.COMPLETED, IndexingStatus.FAILED) or (
+                    samples and progress.processed_documents < samples[-1].processed
+                ):
+                    samples = []
+            return _with_sample(revise(progress, samples=samples))
 
         value = await self.state.update(key, replace, default=None)
         return IndexingProgress.model_validate(value)
@@ -284,7 +299,7 @@ class KnowledgeStateManager(StateManagerBase):
             if progress.total_documents and done >= progress.total_documents:
                 changes["status"] = IndexingStatus.COMPLETED
                 changes["completed_at"] = progress.completed_at or utcnow()
-            return _with_sample(progress.model_copy(update=changes))
+            return _with_sample(revise(progress, **changes))
 
         try:
             value = await self.state.update(self._progress_key(knowledge_base_id), add)
@@ -308,7 +323,7 @@ class KnowledgeStateManager(StateManagerBase):
         if len(progress.samples) >= 2:
             first, last = progress.samples[0], progress.samples[-1]
             seconds = sort_time(last.at) - sort_time(first.at)
-            if seconds > 0:
+            if seconds > 0 and last.processed >= first.processed:
                 rate = (last.processed - first.processed) / seconds
         eta = timedelta(seconds=remaining / rate) if rate else None
         return IndexingEstimate(

@@ -61,7 +61,7 @@ from agenticstate.exceptions import (
     NotFoundError,
     SerializationError,
 )
-from agenticstate.managers._base import StateManagerBase, key_part, unstorable, utcnow
+from agenticstate.managers._base import StateManagerBase, key_part, revise, unstorable, utcnow
 from agenticstate.managers._task_queue import (
     TaskClaim,
     TaskItem,
@@ -142,6 +142,11 @@ class _TeamRecord(BaseModel):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+def _check_max_retries(value: object) -> None:
+    if type(value) is not int or value < 0:
+        raise InvalidArgumentError("max_retries must be an int >= 0")
+
+
 class OrchestrationStateManager(StateManagerBase):
     """Teams, agent status and a reliable task queue shared by any number of processes.
 
@@ -180,8 +185,7 @@ class OrchestrationStateManager(StateManagerBase):
         sync_interval = seconds(sync_interval, "sync_interval")
         default_lease = duration(default_lease, "default_lease")
         finished_task_ttl = duration(finished_task_ttl, "finished_task_ttl")
-        if type(max_retries) is not int or max_retries < 0:
-            raise InvalidArgumentError("max_retries must be an int >= 0")
+        _check_max_retries(max_retries)
         super().__init__(
             state_manager=state_manager,
             persistence=persistence,
@@ -231,6 +235,7 @@ class OrchestrationStateManager(StateManagerBase):
 
     @max_retries.setter
     def max_retries(self, value: int) -> None:
+        _check_max_retries(value)
         self._queue.max_retries = value
 
     @property
@@ -249,12 +254,16 @@ class OrchestrationStateManager(StateManagerBase):
 
         Raises:
             ConflictError: The team exists already.
+            InvalidArgumentError: An agent is stored under a key other than its `agent_id`, an
+                agent or task id cannot be part of a key, or a task id is in the queue twice;
+                nothing was written.
             SerializationError: A value in it (metadata, a task's data) cannot be stored (the
                 path names it); nothing was written.
         """
         if not isinstance(team, TeamState):
             raise InvalidArgumentError("create_team takes a TeamState")
         self._check_record(team)
+        self._check_new_team(team)
         record = _TeamRecord(
             team_id=team.team_id, metadata=team.metadata, created_at=team.created_at
         )
@@ -263,8 +272,6 @@ class OrchestrationStateManager(StateManagerBase):
         except ConflictError:
             raise ConflictError(f"team {team.team_id!r} exists already") from None
         for agent_id, agent in team.agents.items():
-            if agent.agent_id != agent_id:
-                raise InvalidArgumentError(f"agent key {agent_id!r} != agent_id {agent.agent_id!r}")
             await self.state.save(self._keys.agent(team.team_id, agent_id), agent)
         queue = team.task_queue
         for task in queue.pending:
@@ -276,8 +283,27 @@ class OrchestrationStateManager(StateManagerBase):
             (TaskStatus.DEAD_LETTER, queue.dead_letter),
         ):
             for task in tasks:
-                await self._queue.restore(team.team_id, task.model_copy(update={"status": status}))
+                await self._queue.restore(team.team_id, revise(task, status=status))
         return await self.get_team(team.team_id)
+
+    def _check_new_team(self, team: TeamState) -> None:
+        """Refuse, before anything is written, a team whose agents or tasks cannot be stored.
+
+        Raises:
+            InvalidArgumentError: An agent stored under a key other than its `agent_id`, an id
+                that cannot be part of a key, or a task id twice in the queue.
+        """
+        for agent_id, agent in team.agents.items():
+            if agent.agent_id != agent_id:
+                raise InvalidArgumentError(f"agent key {agent_id!r} != agent_id {agent.agent_id!r}")
+            self._keys.agent(team.team_id, agent_id)
+        queue = team.task_queue
+        seen: set[str] = set()
+        for task in (*queue.pending, *queue.in_progress, *queue.completed, *queue.dead_letter):
+            self._keys.task(team.team_id, task.task_id)
+            if task.task_id in seen:
+                raise InvalidArgumentError(f"task {task.task_id!r} is twice in the team's queue")
+            seen.add(task.task_id)
 
     async def _require_team(self, team_id: str) -> _TeamRecord:
         record = await self._load(self._keys.team(team_id), _TeamRecord)
@@ -391,9 +417,7 @@ class OrchestrationStateManager(StateManagerBase):
 
         def change(current: Any) -> Any:
             agent = AgentCoordinationState.model_validate(current)
-            return agent.model_copy(
-                update={"status": new_status, "current_task": current_task, "updated_at": utcnow()}
-            )
+            return revise(agent, status=new_status, current_task=current_task, updated_at=utcnow())
 
         try:
             value = await self.state.update(self._keys.agent(team_id, agent_id), change)
@@ -433,12 +457,11 @@ class OrchestrationStateManager(StateManagerBase):
     def _agent_change(current: Any, task_id: str | None) -> AgentCoordinationState:
         """An agent's record after taking `task_id` (working), or letting go of one (idle)."""
         agent = AgentCoordinationState.model_validate(current)
-        return agent.model_copy(
-            update={
-                "status": AgentStatus.WORKING if task_id is not None else AgentStatus.IDLE,
-                "current_task": task_id,
-                "updated_at": utcnow(),
-            }
+        return revise(
+            agent,
+            status=AgentStatus.WORKING if task_id is not None else AgentStatus.IDLE,
+            current_task=task_id,
+            updated_at=utcnow(),
         )
 
     async def _set_agent_if_member(
@@ -561,14 +584,16 @@ class OrchestrationStateManager(StateManagerBase):
         """
         try:
             self._check_value(result, "$.result")
+            # The task's record is encoded whole before it is written: a result that fits
+            # alone may not fit with the task's data.
+            return await self._queue.complete_task(
+                team_id, task_id, result, lease_token=lease_token, agent_id=agent_id
+            )
         except SerializationError as exc:
             await self._queue.fail_task(
                 team_id, task_id, unstorable(exc), lease_token=lease_token, agent_id=agent_id
             )
             raise
-        return await self._queue.complete_task(
-            team_id, task_id, result, lease_token=lease_token, agent_id=agent_id
-        )
 
     async def fail_task(
         self,

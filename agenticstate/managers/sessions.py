@@ -19,10 +19,15 @@ Deleting a session erases every write that races it. Each write of a session key
 compared on revisions (`Revision`): on the key itself when it is there, else on the session
 record, which a delete removes first; a write that began in one life of a session (before it was
 deleted, and perhaps created again under the same id) is refused with `NotFoundError`, never
-left behind nor carried into the new session. The delete then erases the keys of the life it
-ended (those created before its own revision), and leaves alone those a session created again
-meanwhile wrote. On a backend without `transact` or revisions, appends and state writes take
-the older multi-call path, where a write racing a delete can outlive it.
+left behind nor carried into the new session. A key written by a life is created by that life
+(a key an earlier life left under the same name is deleted and written anew in the same step),
+so a key's `create_revision` tells which life it belongs to. The delete removes the record and
+writes a deletion marker in one step, erases the keys created before the marker (those of the
+lives it ended), leaving alone those a session created again meanwhile wrote, then removes the
+marker and the user's index entry. Killed half way, it leaves the marker and the index entry:
+the next delete of the id, or the owner's `delete_user`, finishes it, and reads never show
+what an earlier life left. On a backend without `transact` or revisions, appends and state
+writes take the older multi-call path, where a write racing a delete can outlive it.
 
 Key layout (the session id sits in a `{...}` hash tag, so one session lives in one Redis Cluster
 slot):
@@ -33,17 +38,22 @@ slot):
 | session state (a dict) | `sessions:{<session_id>}:state` |
 | `SessionMessage` number `n` | `sessions:{<session_id>}:msg:<n, 12 digits>` |
 | `SessionSummary` | `sessions:{<session_id>}:summary` |
+| a delete under way (or stopped half way) | `sessions:{<session_id>}:deleting` |
 | a user's sessions (sorted index, newest first) | `sessions:users:{<user_id>}` |
+
+The user's index has one entry per life of a session id, `<session_id>}<created_at in µs>` (an
+id holds no `}`); an entry an older release wrote names the id alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from copy import deepcopy
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import uuid4
 
@@ -64,6 +74,8 @@ from agenticstate.managers._base import (
     jitter,
     key_part,
     maybe_await,
+    optional_count,
+    revise,
     sort_time,
     utcnow,
 )
@@ -164,6 +176,20 @@ class SessionSummary(BaseModel):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
+class _Deleting(BaseModel):
+    """The deletion marker: a delete of the id is under way, or stopped half way (internal).
+
+    Its revision parts the keys of the lives that delete ended from a later life's.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    user_id: str | None = None
+    """The user whose index still names the ended life until the delete is finished."""
+    member: str | None = None
+    """That index entry."""
+
+
 class SessionDeletion(BaseModel):
     """What `delete_user` erased."""
 
@@ -173,6 +199,32 @@ class SessionDeletion(BaseModel):
     messages: int = 0
     keys: int = 0
     """Every key deleted: session records, states, messages and summaries."""
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _life(session: Session) -> str:
+    """What tells this life of a session's id from another: its creation, in microseconds."""
+    created = session.created_at
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)
+    return str((created - _EPOCH) // timedelta(microseconds=1))
+
+
+def _member(session: Session) -> str:
+    """The user-index entry of one life of a session: `<session_id>}<life>`.
+
+    An id holds no `}` (see `key_part`): the first one ends it. An entry an older release wrote
+    is the id alone (its life unknown).
+    """
+    return f"{session.session_id}}}{_life(session)}"
+
+
+def _parse_member(member: str) -> tuple[str, str | None]:
+    """The session id and life (`None`: unknown) of a user-index entry."""
+    sid, brace, life = member.partition("}")
+    return sid, life if brace else None
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -185,10 +237,7 @@ def _positive_ttl(ttl: timedelta | float | None) -> timedelta | None:
     return as_ttl(ttl)
 
 
-def _optional_count(value: int | None, what: str, *, minimum: int) -> int | None:
-    if value is not None and (type(value) is not int or value < minimum):
-        raise InvalidArgumentError(f"{what} must be an int >= {minimum} or None, not {value!r}")
-    return value
+_optional_count = optional_count
 
 
 class SessionManager(StateManagerBase):
@@ -332,17 +381,48 @@ class SessionManager(StateManagerBase):
         # Check the state first: a state that cannot be stored creates nothing.
         self._check_mapping(first, "$")
         self.state.serializer.dumps(first)
-        # The user's index first: whatever happens next, delete_user finds this session.
-        added = await self.state.index_add(index, {sid: -sort_time(now)})
+        # The user's index first: whatever happens next, delete_user finds this session. The
+        # entry names this life of the id, so a delete of an earlier life never removes it.
+        member = _member(session)
+        added = await self.state.index_add(index, {member: -sort_time(now)})
         try:
-            await self.state.save(self._key(sid, "meta"), session, ttl=life, expected_version=0)
+            await self._store_new(session, first, life)
         except ConflictError:
             if added:
-                await self.state.index_remove(index, [sid])
+                await self.state.index_remove(index, [member])
             raise ConflictError(f"session {sid!r} already exists", key=sid) from None
-        await self.state.save(self._key(sid, "state"), first, ttl=life)
         self.log.debug("session_created", session_id=sid)
         return session
+
+    async def _store_new(
+        self, session: Session, first: dict[str, Any], life: timedelta | None
+    ) -> None:
+        """Write a new session's record and first state, in one step where the backend can.
+
+        The state key is deleted and written anew in the step: a key an earlier life of the id
+        left (its delete still under way) then never passes for this life's (see
+        `_delete_session`).
+
+        Raises:
+            ConflictError: A session with this id exists.
+        """
+        sid = session.session_id
+        meta_key, state_key = self._key(sid, "meta"), self._key(sid, "state")
+        try:
+            done = await self._step(
+                [Revision(meta_key, 0)],
+                [
+                    Put(meta_key, session, ttl=life),
+                    Delete(state_key),
+                    Put(state_key, first, ttl=life),
+                ],
+            )
+        except _NoSteps:
+            await self.state.save(meta_key, session, ttl=life, expected_version=0)
+            await self.state.save(state_key, first, ttl=life)
+            return
+        if not done.succeeded:
+            raise ConflictError(f"session {sid!r} already exists", key=sid)
 
     async def get_session(self, session_id: str) -> Session | None:
         """Return the session, or `None` if it does not exist (or expired)."""
@@ -366,25 +446,48 @@ class SessionManager(StateManagerBase):
         members = await self.state.index_range(index)
         if before is not None:
             cutoff = sort_time(before)
-            members = [(sid, score) for sid, score in members if -score < cutoff]
+            members = [(member, score) for member, score in members if -score < cutoff]
         sessions: list[Session] = []
+        listed: set[str] = set()
         stale: list[str] = []
         stale_before = sort_time(utcnow() - _CREATION_GRACE)
         for start in range(0, len(members), _PAGE):
-            page = [sid for sid, _ in members[start : start + _PAGE]]
+            page = [
+                (member, score, *_parse_member(member))
+                for member, score in members[start : start + _PAGE]
+            ]
             found = await self.state.get_many(
-                [self._key(sid, "meta") for sid in page], model=Session
+                [self._key(sid, "meta") for _, _, sid, _ in page], model=Session
             )
-            for sid, score in members[start : start + _PAGE]:
+            for member, score, sid, life in page:
                 session = found.get(self._key(sid, "meta"))
-                if session is not None and session.user_id == user_id:
-                    sessions.append(session)
-                # The index outlives expired sessions and creations that stopped half way:
-                # tidy those, but not one whose creation may still be under way.
+                ours = (
+                    session is not None
+                    and session.user_id == user_id
+                    and life in (None, _life(session))
+                )
+                if ours and session is not None:
+                    if sid not in listed:  # an entry of an older release may name it too
+                        listed.add(sid)
+                        sessions.append(session)
+                # The index outlives expired sessions, creations that stopped half way and
+                # deletes that stopped before their last step: tidy those, but not one whose
+                # creation may still be under way.
                 elif session is not None or -score < stale_before:
-                    stale.append(sid)
+                    stale.append(member)
             if limit is not None and len(sessions) >= limit:
                 break
+        if stale:
+            # An entry whose session's delete stopped half way stays: delete_user finishes it.
+            marks = await self.state.get_many(
+                [self._key(_parse_member(member)[0], "deleting") for member in stale],
+                model=_Deleting,
+            )
+            stale = [
+                member
+                for member in stale
+                if marks.get(self._key(_parse_member(member)[0], "deleting")) is None
+            ]
         if stale:
             await self.state.index_remove(index, stale)
         return sessions[:limit] if limit is not None else sessions
@@ -429,53 +532,133 @@ class SessionManager(StateManagerBase):
 
     async def delete_session(self, session_id: str) -> bool:
         """Delete a session with its state, messages and summary; return whether it existed."""
-        existed, _, _ = await self._delete_session(session_id, None)
+        existed, _, _, unindex = await self._delete_session(session_id, None)
+        if unindex is not None:
+            user_id, member = unindex
+            # The ended life's entry (and one an older release wrote, naming the id alone).
+            await self.state.index_remove(self._user_index(user_id), [member, session_id])
         return existed
 
-    async def _delete_session(self, session_id: str, user_id: str | None) -> tuple[bool, int, int]:
-        """Delete a session's keys; return whether it existed, and the keys and messages erased.
+    async def _delete_session(
+        self, session_id: str, user_id: str | None
+    ) -> tuple[bool, int, int, tuple[str, str] | None]:
+        """Delete a session's keys.
 
-        With `user_id`, a session that belongs to someone else is left alone (an index entry
-        that outlived a refused `create_session` must not let one user erase another's).
+        Returns whether it existed, the keys and messages erased, and the user whose index
+        still names the ended life with that entry (`None`: unknown). With `user_id`, a session
+        that belongs to someone else is left alone (an index entry that outlived a refused
+        `create_session` must not let one user erase another's); what an unfinished delete of
+        an earlier life left behind is erased all the same.
+
+        In three parts, each safe to stop after and resumed by the next delete of the id (a
+        `delete_session`, or the `delete_user` whose index still names it):
+
+        1. One step compared on the session record as read: the record is deleted and the
+           deletion marker (`sessions:{<id>}:deleting`) written. Every write of the ended life
+           is refused from then on (see the module docstring), and the marker's revision parts
+           the keys of the lives ended by then (created before it) from those of a session
+           created again since (created after it).
+        2. Every key of the id created before the marker is deleted, each compared on its
+           revision as read.
+        3. The marker is deleted (the caller then removes the id from its user's index).
+
+        Reads ignore what an earlier life left (`get_state`, `get_summary`, `get_messages`
+        compare each key's `create_revision` with the record's), so a delete stopped half way
+        never shows in a session created again under the id.
         """
-        session = await self.get_session(session_id)
-        if session is not None and user_id is not None and session.user_id != user_id:
-            return False, 0, 0
         self._expiries.pop(session_id, None)
         self._metas.pop(session_id, None)
-        # The session record goes first: every write racing the delete then fails (see the
-        # module docstring). Its revision tells this life's keys from a new life's.
-        meta_key = self._key(session_id, "meta")
-        ended: int | None = None
+        meta_key, mark_key = self._key(session_id, "meta"), self._key(session_id, "deleting")
         try:
-            done = await self._step([], [Delete(meta_key)])
-            existed = bool(done.results[0])
-            ended = done.revisions[0] or None
+            for attempt in self._retries():
+                meta, mark = (
+                    await self._step([], [Get(meta_key, model=Session), Get(mark_key, _Deleting)])
+                ).results
+                if meta is not None and user_id is not None and meta.value.user_id != user_id:
+                    # Someone else's session: finish only an earlier life's unfinished delete.
+                    if mark is None:
+                        return False, 0, 0, None
+                    keys, messages = await self._erase_before(session_id, mark.revision)
+                    await self._unmark(mark_key, mark.revision)
+                    return False, keys, messages, None
+                if meta is not None:
+                    mark_value = _Deleting(user_id=meta.value.user_id, member=_member(meta.value))
+                elif mark is not None:
+                    mark_value = mark.value
+                else:
+                    mark_value = _Deleting(user_id=user_id)
+                if (
+                    meta is None
+                    and mark is None
+                    and not await self.state.list_keys(self._keys.glob(session_id, "*"))
+                ):
+                    return False, 0, 0, None  # nothing of it is stored
+                done = await self._step(
+                    [
+                        Revision(meta_key, 0 if meta is None else meta.revision),
+                        Revision(mark_key, 0 if mark is None else mark.revision),
+                    ],
+                    [
+                        Delete(meta_key),
+                        Put(mark_key, mark_value, ttl=self._marker_ttl(meta)),
+                    ],
+                )
+                if done.succeeded:
+                    break
+                await anyio.sleep(jitter(attempt))  # it changed meanwhile: read it again
+            else:
+                raise ConflictError(f"session {session_id!r} kept changing; try again")
         except _NoSteps:
-            existed = await self.state.delete(meta_key)
-        owner = session.user_id if session is not None else user_id
-        if owner is not None:
-            await self.state.index_remove(self._user_index(owner), [session_id])
-        keys = int(existed)
-        messages = 0
-        listed = await self.state.list_keys(self._keys.glob(session_id, "*"))
+            return await self._delete_plain(session_id, user_id)
+        ended = done.revisions[1]
+        keys, messages = await self._erase_before(session_id, ended)
+        await self._unmark(mark_key, ended)
+        existed = meta is not None
+        keys += existed
+        if existed:
+            self.log.debug("session_deleted", session_id=session_id, keys=keys)
+        unindex = None
+        if mark_value.user_id is not None and mark_value.member is not None:
+            unindex = (mark_value.user_id, mark_value.member)
+        return existed, keys, messages, unindex
+
+    @staticmethod
+    def _marker_ttl(meta: StateEntry | None) -> timedelta | None:
+        # Every key of a session with a lifetime expires with it: so may the marker.
+        expires: datetime | None = None if meta is None else meta.value.expires_at
+        if expires is None:
+            return None
+        return max(expires - utcnow(), timedelta(seconds=1))
+
+    async def _unmark(self, mark_key: str, revision: int) -> None:
+        """Delete the deletion marker written at `revision` (another delete's is left alone)."""
+        with contextlib.suppress(ConflictError):
+            await self.state.delete(mark_key, expected_revision=revision)
+
+    async def _erase_before(self, session_id: str, ended: int) -> tuple[int, int]:
+        """Delete every key of the id created before revision `ended`.
+
+        Returns the keys and messages deleted (the deletion marker aside).
+        """
+        mark_key = self._key(session_id, "deleting")
+        listed = [
+            key
+            for key in await self.state.list_keys(self._keys.glob(session_id, "*"))
+            if key != mark_key
+        ]
+        keys = messages = 0
         for start in range(0, len(listed), _PAGE):
             for key in await self._erase(listed[start : start + _PAGE], ended):
                 keys += 1
                 messages += ":msg:" in key
-        if existed:
-            self.log.debug("session_deleted", session_id=session_id, keys=keys)
-        return existed, keys, messages
+        return keys, messages
 
-    async def _erase(self, keys: list[str], ended: int | None) -> list[str]:
-        """Delete the keys of the life a delete ended (at revision `ended`); return the deleted.
+    async def _erase(self, keys: list[str], ended: int) -> list[str]:
+        """Delete the keys created before revision `ended`; return those deleted.
 
-        Each is read, then deleted only as read (`expected_revision`), unless a session created
-        again since wrote it (created after `ended`). Without steps, or when the session record
-        was gone already (`ended` None), every key is deleted as it is.
+        Each is read, then deleted only as read (`expected_revision`), so a key a session
+        created again since wrote (created after `ended`) is left alone.
         """
-        if ended is None or not self._steps:
-            return [key for key in keys if await self.state.delete(key)]
         deleted: list[str] = []
         done = await self._step([], [Get(key) for key in keys])
         for key, entry in zip(keys, done.results, strict=True):
@@ -489,6 +672,22 @@ class SessionManager(StateManagerBase):
                     break
         return deleted
 
+    async def _delete_plain(
+        self, session_id: str, user_id: str | None
+    ) -> tuple[bool, int, int, tuple[str, str] | None]:
+        """`_delete_session` on a backend without `transact` or revisions: every key as it is."""
+        session = await self.get_session(session_id)
+        if session is not None and user_id is not None and session.user_id != user_id:
+            return False, 0, 0, None
+        existed = await self.state.delete(self._key(session_id, "meta"))
+        keys, messages = int(existed), 0
+        for key in await self.state.list_keys(self._keys.glob(session_id, "*")):
+            if await self.state.delete(key):
+                keys += 1
+                messages += ":msg:" in key
+        unindex = None if session is None else (session.user_id, _member(session))
+        return existed, keys, messages, unindex
+
     async def delete_user(self, user_id: str) -> SessionDeletion:
         """Erase every session of a user, with their states, messages and summaries.
 
@@ -501,12 +700,14 @@ class SessionManager(StateManagerBase):
             members = await self.state.index_range(index, limit=_PAGE)
             if not members:
                 break
-            for sid, _ in members:
-                existed, erased, erased_messages = await self._delete_session(sid, user_id)
+            for sid in dict.fromkeys(_parse_member(member)[0] for member, _ in members):
+                existed, erased, erased_messages, _ = await self._delete_session(sid, user_id)
                 sessions += existed
                 keys += erased
                 messages += erased_messages
-            await self.state.index_remove(index, [sid for sid, _ in members])
+            # Only once each is erased: a delete stopped half way is found here again. The
+            # entries as read: a session created again since has an entry of its own.
+            await self.state.index_remove(index, [member for member, _ in members])
         self.log.debug("user_deleted", sessions=sessions, messages=messages)
         return SessionDeletion(sessions=sessions, messages=messages, keys=keys)
 
@@ -518,12 +719,24 @@ class SessionManager(StateManagerBase):
         Raises:
             NotFoundError: No such session.
         """
-        value = await self.state.get(self._key(session_id, "state"))
-        if value is None:
-            # A session whose creation stopped between its two writes has the default state.
-            await self._session(session_id)
+        key = self._key(session_id, "state")
+        try:
+            meta, entry = (
+                await self._step([], [Get(self._key(session_id, "meta"), model=Session), Get(key)])
+            ).results
+        except _NoSteps:
+            value = await self.state.get(key)
+            if value is None:
+                # A session whose creation stopped between its two writes has the default state.
+                await self._session(session_id)
+                return deepcopy(self.default_state)
+            return dict(value)
+        if meta is None:
+            raise NotFoundError(f"no session {session_id!r}")
+        if entry is None or entry.create_revision < meta.create_revision:
+            # None stored, or only what an earlier life of the id left (its delete under way).
             return deepcopy(self.default_state)
-        return dict(value)
+        return dict(entry.value)
 
     async def update_state(
         self,
@@ -541,6 +754,9 @@ class SessionManager(StateManagerBase):
                 racing a delete never outlives it).
             InvalidArgumentError: A function returned something other than a dict.
         """
+        if isinstance(change, Mapping):
+            # Key by key, so a value that cannot be stored is named by its own path.
+            self._check_mapping(change, "$")
         if isinstance(change, Mapping) or callable(change):
             try:
                 return await self._write_state(session_id, updater("state", change))
@@ -616,9 +832,12 @@ class SessionManager(StateManagerBase):
                     f"a session state is a dict; the function returned {type(new).__name__}"
                 )
             compare = [Revision(key, 0 if current is None else current.revision)]
+            then: list[Any] = [Put(key, new, ttl=ttl)]
             if not ours:
                 compare.append(Revision(meta_key, meta.revision))
-            if (await self._step(compare, [Put(key, new, ttl=ttl)])).succeeded:
+                if current is not None:  # an earlier life's: this life's key starts anew
+                    then.insert(0, Delete(key))
+            if (await self._step(compare, then)).succeeded:
                 return new
             await anyio.sleep(jitter(attempt))
         raise ConflictError(f"the state of session {session_id!r} kept changing; try again")
@@ -713,7 +932,7 @@ class SessionManager(StateManagerBase):
                 self._expiries.pop(session_id, None)
                 raise NotFoundError(f"no session {session_id!r}") from None
             break
-        message = message.model_copy(update={"seq": stored["message_count"]})
+        message = revise(message, seq=stored["message_count"])
         await self.state.save(
             self._msg_key(session_id, message.seq), message, ttl=life, expected_version=0
         )
@@ -738,14 +957,15 @@ class SessionManager(StateManagerBase):
             session: Session = entry.value
             ttl = self._time_left(session_id, session.expires_at)
             seq = session.message_count + 1
-            numbered = message.model_copy(update={"seq": seq})
-            counted = session.model_copy(
-                update={"message_count": seq, "updated_at": message.created_at}
-            )
+            numbered = revise(message, seq=seq)
+            counted = revise(session, message_count=seq, updated_at=message.created_at)
             done = await self._step(
                 [Revision(meta_key, entry.revision)],
                 [
                     Put(meta_key, counted, ttl=ttl),
+                    # A key under this number is an earlier life's (its delete under way): this
+                    # life's message starts anew, so that delete leaves it alone.
+                    Delete(self._msg_key(session_id, seq)),
                     Put(self._msg_key(session_id, seq), numbered, ttl=ttl),
                 ],
                 [Get(meta_key, model=Session)],
@@ -830,24 +1050,29 @@ class SessionManager(StateManagerBase):
                 raise InvalidArgumentError(f"token_counter must return an int >= 0, not {tokens!r}")
             return tokens
 
-        session = await self._session(session_id)
+        summary: SessionSummary | None = None
+        if with_summary:
+            found, summary = await self._with_summary(session_id)
+            if found is None:
+                raise NotFoundError(f"no session {session_id!r}")
+            session = found
+        else:
+            session = await self._session(session_id)
         high = session.message_count
         low = 1 if since is None else since + 1
         head: list[SessionMessage] = []
-        if with_summary:
-            summary = await self.get_summary(session_id)
-            if summary is not None:
-                low = max(low, summary.covers_through + 1)
-                head = [
-                    SessionMessage(
-                        session_id=session_id,
-                        seq=0,
-                        role="system",
-                        content=summary.content,
-                        metadata={"summary": True, "covers_through": summary.covers_through},
-                        created_at=summary.updated_at,
-                    )
-                ]
+        if summary is not None:
+            low = max(low, summary.covers_through + 1)
+            head = [
+                SessionMessage(
+                    session_id=session_id,
+                    seq=0,
+                    role="system",
+                    content=summary.content,
+                    metadata={"summary": True, "covers_through": summary.covers_through},
+                    created_at=summary.updated_at,
+                )
+            ]
         if last is not None:
             low = max(low, high - last + 1)
         budget = None if max_tokens is None else max_tokens - sum(map(count_tokens, head))
@@ -880,8 +1105,28 @@ class SessionManager(StateManagerBase):
         return messages
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
-        """Return the session's running summary, or `None` if it has none."""
-        return await self._load(self._key(session_id, "summary"), SessionSummary)
+        """Return the session's running summary, or `None` if it has none (or no session)."""
+        return (await self._with_summary(session_id))[1]
+
+    async def _with_summary(self, session_id: str) -> tuple[Session | None, SessionSummary | None]:
+        """The session and its summary, read together.
+
+        A summary an earlier life of the id left (its delete under way, or stopped half way) is
+        not this session's: `None`.
+        """
+        meta_key, key = self._key(session_id, "meta"), self._key(session_id, "summary")
+        try:
+            meta, entry = (
+                await self._step([], [Get(meta_key, model=Session), Get(key, SessionSummary)])
+            ).results
+        except _NoSteps:
+            session = await self._load(meta_key, Session)
+            return session, await self._load(key, SessionSummary)
+        if meta is None:
+            return None, None
+        if entry is None or entry.create_revision < meta.create_revision:
+            return meta.value, None
+        return meta.value, entry.value
 
     async def summarize(
         self, session_id: str, summarizer: Summarizer, *, keep_last: int = 10
@@ -960,12 +1205,14 @@ class SessionManager(StateManagerBase):
         try:
             for attempt in self._retries():
                 compare = [Revision(key, read)]
+                then: list[Any] = []
                 if entry is None or entry.create_revision < meta.create_revision:
                     compare.append(Revision(meta_key, meta.revision))
+                    if entry is not None:  # an earlier life's: this life's starts anew
+                        then.append(Delete(key))
                 ttl = self._time_left(session_id, meta.value.expires_at)
-                done = await self._step(
-                    compare, [Put(key, summary, ttl=ttl)], [Get(key), Get(meta_key, model=Session)]
-                )
+                then.append(Put(key, summary, ttl=ttl))
+                done = await self._step(compare, then, [Get(key), Get(meta_key, model=Session)])
                 if done.succeeded:
                     return
                 now, fresh = done.results

@@ -55,7 +55,7 @@ from agenticstate.exceptions import (
     NotFoundError,
     UnsupportedOperationError,
 )
-from agenticstate.managers._base import StateManagerBase, TaggedKeys, utcnow
+from agenticstate.managers._base import StateManagerBase, TaggedKeys, revise, utcnow
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -389,7 +389,7 @@ class SpeechStateManager(StateManagerBase):
                     f"session {session_id!r} cannot go from {session.status.value} "
                     f"to {target.value}"
                 )
-            return session.model_copy(update={"status": target, "updated_at": utcnow()})
+            return revise(session, status=target, updated_at=utcnow())
 
         moved = await self._write_session(session_id, move, ttl=self._lease)
         if self._lease is not None:
@@ -408,13 +408,12 @@ class SpeechStateManager(StateManagerBase):
             if session.status is AudioSessionStatus.ENDED:
                 raise InvalidTransitionError(f"session {session_id!r} has ended already")
             now = utcnow()
-            return session.model_copy(
-                update={
-                    "status": AudioSessionStatus.ENDED,
-                    "ended_at": now,
-                    "updated_at": now,
-                    "end_reason": reason,
-                }
+            return revise(
+                session,
+                status=AudioSessionStatus.ENDED,
+                ended_at=now,
+                updated_at=now,
+                end_reason=reason,
             )
 
         ended = await self._write_session(session_id, end, ttl=self.ended_session_ttl)
@@ -630,13 +629,12 @@ class SpeechStateManager(StateManagerBase):
         def append(current: Any) -> Any:
             conversation = VoiceConversationState.model_validate(current)
             self._check_mapping(turn, f"$.transcript[{len(conversation.transcript)}]")
-            return conversation.model_copy(
-                update={
-                    "transcript": [*conversation.transcript, turn],
-                    "turn_count": conversation.turn_count + 1,
-                    "current_speaker": role,
-                    "updated_at": utcnow(),
-                }
+            return revise(
+                conversation,
+                transcript=[*conversation.transcript, turn],
+                turn_count=conversation.turn_count + 1,
+                current_speaker=role,
+                updated_at=utcnow(),
             )
 
         value = await self.state.update(

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID, uuid4
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agenticstate import _otel, txn
 from agenticstate._checks import as_ttl, seconds
@@ -60,7 +60,12 @@ from agenticstate.exceptions import (
 from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
+    encode_error,
     key_part,
+    mapping_argument,
+    maybe_await,
+    optional_count,
+    revise,
     sort_time,
     unstorable,
     utcnow,
@@ -167,9 +172,11 @@ def hash_parameters(parameters: Mapping[str, Any]) -> str:
     model hashes as its JSON dump (like the dict it dumps to).
 
     Raises:
-        InvalidArgumentError: A key is not a str, or a number is not finite.
+        InvalidArgumentError: `parameters` is not a mapping, a key is not a str, or a number
+            is not finite.
         UnsupportedTypeError: A value has a type that cannot be hashed canonically.
     """
+    mapping_argument(parameters, "parameters")
     canonical = parameters if _is_flat(parameters) else _canonical(parameters)
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -183,6 +190,16 @@ class ToolExecutionStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+_UNFINISHED = frozenset((ToolExecutionStatus.PENDING, ToolExecutionStatus.RUNNING))
+
+
+def _first_problem(error: ValidationError) -> str:
+    """What is wrong with an argument, named by its field (never its value)."""
+    first = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}"
 
 
 class ToolExecution(BaseModel):
@@ -452,11 +469,20 @@ class ToolStateManager(StateManagerBase):
             return None
         return await self._load(self._execution_key(tool_name, execution_id), ToolExecution)
 
-    async def _finish(self, execution_id: str, changes: dict[str, Any]) -> ToolExecution:
+    async def _finish(
+        self, execution_id: str, changes: dict[str, Any], value_path: str | None = None
+    ) -> ToolExecution:
+        """Finish an execution with `changes`.
+
+        With `value_path` (the change stores a result), an execution that cannot be stored with
+        it (the result does not fit, with the parameters, in `max_value_size`) is failed
+        instead, and the error is raised after.
+        """
         tool_name = await self.state.get(self._index_key(execution_id))
         if tool_name is None:
             raise NotFoundError(f"no execution {execution_id!r}")
         before: list[ToolExecution] = []
+        refused: list[SerializationError] = []
 
         def finish(current: Any) -> Any:
             execution = ToolExecution.model_validate(current)
@@ -469,7 +495,15 @@ class ToolStateManager(StateManagerBase):
             if duration is None:
                 elapsed = sort_time(utcnow()) - sort_time(execution.started_at)
                 changes["duration_ms"] = max(0.0, elapsed * 1000)
-            return execution.model_copy(update={**changes, "completed_at": utcnow()})
+            refused.clear()
+            finished = revise(execution, **{**changes, "completed_at": utcnow()})
+            if value_path is not None and (error := encode_error(self.state, finished, value_path)):
+                refused.append(error)
+                failed = {"status": ToolExecutionStatus.FAILED, "error": unstorable(error)}
+                finished = revise(
+                    execution, **{**changes, **failed, "result": None, "completed_at": utcnow()}
+                )
+            return finished
 
         try:
             value = await self.state.update(self._execution_key(tool_name, execution_id), finish)
@@ -484,6 +518,8 @@ class ToolStateManager(StateManagerBase):
                 ok=execution.status is ToolExecutionStatus.COMPLETED,
                 duration_ms=execution.duration_ms,
             )
+        if refused:
+            raise refused[0]
         return execution
 
     async def complete_execution(
@@ -493,7 +529,10 @@ class ToolStateManager(StateManagerBase):
 
         A result that cannot be stored ends the execution `failed` instead (its `error` names
         the problem and where: `UnsupportedTypeError at $.result`, counted as a failure in the
-        statistics), and the error is raised: the execution never stays `running`.
+        statistics), and the error is raised: the execution never stays `running`. That
+        includes a result that fits `max_value_size` alone but not in the execution record with
+        its parameters (`TooLargeError at $.result`): the whole record is encoded before it is
+        written.
 
         Raises:
             NotFoundError: No such execution.
@@ -508,6 +547,7 @@ class ToolStateManager(StateManagerBase):
         return await self._finish(
             execution_id,
             {"status": ToolExecutionStatus.COMPLETED, "result": result, "duration_ms": duration_ms},
+            "$.result",
         )
 
     async def fail_execution(
@@ -544,7 +584,12 @@ class ToolStateManager(StateManagerBase):
     async def get_execution_history(
         self, tool_name: str, limit: int | None = 100
     ) -> list[ToolExecution]:
-        """Return a tool's executions, newest first."""
+        """Return a tool's executions, newest first.
+
+        Raises:
+            InvalidArgumentError: `limit` is not an int >= 0 or None.
+        """
+        optional_count(limit, "limit", minimum=0)
         found = await self._load_many(self._executions_glob(tool_name), ToolExecution)
         found.sort(key=lambda e: sort_time(e.started_at), reverse=True)
         return found[:limit] if limit is not None else found
@@ -556,6 +601,8 @@ class ToolStateManager(StateManagerBase):
             return
         history = await self.get_execution_history(tool_name, limit=None)
         for execution in history[self.history_limit :]:
+            if execution.status in _UNFINISHED:
+                continue  # still under way, however old: its caller will finish it
             await self.state.delete(self._execution_key(tool_name, execution.execution_id))
             await self.state.delete(self._index_key(execution.execution_id))
 
@@ -619,7 +666,7 @@ class ToolStateManager(StateManagerBase):
             if hit is not None:
                 field = "cache_hits" if hit else "cache_misses"
                 changes[field] = getattr(stats, field) + 1
-            return stats.model_copy(update=changes)
+            return revise(stats, **changes)
 
         await self.state.update(self._stats_key(tool_name), count, default={"tool_name": tool_name})
         if hit is not None:
@@ -653,7 +700,7 @@ class ToolStateManager(StateManagerBase):
         stats = stats or ToolStats(tool_name=tool_name)
         hits = int(dict(counted).get(_HITS, 0))
         if hits:
-            stats = stats.model_copy(update={"cache_hits": stats.cache_hits + hits})
+            stats = revise(stats, cache_hits=stats.cache_hits + hits)
         return stats
 
     async def reset_stats(self, tool_name: str) -> bool:
@@ -799,6 +846,7 @@ class ToolStateManager(StateManagerBase):
             InvalidArgumentError: `ttl` is not a positive number of seconds or timedelta.
             Exception: Whatever `fn` raised (also in the callers waiting in this process).
         """
+        mapping_argument(parameters, "parameters")
         life = _cache_ttl(ttl)
         digest = hash_parameters(parameters)
         if not self.cache_results:
@@ -990,7 +1038,8 @@ class ToolStateManager(StateManagerBase):
                 await self._cancel_started(execution_id, type(exc).__name__, elapsed_ms())
             raise
         try:
-            result = await fn()
+            # A plain function that returned has succeeded: its value is the result.
+            result: T = await maybe_await(fn())
         except Exception as exc:
             with anyio.CancelScope(shield=True):
                 await self.fail_execution(execution_id, type(exc).__name__, elapsed_ms())
@@ -1105,15 +1154,26 @@ class ToolStateManager(StateManagerBase):
         """
         base_delay = seconds(base_delay, "base_delay", zero=True)
         max_delay = seconds(max_delay, "max_delay", zero=True)
-        retry = await self.get_retry_state(execution_id) or RetryState(
-            execution_id=execution_id,
-            max_attempts=max_attempts,
-            backoff_factor=backoff_factor,
-            base_delay=base_delay,
-            max_delay=max_delay,
-            tool_name=tool_name,
-            parameters=recorded(parameters),
-        )
+        mapping_argument(parameters, "parameters")
+        if type(max_attempts) is not int:
+            raise InvalidArgumentError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
+        if isinstance(backoff_factor, bool) or not isinstance(backoff_factor, int | float):
+            raise InvalidArgumentError(
+                f"backoff_factor must be a number >= 1, not {backoff_factor!r}"
+            )
+        try:  # checked before anything runs, even when a stored schedule is resumed
+            fresh = RetryState(
+                execution_id=execution_id,
+                max_attempts=max_attempts,
+                backoff_factor=backoff_factor,
+                base_delay=base_delay,
+                max_delay=max_delay,
+                tool_name=tool_name,
+                parameters=recorded(parameters),
+            )
+        except ValidationError as exc:
+            raise InvalidArgumentError(_first_problem(exc)) from None
+        retry = await self.get_retry_state(execution_id) or fresh
         while True:
             if retry.exhausted:
                 raise RetryExhaustedError(
@@ -1132,13 +1192,9 @@ class ToolStateManager(StateManagerBase):
                 raise
             except Exception as exc:
                 attempts = retry.attempts + 1
-                retry = retry.model_copy(
-                    update={"attempts": attempts, "last_error": type(exc).__name__}
-                )
+                retry = revise(retry, attempts=attempts, last_error=type(exc).__name__)
                 delay = self.next_delay(retry, jitter=jitter)
-                retry = retry.model_copy(
-                    update={"next_retry_at": _naive_now() + timedelta(seconds=delay)}
-                )
+                retry = revise(retry, next_retry_at=_naive_now() + timedelta(seconds=delay))
                 await self.update_retry_state(retry)
                 self.log.warning(
                     "tool_retry_scheduled",

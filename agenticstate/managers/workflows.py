@@ -42,6 +42,9 @@ from agenticstate.exceptions import (
 from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
+    encode_error,
+    mapping_argument,
+    revise,
     sort_time,
     unstorable,
     utcnow,
@@ -306,7 +309,7 @@ class WorkflowStateManager(StateManagerBase):
         def apply(current: Any) -> Any:
             before = WorkflowState.model_validate(current)
             after = fn(before)
-            return after.model_copy(update={"updated_at": utcnow()})
+            return revise(after, updated_at=utcnow())
 
         try:
             value = await self.state.update(self._key(workflow_id), apply)
@@ -325,7 +328,7 @@ class WorkflowStateManager(StateManagerBase):
             changes.setdefault("started_at", utcnow())
         if not TRANSITIONS[target]:
             changes.setdefault("finished_at", utcnow())
-        return state.model_copy(update={"status": target, **changes})
+        return revise(state, **{"status": target, **changes})
 
     async def start(self, workflow_id: str) -> WorkflowState:
         """Move a pending workflow to running.
@@ -367,7 +370,7 @@ class WorkflowStateManager(StateManagerBase):
         """The steps with those still running marked cancelled (their results will be refused)."""
         now = utcnow()
         return {
-            number: step.model_copy(update={"status": StepStatus.CANCELLED, "completed_at": now})
+            number: revise(step, status=StepStatus.CANCELLED, completed_at=now)
             if step.status is StepStatus.RUNNING
             else step
             for number, step in state.steps.items()
@@ -393,30 +396,39 @@ class WorkflowStateManager(StateManagerBase):
         """Mark the workflow completed (optionally storing `result` in its context).
 
         A step still running is marked `cancelled`: a completed workflow refuses its result.
-        A `result` that cannot be stored fails the workflow instead (its `error` names the
-        problem and where, `UnsupportedTypeError at $.context.result`; `resume_from` runs it
-        again) and the error is raised.
+        A `result` that cannot be stored (alone, or in the workflow's record: the whole record
+        is encoded before it is written) fails the running workflow instead (its `error` names
+        the problem and where, `UnsupportedTypeError at $.context.result`; `resume_from` runs
+        it again) and the error is raised.
 
         Raises:
-            InvalidTransitionError: The workflow is not running.
+            InvalidTransitionError: The workflow is not running (whatever `result` is; nothing
+                changed).
             SerializationError: `result` cannot be stored; the workflow was failed.
         """
+        problem: SerializationError | None = None
         try:
             self._check_value(result, "$.context.result")
         except SerializationError as exc:
-            await self.fail(workflow_id, unstorable(exc))
-            raise
+            problem = exc
+        refused: list[SerializationError] = []
 
         def complete(state: WorkflowState) -> WorkflowState:
+            refused.clear()
             context = {**state.context, "result": result} if result is not None else state.context
-            return self._move(
-                state,
-                WorkflowStatus.COMPLETED,
-                context=context,
-                steps=self._stop_in_flight(state),
-            )
+            steps = self._stop_in_flight(state)
+            # Refused (InvalidTransitionError, nothing changed) where complete is not legal.
+            done = self._move(state, WorkflowStatus.COMPLETED, context=context, steps=steps)
+            error = problem or encode_error(self.state, done, "$.context.result")
+            if error is None:
+                return done
+            refused.append(error)
+            return self._move(state, WorkflowStatus.FAILED, error=unstorable(error), steps=steps)
 
-        return await self._change(workflow_id, complete)
+        after = await self._change(workflow_id, complete)
+        if refused:
+            raise refused[0]
+        return after
 
     async def fail(self, workflow_id: str, error: str) -> WorkflowState:
         """Mark the workflow failed with an error description.
@@ -458,8 +470,12 @@ class WorkflowStateManager(StateManagerBase):
         *,
         in_flight: datetime | None = None,
         context: dict[str, Any] | None = None,
+        fallback: bool = False,
     ) -> WorkflowState:
         """Record a step (see `update_step`), with `context` merged in the same write.
+
+        `fallback`: this is the failed record of a step that could not be stored (raise, do
+        not fall back again).
 
         With `in_flight` (the step's `started_at`), the step must still be the one recorded
         running then: a step that a rewind dropped (or another runner restarted) while it ran
@@ -470,18 +486,30 @@ class WorkflowStateManager(StateManagerBase):
             self._check_record(step, f"$.steps.{step.step_number}")
             if context:
                 self._check_mapping(context, "$.context")
+            return await self._write_step(workflow_id, step, in_flight=in_flight, context=context)
         except SerializationError as exc:
+            if fallback:
+                raise
             # Recorded failed (without the context), then raised: never left running.
-            failed = step.model_copy(
-                update={
-                    "status": StepStatus.FAILED,
-                    "result": None,
-                    "error": unstorable(exc),
-                    "completed_at": step.completed_at or utcnow(),
-                }
+            failed = revise(
+                step,
+                status=StepStatus.FAILED,
+                result=None,
+                error=unstorable(exc),
+                completed_at=step.completed_at or utcnow(),
             )
-            await self._record_step(workflow_id, failed, in_flight=in_flight)
+            await self._record_step(workflow_id, failed, in_flight=in_flight, fallback=True)
             raise
+
+    async def _write_step(
+        self,
+        workflow_id: str,
+        step: StepState,
+        *,
+        in_flight: datetime | None,
+        context: dict[str, Any] | None,
+    ) -> WorkflowState:
+        """Write a checked step (see `_record_step`); a record that would not fit raises."""
         before_step: list[int] = []
 
         def record(state: WorkflowState) -> WorkflowState:
@@ -514,13 +542,16 @@ class WorkflowStateManager(StateManagerBase):
             }
             if context:
                 changes["context"] = {**state.context, **context}
-            return state.model_copy(update=changes)
+            after = revise(state, **changes)
+            # The step may fit alone and not in the workflow's record with its other steps.
+            if error := encode_error(self.state, after, f"$.steps.{step.step_number}"):
+                raise error
+            return after
 
         after = await self._change(workflow_id, record)
         interval = self.checkpoint_interval
         if interval and after.current_step // interval > before_step[0] // interval:
-            # Finished by another caller since the step was recorded: no checkpoint is due.
-            with contextlib.suppress(InvalidTransitionError):
+            try:
                 await self.checkpoint(
                     WorkflowCheckpoint(
                         workflow_id=workflow_id,
@@ -531,6 +562,18 @@ class WorkflowStateManager(StateManagerBase):
                         automatic=True,
                     )
                 )
+            except InvalidTransitionError:
+                pass  # finished by another caller since the step was recorded: none is due
+            except SerializationError as exc:
+                # The step is recorded: raising would have a runner run it again. The
+                # checkpoint holds the context twice (in `state` and `context`), so a workflow
+                # that fits may have a checkpoint that does not: it is skipped, and said.
+                self.log.warning(
+                    "checkpoint_skipped",
+                    workflow_id=workflow_id,
+                    step=after.current_step,
+                    error=unstorable(exc),
+                )
         return after
 
     async def update_context(self, workflow_id: str, changes: dict[str, Any]) -> WorkflowState:
@@ -540,14 +583,16 @@ class WorkflowStateManager(StateManagerBase):
             NotFoundError: No such workflow.
             InvalidTransitionError: The workflow is completed or cancelled
                 (`WorkflowCancelledError`); nothing changed.
+            InvalidArgumentError: `changes` is not a mapping; nothing changed.
             SerializationError: A value in `changes` cannot be stored (the path names it,
                 `$.context.<key>`); nothing changed.
         """
+        mapping_argument(changes, "changes")
         self._check_mapping(changes, "$.context")
 
         def merge(state: WorkflowState) -> WorkflowState:
             self._refuse_finished(state, "its context cannot change")
-            return state.model_copy(update={"context": {**state.context, **changes}})
+            return revise(state, context={**state.context, **changes})
 
         return await self._change(workflow_id, merge)
 
@@ -680,12 +725,8 @@ class WorkflowStateManager(StateManagerBase):
             if state.status is WorkflowStatus.FAILED:
                 state = self._move(state, WorkflowStatus.RUNNING, error=None)
             kept = {n: s for n, s in state.steps.items() if n <= checkpoint.step}
-            return state.model_copy(
-                update={
-                    "current_step": checkpoint.step,
-                    "context": dict(checkpoint.context),
-                    "steps": kept,
-                }
+            return revise(
+                state, current_step=checkpoint.step, context=dict(checkpoint.context), steps=kept
             )
 
         return await self._change(workflow_id, restore)

@@ -140,3 +140,77 @@ async def test_a_delete_erases_every_write_racing_it(
         assert not [name for name in counts if name.startswith("error:")], counts
         assert counts.get("add", 0) > 0
         assert counts.get("refused", 0) > 0
+
+
+CREATES = 300
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", list(SHARED_BACKENDS))
+async def test_a_delete_loop_never_touches_a_session_created_again(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """One process deletes an id in a loop while another creates it again and again: every
+    session the creator made and no delete has ended since keeps its first state and is listed
+    by its user (so delete_user finds it)."""
+    url = SHARED_BACKENDS[kind](request, tmp_path)
+    worker = "tests.integration._session_life_worker"
+    deleter = LineProcess(worker, "delete", url, "s")
+    creator = LineProcess(worker, "create", url, "s", str(CREATES))
+    try:
+        for process in (deleter, creator):
+            assert process.wait_lines(1), process.close()
+            assert process.lines[0] == "ready"
+        assert creator.process.stdin is not None
+        creator.process.stdin.write("go\n")
+        creator.process.stdin.flush()
+        assert creator.wait_lines(2, timeout=240), creator.close()
+        result = json.loads(creator.lines[1].removeprefix("result "))
+        deleter.stop()
+        assert deleter.process.returncode == 0, deleter.close()
+        deleted = int(deleter.lines[-1].removeprefix("deleted "))
+    finally:
+        deleter.close()
+        creator.close()
+    assert result["creates"] > 0
+    assert deleted > 0
+    assert (result["erased"], result["unlisted"]) == (0, 0), result
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", list(SHARED_BACKENDS))
+async def test_a_delete_killed_half_way_leaks_nothing(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A delete_session SIGKILLed after its first step: the session reads as gone, a session
+    created under the id by another user shows none of its messages or summary, and the
+    owner's delete_user still finds and erases all of it."""
+    url = SHARED_BACKENDS[kind](request, tmp_path)
+    async with StateManager(backend=open_backend(url)) as state:
+        sessions = SessionManager(state_manager=state)
+        await sessions.create_session("alice", session_id="s")
+        for n in range(12):
+            await sessions.add_message("s", "user", f"alice {n}")
+        await sessions.summarize("s", lambda previous, new: "alice's summary", keep_last=4)
+    holder = LineProcess("tests.integration._session_life_worker", "hold-delete", url, "s")
+    try:
+        assert holder.wait_lines(1), holder.close()
+        assert holder.lines[0] == "ready"
+    finally:
+        holder.kill()
+    async with StateManager(backend=open_backend(url)) as state:
+        sessions = SessionManager(state_manager=state)
+        assert await sessions.get_session("s") is None
+        assert await sessions.get_summary("s") is None
+        await sessions.create_session("bob", session_id="s")
+        for n in range(3):
+            await sessions.add_message("s", "user", f"bob {n}")
+        shown = [m.content for m in await sessions.get_messages("s", with_summary=True)]
+        assert shown == ["bob 0", "bob 1", "bob 2"]
+        erased = await sessions.delete_user("alice")
+        assert erased.messages == 9  # alice's 4..12: bob's 1..3 replaced her 1..3
+        values = await state.get_many(await state.list_keys("sessions:{s}:*"))
+        assert not [key for key, value in values.items() if "alice" in repr(value)]
+        shown = [m.content for m in await sessions.get_messages("s", with_summary=True)]
+        assert shown == ["bob 0", "bob 1", "bob 2"]
+        assert [s.session_id for s in await sessions.list_sessions("bob")] == ["s"]

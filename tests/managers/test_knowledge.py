@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agenticstate import (
     IndexingProgress,
     IndexingStatus,
     InvalidArgumentError,
+    InvalidTransitionError,
     KnowledgeStateManager,
     NotFoundError,
     SourceState,
     StateManager,
     SyncStatus,
 )
+from agenticstate.managers.knowledge import MAX_SAMPLES
 
 
 @pytest.fixture
@@ -177,3 +182,47 @@ async def test_delete_knowledge_base(kb_state: KnowledgeStateManager) -> None:
         await kb_state.delete_knowledge_base("kb*")
     assert await kb_state.delete_knowledge_base("kb2") == 1
     assert await kb_state.state.list_keys("knowledge:*") == []
+
+
+async def test_a_new_run_never_mixes_in_the_last_runs_samples() -> None:
+    """Whatever sequence of runs, reports and increments, estimate's rate is never negative
+    and its eta never before now: a new run starts its own samples."""
+    steps = st.lists(
+        st.one_of(
+            st.tuples(st.just("new run"), st.integers(0, 2000), st.integers(1, 1000)),
+            st.tuples(st.just("increment"), st.integers(0, 400), st.integers(0, 3)),
+            # enough increments that the oldest samples left are this run's
+            st.tuples(st.just("many"), st.integers(0, 5), st.just(0)),
+        ),
+        max_size=12,
+    )
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(steps)
+    def check(plan: list[tuple[str, int, int]]) -> None:
+        async def run() -> None:
+            kb = KnowledgeStateManager()
+            await kb.update_indexing_progress(
+                IndexingProgress(knowledge_base_id="kb", total_documents=500)
+            )
+            for kind, amount, other in plan:
+                if kind == "new run":
+                    await kb.update_indexing_progress(
+                        IndexingProgress(
+                            knowledge_base_id="kb",
+                            total_documents=amount + other,
+                            processed_documents=amount,
+                        )
+                    )
+                else:
+                    for _ in range(MAX_SAMPLES + 1 if kind == "many" else 1):
+                        with contextlib.suppress(InvalidTransitionError):
+                            await kb.increment_progress("kb", processed=amount, failed=other)
+                estimate = await kb.estimate("kb")
+                rate = estimate.documents_per_second
+                assert rate is None or rate >= 0
+                assert estimate.eta is None or estimate.eta >= timedelta(0)
+
+        anyio.run(run)
+
+    await anyio.to_thread.run_sync(check)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 from datetime import UTC, date, datetime, timedelta
@@ -65,7 +66,8 @@ async def test_seed_execution_example(tools: ToolStateManager) -> None:
 
 
 async def test_history_is_newest_first_limited_and_bounded(state: StateManager) -> None:
-    """History lists newest first, honours limit, and keeps at most history_limit (+10%)."""
+    """History lists newest first, honours limit, and keeps at most history_limit (+10%)
+    finished executions: one still running is never pruned, however old."""
     tools = ToolStateManager(state_manager=state, history_limit=10)
     base = datetime(2026, 1, 1, tzinfo=UTC)
     for n in range(25):
@@ -74,8 +76,11 @@ async def test_history_is_newest_first_limited_and_bounded(state: StateManager) 
                 execution_id=f"e{n}", tool_name="t", started_at=base + timedelta(seconds=n)
             )
         )
+        if n != 0:  # e0, the oldest, is still running
+            await tools.complete_execution(f"e{n}", n)
     history = await tools.get_execution_history("t", limit=None)
-    assert len(history) <= 11
+    assert len(history) <= 12
+    assert history[-1].execution_id == "e0"
     assert [e.execution_id for e in history[:3]] == ["e24", "e23", "e22"]
     assert [e.execution_id for e in await tools.get_execution_history("t", limit=2)] == [
         "e24",
@@ -853,3 +858,44 @@ async def test_a_lapsed_single_flight_lock_is_never_released_by_its_old_holder(
     assert held is not None
     assert (entry.value, entry.version) == ("b's process", held.version)
     assert await second.cached_call("t", {"q": 1}, other) == "a"  # A cached its result
+
+
+@pytest.mark.parametrize("how", ["cached_call", "run_with_retries"])
+async def test_a_long_call_outlives_many_quicker_ones(state: StateManager, how: str) -> None:
+    """A call still running while many quicker calls of its tool push the history past its
+    limit keeps its execution: it completes once, its result is kept (cached), never rerun."""
+    tools = ToolStateManager(state_manager=state, history_limit=3)
+    started, release = anyio.Event(), anyio.Event()
+    runs = 0
+
+    async def long() -> str:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await release.wait()
+        return "slow"
+
+    outcome: list[str] = []
+
+    async def call() -> None:
+        if how == "cached_call":
+            outcome.append(await tools.cached_call("t", {"q": "long"}, long))
+        else:
+            outcome.append(await tools.run_with_retries("long", "t", {}, long, base_delay=0))
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            await started.wait()
+            for n in range(12):
+                await tools.cached_call("t", {"q": n}, functools.partial(_value, n))
+            release.set()
+    assert outcome == ["slow"]
+    assert runs == 1
+    if how == "cached_call":
+        assert await tools.cached_call("t", {"q": "long"}, long) == "slow"
+        assert runs == 1
+
+
+async def _value(n: int) -> int:
+    return n
