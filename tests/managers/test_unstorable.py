@@ -365,6 +365,10 @@ ELSEWHERE = {
     "AgentRecoveryManager.register",
     # Computes a delay from a schedule; stores nothing.
     "ToolStateManager.next_delay",
+    # The handler's result is completed through complete_task (a row above); a result that
+    # cannot be stored fails the task and the worker goes on: test_orchestration_worker.py,
+    # test_an_unstorable_result_fails_the_task.
+    "OrchestrationStateManager.run_worker",
 }
 
 
