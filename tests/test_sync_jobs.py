@@ -8,6 +8,7 @@ sync API runs a plain function in a worker thread).
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import threading
 import typing
@@ -114,7 +115,9 @@ def test_every_method_that_runs_a_job_is_in_the_table() -> None:
         for method_name, method in inspect.getmembers(cls, inspect.iscoroutinefunction):
             if method_name.startswith("_"):
                 continue
-            hints = typing.get_type_hints(method, vars(inspect.getmodule(method)))
+            hints = typing.get_type_hints(
+                method, {**vars(collections.abc), **vars(inspect.getmodule(method))}
+            )
             for parameter, hint in hints.items():
                 if (
                     typing.get_origin(hint) is not None
