@@ -1,4 +1,7 @@
-"""An agent checkpoints its progress, crashes, and the recovery manager restores it."""
+"""An agent checkpoints its progress, crashes, and the recovery manager restores it.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import logging
 from typing import Any

@@ -1,4 +1,7 @@
-"""The core calls of the AgenticAI Framework state-management API, run as written in memory."""
+"""The core calls of the AgenticAI Framework state-management API, run as written in memory.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import logging
 

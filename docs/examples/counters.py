@@ -1,4 +1,7 @@
-"""Atomic updates: many tasks increment one counter and nothing is lost."""
+"""Atomic updates: many tasks increment one counter and nothing is lost.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import anyio
 

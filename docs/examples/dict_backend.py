@@ -1,4 +1,7 @@
-"""A small backend over a dict, passing the whole contract suite (see "Writing a backend")."""
+"""A small backend over a dict, passing the whole contract suite (see "Writing a backend").
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 from __future__ import annotations
 

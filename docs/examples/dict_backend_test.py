@@ -1,4 +1,7 @@
-"""Run the whole backend contract suite against DictBackend: `pytest dict_backend_test.py`."""
+"""Run the whole backend contract suite against DictBackend: `pytest dict_backend_test.py`.
+
+Install: `pip install ".[testing]"` (from a checkout; see the README).
+"""
 
 import pytest_asyncio
 from dict_backend import DictBackend

@@ -1,4 +1,7 @@
-"""Encryption at rest: values are ciphertext in the store, plain to readers with the keys."""
+"""Encryption at rest: values are ciphertext in the store, plain to readers with the keys.
+
+Install: `pip install ".[encryption]"` (from a checkout; see the README).
+"""
 
 import anyio
 

@@ -1,4 +1,7 @@
-"""Parallel indexers report progress; the overview and the ETA come from the stored state."""
+"""Parallel indexers report progress; the overview and the ETA come from the stored state.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import anyio
 

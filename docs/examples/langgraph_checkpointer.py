@@ -1,5 +1,8 @@
 """A LangGraph graph on agenticstate: interrupt, restart, resume, time travel, long-term memory,
-and a stale writer refused (the thread is never forked silently)."""
+and a stale writer refused (the thread is never forked silently).
+
+Install: `pip install ".[langgraph]"` (from a checkout; see the README).
+"""
 
 import operator
 from typing import Annotated, Any, TypedDict

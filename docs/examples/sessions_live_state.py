@@ -5,6 +5,8 @@ remembers the first call, and `Versioned()` also keeps that memory across proces
 is a plain (sync) function that takes a scoped view of the state: the memory backend gives
 agex's `Live` (in this process), the file, SQLite or Redis backends give memory that survives the
 process, and every write carries a version (agex's commits).
+
+Install: `pip install .` (from a checkout; see the README).
 """
 
 from pathlib import Path

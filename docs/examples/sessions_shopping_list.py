@@ -5,6 +5,8 @@ substitutes `{shopping_list}` into the instructions. Here the tools take the Ses
 a session id, every change is one atomic update (no lost item when two runs overlap), and the
 history is a record per message. The model call is left out: each "run" calls the tools the
 model would have chosen.
+
+Install: `pip install .` (from a checkout; see the README).
 """
 
 from collections.abc import Awaitable

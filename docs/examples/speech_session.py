@@ -1,4 +1,7 @@
-"""A voice session: streaming interim transcripts, turns, and an end that expires the state."""
+"""A voice session: streaming interim transcripts, turns, and an end that expires the state.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 from datetime import timedelta
 

@@ -1,4 +1,7 @@
-"""A team works through a priority queue with two workers: a failure retried, then dead-lettered."""
+"""A team works through a priority queue with two workers: a failure retried, then dead-lettered.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import logging
 

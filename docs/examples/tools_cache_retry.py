@@ -1,4 +1,7 @@
-"""Tool state: a cached call run once for many callers, a flaky call retried, the stats."""
+"""Tool state: a cached call run once for many callers, a flaky call retried, the stats.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import logging
 

@@ -1,4 +1,7 @@
-"""Watching changes as an async iterator, with versions and optimistic concurrency."""
+"""Watching changes as an async iterator, with versions and optimistic concurrency.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import anyio
 

@@ -1,4 +1,7 @@
-"""A workflow runner that honours pause, resume and cancel from elsewhere."""
+"""A workflow runner that honours pause, resume and cancel from elsewhere.
+
+Install: `pip install .` (from a checkout; see the README).
+"""
 
 import anyio
 
