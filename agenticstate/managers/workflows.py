@@ -16,12 +16,13 @@ without changing anything.
 A checkpoint belongs to one life of its workflow (a workflow deleted and created again under the
 same id is a new life). Each write of a checkpoint is one step compared on the record's revision
 (never its version, which starts over in a new life), so a write that read one life never lands
-in another or outlives the delete. The delete removes the record and writes a deletion marker in
-one step, deletes the checkpoints created before the marker, then removes the marker; `create`
-refuses to begin a new life while a marker is there and finishes that delete first. So while a
-record is stored, every checkpoint stored under its id is of its life. `resume_from` rewinds the
-record and retires the later checkpoints in one step, compared on everything it read. On a backend
-without `transact` or revisions, these take the older multi-call paths.
+in another or outlives the delete. The delete removes the record and the checkpoints it listed
+and writes a deletion marker in one step, deletes the checkpoints created before the marker
+(those that came late), then removes the marker; `create` refuses to begin a new life while a
+marker is there and finishes that delete first. So while a record is stored, every checkpoint
+stored under its id is of its life. `resume_from` rewinds the record and retires the later
+checkpoints in one step, compared on everything it read. On a backend without `transact` or
+revisions, these take the older multi-call paths.
 
 Key layout (the id sits in a `{...}` hash tag, so one workflow's keys share a Redis Cluster slot):
 `workflows:{<workflow_id>}:state`, `workflows:{<workflow_id>}:checkpoints:<checkpoint_id>`, and,
@@ -522,8 +523,9 @@ class WorkflowStateManager(StateManagerBase):
 
         A pending workflow starts running. A completed or skipped step advances `current_step`
         to its number (never backwards). Every `checkpoint_interval` steps a checkpoint is written
-        automatically. Steps may be recorded while paused (one in flight when the pause came);
-        not once the workflow is completed, failed or cancelled.
+        automatically, in the same atomic step as the step. Steps may be recorded while paused
+        (one in flight when the pause came); not once the workflow is completed, failed or
+        cancelled.
 
         A step whose data cannot be stored (its `result`, say) is recorded `failed` instead,
         with an `error` naming the problem and where (`UnsupportedTypeError at
