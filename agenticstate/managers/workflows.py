@@ -693,7 +693,9 @@ class WorkflowStateManager(StateManagerBase):
                     self._check_record(due)
                 except SerializationError as exc:
                     skipped = exc
-                else:
+                else:  # each value may fit and the whole checkpoint not
+                    skipped = encode_error(self.state, due, "$")
+                if skipped is None:
                     then.append(Put(self._checkpoint_key(workflow_id, due.checkpoint_id), due))
             if (await self._step([Revision(key, entry.revision)], then)).succeeded:
                 return after, due, skipped
