@@ -9,17 +9,30 @@ await workflow_state.pause("research")          # from any process
 await workflow_state.resume("research")
 ```
 
-Every change is one atomic read-modify-write on the workflow's record (compare-and-set on its
-version), so step updates from several processes never lose each other and an illegal move raises
-`InvalidTransitionError` without changing anything.
+Every change is one atomic read-modify-write on the workflow's record, so step updates from
+several processes never lose each other and an illegal move raises `InvalidTransitionError`
+without changing anything.
+
+A checkpoint belongs to one life of its workflow (a workflow deleted and created again under the
+same id is a new life). Each write of a checkpoint is one step compared on the record's revision
+(never its version, which starts over in a new life), so a write that read one life never lands
+in another or outlives the delete. The delete removes the record and the checkpoints it listed
+and writes a deletion marker in one step, deletes the checkpoints created before the marker
+(those that came late), then removes the marker; `create` refuses to begin a new life while a
+marker is there and finishes that delete first. So while a record is stored, every checkpoint
+stored under its id is of its life. `resume_from` rewinds the record and retires the later
+checkpoints in one step, compared on everything it read. On a backend without `transact` or
+revisions, these take the older multi-call paths.
 
 Key layout (the id sits in a `{...}` hash tag, so one workflow's keys share a Redis Cluster slot):
-`workflows:{<workflow_id>}:state`, `workflows:{<workflow_id>}:checkpoints:<checkpoint_id>`.
+`workflows:{<workflow_id>}:state`, `workflows:{<workflow_id>}:checkpoints:<checkpoint_id>`, and,
+while a delete is under way (or stopped half way), `workflows:{<workflow_id>}:deleting`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -29,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from agenticstate import txn
 from agenticstate.exceptions import (
     ConflictError,
     InvalidArgumentError,
@@ -43,19 +55,23 @@ from agenticstate.managers._base import (
     StateManagerBase,
     TaggedKeys,
     encode_error,
+    jitter,
     mapping_argument,
     revise,
     sort_time,
     unstorable,
     utcnow,
 )
+from agenticstate.txn import Delete, Get, Put, Revision, Version
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Sequence
     from pathlib import Path
 
+    from agenticstate._codec import StateEntry
     from agenticstate.manager import StateManager
     from agenticstate.managers._base import Persistence
+    from agenticstate.txn import Op, TransactResult
 
 __all__ = [
     "StepState",
@@ -194,6 +210,10 @@ class WorkflowStep:
         self.context_update: dict[str, Any] = {}
 
 
+class _NoSteps(Exception):  # noqa: N818  # internal signal, never raised to callers
+    """The backend has no `transact` or keeps no revisions: take the multi-call path."""
+
+
 class WorkflowStateManager(StateManagerBase):
     """Track workflows: create, step, checkpoint, pause, resume, cancel, complete, fail.
 
@@ -235,6 +255,7 @@ class WorkflowStateManager(StateManagerBase):
         )
         self.checkpoint_interval = checkpoint_interval
         self.max_checkpoints = max_checkpoints
+        self._steps = True  # until the backend shows it has no `transact` or no revisions
 
     # keys: every key this manager writes is built here (the layout is in the module docstring)
 
@@ -251,6 +272,41 @@ class WorkflowStateManager(StateManagerBase):
     @staticmethod
     def _checkpoint_pattern(workflow_id: str) -> str:
         return WorkflowStateManager._keys.glob(workflow_id, "checkpoints", "*")
+
+    @staticmethod
+    def _mark_key(workflow_id: str) -> str:
+        return WorkflowStateManager._keys.key(workflow_id, "deleting")
+
+    # one step compared on revisions
+
+    async def _step(
+        self, compare: Sequence[Revision], then: Sequence[Op], orelse: Sequence[Op] = ()
+    ) -> TransactResult:
+        """One `StateManager.transact` compared on revisions.
+
+        Raises:
+            _NoSteps: The backend has no `transact` or keeps no revisions (then never again).
+        """
+        if not self._steps or not self.state.backend.has_revisions:
+            self._steps = False
+            raise _NoSteps
+        try:
+            return await self.state.transact(compare, then, orelse)
+        except UnsupportedOperationError:
+            self._steps = False
+            raise _NoSteps from None
+
+    async def _snapshot(self, workflow_id: str) -> tuple[StateEntry | None, list[StateEntry]]:
+        """The record's entry and every checkpoint's stored under the id, read in one step.
+
+        Raises:
+            _NoSteps: The backend cannot (then the caller takes the multi-call path).
+        """
+        keys = await self.state.list_keys(self._checkpoint_pattern(workflow_id))
+        reads = [Get(self._key(workflow_id), model=WorkflowState)]
+        reads += [Get(key, model=WorkflowCheckpoint) for key in keys]
+        record, *found = (await self._step([], reads)).results
+        return record, [entry for entry in found if entry is not None]
 
     # reads
 
@@ -295,12 +351,32 @@ class WorkflowStateManager(StateManagerBase):
         if not isinstance(state, WorkflowState):
             raise InvalidArgumentError("create takes a WorkflowState")
         self._check_record(state)
+        workflow_id = state.workflow_id
+        key, mark_key = self._key(workflow_id), self._mark_key(workflow_id)
+        exists = ConflictError(f"workflow {workflow_id!r} exists already", key=key)
         try:
-            await self.state.save(self._key(state.workflow_id), state, expected_version=0)
+            for attempt in itertools.count():
+                # A new life begins only once no record and no unfinished delete are there.
+                done = await self._step(
+                    [Revision(key, 0), Revision(mark_key, 0)],
+                    [Put(key, state)],
+                    [Get(key), Get(mark_key)],
+                )
+                if done.succeeded:
+                    return state
+                record, mark = done.results
+                if record is not None:
+                    raise exists
+                if mark is not None:  # a delete under way or stopped half way: finish it
+                    await self._finish_delete(workflow_id, mark.revision)
+                else:
+                    await anyio.sleep(jitter(attempt))  # it changed meanwhile: again
+        except _NoSteps:
+            pass
+        try:
+            await self.state.save(key, state, expected_version=0)
         except ConflictError:
-            raise ConflictError(
-                f"workflow {state.workflow_id!r} exists already", key=self._key(state.workflow_id)
-            ) from None
+            raise exists from None
         return state
 
     async def _change(
@@ -447,8 +523,9 @@ class WorkflowStateManager(StateManagerBase):
 
         A pending workflow starts running. A completed or skipped step advances `current_step`
         to its number (never backwards). Every `checkpoint_interval` steps a checkpoint is written
-        automatically. Steps may be recorded while paused (one in flight when the pause came);
-        not once the workflow is completed, failed or cancelled.
+        automatically, in the same atomic step as the step. Steps may be recorded while paused
+        (one in flight when the pause came); not once the workflow is completed, failed or
+        cancelled.
 
         A step whose data cannot be stored (its `result`, say) is recorded `failed` instead,
         with an `error` naming the problem and where (`UnsupportedTypeError at
@@ -509,11 +586,14 @@ class WorkflowStateManager(StateManagerBase):
         in_flight: datetime | None,
         context: dict[str, Any] | None,
     ) -> WorkflowState:
-        """Write a checked step (see `_record_step`); a record that would not fit raises."""
-        before_step: list[int] = []
+        """Write a checked step (see `_record_step`); a record that would not fit raises.
+
+        The automatic checkpoint a step makes due is written in the same step as the step,
+        compared on the record's revision as read: it lands with the step, in the life of the
+        workflow the step was recorded in, or not at all.
+        """
 
         def record(state: WorkflowState) -> WorkflowState:
-            before_step[:] = [state.current_step]
             if state.status is WorkflowStatus.PENDING:
                 state = self._move(state, WorkflowStatus.RUNNING)
             elif state.status is WorkflowStatus.CANCELLED:
@@ -548,32 +628,102 @@ class WorkflowStateManager(StateManagerBase):
                 raise error
             return after
 
-        after = await self._change(workflow_id, record)
+        try:
+            after, due, skipped = await self._write_step_with_checkpoint(workflow_id, record)
+        except _NoSteps:
+            return await self._write_step_then_checkpoint(workflow_id, record)
+        if skipped is not None:
+            self._checkpoint_skipped(workflow_id, after, skipped)
+        if due is not None and skipped is None:
+            await self._prune(workflow_id)
+        return after
+
+    def _due(self, before: WorkflowState, after: WorkflowState) -> WorkflowCheckpoint | None:
+        """The automatic checkpoint a step moving `before` to `after` makes due, or None."""
         interval = self.checkpoint_interval
-        if interval and after.current_step // interval > before_step[0] // interval:
+        if not interval or after.current_step // interval <= before.current_step // interval:
+            return None
+        return WorkflowCheckpoint(
+            workflow_id=after.workflow_id,
+            checkpoint_id=f"auto-step-{after.current_step}",
+            step=after.current_step,
+            state=after.model_dump(mode="json"),
+            context=after.context,
+            automatic=True,
+        )
+
+    def _checkpoint_skipped(
+        self, workflow_id: str, after: WorkflowState, error: SerializationError
+    ) -> None:
+        # The step is recorded: raising would have a runner run it again. The checkpoint holds
+        # the context twice (in `state` and `context`), so a workflow that fits may have a
+        # checkpoint that does not: it is skipped, and said.
+        self.log.warning(
+            "checkpoint_skipped",
+            workflow_id=workflow_id,
+            step=after.current_step,
+            error=unstorable(error),
+        )
+
+    async def _write_step_with_checkpoint(
+        self, workflow_id: str, record: Callable[[WorkflowState], WorkflowState]
+    ) -> tuple[WorkflowState, WorkflowCheckpoint | None, SerializationError | None]:
+        """The step and its due checkpoint in one step compared on the record's revision.
+
+        Returns the workflow written, the checkpoint made due (or None) and why it was not
+        written (None: it was, or none was due).
+
+        Raises:
+            _NoSteps: The backend cannot (then `_write_step` takes the multi-call path).
+        """
+        if not self._steps or not self.state.backend.has_revisions:
+            raise _NoSteps
+        key = self._key(workflow_id)
+        attempt = 0
+        while True:
+            entry = await self.state.get_entry(key, model=WorkflowState)
+            if entry is None:
+                raise NotFoundError(f"no workflow {workflow_id!r}")
+            after = revise(record(entry.value), updated_at=utcnow())
+            then: list[Op] = [Put(key, after)]
+            due = self._due(entry.value, after)
+            skipped: SerializationError | None = None
+            if due is not None:
+                try:
+                    self._check_record(due)
+                except SerializationError as exc:
+                    skipped = exc
+                else:  # each value may fit and the whole checkpoint not
+                    skipped = encode_error(self.state, due, "$")
+                if skipped is None:
+                    then.append(Put(self._checkpoint_key(workflow_id, due.checkpoint_id), due))
+            if (await self._step([Revision(key, entry.revision)], then)).succeeded:
+                return after, due, skipped
+            await anyio.sleep(jitter(attempt))  # it changed meanwhile: read it again
+            attempt += 1
+
+    async def _write_step_then_checkpoint(
+        self, workflow_id: str, record: Callable[[WorkflowState], WorkflowState]
+    ) -> WorkflowState:
+        """`_write_step` on a backend without `transact` or revisions: two writes.
+
+        The step, then its checkpoint (written unless the workflow finished meanwhile).
+        """
+        before_step: list[WorkflowState] = []
+
+        def remember(state: WorkflowState) -> WorkflowState:
+            before_step[:] = [state]
+            return record(state)
+
+        after = await self._change(workflow_id, remember)
+        due = self._due(before_step[0], after)
+        if due is not None:
             try:
-                await self.checkpoint(
-                    WorkflowCheckpoint(
-                        workflow_id=workflow_id,
-                        checkpoint_id=f"auto-step-{after.current_step}",
-                        step=after.current_step,
-                        state=after.model_dump(mode="json"),
-                        context=after.context,
-                        automatic=True,
-                    )
-                )
+                await self.checkpoint(due)
             except InvalidTransitionError:
                 pass  # finished by another caller since the step was recorded: none is due
             except SerializationError as exc:
-                # The step is recorded: raising would have a runner run it again. The
-                # checkpoint holds the context twice (in `state` and `context`), so a workflow
-                # that fits may have a checkpoint that does not: it is skipped, and said.
-                self.log.warning(
-                    "checkpoint_skipped",
-                    workflow_id=workflow_id,
-                    step=after.current_step,
-                    error=unstorable(exc),
-                )
+                self._checkpoint_skipped(workflow_id, after, exc)
         return after
 
     async def update_context(self, workflow_id: str, changes: dict[str, Any]) -> WorkflowState:
@@ -610,10 +760,12 @@ class WorkflowStateManager(StateManagerBase):
         """Store a checkpoint (replacing one with the same id).
 
         The checkpoint is written only if the workflow is neither completed nor cancelled when
-        it is written (one atomic step with a compare of the workflow's record).
+        it is written: one atomic step compared on the revision of the workflow's record as
+        read, so a workflow deleted meanwhile (and perhaps created again under the id) refuses
+        it, never keeps it.
 
         Raises:
-            NotFoundError: No such workflow.
+            NotFoundError: No such workflow (or it was deleted while the call ran).
             InvalidTransitionError: The workflow is completed or cancelled
                 (`WorkflowCancelledError`); nothing was written.
             SerializationError: Its state or context holds a value that cannot be stored (the
@@ -623,11 +775,7 @@ class WorkflowStateManager(StateManagerBase):
             raise InvalidArgumentError("checkpoint takes a WorkflowCheckpoint")
         self._check_record(checkpoint)
         await self._store_checkpoint(checkpoint)
-        if self.max_checkpoints is not None:
-            for old in (await self.list_checkpoints(checkpoint.workflow_id))[
-                self.max_checkpoints :
-            ]:
-                await self.state.delete(self._checkpoint_key(old.workflow_id, old.checkpoint_id))
+        await self._prune(checkpoint.workflow_id)
         return checkpoint
 
     async def _store_checkpoint(self, checkpoint: WorkflowCheckpoint) -> None:
@@ -635,30 +783,64 @@ class WorkflowStateManager(StateManagerBase):
         workflow_id = checkpoint.workflow_id
         key = self._key(workflow_id)
         target = self._checkpoint_key(workflow_id, checkpoint.checkpoint_id)
+        attempt = 0
         while True:
             entry = await self.state.get_entry(key, model=WorkflowState)
             if entry is None:
                 raise NotFoundError(f"no workflow {workflow_id!r}")
             self._refuse_finished(entry.value, "no more checkpoints")
+            # On the revision: a version read before a delete matches again in the next life.
+            compare = (
+                Revision(key, entry.revision)
+                if self.state.backend.has_revisions
+                else Version(key, entry.version)
+            )
             try:
-                done = await self.state.transact(
-                    [txn.Version(key, entry.version)], [txn.Put(target, checkpoint)]
-                )
+                done = await self.state.transact([compare], [Put(target, checkpoint)])
             except UnsupportedOperationError:
                 # A backend without `transact`: the check above, then the write.
                 await self.state.save(target, checkpoint)
                 return
             if done.succeeded:
                 return
-            # The workflow changed between the read and the write: look again.
+            await anyio.sleep(jitter(attempt))  # the workflow changed meanwhile: look again
+            attempt += 1
+
+    async def _prune(self, workflow_id: str) -> None:
+        """Keep the newest `max_checkpoints` checkpoints (each deleted as it was read)."""
+        if self.max_checkpoints is None:
+            return
+        try:
+            record, found = await self._snapshot(workflow_id)
+        except _NoSteps:
+            for pruned in (await self.list_checkpoints(workflow_id))[self.max_checkpoints :]:
+                await self.state.delete(self._checkpoint_key(workflow_id, pruned.checkpoint_id))
+            return
+        if record is None:
+            return  # deleted meanwhile: its delete erases them
+        found.sort(key=lambda entry: self._line_order(entry.value), reverse=True)
+        for old in found[self.max_checkpoints :]:
+            # Written again since (a newer checkpoint under the id): it stays.
+            with contextlib.suppress(ConflictError):
+                await self.state.delete(old.key, expected_revision=old.revision)
 
     async def get_checkpoint(
         self, workflow_id: str, checkpoint_id: str
     ) -> WorkflowCheckpoint | None:
-        """Return one checkpoint, or None."""
-        return await self._load(
-            self._checkpoint_key(workflow_id, checkpoint_id), WorkflowCheckpoint
-        )
+        """Return one checkpoint, or None (also once the workflow is deleted)."""
+        key = self._checkpoint_key(workflow_id, checkpoint_id)
+        try:
+            record, entry = (
+                await self._step(
+                    [], [Get(self._key(workflow_id)), Get(key, model=WorkflowCheckpoint)]
+                )
+            ).results
+        except _NoSteps:
+            return await self._load(key, WorkflowCheckpoint)
+        if record is None or entry is None:
+            return None
+        checkpoint: WorkflowCheckpoint = entry.value
+        return checkpoint
 
     @staticmethod
     def _line_order(checkpoint: WorkflowCheckpoint) -> tuple[int, float, str]:
@@ -667,12 +849,18 @@ class WorkflowStateManager(StateManagerBase):
         return (checkpoint.step, sort_time(checkpoint.timestamp), checkpoint.checkpoint_id)
 
     async def list_checkpoints(self, workflow_id: str) -> list[WorkflowCheckpoint]:
-        """Return the workflow's checkpoints, latest first.
+        """Return the workflow's checkpoints, latest first (none once it is deleted).
 
         Latest means furthest along the line of steps: by step, then by time. Only checkpoints
         of the live line are stored: `resume_from` retires those after the point it rewinds to.
+        The record and the checkpoints are read in one step: one `list_keys`, then one read.
         """
-        found = await self._load_many(self._checkpoint_pattern(workflow_id), WorkflowCheckpoint)
+        try:
+            record, entries = await self._snapshot(workflow_id)
+        except _NoSteps:
+            found = await self._load_many(self._checkpoint_pattern(workflow_id), WorkflowCheckpoint)
+        else:
+            found = [] if record is None else [entry.value for entry in entries]
         found.sort(key=self._line_order, reverse=True)
         return found
 
@@ -686,14 +874,73 @@ class WorkflowStateManager(StateManagerBase):
 
         Steps recorded after the checkpoint are dropped (they will run again). The checkpoints
         after it (further along the line of steps, see `list_checkpoints`) are retired, deleted
-        before the workflow is rewound: they belong to the line of steps this rewind abandons,
-        so "latest" never jumps back onto it. A failed workflow becomes running again; a paused
+        in the same atomic step that rewinds the workflow: they belong to the line of steps
+        this rewind abandons, so "latest" never jumps back onto it. That step is compared on
+        the revisions of the record, the checkpoint and the retired checkpoints as read: a
+        change to any of them meanwhile (a `complete`, say) has it read again and decide again,
+        so a refused call changes nothing. A failed workflow becomes running again; a paused
         one stays paused.
 
         Raises:
             NotFoundError: No such workflow or checkpoint (a retired one is gone).
-            InvalidTransitionError: The workflow is completed or cancelled.
+            InvalidTransitionError: The workflow is completed or cancelled; nothing changed.
         """
+        key = self._key(workflow_id)
+        attempt = 0
+        while True:
+            try:
+                record, entries = await self._snapshot(workflow_id)
+            except _NoSteps:
+                return await self._resume_from_plain(workflow_id, checkpoint_id)
+            if record is None:
+                raise NotFoundError(f"no workflow {workflow_id!r}")
+            entries.sort(key=lambda entry: self._line_order(entry.value), reverse=True)
+            chosen = self._choose(entries, checkpoint_id)
+            if chosen is None:
+                raise NotFoundError(f"no checkpoint {checkpoint_id!r} for workflow {workflow_id!r}")
+            checkpoint: WorkflowCheckpoint = chosen.value
+            restored = revise(self._restore(record.value, checkpoint), updated_at=utcnow())
+            point = self._line_order(checkpoint)
+            retired = [e for e in entries if self._line_order(e.value) > point]
+            done = await self._step(
+                [
+                    Revision(key, record.revision),
+                    Revision(chosen.key, chosen.revision),
+                    *(Revision(entry.key, entry.revision) for entry in retired),
+                ],
+                [Put(key, restored), *(Delete(entry.key) for entry in retired)],
+            )
+            if done.succeeded:
+                if retired:
+                    self.log.info(
+                        "workflow_checkpoints_retired", workflow_id=workflow_id, count=len(retired)
+                    )
+                return restored
+            await anyio.sleep(jitter(attempt))  # something it read changed: read it again
+            attempt += 1
+
+    @staticmethod
+    def _choose(entries: list[StateEntry], checkpoint_id: str) -> StateEntry | None:
+        """The entry of `checkpoint_id` ("latest": the first) among `entries`, latest first."""
+        if checkpoint_id == "latest":
+            return entries[0] if entries else None
+        return next((e for e in entries if e.value.checkpoint_id == checkpoint_id), None)
+
+    def _restore(self, state: WorkflowState, checkpoint: WorkflowCheckpoint) -> WorkflowState:
+        """`state` rewound to `checkpoint` (refused on a completed or cancelled workflow)."""
+        if state.status in (WorkflowStatus.COMPLETED, WorkflowStatus.CANCELLED):
+            raise InvalidTransitionError(
+                f"workflow {state.workflow_id!r} is {state.status.value}; it cannot resume"
+            )
+        if state.status is WorkflowStatus.FAILED:
+            state = self._move(state, WorkflowStatus.RUNNING, error=None)
+        kept = {n: s for n, s in state.steps.items() if n <= checkpoint.step}
+        return revise(
+            state, current_step=checkpoint.step, context=dict(checkpoint.context), steps=kept
+        )
+
+    async def _resume_from_plain(self, workflow_id: str, checkpoint_id: str) -> WorkflowState:
+        """`resume_from` on a backend without `transact` or revisions: retire, then rewind."""
         found = await self.list_checkpoints(workflow_id)
         if checkpoint_id == "latest":
             checkpoint = found[0] if found else None
@@ -709,27 +956,10 @@ class WorkflowStateManager(StateManagerBase):
         # Retire first: a crash between the two leaves the workflow where it was and the
         # abandoned checkpoints gone, so the next resume_from("latest") still rewinds here.
         point = self._line_order(checkpoint)
-        retired = [c.checkpoint_id for c in found if self._line_order(c) > point]
-        for retired_id in retired:
-            await self.state.delete(self._checkpoint_key(workflow_id, retired_id))
-        if retired:
-            self.log.info(
-                "workflow_checkpoints_retired", workflow_id=workflow_id, count=len(retired)
-            )
-
-        def restore(state: WorkflowState) -> WorkflowState:
-            if state.status in (WorkflowStatus.COMPLETED, WorkflowStatus.CANCELLED):
-                raise InvalidTransitionError(
-                    f"workflow {workflow_id!r} is {state.status.value}; it cannot resume"
-                )
-            if state.status is WorkflowStatus.FAILED:
-                state = self._move(state, WorkflowStatus.RUNNING, error=None)
-            kept = {n: s for n, s in state.steps.items() if n <= checkpoint.step}
-            return revise(
-                state, current_step=checkpoint.step, context=dict(checkpoint.context), steps=kept
-            )
-
-        return await self._change(workflow_id, restore)
+        for retired in found:
+            if self._line_order(retired) > point:
+                await self.state.delete(self._checkpoint_key(workflow_id, retired.checkpoint_id))
+        return await self._change(workflow_id, lambda s: self._restore(s, checkpoint))
 
     # cooperative pause
 
@@ -838,7 +1068,69 @@ class WorkflowStateManager(StateManagerBase):
         await end(StepStatus.COMPLETED, result=handle.result)
 
     async def delete(self, workflow_id: str) -> bool:
-        """Delete the workflow and its checkpoints; return whether it existed."""
-        for checkpoint in await self.list_checkpoints(workflow_id):
-            await self.state.delete(self._checkpoint_key(workflow_id, checkpoint.checkpoint_id))
-        return await self.state.delete(self._key(workflow_id))
+        """Delete the workflow and its checkpoints; return whether it existed.
+
+        One step compared on the record as read deletes the record and the checkpoints listed
+        and writes a deletion marker (`workflows:{<id>}:deleting`): from then on every write
+        of a checkpoint of this life is refused. Then the checkpoints created before the marker
+        (one written between the listing and the step) are deleted, and the marker. A delete
+        stopped half way leaves the marker: the next `delete` or `create` of the id finishes
+        it, and reads show nothing of the workflow meanwhile. Costs two `list_keys`, one read
+        and one write step, and one delete per checkpoint that came late.
+        """
+        key, mark_key = self._key(workflow_id), self._mark_key(workflow_id)
+        pattern = self._checkpoint_pattern(workflow_id)
+        try:
+            attempt = 0
+            while True:
+                keys = await self.state.list_keys(pattern)
+                reads = [Get(key), Get(mark_key), *(Get(k) for k in keys)]
+                record, mark, *found = (await self._step([], reads)).results
+                if record is None and mark is None and not keys:
+                    return False  # nothing of it is stored
+                done = await self._step(
+                    [
+                        Revision(key, 0 if record is None else record.revision),
+                        Revision(mark_key, 0 if mark is None else mark.revision),
+                    ],
+                    [
+                        Delete(key),
+                        *(Delete(k) for k, entry in zip(keys, found, strict=True) if entry),
+                        Put(mark_key, {"workflow_id": workflow_id}),
+                    ],
+                )
+                if done.succeeded:
+                    break
+                await anyio.sleep(jitter(attempt))  # it changed meanwhile: read it again
+                attempt += 1
+        except _NoSteps:
+            # The record first: a checkpoint write checks it, so none lands after the listing.
+            existed = await self.state.delete(key)
+            for checkpoint in await self._load_many(pattern, WorkflowCheckpoint):
+                await self.state.delete(self._checkpoint_key(workflow_id, checkpoint.checkpoint_id))
+            return existed
+        await self._finish_delete(workflow_id, done.revisions[-1])
+        if record is not None:
+            self.log.debug("workflow_deleted", workflow_id=workflow_id)
+        return record is not None
+
+    async def _finish_delete(self, workflow_id: str, ended: int) -> None:
+        """Finish a delete: the checkpoints created before revision `ended`, then the marker.
+
+        `ended` is the revision of the deletion marker; a marker another delete wrote since is
+        left alone. Each checkpoint is read, then deleted only as read (`expected_revision`): one a
+        workflow created again since wrote (created after `ended`) is left alone.
+        """
+        keys = await self.state.list_keys(self._checkpoint_pattern(workflow_id))
+        if keys:
+            entries = (await self._step([], [Get(k) for k in keys])).results
+            for key, entry in zip(keys, entries, strict=True):
+                while entry is not None and entry.create_revision < ended:
+                    try:
+                        await self.state.delete(key, expected_revision=entry.revision)
+                    except ConflictError:  # replaced meanwhile: look again
+                        entry = await self.state.get_entry(key)
+                    else:
+                        break
+        with contextlib.suppress(ConflictError):
+            await self.state.delete(self._mark_key(workflow_id), expected_revision=ended)
