@@ -342,10 +342,10 @@ SET_MANY = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
     + """
+local lists = take_history()  -- first: the count below is of the ARGV without the spec
 local count = (#ARGV - 3) / 2
 local refused = refuse_foreign({unpack(KEYS, 1, count)})
 if refused then return refused end
-local lists = take_history()
 local ttl = tonumber(ARGV[1])
 local feed = feed_at(count + 2, 2)
 local rev = rev_at(count + 1)
