@@ -23,10 +23,11 @@ several streams by it. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims
 nodes, so it keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
 
 Prefixes nest: a store reads its own stream, those of the prefixes nested in it (on one server,
-the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write;
-on a cluster, the SCAN that finds the slots' streams) and those of the prefixes it is nested in
-(`ancestors`: its own prefix says which), keeping its own keys. Cursors name a stream relative
-to the store's prefix (`FeedNames.token`): a cursor belongs to the store that gave it.
+the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write,
+and again in the write script that starts its stream, so the two are never apart; on a cluster,
+the SCAN that finds the slots' streams) and those of the prefixes it is nested in (`ancestors`:
+its own prefix says which), keeping its own keys. Cursors name a stream relative to the store's
+prefix (`FeedNames.token`): a cursor belongs to the store that gave it.
 
 Cursors on one server (`Position.point`) name a point in commit order: `r1:<id>` (a change of
 the store's own stream), `r1:<id>@<stream>` (of another prefix's), `r1:<id>/<u>` (a head:

@@ -95,7 +95,8 @@ Change feed. Unless built with `feed=None`, every write script also appends its 
 Redis stream (one per key prefix; on a cluster, one per prefix and slot, so no script crosses
 slots), trims it to the backend's `FeedRetention`, and publishes a notification of it. Prefixes
 nest: a store reads its own stream, those of the prefixes nested in it (on one server found in
-its registry, which a nested store joins before its first write: `_register_feed`) and those of
+its registry, which a nested store joins before its first write, `_register_feed`, and again in
+the write script that starts its stream anew) and those of
 the prefixes it is nested in, so it sees every change to its keys, whichever store made it. Each
 `Change` carries a `cursor`: on one server a point in commit order (`r1:<id>`, or
 `r1:<id>@<stream>` for another prefix's stream), on a cluster a vector over streams
@@ -337,10 +338,11 @@ class RedisBackend(Subscriber, Backend):
         )
         self.subscribe_whole_prefix = bool(subscribe_whole_prefix)
         self._init_subscriber(key_prefix, whole_prefix=self.subscribe_whole_prefix)
-        # On one server an outer prefix finds this store's feed in its registry (added once,
-        # before the first write: `_register_feed`).
+        # On one server an outer prefix finds this store's feed in its registry: added before
+        # the first write (`_register_feed`), and by every write script that starts the stream
+        # (the registries this user may write are its last keys: `_registries`).
         self._feed_unregistered = feed is not None and not self.is_cluster and bool(key_prefix)
-        self._feed_just_registered = False
+        self._registries: tuple[str, ...] = ()
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
@@ -671,11 +673,15 @@ class RedisBackend(Subscriber, Backend):
         return self._revision_names.for_slot(wire.key_slot(name))
 
     def _feed_keys(self, name: str) -> tuple[str, ...]:
-        """The feed stream and counter a write of Redis key `name` appends to (none when off)."""
+        """The feed stream and counter a write of Redis key `name` appends to (none when off).
+
+        On one server the registries of the outer prefixes follow: a script that starts the
+        stream joins them in the same step (`_redis_scripts.FEED_FUNCTION`).
+        """
         if self.feed is None:
             return ()
         if not self.is_cluster:
-            return self._feed_names.plain
+            return self._feed_names.plain + self._registries
         return self._feed_names.for_slot(wire.key_slot(name))
 
     def _write_cursor(self, name: str, at: bytes | None) -> str | None:
@@ -687,10 +693,6 @@ class RedisBackend(Subscriber, Backend):
             return None
         text = at.decode()
         if not self.is_cluster:
-            if text.endswith("-1") and not self._feed_just_registered:
-                # A new stream (the old one was lost): register it again.
-                self._feed_unregistered = bool(self.key_prefix)
-            self._feed_just_registered = False
             return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text)
         own: _redis_feed.Stream = (wire.key_slot(name), self.key_prefix)
         return _redis_feed.make_cursor(
@@ -724,21 +726,24 @@ class RedisBackend(Subscriber, Backend):
         A store under an outer prefix reads the feeds of the prefixes in its registry
         (`__agenticstate_feeds__:<outer prefix>`, a set) along with its own, so it replays the
         changes written through this one (see "Change feed"). Done before this backend's first
-        write to its feed, and again after a write started a new stream (the old one was lost).
-        One SADD per outer prefix; an ACL user that may not add to one is not found by it.
+        write to its feed: one SADD per outer prefix. An ACL user that may not add to one is not
+        found by it; the others become the write scripts' last keys (`_registries`), so a script
+        that starts the stream anew (the old one was lost: a restart without data) joins them
+        again in the same atomic step, whichever process writes first.
         """
-        self._feed_unregistered = False
-        self._feed_just_registered = True
+        allowed = []
         for outer in _redis_feed.ancestors(self.key_prefix):
+            registry = _redis_feed.registry_key(outer)
             try:
-                await self._execute(
-                    "SADD", _redis_feed.registry_key(outer), self.key_prefix, write_key=None
-                )
+                await self._execute("SADD", registry, self.key_prefix, write_key=None)
             except BackendError as exc:
                 if not wire.no_permission(exc):
-                    self._feed_unregistered = True
                     raise
                 log.debug("feed_not_registered", outer=outer)
+            else:
+                allowed.append(registry)
+        self._registries = tuple(allowed)
+        self._feed_unregistered = False
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
