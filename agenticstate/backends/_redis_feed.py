@@ -66,6 +66,7 @@ is newer, the page empty or starting after a gap): the latter raises `CursorExpi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
@@ -74,7 +75,7 @@ from agenticstate.backends._redis_slots import SLOTS, slot_tag
 from agenticstate.exceptions import CursorExpiredError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
 __all__ = [
     "COUNTER_NAMESPACE",
@@ -88,6 +89,7 @@ __all__ = [
     "Position",
     "Stream",
     "ancestors",
+    "check_not_ahead",
     "check_start",
     "cursor_place",
     "id_text",
@@ -444,29 +446,71 @@ def parse_cursor(cursor: str, names: FeedNames) -> Position:
         if not cluster:
             body, slash, order_text = body.partition("/")
             body, at_sign, token = body.partition("@")
-            at = parse_id(body)
-            if at[0] < 0 or at[1] < 0 or " " in body or (at_sign and not token):
+            ms_text, dash, n_text = body.partition("-")
+            if not dash or (at_sign and not token):
                 raise ValueError(cursor)
-            order = int(order_text) if slash else None
-            if order is not None and order < 0:
-                raise ValueError(cursor)
+            at = (_number(ms_text), _number(n_text))
+            order = _number(order_text) if slash else None
             stream = names.of_token("0" + token)
             floor = at[0] if order is None else order // 1000
             return Position(floor=floor, ids={stream: at}, point=True, order=order)
         floor_text, _, listed = body.partition(":")
-        position = Position(floor=int(floor_text))
-        if position.floor < 0:
-            raise ValueError(cursor)
+        position = Position(floor=_number(floor_text))
         for part in filter(None, listed.split(",")):
             token, _, at_text = part.partition("=")
             delta, dot, n = at_text.partition(".")
             stream = names.of_token(token)
-            if not dot or int(n) < 0:
+            if not dot:
                 raise ValueError(part)
-            position.ids[stream] = (position.floor + int(delta), int(n))
+            ms = position.floor + _number(delta, signed=True)
+            if not 0 <= ms <= NUMBER_MAX:
+                raise ValueError(part)
+            position.ids[stream] = (ms, _number(n))
     except ValueError:
         raise InvalidArgumentError(f"{cursor!r} is not a well-formed cursor") from None
     return position
+
+
+NUMBER_MAX = 2**63 - 1
+"""The largest number a cursor's field may hold (an id's time or count, a clock, a floor).
+
+Redis takes a stream id's parts up to 2**64 - 1; a cursor past 2**63 - 1 (292 million years of
+milliseconds) is malformed, refused before anything is sent.
+"""
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def _number(text: str, *, signed: bool = False) -> int:
+    """A cursor's numeric field: ASCII digits (a `-` first if `signed`), at most `NUMBER_MAX`.
+
+    Raises:
+        ValueError: Anything else (`+1`, `1_0`, ` 1`, other scripts' digits, out of range).
+    """
+    digits = text[1:] if signed and text[:1] == "-" else text
+    if not _DIGITS.fullmatch(digits):
+        raise ValueError(text)
+    value = int(text)
+    if abs(value) > NUMBER_MAX:
+        raise ValueError(text)
+    return value
+
+
+def check_not_ahead(cursor: str, position: Position, clocks: Sequence[int], now_us: int) -> None:
+    """Raise `CursorExpiredError` if the cursor names a time after the feed's head.
+
+    `clocks`: every primary's clock in ms (a cluster: the cursor's floor may not pass the
+    largest); `now_us`: the server's clock in microseconds (one server: a head cursor's order
+    may not pass it). Such a cursor is from another feed (another server, a clock that ran
+    ahead): resuming from it would skip the changes up to that time.
+    """
+    if position.earliest:
+        return
+    if position.point:
+        ahead = position.order is not None and position.order > now_us
+    else:
+        ahead = bool(clocks) and position.floor > max(clocks)
+    if ahead:
+        raise CursorExpiredError(cursor, _expired(cursor, trimmed=False))
 
 
 def check_start(

@@ -1936,7 +1936,13 @@ class _Replay:
         position = self._position
         if position.point and position.order is None:
             position.order = await owner._order_of(*next(iter(position.ids.items())))
-        self._cap = await owner._clock_us() if self._plain else await owner._clock_floor()
+        if self._plain:
+            self._cap = await owner._clock_us()
+            feeds.check_not_ahead(self._cursor, position, (), self._cap)
+        else:
+            clocks = await owner._clocks()
+            self._cap = min(clocks)  # `_clock_floor()`, with the clocks kept for the check
+            feeds.check_not_ahead(self._cursor, position, clocks, 0)
         for stream in await owner._feed_streams(list(self._position.ids)):
             pages = owner._feed_pages(stream, self._position, self._cursor)
             self._pages[stream] = pages
