@@ -53,8 +53,19 @@ before it). A cluster cursor is exact for the pattern it was read with: the floo
 slots say what that subscription read (a live connection receives only its patterns' channels).
 Resumed with another pattern it misses nothing committed after its change, but may deliver that
 pattern's changes of unlisted slots stamped at or after the floor and committed before its change
-(duplicates, never gaps). A cluster cursor names no store: a head cursor (`c1:<ms>:`, nothing
-listed) of another key prefix or cluster is taken as a time here, not refused.
+(duplicates, never gaps).
+
+A cluster's feed has an epoch (`EPOCH`): a random token in one key per prefix
+(`__agenticstate_feedseq__:{key_prefix}#`), made when it is first read and lost with the
+streams when the cluster loses its data. Every cursor ends with the epoch its backend last read
+(`c1:<floor>:<listing>/<epoch>`); resuming reads the epoch and refuses a cursor of another one
+(`CursorExpiredError`): a cursor from before the loss, whatever streams it lists, and a head
+cursor (`c1:<ms>:/<epoch>`, nothing listed) of another prefix or cluster. A backend reads the
+epoch before its first write, after a write that started a stream (the first of its slot, or
+the first after a loss), when resuming, catching up and making a head cursor; a cursor made in
+between may carry the epoch before a loss and expire (never a gap). The epoch's key lives in
+one slot: a primary that lost its data alone is told apart for the streams a cursor lists and,
+when it held the epoch, for every stream.
 
 Reading back (`READ`, `check_start`): one script returns a page of a stream after a position
 (only the entries of the reader's keys, for a stream of an outer prefix) together with the
@@ -79,6 +90,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COUNTER_NAMESPACE",
+    "EPOCH",
     "FEED_NAMESPACE",
     "FIRSTS",
     "LOOKUP",
@@ -89,6 +101,7 @@ __all__ = [
     "Position",
     "Stream",
     "ancestors",
+    "check_epoch",
     "check_not_ahead",
     "check_start",
     "cursor_place",
@@ -163,6 +176,16 @@ if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], '') end
 return found
 """
 
+# A cluster's feed epoch: a token naming this life of a prefix's feed, in one key (KEYS[1],
+# `FeedNames.epoch_key`), lost with the streams when the cluster loses its data. ARGV[1]: a fresh
+# token, kept if the key holds none. Returns the key's token.
+EPOCH = """
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
+
 # KEYS: streams. Returns each one's first retained id, or false (a stream gone or empty).
 FIRSTS = """
 local firsts = {}
@@ -227,12 +250,15 @@ class FeedNames:
     nested in this one, and those it is nested in, write their own streams).
     """
 
-    __slots__ = ("_names", "_tails", "cluster", "key_prefix", "plain")
+    __slots__ = ("_names", "_tails", "cluster", "epoch", "epoch_key", "key_prefix", "plain")
 
     def __init__(self, key_prefix: str, *, cluster: bool) -> None:
         self.key_prefix = key_prefix
         self.cluster = cluster
         self.plain = (FEED_NAMESPACE + key_prefix, COUNTER_NAMESPACE + key_prefix)
+        # A cluster's feed epoch (`EPOCH`): its key, and the value last read (`None`: unknown).
+        self.epoch_key = COUNTER_NAMESPACE + key_prefix + "#"
+        self.epoch: str | None = None
         self._names: dict[Stream, tuple[str, str]] = {}
         self._tails: dict[tuple[int, bytes], str | None] = {}
 
@@ -353,7 +379,8 @@ def make_cursor(
         for stream, at in listed.items()
         if own is None or stream != own[0]
     ]
-    return f"c1:{floor}:{','.join(parts)}"
+    epoch = "" if names.epoch is None else "/" + names.epoch
+    return f"c1:{floor}:{','.join(parts)}{epoch}"
 
 
 def point_cursor(names: FeedNames, stream: Stream, at: str, order: int | None = None) -> str:
@@ -380,7 +407,7 @@ def cursor_place(names: FeedNames, cursor: str) -> tuple[Stream, Id]:
         ((stream, at),) = position.ids.items()
         return stream, at
     floor, _, listed = cursor[3:].partition(":")
-    token, _, at_text = listed.split(",", 1)[0].partition("=")
+    token, _, at_text = listed.partition("/")[0].split(",", 1)[0].partition("=")
     delta, _, n = at_text.partition(".")
     return names.of_token(token), (int(floor) + int(delta), int(n))
 
@@ -400,6 +427,7 @@ class Position:
     earliest: bool = False
     point: bool = False
     order: int | None = None
+    epoch: str | None = None
 
     def skips(self, stream: Stream, order: int, named: Iterable[Stream] = ()) -> bool:
         """Whether an entry of `stream` with `order` was seen, though read from `start`.
@@ -455,7 +483,12 @@ def parse_cursor(cursor: str, names: FeedNames) -> Position:
             floor = at[0] if order is None else order // 1000
             return Position(floor=floor, ids={stream: at}, point=True, order=order)
         floor_text, _, listed = body.partition(":")
+        listed, slash, epoch = listed.partition("/")
         position = Position(floor=_number(floor_text))
+        if slash:
+            if not _EPOCH.fullmatch(epoch):
+                raise ValueError(cursor)
+            position.epoch = epoch
         for part in filter(None, listed.split(",")):
             token, _, at_text = part.partition("=")
             delta, dot, n = at_text.partition(".")
@@ -478,6 +511,7 @@ Redis takes a stream id's parts up to 2**64 - 1; a cursor past 2**63 - 1 (292 mi
 milliseconds) is malformed, refused before anything is sent.
 """
 _DIGITS = re.compile(r"[0-9]{1,19}")
+_EPOCH = re.compile(r"[0-9a-f]{8}")
 
 
 def _number(text: str, *, signed: bool = False) -> int:
@@ -510,6 +544,16 @@ def check_not_ahead(cursor: str, position: Position, clocks: Sequence[int], now_
     else:
         ahead = bool(clocks) and position.floor > max(clocks)
     if ahead:
+        raise CursorExpiredError(cursor, _expired(cursor, trimmed=False))
+
+
+def check_epoch(cursor: str, position: Position, epoch: str) -> None:
+    """Raise `CursorExpiredError` if a cluster cursor is of another life of the feed.
+
+    `epoch`: the feed's epoch now (`EPOCH`). A cursor without one (of an earlier version) is
+    not checked.
+    """
+    if position.epoch is not None and position.epoch != epoch and not position.earliest:
         raise CursorExpiredError(cursor, _expired(cursor, trimmed=False))
 
 

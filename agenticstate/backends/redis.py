@@ -164,7 +164,14 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import (
+        AsyncGenerator,
+        AsyncIterator,
+        Callable,
+        Iterable,
+        Mapping,
+        Sequence,
+    )
 
     import redis.asyncio as aioredis
 
@@ -343,6 +350,9 @@ class RedisBackend(Subscriber, Backend):
         # (the registries this user may write are its last keys: `_registries`).
         self._feed_unregistered = feed is not None and not self.is_cluster and bool(key_prefix)
         self._registries: tuple[str, ...] = ()
+        # On a cluster every cursor carries the feed's epoch: read before the first write
+        # (`_read_epoch`), and again when a write starts a stream (`_births`).
+        self._epoch_unread = feed is not None and self.is_cluster
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
@@ -607,6 +617,8 @@ class RedisBackend(Subscriber, Backend):
             expected = _expectation(expected_version, expected_revision)
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread:
+            await self._first_epoch()
         kept = self._keeps_history and self._history_list(key)
         if kept:  # the history list is the script's last key, its spec the last argument
             reply = await self._script(
@@ -621,18 +633,20 @@ class RedisBackend(Subscriber, Backend):
                 history_lists.spec([(1, kept[1])]),
                 write_key=key,
             )
-            return self._set_change(key, value, reply, expected_version, name, expected_revision)
-        reply = await self._script(
-            scripts.SET_SHA,
-            scripts.SET,
-            (name, self._revision_key(name), *self._feed_keys(name)),
-            value,
-            scripts.ttl_ms(ttl),
-            expected,
-            CHANNEL_NAMESPACE + name,
-            *self._feed_argv,
-            write_key=key,
-        )
+        else:
+            reply = await self._script(
+                scripts.SET_SHA,
+                scripts.SET,
+                (name, self._revision_key(name), *self._feed_keys(name)),
+                value,
+                scripts.ttl_ms(ttl),
+                expected,
+                CHANNEL_NAMESPACE + name,
+                *self._feed_argv,
+                write_key=key,
+            )
+        if self.is_cluster and reply[0] == 1:
+            await self._births((reply[4],))
         return self._set_change(key, value, reply, expected_version, name, expected_revision)
 
     def _set_change(
@@ -714,11 +728,28 @@ class RedisBackend(Subscriber, Backend):
             return None
         if self.is_cluster:
             floor = await self._clock_floor(exact=True)
+            await self._read_epoch()
             return _redis_feed.make_cursor(self._feed_names, floor, None, {})
         last = await self._read("GET", self._feed_names.plain[1])
         now = await self._clock_us()
         text = _redis_feed.id_text(_redis_feed.parse_id(last) if last else (0, 0))
         return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text, now)
+
+    async def _first_epoch(self) -> None:
+        """Read the cluster feed's epoch before this backend's first write (`_read_epoch`)."""
+        await self._read_epoch()
+        self._epoch_unread = False
+
+    async def _births(self, ids: Iterable[Any]) -> None:
+        """After writes on a cluster: read the epoch again if one of them started a stream.
+
+        A feed id whose count is 1 starts its stream: the first in its slot, or the first after
+        the cluster lost its data. The cursors made from here on carry the epoch as it is now.
+        """
+        if self.feed is not None and any(
+            isinstance(at, bytes) and at.endswith(b"-1") and at[:-2].isdigit() for at in ids
+        ):
+            await self._read_epoch()
 
     async def _register_feed(self) -> None:
         """Add this store's prefix to the registries of the prefixes it is nested in.
@@ -757,6 +788,8 @@ class RedisBackend(Subscriber, Backend):
         await self._redis()
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread:
+            await self._first_epoch()
         replies: list[Any] = [None] * len(items)
         # One script call per chunk of keys sharing a slot (a script's keys may not cross
         # slots in a cluster), so Redis is never blocked for long either.
@@ -787,6 +820,8 @@ class RedisBackend(Subscriber, Backend):
                 )
                 for position, reply in zip(chunk, done, strict=True):
                     replies[position] = reply
+        if self.is_cluster:
+            await self._births(reply[4] for reply in replies)
         return [
             self._set_change(key, value, reply, None, name)
             for (key, value), reply, name in zip(items, replies, names, strict=True)
@@ -832,6 +867,8 @@ class RedisBackend(Subscriber, Backend):
         expected = _expectation(expected_version, expected_revision)
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread:
+            await self._first_epoch()
         kept = self._keeps_history and self._history_list(key)
         keys = (name, self._revision_key(name), *self._feed_keys(name))
         reply = await self._script(
@@ -850,6 +887,8 @@ class RedisBackend(Subscriber, Backend):
             raise conflict(key, expected_version or 0, int(reply[1]))
         if reply[0] == 2:
             return None
+        if self.is_cluster:
+            await self._births((reply[4],))
         return new_change(
             key,
             ChangeOp.DELETE,
@@ -891,6 +930,8 @@ class RedisBackend(Subscriber, Backend):
         first = call.keys[0]
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread and call.writes:
+            await self._first_epoch()
         _redis_txn.add_written(
             call, self._revision_key(first), self._feed_keys(first), self._feed_retention
         )
@@ -906,6 +947,12 @@ class RedisBackend(Subscriber, Backend):
             await self._load_script(source)
             reply = await self._execute(*command, write_key=call.write_key)
         name = call.keys[0]
+        if self.is_cluster and call.writes:
+            # A write's feed id is among its result's fields (an old value may look like one:
+            # then the epoch is read once more, no harm).
+            await self._births(
+                field for result in reply[1] if isinstance(result, list) for field in result
+            )
         return _redis_txn.result(
             checked, reply, scripts.entry, lambda at: self._write_cursor(name, at)
         )

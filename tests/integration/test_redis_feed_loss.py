@@ -13,6 +13,7 @@ hold). A cursor taken before the loss raises `CursorExpiredError` on both, whate
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -21,7 +22,7 @@ import anyio
 import pytest
 import redis as sync_redis
 
-from agenticstate import EARLIEST, RedisBackend, StateManager, txn
+from agenticstate import EARLIEST, CursorExpiredError, RedisBackend, StateManager, txn
 from agenticstate.backends import _redis_feed as feeds
 from tests.helpers import unique_prefix
 
@@ -60,6 +61,17 @@ def _lose_feed(url: str, root: str) -> int:
                 with contextlib.suppress(sync_redis.exceptions.ResponseError):  # MOVED
                     lost += int(client.delete(name))
     return lost
+
+
+def _slot(name: str) -> int:
+    """The cluster slot of a Redis key (its hash tag's, if it has one)."""
+    data = name.encode()
+    start = data.find(b"{")
+    if start > -1:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return binascii.crc_hqx(data, 0) % 16384
 
 
 # The first write through the nested prefix after the loss: each write path the backend has.
@@ -165,3 +177,99 @@ async def test_a_stream_started_by_any_write_is_in_every_outer_registry(
         assert client.type(feeds.FEED_NAMESPACE + nested) == b"stream"
         for outer in feeds.ancestors(nested):
             assert client.sismember(feeds.registry_key(outer), nested), outer
+
+
+# Cursors taken before the loss, in each form: a head (`feed_cursor`: on a cluster no stream
+# listed), a write's change (its own stream listed), a replay's and a live subscription's.
+async def _cursor_of_write(state: StateManager) -> str:
+    change = await state.backend.set("{a}:k", b"w")
+    assert change.cursor is not None
+    return change.cursor
+
+
+async def _cursor_of_head(state: StateManager) -> str:
+    cursor = await state.feed_cursor()
+    assert cursor is not None
+    return cursor
+
+
+async def _cursor_of_replay(state: StateManager) -> str:
+    async with state.changes("*", since=EARLIEST) as changes:
+        await state.save("{b}:end", "r")
+        with anyio.fail_after(20):
+            async for change in changes:
+                if change.key == "{b}:end":
+                    assert change.cursor is not None
+                    return change.cursor
+    raise AssertionError("the replay ended")
+
+
+async def _cursor_of_live(state: StateManager) -> str:
+    async with state.changes("*") as changes:
+        await state.save("{c}:live", "l")
+        with anyio.fail_after(20):
+            async for change in changes:
+                assert change.cursor is not None
+                return change.cursor
+    raise AssertionError("the watch ended")
+
+
+CURSORS: dict[str, Callable[[StateManager], Awaitable[str]]] = {
+    "head": _cursor_of_head,
+    "write": _cursor_of_write,
+    "replay": _cursor_of_replay,
+    "live": _cursor_of_live,
+}
+
+
+@pytest.mark.parametrize("form", sorted(CURSORS))
+async def test_a_cursor_from_before_the_feed_was_lost_is_expired(url: str, form: str) -> None:
+    """A cursor of any form taken before the feed was lost (and changes were made after it)
+    raises CursorExpiredError once the feed is written again, on one server and a cluster;
+    a cursor taken after the loss resumes exactly."""
+    root = unique_prefix()
+    async with StateManager(backend=RedisBackend(url=url, key_prefix=root)) as state:
+        for n in range(6):
+            await state.save(f"k{n}", 1)
+        cursor = await CURSORS[form](state)
+        for n in range(6):
+            await state.save(f"k{n}", 2)  # after the cursor, then lost
+        assert _lose_feed(url, root) > 0
+        for n in range(6):
+            await state.save(f"k{n}", 10)
+        with pytest.raises(CursorExpiredError):
+            async with state.changes("*", since=cursor):
+                pass
+        fresh = await CURSORS[form](state)  # from the feed as it is now
+        await state.save("k0", 11)
+        async with state.changes("k*", since=fresh) as changes:
+            with anyio.fail_after(20):
+                async for change in changes:
+                    assert (change.key, change.new_value) == ("k0", 11)
+                    break
+
+
+async def test_a_cluster_cursor_expires_when_streams_it_does_not_list_were_lost(
+    redis_cluster_url: str,
+) -> None:
+    """Cluster: the streams a cursor lists are intact, the others (and the feed's epoch, as
+    when the primary holding them restarted without data) were lost: CursorExpiredError."""
+    url, root = redis_cluster_url, unique_prefix()
+    async with StateManager(backend=RedisBackend(url=url, key_prefix=root)) as state:
+        for n in range(12):
+            await state.save(f"k{n}", 1)
+        cursor = await _cursor_of_write(state)  # lists the stream of {a}'s slot
+        for n in range(12):
+            await state.save(f"k{n}", 2)
+        kept = feeds.FeedNames(root, cluster=True).for_slot(_slot(root + "{a}"))
+        lost = 0
+        for client in _clients(url):
+            with client:
+                for name in list(client.scan_iter(match=f"__agenticstate_*__:*{root}*")):
+                    if name.decode() not in kept:
+                        lost += int(client.delete(name))
+        assert lost > 1
+        await state.save("k0", 3)
+        with pytest.raises(CursorExpiredError):
+            async with state.changes("*", since=cursor):
+                pass
