@@ -23,10 +23,11 @@ several streams by it. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims
 nodes, so it keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
 
 Prefixes nest: a store reads its own stream, those of the prefixes nested in it (on one server,
-the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write;
-on a cluster, the SCAN that finds the slots' streams) and those of the prefixes it is nested in
-(`ancestors`: its own prefix says which), keeping its own keys. Cursors name a stream relative
-to the store's prefix (`FeedNames.token`): a cursor belongs to the store that gave it.
+the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write,
+and again in the write script that starts its stream, so the two are never apart; on a cluster,
+the SCAN that finds the slots' streams) and those of the prefixes it is nested in (`ancestors`:
+its own prefix says which), keeping its own keys. Cursors name a stream relative to the store's
+prefix (`FeedNames.token`): a cursor belongs to the store that gave it.
 
 Cursors on one server (`Position.point`) name a point in commit order: `r1:<id>` (a change of
 the store's own stream), `r1:<id>@<stream>` (of another prefix's), `r1:<id>/<u>` (a head:
@@ -52,8 +53,19 @@ before it). A cluster cursor is exact for the pattern it was read with: the floo
 slots say what that subscription read (a live connection receives only its patterns' channels).
 Resumed with another pattern it misses nothing committed after its change, but may deliver that
 pattern's changes of unlisted slots stamped at or after the floor and committed before its change
-(duplicates, never gaps). A cluster cursor names no store: a head cursor (`c1:<ms>:`, nothing
-listed) of another key prefix or cluster is taken as a time here, not refused.
+(duplicates, never gaps).
+
+A cluster's feed has an epoch (`EPOCH`): a random token in one key per prefix
+(`__agenticstate_feedseq__:{key_prefix}#`), made when it is first read and lost with the
+streams when the cluster loses its data. Every cursor ends with the epoch its backend last read
+(`c1:<floor>:<listing>/<epoch>`); resuming reads the epoch and refuses a cursor of another one
+(`CursorExpiredError`): a cursor from before the loss, whatever streams it lists, and a head
+cursor (`c1:<ms>:/<epoch>`, nothing listed) of another prefix or cluster. A backend reads the
+epoch before its first write, after a write that started a stream (the first of its slot, or
+the first after a loss), when resuming, catching up and making a head cursor; a cursor made in
+between may carry the epoch before a loss and expire (never a gap). The epoch's key lives in
+one slot: a primary that lost its data alone is told apart for the streams a cursor lists and,
+when it held the epoch, for every stream.
 
 Reading back (`READ`, `check_start`): one script returns a page of a stream after a position
 (only the entries of the reader's keys, for a stream of an outer prefix) together with the
@@ -65,6 +77,7 @@ is newer, the page empty or starting after a gap): the latter raises `CursorExpi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
@@ -73,10 +86,11 @@ from agenticstate.backends._redis_slots import SLOTS, slot_tag
 from agenticstate.exceptions import CursorExpiredError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
 __all__ = [
     "COUNTER_NAMESPACE",
+    "EPOCH",
     "FEED_NAMESPACE",
     "FIRSTS",
     "LOOKUP",
@@ -87,6 +101,8 @@ __all__ = [
     "Position",
     "Stream",
     "ancestors",
+    "check_epoch",
+    "check_not_ahead",
     "check_start",
     "cursor_place",
     "id_text",
@@ -160,6 +176,16 @@ if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], '') end
 return found
 """
 
+# A cluster's feed epoch: a token naming this life of a prefix's feed, in one key (KEYS[1],
+# `FeedNames.epoch_key`), lost with the streams when the cluster loses its data. ARGV[1]: a fresh
+# token, kept if the key holds none. Returns the key's token.
+EPOCH = """
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
+
 # KEYS: streams. Returns each one's first retained id, or false (a stream gone or empty).
 FIRSTS = """
 local firsts = {}
@@ -224,12 +250,15 @@ class FeedNames:
     nested in this one, and those it is nested in, write their own streams).
     """
 
-    __slots__ = ("_names", "_tails", "cluster", "key_prefix", "plain")
+    __slots__ = ("_names", "_tails", "cluster", "epoch", "epoch_key", "key_prefix", "plain")
 
     def __init__(self, key_prefix: str, *, cluster: bool) -> None:
         self.key_prefix = key_prefix
         self.cluster = cluster
         self.plain = (FEED_NAMESPACE + key_prefix, COUNTER_NAMESPACE + key_prefix)
+        # A cluster's feed epoch (`EPOCH`): its key, and the value last read (`None`: unknown).
+        self.epoch_key = COUNTER_NAMESPACE + key_prefix + "#"
+        self.epoch: str | None = None
         self._names: dict[Stream, tuple[str, str]] = {}
         self._tails: dict[tuple[int, bytes], str | None] = {}
 
@@ -350,7 +379,8 @@ def make_cursor(
         for stream, at in listed.items()
         if own is None or stream != own[0]
     ]
-    return f"c1:{floor}:{','.join(parts)}"
+    epoch = "" if names.epoch is None else "/" + names.epoch
+    return f"c1:{floor}:{','.join(parts)}{epoch}"
 
 
 def point_cursor(names: FeedNames, stream: Stream, at: str, order: int | None = None) -> str:
@@ -377,7 +407,7 @@ def cursor_place(names: FeedNames, cursor: str) -> tuple[Stream, Id]:
         ((stream, at),) = position.ids.items()
         return stream, at
     floor, _, listed = cursor[3:].partition(":")
-    token, _, at_text = listed.split(",", 1)[0].partition("=")
+    token, _, at_text = listed.partition("/")[0].split(",", 1)[0].partition("=")
     delta, _, n = at_text.partition(".")
     return names.of_token(token), (int(floor) + int(delta), int(n))
 
@@ -397,6 +427,7 @@ class Position:
     earliest: bool = False
     point: bool = False
     order: int | None = None
+    epoch: str | None = None
 
     def skips(self, stream: Stream, order: int, named: Iterable[Stream] = ()) -> bool:
         """Whether an entry of `stream` with `order` was seen, though read from `start`.
@@ -443,29 +474,87 @@ def parse_cursor(cursor: str, names: FeedNames) -> Position:
         if not cluster:
             body, slash, order_text = body.partition("/")
             body, at_sign, token = body.partition("@")
-            at = parse_id(body)
-            if at[0] < 0 or at[1] < 0 or " " in body or (at_sign and not token):
+            ms_text, dash, n_text = body.partition("-")
+            if not dash or (at_sign and not token):
                 raise ValueError(cursor)
-            order = int(order_text) if slash else None
-            if order is not None and order < 0:
-                raise ValueError(cursor)
+            at = (_number(ms_text), _number(n_text))
+            order = _number(order_text) if slash else None
             stream = names.of_token("0" + token)
             floor = at[0] if order is None else order // 1000
             return Position(floor=floor, ids={stream: at}, point=True, order=order)
         floor_text, _, listed = body.partition(":")
-        position = Position(floor=int(floor_text))
-        if position.floor < 0:
-            raise ValueError(cursor)
+        listed, slash, epoch = listed.partition("/")
+        position = Position(floor=_number(floor_text))
+        if slash:
+            if not _EPOCH.fullmatch(epoch):
+                raise ValueError(cursor)
+            position.epoch = epoch
         for part in filter(None, listed.split(",")):
             token, _, at_text = part.partition("=")
             delta, dot, n = at_text.partition(".")
             stream = names.of_token(token)
-            if not dot or int(n) < 0:
+            if not dot:
                 raise ValueError(part)
-            position.ids[stream] = (position.floor + int(delta), int(n))
+            ms = position.floor + _number(delta, signed=True)
+            if not 0 <= ms <= NUMBER_MAX:
+                raise ValueError(part)
+            position.ids[stream] = (ms, _number(n))
     except ValueError:
         raise InvalidArgumentError(f"{cursor!r} is not a well-formed cursor") from None
     return position
+
+
+NUMBER_MAX = 2**63 - 1
+"""The largest number a cursor's field may hold (an id's time or count, a clock, a floor).
+
+Redis takes a stream id's parts up to 2**64 - 1; a cursor past 2**63 - 1 (292 million years of
+milliseconds) is malformed, refused before anything is sent.
+"""
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_EPOCH = re.compile(r"[0-9a-f]{8}")
+
+
+def _number(text: str, *, signed: bool = False) -> int:
+    """A cursor's numeric field: ASCII digits (a `-` first if `signed`), at most `NUMBER_MAX`.
+
+    Raises:
+        ValueError: Anything else (`+1`, `1_0`, ` 1`, other scripts' digits, out of range).
+    """
+    digits = text[1:] if signed and text[:1] == "-" else text
+    if not _DIGITS.fullmatch(digits):
+        raise ValueError(text)
+    value = int(text)
+    if abs(value) > NUMBER_MAX:
+        raise ValueError(text)
+    return value
+
+
+def check_not_ahead(cursor: str, position: Position, clocks: Sequence[int], now_us: int) -> None:
+    """Raise `CursorExpiredError` if the cursor names a time after the feed's head.
+
+    `clocks`: every primary's clock in ms (a cluster: the cursor's floor may not pass the
+    largest); `now_us`: the server's clock in microseconds (one server: a head cursor's order
+    may not pass it). Such a cursor is from another feed (another server, a clock that ran
+    ahead): resuming from it would skip the changes up to that time.
+    """
+    if position.earliest:
+        return
+    if position.point:
+        ahead = position.order is not None and position.order > now_us
+    else:
+        ahead = bool(clocks) and position.floor > max(clocks)
+    if ahead:
+        raise CursorExpiredError(cursor, _expired(cursor, trimmed=False))
+
+
+def check_epoch(cursor: str, position: Position, epoch: str) -> None:
+    """Raise `CursorExpiredError` if a cluster cursor is of another life of the feed.
+
+    `epoch`: the feed's epoch now (`EPOCH`). A cursor without one (of an earlier version) is
+    not checked.
+    """
+    if position.epoch is not None and position.epoch != epoch and not position.earliest:
+        raise CursorExpiredError(cursor, _expired(cursor, trimmed=False))
 
 
 def check_start(

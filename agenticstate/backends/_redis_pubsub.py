@@ -32,6 +32,7 @@ import hashlib
 import heapq
 import itertools
 import random
+import secrets
 import time
 import uuid
 from collections import deque
@@ -93,6 +94,7 @@ _IGNORED_LOG_EVERY = 10.0  # seconds between warnings about ignored messages
 LOOKUP_SHA = hashlib.sha1(feeds.LOOKUP.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
 READ_SHA = hashlib.sha1(feeds.READ.encode()).hexdigest()  # noqa: S324
 FIRSTS_SHA = hashlib.sha1(feeds.FIRSTS.encode()).hexdigest()  # noqa: S324
+EPOCH_SHA = hashlib.sha1(feeds.EPOCH.encode()).hexdigest()  # noqa: S324
 # A cluster marker: the node's clock (ms), published after it was read (see `_redis_feed`).
 _MARKER = """
 local t = redis.call('TIME')
@@ -1577,6 +1579,22 @@ class Subscriber:
             at = feeds.parse_id(last_read)
             start, position = "(" + feeds.id_text(at), feeds.Position(ids={stream: at})
 
+    async def _read_epoch(self) -> str:
+        """The cluster feed's epoch now (started if the key is gone), kept for new cursors.
+
+        Every cluster cursor ends with the epoch its backend last read (`/<epoch>`); a cursor
+        whose epoch is not the feed's any more is from before the feed was lost (the cluster
+        lost its data) and raises `CursorExpiredError`. Read before this backend's first write,
+        after a write started a stream (the first in its slot, or the first after a loss), when
+        resuming, when catching up and for `feed_cursor`.
+        """
+        names = self._feed_names
+        held = await self._run_script(
+            EPOCH_SHA, feeds.EPOCH, [names.epoch_key], [secrets.token_hex(4)]
+        )
+        names.epoch = held.decode() if isinstance(held, bytes) else str(held)
+        return names.epoch
+
     async def _clocks(self) -> list[int]:
         """Every primary's clock (ms), read with TIME (one server: its own)."""
         if not self.is_cluster:
@@ -1656,6 +1674,9 @@ class Subscriber:
         if self.is_cluster:
             if not self._feed_floor:
                 return False
+            held = self._feed_names.epoch
+            if held is not None and await self._read_epoch() != held:
+                return False  # the feed was lost meanwhile: the gap is not in it
             position = feeds.Position(floor=self._feed_floor, ids=dict(self._feed_last))
         else:
             point = self._point
@@ -1936,7 +1957,14 @@ class _Replay:
         position = self._position
         if position.point and position.order is None:
             position.order = await owner._order_of(*next(iter(position.ids.items())))
-        self._cap = await owner._clock_us() if self._plain else await owner._clock_floor()
+        if self._plain:
+            self._cap = await owner._clock_us()
+            feeds.check_not_ahead(self._cursor, position, (), self._cap)
+        else:
+            clocks = await owner._clocks()
+            self._cap = min(clocks)  # `_clock_floor()`, with the clocks kept for the check
+            feeds.check_not_ahead(self._cursor, position, clocks, 0)
+            feeds.check_epoch(self._cursor, position, await owner._read_epoch())
         for stream in await owner._feed_streams(list(self._position.ids)):
             pages = owner._feed_pages(stream, self._position, self._cursor)
             self._pages[stream] = pages

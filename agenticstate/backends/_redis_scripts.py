@@ -31,7 +31,9 @@ script also gets the feed's stream and its counter as its last two `KEYS` (in a 
 to the written key's slot) and the retention (max changes, max age in ms; 0 = none) in `ARGV`.
 `to_feed` then gives the change its feed id, `<ms>-<n>`: `ms` the server time (never less than the
 id before it), `n` one more than the stream's previous id, counted over the stream's whole life
-(the counter key holds the last id given, so trimming never resets it). It XADDs the change with
+(the counter key holds the last id given, so trimming never resets it). On one server the
+registries of the outer prefixes come after the counter in `KEYS`: a script that starts the stream
+joins them (`feed_at`). It XADDs the change with
 fields `k` (the Redis key), `m` (`X<id> <previous id> <W or D message>`) and `u` (the change's
 place in the server's commit order: `ORDER_FUNCTION`), trims the stream (`MAXLEN ~`, `MINID ~`)
 and publishes `F<id> <stream>`. A reader knows from the previous id whether anything between two
@@ -210,20 +212,33 @@ end
 
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
 # counter are KEYS[k] and KEYS[k + 1] and whose retention is ARGV[a] and ARGV[a + 1], or false
-# when there is no KEYS[k] (the feed is off). `to_feed(feed, key, message, now)` appends `message`
-# (a change of `key`) to the feed and returns what to publish and its id (false: no feed).
+# when there is no KEYS[k] (the feed is off); the KEYS after them (once `take_history` took off
+# the history lists) are registries of the prefixes the stream's is nested in (one server).
+# `to_feed(feed, key, message, now)` appends `message` (a change of `key`) to the feed and returns
+# what to publish and its id (false: no feed). The script that starts a stream (its counter is
+# missing: the first write, or the first after the stream was lost) adds its prefix to those
+# registries in the same atomic step, so an outer prefix's reader never misses a stream that
+# exists.
 FEED_FUNCTION = (
     ORDER_FUNCTION
     + NOTIFY_FUNCTION
     + """
 local function feed_at(k, a)
   if not KEYS[k] then return false end
-  return {KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), tonumber(ARGV[a + 1])}
+  return {KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), false, false, k + 2}
 end
 local function to_feed(feed, key, message, now)
   if not feed then return message, false end
   local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
-  if not prev then prev, feed[6] = feed_head(feed[2]) end
+  if not prev then
+    prev, feed[6] = feed_head(feed[2])
+    if prev == '0-0' then
+      -- A new stream (the first, or the old one was lost): it joins the registries given.
+      for j = feed[7], #KEYS do
+        redis.call('SADD', KEYS[j], string.sub(feed[1], FEED_CUT))
+      end
+    end
+  end
   local dash = string.find(prev, '-', 1, true)
   local ms = tonumber(string.sub(prev, 1, dash - 1))
   if now > ms then ms = now end
@@ -242,7 +257,7 @@ local function to_feed(feed, key, message, now)
   feed[5] = id
   return data, id
 end
-"""
+""".replace("FEED_CUT", str(len(FEED_NAMESPACE) + 1))
 )
 
 # One write: check the version (`expected`, -1: any) or the revision (`exprev`, -1: any), store
@@ -342,10 +357,10 @@ SET_MANY = (
     WRITE_FUNCTION
     + HISTORY_FUNCTION
     + """
+local lists = take_history()  -- first: the count below is of the ARGV without the spec
 local count = (#ARGV - 3) / 2
 local refused = refuse_foreign({unpack(KEYS, 1, count)})
 if refused then return refused end
-local lists = take_history()
 local ttl = tonumber(ARGV[1])
 local feed = feed_at(count + 2, 2)
 local rev = rev_at(count + 1)

@@ -95,7 +95,8 @@ Change feed. Unless built with `feed=None`, every write script also appends its 
 Redis stream (one per key prefix; on a cluster, one per prefix and slot, so no script crosses
 slots), trims it to the backend's `FeedRetention`, and publishes a notification of it. Prefixes
 nest: a store reads its own stream, those of the prefixes nested in it (on one server found in
-its registry, which a nested store joins before its first write: `_register_feed`) and those of
+its registry, which a nested store joins before its first write, `_register_feed`, and again in
+the write script that starts its stream anew) and those of
 the prefixes it is nested in, so it sees every change to its keys, whichever store made it. Each
 `Change` carries a `cursor`: on one server a point in commit order (`r1:<id>`, or
 `r1:<id>@<stream>` for another prefix's stream), on a cluster a vector over streams
@@ -163,7 +164,14 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import (
+        AsyncGenerator,
+        AsyncIterator,
+        Callable,
+        Iterable,
+        Mapping,
+        Sequence,
+    )
 
     import redis.asyncio as aioredis
 
@@ -337,10 +345,14 @@ class RedisBackend(Subscriber, Backend):
         )
         self.subscribe_whole_prefix = bool(subscribe_whole_prefix)
         self._init_subscriber(key_prefix, whole_prefix=self.subscribe_whole_prefix)
-        # On one server an outer prefix finds this store's feed in its registry (added once,
-        # before the first write: `_register_feed`).
+        # On one server an outer prefix finds this store's feed in its registry: added before
+        # the first write (`_register_feed`), and by every write script that starts the stream
+        # (the registries this user may write are its last keys: `_registries`).
         self._feed_unregistered = feed is not None and not self.is_cluster and bool(key_prefix)
-        self._feed_just_registered = False
+        self._registries: tuple[str, ...] = ()
+        # On a cluster every cursor carries the feed's epoch: read before the first write
+        # (`_read_epoch`), and again when a write starts a stream (`_births`).
+        self._epoch_unread = feed is not None and self.is_cluster
         self._closed = False
         # Callers beyond the pool size wait here for a connection instead of failing.
         self._connections = wire.Connections(connection_pool_size)
@@ -605,6 +617,8 @@ class RedisBackend(Subscriber, Backend):
             expected = _expectation(expected_version, expected_revision)
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread:
+            await self._first_epoch()
         kept = self._keeps_history and self._history_list(key)
         if kept:  # the history list is the script's last key, its spec the last argument
             reply = await self._script(
@@ -619,18 +633,20 @@ class RedisBackend(Subscriber, Backend):
                 history_lists.spec([(1, kept[1])]),
                 write_key=key,
             )
-            return self._set_change(key, value, reply, expected_version, name, expected_revision)
-        reply = await self._script(
-            scripts.SET_SHA,
-            scripts.SET,
-            (name, self._revision_key(name), *self._feed_keys(name)),
-            value,
-            scripts.ttl_ms(ttl),
-            expected,
-            CHANNEL_NAMESPACE + name,
-            *self._feed_argv,
-            write_key=key,
-        )
+        else:
+            reply = await self._script(
+                scripts.SET_SHA,
+                scripts.SET,
+                (name, self._revision_key(name), *self._feed_keys(name)),
+                value,
+                scripts.ttl_ms(ttl),
+                expected,
+                CHANNEL_NAMESPACE + name,
+                *self._feed_argv,
+                write_key=key,
+            )
+        if self.is_cluster and reply[0] == 1:
+            await self._births((reply[4],))
         return self._set_change(key, value, reply, expected_version, name, expected_revision)
 
     def _set_change(
@@ -671,11 +687,15 @@ class RedisBackend(Subscriber, Backend):
         return self._revision_names.for_slot(wire.key_slot(name))
 
     def _feed_keys(self, name: str) -> tuple[str, ...]:
-        """The feed stream and counter a write of Redis key `name` appends to (none when off)."""
+        """The feed stream and counter a write of Redis key `name` appends to (none when off).
+
+        On one server the registries of the outer prefixes follow: a script that starts the
+        stream joins them in the same step (`_redis_scripts.FEED_FUNCTION`).
+        """
         if self.feed is None:
             return ()
         if not self.is_cluster:
-            return self._feed_names.plain
+            return self._feed_names.plain + self._registries
         return self._feed_names.for_slot(wire.key_slot(name))
 
     def _write_cursor(self, name: str, at: bytes | None) -> str | None:
@@ -687,10 +707,6 @@ class RedisBackend(Subscriber, Backend):
             return None
         text = at.decode()
         if not self.is_cluster:
-            if text.endswith("-1") and not self._feed_just_registered:
-                # A new stream (the old one was lost): register it again.
-                self._feed_unregistered = bool(self.key_prefix)
-            self._feed_just_registered = False
             return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text)
         own: _redis_feed.Stream = (wire.key_slot(name), self.key_prefix)
         return _redis_feed.make_cursor(
@@ -712,11 +728,28 @@ class RedisBackend(Subscriber, Backend):
             return None
         if self.is_cluster:
             floor = await self._clock_floor(exact=True)
+            await self._read_epoch()
             return _redis_feed.make_cursor(self._feed_names, floor, None, {})
         last = await self._read("GET", self._feed_names.plain[1])
         now = await self._clock_us()
         text = _redis_feed.id_text(_redis_feed.parse_id(last) if last else (0, 0))
         return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text, now)
+
+    async def _first_epoch(self) -> None:
+        """Read the cluster feed's epoch before this backend's first write (`_read_epoch`)."""
+        await self._read_epoch()
+        self._epoch_unread = False
+
+    async def _births(self, ids: Iterable[Any]) -> None:
+        """After writes on a cluster: read the epoch again if one of them started a stream.
+
+        A feed id whose count is 1 starts its stream: the first in its slot, or the first after
+        the cluster lost its data. The cursors made from here on carry the epoch as it is now.
+        """
+        if self.feed is not None and any(
+            isinstance(at, bytes) and at.endswith(b"-1") and at[:-2].isdigit() for at in ids
+        ):
+            await self._read_epoch()
 
     async def _register_feed(self) -> None:
         """Add this store's prefix to the registries of the prefixes it is nested in.
@@ -724,21 +757,24 @@ class RedisBackend(Subscriber, Backend):
         A store under an outer prefix reads the feeds of the prefixes in its registry
         (`__agenticstate_feeds__:<outer prefix>`, a set) along with its own, so it replays the
         changes written through this one (see "Change feed"). Done before this backend's first
-        write to its feed, and again after a write started a new stream (the old one was lost).
-        One SADD per outer prefix; an ACL user that may not add to one is not found by it.
+        write to its feed: one SADD per outer prefix. An ACL user that may not add to one is not
+        found by it; the others become the write scripts' last keys (`_registries`), so a script
+        that starts the stream anew (the old one was lost: a restart without data) joins them
+        again in the same atomic step, whichever process writes first.
         """
-        self._feed_unregistered = False
-        self._feed_just_registered = True
+        allowed = []
         for outer in _redis_feed.ancestors(self.key_prefix):
+            registry = _redis_feed.registry_key(outer)
             try:
-                await self._execute(
-                    "SADD", _redis_feed.registry_key(outer), self.key_prefix, write_key=None
-                )
+                await self._execute("SADD", registry, self.key_prefix, write_key=None)
             except BackendError as exc:
                 if not wire.no_permission(exc):
-                    self._feed_unregistered = True
                     raise
                 log.debug("feed_not_registered", outer=outer)
+            else:
+                allowed.append(registry)
+        self._registries = tuple(allowed)
+        self._feed_unregistered = False
 
     async def set_many(
         self, items: Sequence[tuple[str, bytes]], *, ttl: timedelta | None = None
@@ -752,6 +788,8 @@ class RedisBackend(Subscriber, Backend):
         await self._redis()
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread:
+            await self._first_epoch()
         replies: list[Any] = [None] * len(items)
         # One script call per chunk of keys sharing a slot (a script's keys may not cross
         # slots in a cluster), so Redis is never blocked for long either.
@@ -782,6 +820,8 @@ class RedisBackend(Subscriber, Backend):
                 )
                 for position, reply in zip(chunk, done, strict=True):
                     replies[position] = reply
+        if self.is_cluster:
+            await self._births(reply[4] for reply in replies)
         return [
             self._set_change(key, value, reply, None, name)
             for (key, value), reply, name in zip(items, replies, names, strict=True)
@@ -827,6 +867,8 @@ class RedisBackend(Subscriber, Backend):
         expected = _expectation(expected_version, expected_revision)
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread:
+            await self._first_epoch()
         kept = self._keeps_history and self._history_list(key)
         keys = (name, self._revision_key(name), *self._feed_keys(name))
         reply = await self._script(
@@ -845,6 +887,8 @@ class RedisBackend(Subscriber, Backend):
             raise conflict(key, expected_version or 0, int(reply[1]))
         if reply[0] == 2:
             return None
+        if self.is_cluster:
+            await self._births((reply[4],))
         return new_change(
             key,
             ChangeOp.DELETE,
@@ -886,6 +930,8 @@ class RedisBackend(Subscriber, Backend):
         first = call.keys[0]
         if self._feed_unregistered:
             await self._register_feed()
+        if self._epoch_unread and call.writes:
+            await self._first_epoch()
         _redis_txn.add_written(
             call, self._revision_key(first), self._feed_keys(first), self._feed_retention
         )
@@ -901,6 +947,12 @@ class RedisBackend(Subscriber, Backend):
             await self._load_script(source)
             reply = await self._execute(*command, write_key=call.write_key)
         name = call.keys[0]
+        if self.is_cluster and call.writes:
+            # A write's feed id is among its result's fields (an old value may look like one:
+            # then the epoch is read once more, no harm).
+            await self._births(
+                field for result in reply[1] if isinstance(result, list) for field in result
+            )
         return _redis_txn.result(
             checked, reply, scripts.entry, lambda at: self._write_cursor(name, at)
         )

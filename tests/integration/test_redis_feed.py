@@ -112,6 +112,114 @@ def test_malformed_cursors_are_invalid_arguments(cursor: str) -> None:
             feeds.parse_cursor(cursor, feeds.FeedNames("p:", cluster=cluster))
 
 
+# Every numeric field of every cursor form: a template per field ({} is the field), and whether
+# the field may be negative (a cluster listing's time, relative to the floor).
+CURSOR_FIELDS: dict[bool, list[tuple[str, bool]]] = {
+    False: [
+        ("r1:{}-0", False),
+        ("r1:1-{}", False),
+        ("r1:{}-1@+sub%3A", False),
+        ("r1:1-{}@-2", False),
+        ("r1:1-1/{}", False),
+        ("r1:0-0/{}", False),
+    ],
+    True: [
+        ("c1:{}:", False),
+        ("c1:{}:5=0.1", False),
+        ("c1:100:5={}.1", True),
+        ("c1:100:5=0.{}", False),
+        ("c1:100:5=0.1,7+sub%3A=2.{}", False),
+        ("c1:100:5=0.1,7-2={}.3", True),
+    ],
+}
+# Numbers no field takes: past the range (Redis refuses ids past 2**64 - 1; cursors stop at
+# 2**63 - 1), and spellings int() would take but a cursor never holds.
+BAD_NUMBERS = [
+    "99999999999999999999",
+    "99999999999999999999999",
+    str(2**64),
+    str(2**64 - 1),
+    str(2**63),
+    "1_0",
+    "+1",
+    " 1",
+    "1 ",
+    "\u0661",  # ARABIC-INDIC DIGIT ONE
+    "",
+    "0x1",
+    "1e3",
+    "--1",
+]
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_every_numeric_field_of_every_cursor_form_is_checked(cluster: bool) -> None:
+    """Each numeric field of each cursor form takes ASCII digits up to 2**63 - 1 (a `-` where
+    it is relative), and anything else in it raises InvalidArgumentError before a command."""
+    names = feeds.FeedNames("p:", cluster=cluster)
+    for template, signed in CURSOR_FIELDS[cluster]:
+        for good in ["0", "7", str(2**40), *(["-3"] if signed else [])]:
+            feeds.parse_cursor(template.format(good), names)
+        for bad in [*BAD_NUMBERS, *([] if signed else ["-1"])]:
+            with pytest.raises(InvalidArgumentError):
+                feeds.parse_cursor(template.format(bad), names)
+    if cluster:  # in range alone, out of range once the floor is added
+        for cursor in (f"c1:{2**63 - 1}:5=1.1", "c1:5:5=-6.1"):
+            with pytest.raises(InvalidArgumentError):
+                feeds.parse_cursor(cursor, names)
+
+
+async def test_an_over_large_cursor_is_an_invalid_argument_on_the_server(url: str) -> None:
+    """Entering changes() from a cursor whose number is past Redis's range raises
+    InvalidArgumentError (never the server's "Invalid stream ID" as a BackendError)."""
+    cluster = "+cluster" in url
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        await backend.set("k", b"1")
+        for template, _ in CURSOR_FIELDS[cluster]:
+            for bad in ("99999999999999999999", str(2**64)):
+                cursor = template.format(bad)
+                with pytest.raises(InvalidArgumentError):
+                    async with backend.changes("*", since=cursor):
+                        pass
+
+
+def _ahead(cursor: str, by_ms: int) -> list[str]:
+    """Cursors like `cursor` (a head) but naming a time `by_ms` later, in each of its fields."""
+    if cursor.startswith("r1:"):
+        body, _, order = cursor[3:].partition("/")
+        ms, _, n = body.partition("-")
+        return [
+            f"r1:{body}/{int(order) + by_ms * 1000}",
+            f"r1:{int(ms) + by_ms}-{int(n) + 1}/{int(order) + by_ms * 1000}",
+            f"r1:{int(ms) + by_ms}-{int(n) + 1}",
+        ]
+    floor = int(cursor[3:].partition(":")[0])
+    slot = _slot("{x}")
+    return [
+        f"c1:{floor + by_ms}:",
+        f"c1:{floor}:{slot}={by_ms}.1",
+        f"c1:{floor + by_ms}:{slot}=0.1",
+    ]
+
+
+@pytest.mark.parametrize("by_ms", [3_600_000, 10_000])
+async def test_a_cursor_ahead_of_the_feed_head_is_expired(url: str, by_ms: int) -> None:
+    """A cursor naming a time after the feed's head (another feed's, a clock ahead) raises
+    CursorExpiredError on entry, in each of its fields, instead of skipping changes."""
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        head = await backend.feed_cursor()
+        assert head is not None
+        for n in range(6):
+            await backend.set(f"{{x}}:k{n}", b"1")
+        for cursor in _ahead(head, by_ms):
+            with pytest.raises(CursorExpiredError):
+                async with backend.changes("*", since=cursor):
+                    pass
+        async with backend.changes("*", since=head) as changes:  # the head itself resumes
+            got = await _take(changes, 6)
+        assert sorted(change.key for change in got) == [f"{{x}}:k{n}" for n in range(6)]
+
+
 async def test_streams_live_in_the_reserved_namespace_and_are_never_scanned(
     redis_url: str,
 ) -> None:

@@ -456,12 +456,7 @@ BAD: list[Any] = [
 
 
 # Rows a backend fails today, each a bug reported to its owner: strict, so a fix shows up here.
-KNOWN: dict[tuple[str | None, str], str] = {
-    ("since-other-store", "redis-cluster"): (
-        "a cluster's head cursor is a time (c1:<ms>:), the same in every store: another "
-        "prefix's cursor is taken as a time in this one, not refused (#23, h23r)"
-    ),
-}
+KNOWN: dict[tuple[str | None, str], str] = {}
 
 
 def _table() -> list[Any]:
