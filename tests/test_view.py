@@ -346,6 +346,9 @@ async def test_update_with_a_known_version_is_one_command(redis_any_url: str) ->
         await state.save("agent:1", {"n": 0})
         async with state.view("agent:*") as view:
             await view.update("agent:1", {"warm": True})  # loads the script once
+            # On a cluster the first write into a slot starts its stream (and reads the feed's
+            # epoch once): profiles are of a key whose stream exists.
+            await state.save("other:1", {"n": -1})
             # Profiles taken on a key outside the view (a change the view sees costs it a read).
             one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}), state)
             assert one_save["cmdstat_evalsha"] == 1
@@ -369,6 +372,7 @@ async def test_a_stale_update_costs_one_read_and_a_retry(redis_any_url: str) -> 
             await state.save("agent:1", {"n": 10, "warm": True, "rival": True})
             await _until(view, lambda v: _at(v, "agent:1", 3))
             await _poll(lambda: view._entries["agent:1"].expiry_known)  # its read is done
+            await state.save("other:1", {"n": -1})  # its slot's stream exists (see above)
             one_save = await _sent(redis_any_url, state.save("other:1", {"n": 0}), state)
             one_refusal = await _refusal(redis_any_url, state)
             # As if the rival's change were still on its way: the view holds version 2.

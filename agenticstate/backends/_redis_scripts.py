@@ -128,9 +128,10 @@ return found
 """
 
 # Revisions (see the module docstring). `header(cur)`: a record's version, created time (its 15
-# digits), revision, create revision and where its value starts. `refuse_foreign(names)`: an
-# error reply (WRONGTYPE, read as `ForeignRecordError`) when one of the keys holds something
-# that is not a record (another application's value), checked before a script writes anything.
+# digits), revision, create revision and where its value starts. `shaped(cur)`: whether a
+# string is a record (else another application's value: `not_ours`, an error reply read as
+# `ForeignRecordError`; `write` and `drop` check the key they read). `refuse_foreign(names)`: the
+# same for several keys, one GETRANGE each, before a multi-key script writes anything.
 # `rev_at(k)`: the revision counter KEYS[k], read once a script. `revise(rev, now_us)`: the next
 # revision.
 REVISION_FUNCTION = """
@@ -142,21 +143,21 @@ local function header(cur)
   end
   return ver, created, tonumber(string.sub(cur, 36, 50)) * 1000, tonumber(created) * 1000, 66
 end
+local function shaped(cur)
+  local first = string.byte(cur, 1)
+  if first == 43 then return #cur >= 97 and tonumber(string.sub(cur, 1, 20)) ~= nil end
+  return first == 48 and #cur >= 65 and tonumber(string.sub(cur, 1, 20)) ~= nil
+end
+local function not_ours(name)
+  return redis.error_reply('WRONGTYPE ' .. name .. ' is not an agenticstate record')
+end
 local function foreign(name)
-  local kind = redis.call('TYPE', name).ok
-  if kind == 'none' then return false end
-  if kind ~= 'string' then return true end
-  local n = redis.call('STRLEN', name)
-  local head = redis.call('GETRANGE', name, 0, 19)
-  local first = string.byte(head, 1)
-  if first == 43 then return n < 97 or not tonumber(head) end
-  return first ~= 48 or n < 65 or not tonumber(head)
+  local head = redis.call('GETRANGE', name, 0, 96)  -- a list, a hash, ...: WRONGTYPE
+  return head ~= '' and not shaped(head)
 end
 local function refuse_foreign(names)
   for _, name in ipairs(names) do
-    if foreign(name) then
-      return redis.error_reply('WRONGTYPE ' .. name .. ' is not an agenticstate record')
-    end
+    if foreign(name) then return not_ours(name) end
   end
   return false
 end
@@ -273,7 +274,8 @@ clock = t
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
-  local cur = redis.call('GET', key)
+  local cur = redis.call('GET', key)  -- another type than a string: WRONGTYPE
+  if cur and not shaped(cur) then return not_ours(key) end
   local ver = 0
   local created, crev, old = nil, nil, false  -- crev: the create revision's 16 digits
   if cur then
@@ -338,8 +340,6 @@ SET = (
     + EXPECT_FUNCTION
     + HISTORY_FUNCTION
     + """
-local refused = refuse_foreign({KEYS[1]})
-if refused then return refused end
 local lists = take_history()
 local ttl = tonumber(ARGV[2])
 local expected, exprev = expectation(ARGV[3])
@@ -380,7 +380,8 @@ return replies
 # missing, or {0, actual version or revision} on a conflict (expected, exprev -1 = any).
 DROP_FUNCTION = """
 local function drop(key, expected, channel, now, feed, rev, exprev, now_us)
-  local cur = redis.call('GET', key)
+  local cur = redis.call('GET', key)  -- another type than a string: WRONGTYPE
+  if cur and not shaped(cur) then return not_ours(key) end
   local ver, curev, at = 0, 0, 66
   if cur then
     local created, crev
@@ -415,8 +416,6 @@ DELETE = (
     + EXPECT_FUNCTION
     + HISTORY_FUNCTION
     + """
-local refused = refuse_foreign({KEYS[1]})
-if refused then return refused end
 local lists = take_history()
 local t = redis.call('TIME')
 clock = t
