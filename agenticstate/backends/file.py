@@ -89,7 +89,7 @@ import anyio.to_thread
 
 from agenticstate._checks import seconds
 from agenticstate._glob import compile_glob
-from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._keys import validate_key, validate_key_prefix, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import EventLike, event_factory, soon_scheduler, spawn_service
 from agenticstate.backends import _file_io, _file_lock, _file_log
@@ -251,7 +251,7 @@ class FileBackend(Backend):
         self.format: FileFormat = format
         self.preferred_format = format
         self.compression = compression
-        self.key_prefix = key_prefix
+        self.key_prefix = validate_key_prefix(key_prefix)
         self.durability: Durability = durability
         self.auto_save = auto_save
         self.save_interval = save_interval

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.lowlevel
 
 from agenticstate._glob import compile_glob
-from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._keys import validate_key, validate_key_prefix, validate_pattern
 from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
 from agenticstate.backends._urls import url_query
@@ -89,7 +89,7 @@ class MemoryBackend(Backend):
     ) -> None:
         if feed is not None and not isinstance(feed, FeedRetention):
             raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
-        self.key_prefix = key_prefix
+        self.key_prefix = validate_key_prefix(key_prefix)
         self.feed = feed
         self._local = LocalStore()
         self._fanout = ChangeFanout()

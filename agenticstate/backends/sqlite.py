@@ -62,7 +62,7 @@ import anyio.to_thread
 
 from agenticstate._checks import duration
 from agenticstate._glob import compile_glob
-from agenticstate._keys import validate_key, validate_pattern
+from agenticstate._keys import validate_key, validate_key_prefix, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
@@ -210,7 +210,7 @@ class SQLiteBackend(Backend):
         if not isinstance(create, bool) or not isinstance(read_only, bool):
             raise ConfigurationError("create and read_only must be bools")
         self.path = Path(path)
-        self.key_prefix = key_prefix
+        self.key_prefix = validate_key_prefix(key_prefix)
         self.create = create and not read_only
         self.read_only = read_only
         largest = schema.max_value_size(key_prefix)
