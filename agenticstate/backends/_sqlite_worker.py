@@ -8,7 +8,6 @@ back to the loop with one thread-safe callback, where each waiting task is woken
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sqlite3
 import threading
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from agenticstate.backends._paths import path_error
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -164,7 +164,7 @@ def open_errors(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise _path_error(path, exc) from exc
+        raise path_error(path, exc) from exc
     except sqlite3.OperationalError as exc:
         name = getattr(exc, "sqlite_errorname", "")
         if name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")):
@@ -177,23 +177,6 @@ def open_errors(path: Path) -> Iterator[None]:
                 "all; it was left as it is"
             ) from exc
         raise translated(exc, f"open the database {path}") from exc
-
-
-def _path_error(path: Path, exc: OSError) -> BackendError | ConfigurationError:
-    causes = {
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-        errno.EROFS: "read-only file system",
-        errno.EISDIR: "is a directory",
-        errno.ENOTDIR: "a part of the path is not a directory",
-        errno.EEXIST: "a part of the path is not a directory",  # from mkdir
-        errno.ENAMETOOLONG: "the name is too long",
-        errno.ELOOP: "too many symbolic links",
-    }
-    cause = causes.get(exc.errno or 0)
-    if cause is None:  # a full disk, an I/O error: the storage failed, the path may be fine
-        return BackendUnavailableError(f"could not open {path}: {exc.strerror or exc}")
-    return ConfigurationError(f"could not open {path}: {cause} ({exc.strerror or exc})")
 
 
 def _diagnose(path: Path) -> str:

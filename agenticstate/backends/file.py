@@ -131,6 +131,7 @@ from agenticstate.backends._file_log import (
     UnencodableRecordsError,
 )
 from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
+from agenticstate.backends._paths import check_path_text, path_errors
 from agenticstate.backends._urls import url_query
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -247,6 +248,8 @@ class FileBackend(Backend):
         name = file_name or f"state.{'json' if format == 'json' else 'msgpack'}"
         if not name or "/" in name or name in (".", ".."):
             raise ConfigurationError(f"file_name must be a plain file name, not {name!r}")
+        check_path_text(name, "file_name")
+        check_path_text(base_path, "store directory")
         self.base_path = Path(base_path)
         self.format: FileFormat = format
         self.preferred_format = format
@@ -381,14 +384,23 @@ class FileBackend(Backend):
                 self._is_open = True
 
     def _open_sync(self) -> None:
-        if not self.create and not self.exists():
+        with path_errors(self.base_path):
+            if self.base_path.exists() and not self.base_path.is_dir():
+                raise ConfigurationError(
+                    f"could not open {self.base_path}: it is not a directory (a file store is "
+                    "a directory)"
+                )
+            there = self.exists()
+        if not self.create and not there:
             raise NotFoundError(
                 f"no file store at {self.snapshot_path}: neither it nor {self.log_path.name} "
                 "exists, and create=False"
             )
-        with translate(f"create the store directory {self.base_path}"):
+        with path_errors(self.base_path):
             self.base_path.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire(self.snapshot_path)
+            # The lock file is the first file opened in the directory: a directory this user
+            # cannot write is a path to fix, reported as such.
+            self._lock.acquire(self.snapshot_path)
         _file_lock.track(self)
         try:
             self._refuse_other_format()

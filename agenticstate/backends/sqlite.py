@@ -67,6 +67,7 @@ from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
 from agenticstate.backends._local import feed_from_query, run_transaction
+from agenticstate.backends._paths import check_path_text
 from agenticstate.backends._sqlite_feed import (
     Feed,
     SQLiteChangeStream,
@@ -207,6 +208,7 @@ class SQLiteBackend(Backend):
             raise ConfigurationError(f"feed must be a FeedRetention, not {feed!r}")
         if str(path) in ("", ":memory:"):
             raise ConfigurationError("SQLiteBackend needs a database file path")
+        check_path_text(path, "SQLite database")
         if not isinstance(create, bool) or not isinstance(read_only, bool):
             raise ConfigurationError("create and read_only must be bools")
         self.path = Path(path)

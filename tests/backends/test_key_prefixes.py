@@ -11,10 +11,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from contextlib import AsyncExitStack
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,8 +24,13 @@ from agenticstate import (
     SQLiteBackend,
 )
 from agenticstate.backends import open_backend
-from agenticstate.backends.base import Backend
 from tests.helpers import unique_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from agenticstate.backends.base import Backend
 
 BAD_PREFIXES: list[object] = [
     "app1",  # no boundary: would see every key of `app12:`
@@ -54,7 +57,7 @@ MAKERS: dict[str, Callable[[Path, Any], object]] = {
 @pytest.mark.parametrize("prefix", BAD_PREFIXES, ids=repr)
 @pytest.mark.parametrize("maker", MAKERS)
 def test_every_backend_refuses_a_bad_prefix(maker: str, prefix: object, tmp_path: Path) -> None:
-    """Every backend and URL scheme refuses a prefix without the `:` boundary, and creates nothing."""
+    """Every backend and URL scheme refuses a bad prefix, and creates nothing."""
     with pytest.raises(ConfigurationError):
         MAKERS[maker](tmp_path, prefix)
     assert list(tmp_path.iterdir()) == []
@@ -65,7 +68,9 @@ def test_every_backend_refuses_a_bad_prefix(maker: str, prefix: object, tmp_path
 PREFIXES = ["", "app:", "app:x:", "app1:", "app12:", "app1*:", "a[1]:"]
 
 
-async def _shared(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[str], Backend]:
+async def _shared(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Callable[[str], Backend]:
     if kind == "sqlite":
         return lambda prefix: SQLiteBackend(tmp_path / "shared.db", key_prefix=prefix)
     url = request.getfixturevalue("redis_url")
@@ -77,7 +82,7 @@ async def _shared(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
 async def test_every_prefix_pair_sees_exactly_its_nested_keys(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """For every pair of prefixes on one shared store, a prefix lists and reads another's key only when nested."""
+    """On a shared store, a prefix lists and reads another prefix's key exactly when nested."""
     make = await _shared(kind, tmp_path, request)
     async with AsyncExitStack() as stack:
         stores: dict[str, Backend] = {}
@@ -93,6 +98,7 @@ async def test_every_prefix_pair_sees_exactly_its_nested_keys(
             full = f"{other}k{len(other)}"
             if full.startswith(mine):
                 entry = await stores[mine].get(full[len(mine) :])
-                assert entry is not None and entry.value == other.encode(), (mine, other)
+                assert entry is not None, (mine, other)
+                assert entry.value == other.encode(), (mine, other)
         # A prefix that is the start of another's name reads nothing of it.
         assert await stores["app1:"].get("2:k6") is None
