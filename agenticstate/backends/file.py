@@ -73,6 +73,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import stat
 import sys
 import time
 import uuid
@@ -1460,6 +1461,7 @@ class FileBackend(Backend):
             try:
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                 try:
+                    _keep_mode(fd, self.snapshot_path)
                     _file_io.write_all(fd, data)
                     _file_io.fsync(fd)
                 finally:
@@ -1562,7 +1564,7 @@ class FileBackend(Backend):
         with translate(f"write the repaired log {self.log_path}"):
             temp.unlink(missing_ok=True)  # left by an interrupted repair: we hold the lock
             try:
-                _write_new_file(temp, kept)
+                _write_new_file(temp, kept, like=self.log_path)
                 os.replace(temp, self.log_path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -1698,11 +1700,31 @@ class FileRepairReport:
     damaged_copy: Path | None
 
 
-def _write_new_file(path: Path, data: bytes) -> None:
-    """Write `data` to a new file at `path` (0600) and make it durable; remove it on failure."""
+def _keep_mode(fd: int, existing: Path) -> None:
+    """Give the new file `fd`, about to replace `existing`, its mode and group.
+
+    A file that exists keeps its mode (a store shared with a group stays as its owner set it)
+    when it is replaced by a rename. The group is kept where this user may set it.
+    """
+    try:
+        status = os.stat(existing)
+    except FileNotFoundError:
+        return  # a new file: 0600
+    os.fchmod(fd, stat.S_IMODE(status.st_mode))
+    with contextlib.suppress(OSError):  # not a member of that group: the mode alone is kept
+        os.fchown(fd, -1, status.st_gid)
+
+
+def _write_new_file(path: Path, data: bytes, *, like: Path | None = None) -> None:
+    """Write `data` to a new file at `path` (0600, or the mode of `like`) and make it durable.
+
+    The new file is removed on failure.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         try:
+            if like is not None:
+                _keep_mode(fd, like)
             _file_io.write_all(fd, data)
             _file_io.fsync(fd)
         finally:
