@@ -686,7 +686,7 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
 
         if args.command == "import":
             made = _open_url(args.destination, args.prefix, create=True)
-            limit = getattr(made, "MAX_VALUE_BYTES", None)
+            limit = transfer.value_limit(made)
             try:
                 # The whole file first: a bad file neither creates the store nor writes to it.
                 await anyio.to_thread.run_sync(

@@ -23,7 +23,7 @@ The dump format (`DUMP_FORMAT`, version `DUMP_VERSION`) is JSON lines, one objec
 (each object on one line). The header comes first and the `end` line last, so a truncated dump
 is refused; `import_state` checks the whole file before it writes anything (`check_dump`): every
 line, key, value, index member and score, and each value against the destination's largest
-(`MAX_VALUE_BYTES`, where a backend has one), so an import never stops part-way on bad input.
+(`value_limit`, where a backend has one), so an import never stops part-way on bad input.
 
 A score is a JSON number, or the string `"inf"` or `"-inf"`: scores may be infinite (a counter
 that overflowed; see the backend contract), and JSON has no infinity. (A dump written before
@@ -72,6 +72,7 @@ __all__ = [
     "copy_state",
     "export_state",
     "import_state",
+    "value_limit",
 ]
 
 DUMP_FORMAT = "agenticstate-dump"
@@ -477,6 +478,23 @@ def _parse_index(number: int, record: dict[str, Any]) -> tuple[str, dict[str, fl
         raise _bad(number, str(exc)) from None
 
 
+def value_limit(backend: object) -> int | None:
+    """The largest value `backend` accepts, in bytes, or `None` if it states no limit.
+
+    Backends state it by two names: the file backend's class constant `MAX_VALUE_BYTES` and the
+    SQLite backend's `max_value_size` option (lower by choice); the smaller one counts.
+    """
+    limits = [
+        limit
+        for limit in (
+            getattr(backend, "MAX_VALUE_BYTES", None),
+            getattr(backend, "max_value_size", None),
+        )
+        if type(limit) is int and limit > 0
+    ]
+    return min(limits) if limits else None
+
+
 def check_dump(path: str | Path, *, max_value: int | None = None) -> None:
     """Read a whole dump and raise on its first problem: what `import_state` checks first.
 
@@ -526,9 +544,10 @@ async def import_state(
 ) -> TransferProgress:
     """Write the keys and indexes of a dump file (from `export_state`) into `destination`.
 
-    The whole file is checked first (`check_dump`, with the destination's `MAX_VALUE_BYTES`
-    if it has one): a malformed, truncated or newer dump raises and writes nothing. Keys whose
-    TTL ran out since the export are skipped. Running it again is safe.
+    The whole file is checked first (`check_dump`, with the destination's largest value,
+    `value_limit`, if it has one): a malformed, truncated or newer dump, or one with a value
+    the destination would refuse, raises and writes nothing. Keys whose TTL ran out since the
+    export are skipped. Running it again is safe.
 
     Raises:
         SerializationError: The file is not a complete, well-formed dump.
@@ -536,7 +555,7 @@ async def import_state(
         OSError: The file cannot be read.
     """
     source = Path(path)
-    check_dump(source, max_value=getattr(destination, "MAX_VALUE_BYTES", None))
+    check_dump(source, max_value=value_limit(destination))
     done = TransferProgress()
     batch: list[Entry] = []
     now = utcnow()
