@@ -714,13 +714,25 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
                     raise _CommandError(message, EXIT_USAGE) from None
     progress.clear()
     totals = {"entries": done.entries, "indexes": done.indexes, "skipped": done.skipped}
-    _out(
+    report = (
         _dump(totals)
         if args.json
         else f"{args.command}: {done.entries} keys, "
         f"{done.indexes} indexes, {done.skipped} skipped (expired or gone)"
     )
+    if args.command == "export" and _is_stdout(args.file):
+        sys.stderr.write(report + "\n")  # the dump went to stdout: the totals must not follow it
+    else:
+        _out(report)
     return EXIT_OK
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether `path` is this process's standard output (`/dev/stdout`, `/proc/self/fd/1`)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError):
+        return False
 
 
 async def _repair(args: argparse.Namespace, progress: Progress) -> int:

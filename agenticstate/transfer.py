@@ -40,9 +40,11 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -256,15 +258,41 @@ def _sync_directory(directory: Path) -> None:
 
 
 class _DumpFile:
-    """The temporary file an export writes, buffered, renamed into place by `commit`."""
+    """Where an export writes: a temporary file renamed into place by `commit`, or a stream.
+
+    A regular file (or a name that does not exist yet) is written beside its final name and
+    renamed over it when complete. A symbolic link is followed: the file it names is replaced
+    that way, and the link stays. Anything else that is not a directory (a FIFO, a character
+    device such as `/dev/stdout` or `/dev/null`) is written through, as `cat > FILE` would:
+    it is never replaced, and a stopped export leaves what it wrote so far in it. A FIFO that
+    no process reads is refused (`ENXIO`) instead of waited on.
+    """
 
     def __init__(self, target: Path) -> None:
         if target.is_dir():
             raise IsADirectoryError(21, "Is a directory", str(target))
-        self.target = target
-        self.fd, self.path = _create_temp(target)
+        try:
+            mode = os.stat(target).st_mode  # follows symbolic links
+        except FileNotFoundError:
+            mode = None
         self.pending: list[str] = []
         self.size = 0
+        self.stream = mode is not None and not stat.S_ISREG(mode)
+        if self.stream:
+            self.target = target
+            self.path: Path | None = None
+            # Non-blocking: a FIFO nobody reads is refused (ENXIO) rather than waited on.
+            try:
+                self.fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO and stat.S_ISFIFO(mode or 0):
+                    raise OSError(exc.errno, "no process reads this FIFO", str(target)) from exc
+                raise
+            os.set_blocking(self.fd, True)
+        else:
+            # The file a symbolic link names (a dangling one: the file it would name).
+            self.target = Path(os.path.realpath(target)) if target.is_symlink() else target
+            self.fd, self.path = _create_temp(self.target)
 
     async def add(self, line: str) -> None:
         self.pending.append(line)
@@ -280,6 +308,10 @@ class _DumpFile:
 
     async def commit(self) -> None:
         await self.flush()
+        if self.path is None:  # a stream: written through, nothing to sync or rename
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+            return
         await anyio.to_thread.run_sync(_sync, self.fd)
         fd, self.fd = self.fd, -1
         os.close(fd)
@@ -292,8 +324,9 @@ class _DumpFile:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
-        with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
 
 
 async def export_state(
@@ -306,7 +339,9 @@ async def export_state(
     """Write every key matching `pattern`, and its indexes, to a dump file (see above).
 
     The file is written beside its final name, created readable by its owner only (0600), and
-    renamed into place when complete; whatever fails, nothing is left behind.
+    renamed into place when complete; whatever fails, nothing is left behind. A symbolic link
+    is followed (the file it names is replaced, the link stays); a FIFO or a device
+    (`/dev/stdout`) is written through, never replaced.
 
     Returns:
         The totals.

@@ -96,6 +96,11 @@ def prepare(path: Path, *, create: bool, read_only: bool) -> Access:
     with open_errors(path):
         if path.is_dir():
             raise ConfigurationError(f"{path} is a directory, not an SQLite database file")
+        if path.exists() and not path.is_file():
+            raise ConfigurationError(
+                f"{path} is not a regular file (a FIFO, a device or a socket), not an SQLite "
+                "database file; it was left as it is"
+            )
         if not path.exists() or _is_empty(path):
             if read_only or not create:
                 state = "is empty" if path.exists() else "does not exist"

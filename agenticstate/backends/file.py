@@ -391,6 +391,12 @@ class FileBackend(Backend):
                     f"could not open {self.base_path}: it is not a directory (a file store is "
                     "a directory)"
                 )
+            for name in (self.snapshot_path, self.log_path, self.lock_path):
+                if name.exists() and not name.is_file():
+                    raise ConfigurationError(
+                        f"could not open {name}: it is not a regular file (a directory, a FIFO, "
+                        "a device or a socket); it was left as it is"
+                    )
             there = self.exists()
         if not self.create and not there:
             raise NotFoundError(
