@@ -880,7 +880,7 @@ async def _stoppable(run: Callable[..., Awaitable[int]], *args: Any) -> int:
         async def command() -> None:
             try:
                 outcome["code"] = await run(*args)
-            except Exception as exc:  # re-raised below, outside the task group
+            except Exception as exc:  # noqa: BLE001  # re-raised below, outside the task group
                 outcome["error"] = exc
             finally:
                 group.cancel_scope.cancel()
