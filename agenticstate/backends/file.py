@@ -1024,12 +1024,13 @@ class FileBackend(Backend):
         """Why this process may no longer be the store's only owner, or `None`.
 
         Its lock file was deleted or replaced (so another process may have locked a new one and
-        opened the store), or the log holds what this process did not append. With `lock=False`
+        opened the store), its log was deleted or replaced (later writes would go to a file no
+        path names), or the log holds what this process did not append. With `lock=False`
         only the log is checked (an `fstat`, cheaper than looking the lock file up by path).
         """
         if lock:
             self._lock_checked = time.monotonic()
-            lost = self._lock.lost()
+            lost = self._lock.lost() or self._commit_log.unlinked()
             if lost is not None:
                 return lost
         if self._commit_log.written_by_another():
