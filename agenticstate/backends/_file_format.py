@@ -749,10 +749,21 @@ def tail_damage(data: bytes, end: int) -> str | None:
     tail = data[end:]
     if not tail.strip(b"\0"):
         return None  # nothing, or zeros: a power loss on some filesystems leaves those
+    header = FRAME_HEADER.size
+    if len(tail) > header:
+        length, crc = FRAME_HEADER.unpack_from(data, end)
+        if (
+            length > 0
+            and header + length > len(tail)
+            and _looks_like_a_frame(data, end + header, len(data))
+            and not _length_damaged(data, end, crc)
+        ):
+            # A frame that begins as one and runs past the end: an append a crash tore. Bytes
+            # inside it that look like a frame are its payload (a value may hold a frame).
+            return None
     after = next_intact_frame(data, end)
     if after is not None:
         return f"an intact frame follows at byte {after}"
-    header = FRAME_HEADER.size
     if len(tail) < header:
         return None  # a header cut short
     length, crc = FRAME_HEADER.unpack_from(data, end)
@@ -765,6 +776,41 @@ def tail_damage(data: bytes, end: int) -> str | None:
     return None  # cut short: the append was torn
 
 
+def _length_damaged(data: bytes, start: int, crc: int) -> bool:
+    """Whether the frame at `start`, which says it runs past the end, has a damaged length.
+
+    Then its body is whole, and ends where the log ends or where the rest of the log, intact
+    frames back to back, begins; its checksum matches the bytes up to there. A torn append's
+    checksum matches no such prefix (it covers bytes the crash never wrote), so the frames
+    that its payload may hold (a value may hold a frame's bytes) are never taken for the log.
+    """
+    header = FRAME_HEADER.size
+    body = start + header
+    ends = [len(data)]
+    for match in _FRAME_START.finditer(data, body + 2 + header):
+        offset = match.start() - header
+        if intact_frame(data, offset) is not None and _frames_run_to_the_end(data, offset):
+            ends.append(offset)
+    return any(zlib.crc32(data[body:end]) == crc for end in ends)
+
+
+def _frames_run_to_the_end(data: bytes, offset: int) -> bool:
+    """Whether intact frames run back to back from `offset` to the end of `data` (or zeros)."""
+    header = FRAME_HEADER.size
+    while offset < len(data):
+        frame = intact_frame(data, offset)
+        if frame is None:
+            return not data[offset:].strip(b"\0")
+        offset += header + len(frame)
+    return True
+
+
+def frame_lsns(body: bytes) -> tuple[int, int]:
+    """The lowest and highest sequence numbers of the records in an intact frame."""
+    lsns = [record[0] for record in decode_frame(body)]
+    return min(lsns), max(lsns)
+
+
 def salvage_frames(data: bytes) -> tuple[list[tuple[int, bytes]], list[tuple[int, int]]]:
     """Every intact frame of a damaged log, and the byte ranges between them that are not.
 
@@ -774,15 +820,44 @@ def salvage_frames(data: bytes) -> tuple[list[tuple[int, bytes]], list[tuple[int
     frames: list[tuple[int, bytes]] = []
     dropped: list[tuple[int, int]] = []
     offset, header = 0, FRAME_HEADER.size
+    last_lsn = 0
     while offset < len(data):
         body = intact_frame(data, offset)
-        if body is not None:
-            frames.append((offset, body))
+        if body is not None and frame_lsns(body)[0] <= last_lsn:
+            # Sequence numbers only grow along a log: a frame that goes back is not one of its
+            # own (the bytes of a frame inside a value's payload), so its writes are not kept.
+            dropped.append((offset, offset + header + len(body)))
             offset += header + len(body)
             continue
-        after = next_intact_frame(data, offset)
-        end = len(data) if after is None else after
+        if body is not None:
+            frames.append((offset, body))
+            last_lsn = frame_lsns(body)[1]
+            offset += header + len(body)
+            continue
+        end = _declared_end(data, offset)
+        if end is None:
+            after = next_intact_frame(data, offset)
+            end = len(data) if after is None else after
         if data[offset:end].strip(b"\0"):
             dropped.append((offset, end))
         offset = end
     return frames, dropped
+
+
+def _declared_end(data: bytes, offset: int) -> int | None:
+    """Where the damaged frame at `offset` ends, if its length field can be trusted.
+
+    It can when an intact frame (or the end of the log) begins exactly where it says the
+    frame ends: its damage is in its checksum or payload, and whatever looks like a frame
+    inside it is payload (a value may hold a frame's bytes), never kept.
+    """
+    header = FRAME_HEADER.size
+    if offset + header > len(data):
+        return None
+    length, _ = FRAME_HEADER.unpack_from(data, offset)
+    end = offset + header + length
+    if length < 2 or end > len(data):
+        return None
+    if end == len(data) or intact_frame(data, end) is not None:
+        return end
+    return None
