@@ -1547,6 +1547,7 @@ class FileBackend(Backend):
             if kept == data:
                 return report
             copy = self._write_repaired_log(data, kept)
+            self._seal_revisions_after_repair(report.bytes_dropped)
             log.info(
                 "file_store_repaired",
                 path=str(self.log_path),
@@ -1556,6 +1557,43 @@ class FileBackend(Backend):
             return dataclasses.replace(report, damaged_copy=copy)
         finally:
             self._lock.release()
+
+    def _seal_revisions_after_repair(self, dropped: int) -> None:
+        """Make the repaired store's next revision greater than any the dropped bytes held.
+
+        The dropped writes were acknowledged with their revisions and cursors; giving those
+        numbers to new writes would let a compare-and-set on a lost write's revision succeed
+        against a different write, and a consumer resuming from a lost write's cursor skip the
+        new one. Each write takes at least a byte of the log, so the numbers the dropped bytes
+        held are at most `dropped` above the last one kept: a snapshot is written with its
+        sequence number that far on (under the owner lock this repair holds), and the log
+        emptied. Revisions then skip at most `dropped` numbers, once.
+        """
+        twin = FileBackend(
+            self.base_path,
+            format=self.format,
+            compression=self.compression,
+            durability=self.durability,
+            file_name=self.snapshot_path.name if self._explicit_name else None,
+            feed=self.feed,
+            create=False,
+        )
+        twin._lock = self._lock  # held by this repair: the twin's ownership checks use it
+        try:
+            journal = twin._load_snapshot()
+            twin._start_feed(journal)
+            twin._replay_log()
+            twin._lsn += dropped
+            if twin._ring is not None:
+                twin._ring.head = twin._lsn
+            twin._write_snapshot(
+                dict(twin._local.data),
+                {name: index.items() for name, index in twin._local.indexes.items()},
+                twin._lsn,
+                twin._journal(),
+            )
+        finally:
+            twin._commit_log.close()
 
     def _write_repaired_log(self, original: bytes, kept: bytes) -> Path:
         """Keep `original` as a copy, then put `kept` in the log's place (atomically)."""
