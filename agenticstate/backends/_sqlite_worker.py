@@ -11,6 +11,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -241,6 +242,48 @@ def _wake(jobs: list[Job]) -> None:
         job.event.set()
 
 
+class ForkGuard:
+    """Held by a worker while its connection may hold SQLite locks; `os.fork` waits for it.
+
+    SQLite keeps, per process, which of its connections hold which locks on a file. A process
+    forked while a connection holds one (inside a write transaction) starts with that record
+    and no thread to release it: every connection it opens to the file then waits for a lock
+    nobody holds, and its writes time out. So a fork in this process waits until no worker is
+    inside a batch (or opening): at most one transaction, which waits for another process's
+    lock for at most the backend's `lock_timeout`.
+    """
+
+    __slots__ = ("__weakref__", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        _GUARDS.add(self)
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+_GUARDS: weakref.WeakSet[ForkGuard] = weakref.WeakSet()
+_HELD: list[ForkGuard] = []
+
+
+def _before_fork() -> None:
+    for guard in list(_GUARDS):
+        guard.lock.acquire()
+        _HELD.append(guard)
+
+
+def _after_fork() -> None:
+    while _HELD:
+        _HELD.pop().lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
 class Worker:
     """A thread with one connection that runs queued jobs in batches.
 
@@ -273,6 +316,7 @@ class Worker:
         self.failure: BaseException | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.guard = ForkGuard()
 
     def start(self) -> None:
         """Start the thread and wait until its connection is open (call from a worker thread).
@@ -306,7 +350,8 @@ class Worker:
 
     def _main(self) -> None:
         try:
-            self.conn = self._open_connection()
+            with self.guard:
+                self.conn = self._open_connection()
         except BaseException as exc:  # noqa: BLE001  # start() raises it on the loop's side
             self.failure = exc
             self._started.set()
@@ -322,7 +367,8 @@ class Worker:
                     count = min(len(self._jobs), self._max_batch)
                     batch = [self._jobs.popleft() for _ in range(count)]
                 try:
-                    self._run_batch(self.conn, batch)
+                    with self.guard:
+                        self._run_batch(self.conn, batch)
                 except Exception as exc:  # noqa: BLE001  # a bug must not strand the callers
                     failure = BackendError(f"the SQLite worker failed: {type(exc).__name__}: {exc}")
                     for job in batch:
@@ -330,7 +376,7 @@ class Worker:
                             job.result, job.error = None, failure
                 self._hand_back(batch)
         finally:
-            with contextlib.suppress(sqlite3.Error):
+            with self.guard, contextlib.suppress(sqlite3.Error):
                 self.conn.close()
 
     def _hand_back(self, batch: list[Job]) -> None:
