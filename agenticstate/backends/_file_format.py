@@ -855,7 +855,7 @@ def _declared_end(data: bytes, offset: int) -> int | None:
     if offset + header > len(data):
         return None
     length, _ = FRAME_HEADER.unpack_from(data, offset)
-    end = offset + header + length
+    end: int = offset + header + length
     if length < 2 or end > len(data):
         return None
     if end == len(data) or intact_frame(data, end) is not None:
