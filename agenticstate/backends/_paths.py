@@ -51,7 +51,8 @@ def path_error(path: Path, exc: OSError) -> BackendUnavailableError | Configurat
     cause = PATH_CAUSES.get(exc.errno or 0)
     if cause is None:
         return BackendUnavailableError(f"could not open {path}: {exc.strerror or exc}")
-    return ConfigurationError(f"could not open {path}: {cause} ({exc.strerror or exc})")
+    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return ConfigurationError(f"could not open {path}: {cause} ({name})")
 
 
 @contextlib.contextmanager
