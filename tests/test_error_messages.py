@@ -10,7 +10,6 @@ import pytest
 
 from agenticstate import AgentRecoveryManager, ScopedState, StateConfig, StateManager, sync
 from agenticstate.exceptions import (
-    BackendError,
     ConfigurationError,
     InvalidArgumentError,
     UnsupportedTypeError,
