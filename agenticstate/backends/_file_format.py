@@ -777,30 +777,56 @@ def tail_damage(data: bytes, end: int) -> str | None:
 
 
 def _length_damaged(data: bytes, start: int, crc: int) -> bool:
-    """Whether the frame at `start`, which says it runs past the end, has a damaged length.
+    """Whether the frame at `start`, which says it runs past the end, is damage, not torn.
 
-    Then its body is whole, and ends where the log ends or where the rest of the log, intact
-    frames back to back, begins; its checksum matches the bytes up to there. A torn append's
-    checksum matches no such prefix (it covers bytes the crash never wrote), so the frames
-    that its payload may hold (a value may hold a frame's bytes) are never taken for the log.
+    It is when the log goes on after it: from some point inside it to the end, intact frames
+    run back to back with sequence numbers above every one before `start` (the rest of the
+    log, after a damaged length field or bytes lost from the frame), or its checksum matches
+    its bytes up to where such frames begin (only its length field is damaged). A torn
+    append's bytes hold neither, unless its value holds such frames and the crash tore it
+    exactly where they end: then the store is refused, as for damage.
     """
     header = FRAME_HEADER.size
     body = start + header
-    ends = [len(data)]
+    if zlib.crc32(data[body:]) == crc:
+        return True
+    last: int | None = None  # looked up only if a frame is found in the bytes
     for match in _FRAME_START.finditer(data, body + 2 + header):
         offset = match.start() - header
-        if intact_frame(data, offset) is not None and _frames_run_to_the_end(data, offset):
-            ends.append(offset)
-    return any(zlib.crc32(data[body:end]) == crc for end in ends)
+        if intact_frame(data, offset) is None:
+            continue
+        if last is None:
+            last = _last_lsn(data, start)
+        if _frames_run_to_the_end(data, offset, last):
+            return True
+    return False
 
 
-def _frames_run_to_the_end(data: bytes, offset: int) -> bool:
-    """Whether intact frames run back to back from `offset` to the end of `data` (or zeros)."""
+def _last_lsn(data: bytes, end: int) -> int:
+    """The highest sequence number in the whole frames before `end` (0: none)."""
+    last = None
+    for offset, _ in whole_frames(data[:end]):
+        last = offset
+    if last is None:
+        return 0
+    body = intact_frame(data, last)
+    return 0 if body is None else frame_lsns(body)[1]
+
+
+def _frames_run_to_the_end(data: bytes, offset: int, above: int) -> bool:
+    """Whether intact frames run back to back from `offset` to the end of `data` (or zeros).
+
+    Their sequence numbers must grow, from above `above`, as a log's do.
+    """
     header = FRAME_HEADER.size
     while offset < len(data):
         frame = intact_frame(data, offset)
         if frame is None:
             return not data[offset:].strip(b"\0")
+        low, high = frame_lsns(frame)
+        if low <= above:
+            return False
+        above = high
         offset += header + len(frame)
     return True
 
