@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from datetime import date, datetime, timedelta
@@ -870,7 +871,7 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
         if args.command == "import":
             made = _open_url(args.destination, args.prefix, create=True)
             _refuse_memory(made, args.destination, "import")
-            limit = getattr(made, "MAX_VALUE_BYTES", None)
+            limit = transfer.value_limit(made)
             try:
                 # The whole file first: a bad file neither creates the store nor writes to it.
                 await anyio.to_thread.run_sync(
@@ -899,13 +900,25 @@ async def _transfer(args: argparse.Namespace, progress: Progress) -> int:
                     raise _CommandError(message, EXIT_USAGE) from None
     progress.clear()
     totals = {"entries": done.entries, "indexes": done.indexes, "skipped": done.skipped}
-    _out(
+    report = (
         _dump(totals)
         if args.json
         else f"{args.command}: {done.entries} keys, "
         f"{done.indexes} indexes, {done.skipped} skipped (expired or gone)"
     )
+    if args.command == "export" and _is_stdout(args.file):
+        sys.stderr.write(report + "\n")  # the dump went to stdout: the totals must not follow it
+    else:
+        _out(report)
     return EXIT_OK
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether `path` is this process's standard output (`/dev/stdout`, `/proc/self/fd/1`)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError):
+        return False
 
 
 async def _repair(args: argparse.Namespace, progress: Progress) -> int:
@@ -1027,10 +1040,56 @@ async def _demo(progress: Progress) -> int:
     return EXIT_OK
 
 
+# Signals that stop a command as Ctrl-C does: cancelled, so that stores close and an export's
+# temporary file is removed. (SIGTERM is what `timeout`, systemd, container runtimes and CI
+# runners send; SIGHUP, a closed terminal.)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(BaseException):
+    """The command was stopped by a signal (after cleaning up)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+async def _stoppable(run: Callable[..., Awaitable[int]], *args: Any) -> int:
+    """Run a command; a stop signal cancels it, as Ctrl-C does, and raises `_Stopped` after."""
+    outcome: dict[str, Any] = {}
+    async with anyio.create_task_group() as group:
+
+        async def watch_signals() -> None:
+            with anyio.open_signal_receiver(*_STOP_SIGNALS) as received:
+                async for signum in received:
+                    outcome["signal"] = int(signum)
+                    group.cancel_scope.cancel()
+                    return
+
+        async def command() -> None:
+            try:
+                outcome["code"] = await run(*args)
+            except Exception as exc:  # noqa: BLE001  # re-raised below, outside the task group
+                outcome["error"] = exc
+            finally:
+                group.cancel_scope.cancel()
+
+        group.start_soon(watch_signals)
+        group.start_soon(command)
+    if "signal" in outcome:
+        raise _Stopped(outcome["signal"])
+    if "error" in outcome:
+        raise outcome["error"]
+    code: int = outcome["code"]
+    return code
+
+
 def _guarded(run: Callable[..., Awaitable[int]], *args: Any) -> NoReturn:
     # Every failure the user can cause or meet becomes one line on stderr and an exit code.
     try:
-        code = anyio.run(run, *args)
+        code = anyio.run(_stoppable, run, *args)
+    except _Stopped as exc:
+        raise SystemExit(128 + exc.signum) from None
     except _CommandError as exc:
         _fail(str(exc), exc.code)
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ The dump format (`DUMP_FORMAT`, version `DUMP_VERSION`) is JSON lines, one objec
 (each object on one line). The header comes first and the `end` line last, so a truncated dump
 is refused; `import_state` checks the whole file before it writes anything (`check_dump`): every
 line, key, value, index member and score, and each value against the destination's largest
-(`MAX_VALUE_BYTES`, where a backend has one), so an import never stops part-way on bad input.
+(`value_limit`, where a backend has one), so an import never stops part-way on bad input.
 
 A score is a JSON number, or the string `"inf"` or `"-inf"`: scores may be infinite (a counter
 that overflowed; see the backend contract), and JSON has no infinity. (A dump written before
@@ -40,9 +40,11 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -72,6 +74,7 @@ __all__ = [
     "copy_state",
     "export_state",
     "import_state",
+    "value_limit",
 ]
 
 DUMP_FORMAT = "agenticstate-dump"
@@ -255,15 +258,41 @@ def _sync_directory(directory: Path) -> None:
 
 
 class _DumpFile:
-    """The temporary file an export writes, buffered, renamed into place by `commit`."""
+    """Where an export writes: a temporary file renamed into place by `commit`, or a stream.
+
+    A regular file (or a name that does not exist yet) is written beside its final name and
+    renamed over it when complete. A symbolic link is followed: the file it names is replaced
+    that way, and the link stays. Anything else that is not a directory (a FIFO, a character
+    device such as `/dev/stdout` or `/dev/null`) is written through, as `cat > FILE` would:
+    it is never replaced, and a stopped export leaves what it wrote so far in it. A FIFO that
+    no process reads is refused (`ENXIO`) instead of waited on.
+    """
 
     def __init__(self, target: Path) -> None:
         if target.is_dir():
             raise IsADirectoryError(21, "Is a directory", str(target))
-        self.target = target
-        self.fd, self.path = _create_temp(target)
+        try:
+            mode = os.stat(target).st_mode  # follows symbolic links
+        except FileNotFoundError:
+            mode = None
         self.pending: list[str] = []
         self.size = 0
+        self.stream = mode is not None and not stat.S_ISREG(mode)
+        if self.stream:
+            self.target = target
+            self.path: Path | None = None
+            # Non-blocking: a FIFO nobody reads is refused (ENXIO) rather than waited on.
+            try:
+                self.fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO and stat.S_ISFIFO(mode or 0):
+                    raise OSError(exc.errno, "no process reads this FIFO", str(target)) from exc
+                raise
+            os.set_blocking(self.fd, True)
+        else:
+            # The file a symbolic link names (a dangling one: the file it would name).
+            self.target = Path(os.path.realpath(target)) if target.is_symlink() else target
+            self.fd, self.path = _create_temp(self.target)
 
     async def add(self, line: str) -> None:
         self.pending.append(line)
@@ -279,6 +308,10 @@ class _DumpFile:
 
     async def commit(self) -> None:
         await self.flush()
+        if self.path is None:  # a stream: written through, nothing to sync or rename
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+            return
         await anyio.to_thread.run_sync(_sync, self.fd)
         fd, self.fd = self.fd, -1
         os.close(fd)
@@ -291,8 +324,9 @@ class _DumpFile:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
-        with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
 
 
 async def export_state(
@@ -305,7 +339,9 @@ async def export_state(
     """Write every key matching `pattern`, and its indexes, to a dump file (see above).
 
     The file is written beside its final name, created readable by its owner only (0600), and
-    renamed into place when complete; whatever fails, nothing is left behind.
+    renamed into place when complete; whatever fails, nothing is left behind. A symbolic link
+    is followed (the file it names is replaced, the link stays); a FIFO or a device
+    (`/dev/stdout`) is written through, never replaced.
 
     Returns:
         The totals.
@@ -477,6 +513,23 @@ def _parse_index(number: int, record: dict[str, Any]) -> tuple[str, dict[str, fl
         raise _bad(number, str(exc)) from None
 
 
+def value_limit(backend: object) -> int | None:
+    """The largest value `backend` accepts, in bytes, or `None` if it states no limit.
+
+    Backends state it by two names: the file backend's class constant `MAX_VALUE_BYTES` and the
+    SQLite backend's `max_value_size` option (lower by choice); the smaller one counts.
+    """
+    limits = [
+        limit
+        for limit in (
+            getattr(backend, "MAX_VALUE_BYTES", None),
+            getattr(backend, "max_value_size", None),
+        )
+        if type(limit) is int and limit > 0
+    ]
+    return min(limits) if limits else None
+
+
 def check_dump(path: str | Path, *, max_value: int | None = None) -> None:
     """Read a whole dump and raise on its first problem: what `import_state` checks first.
 
@@ -526,9 +579,10 @@ async def import_state(
 ) -> TransferProgress:
     """Write the keys and indexes of a dump file (from `export_state`) into `destination`.
 
-    The whole file is checked first (`check_dump`, with the destination's `MAX_VALUE_BYTES`
-    if it has one): a malformed, truncated or newer dump raises and writes nothing. Keys whose
-    TTL ran out since the export are skipped. Running it again is safe.
+    The whole file is checked first (`check_dump`, with the destination's largest value,
+    `value_limit`, if it has one): a malformed, truncated or newer dump, or one with a value
+    the destination would refuse, raises and writes nothing. Keys whose TTL ran out since the
+    export are skipped. Running it again is safe.
 
     Raises:
         SerializationError: The file is not a complete, well-formed dump.
@@ -536,7 +590,7 @@ async def import_state(
         OSError: The file cannot be read.
     """
     source = Path(path)
-    check_dump(source, max_value=getattr(destination, "MAX_VALUE_BYTES", None))
+    check_dump(source, max_value=value_limit(destination))
     done = TransferProgress()
     batch: list[Entry] = []
     now = utcnow()

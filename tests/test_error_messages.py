@@ -10,7 +10,6 @@ import pytest
 
 from agenticstate import AgentRecoveryManager, ScopedState, StateConfig, StateManager, sync
 from agenticstate.exceptions import (
-    BackendError,
     ConfigurationError,
     InvalidArgumentError,
     UnsupportedTypeError,
@@ -60,11 +59,11 @@ async def test_os_errors_are_in_words(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     state = StateManager(StateConfig(backend="file", file_path=blocker / "store" / "state.json"))
-    with pytest.raises(BackendError) as caught:
+    with pytest.raises(ConfigurationError) as caught:  # a path to fix, not a failing backend
         await state.open()
     await state.aclose()
     assert str(caught.value) == (
-        f"could not create the store directory {blocker / 'store'}: not a directory (ENOTDIR)"
+        f"could not open {blocker / 'store'}: a part of the path is not a directory (ENOTDIR)"
     )
 
 

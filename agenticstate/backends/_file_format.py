@@ -749,10 +749,21 @@ def tail_damage(data: bytes, end: int) -> str | None:
     tail = data[end:]
     if not tail.strip(b"\0"):
         return None  # nothing, or zeros: a power loss on some filesystems leaves those
+    header = FRAME_HEADER.size
+    if len(tail) > header:
+        length, crc = FRAME_HEADER.unpack_from(data, end)
+        if (
+            length > 0
+            and header + length > len(tail)
+            and _looks_like_a_frame(data, end + header, len(data))
+            and not _length_damaged(data, end, crc)
+        ):
+            # A frame that begins as one and runs past the end: an append a crash tore. Bytes
+            # inside it that look like a frame are its payload (a value may hold a frame).
+            return None
     after = next_intact_frame(data, end)
     if after is not None:
         return f"an intact frame follows at byte {after}"
-    header = FRAME_HEADER.size
     if len(tail) < header:
         return None  # a header cut short
     length, crc = FRAME_HEADER.unpack_from(data, end)
@@ -765,6 +776,67 @@ def tail_damage(data: bytes, end: int) -> str | None:
     return None  # cut short: the append was torn
 
 
+def _length_damaged(data: bytes, start: int, crc: int) -> bool:
+    """Whether the frame at `start`, which says it runs past the end, is damage, not torn.
+
+    It is when the log goes on after it: from some point inside it to the end, intact frames
+    run back to back with sequence numbers above every one before `start` (the rest of the
+    log, after a damaged length field or bytes lost from the frame), or its checksum matches
+    its bytes up to where such frames begin (only its length field is damaged). A torn
+    append's bytes hold neither, unless its value holds such frames and the crash tore it
+    exactly where they end: then the store is refused, as for damage.
+    """
+    header = FRAME_HEADER.size
+    body = start + header
+    if zlib.crc32(data[body:]) == crc:
+        return True
+    last: int | None = None  # looked up only if a frame is found in the bytes
+    for match in _FRAME_START.finditer(data, body + 2 + header):
+        offset = match.start() - header
+        if intact_frame(data, offset) is None:
+            continue
+        if last is None:
+            last = _last_lsn(data, start)
+        if _frames_run_to_the_end(data, offset, last):
+            return True
+    return False
+
+
+def _last_lsn(data: bytes, end: int) -> int:
+    """The highest sequence number in the whole frames before `end` (0: none)."""
+    last = None
+    for offset, _ in whole_frames(data[:end]):
+        last = offset
+    if last is None:
+        return 0
+    body = intact_frame(data, last)
+    return 0 if body is None else frame_lsns(body)[1]
+
+
+def _frames_run_to_the_end(data: bytes, offset: int, above: int) -> bool:
+    """Whether intact frames run back to back from `offset` to the end of `data` (or zeros).
+
+    Their sequence numbers must grow, from above `above`, as a log's do.
+    """
+    header = FRAME_HEADER.size
+    while offset < len(data):
+        frame = intact_frame(data, offset)
+        if frame is None:
+            return not data[offset:].strip(b"\0")
+        low, high = frame_lsns(frame)
+        if low <= above:
+            return False
+        above = high
+        offset += header + len(frame)
+    return True
+
+
+def frame_lsns(body: bytes) -> tuple[int, int]:
+    """The lowest and highest sequence numbers of the records in an intact frame."""
+    lsns = [record[0] for record in decode_frame(body)]
+    return min(lsns), max(lsns)
+
+
 def salvage_frames(data: bytes) -> tuple[list[tuple[int, bytes]], list[tuple[int, int]]]:
     """Every intact frame of a damaged log, and the byte ranges between them that are not.
 
@@ -774,15 +846,44 @@ def salvage_frames(data: bytes) -> tuple[list[tuple[int, bytes]], list[tuple[int
     frames: list[tuple[int, bytes]] = []
     dropped: list[tuple[int, int]] = []
     offset, header = 0, FRAME_HEADER.size
+    last_lsn = 0
     while offset < len(data):
         body = intact_frame(data, offset)
-        if body is not None:
-            frames.append((offset, body))
+        if body is not None and frame_lsns(body)[0] <= last_lsn:
+            # Sequence numbers only grow along a log: a frame that goes back is not one of its
+            # own (the bytes of a frame inside a value's payload), so its writes are not kept.
+            dropped.append((offset, offset + header + len(body)))
             offset += header + len(body)
             continue
-        after = next_intact_frame(data, offset)
-        end = len(data) if after is None else after
+        if body is not None:
+            frames.append((offset, body))
+            last_lsn = frame_lsns(body)[1]
+            offset += header + len(body)
+            continue
+        end = _declared_end(data, offset)
+        if end is None:
+            after = next_intact_frame(data, offset)
+            end = len(data) if after is None else after
         if data[offset:end].strip(b"\0"):
             dropped.append((offset, end))
         offset = end
     return frames, dropped
+
+
+def _declared_end(data: bytes, offset: int) -> int | None:
+    """Where the damaged frame at `offset` ends, if its length field can be trusted.
+
+    It can when an intact frame (or the end of the log) begins exactly where it says the
+    frame ends: its damage is in its checksum or payload, and whatever looks like a frame
+    inside it is payload (a value may hold a frame's bytes), never kept.
+    """
+    header = FRAME_HEADER.size
+    if offset + header > len(data):
+        return None
+    length, _ = FRAME_HEADER.unpack_from(data, offset)
+    end: int = offset + header + length
+    if length < 2 or end > len(data):
+        return None
+    if end == len(data) or intact_frame(data, end) is not None:
+        return end
+    return None

@@ -550,6 +550,29 @@ class CommitLog:
                 return os.fstat(fd).st_size != self.size
         return False
 
+    def unlinked(self) -> str | None:
+        """Why the log at the path is no longer the file this process appends to, or `None`.
+
+        A log deleted (a `*.log` cleanup job, logrotate) or replaced while the store is open
+        takes every later write with it: they would go to a file no path names, lost at the
+        next crash or reopen. The owner finds out here and must stop acknowledging.
+        """
+        fd = self.fd
+        if fd is None:
+            return None
+        held = there = None
+        with contextlib.suppress(OSError):  # cannot tell (a transient error): look next time
+            held = os.fstat(fd)
+            try:
+                there = os.stat(self.path)
+            except FileNotFoundError:
+                return f"the log {self.path} was deleted"
+        if held is None or there is None:
+            return None
+        if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+            return f"the log {self.path} was replaced"
+        return None
+
     def empty(self, *, sync: bool) -> None:
         """Empty the log: a snapshot now holds every record in it (blocking)."""
         fd = self.fd

@@ -305,8 +305,63 @@ def check_header(path: Path) -> None:
             "damaged store, or not a store at all; it was left as it is"
         )
     app = int.from_bytes(head[68:72], "big", signed=True)
+    newer = wal_page_one(path)  # a commit not yet copied into the file: what SQLite reads
+    if newer is not None and len(newer) == 100 and newer.startswith(SQLITE_MAGIC):
+        app = int.from_bytes(newer[68:72], "big", signed=True)
     if app not in (0, APPLICATION_ID):
         raise _foreign(path, f"its application_id is {app:#x}")
+
+
+def wal_page_one(path: Path) -> bytes | None:
+    """The first 100 bytes of page 1 as the last commit in `path`'s `-wal` left it, if there.
+
+    Read from the file, without SQLite (which would rewrite the `-shm`, or checkpoint the
+    `-wal` into the database when its connection closes). Frames count only up to the last
+    commit frame whose salts are the header's (earlier frames of an older generation of the
+    log have other salts). `None`: no `-wal`, or page 1 is not in it.
+    """
+    wal = path.with_name(path.name + "-wal")
+    try:
+        with wal.open("rb") as file:
+            header = file.read(32)
+            if len(header) < 32 or header[:4] not in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83"):
+                return None
+            page_size = int.from_bytes(header[8:12], "big") or 65536
+            salts = header[16:24]
+            found = committed = None
+            while len(frame := file.read(24)) == 24:
+                page = file.read(page_size)
+                if len(page) < page_size or frame[8:16] != salts:
+                    break
+                if int.from_bytes(frame[0:4], "big") == 1:
+                    found = page[:100]
+                if int.from_bytes(frame[4:8], "big"):  # a commit frame
+                    committed = found
+            return committed
+    except FileNotFoundError:
+        return None
+
+
+def wal_hides_header(path: Path) -> bool:
+    """Whether `path` is unmarked as far as SQLite would read it, and has a `-wal`.
+
+    Such a file is another application's or a store of an earlier layout; only its tables
+    tell, and reading them through SQLite would change the `-wal` and `-shm` (see
+    `wal_page_one`). The caller reads a private copy instead.
+    """
+    wal = path.with_name(path.name + "-wal")
+    try:
+        if wal.stat().st_size == 0:
+            return False
+    except FileNotFoundError:
+        return False
+    head = wal_page_one(path)
+    if head is None:
+        with path.open("rb") as file:
+            head = file.read(100)
+    if len(head) < 100:
+        return True
+    return int.from_bytes(head[68:72], "big", signed=True) != APPLICATION_ID
 
 
 def inspect_layout(conn: sqlite3.Connection, path: Path) -> Layout:

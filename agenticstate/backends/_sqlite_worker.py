@@ -8,15 +8,16 @@ back to the loop with one thread-safe callback, where each waiting task is woken
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sqlite3
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from agenticstate.backends._paths import path_error
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -99,6 +100,11 @@ def prepare(path: Path, *, create: bool, read_only: bool) -> Access:
                 f"{path} is a directory, not an SQLite database file: name a file in it, "
                 f"such as {path / 'state.db'}"
             )
+        if path.exists() and not path.is_file():
+            raise ConfigurationError(
+                f"{path} is not a regular file (a FIFO, a device or a socket), not an SQLite "
+                "database file; it was left as it is"
+            )
         if not path.exists() or _is_empty(path):
             if read_only or not create:
                 state = "is empty" if path.exists() else "does not exist"
@@ -167,7 +173,7 @@ def open_errors(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise _path_error(path, exc) from exc
+        raise path_error(path, exc) from exc
     except sqlite3.OperationalError as exc:
         name = getattr(exc, "sqlite_errorname", "")
         if name.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")):
@@ -180,23 +186,6 @@ def open_errors(path: Path) -> Iterator[None]:
                 "all; it was left as it is"
             ) from exc
         raise translated(exc, f"open the database {path}") from exc
-
-
-def _path_error(path: Path, exc: OSError) -> BackendError | ConfigurationError:
-    causes = {
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-        errno.EROFS: "read-only file system",
-        errno.EISDIR: "is a directory",
-        errno.ENOTDIR: "a part of the path is not a directory",
-        errno.EEXIST: "a part of the path is not a directory",  # from mkdir
-        errno.ENAMETOOLONG: "the name is too long",
-        errno.ELOOP: "too many symbolic links",
-    }
-    cause = causes.get(exc.errno or 0)
-    if cause is None:  # a full disk, an I/O error: the storage failed, the path may be fine
-        return BackendUnavailableError(f"could not open {path}: {exc.strerror or exc}")
-    return ConfigurationError(f"could not open {path}: {cause} ({exc.strerror or exc})")
 
 
 def _diagnose(path: Path) -> str:
@@ -256,6 +245,48 @@ def _wake(jobs: list[Job]) -> None:
         job.event.set()
 
 
+class ForkGuard:
+    """Held by a worker while its connection may hold SQLite locks; `os.fork` waits for it.
+
+    SQLite keeps, per process, which of its connections hold which locks on a file. A process
+    forked while a connection holds one (inside a write transaction) starts with that record
+    and no thread to release it: every connection it opens to the file then waits for a lock
+    nobody holds, and its writes time out. So a fork in this process waits until no worker is
+    inside a batch (or opening): at most one transaction, which waits for another process's
+    lock for at most the backend's `lock_timeout`.
+    """
+
+    __slots__ = ("__weakref__", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        _GUARDS.add(self)
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+_GUARDS: weakref.WeakSet[ForkGuard] = weakref.WeakSet()
+_HELD: list[ForkGuard] = []
+
+
+def _before_fork() -> None:
+    for guard in list(_GUARDS):
+        guard.lock.acquire()
+        _HELD.append(guard)
+
+
+def _after_fork() -> None:
+    while _HELD:
+        _HELD.pop().lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
 class Worker:
     """A thread with one connection that runs queued jobs in batches.
 
@@ -288,6 +319,7 @@ class Worker:
         self.failure: BaseException | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.guard = ForkGuard()
 
     def start(self) -> None:
         """Start the thread and wait until its connection is open (call from a worker thread).
@@ -321,7 +353,8 @@ class Worker:
 
     def _main(self) -> None:
         try:
-            self.conn = self._open_connection()
+            with self.guard:
+                self.conn = self._open_connection()
         except BaseException as exc:  # noqa: BLE001  # start() raises it on the loop's side
             self.failure = exc
             self._started.set()
@@ -337,7 +370,8 @@ class Worker:
                     count = min(len(self._jobs), self._max_batch)
                     batch = [self._jobs.popleft() for _ in range(count)]
                 try:
-                    self._run_batch(self.conn, batch)
+                    with self.guard:
+                        self._run_batch(self.conn, batch)
                 except Exception as exc:  # noqa: BLE001  # a bug must not strand the callers
                     failure = BackendError(f"the SQLite worker failed: {type(exc).__name__}: {exc}")
                     for job in batch:
@@ -345,7 +379,7 @@ class Worker:
                             job.result, job.error = None, failure
                 self._hand_back(batch)
         finally:
-            with contextlib.suppress(sqlite3.Error):
+            with self.guard, contextlib.suppress(sqlite3.Error):
                 self.conn.close()
 
     def _hand_back(self, batch: list[Job]) -> None:

@@ -73,6 +73,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import stat
 import sys
 import time
 import uuid
@@ -131,6 +132,7 @@ from agenticstate.backends._file_log import (
     UnencodableRecordsError,
 )
 from agenticstate.backends._local import FeedRing, LocalStore, feed_from_query, run_transaction
+from agenticstate.backends._paths import check_path_text, path_errors
 from agenticstate.backends._urls import url_query
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
@@ -267,6 +269,8 @@ class FileBackend(Backend):
         name = file_name or f"state.{'json' if format == 'json' else 'msgpack'}"
         if not name or "/" in name or name in (".", ".."):
             raise ConfigurationError(f"file_name must be a plain file name, not {name!r}")
+        check_path_text(name, "file_name")
+        check_path_text(base_path, "store directory")
         self.base_path = Path(base_path)
         self.format: FileFormat = format
         self.preferred_format = format
@@ -414,14 +418,29 @@ class FileBackend(Backend):
                 self._is_open = True
 
     def _open_sync(self) -> None:
-        if not self.create and not self.exists():
+        with path_errors(self.base_path):
+            if self.base_path.exists() and not self.base_path.is_dir():
+                raise ConfigurationError(
+                    f"could not open {self.base_path}: it is not a directory (a file store is "
+                    "a directory)"
+                )
+            for name in (self.snapshot_path, self.log_path, self.lock_path):
+                if name.exists() and not name.is_file():
+                    raise ConfigurationError(
+                        f"could not open {name}: it is not a regular file (a directory, a FIFO, "
+                        "a device or a socket); it was left as it is"
+                    )
+            there = self.exists()
+        if not self.create and not there:
             raise NotFoundError(
                 f"no file store at {self.snapshot_path}: neither it nor {self.log_path.name} "
                 "exists, and create=False"
             )
-        with translate(f"create the store directory {self.base_path}"):
+        with path_errors(self.base_path):
             self.base_path.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire(self.snapshot_path)
+            # The lock file is the first file opened in the directory: a directory this user
+            # cannot write is a path to fix, reported as such.
+            self._lock.acquire(self.snapshot_path)
         _file_lock.track(self)
         try:
             self._refuse_other_format()
@@ -1038,12 +1057,13 @@ class FileBackend(Backend):
         """Why this process may no longer be the store's only owner, or `None`.
 
         Its lock file was deleted or replaced (so another process may have locked a new one and
-        opened the store), or the log holds what this process did not append. With `lock=False`
+        opened the store), its log was deleted or replaced (later writes would go to a file no
+        path names), or the log holds what this process did not append. With `lock=False`
         only the log is checked (an `fstat`, cheaper than looking the lock file up by path).
         """
         if lock:
             self._lock_checked = time.monotonic()
-            lost = self._lock.lost()
+            lost = self._lock.lost() or self._commit_log.unlinked()
             if lost is not None:
                 return lost
         if self._commit_log.written_by_another():
@@ -1481,6 +1501,7 @@ class FileBackend(Backend):
             try:
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                 try:
+                    _keep_mode(fd, self.snapshot_path)
                     _file_io.write_all(fd, data)
                     _file_io.fsync(fd)
                 finally:
@@ -1559,6 +1580,7 @@ class FileBackend(Backend):
             if kept == data:
                 return report
             copy = self._write_repaired_log(data, kept)
+            self._seal_revisions_after_repair(report.bytes_dropped)
             log.info(
                 "file_store_repaired",
                 path=str(self.log_path),
@@ -1568,6 +1590,43 @@ class FileBackend(Backend):
             return dataclasses.replace(report, damaged_copy=copy)
         finally:
             self._lock.release()
+
+    def _seal_revisions_after_repair(self, dropped: int) -> None:
+        """Make the repaired store's next revision greater than any the dropped bytes held.
+
+        The dropped writes were acknowledged with their revisions and cursors; giving those
+        numbers to new writes would let a compare-and-set on a lost write's revision succeed
+        against a different write, and a consumer resuming from a lost write's cursor skip the
+        new one. Each write takes at least a byte of the log, so the numbers the dropped bytes
+        held are at most `dropped` above the last one kept: a snapshot is written with its
+        sequence number that far on (under the owner lock this repair holds), and the log
+        emptied. Revisions then skip at most `dropped` numbers, once.
+        """
+        twin = FileBackend(
+            self.base_path,
+            format=self.format,
+            compression=self.compression,
+            durability=self.durability,
+            file_name=self.snapshot_path.name if self._explicit_name else None,
+            feed=self.feed,
+            create=False,
+        )
+        twin._lock = self._lock  # held by this repair: the twin's ownership checks use it
+        try:
+            journal = twin._load_snapshot()
+            twin._start_feed(journal)
+            twin._replay_log()
+            twin._lsn += dropped
+            if twin._ring is not None:
+                twin._ring.head = twin._lsn
+            twin._write_snapshot(
+                dict(twin._local.data),
+                {name: index.items() for name, index in twin._local.indexes.items()},
+                twin._lsn,
+                twin._journal(),
+            )
+        finally:
+            twin._commit_log.close()
 
     def _write_repaired_log(self, original: bytes, kept: bytes) -> Path:
         """Keep `original` as a copy, then put `kept` in the log's place (atomically)."""
@@ -1583,7 +1642,7 @@ class FileBackend(Backend):
         with translate(f"write the repaired log {self.log_path}"):
             temp.unlink(missing_ok=True)  # left by an interrupted repair: we hold the lock
             try:
-                _write_new_file(temp, kept)
+                _write_new_file(temp, kept, like=self.log_path)
                 os.replace(temp, self.log_path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -1719,11 +1778,31 @@ class FileRepairReport:
     damaged_copy: Path | None
 
 
-def _write_new_file(path: Path, data: bytes) -> None:
-    """Write `data` to a new file at `path` (0600) and make it durable; remove it on failure."""
+def _keep_mode(fd: int, existing: Path) -> None:
+    """Give the new file `fd`, about to replace `existing`, its mode and group.
+
+    A file that exists keeps its mode (a store shared with a group stays as its owner set it)
+    when it is replaced by a rename. The group is kept where this user may set it.
+    """
+    try:
+        status = os.stat(existing)
+    except FileNotFoundError:
+        return  # a new file: 0600
+    os.fchmod(fd, stat.S_IMODE(status.st_mode))
+    with contextlib.suppress(OSError):  # not a member of that group: the mode alone is kept
+        os.fchown(fd, -1, status.st_gid)
+
+
+def _write_new_file(path: Path, data: bytes, *, like: Path | None = None) -> None:
+    """Write `data` to a new file at `path` (0600, or the mode of `like`) and make it durable.
+
+    The new file is removed on failure.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         try:
+            if like is not None:
+                _keep_mode(fd, like)
             _file_io.write_all(fd, data)
             _file_io.fsync(fd)
         finally:

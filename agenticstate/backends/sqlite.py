@@ -50,7 +50,9 @@ opened, in one transaction, and a file of a newer one is refused.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sqlite3
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -67,6 +69,7 @@ from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
 from agenticstate.backends._local import feed_from_query, run_transaction
+from agenticstate.backends._paths import check_path_text
 from agenticstate.backends._sqlite_feed import (
     Feed,
     SQLiteChangeStream,
@@ -207,6 +210,7 @@ class SQLiteBackend(Backend):
             raise ConfigurationError(f"feed must be a FeedRetention, not {feed!r}")
         if str(path) in ("", ":memory:"):
             raise ConfigurationError("SQLiteBackend needs a database file path")
+        check_path_text(path, "SQLite database")
         if not isinstance(create, bool) or not isinstance(read_only, bool):
             raise ConfigurationError("create and read_only must be bools")
         self.path = Path(path)
@@ -360,7 +364,9 @@ class SQLiteBackend(Backend):
         self._access = access = prepare(self.path, create=self.create, read_only=self.read_only)
         with open_errors(self.path):
             schema.check_header(self.path)  # another application's file: refused unopened
-            if (
+            if schema.wal_hides_header(self.path):
+                self._probe_copy()
+            elif (
                 access.params == "mode=ro"
                 and not self.path.with_name(f"{self.path.name}-wal").exists()
             ):
@@ -407,6 +413,26 @@ class SQLiteBackend(Backend):
             schema.inspect_layout(probe, self.path)
         finally:
             probe.close()
+
+    def _probe_copy(self) -> None:
+        """Refuse a file that is not a store, read from a private copy of it and its `-wal`.
+
+        An unmarked database with a `-wal` (another application's that crashed or was copied
+        as it was, or a store of an earlier layout in use) is read through a copy: a connection
+        to the file itself would rewrite its `-shm` and, closing, checkpoint the `-wal` into
+        it. The copy costs a read of the database once, and only for such files (a store is
+        marked from its first writable open on).
+        """
+        with tempfile.TemporaryDirectory(prefix="agenticstate-probe-") as folder:
+            copy = Path(folder) / "probe.db"
+            shutil.copyfile(self.path, copy)
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copyfile(self.path.with_name(f"{self.path.name}-wal"), f"{copy}-wal")
+            probe = connect(copy, Access("mode=rw"), synchronous="normal", busy_ms=0)
+            try:
+                schema.inspect_layout(probe, self.path)
+            finally:
+                probe.close()
 
     def _install(self, conn: sqlite3.Connection, layout: schema.Layout) -> str:
         """Make a new or older file a current store, under the write lock; its database id.

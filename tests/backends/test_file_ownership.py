@@ -114,3 +114,33 @@ def test_a_deleted_lock_file_never_loses_an_acknowledged_write(
     stored = anyio.run(_stored, tmp_path)
     for key, value in acknowledged.items():
         assert stored.get(key) == value, (key, stored)
+
+
+def _act(path: Path, how: str) -> None:
+    if how == "delete":
+        path.unlink()
+    elif how == "replace":
+        replacement = path.with_name(path.name + ".new")
+        replacement.write_bytes(b"")
+        replacement.replace(path)
+    else:  # moved away, as logrotate does
+        path.rename(path.with_name(path.name + ".1"))
+
+
+@pytest.mark.parametrize("how", ["delete", "replace", "move"])
+@pytest.mark.parametrize("name", ["state.json.log", "state.json.lock"])
+def test_a_store_file_gone_from_its_path_acknowledges_nothing_lost(
+    tmp_path: Path, owners: dict[str, Owner], name: str, how: str
+) -> None:
+    """A log or lock file deleted, replaced or moved under its owner: the next write is refused
+    (naming the file), never acknowledged and then lost when the owner crashes."""
+    owners["P1"] = Owner(tmp_path, "fsync")
+    assert owners["P1"].send("set a P1") == "ok a"
+    _act(tmp_path / name, how)
+    answer = owners["P1"].send("set b P1")
+    owners["P1"].process.kill()  # a crash after the answer
+    if answer == "ok b":
+        assert anyio.run(_stored, tmp_path).get("b") == b'\x02"P1"', "acknowledged, then lost"
+    else:
+        assert answer.startswith("error b "), answer
+        assert name in answer, answer

@@ -114,6 +114,9 @@ class Foreign:
     journal: str
 
     def make(self, path: Path) -> None:
+        if self.journal == "wal-kept":
+            self._make_with_wal(path)
+            return
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute(f"PRAGMA journal_mode={self.journal}")
         for name, columns in self.tables:
@@ -124,6 +127,25 @@ class Foreign:
         conn.execute(f"PRAGMA user_version = {self.user_version}")
         conn.execute(f"PRAGMA application_id = {self.application_id}")
         conn.close()
+
+    def _make_with_wal(self, path: Path) -> None:
+        """The file and its `-wal` as a crash (or a copy of the files) leaves them: the commits
+        in the `-wal` alone, not checkpointed, no `-shm`."""
+        with tempfile.TemporaryDirectory() as elsewhere:
+            source = Path(elsewhere) / "app.db"
+            conn = sqlite3.connect(source, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+            for name, columns in self.tables:
+                conn.execute(f"CREATE TABLE {name} ({', '.join(columns)})")
+                marks = ", ".join("?" * len(columns))
+                insert = f"INSERT INTO {name} VALUES ({marks})"  # noqa: S608  # generated names
+                conn.execute(insert, [f"{name}-{c}" for c in columns])
+            conn.execute(f"PRAGMA user_version = {self.user_version}")
+            conn.execute(f"PRAGMA application_id = {self.application_id}")
+            shutil.copyfile(source, path)
+            shutil.copyfile(f"{source}-wal", f"{path}-wal")
+            conn.close()
 
 
 COLUMN = st.sampled_from(["key", "value", "id", "name", "data", "version", "expires_at", "x"])
@@ -139,7 +161,7 @@ foreign_files = st.builds(
     ).map(tuple),
     user_version=st.sampled_from([0, 1, 2, SCHEMA_VERSION + 1, 7, 2**31 - 1]),
     application_id=st.sampled_from([0, 0, APPLICATION_ID, 0x53514C69, -1]),
-    journal=st.sampled_from(["delete", "wal", "truncate"]),
+    journal=st.sampled_from(["delete", "wal", "truncate", "wal-kept"]),
 )
 OPEN_OPTIONS: list[dict[str, Any]] = [{}, {"create": False}, {"read_only": True}]
 
@@ -162,6 +184,9 @@ def test_a_file_that_is_not_a_store_is_refused_and_left_untouched(
     names = {name for name, _ in foreign.tables}
     assume(names or foreign.user_version or foreign.application_id)  # else: an empty database
     assume(dict(foreign.tables).get("kv", ())[: len(KV_COLUMNS)] != KV_COLUMNS)
+    # A file marked as a store whose commits are in its -wal is read as a store is (through
+    # SQLite, which may checkpoint it): only unmarked and other applications' files are copied.
+    assume(foreign.journal != "wal-kept" or foreign.application_id != APPLICATION_ID)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "other.db"
         foreign.make(path)
