@@ -119,6 +119,18 @@ async def _heartbeat(ctx: Ctx, lease: Any) -> object:
     return await orch.heartbeat("t", claim.task.task_id, claim.lease_token, lease=lease)
 
 
+def _worker(option: str) -> Callable[[Ctx, Any], Any]:
+    async def call(ctx: Ctx, value: Any) -> object:
+        orch = await _team(ctx)
+
+        def handler(task: Any) -> None:
+            return None
+
+        return await orch.run_worker("t", "w", handler, until_empty=True, **{option: value})
+
+    return call
+
+
 async def _purge(ctx: Ctx, older_than: Any) -> object:
     orch = await _team(ctx)
     return await orch.purge_finished("t", older_than=older_than)
@@ -248,6 +260,9 @@ TABLE: dict[str, Row] = {
     "OrchestrationStateManager.finished_task_ttl.<set>": Row(_setter(_orch, "finished_task_ttl")),
     "OrchestrationStateManager.claim_task.lease": Row(_claim),
     "OrchestrationStateManager.heartbeat.lease": Row(_heartbeat),
+    "OrchestrationStateManager.run_worker.lease": Row(_worker("lease")),
+    "OrchestrationStateManager.run_worker.heartbeat_interval": Row(_worker("heartbeat_interval")),
+    "OrchestrationStateManager.run_worker.poll_interval": Row(_worker("poll_interval")),
     "OrchestrationStateManager.purge_finished.older_than": Row(_purge, zero=True),
     "SessionManager.create_session.ttl": Row(
         lambda c, v: (

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
     from pathlib import Path
 
-    from agenticstate._codec import StateEntry
+    from agenticstate import StateEntry
     from agenticstate.manager import StateManager
     from agenticstate.managers._base import Persistence
     from agenticstate.txn import Op, TransactResult
