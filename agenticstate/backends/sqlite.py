@@ -95,6 +95,7 @@ from agenticstate.backends.base import (
     Change,
     ChangeOp,
     Entry,
+    EntryStat,
     FeedRetention,
     HistoryRules,
     Put,
@@ -145,6 +146,11 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
 def _stop_workers(*workers: Worker) -> None:
     for worker in workers:
         worker.stop()
+
+
+_STAT_MANY = (
+    "SELECT key, length(value), version, created_at, updated_at, expires_at FROM kv WHERE key IN"
+)
 
 
 class SQLiteBackend(Backend):
@@ -778,6 +784,47 @@ class SQLiteBackend(Backend):
 
         result: list[Entry | None] = await self._call(False, run)
         return result
+
+    async def stat_many(self, keys: Sequence[str]) -> list[EntryStat | None]:
+        """Return each key's metadata and stored size without reading values (one read).
+
+        See `Backend.stat_many`: `length(value)` of each row, so a listing's cost does not grow
+        with the size of the values.
+        """
+        for key in keys:
+            validate_key(key)
+        prefix, wanted = self.key_prefix, list(dict.fromkeys(keys))
+
+        def run(conn: sqlite3.Connection) -> list[EntryStat | None]:
+            now, found = schema.now_us(), {}
+            conn.execute("BEGIN")
+            try:
+                for start in range(0, len(wanted), schema.CHUNK):
+                    chunk = [prefix + key for key in wanted[start : start + schema.CHUNK]]
+                    marks = ",".join("?" * len(chunk))
+                    sql = f"{_STAT_MANY} ({marks})"
+                    for full, size, version, created, updated, expires in conn.execute(sql, chunk):
+                        if expires is not None and expires <= now:
+                            continue
+                        key = full[len(prefix) :]
+                        found[key] = EntryStat(
+                            key=key,
+                            size=size,
+                            version=version,
+                            created_at=from_us(created),
+                            updated_at=from_us(updated),
+                            expires_at=from_us(expires) if expires is not None else None,
+                        )
+            finally:
+                conn.execute("COMMIT")
+            return [found.get(key) for key in keys]
+
+        result: list[EntryStat | None] = await self._call(False, run)
+        return result
+
+    async def value_sizes(self, keys: Sequence[str]) -> list[int | None]:
+        """Return each value's stored size without reading values (`stat_many`)."""
+        return [None if stat is None else stat.size for stat in await self.stat_many(keys)]
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """Yield the present keys matching `pattern`, reading the key range its prefix allows.
