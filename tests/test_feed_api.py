@@ -260,6 +260,22 @@ async def test_expired_cursor_with_resync_yields_current_values_then_live(
     assert live.cursor is not None
 
 
+async def test_expired_cursor_with_resync_and_no_matching_key_yields_only_live_changes(
+    small_feed: Callable[[], AbstractAsyncContextManager[StateManager]],
+) -> None:
+    """on_gap="resync" with no key of the pattern present: no RESYNC, the live changes only."""
+    async with small_feed() as state:
+        await state.save(B, "b")
+        old = await expired_cursor(state)
+        await state.delete(B)
+        await state.delete(C)
+        async with state.changes(ALL, since=old, on_gap="resync") as changes:
+            await state.save(A, "live")
+            (live,) = await take(changes, 1)
+    assert (live.key, live.op, live.old_value, live.new_value) == (A, ChangeOp.SET, None, "live")
+    assert live.cursor is not None
+
+
 async def test_subscribe_with_an_expired_cursor(
     small_feed: Callable[[], AbstractAsyncContextManager[StateManager]],
 ) -> None:

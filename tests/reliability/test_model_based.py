@@ -1247,6 +1247,11 @@ class StoreMachine(RuleBasedStateMachine):
         the matching changes committed after it, then the live writes made once it is open. On
         a small feed an old cursor may have expired: then `CursorExpiredError` on entry (or,
         with `on_gap="resync"`, a `RESYNC` of each key the pattern matches), never a gap.
+
+        Whether it expired is asked first (entering it with `on_gap="raise"`), not guessed from
+        the stream: a resync where no key of the pattern is present yields no `RESYNC` at all,
+        only the live writes, which a model telling resyncs by their `RESYNC` changes mistook
+        for a replay that skipped the changes after the cursor.
         """
         via_manager = via_manager and _has(self.manager, "changes")
         resync = resync and via_manager
@@ -1279,33 +1284,41 @@ class StoreMachine(RuleBasedStateMachine):
         wanted = sorted(
             i for i in {*range(position, start), *later} if MATCHES[pattern](log[i].key)
         )
+        name = f"changes({pattern!r}, since={source} cursor {since!r})"
+        # On a small feed a cursor far enough behind may have expired (trimming may keep more):
+        # entering it once with on_gap="raise" first tells which, so the resume is exact.
         may_expire = source != "earliest" and self._may_expire(position)
+        expired = may_expire and self._cursor_expired(pattern, since)
         context = self._open_feed(
             pattern, since, via_manager=via_manager, on_gap="resync" if resync else "raise"
         )
-        name = f"changes({pattern!r}, since={source} cursor {since!r})"
         try:
             versions, read = self.harness.portal.call(
                 # (How much a resync yields is not known: read to the last live write.)
                 self._replay,
                 context,
                 writes,
-                0 if suffix or (resync and may_expire) else len(wanted),
+                0 if suffix or (resync and expired) else len(wanted),
             )
         except CursorExpiredError:
             assert may_expire, f"{name} expired after {start - position} changes"
+            assert expired, f"{name} raised, yet entering it just before did not"
             assert not resync, f"{name} raised, with on_gap='resync'"
             self.harness.figures.count("resume_expired")
             return
         assert versions == [self.model.write(key, value) for key, value in writes]
         lives = list(range(start, len(log)))
         self.harness.figures.count(f"resume_{source}" + ("_manager" if via_manager else ""))
-        if any(seen[1] == "resync" for seen, _ in read):
-            assert may_expire, f"{name} resynced after {start - position} changes"
-            assert resync, f"{name} resynced, with on_gap='raise'"
-            self.harness.figures.count("resume_resynced")
+        if expired:
+            # With on_gap="raise" it would have raised. A resync yields one RESYNC per key the
+            # pattern matches at entry: none at all when no such key is present, and then only
+            # the live writes, with nothing to tell it from a replay but the probe above.
+            assert resync, f"{name} replayed, yet entering it just before raised"
+            resyncs = sum(seen[1] == "resync" for seen, _ in read)
+            self.harness.figures.count("resume_resynced" if resyncs else "resume_resynced_none")
             self._check_resync(read, pattern, before, lives)
             return
+        assert all(seen[1] != "resync" for seen, _ in read), f"{name} resynced, yet not expired"
         if suffix:  # EARLIEST on a small feed: what it still keeps, a suffix of the log
             replayed = len(read) - len(lives)
             skipped = wanted[: len(wanted) - replayed]
@@ -1315,6 +1328,23 @@ class StoreMachine(RuleBasedStateMachine):
             )
             wanted = wanted[len(skipped) :]
         self._check_feed_read(read, wanted + lives, name, pattern)
+
+    def _cursor_expired(self, pattern: str, since: str) -> bool:
+        """Whether entering `changes(pattern, since=since)` now raises `CursorExpiredError`.
+
+        It enters the backend's subscription and leaves it at once, writing nothing, so a
+        resume right after (no write in between) finds the cursor as this found it.
+        """
+        backend = self.manager.backend
+
+        async def probe() -> bool:
+            try:
+                async with backend.changes(pattern, max_buffer=10_000, since=since):
+                    return False
+            except CursorExpiredError:
+                return True
+
+        return self.harness.portal.call(probe)
 
     def _kept(self) -> float:
         feed = self.harness.feed
@@ -1764,7 +1794,8 @@ def test_a_small_feed_expires_old_cursors_and_never_skips(
     """A feed keeping 5 changes: the whole model again, with cursors far behind the head.
 
     Such a cursor raises `CursorExpiredError` on entry (with `on_gap="resync"`: a `RESYNC` of
-    every key the pattern matches), or, as trimming may keep more, replays exactly; a cursor at
+    every key the pattern matches, none when no such key is present), or, as trimming may keep
+    more, replays exactly (which one: entering it once with `on_gap="raise"` tells); a cursor at
     most 5 changes behind always replays; `EARLIEST` replays a suffix of the log holding at
     least the last 5 changes. Never a gap. (A cluster keeps its feed per slot: not here.)
     """
