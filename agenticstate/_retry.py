@@ -2,7 +2,7 @@
 
 ```python
 await anyio.sleep(retry_delay(failures, base=0.05, cap=5.0))   # 0.05, 0.1, 0.2, ... 5, 5, 5
-time.sleep(backoff(attempt, base=0.0002, cap=0.004))          # uniform in [0, that]
+time.sleep(backoff(attempt, base=0.0002, cap=0.004))  # a worker thread's wait, never the loop's
 ```
 
 Both are bounded by `cap` for any count of attempts: the power is never computed past the cap
