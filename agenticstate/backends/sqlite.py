@@ -56,7 +56,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
@@ -147,6 +147,8 @@ def _stop_workers(*workers: Worker) -> None:
     for worker in workers:
         worker.stop()
 
+
+_T = TypeVar("_T")
 
 _STAT_MANY = (
     "SELECT key, length(value), version, created_at, updated_at, expires_at FROM kv WHERE key IN"
@@ -762,28 +764,12 @@ class SQLiteBackend(Backend):
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         """Return the entries at `keys`, in order, in one read."""
-        for key in keys:
-            validate_key(key)
-        prefix, wanted = self.key_prefix, list(dict.fromkeys(keys))
 
-        def run(conn: sqlite3.Connection) -> list[Entry | None]:
-            now, found = schema.now_us(), {}
-            conn.execute("BEGIN")
-            try:
-                for start in range(0, len(wanted), schema.CHUNK):
-                    chunk = [prefix + key for key in wanted[start : start + schema.CHUNK]]
-                    marks = ",".join("?" * len(chunk))
-                    sql = f"{schema.SELECT_MANY} ({marks})"
-                    for full, *row in conn.execute(sql, chunk):
-                        live = schema.live(tuple(row), now)
-                        if live is not None:
-                            found[full[len(prefix) :]] = schema.entry(full[len(prefix) :], live)
-            finally:
-                conn.execute("COMMIT")
-            return [found.get(key) for key in keys]
+        def entry(key: str, row: tuple[Any, ...], now: int) -> Entry | None:
+            live = schema.live(row, now)
+            return None if live is None else schema.entry(key, live)
 
-        result: list[Entry | None] = await self._call(False, run)
-        return result
+        return await self._read_keys(keys, schema.SELECT_MANY, entry)
 
     async def stat_many(self, keys: Sequence[str]) -> list[EntryStat | None]:
         """Return each key's metadata and stored size without reading values (one read).
@@ -791,35 +777,53 @@ class SQLiteBackend(Backend):
         See `Backend.stat_many`: `length(value)` of each row, so a listing's cost does not grow
         with the size of the values.
         """
+
+        def stat(key: str, row: tuple[Any, ...], now: int) -> EntryStat | None:
+            size, version, created, updated, expires = row
+            if expires is not None and expires <= now:
+                return None
+            return EntryStat(
+                key=key,
+                size=size,
+                version=version,
+                created_at=from_us(created),
+                updated_at=from_us(updated),
+                expires_at=from_us(expires) if expires is not None else None,
+            )
+
+        return await self._read_keys(keys, _STAT_MANY, stat)
+
+    async def _read_keys(
+        self,
+        keys: Sequence[str],
+        select: str,
+        make: Callable[[str, tuple[Any, ...], int], _T | None],
+    ) -> list[_T | None]:
+        """`make(key, row, now)` for each of `keys` (in order; `None`: missing), in one read.
+
+        `select` is a `SELECT key, ... WHERE key IN` statement, run a chunk of keys at a time.
+        """
         for key in keys:
             validate_key(key)
         prefix, wanted = self.key_prefix, list(dict.fromkeys(keys))
 
-        def run(conn: sqlite3.Connection) -> list[EntryStat | None]:
+        def run(conn: sqlite3.Connection) -> list[_T | None]:
             now, found = schema.now_us(), {}
             conn.execute("BEGIN")
             try:
                 for start in range(0, len(wanted), schema.CHUNK):
                     chunk = [prefix + key for key in wanted[start : start + schema.CHUNK]]
                     marks = ",".join("?" * len(chunk))
-                    sql = f"{_STAT_MANY} ({marks})"
-                    for full, size, version, created, updated, expires in conn.execute(sql, chunk):
-                        if expires is not None and expires <= now:
-                            continue
+                    for full, *row in conn.execute(f"{select} ({marks})", chunk):
                         key = full[len(prefix) :]
-                        found[key] = EntryStat(
-                            key=key,
-                            size=size,
-                            version=version,
-                            created_at=from_us(created),
-                            updated_at=from_us(updated),
-                            expires_at=from_us(expires) if expires is not None else None,
-                        )
+                        made = make(key, tuple(row), now)
+                        if made is not None:
+                            found[key] = made
             finally:
                 conn.execute("COMMIT")
             return [found.get(key) for key in keys]
 
-        result: list[EntryStat | None] = await self._call(False, run)
+        result: list[_T | None] = await self._call(False, run)
         return result
 
     async def value_sizes(self, keys: Sequence[str]) -> list[int | None]:
