@@ -3,7 +3,8 @@
 set -uo pipefail
 python="${1:-python}"
 shift || true
-"$python" -m pytest "$@"
+# The slowest tests are listed at the end, so the suite's time stays visible in every run.
+"$python" -m pytest --durations=30 "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: failing the run" >&2
