@@ -445,10 +445,12 @@ class FileBackend(Backend):
         try:
             self._refuse_other_format()
             self._remove_stray_temps()
+            self._local.unordered()  # a bulk load: the keys are sorted once, after it
             journal = self._load_snapshot()
             self._start_feed(journal)
             self._replay_log()
             self._local.sweep(now())  # replay kept expired entries: they give later changes' old
+            self._local.reorder()  # the ordered keys, rebuilt from the snapshot and the log
             revised = self._revise_legacy_entries()
             ring = self._ring
             if ring is not None:

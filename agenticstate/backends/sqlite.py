@@ -68,6 +68,7 @@ from agenticstate._keys import validate_key, validate_key_prefix, validate_patte
 from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
+from agenticstate.backends._keyorder import skip_plan, skip_scan
 from agenticstate.backends._local import feed_from_query, run_transaction
 from agenticstate.backends._paths import check_path_text
 from agenticstate.backends._sqlite_feed import (
@@ -850,6 +851,12 @@ class SQLiteBackend(Backend):
 
     async def _scan_pages(self, pattern: str) -> AsyncGenerator[list[str]]:
         matcher = compile_glob(validate_pattern(pattern))
+        plan = skip_plan(pattern)
+        if plan is not None:
+            keys: list[str] = await self._call(False, self._skip_scan(matcher, *plan))
+            for start in range(0, len(keys), schema.PAGE):
+                yield keys[start : start + schema.PAGE]
+            return
         low, high = key_range(self.key_prefix + matcher.literal_prefix)
         every = schema.is_prefix_pattern(pattern, matcher)
         after: str | None = None
@@ -881,6 +888,66 @@ class SQLiteBackend(Backend):
                 match = matcher.match
                 page = [key[cut:] for (key,) in rows if match(key[cut:])]
             return page, rows[-1][0] if len(rows) == schema.PAGE else None
+
+        return run
+
+    def _skip_scan(
+        self, matcher: GlobMatcher, prefix: str, rest: str
+    ) -> Callable[[sqlite3.Connection], list[str]]:
+        """A listing of `<prefix>*}<rest>` as one read transaction of indexed seeks.
+
+        `skip_scan` over the table: each entity's group of keys costs a seek to its first key,
+        the range `<group><rest>` selects, and a seek in `kv_braced` over the group (the keys
+        whose `*` would cross a second `}`), never a read of the group's other keys.
+        """
+        full, cut = self.key_prefix, len(self.key_prefix)
+        live = " AND (expires_at IS NULL OR expires_at > ?)"
+        # Only placeholders and constants are joined into the SQL below.
+        braced_sql = "SELECT key FROM kv WHERE key >= ? AND key < ? AND " + schema.BRACED + live  # noqa: S608
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            now = schema.now_us()
+
+            def first(low: str, high: str | None, above: bool) -> str | None:
+                sql = "SELECT key FROM kv WHERE key " + ("> ?" if above else ">= ?")  # noqa: S608
+                params: list[object] = [full + low]
+                if high is not None:
+                    sql += " AND key < ?"
+                    params.append(full + high)
+                elif self._high is not None:
+                    sql += " AND key < ?"
+                    params.append(self._high)
+                params.append(now)
+                row = conn.execute(sql + live + " ORDER BY key LIMIT 1", params).fetchone()
+                return None if row is None else str(row[0])[cut:]
+
+            def select(pattern: str) -> list[str]:
+                sub = compile_glob(pattern)
+                if sub.is_literal:
+                    sql = "SELECT key FROM kv WHERE key = ?" + live  # noqa: S608
+                    rows = conn.execute(sql, (full + sub.literal_prefix, now)).fetchall()
+                    return [str(key)[cut:] for (key,) in rows]
+                low, high = key_range(full + sub.literal_prefix)
+                sql = "SELECT key FROM kv WHERE key >= ?"
+                params: list[object] = [low]
+                if high is not None:
+                    sql += " AND key < ?"
+                    params.append(high)
+                params.append(now)
+                keys = [
+                    str(key)[cut:] for (key,) in conn.execute(sql + live + " ORDER BY key", params)
+                ]
+                return keys if sub.is_prefix else [key for key in keys if sub.match(key)]
+
+            def braced(low: str, high: str) -> list[str]:
+                rows = conn.execute(braced_sql + " ORDER BY key", (full + low, full + high, now))
+                return [str(key)[cut:] for (key,) in rows]
+
+            conn.execute("BEGIN")
+            try:
+                return skip_scan(prefix, rest, matcher, first, select, braced)
+            finally:
+                conn.execute("COMMIT")
 
         return run
 
