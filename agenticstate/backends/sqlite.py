@@ -5,7 +5,10 @@ On disk, one database file (plus SQLite's `-wal` and `-shm` files next to it) wi
 - `kv`: one row per key (with the backend's `key_prefix`): value bytes, version, created, updated
   and expiry times in microseconds since the epoch, revision and create revision. The key is the
   primary key, so a pattern with a literal prefix (`agent:*`) reads a range of the index, never the
-  whole table.
+  whole table: O(log n + the range). A listing across entities (`agents:{*}:recovery`) is a
+  skip-scan in one read transaction, O(entities x log n + result) (`_keyorder.skip_scan`, with
+  the partial index `kv_braced` for keys holding two `}` or more); a pattern with no literal
+  prefix reads every key. Expiry is swept through the partial index `kv_expiry`: what expired.
 - `changes`: every committed change (key, old and new bytes, version, time) under a sequence
   number, written in the same transaction as the value it describes. The sequence number is the
   change's revision (one sequence per file, shared by every prefix and process on it; trimming keeps
@@ -43,8 +46,9 @@ reused). A subscriber that comes back with `since=cursor` replays from there whi
 still holds it; beyond that, `changes` raises `CursorExpiredError` on entry.
 
 Schema versions. `PRAGMA user_version` records the layout; a file of an older layout (version 1,
-before the feed cursors and history; version 2, before revisions) is migrated in place when it is
-opened, in one transaction, and a file of a newer one is refused.
+before the feed cursors and history; version 2, before revisions; version 3, before the index
+`kv_braced`) is migrated in place when it is opened writable, in one transaction, and a file of a
+newer one is refused.
 """
 
 from __future__ import annotations
@@ -835,7 +839,9 @@ class SQLiteBackend(Backend):
         """Yield the present keys matching `pattern`, reading the key range its prefix allows.
 
         A pattern that is a literal prefix and `*` (`agent:*`) is answered by the index range
-        alone; any other is filtered by the glob matcher after the range is read.
+        alone, O(log n + the range); one across entities (`agents:{*}:recovery`) by a skip-scan
+        in one read transaction, O(entities x log n + result); any other is filtered by the glob
+        matcher after the range its literal prefix allows is read (all keys if it has none).
         """
         async with contextlib.aclosing(self._scan_pages(pattern)) as pages:
             async for page in pages:
