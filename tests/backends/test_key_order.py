@@ -141,8 +141,12 @@ def test_skip_plan_takes_a_literal_prefix_stars_and_a_brace(
 
 
 def _spin_past(moment: datetime) -> None:
-    """Return once the wall clock is past `moment` (a microsecond or two: a TTL of 1 us)."""
-    while datetime.now(UTC) <= moment:
+    """Return once every store's clock is past `moment` plus 1 us (a TTL of 1 us has run out).
+
+    The file store reads a clock cut to the millisecond, so this waits up to a millisecond.
+    """
+    deadline = moment + timedelta(milliseconds=1, microseconds=1)
+    while datetime.now(UTC) <= deadline:
         pass
 
 
@@ -194,7 +198,7 @@ class LocalKeysMachine(RuleBasedStateMachine):
         change = self.portal.call(
             lambda: self.backend.set(key, b"e", ttl=timedelta(microseconds=1))
         )
-        _spin_past(change.timestamp + timedelta(microseconds=1))
+        _spin_past(change.timestamp)
         self.live.discard(key)
 
     @rule(ops=st.lists(st.tuples(st.booleans(), keys), min_size=1, max_size=4))
@@ -367,7 +371,7 @@ def test_sqlite_listings_equal_a_brute_force_filter(
             for key, expires in stored:
                 if expires:
                     change = await backend.set(key, b"e", ttl=timedelta(microseconds=1))
-                    _spin_past(change.timestamp + timedelta(microseconds=1))
+                    _spin_past(change.timestamp)
                     live.discard(key)
                 else:
                     await backend.set(key, b"v")
@@ -597,7 +601,7 @@ async def test_file_sweep_of_ten_expired_among_many_takes_ten(tmp_path: Path) ->
         changes = await backend.set_many(
             [(f"due:{i}", b"v") for i in range(10)], ttl=timedelta(microseconds=1)
         )
-        _spin_past(changes[-1].timestamp + timedelta(microseconds=1))
+        _spin_past(changes[-1].timestamp)
         local: LocalStore = backend._local
         assert local.sweep(datetime.now(UTC)) == 10
         assert local.sweep(datetime.now(UTC)) == 0
