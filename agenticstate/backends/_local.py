@@ -10,13 +10,20 @@ feed's URL parameters (`feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`)
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
 from collections import deque
 from datetime import timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agenticstate._glob import compile_glob
 from agenticstate.backends._index import SortedIndex
+from agenticstate.backends._keyorder import (
+    SortedKeys,
+    after_prefix,
+    is_braced,
+    skip_plan,
+    skip_scan,
+)
 from agenticstate.backends.base import (
     EARLIEST,
     Delete,
@@ -44,14 +51,15 @@ if TYPE_CHECKING:
 __all__ = ["FeedRing", "LocalStore", "TxnTarget", "feed_from_query", "run_transaction"]
 
 _HEAP_SLACK = 64  # stale heap items tolerated beyond twice the keys (small stores rebuild rarely)
-_ORDER_SLACK = 1024  # key changes the sorted key list takes in before it is dropped (see below)
 
 
 class LocalStore:
-    """Entries by key with wall-clock expiry, and named sorted indexes.
+    """Entries by key with wall-clock expiry, the keys in order, and named sorted indexes.
 
     Expired entries are dropped when read and, in order of expiry, whenever `sweep` runs (on
-    writes, scans and batch reads), so memory stays bounded without a timer task.
+    writes, scans and batch reads), so memory stays bounded without a timer task. The sweep
+    pops the expiry heap only while its head is due: it costs what expires, however many keys
+    live.
 
     The expiry heap gets an item per write with a TTL; an item whose key was rewritten or
     deleted since is stale and skipped when popped. So that rewriting one key many times does
@@ -59,17 +67,15 @@ class LocalStore:
     holds more than twice as many items as there are keys (plus `_HEAP_SLACK`): it stays
     bounded by the keys, at an amortized constant cost per write.
 
-    Listing (`matching`) reads a sorted list of the keys, built on the first listing and then
-    kept: a pattern with a literal prefix (`agent:*`) is a bisected slice of it, and the keys
-    come out sorted. Writes never sort it: a key that appears is appended to `_added`, one
-    that goes is put in `_removed` (it stays in the lists until then), and the next listing
-    folds both in (one merge of two sorted runs). Rewriting a key that exists costs nothing
-    more. A store that changes its set of keys much more than it lists them drops the list
-    (after `_ORDER_SLACK` plus a quarter of its keys in changes) and sorts afresh when next
-    listed, so writes stay cheap when nobody lists.
+    The keys are kept in order (`SortedKeys`) in the same step as each change of the dict (a key
+    that appears, one deleted or expired), and the keys holding two `}` or more in a second one:
+    a pattern with a literal prefix (`agent:*`) reads that range alone, O(log n + the range), and
+    `agents:{*}:recovery` skips from one entity to the next (`skip_scan`). Rewriting a key that
+    exists costs nothing more. `unordered()` stops the upkeep for a bulk load; the next listing
+    (or `reorder()`) sorts the keys again.
     """
 
-    __slots__ = ("_added", "_order", "_removed", "data", "expiries", "history", "indexes")
+    __slots__ = ("_braced", "_keys", "data", "expiries", "history", "indexes")
 
     def __init__(self) -> None:
         self.data: dict[str, Entry] = {}
@@ -78,10 +84,9 @@ class LocalStore:
         self.history: dict[str, deque[Entry]] = {}
         self.expiries: list[tuple[datetime, str]] = []
         self.indexes: dict[str, SortedIndex] = {}
-        # The sorted keys as of the last listing, or None; then keys added and removed since.
-        self._order: list[str] | None = None
-        self._added: list[str] = []
-        self._removed: set[str] = set()
+        # The keys of `data` in order, and those of them with two `}` or more (None: not kept).
+        self._keys: SortedKeys | None = SortedKeys()
+        self._braced = SortedKeys()
 
     def live(self, key: str, now: datetime) -> Entry | None:
         """The entry at `key` unless it is missing or expired."""
@@ -99,20 +104,31 @@ class LocalStore:
             return None
         return entry
 
-    def sweep(self, now: datetime) -> None:
-        """Drop every entry that has expired by `now`."""
+    def sweep(self, now: datetime) -> int:
+        """Drop every entry that has expired by `now`; return the heap items it took.
+
+        Only items due by `now` are taken (each a key that expired, or a stale item of a key
+        rewritten or deleted since), so a sweep costs what expired, not what lives.
+        """
         expiries = self.expiries
+        taken = 0
         while expiries and expiries[0][0] <= now:
             expires_at, key = heapq.heappop(expiries)
+            taken += 1
             entry = self.data.get(key)
             if entry is not None and entry.expires_at == expires_at:
                 self._forget(key)
+        return taken
 
     def store(self, entry: Entry) -> None:
         """Keep `entry` (replacing the one at its key)."""
         key = entry.key
-        if self._order is not None and key not in self.data:
-            self._note_added(key)
+        if key not in self.data:
+            keys = self._keys
+            if keys is not None:
+                keys.add(key)
+                if is_braced(key):
+                    self._braced.add(key)
         self.data[key] = entry
         if entry.expires_at is not None:
             expiries = self.expiries
@@ -139,9 +155,11 @@ class LocalStore:
         del self.data[key]
         if self.history:
             self.history.pop(key, None)
-        if self._order is not None:
-            self._removed.add(key)
-            self._check_order_size()
+        keys = self._keys
+        if keys is not None:
+            keys.discard(key)
+            if is_braced(key):
+                self._braced.discard(key)
 
     def keep(self, entry: Entry, depth: int, prior: Entry | None) -> None:
         """Add the entry just stored to its key's history of `depth` versions.
@@ -176,56 +194,55 @@ class LocalStore:
         newest = reversed(versions)
         return list(newest if limit is None else islice(newest, limit))
 
-    def _note_added(self, key: str) -> None:
-        if key in self._removed:
-            self._removed.discard(key)  # still in the lists: present again
-        else:
-            self._added.append(key)
-            self._check_order_size()
+    def unordered(self) -> None:
+        """Stop keeping the keys in order (a bulk load follows); `reorder` resumes it."""
+        self._keys = None
+        self._braced = SortedKeys()
 
-    def _check_order_size(self) -> None:
-        order = self._order
-        if order is not None and (
-            len(self._added) + len(self._removed) > _ORDER_SLACK + len(order) // 4
-        ):
-            self._order = None
-            self._added = []
-            self._removed = set()
+    def reorder(self) -> SortedKeys:
+        """Keep the keys in order again (sorting them once, if that stopped); the ordered keys."""
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = SortedKeys(self.data)
+            self._braced = SortedKeys(key for key in self.data if is_braced(key))
+        return keys
 
-    def ordered(self) -> list[str]:
-        """Every key, sorted (the store's own list: read it, never change it)."""
-        order = self._order
-        if order is None:
-            order = sorted(self.data)
-        elif self._added or self._removed:
-            added, removed = self._added, self._removed
-            if removed:
-                order = [key for key in order if key not in removed]
-                added = [key for key in added if key not in removed]
-            if added:
-                added.sort()
-                order = order + added
-                order.sort()  # two sorted runs: one merge
-        self._order = order
-        self._added = []
-        self._removed = set()
-        return order
+    def ordered_keys(self) -> tuple[list[str], list[str]]:
+        """Every key in order, and those with two `}` or more (for checks; O(n))."""
+        return list(self.reorder()), list(self._braced)
 
     def matching(self, matcher: GlobMatcher, now: datetime) -> list[str]:
-        """The present keys `matcher` selects, sorted (a new list: safe to keep while writing)."""
+        """The present keys `matcher` selects, sorted (a new list: safe to keep while writing).
+
+        Costs O(log n + the prefix's range) for a pattern with a literal prefix, one lookup for
+        a literal pattern, O(entities x log n + result) for `<prefix>*}<rest>` (`skip_scan`), and
+        a pass over every key for a pattern with no literal prefix.
+        """
         self.sweep(now)  # after it every entry left is live at `now`
         if matcher.is_literal:
             key = matcher.literal_prefix
             return [key] if self.live(key, now) is not None else []
-        order = self.ordered()
+        keys = self.reorder()
+        plan = skip_plan(matcher.pattern)
+        if plan is None:
+            return self._in_range(keys, matcher)
+        braced = self._braced
+        return skip_scan(
+            *plan,
+            matcher,
+            lambda low, high, above: keys.first(low, high, above=above),
+            lambda pattern: self._in_range(keys, compile_glob(pattern)),
+            braced.range,
+        )
+
+    @staticmethod
+    def _in_range(keys: SortedKeys, matcher: GlobMatcher) -> list[str]:
+        """The keys in `matcher`'s literal prefix range that it selects."""
+        if matcher.is_literal:
+            key = matcher.literal_prefix
+            return [key] if key in keys else []
         prefix = matcher.literal_prefix
-        if prefix:
-            start = bisect_left(order, prefix)
-            after = _after_prefix(prefix)
-            end = len(order) if after is None else bisect_left(order, after, start)
-            selected = order[start:end]
-        else:
-            selected = order[:]
+        selected = keys.range(prefix, after_prefix(prefix)) if prefix else list(keys)
         if matcher.is_prefix:
             return selected
         match = matcher.match
@@ -385,16 +402,6 @@ def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) 
     except (ValueError, OverflowError):
         raise ConfigurationError(f"invalid feed parameters {found!r}") from None
     options["feed"] = FeedRetention(max_changes=max_changes, max_age=max_age)
-
-
-def _after_prefix(prefix: str) -> str | None:
-    """The least string above every string that starts with `prefix` (`None`: there is none)."""
-    while prefix:
-        last = ord(prefix[-1])
-        if last < 0x10FFFF:
-            return prefix[:-1] + chr(last + 1)
-        prefix = prefix[:-1]
-    return None
 
 
 class TxnTarget(Protocol):

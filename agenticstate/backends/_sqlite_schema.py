@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPLICATION_ID",
+    "BRACED",
     "CHUNK",
     "DELETE",
     "GET",
     "HISTORY_PUT",
     "HISTORY_TRIM",
+    "KEY_INDEXES",
     "LENGTH_LIMIT",
     "LOG",
     "MAX_VALUE_SIZE",
@@ -53,13 +55,15 @@ __all__ = [
     "ttl_us",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The layout this module writes (`PRAGMA user_version`); a newer file is refused.
 
 1: `kv`, `changes`, `idx`. 2 adds `meta` (the database's id, for feed cursors) and `history`;
 a version 1 file is migrated in place (the new tables are created, nothing is rewritten).
 3 adds revisions: `kv.revision` and `kv.create_revision`, `history.revision`
 (`migrate_revisions` gives the rows of an older file revisions of their own).
+4 adds the partial index `kv_braced` (`KEY_INDEXES`; built from the keys once, when an older
+file is first opened writable).
 """
 
 SCHEMA = """
@@ -84,6 +88,12 @@ CREATE TABLE IF NOT EXISTS history (
     PRIMARY KEY (key, version)
 ) WITHOUT ROWID;
 """
+BRACED = "instr(substr(key, instr(key, '}') + 1), '}') > 0"
+"""The keys holding two `}` or more (the SQL of `_keyorder.is_braced`)."""
+KEY_INDEXES = f"CREATE INDEX IF NOT EXISTS kv_braced ON kv (key) WHERE {BRACED}"
+"""Layout 4's index of the keys with two `}` or more: a listing across entities
+(`agents:{*}:recovery`) reads it over each entity's range to find the keys whose `*` crosses a
+second `}` (`_keyorder.skip_scan`), instead of reading every key of the entity."""
 APPLICATION_ID = 0x41675374
 """`PRAGMA application_id` of an agenticstate store ("AgSt" in the file's header).
 
@@ -100,7 +110,7 @@ LEGACY_VERSIONS = (1, 2)
 KV_COLUMNS = ("key", "value", "version", "created_at", "updated_at", "expires_at")
 """The first columns of `kv` in every layout (later layouts may add columns after them)."""
 TABLES = frozenset({"kv", "changes", "idx", "meta", "history"})
-INDEXES = frozenset({"kv_expiry", "idx_order"})
+INDEXES = frozenset({"kv_expiry", "idx_order", "kv_braced"})
 
 _ROW = "value, version, created_at, updated_at, expires_at, revision, create_revision"
 GET = f"SELECT {_ROW} FROM kv WHERE key = ?"  # noqa: S608  # constants
@@ -250,8 +260,8 @@ class Layout:
 
     @property
     def needs_views(self) -> bool:
-        """Whether a read-only connection reads it through `revision_views`."""
-        return self.kind == "older"
+        """Whether a read-only connection reads it through `revision_views` (layout 2)."""
+        return self.kind == "older" and self.version < 3
 
 
 ROW_MARGIN = 65_536
@@ -460,12 +470,15 @@ def _migrate(conn: sqlite3.Connection, version: int) -> None:
     """Bring a layout of `version` (0: a new file) to `SCHEMA_VERSION`.
 
     0 and 1 to 2: create the tables and indexes a file lacks (`meta` and `history` for 1);
-    then to 3: the revision columns, and a revision for every row (`migrate_revisions`).
+    then to 3: the revision columns, and a revision for every row (`migrate_revisions`);
+    then to 4: the index `kv_braced` (`KEY_INDEXES`: one pass over the keys).
     """
     for statement in SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
-    migrate_revisions(conn, version)
+    if version < 3:
+        migrate_revisions(conn, version)
+    conn.execute(KEY_INDEXES)
 
 
 def _mark(conn: sqlite3.Connection) -> None:

@@ -44,6 +44,12 @@ go back: a snapshot records the last one, and index records take numbers too); a
 that was there logs the key's create revision as well, and the snapshot keeps both per entry. A
 store written before revisions gets them on open (`_revise_legacy_entries`).
 
+Listings. The entries are in memory with their keys in order (`LocalStore`: sorted chunks kept
+in the same step as every change, sorted once on open after the replay): a pattern with a
+literal prefix costs O(log n + its range), one across entities (`agents:{*}:recovery`)
+O(entities x log n + result), one with no literal prefix a test of every key. The expiry sweep
+pops a heap only while its head is due: it costs what expires, not what lives.
+
 The change feed and history. A change enters the in-memory feed (`FeedRing`) when its batch is
 durable, in the step that applies it, so a change is in the feed exactly when its write is; its
 cursor is `f1:<store id>:<lsn>`. The log is the truth: on open the feed is rebuilt from its
@@ -445,10 +451,12 @@ class FileBackend(Backend):
         try:
             self._refuse_other_format()
             self._remove_stray_temps()
+            self._local.unordered()  # a bulk load: the keys are sorted once, after it
             journal = self._load_snapshot()
             self._start_feed(journal)
             self._replay_log()
             self._local.sweep(now())  # replay kept expired entries: they give later changes' old
+            self._local.reorder()  # the ordered keys, rebuilt from the snapshot and the log
             revised = self._revise_legacy_entries()
             ring = self._ring
             if ring is not None:
@@ -809,7 +817,12 @@ class FileBackend(Backend):
         return [self._local.live(key, moment) for key in keys]
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
-        """Yield the present keys matching `pattern` (sorted, as it happens)."""
+        """Yield the present keys matching `pattern`, sorted.
+
+        Costs O(log n + the range) for a pattern with a literal prefix (`agent:*`), one lookup
+        for a literal key, O(entities x log n + result) across entities (`agents:{*}:recovery`,
+        a skip-scan), and a test of every key for a pattern with no literal prefix (`*:x`).
+        """
         matcher = compile_glob(validate_pattern(pattern))
         await self._ready()
         await anyio.lowlevel.checkpoint()
@@ -819,7 +832,9 @@ class FileBackend(Backend):
     async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
         """Yield the present keys matching `pattern` as one sorted list (none if no key matches).
 
-        A pattern with a literal prefix (`agent:*`) reads only that range of the sorted keys.
+        Costs O(log n + the range) for a pattern with a literal prefix (`agent:*`), one lookup
+        for a literal key, O(entities x log n + result) across entities (`agents:{*}:recovery`,
+        a skip-scan), and a test of every key for a pattern with no literal prefix (`*:x`).
         """
         matcher = compile_glob(validate_pattern(pattern))
         await self._ready()

@@ -18,6 +18,11 @@ the store id random per instance (so another instance's cursor, or one from befo
 `CursorExpiredError`). `changes(since=)` takes the replay from the ring and starts the live
 subscription in one step, with no await between. History (`keep_history`) keeps the last versions of
 a key in a bounded deque, also in the write's step.
+
+Listings read the keys in order (`LocalStore`, shared with the file backend): a list of sorted
+chunks kept in the same step as every write, delete and expiry. A pattern with a literal prefix
+costs O(log n + its range), one across entities (`agents:{*}:recovery`) O(entities x log n +
+result), one with no literal prefix a test of every key; the expiry sweep costs what expires.
 """
 
 from __future__ import annotations
@@ -316,7 +321,12 @@ class MemoryBackend(Backend):
         return self._write(key, value, ttl, None, now)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
-        """Yield the present keys matching `pattern` (sorted, as it happens)."""
+        """Yield the present keys matching `pattern`, sorted.
+
+        Costs O(log n + the range) for a pattern with a literal prefix (`agent:*`), one lookup
+        for a literal key, O(entities x log n + result) across entities (`agents:{*}:recovery`,
+        a skip-scan), and a test of every key for a pattern with no literal prefix (`*:x`).
+        """
         matcher = compile_glob(validate_pattern(pattern))
         await anyio.lowlevel.checkpoint()
         for key in self._local.matching(matcher, utcnow()):
@@ -325,7 +335,9 @@ class MemoryBackend(Backend):
     async def scan_batches(self, pattern: str) -> AsyncIterator[list[str]]:
         """Yield the present keys matching `pattern` as one sorted list (none if no key matches).
 
-        A pattern with a literal prefix (`agent:*`) reads only that range of the sorted keys.
+        Costs O(log n + the range) for a pattern with a literal prefix (`agent:*`), one lookup
+        for a literal key, O(entities x log n + result) across entities (`agents:{*}:recovery`,
+        a skip-scan), and a test of every key for a pattern with no literal prefix (`*:x`).
         """
         matcher = compile_glob(validate_pattern(pattern))
         await anyio.lowlevel.checkpoint()

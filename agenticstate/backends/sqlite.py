@@ -5,7 +5,10 @@ On disk, one database file (plus SQLite's `-wal` and `-shm` files next to it) wi
 - `kv`: one row per key (with the backend's `key_prefix`): value bytes, version, created, updated
   and expiry times in microseconds since the epoch, revision and create revision. The key is the
   primary key, so a pattern with a literal prefix (`agent:*`) reads a range of the index, never the
-  whole table.
+  whole table: O(log n + the range). A listing across entities (`agents:{*}:recovery`) is a
+  skip-scan in one read transaction, O(entities x log n + result) (`_keyorder.skip_scan`, with
+  the partial index `kv_braced` for keys holding two `}` or more); a pattern with no literal
+  prefix reads every key. Expiry is swept through the partial index `kv_expiry`: what expired.
 - `changes`: every committed change (key, old and new bytes, version, time) under a sequence
   number, written in the same transaction as the value it describes. The sequence number is the
   change's revision (one sequence per file, shared by every prefix and process on it; trimming keeps
@@ -43,8 +46,9 @@ reused). A subscriber that comes back with `since=cursor` replays from there whi
 still holds it; beyond that, `changes` raises `CursorExpiredError` on entry.
 
 Schema versions. `PRAGMA user_version` records the layout; a file of an older layout (version 1,
-before the feed cursors and history; version 2, before revisions) is migrated in place when it is
-opened, in one transaction, and a file of a newer one is refused.
+before the feed cursors and history; version 2, before revisions; version 3, before the index
+`kv_braced`) is migrated in place when it is opened writable, in one transaction, and a file of a
+newer one is refused.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from agenticstate._keys import validate_key, validate_key_prefix, validate_patte
 from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
+from agenticstate.backends._keyorder import skip_plan, skip_scan
 from agenticstate.backends._local import feed_from_query, run_transaction
 from agenticstate.backends._paths import check_path_text
 from agenticstate.backends._sqlite_feed import (
@@ -834,7 +839,9 @@ class SQLiteBackend(Backend):
         """Yield the present keys matching `pattern`, reading the key range its prefix allows.
 
         A pattern that is a literal prefix and `*` (`agent:*`) is answered by the index range
-        alone; any other is filtered by the glob matcher after the range is read.
+        alone, O(log n + the range); one across entities (`agents:{*}:recovery`) by a skip-scan
+        in one read transaction, O(entities x log n + result); any other is filtered by the glob
+        matcher after the range its literal prefix allows is read (all keys if it has none).
         """
         async with contextlib.aclosing(self._scan_pages(pattern)) as pages:
             async for page in pages:
@@ -850,6 +857,12 @@ class SQLiteBackend(Backend):
 
     async def _scan_pages(self, pattern: str) -> AsyncGenerator[list[str]]:
         matcher = compile_glob(validate_pattern(pattern))
+        plan = skip_plan(pattern)
+        if plan is not None:
+            keys: list[str] = await self._call(False, self._skip_scan(matcher, *plan))
+            for start in range(0, len(keys), schema.PAGE):
+                yield keys[start : start + schema.PAGE]
+            return
         low, high = key_range(self.key_prefix + matcher.literal_prefix)
         every = schema.is_prefix_pattern(pattern, matcher)
         after: str | None = None
@@ -881,6 +894,66 @@ class SQLiteBackend(Backend):
                 match = matcher.match
                 page = [key[cut:] for (key,) in rows if match(key[cut:])]
             return page, rows[-1][0] if len(rows) == schema.PAGE else None
+
+        return run
+
+    def _skip_scan(
+        self, matcher: GlobMatcher, prefix: str, rest: str
+    ) -> Callable[[sqlite3.Connection], list[str]]:
+        """A listing of `<prefix>*}<rest>` as one read transaction of indexed seeks.
+
+        `skip_scan` over the table: each entity's group of keys costs a seek to its first key,
+        the range `<group><rest>` selects, and a seek in `kv_braced` over the group (the keys
+        whose `*` would cross a second `}`), never a read of the group's other keys.
+        """
+        full, cut = self.key_prefix, len(self.key_prefix)
+        live = " AND (expires_at IS NULL OR expires_at > ?)"
+        # Only placeholders and constants are joined into the SQL below.
+        braced_sql = "SELECT key FROM kv WHERE key >= ? AND key < ? AND " + schema.BRACED + live  # noqa: S608
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            now = schema.now_us()
+
+            def first(low: str, high: str | None, above: bool) -> str | None:
+                sql = "SELECT key FROM kv WHERE key " + ("> ?" if above else ">= ?")  # noqa: S608
+                params: list[object] = [full + low]
+                if high is not None:
+                    sql += " AND key < ?"
+                    params.append(full + high)
+                elif self._high is not None:
+                    sql += " AND key < ?"
+                    params.append(self._high)
+                params.append(now)
+                row = conn.execute(sql + live + " ORDER BY key LIMIT 1", params).fetchone()
+                return None if row is None else str(row[0])[cut:]
+
+            def select(pattern: str) -> list[str]:
+                sub = compile_glob(pattern)
+                if sub.is_literal:
+                    sql = "SELECT key FROM kv WHERE key = ?" + live  # noqa: S608
+                    rows = conn.execute(sql, (full + sub.literal_prefix, now)).fetchall()
+                    return [str(key)[cut:] for (key,) in rows]
+                low, high = key_range(full + sub.literal_prefix)
+                sql = "SELECT key FROM kv WHERE key >= ?"
+                params: list[object] = [low]
+                if high is not None:
+                    sql += " AND key < ?"
+                    params.append(high)
+                params.append(now)
+                keys = [
+                    str(key)[cut:] for (key,) in conn.execute(sql + live + " ORDER BY key", params)
+                ]
+                return keys if sub.is_prefix else [key for key in keys if sub.match(key)]
+
+            def braced(low: str, high: str) -> list[str]:
+                rows = conn.execute(braced_sql + " ORDER BY key", (full + low, full + high, now))
+                return [str(key)[cut:] for (key,) in rows]
+
+            conn.execute("BEGIN")
+            try:
+                return skip_scan(prefix, rest, matcher, first, select, braced)
+            finally:
+                conn.execute("COMMIT")
 
         return run
 

@@ -212,7 +212,7 @@ async def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None
         assert [e.version for e in await backend.history("k")] == [4, 3]
     conn = sqlite3.connect(db)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         (db_id,) = conn.execute("SELECT value FROM meta WHERE name = 'db_id'").fetchone()
     finally:
         conn.close()
