@@ -110,7 +110,9 @@ async def records(state: StateManager) -> dict[str, Callable[[], Awaitable[objec
 
     knowledge = KnowledgeStateManager(state_manager=state)
     for n in range(20):
-        await knowledge.update_source_state(SourceState(source_id=f"src{n}", knowledge_base_id="kb"))
+        await knowledge.update_source_state(
+            SourceState(source_id=f"src{n}", knowledge_base_id="kb")
+        )
 
     for n in range(20):
         await store.aput(("users", "u1"), f"item{n}", {"n": n})
@@ -245,7 +247,8 @@ def run() -> tuple[str, list[tuple[str, float]]]:
             )
             bars.append((f"{label}, {backend}", ratio))
     notes = [
-        f"Each figure is the median of {CALLS} calls (at least 5, fewer once a listing took {BUDGET:.0f} s); the ratio is the time with "
+        f"Each figure is the median of {CALLS} calls (at least 5, fewer once a listing took "
+        f"{BUDGET:.0f} s); the ratio is the time with "
         f"{UNRELATED:,} unrelated keys over the time without (target <= {TARGET}x; lower is "
         "better, 1.0 means the unrelated keys cost nothing).",
         "The unrelated keys are another application's (`other:<n>`): raw SETs on Redis and the "
