@@ -174,15 +174,15 @@ end
 """
 
 # KEYS: indexes; ARGV: the range's low and high bounds (ZRANGE BYLEX), how many names to look
-# at, at most, then where to start: the position in KEYS and the low bound there. Returns {the
-# names that exist, the position to go on from and its low bound} (false, false: done). A name
-# that is gone leaves the index (and its schedule) here.
-LIST = f"""
+# at, at most, then where to start: the position among the indexes and the low bound there.
+# Returns {the names that exist, the position to go on from and its low bound} (false, false:
+# done). A name that is gone leaves the index (and its schedule) here.
+_LIST_BODY = f"""
 local low, high, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local pos, from = tonumber(ARGV[4]), ARGV[5]
 local found, looked = {{}}, 0
-while pos <= #KEYS do
-  local index = KEYS[pos]
+while pos <= #indexes do
+  local index = indexes[pos]
   local page = redis.call('ZRANGE', index, from, high, 'BYLEX', 'LIMIT', 0, budget - looked)
   for _, name in ipairs(page) do
     if redis.call('EXISTS', name) == 1 then
@@ -199,9 +199,16 @@ while pos <= #KEYS do
 end
 return {{found, false, false}}
 """
+LIST = "local indexes = KEYS\n" + _LIST_BODY
 
-LIST_ACROSS_SLOTS = "#!lua flags=allow-cross-slot-keys\n" + LIST
-"""`LIST` over the indexes of several slots of one cluster node (Redis 7.0 or later)."""
+# The same over the indexes of several slots of one cluster node (Redis 7.0 or later): a
+# command's declared keys must share a slot, so the indexes come after the five ARGV above.
+LIST_ACROSS_SLOTS = (
+    "#!lua flags=allow-cross-slot-keys\n"
+    "local indexes = {}\n"
+    "for i = 6, #ARGV do indexes[i - 5] = ARGV[i] end\n"
+    + _LIST_BODY
+)
 
 # Build an index over records a previous release wrote (no index): KEYS: the index, its
 # schedule, other indexes (ARGV[1] of them: those of nested prefixes), then names found by

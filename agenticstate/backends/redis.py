@@ -1222,7 +1222,7 @@ class RedisBackend(Subscriber, Backend):
         if node is None:
             reply = await self._run_script(key_index.LIST_SHA, key_index.LIST, indexes, args)
         else:
-            command = ("EVALSHA", key_index.LIST_ACROSS_SLOTS_SHA, len(indexes), *indexes, *args)
+            command = ("EVALSHA", key_index.LIST_ACROSS_SLOTS_SHA, 0, *args, *indexes)
             client = self._client or await self._redis()
             try:
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
