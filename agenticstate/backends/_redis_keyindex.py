@@ -51,7 +51,6 @@ __all__ = [
 KEY_INDEX_NAMESPACE = "__agenticstate_keys__:"
 """What every key index's (and its schedule's, marker's and registry's) name starts with."""
 
-SCHEDULE_SUFFIX = "#exp"
 BUILT_SUFFIX = "#built"
 NESTED_SUFFIX = "#nested"
 
@@ -81,20 +80,17 @@ class KeyIndexNames:
             name = self._by_slot[slot] = KEY_INDEX_NAMESPACE + tail
         return name
 
-    def write_keys(self, slot: int) -> tuple[str, str]:
-        """What a write script of a key in `slot` is given last: the index and its schedule."""
-        index = self.index(slot)
-        return index, index + SCHEDULE_SUFFIX
 
 
 def lex_range(start: str) -> tuple[bytes, bytes]:
     """The ZRANGE BYLEX bounds of the names starting with `start` (every name when empty).
 
     UTF-8 holds no 0xFF byte, so the names starting with `start` end before the same bytes with
-    the last one raised by one.
+    the last one raised by one. Every name is above `\\x01` (no name starts with a control
+    character), the schedule's members below it.
     """
     if not start:
-        return b"-", b"+"
+        return b"[\x01", b"+"
     raw = start.encode("utf-8", "surrogatepass")
     return b"[" + raw, b"(" + raw[:-1] + bytes((raw[-1] + 1,))
 
@@ -115,19 +111,19 @@ def pinned_slot_key(literal: str, *, whole: bool) -> str | None:
 
 
 # The write scripts' part (see the module docstring). Run first, before the script's body:
-# `key_index` is {index, schedule} when the last two KEYS are this namespace's, else false (a
-# call without them: a transaction that only reads). `index_put(name, expires, cur, now)` after a
-# write of `name` (`expires` its expiry in ms, 0 = none; `cur` the record it replaced or false),
-# `index_drop(name, cur, now)` after a delete. `trim_due` removes, once a script, up to two names
-# whose expiry passed and that are gone.
+# `key_index` is the index when the last of KEYS is one (taken off), else false (a call
+# without it: a transaction that only reads). `index_put(name, expires, cur, now)` after a write
+# of `name` (`expires` its expiry in ms, 0 = none; `cur` the record it replaced or false),
+# `index_drop(name, cur, now)` after a delete. The schedule's members are in the index too,
+# before every name: NUL, the expiry (15 digits), the name. `trim_due` removes, once a script,
+# up to two schedule members whose time passed, and their names when the key is gone.
 KEY_INDEX_FUNCTION = f"""
 local function take_key_index()
   local n = #KEYS
   local ns = '{KEY_INDEX_NAMESPACE}'
-  if n >= 2 and string.sub(KEYS[n], 1, #ns) == ns and string.sub(KEYS[n - 1], 1, #ns) == ns then
-    local found = {{KEYS[n - 1], KEYS[n]}}
+  if n >= 1 and string.sub(KEYS[n], 1, #ns) == ns then
+    local found = KEYS[n]
     KEYS[n] = nil
-    KEYS[n - 1] = nil
     return found
   end
   return false
@@ -138,37 +134,39 @@ local function trim_due(now)
   if key_index_trimmed then return end
   key_index_trimmed = true
   -- Due: expired a millisecond before this script's clock (Redis has removed the key by now).
-  local due = redis.call('ZRANGE', key_index[2], '-inf', '(' .. (now - 1), 'BYSCORE', 'LIMIT', 0, 2)
-  for _, name in ipairs(due) do
-    local head = redis.pcall('GETRANGE', name, 50, 64)  -- the expiry in a record's header
-    local expires = type(head) == 'string' and tonumber(head) or nil
-    if head == '' then  -- gone (expired): its name leaves the index
-      redis.call('ZREM', key_index[1], name)
-      redis.call('ZREM', key_index[2], name)
-    elseif expires and expires >= now then  -- written again, through another prefix's store
-      redis.call('ZADD', key_index[2], expires, name)
-    else
-      redis.call('ZREM', key_index[2], name)
-    end
+  local due = redis.call('ZRANGE', key_index, '[\\0', string.format('(\\0%015d', now - 1),
+    'BYLEX', 'LIMIT', 0, 2)
+  for _, member in ipairs(due) do
+    redis.call('ZREM', key_index, member)
+    local name = string.sub(member, 17)
+    if redis.call('EXISTS', name) == 0 then redis.call('ZREM', key_index, name) end
   end
 end
-local function had_expiry(cur)
-  return cur and tonumber(string.sub(cur, 51, 65)) ~= 0
+local function expiry_of(cur)
+  if not cur then return 0 end
+  return tonumber(string.sub(cur, 51, 65)) or 0
 end
 local function index_put(name, expires, cur, now)
   if not key_index then return end
-  redis.call('ZADD', key_index[1], 0, name)
-  if expires > 0 then
-    redis.call('ZADD', key_index[2], expires, name)
-  elseif had_expiry(cur) then
-    redis.call('ZREM', key_index[2], name)
+  redis.call('ZADD', key_index, 0, name)
+  local before = expiry_of(cur)
+  if before ~= expires then
+    if before > 0 then
+      redis.call('ZREM', key_index, string.format('\\0%015d', before) .. name)
+    end
+    if expires > 0 then
+      redis.call('ZADD', key_index, 0, string.format('\\0%015d', expires) .. name)
+    end
   end
   trim_due(now)
 end
 local function index_drop(name, cur, now)
   if not key_index then return end
-  redis.call('ZREM', key_index[1], name)
-  if had_expiry(cur) then redis.call('ZREM', key_index[2], name) end
+  redis.call('ZREM', key_index, name)
+  local before = expiry_of(cur)
+  if before > 0 then
+    redis.call('ZREM', key_index, string.format('\\0%015d', before) .. name)
+  end
   trim_due(now)
 end
 """
@@ -177,10 +175,10 @@ end
 # at, at most, then where to start: the position among the indexes and the low bound there.
 # Returns {the names that exist, the position to go on from and its low bound} (false, false:
 # done). A name that is gone leaves the index (and its schedule) here.
-_LIST_BODY = f"""
+_LIST_BODY = """
 local low, high, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local pos, from = tonumber(ARGV[4]), ARGV[5]
-local found, looked = {{}}, 0
+local found, looked = {}, 0
 while pos <= #indexes do
   local index = indexes[pos]
   local page = redis.call('ZRANGE', index, from, high, 'BYLEX', 'LIMIT', 0, budget - looked)
@@ -188,16 +186,15 @@ while pos <= #indexes do
     if redis.call('EXISTS', name) == 1 then
       found[#found + 1] = name
     else
-      redis.call('ZREM', index, name)
-      redis.call('ZREM', index .. '{SCHEDULE_SUFFIX}', name)
+      redis.call('ZREM', index, name)  -- its schedule member goes when due (`trim_due`)
     end
   end
   looked = looked + #page
-  if looked >= budget then return {{found, pos, '(' .. page[#page]}} end
+  if looked >= budget then return {found, pos, '(' .. page[#page]} end
   pos = pos + 1
   from = low
 end
-return {{found, false, false}}
+return {found, false, false}
 """
 LIST = "local indexes = KEYS\n" + _LIST_BODY
 
@@ -210,17 +207,17 @@ LIST_ACROSS_SLOTS = (
     + _LIST_BODY
 )
 
-# Build an index over records a previous release wrote (no index): KEYS: the index, its
-# schedule, other indexes (ARGV[1] of them: those of nested prefixes), then names found by
-# SCAN. Each name that is a record and in none of the other indexes joins the index (and the
+# Build an index over records a previous release wrote (no index): KEYS: the index, other
+# indexes (ARGV[1] of them: those of prefixes that nest with this one), then names found by
+# SCAN. Each name that is a record and in none of the other indexes joins the index (and its
 # schedule, if it expires). Returns how many joined.
 BUILD = """
 local added = 0
 local others = tonumber(ARGV[1])
-for i = 3 + others, #KEYS do
+for i = 2 + others, #KEYS do
   local name = KEYS[i]
   local held = false
-  for j = 3, 2 + others do
+  for j = 2, 1 + others do
     if #redis.call('ZRANGE', KEYS[j], '[' .. name, '[' .. name, 'BYLEX') > 0 then held = true end
   end
   if not held and redis.call('TYPE', name).ok == 'string' then
@@ -229,7 +226,9 @@ for i = 3 + others, #KEYS do
     if (first == 43 and #head >= 97) or (first == 48 and #head >= 65) then
       added = added + redis.call('ZADD', KEYS[1], 0, name)
       local expires = tonumber(string.sub(head, 51, 65)) or 0
-      if expires > 0 then redis.call('ZADD', KEYS[2], expires, name) end
+      if expires > 0 then
+        redis.call('ZADD', KEYS[1], 0, string.format('\\0%015d', expires) .. name)
+      end
     end
   end
 end

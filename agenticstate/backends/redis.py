@@ -345,7 +345,8 @@ class RedisBackend(Subscriber, Backend):
         # joined before the first write (`_register_index`).
         self._index_unregistered = bool(key_prefix)
         self._index_ready = False  # the index is known to be built (`_ensure_index`)
-        self._index_denied: set[str] = set()  # other prefixes' indexes this ACL user may not read
+        # Other prefixes' indexes this ACL user may (not) read, found out once each.
+        self._index_allowed: dict[str, bool] = {key_prefix: True}
         self._cross_slot_scripts: bool | None = None  # the cluster runs flagged scripts
         # The scripts' retention arguments: max changes, max age in ms (0 = no bound).
         self._feed_retention = (
@@ -707,9 +708,9 @@ class RedisBackend(Subscriber, Backend):
             return self._revision_names.plain
         return self._revision_names.for_slot(wire.key_slot(name))
 
-    def _index_keys(self, name: str) -> tuple[str, str]:
-        """The key index and schedule a write of Redis key `name` keeps (`_redis_keyindex`)."""
-        return self._key_index.write_keys(wire.key_slot(name) if self.is_cluster else 0)
+    def _index_keys(self, name: str) -> tuple[str]:
+        """The key index a write of Redis key `name` keeps (`_redis_keyindex`): the last key."""
+        return (self._key_index.index(wire.key_slot(name) if self.is_cluster else 0),)
 
     def _feed_keys(self, name: str) -> tuple[str, ...]:
         """The feed stream and counter a write of Redis key `name` appends to (none when off).
@@ -1260,14 +1261,14 @@ class RedisBackend(Subscriber, Backend):
                     prefixes.append(nested)
         sources = []
         for prefix in prefixes:
-            if prefix in self._index_denied:
-                continue
             names = key_index.KeyIndexNames(prefix, cluster=self.is_cluster)
-            if prefix != own and not await self._may_read_index(names):
-                self._index_denied.add(prefix)
-                log.warning("key_index_denied", url=self.url)
-                continue
-            sources.append(names)
+            allowed = self._index_allowed.get(prefix)
+            if allowed is None:
+                allowed = self._index_allowed[prefix] = await self._may_read_index(names)
+                if not allowed:
+                    log.info("key_index_denied", url=self.url)
+            if allowed:
+                sources.append(names)
         return sources
 
     async def _may_read_index(self, names: key_index.KeyIndexNames) -> bool:
@@ -1371,13 +1372,13 @@ class RedisBackend(Subscriber, Backend):
                     for begin in range(0, len(group), 1000):
                         chunk = [names[position] for position in group[begin : begin + 1000]]
                         slot = wire.key_slot(chunk[0]) if self.is_cluster else 0
-                        index, schedule = self._key_index.write_keys(slot)
+                        index = self._key_index.index(slot)
                         held = [names.index(slot) for names in others]
                         added += int(
                             await self._script(
                                 key_index.BUILD_SHA,
                                 key_index.BUILD,
-                                (index, schedule, *held, *chunk),
+                                (index, *held, *chunk),
                                 len(held),
                                 write_key="",
                             )
