@@ -81,12 +81,11 @@ class KeyIndexNames:
         return name
 
 
-
 def lex_range(start: str) -> tuple[bytes, bytes]:
     """The ZRANGE BYLEX bounds of the names starting with `start` (every name when empty).
 
     UTF-8 holds no 0xFF byte, so the names starting with `start` end before the same bytes with
-    the last one raised by one. Every name is above `\\x01` (no name starts with a control
+    the last one raised by one. Every name is above byte 1 (no name starts with a control
     character), the schedule's members below it.
     """
     if not start:
@@ -203,8 +202,7 @@ LIST = "local indexes = KEYS\n" + _LIST_BODY
 LIST_ACROSS_SLOTS = (
     "#!lua flags=allow-cross-slot-keys\n"
     "local indexes = {}\n"
-    "for i = 6, #ARGV do indexes[i - 5] = ARGV[i] end\n"
-    + _LIST_BODY
+    "for i = 6, #ARGV do indexes[i - 5] = ARGV[i] end\n" + _LIST_BODY
 )
 
 # Build an index over records a previous release wrote (no index): KEYS: the index, other
