@@ -209,6 +209,7 @@ _SCAN_COUNT = 5_000
 # Names a key-index listing script looks at, at most: a page holds the server well under a
 # millisecond (a ZRANGE and an EXISTS per name).
 _LIST_PAGE = 1_000
+_PROBE_CHUNK = 2_000  # indexes one cluster node's listing script probes, at most
 _RESERVED = "__agenticstate"  # our own keys (indexes) start with it: SCAN never lists them
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
@@ -1086,7 +1087,9 @@ class RedisBackend(Subscriber, Backend):
             async for page in pages:
                 yield page
 
-    async def _scan_keyspace(self, pattern: str) -> AsyncGenerator[list[str], None]:
+    async def _scan_keyspace(
+        self, pattern: str, only: Any = None
+    ) -> AsyncGenerator[list[str], None]:
         """Yield the keys matching `pattern` one SCAN page at a time, sorted, without the prefix.
 
         Each page is decoded whole (one join, one decode, one split) while the server already
@@ -1096,6 +1099,8 @@ class RedisBackend(Subscriber, Backend):
         client = await self._redis()
         # One SCAN per server; in a cluster, one per primary (each holds its own slots).
         nodes: list[Any] = await self._primaries(client) if self.is_cluster else [None]
+        if only is not None:  # one cluster primary
+            nodes = [only]
         seen: set[bytes] | None = None  # every name yielded, once there is a second page
         first: list[bytes] = []
         for node in nodes:
@@ -1196,6 +1201,12 @@ class RedisBackend(Subscriber, Backend):
         seen: set[bytes] | None = set() if len(sources) > 1 else None
         cut = len(prefix.encode())
         for node, indexes in groups:
+            if node is not None and len(indexes) >= await self._node_size(node):
+                # Fewer keys on this primary than indexes to probe: its SCAN costs less.
+                async with contextlib.aclosing(self._scan_keyspace(pattern, node)) as pages:
+                    async for page in pages:
+                        yield page
+                continue
             position: Any = 1
             bound: bytes = low
             while position:
@@ -1219,11 +1230,19 @@ class RedisBackend(Subscriber, Backend):
     async def _list_page(
         self, node: Any, indexes: list[str], args: tuple[bytes | int, ...]
     ) -> tuple[list[bytes], int | None, bytes]:
-        """One `LIST` script: on one server or a slot (`node` None), or on one cluster node."""
+        """One `LIST` script: on one server or a slot (`node` None), or on one cluster node.
+
+        On a node, at most `_PROBE_CHUNK` indexes a script: the next chunk goes in the next
+        call, so no script holds the server for long.
+        """
         if node is None:
             reply = await self._run_script(key_index.LIST_SHA, key_index.LIST, indexes, args)
         else:
-            command = ("EVALSHA", key_index.LIST_ACROSS_SLOTS_SHA, 0, *args, *indexes)
+            low, high, budget, position, bound = args
+            first = (int(position) - 1) // _PROBE_CHUNK * _PROBE_CHUNK
+            chunk = indexes[first : first + _PROBE_CHUNK]
+            args = (low, high, budget, int(position) - first, bound)
+            command = ("EVALSHA", key_index.LIST_ACROSS_SLOTS_SHA, 0, *args, *chunk)
             client = self._client or await self._redis()
             try:
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
@@ -1232,8 +1251,22 @@ class RedisBackend(Subscriber, Backend):
                     raise
                 await self._load_script(key_index.LIST_ACROSS_SLOTS)
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
+            if reply[1]:
+                reply = [reply[0], int(reply[1]) + first, reply[2]]
+            elif first + _PROBE_CHUNK < len(indexes):  # on to the next chunk
+                reply = [reply[0], first + _PROBE_CHUNK + 1, low]
         found, position, bound = reply
         return list(found), (int(position) if position else None), bound
+
+    async def _node_size(self, node: Any) -> int:
+        """How many keys a cluster primary holds (DBSIZE; unbounded if this user may not ask)."""
+        client = self._client or await self._redis()
+        try:
+            return int(await self._execute_on_cluster(client, ("DBSIZE",), None, target_nodes=node))
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            return 1 << 62
 
     async def _index_sources(self, start: str) -> list[key_index.KeyIndexNames]:
         """The indexes that may hold names starting with `start` (this user may read).
