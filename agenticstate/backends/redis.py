@@ -9,6 +9,13 @@ prefix starts with it (`app1:` and `app12:` never meet); prefixes nest at colons
 the keys of `app:prod:`). Each change is notified on the channel
 `__agenticstate__:{key_prefix}{key}`.
 
+Key index. Every write script also adds the written name to its prefix's key index (a sorted
+set read by lexicographic range; on a cluster one per prefix and slot) and a delete removes it,
+so `scan`/`scan_batches` (every listing) read the index over the pattern's literal prefix and
+never SCAN the keyspace (`_redis_keyindex`). Names of expired keys are checked and dropped by
+listings and trimmed by writes; an index missing from an older store is built on the first
+listing (`reindex`).
+
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
 appends the change to the feed and PUBLISHes a notification of it, all in one atomic step.
