@@ -217,6 +217,9 @@ _SCAN_COUNT = 5_000
 # millisecond (a ZRANGE and an EXISTS per name).
 _LIST_PAGE = 1_000
 _PROBE_CHUNK = 2_000  # indexes one cluster node's listing script probes, at most
+# Prefixes whose indexes a cluster listing without a hash tag probes in every slot, at most
+# (the store's own, those it is nested in, those nested in it); beyond, it SCANs.
+_MAX_PROBED_PREFIXES = 4
 _RESERVED = "__agenticstate"  # our own keys (indexes) start with it: SCAN never lists them
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
@@ -1094,9 +1097,7 @@ class RedisBackend(Subscriber, Backend):
             async for page in pages:
                 yield page
 
-    async def _scan_keyspace(
-        self, pattern: str, only: Any = None
-    ) -> AsyncGenerator[list[str], None]:
+    async def _scan_keyspace(self, pattern: str) -> AsyncGenerator[list[str], None]:
         """Yield the keys matching `pattern` one SCAN page at a time, sorted, without the prefix.
 
         Each page is decoded whole (one join, one decode, one split) while the server already
@@ -1106,8 +1107,6 @@ class RedisBackend(Subscriber, Backend):
         client = await self._redis()
         # One SCAN per server; in a cluster, one per primary (each holds its own slots).
         nodes: list[Any] = await self._primaries(client) if self.is_cluster else [None]
-        if only is not None:  # one cluster primary
-            nodes = [only]
         seen: set[bytes] | None = None  # every name yielded, once there is a second page
         first: list[bytes] = []
         for node in nodes:
@@ -1197,9 +1196,11 @@ class RedisBackend(Subscriber, Backend):
             if pinned is not None:
                 slot = wire.key_slot(pinned)
                 groups = [(None, [names.index(slot) for names in sources])]
-            elif await self._lists_across_slots():
+            elif len(sources) <= _MAX_PROBED_PREFIXES and await self._lists_across_slots():
                 groups = await self._indexes_by_primary(sources)
-            else:  # a cluster older than Redis 7.0: no script may read several slots
+            else:
+                # A cluster older than Redis 7.0 (no script may read several slots), or many
+                # nested stores (probing every slot's index of each would cost more than a SCAN).
                 async with contextlib.aclosing(self._scan_keyspace(pattern)) as pages:
                     async for page in pages:
                         yield page
@@ -1208,12 +1209,6 @@ class RedisBackend(Subscriber, Backend):
         seen: set[bytes] | None = set() if len(sources) > 1 else None
         cut = len(prefix.encode())
         for node, indexes in groups:
-            if node is not None and len(indexes) >= await self._node_size(node):
-                # Fewer keys on this primary than indexes to probe: its SCAN costs less.
-                async with contextlib.aclosing(self._scan_keyspace(pattern, node)) as pages:
-                    async for page in pages:
-                        yield page
-                continue
             position: Any = 1
             bound: bytes = low
             while position:
@@ -1264,16 +1259,6 @@ class RedisBackend(Subscriber, Backend):
                 reply = [reply[0], first + _PROBE_CHUNK + 1, low]
         found, position, bound = reply
         return list(found), (int(position) if position else None), bound
-
-    async def _node_size(self, node: Any) -> int:
-        """How many keys a cluster primary holds (DBSIZE; unbounded if this user may not ask)."""
-        client = self._client or await self._redis()
-        try:
-            return int(await self._execute_on_cluster(client, ("DBSIZE",), None, target_nodes=node))
-        except BackendError as exc:
-            if not wire.no_permission(exc):
-                raise
-            return 1 << 62
 
     async def _index_sources(self, start: str) -> list[key_index.KeyIndexNames]:
         """The indexes that may hold names starting with `start` (this user may read).
