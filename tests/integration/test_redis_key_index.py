@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
     from anyio.from_thread import BlockingPortal
 
+    from agenticstate.backends.base import TxnOp
+
 pytestmark = pytest.mark.redis
 
 RESERVED = b"__agenticstate"
@@ -405,8 +407,10 @@ class IndexMachine(RuleBasedStateMachine):
     def transact(self, store: int, key: str, other: str) -> None:
         # One slot on a cluster: both keys share a tag.
         put, drop = f"{{t}}{key}", f"{{t}}{other}"
-        ops = [Put(put, b"t")] if put == drop else [Put(put, b"t"), Delete(drop)]
-        self.portal.call(lambda: self.backends[store].transact([], ops))
+        ops: list[TxnOp] = [Put(put, b"t")]
+        if put != drop:
+            ops.append(Delete(drop))
+        self.portal.call(self.backends[store].transact, [], ops)
 
     @rule()
     def expire(self) -> None:
