@@ -458,10 +458,11 @@ def _run_machine(url: str, *, expiry: bool, examples: int) -> None:
         )
 
 
+@pytest.mark.slow
 def test_the_index_lists_what_a_scan_finds(server: RedisServer) -> None:
     """Model-based, one server: writes, deletes, transactions and TTL expiry through nested
     stores; every listing, for generated patterns, equals a full SCAN."""
-    _run_machine(server.unix_url, expiry=True, examples=25)
+    _run_machine(server.unix_url, expiry=True, examples=15)
 
 
 @pytest.mark.slow
