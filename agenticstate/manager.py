@@ -427,6 +427,12 @@ class StateManager:
 
         `*` matches anything (`:` included), `?` one character, `[abc]`/`[a-z]`/`[^a]` one of a
         set; a backslash makes the next character literal (`list_keys(r"job\*")`).
+
+        Cost per backend: on Redis (and Redis Cluster) it reads the key index, O(log n + the
+        keys under the pattern's literal prefix), never the rest of the database (on a cluster,
+        a pattern without a complete `{tag}` in its literal prefix probes every slot's index:
+        a fixed cost per slot; see the Redis backend's "Listings and the key index"). On the
+        other backends, see their pages.
         """
         validate_pattern(pattern)
         backend = await self._opened_backend()

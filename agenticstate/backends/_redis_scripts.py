@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from agenticstate.backends._redis_feed import FEED_NAMESPACE
 from agenticstate.backends._redis_history import HISTORY_FUNCTION
+from agenticstate.backends._redis_keyindex import KEY_INDEX_FUNCTION
 from agenticstate.backends.base import Change, ChangeOp, new_change, new_entry
 from agenticstate.exceptions import ForeignRecordError
 
@@ -268,6 +269,7 @@ end
 WRITE_FUNCTION = (
     FEED_FUNCTION
     + REVISION_FUNCTION
+    + KEY_INDEX_FUNCTION
     + """
 local t = redis.call('TIME')
 clock = t
@@ -313,6 +315,7 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   else
     redis.call('SET', key, record)
   end
+  index_put(key, expires, cur, now)
   local oldpart = '0'
   if old then oldpart = '1' .. string.format('%010d', #old) .. old end
   local data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
@@ -396,6 +399,7 @@ local function drop(key, expected, channel, now, feed, rev, exprev, now_us)
   if not cur then return {2} end
   local old = string.sub(cur, at)
   redis.call('DEL', key)
+  index_drop(key, cur, now)
   local revision = revise(rev, now_us)
   local verstr = string.format('%020d', ver)
   local data, id = to_feed(feed, key, 'R' .. string.format('%016d', revision) .. 'D' .. verstr
@@ -412,6 +416,7 @@ end
 DELETE = (
     FEED_FUNCTION
     + REVISION_FUNCTION
+    + KEY_INDEX_FUNCTION
     + DROP_FUNCTION
     + EXPECT_FUNCTION
     + HISTORY_FUNCTION

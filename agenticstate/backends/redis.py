@@ -9,6 +9,13 @@ prefix starts with it (`app1:` and `app12:` never meet); prefixes nest at colons
 the keys of `app:prod:`). Each change is notified on the channel
 `__agenticstate__:{key_prefix}{key}`.
 
+Key index. Every write script also adds the written name to its prefix's key index (a sorted
+set read by lexicographic range; on a cluster one per prefix and slot) and a delete removes it,
+so `scan`/`scan_batches` (every listing) read the index over the pattern's literal prefix and
+never SCAN the keyspace (`_redis_keyindex`). Names of expired keys are checked and dropped by
+listings and trimmed by writes; an index missing from an older store is built on the first
+listing (`reindex`).
+
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
 appends the change to the feed and PUBLISHes a notification of it, all in one atomic step.
@@ -123,11 +130,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from agenticstate._checks import seconds
+from agenticstate._glob import compile_glob
 from agenticstate._keys import escape_glob, validate_key, validate_key_prefix, validate_pattern
 from agenticstate._log import get_logger
 from agenticstate._retry import retry_delay
 from agenticstate.backends import _redis_feed, _redis_revision, _redis_txn
 from agenticstate.backends import _redis_history as history_lists
+from agenticstate.backends import _redis_keyindex as key_index
 from agenticstate.backends import _redis_scripts as scripts
 from agenticstate.backends import _redis_wire as wire
 from agenticstate.backends._redis_pubsub import Subscriber
@@ -187,6 +196,7 @@ KEY_NAMESPACES: tuple[str, ...] = (
     history_lists.HISTORY_NAMESPACE,  # kept versions of keys with history rules
     _redis_revision.REVISION_NAMESPACE,  # the revision counters every write takes from
     _redis_feed.REGISTRY_NAMESPACE,  # the feeds of nested prefixes, for an outer prefix's reader
+    key_index.KEY_INDEX_NAMESPACE,  # the key indexes listings read (and their companions)
 )
 """Every Redis key a store uses is `{namespace}{key_prefix}...` for one of these namespaces.
 
@@ -203,6 +213,13 @@ _SET_MANY_CHUNK = 500  # keys per set_many script call
 # Slots a SCAN call visits: a page of 5,000 holds the server well under a millisecond, and
 # the next page is asked for while one is decoded, so few and large pages cost no waiting.
 _SCAN_COUNT = 5_000
+# Names a key-index listing script looks at, at most: a page holds the server well under a
+# millisecond (a ZRANGE and an EXISTS per name).
+_LIST_PAGE = 1_000
+_PROBE_CHUNK = 2_000  # indexes one cluster node's listing script probes, at most
+# Prefixes whose indexes a cluster listing without a hash tag probes in every slot, at most
+# (the store's own, those it is nested in, those nested in it); beyond, it SCANs.
+_MAX_PROBED_PREFIXES = 4
 _RESERVED = "__agenticstate"  # our own keys (indexes) start with it: SCAN never lists them
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
@@ -334,6 +351,14 @@ class RedisBackend(Subscriber, Backend):
         self.feed = feed
         self._feed_names = _redis_feed.FeedNames(key_prefix, cluster=self.is_cluster)
         self._revision_names = _redis_revision.RevisionNames(key_prefix, cluster=self.is_cluster)
+        self._key_index = key_index.KeyIndexNames(key_prefix, cluster=self.is_cluster)
+        # An outer prefix's listings read this store's index once it is in their registries:
+        # joined before the first write (`_register_index`).
+        self._index_unregistered = bool(key_prefix)
+        self._index_ready = False  # the index is known to be built (`_ensure_index`)
+        # Other prefixes' indexes this ACL user may (not) read, found out once each.
+        self._index_allowed: dict[str, bool] = {key_prefix: True}
+        self._cross_slot_scripts: bool | None = None  # the cluster runs flagged scripts
         # The scripts' retention arguments: max changes, max age in ms (0 = no bound).
         self._feed_retention = (
             (0, 0)
@@ -619,12 +644,20 @@ class RedisBackend(Subscriber, Backend):
             await self._register_feed()
         if self._epoch_unread:
             await self._first_epoch()
+        if self._index_unregistered:
+            await self._register_index()
         kept = self._keeps_history and self._history_list(key)
-        if kept:  # the history list is the script's last key, its spec the last argument
+        if kept:  # the history list comes before the key index, its spec is the last argument
             reply = await self._script(
                 scripts.SET_SHA,
                 scripts.SET,
-                (name, self._revision_key(name), *self._feed_keys(name), kept[0]),
+                (
+                    name,
+                    self._revision_key(name),
+                    *self._feed_keys(name),
+                    kept[0],
+                    *self._index_keys(name),
+                ),
                 value,
                 scripts.ttl_ms(ttl),
                 expected,
@@ -637,7 +670,7 @@ class RedisBackend(Subscriber, Backend):
             reply = await self._script(
                 scripts.SET_SHA,
                 scripts.SET,
-                (name, self._revision_key(name), *self._feed_keys(name)),
+                (name, self._revision_key(name), *self._feed_keys(name), *self._index_keys(name)),
                 value,
                 scripts.ttl_ms(ttl),
                 expected,
@@ -685,6 +718,10 @@ class RedisBackend(Subscriber, Backend):
         if not self.is_cluster:
             return self._revision_names.plain
         return self._revision_names.for_slot(wire.key_slot(name))
+
+    def _index_keys(self, name: str) -> tuple[str]:
+        """The key index a write of Redis key `name` keeps (`_redis_keyindex`): the last key."""
+        return (self._key_index.index(wire.key_slot(name) if self.is_cluster else 0),)
 
     def _feed_keys(self, name: str) -> tuple[str, ...]:
         """The feed stream and counter a write of Redis key `name` appends to (none when off).
@@ -790,6 +827,8 @@ class RedisBackend(Subscriber, Backend):
             await self._register_feed()
         if self._epoch_unread:
             await self._first_epoch()
+        if self._index_unregistered:
+            await self._register_index()
         replies: list[Any] = [None] * len(items)
         # One script call per chunk of keys sharing a slot (a script's keys may not cross
         # slots in a cluster), so Redis is never blocked for long either.
@@ -811,6 +850,7 @@ class RedisBackend(Subscriber, Backend):
                             depths.append((n, kept[1]))
                     if depths:
                         args.append(history_lists.spec(depths))
+                keys += self._index_keys(names[chunk[0]])
                 done = await self._script(
                     scripts.SET_MANY_SHA,
                     scripts.SET_MANY,
@@ -869,12 +909,14 @@ class RedisBackend(Subscriber, Backend):
             await self._register_feed()
         if self._epoch_unread:
             await self._first_epoch()
+        if self._index_unregistered:
+            await self._register_index()
         kept = self._keeps_history and self._history_list(key)
         keys = (name, self._revision_key(name), *self._feed_keys(name))
         reply = await self._script(
             scripts.DELETE_SHA,
             scripts.DELETE,
-            (*keys, kept[0]) if kept else keys,
+            (*keys, kept[0], *self._index_keys(name)) if kept else (*keys, *self._index_keys(name)),
             expected,
             CHANNEL_NAMESPACE + name,
             *self._feed_argv,
@@ -932,9 +974,13 @@ class RedisBackend(Subscriber, Backend):
             await self._register_feed()
         if self._epoch_unread and call.writes:
             await self._first_epoch()
+        if self._index_unregistered and call.writes:
+            await self._register_index()
         _redis_txn.add_written(
             call, self._revision_key(first), self._feed_keys(first), self._feed_retention
         )
+        if call.writes:  # the key index comes last: the script takes it off first
+            call.keys.extend(self._index_keys(first))
         source, sha = _redis_txn.script(
             scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION, history_lists.HISTORY_FUNCTION
         )
@@ -1024,19 +1070,40 @@ class RedisBackend(Subscriber, Backend):
         return await self._read(*command)
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
-        """Yield the keys matching `pattern` with SCAN (never KEYS), without the prefix."""
+        """Yield the keys matching `pattern` from the key index, without the prefix.
+
+        See `scan_batches` for what it reads and costs.
+        """
         async with contextlib.aclosing(self.scan_batches(pattern)) as batches:
             async for batch in batches:  # left early, the page on its way is dropped at once
                 for key in batch:
                     yield key
 
     async def scan_batches(self, pattern: str) -> AsyncGenerator[list[str], None]:
+        """Yield the keys matching `pattern` a page at a time, sorted, without the prefix.
+
+        The pages come from the key index (see "Key index"), never from the keyspace: the
+        names in the range of the pattern's literal prefix, each checked to exist, in pages of
+        `_LIST_PAGE` names: O(log n + the names in the range). On a cluster, a pattern whose
+        literal prefix holds a complete `{tag}` reads that slot's indexes; any other reads every
+        slot's, one script per primary (Redis 7.0 or later; an older cluster SCANs each primary
+        instead). The first listing of a store whose index was never built builds it first
+        (`reindex`).
+        """
+        match = validate_pattern(pattern)
+        await self._redis()
+        await self._ensure_index()
+        async with contextlib.aclosing(self._list_index(match)) as pages:
+            async for page in pages:
+                yield page
+
+    async def _scan_keyspace(self, pattern: str) -> AsyncGenerator[list[str], None]:
         """Yield the keys matching `pattern` one SCAN page at a time, sorted, without the prefix.
 
         Each page is decoded whole (one join, one decode, one split) while the server already
         walks the next one: the next SCAN goes out as soon as the cursor is known.
         """
-        match = escape_glob(self.key_prefix) + validate_pattern(pattern)
+        match = escape_glob(self.key_prefix) + pattern
         client = await self._redis()
         # One SCAN per server; in a cluster, one per primary (each holds its own slots).
         nodes: list[Any] = await self._primaries(client) if self.is_cluster else [None]
@@ -1111,6 +1178,241 @@ class RedisBackend(Subscriber, Backend):
         return await self._execute_on_cluster(
             client, ("SCAN", cursor, "MATCH", match, "COUNT", _SCAN_COUNT), None, target_nodes=node
         )
+
+    # the key index (`_redis_keyindex`): what listings read
+
+    async def _list_index(self, pattern: str) -> AsyncGenerator[list[str], None]:
+        """Yield the keys matching `pattern` from the key indexes, a checked page at a time."""
+        matcher = compile_glob(pattern)
+        prefix = self.key_prefix
+        start = prefix + matcher.literal_prefix
+        low, high = key_index.lex_range(start)
+        sources = await self._index_sources(start)
+        groups: list[tuple[Any, list[str]]]
+        if not self.is_cluster:
+            groups = [(None, [names.plain for names in sources])]
+        else:
+            pinned = key_index.pinned_slot_key(start, whole=matcher.is_literal)
+            if pinned is not None:
+                slot = wire.key_slot(pinned)
+                groups = [(None, [names.index(slot) for names in sources])]
+            elif len(sources) <= _MAX_PROBED_PREFIXES and await self._lists_across_slots():
+                groups = await self._indexes_by_primary(sources)
+            else:
+                # A cluster older than Redis 7.0 (no script may read several slots), or many
+                # nested stores (probing every slot's index of each would cost more than a SCAN).
+                async with contextlib.aclosing(self._scan_keyspace(pattern)) as pages:
+                    async for page in pages:
+                        yield page
+                return
+        # One name may be in two indexes (written through two stores whose prefixes nest).
+        seen: set[bytes] | None = set() if len(sources) > 1 else None
+        cut = len(prefix.encode())
+        for node, indexes in groups:
+            position: Any = 1
+            bound: bytes = low
+            while position:
+                found, position, bound = await self._list_page(
+                    node, indexes, (low, high, _LIST_PAGE, position, bound)
+                )
+                if seen is not None:
+                    fresh = []
+                    for name in found:
+                        if name not in seen:
+                            seen.add(name)
+                            fresh.append(name)
+                    found = fresh
+                keys = [name[cut:].decode("utf-8", "surrogateescape") for name in found]
+                if not matcher.is_prefix:
+                    keys = [key for key in keys if matcher.match(key)]
+                if keys:
+                    keys.sort()
+                    yield keys
+
+    async def _list_page(
+        self, node: Any, indexes: list[str], args: tuple[bytes | int, ...]
+    ) -> tuple[list[bytes], int | None, bytes]:
+        """One `LIST` script: on one server or a slot (`node` None), or on one cluster node.
+
+        On a node, at most `_PROBE_CHUNK` indexes a script: the next chunk goes in the next
+        call, so no script holds the server for long.
+        """
+        if node is None:
+            reply = await self._run_script(key_index.LIST_SHA, key_index.LIST, indexes, args)
+        else:
+            low, high, budget, position, bound = args
+            first = (int(position) - 1) // _PROBE_CHUNK * _PROBE_CHUNK
+            chunk = indexes[first : first + _PROBE_CHUNK]
+            args = (low, high, budget, int(position) - first, bound)
+            command = ("EVALSHA", key_index.LIST_ACROSS_SLOTS_SHA, 0, *args, *chunk)
+            client = self._client or await self._redis()
+            try:
+                reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
+            except BackendError as exc:
+                if not wire.unknown_script(exc):
+                    raise
+                await self._load_script(key_index.LIST_ACROSS_SLOTS)
+                reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
+            if reply[1]:
+                reply = [reply[0], int(reply[1]) + first, reply[2]]
+            elif first + _PROBE_CHUNK < len(indexes):  # on to the next chunk
+                reply = [reply[0], first + _PROBE_CHUNK + 1, low]
+        found, position, bound = reply
+        return list(found), (int(position) if position else None), bound
+
+    async def _index_sources(self, start: str) -> list[key_index.KeyIndexNames]:
+        """The indexes that may hold names starting with `start` (this user may read).
+
+        This store's, those of the prefixes it is nested in, and those of the prefixes nested
+        in it (its registry) that can hold such names.
+        """
+        own = self.key_prefix
+        prefixes = [own, *_redis_feed.ancestors(own)]
+        try:
+            members = await self._read("SMEMBERS", self._key_index.nested)
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            members = []
+        for member in members:
+            with contextlib.suppress(UnicodeDecodeError):
+                nested = member.decode()
+                if (
+                    nested != own
+                    and nested.startswith(own)
+                    and _redis_feed.is_prefix(nested)
+                    and (nested.startswith(start) or start.startswith(nested))
+                ):
+                    prefixes.append(nested)
+        sources = []
+        for prefix in prefixes:
+            names = key_index.KeyIndexNames(prefix, cluster=self.is_cluster)
+            allowed = self._index_allowed.get(prefix)
+            if allowed is None:
+                allowed = self._index_allowed[prefix] = await self._may_read_index(names)
+                if not allowed:
+                    log.info("key_index_denied", url=self.url)
+            if allowed:
+                sources.append(names)
+        return sources
+
+    async def _may_read_index(self, names: key_index.KeyIndexNames) -> bool:
+        """Whether this ACL user may read another prefix's indexes (once per prefix)."""
+        try:
+            await self._read("EXISTS", names.index(0))
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            return False
+        return True
+
+    async def _indexes_by_primary(
+        self, sources: list[key_index.KeyIndexNames]
+    ) -> list[tuple[Any, list[str]]]:
+        """Every slot's indexes of `sources`, grouped by the primary serving the slot."""
+        client = self._client or await self._redis()
+        await self._primaries(client)  # the slot map, read if stale
+        by_node: dict[str, tuple[Any, list[str]]] = {}
+        for slot, node in enumerate(self._cluster.slots):
+            if node is None:
+                self._cluster.stale = True
+                raise BackendUnavailableError(
+                    f"no node of the Redis Cluster at {self.url} serves slot {slot}"
+                )
+            group = by_node.get(node.name)
+            if group is None:
+                group = by_node[node.name] = (node, [])
+            group[1].extend(names.index(slot) for names in sources)
+        return list(by_node.values())
+
+    async def _lists_across_slots(self) -> bool:
+        """Whether the cluster runs scripts flagged `allow-cross-slot-keys` (Redis >= 7.0)."""
+        if self._cross_slot_scripts is None:
+            try:
+                await self._load_script(key_index.LIST_ACROSS_SLOTS)
+            except BackendError as exc:
+                text = str(exc).lower()
+                if "shebang" not in text and "compil" not in text and "unexpected" not in text:
+                    raise
+                log.info("key_index_cross_slot_unsupported", url=self.url)
+                self._cross_slot_scripts = False
+            else:
+                self._cross_slot_scripts = True
+        return self._cross_slot_scripts
+
+    async def _register_index(self) -> None:
+        """Add this store's prefix to the registries of the prefixes it is nested in.
+
+        An outer store's listings read the indexes of the prefixes in its registry
+        (`__agenticstate_keys__:<outer>#nested`) along with its own. Done before this
+        backend's first write: one SADD per outer prefix (one this ACL user may not add to is
+        skipped: its listings would not be allowed to read this store's index either).
+        """
+        for outer in _redis_feed.ancestors(self.key_prefix):
+            registry = key_index.KeyIndexNames(outer, cluster=self.is_cluster).nested
+            try:
+                await self._execute("SADD", registry, self.key_prefix, write_key=None)
+            except BackendError as exc:
+                if not wire.no_permission(exc):
+                    raise
+        self._index_unregistered = False
+
+    async def _ensure_index(self) -> None:
+        """Build the key index once, if no process built it yet (`reindex`)."""
+        if self._index_ready:
+            return
+        if not await self._read("EXISTS", self._key_index.built):
+            await self.reindex()
+        self._index_ready = True
+
+    async def reindex(self) -> int:
+        """Build the key index over every record under the prefix, and mark it built.
+
+        Listings read the index that every write keeps (see "Key index"). A store written by
+        an earlier release of this library has records but no index: its first listing calls
+        this once, and marks the index built so that no process does it again. It SCANs the
+        prefix's keys once (the whole keyspace: O(keys in the database)) and adds every record
+        to the index (a foreign key is not added). Safe while other processes write or build
+        too: every step is idempotent and listings check that each name exists.
+
+        Returns:
+            How many names joined the index (0 when it was complete).
+        """
+        await self._redis()
+        log.info("key_index_build_started", url=self.url)
+        added = 0
+        records = 0
+        prefix = self.key_prefix
+        # A name another index holds already (written through a store whose prefix nests with
+        # this one) is listed from there: not added twice.
+        others = [names for names in await self._index_sources(prefix) if names.prefix != prefix]
+        async with contextlib.aclosing(self._scan_keyspace("*")) as pages:
+            async for keys in pages:
+                names = []
+                for key in keys:
+                    with contextlib.suppress(UnicodeEncodeError):  # not UTF-8: not a record's
+                        (prefix + key).encode()
+                        names.append(prefix + key)
+                for group in self._by_slot(names):
+                    for begin in range(0, len(group), 1000):
+                        chunk = [names[position] for position in group[begin : begin + 1000]]
+                        slot = wire.key_slot(chunk[0]) if self.is_cluster else 0
+                        index = self._key_index.index(slot)
+                        held = [names.index(slot) for names in others]
+                        added += int(
+                            await self._script(
+                                key_index.BUILD_SHA,
+                                key_index.BUILD,
+                                (index, *held, *chunk),
+                                len(held),
+                                write_key="",
+                            )
+                        )
+                        records += len(chunk)
+        await self._execute("SET", self._key_index.built, str(records), write_key=None)
+        self._index_ready = True
+        log.info("key_index_built", url=self.url, keys=records, added=added)
+        return added
 
     # sorted indexes (Redis sorted sets)
 

@@ -474,7 +474,7 @@ async def test_an_acl_user_reaches_its_prefixes_history_lists(tmp_path: Path) ->
     try:
         recipe = (
             "app on >secret ~myapp:* ~__agenticstate_hist__:myapp:* "
-            "~__agenticstate_rev__:myapp:* allchannels "
+            "~__agenticstate_rev__:myapp:* ~__agenticstate_keys__:myapp:* allchannels "
             "+@read +@write +@scripting +@pubsub +ping +hello +time"
         )
         admin.execute_command("ACL", "SETUSER", *recipe.split())  # type: ignore[no-untyped-call]

@@ -32,6 +32,7 @@ from agenticstate import FeedRetention, RedisBackend, StateConfig, StateManager
 from agenticstate._glob import compile_glob
 from agenticstate._keys import escape_glob
 from agenticstate.backends._redis_feed import FEED_NAMESPACE, REGISTRY_NAMESPACE, ancestors
+from agenticstate.backends._redis_keyindex import KEY_INDEX_NAMESPACE
 from agenticstate.backends.redis import CHANNEL_NAMESPACES, KEY_NAMESPACES
 from tests._redis_server import RedisServer
 from tests.integration._acl_workload import workload
@@ -195,14 +196,16 @@ def where(request: pytest.FixtureRequest, server: RedisServer) -> str:
 def _denials(admin: sync_redis.Redis, user: str, prefix: str) -> list[str]:
     """The ACL log's entries for `user`, less redis-py's best-effort `CLIENT SETINFO` and the
     documented probes of the prefixes its prefix is nested in (the empty one here): reading
-    that prefix's feed (on a cluster, each slot's stream of it) and joining its registry, each
-    refused once (then the backend knows), where the log counts them."""
+    that prefix's feed (on a cluster, each slot's stream of it) and key index, and joining their
+    registries, each refused once (then the backend knows), where the log counts them."""
     entries: list[dict[str, Any]] = admin.acl_log()
     probes = {
         namespace + outer
-        for namespace in (FEED_NAMESPACE, REGISTRY_NAMESPACE)
+        for namespace in (FEED_NAMESPACE, REGISTRY_NAMESPACE, KEY_INDEX_NAMESPACE)
         for outer in ancestors(prefix)
     }
+    # The key index's: reading an outer prefix's index, joining its registry of nested stores.
+    probes |= {KEY_INDEX_NAMESPACE + outer + "#nested" for outer in ancestors(prefix)}
     slot_tagged = re.compile(r"\{[0-9A-Za-z]+\}\Z")  # a cluster's stream of one slot
     found = []
     for entry in entries:

@@ -154,9 +154,9 @@ async def test_writes_during_a_slot_migration_land_exactly_once(
         assert entry is not None, key
         assert (entry.version, entry.value) == (count, last[key]), key
     with cluster.client(target) as client:
-        # The keys, the slot's change feed (its stream and counter) and its revision counter
-        # moved with them.
-        assert client.execute_command("CLUSTER COUNTKEYSINSLOT", SLOT) == KEYS + 3
+        # The keys, the slot's change feed (its stream and counter), its revision counter and
+        # its key index moved with them.
+        assert client.execute_command("CLUSTER COUNTKEYSINSLOT", SLOT) == KEYS + 4
     with cluster.client(source) as client:
         assert client.execute_command("CLUSTER COUNTKEYSINSLOT", SLOT) == 0
     assert _stat(cluster, target, "commandstats", "cmdstat_asking") > 0  # ASK was followed

@@ -1,0 +1,243 @@
+"""The Redis backend's key index: every record's name in a sorted set, read by listings.
+
+Layout. Each key prefix has a lexicographic sorted set of the Redis names (full names, the
+prefix included; every score 0) of the records written through it:
+`__agenticstate_keys__:{key_prefix}` on one server; on Redis Cluster one per prefix and slot,
+`__agenticstate_keys__:{key_prefix}{TAG}` (`slot_tag`; the tag first if the prefix holds a
+brace), as the revision counters and the feed's streams are named, so a write's script touches
+its own slot only. Beside each index, its
+expiry schedule `<index>#exp` (a sorted set of the names with a TTL, scored by their expiry in
+server ms). Per prefix, `__agenticstate_keys__:{key_prefix}#built` marks an index built over the
+records a previous release left (`build`), and `__agenticstate_keys__:{key_prefix}#nested` is the
+set of prefixes nested in it that write records (a nested store joins it before its first write,
+as the feed's registry), so an outer store's listing reads their indexes too.
+
+Writes. Every write script is given the written key's index and schedule as its last two `KEYS`
+(after the history lists) and takes them off first (`take_key_index`, run before the script's
+body, so the rest of the script reads its usual layout). The `write` function adds the name
+(`index_put`: one ZADD; with a TTL one more, to the schedule), the `drop` function removes it
+(`index_drop`), in the same atomic step as the record: the index never misses a record
+written through this library. Redis expires keys by itself and leaves their names in the index:
+each write script then removes up to two names whose expiry passed (`trim_due`), and listings
+check every name they read and remove the dead ones they meet.
+
+Listings (`LIST`). One script reads one or more indexes (one server: the store's, those of the
+prefixes it is nested in and those nested in it; a cluster slot: the same in that slot; a
+cluster primary without a hash tag to go by: those of every slot it serves, with the
+`allow-cross-slot-keys` script flag) over the lexicographic range of the pattern's literal
+prefix, a page of names at a time, keeps the names that exist and removes the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from agenticstate.backends._redis_slots import slot_tag
+
+__all__ = [
+    "BUILD",
+    "BUILD_SHA",
+    "KEY_INDEX_FUNCTION",
+    "KEY_INDEX_NAMESPACE",
+    "LIST",
+    "LIST_ACROSS_SLOTS",
+    "LIST_ACROSS_SLOTS_SHA",
+    "LIST_SHA",
+    "KeyIndexNames",
+    "lex_range",
+    "pinned_slot_key",
+]
+
+KEY_INDEX_NAMESPACE = "__agenticstate_keys__:"
+"""What every key index's (and its schedule's, marker's and registry's) name starts with."""
+
+BUILT_SUFFIX = "#built"
+NESTED_SUFFIX = "#nested"
+
+
+class KeyIndexNames:
+    """The key indexes of one key prefix: one (or one per cluster slot), and their companions."""
+
+    __slots__ = ("_by_slot", "built", "cluster", "nested", "plain", "prefix")
+
+    def __init__(self, key_prefix: str, *, cluster: bool) -> None:
+        self.prefix = key_prefix
+        self.cluster = cluster
+        self.plain = KEY_INDEX_NAMESPACE + key_prefix
+        self.built = self.plain + BUILT_SUFFIX
+        self.nested = self.plain + NESTED_SUFFIX
+        self._by_slot: dict[int, str] = {}
+
+    def index(self, slot: int) -> str:
+        """The index of `slot` (on one server: the only one)."""
+        if not self.cluster:
+            return self.plain
+        name = self._by_slot.get(slot)
+        if name is None:
+            tag = "{" + slot_tag(slot) + "}"
+            prefix = self.prefix
+            tail = tag + prefix if "{" in prefix else prefix + tag
+            name = self._by_slot[slot] = KEY_INDEX_NAMESPACE + tail
+        return name
+
+
+def lex_range(start: str) -> tuple[bytes, bytes]:
+    """The ZRANGE BYLEX bounds of the names starting with `start` (every name when empty).
+
+    UTF-8 holds no 0xFF byte, so the names starting with `start` end before the same bytes with
+    the last one raised by one. Every name is above byte 1 (no name starts with a control
+    character), the schedule's members below it.
+    """
+    if not start:
+        return b"[\x01", b"+"
+    raw = start.encode("utf-8", "surrogatepass")
+    return b"[" + raw, b"(" + raw[:-1] + bytes((raw[-1] + 1,))
+
+
+def pinned_slot_key(literal: str, *, whole: bool) -> str | None:
+    """A name whose slot every name starting with `literal` shares, if there is one.
+
+    Redis Cluster hashes a name by its first `{...}` when that is not empty: once `literal`
+    holds a complete, non-empty first tag, every name starting with it is in that tag's slot.
+    `whole`: the pattern is `literal` itself (no metacharacter), so its one name pins it.
+    """
+    start = literal.find("{")
+    if start >= 0:
+        end = literal.find("}", start + 1)
+        if end > start + 1:
+            return literal[: end + 1]
+    return literal if whole else None
+
+
+# The write scripts' part (see the module docstring). Run first, before the script's body:
+# `key_index` is the index when the last of KEYS is one (taken off), else false (a call
+# without it: a transaction that only reads). `index_put(name, expires, cur, now)` after a write
+# of `name` (`expires` its expiry in ms, 0 = none; `cur` the record it replaced or false),
+# `index_drop(name, cur, now)` after a delete. The schedule's members are in the index too,
+# before every name: NUL, the expiry (15 digits), the name. `trim_due` removes, once a script,
+# up to two schedule members whose time passed, and their names when the key is gone.
+KEY_INDEX_FUNCTION = f"""
+local function take_key_index()
+  local n = #KEYS
+  local ns = '{KEY_INDEX_NAMESPACE}'
+  if n >= 1 and string.sub(KEYS[n], 1, #ns) == ns then
+    local found = KEYS[n]
+    KEYS[n] = nil
+    return found
+  end
+  return false
+end
+local key_index = take_key_index()
+local key_index_trimmed = false
+local function trim_due(now)
+  if key_index_trimmed then return end
+  key_index_trimmed = true
+  -- Due: expired a millisecond before this script's clock (Redis has removed the key by now).
+  local due = redis.call('ZRANGE', key_index, '[\\0', string.format('(\\0%015d', now - 1),
+    'BYLEX', 'LIMIT', 0, 2)
+  for _, member in ipairs(due) do
+    redis.call('ZREM', key_index, member)
+    local name = string.sub(member, 17)
+    if redis.call('EXISTS', name) == 0 then redis.call('ZREM', key_index, name) end
+  end
+end
+local function expiry_of(cur)
+  if not cur then return 0 end
+  return tonumber(string.sub(cur, 51, 65)) or 0
+end
+local function index_put(name, expires, cur, now)
+  if not key_index then return end
+  redis.call('ZADD', key_index, 0, name)
+  local before = expiry_of(cur)
+  if before ~= expires then
+    if before > 0 then
+      redis.call('ZREM', key_index, string.format('\\0%015d', before) .. name)
+    end
+    if expires > 0 then
+      redis.call('ZADD', key_index, 0, string.format('\\0%015d', expires) .. name)
+    end
+  end
+  trim_due(now)
+end
+local function index_drop(name, cur, now)
+  if not key_index then return end
+  redis.call('ZREM', key_index, name)
+  local before = expiry_of(cur)
+  if before > 0 then
+    redis.call('ZREM', key_index, string.format('\\0%015d', before) .. name)
+  end
+  trim_due(now)
+end
+"""
+
+# KEYS: indexes; ARGV: the range's low and high bounds (ZRANGE BYLEX), how many names to look
+# at, at most, then where to start: the position among the indexes and the low bound there.
+# Returns {the names that exist, the position to go on from and its low bound} (false, false:
+# done). A name that is gone leaves the index (and its schedule) here.
+_LIST_BODY = """
+local low, high, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local pos, from = tonumber(ARGV[4]), ARGV[5]
+local found, looked = {}, 0
+while pos <= #indexes do
+  local index = indexes[pos]
+  local page = redis.call('ZRANGE', index, from, high, 'BYLEX', 'LIMIT', 0, budget - looked)
+  for _, name in ipairs(page) do
+    if redis.call('EXISTS', name) == 1 then
+      found[#found + 1] = name
+    else
+      redis.call('ZREM', index, name)  -- its schedule member goes when due (`trim_due`)
+    end
+  end
+  looked = looked + #page
+  if looked >= budget then return {found, pos, '(' .. page[#page]} end
+  pos = pos + 1
+  from = low
+end
+return {found, false, false}
+"""
+LIST = "local indexes = KEYS\n" + _LIST_BODY
+
+# The same over the indexes of several slots of one cluster node (Redis 7.0 or later): a
+# command's declared keys must share a slot, so the indexes come after the five ARGV above.
+LIST_ACROSS_SLOTS = (
+    "#!lua flags=allow-cross-slot-keys\n"
+    "local indexes = {}\n"
+    "for i = 6, #ARGV do indexes[i - 5] = ARGV[i] end\n" + _LIST_BODY
+)
+
+# Build an index over records a previous release wrote (no index): KEYS: the index, other
+# indexes (ARGV[1] of them: those of prefixes that nest with this one), then names found by
+# SCAN. Each name that is a record and in none of the other indexes joins the index (and its
+# schedule, if it expires). Returns how many joined.
+BUILD = """
+local added = 0
+local others = tonumber(ARGV[1])
+for i = 2 + others, #KEYS do
+  local name = KEYS[i]
+  local held = false
+  for j = 2, 1 + others do
+    if #redis.call('ZRANGE', KEYS[j], '[' .. name, '[' .. name, 'BYLEX') > 0 then held = true end
+  end
+  if not held and redis.call('TYPE', name).ok == 'string' then
+    local head = redis.call('GETRANGE', name, 0, 96)
+    local first = string.byte(head, 1)
+    if (first == 43 and #head >= 97) or (first == 48 and #head >= 65) then
+      added = added + redis.call('ZADD', KEYS[1], 0, name)
+      local expires = tonumber(string.sub(head, 51, 65)) or 0
+      if expires > 0 then
+        redis.call('ZADD', KEYS[1], 0, string.format('\\0%015d', expires) .. name)
+      end
+    end
+  end
+end
+return added
+"""
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
+
+
+LIST_SHA = _sha(LIST)
+LIST_ACROSS_SLOTS_SHA = _sha(LIST_ACROSS_SLOTS)
+BUILD_SHA = _sha(BUILD)

@@ -1,0 +1,471 @@
+"""The Redis key index: listings read it, never the keyspace (one server and Redis Cluster).
+
+- With a million unrelated keys in the database, `list_keys` returns the same keys and the
+  server runs exactly the same commands as with none (`INFO commandstats`): no SCAN.
+- Expired keys: a listing never returns one and drops the names it meets; writes trim the due
+  ones (two a script), so dead names do not pile up.
+- Foreign keys: a name never written through agenticstate is not listed; a record that another
+  client overwrote is listed (reading it raises `ForeignRecordError`).
+- Migration: a store whose index was never built (an earlier release) builds it on its first
+  listing, once, and logs it; two processes listing at once both get every key.
+- A model-based rule: under generated writes, deletes, transactions and TTL expiry through
+  nested stores, and writers SIGKILLed mid-write, `list_keys(p)` equals what a full SCAN
+  finds, for generated patterns holding glob metacharacters, braces and U+10FFFF.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+import sys
+from contextlib import AsyncExitStack
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.from_thread
+import pytest
+import redis as sync_redis
+import redis.asyncio as aioredis
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from agenticstate import ForeignRecordError, RedisBackend, StateConfig, StateManager
+from agenticstate._keys import escape_glob
+from agenticstate.backends import Delete, Put
+from agenticstate.backends._redis_keyindex import KEY_INDEX_NAMESPACE
+from tests._commandstats import command_counts
+from tests._redis_server import RedisServer
+from tests.helpers import unique_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from anyio.from_thread import BlockingPortal
+
+    from agenticstate.backends.base import TxnOp
+
+pytestmark = pytest.mark.redis
+
+RESERVED = b"__agenticstate"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private server that allows DEBUG POPULATE and announces expired keys."""
+    found = RedisServer(
+        tmp_path_factory.mktemp("key-index"),
+        extra_args=("--enable-debug-command", "yes", "--notify-keyspace-events", "Ex"),
+    )
+    found.start()
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+def _admin(url: str) -> sync_redis.Redis:
+    return sync_redis.Redis.from_url(url)
+
+
+def _primaries(url: str) -> list[sync_redis.Redis]:
+    """A client per primary (one for a single server)."""
+    if "+cluster" not in url:
+        return [_admin(url)]
+    hosts = url.split("://", 1)[1].split(",")
+    first = _admin(f"redis://{hosts[0]}")
+    try:
+        nodes: dict[str, Any] = first.execute_command("CLUSTER NODES")  # type: ignore[no-untyped-call]
+    finally:
+        first.close()
+    return [
+        _admin(f"redis://{address.split('@')[0]}")
+        for address, node in nodes.items()
+        if "master" in str(node["flags"])
+    ]
+
+
+def _truth(url: str, prefix: str, pattern: str) -> list[str]:
+    """What a full SCAN of every primary finds for `pattern` under `prefix`, as keys."""
+    found = set()
+    for client in _primaries(url):
+        with client:
+            for name in client.scan_iter(match=escape_glob(prefix) + pattern, count=5000):
+                if not name.startswith(RESERVED):
+                    found.add(name.decode()[len(prefix) :])
+    return sorted(found)
+
+
+async def _wait_expired(url: str, names: set[bytes]) -> None:
+    """Wait (on the server's `expired` events) until none of `names` exists any more."""
+    async with aioredis.Redis.from_url(url) as client, client.pubsub() as pubsub:
+        await pubsub.subscribe("__keyevent@0__:expired")
+        pending = {name for name in names if await client.exists(name)}
+        with anyio.fail_after(20):
+            while pending:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is not None:
+                    pending.discard(message["data"])
+                pending = {name for name in pending if await client.exists(name)}
+
+
+def _index_members(url: str, prefix: str) -> list[bytes]:
+    with _admin(url) as admin:
+        return list(admin.zrange(KEY_INDEX_NAMESPACE + prefix, 0, -1))
+
+
+# -------------------------------------------------------------- cost against unrelated keys
+
+
+async def _listings(url: str, state: StateManager) -> tuple[list[list[str]], dict[str, int]]:
+    async with command_counts(url) as counts:
+        listed = [
+            await state.list_keys("agents:{a1}:*"),
+            await state.list_keys("agents:{*}:recovery"),
+            await state.list_keys("agents:{a1}:cp:1?"),
+        ]
+    return listed, counts.calls
+
+
+@pytest.mark.slow
+async def test_a_million_unrelated_keys_cost_a_listing_nothing(server: RedisServer) -> None:
+    """With 1,000,000 unrelated keys, listings return the same keys and the server runs the
+    very same commands (no SCAN): the cost does not depend on the rest of the keyspace."""
+    url = server.unix_url
+    with _admin(url) as admin:
+        admin.flushall()
+    async with StateManager(
+        StateConfig(), backend=RedisBackend(url=url, key_prefix="app:")
+    ) as state:
+        await state.save_many({f"agents:{{a1}}:cp:{n}": {"n": n} for n in range(25)})
+        await state.save_many({f"agents:{{b{n}}}:recovery": {"n": n} for n in range(40)})
+        await state.list_keys("other:*")  # builds the index once (an empty database)
+        before, empty = await _listings(url, state)
+        with _admin(url) as admin:
+            admin.execute_command("DEBUG", "POPULATE", 1_000_000, "unrelated")
+            assert admin.dbsize() > 1_000_000
+        after, full = await _listings(url, state)
+    with _admin(url) as admin:
+        admin.flushall()  # the other tests SCAN this server for their truth
+    assert after == before
+    assert before[0] == sorted(f"agents:{{a1}}:cp:{n}" for n in range(25))
+    assert before[1] == sorted(f"agents:{{b{n}}}:recovery" for n in range(40))
+    assert before[2] == sorted(f"agents:{{a1}}:cp:{n}" for n in range(10, 20))
+    assert "scan" not in full
+    assert full == empty
+
+
+@pytest.mark.slow
+async def test_unrelated_keys_cost_a_cluster_listing_nothing(redis_cluster_url: str) -> None:
+    """On a cluster too: a slot-pinned listing and one across every slot run the same commands
+    with 100,000 and with 200,000 unrelated keys in the cluster, and no SCAN."""
+    prefix = unique_prefix()
+    unrelated = f"unrelated-{prefix}"
+    seed = redis_cluster_url.split("://", 1)[1].split(",")[0]
+    cluster = sync_redis.RedisCluster.from_url(f"redis://{seed}")
+    found = []
+    try:
+        async with StateManager(
+            StateConfig(), backend=RedisBackend(url=redis_cluster_url, key_prefix=prefix)
+        ) as state:
+            await state.save_many({f"agents:{{a1}}:cp:{n}": {"n": n} for n in range(25)})
+            await state.save_many({f"agents:{{b{n}}}:recovery": {"n": n} for n in range(40)})
+            await state.list_keys("other:*")
+            for rounds in (1, 2):
+                for tag in range(1000):
+                    cluster.mset({f"{unrelated}{{{tag}}}:{rounds}:{n}": b"x" for n in range(100)})
+                await _listings(redis_cluster_url, state)  # scripts loaded, map read
+                found.append(await _listings(redis_cluster_url, state))
+    finally:
+        for rounds in (1, 2):
+            for tag in range(1000):
+                cluster.delete(*[f"{unrelated}{{{tag}}}:{rounds}:{n}" for n in range(100)])
+        cluster.close()
+    (fewer, fewer_calls), (more, more_calls) = found
+    assert fewer == more
+    assert fewer[0] == sorted(f"agents:{{a1}}:cp:{n}" for n in range(25))
+    assert fewer[1] == sorted(f"agents:{{b{n}}}:recovery" for n in range(40))
+    assert "scan" not in more_calls
+    assert more_calls == fewer_calls
+
+
+# -------------------------------------------------------------- expiry
+
+
+async def test_expired_keys_are_never_listed_and_leave_the_index(server: RedisServer) -> None:
+    """A key that expired is not listed; the listing drops its name, and writes drop the due
+    schedule entries (two a script), so nothing of it is left."""
+    url = server.unix_url
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as backend:
+        names = set()
+        for n in range(5):
+            await backend.set(f"t:{n}", b"x", ttl=timedelta(milliseconds=20))
+            names.add(f"{prefix}t:{n}".encode())
+        await backend.set("keep", b"k")
+        await _wait_expired(url, names)
+        assert len(_index_members(url, prefix)) == 11  # 5 dead names, 5 due entries, keep
+        assert [key async for key in backend.scan("*")] == ["keep"]
+        assert len(_index_members(url, prefix)) == 6  # the names are gone, the entries due
+        for _ in range(3):
+            await backend.set("keep", b"k")
+        assert _index_members(url, prefix) == [f"{prefix}keep".encode()]
+
+
+async def test_writes_trim_dead_names_without_any_listing(server: RedisServer) -> None:
+    """Expired keys nobody lists leave the index as writes go on: after k writes at most
+    max(0, expired - 2k) dead names remain."""
+    url = server.unix_url
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as backend:
+        names = set()
+        for n in range(7):
+            await backend.set(f"t:{n}", b"x", ttl=timedelta(milliseconds=20))
+            names.add(f"{prefix}t:{n}".encode())
+        await _wait_expired(url, names)
+        for writes in range(1, 5):
+            await backend.set("other", b"o")
+            dead = [m for m in _index_members(url, prefix) if m in names]
+            assert len(dead) <= max(0, 7 - 2 * writes)
+        assert _index_members(url, prefix) == [f"{prefix}other".encode()]
+
+
+async def test_a_key_written_again_without_a_ttl_stays_listed(server: RedisServer) -> None:
+    """A key whose TTL was replaced by a write without one is never trimmed from the index."""
+    url = server.unix_url
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as backend:
+        await backend.set("k", b"1", ttl=timedelta(milliseconds=20))
+        await backend.set("k", b"2")
+        await backend.set("gone", b"x", ttl=timedelta(milliseconds=20))
+        await _wait_expired(url, {f"{prefix}gone".encode()})
+        for _ in range(3):
+            await backend.set("other", b"o")
+        assert [key async for key in backend.scan("*")] == ["k", "other"]
+        assert _index_members(url, prefix) == [f"{prefix}{k}".encode() for k in ("k", "other")]
+
+
+# -------------------------------------------------------------- foreign keys
+
+
+async def test_listings_show_only_what_agenticstate_wrote(server: RedisServer) -> None:
+    """A key another client wrote under the prefix is not listed (SCAN listed it); a record
+    another client overwrote is, and reading it raises ForeignRecordError."""
+    url = server.unix_url
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as backend:
+        await backend.set("mine", b"1")
+        await backend.set("taken", b"2")
+        assert [key async for key in backend.scan("*")] == ["mine", "taken"]  # index built
+        with _admin(url) as admin:
+            admin.set(f"{prefix}foreign", b"another app's string")
+            admin.set(f"{prefix}taken", b"overwritten by another app")
+        assert _truth(url, prefix, "*") == ["foreign", "mine", "taken"]
+        assert [key async for key in backend.scan("*")] == ["mine", "taken"]
+        with pytest.raises(ForeignRecordError):
+            await backend.get("taken")
+
+
+# -------------------------------------------------------------- migration
+
+
+async def test_an_older_store_gets_its_index_built_once(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store written without the index (an earlier release) builds it on the first listing,
+    logs that once with the count, lists every key, and two stores listing at once agree."""
+    url = server.unix_url
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as writer:
+        await writer.set_many([(f"a:{{{n}}}:x", b"v") for n in range(30)])
+        await writer.set("ttl", b"t", ttl=timedelta(hours=1))
+    with _admin(url) as admin:  # what an earlier release left: records, no index
+        admin.delete(KEY_INDEX_NAMESPACE + prefix, KEY_INDEX_NAMESPACE + prefix + "#built")
+    expected = sorted([*(f"a:{{{n}}}:x" for n in range(30)), "ttl"])
+    caplog.set_level(logging.INFO, logger="agenticstate")
+    async with (
+        RedisBackend(url=url, key_prefix=prefix) as one,
+        RedisBackend(url=url, key_prefix=prefix) as two,
+    ):
+        listed: list[list[str]] = []
+
+        async def list_all(backend: RedisBackend) -> None:
+            listed.append(sorted([key async for key in backend.scan("*")]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(list_all, one)
+            tg.start_soon(list_all, two)
+        assert listed == [expected, expected]
+        built = [r for r in caplog.records if "key_index_built" in r.getMessage()]
+        assert built
+        assert all("keys=31" in r.getMessage() for r in built)
+    caplog.clear()
+    async with RedisBackend(url=url, key_prefix=prefix) as three:
+        assert sorted([key async for key in three.scan("*")]) == expected
+    assert not [r for r in caplog.records if "key_index_built" in r.getMessage()]
+
+
+# -------------------------------------------------------------- processes killed mid-write
+
+
+@pytest.mark.slow
+async def test_writers_killed_mid_write_leave_the_index_equal_to_the_records(
+    server: RedisServer,
+) -> None:
+    """Writer processes SIGKILLed at random points never leave the index apart from the
+    records: every listing equals a full SCAN afterwards."""
+    url = server.unix_url
+    prefix = unique_prefix()
+    for seed in range(3):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration._keyindex_worker", url, prefix, str(seed)],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert process.stdout is not None
+            with anyio.fail_after(60):
+                line = await anyio.to_thread.run_sync(process.stdout.readline)
+            assert line == b"writing\n"
+            await anyio.sleep(random.Random(seed).random() * 0.2)  # a random point of its run
+        finally:
+            process.kill()
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+    with _admin(url) as admin:
+        living = {
+            name
+            for name in admin.scan_iter(match=escape_glob(prefix) + "*")
+            if admin.pttl(name) > 0
+        }
+    await _wait_expired(url, living)
+    async with RedisBackend(url=url, key_prefix=prefix) as backend:
+        for pattern in ("*", "k:{3}:*", "k:{*}:1*", "k:?:*"):
+            assert sorted([key async for key in backend.scan(pattern)]) == _truth(
+                url, prefix, pattern
+            ), pattern
+
+
+# -------------------------------------------------------------- model-based
+
+ALPHABET = ["a", "b", "{", "}", "*", "?", "[", "]", "\\", ":", "\U0010ffff"]
+KEY = st.text(st.sampled_from(ALPHABET), min_size=1, max_size=5)
+PATTERN = st.one_of(
+    KEY.map(lambda key: escape_glob(key) + "*"),  # a literal prefix
+    KEY,  # anything: metacharacters as globs
+    KEY.map(lambda key: key + "*"),
+    st.just("*"),
+)
+
+
+class IndexMachine(RuleBasedStateMachine):
+    """Two stores whose prefixes nest, written at random; every listing equals a full SCAN."""
+
+    portal: BlockingPortal
+    url: str
+    expiry: bool
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = unique_prefix()
+        self.prefixes = [self.root, self.root + "n:"]
+        self.stack = AsyncExitStack()
+        self.backends: list[RedisBackend] = [
+            self.portal.call(
+                self.stack.enter_async_context, RedisBackend(url=self.url, key_prefix=p)
+            )
+            for p in self.prefixes
+        ]
+        self.expiring: set[bytes] = set()
+
+    def teardown(self) -> None:
+        self.portal.call(self.stack.aclose)
+
+    def _key(self, store: int, key: str) -> str:
+        return ("n:" + key) if store == 0 and key.startswith("a") else key
+
+    @rule(store=st.integers(0, 1), key=KEY, expiring=st.booleans())
+    def put(self, store: int, key: str, expiring: bool) -> None:
+        key = self._key(store, key)
+        ttl = timedelta(milliseconds=15) if expiring and self.expiry else None
+        self.portal.call(lambda: self.backends[store].set(key, b"v", ttl=ttl))
+        if ttl is not None:
+            self.expiring.add((self.prefixes[store] + key).encode())
+
+    @rule(store=st.integers(0, 1), keys=st.lists(KEY, min_size=1, max_size=3))
+    def put_many(self, store: int, keys: list[str]) -> None:
+        items = [(self._key(store, key), b"m") for key in keys]
+        self.portal.call(lambda: self.backends[store].set_many(items))
+
+    @rule(store=st.integers(0, 1), key=KEY)
+    def delete(self, store: int, key: str) -> None:
+        self.portal.call(lambda: self.backends[store].delete(self._key(store, key)))
+
+    @rule(store=st.integers(0, 1), key=KEY, other=KEY)
+    def transact(self, store: int, key: str, other: str) -> None:
+        # One slot on a cluster: both keys share a tag.
+        put, drop = f"{{t}}{key}", f"{{t}}{other}"
+        ops: list[TxnOp] = [Put(put, b"t")]
+        if put != drop:
+            ops.append(Delete(drop))
+        self.portal.call(self.backends[store].transact, [], ops)
+
+    @rule()
+    def expire(self) -> None:
+        if not self.expiring:
+            return
+        self.portal.call(_wait_expired, self.url, self.expiring)
+        self.expiring.clear()
+
+    @rule(store=st.integers(0, 1), pattern=PATTERN)
+    def list_keys(self, store: int, pattern: str) -> None:
+        if self.expiring:  # a listing and a SCAN agree once nothing is about to expire
+            self.expire()
+
+        async def listed() -> list[str]:
+            return sorted([key async for key in self.backends[store].scan(pattern)])
+
+        assert self.portal.call(listed) == _truth(self.url, self.prefixes[store], pattern)
+
+    @invariant()
+    def every_key_listed(self) -> None:
+        if self.expiring:
+            return
+        for store in (0, 1):
+
+            async def listed(store: int = store) -> list[str]:
+                return sorted([key async for key in self.backends[store].scan("*")])
+
+            assert self.portal.call(listed) == _truth(self.url, self.prefixes[store], "*")
+
+
+def _run_machine(url: str, *, expiry: bool, examples: int) -> None:
+    with anyio.from_thread.start_blocking_portal() as portal:
+        IndexMachine.portal = portal
+        IndexMachine.url = url
+        IndexMachine.expiry = expiry
+        run_state_machine_as_test(
+            IndexMachine,
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=20,
+                deadline=None,
+                derandomize=True,
+                database=None,
+            ),
+        )
+
+
+@pytest.mark.slow
+def test_the_index_lists_what_a_scan_finds(server: RedisServer) -> None:
+    """Model-based, one server: writes, deletes, transactions and TTL expiry through nested
+    stores; every listing, for generated patterns, equals a full SCAN."""
+    _run_machine(server.unix_url, expiry=True, examples=15)
+
+
+@pytest.mark.slow
+def test_the_cluster_index_lists_what_a_scan_finds(redis_cluster_url: str) -> None:
+    """Model-based, Redis Cluster (no expiry rule: its nodes announce no expired keys)."""
+    _run_machine(redis_cluster_url, expiry=False, examples=10)
