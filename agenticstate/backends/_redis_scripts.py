@@ -49,7 +49,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from agenticstate.backends._redis_feed import FEED_NAMESPACE
+from agenticstate.backends._redis_feed import FEED_NAMESPACE, INLINE_MAX, RESOLVE_FUNCTION
 from agenticstate.backends._redis_history import HISTORY_FUNCTION
 from agenticstate.backends.base import Change, ChangeOp, new_change, new_entry
 from agenticstate.exceptions import ForeignRecordError
@@ -185,14 +185,21 @@ ORDER_FUNCTION = """
 local clock = {}
 local function feed_head(counter)
   local held = redis.call('GET', counter) or '0-0'
-  local prev, before = held, 0
+  local prev, before, held_bytes = held, 0, 0
   local space = string.find(held, ' ', 1, true)
   if space then
-    prev, before = string.sub(held, 1, space - 1), tonumber(string.sub(held, space + 1))
+    prev = string.sub(held, 1, space - 1)
+    local rest = string.sub(held, space + 1)
+    local second = string.find(rest, ' ', 1, true)
+    if second then
+      before, held_bytes = tonumber(string.sub(rest, 1, second - 1)), tonumber(string.sub(rest, second + 1))
+    else
+      before = tonumber(rest)
+    end
   end
   local u = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   if before > u then u = before end
-  return prev, u
+  return prev, u, held_bytes
 end
 """
 
@@ -211,6 +218,49 @@ local function notify(channel, id, feed, data)
 end
 """.replace("FEED_CUT", str(len(FEED_NAMESPACE) + 1))
 
+# Values held by reference (see "Values by reference" in the module docstring). A change's
+# message at `at` (its `R`): the revision (16 digits), the kind (`W` a write with its new value,
+# `V` a write whose new value is held by reference, `D` a delete), the version, the time, for a
+# write the expiry, then the old value: `0` none, `1<size 10><old>` inline, `2<size 10><revision
+# 16>` by reference. `refs_of(key, tag)`: the key's hash of references; `displace(feed, key,
+# revstr, old)`: before `key`'s value at `revstr` is overwritten or deleted, move it into that
+# hash if a retained change holds it by reference (the `L` marker), held by 2 (that change and
+# the one displacing it); `release(fields, tag)`: a trimmed entry lets go of what it references,
+# returning the bytes it held; `resolve(k, m, tag)`: the message with every value inline, false
+# if one is gone (a key deleted or evicted behind the library's back).
+REFS_FUNCTION = RESOLVE_FUNCTION + """local INLINE_MAX = INLINE_LIMIT
+local function displace(feed, key, revstr, old)
+  if not feed or #old < INLINE_MAX then return false end
+  local refs = refs_of(key, feed.tag)
+  if redis.call('HGET', refs, revstr) ~= 'L' then return false end
+  redis.call('HSET', refs, revstr, 'V' .. old, revstr .. '#', 2)
+  return true
+end
+local function unref(refs, revstr)
+  local held = redis.call('HGET', refs, revstr)
+  if not held then return end
+  if held == 'L' or redis.call('HINCRBY', refs, revstr .. '#', -1) <= 0 then
+    redis.call('HDEL', refs, revstr, revstr .. '#')
+  end
+end
+local function release(fields, tag)
+  local k, m = '', ''
+  for j = 1, #fields, 2 do
+    if fields[j] == 'k' then k = fields[j + 1] elseif fields[j] == 'm' then m = fields[j + 1] end
+  end
+  local size = #k + #m
+  local at, kind, o = message_at(m)
+  if not at then return size end
+  local refs = refs_of(k, tag)
+  if kind == 'V' then unref(refs, string.sub(m, at + 1, at + 16)) end
+  if string.sub(m, o, o) == '2' then
+    size = size + tonumber(string.sub(m, o + 1, o + 10))
+    unref(refs, string.sub(m, o + 11, o + 26))
+  end
+  return size
+end
+""".replace("INLINE_LIMIT", str(INLINE_MAX))
+
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
 # counter are KEYS[k] and KEYS[k + 1] and whose retention is ARGV[a] and ARGV[a + 1], or false
 # when there is no KEYS[k] (the feed is off); the KEYS after them (once `take_history` took off
@@ -223,16 +273,52 @@ end
 FEED_FUNCTION = (
     ORDER_FUNCTION
     + NOTIFY_FUNCTION
+    + REFS_FUNCTION
     + """
 local function feed_at(k, a)
   if not KEYS[k] then return false end
-  return {KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), false, false, k + 2}
+  local spec = ARGV[a]  -- '<max changes> <max bytes> <cluster: 1 or 0>' (or a bare count)
+  local maxn, maxb, cl = string.match(spec, '^(%d+) (%d+) (%d)$')
+  if not maxn then maxn, maxb, cl = spec, '0', '0' end
+  local tag = ''
+  if cl == '1' then tag = string.match(KEYS[k], '{[^{}]*}') or '' end
+  return {KEYS[k], KEYS[k + 1], tonumber(maxn), tonumber(ARGV[a + 1]), false, false, k + 2,
+    maxbytes = tonumber(maxb), tag = tag, bytes = 0}
 end
-local function to_feed(feed, key, message, now)
+local function trim(feed, now)
+  local maxn, maxage, maxb = feed[3], feed[4], feed.maxbytes
+  if maxn == 0 and maxage == 0 and maxb == 0 then return end
+  local n = redis.call('XLEN', feed[1])
+  local cutoff = false
+  if maxage > 0 then cutoff = now - maxage end
+  while n > 1 do
+    local want = 16
+    if maxn > 0 and n > maxn then want = math.min(100, n - maxn) end
+    local batch = redis.call('XRANGE', feed[1], '-', '+', 'COUNT', want)
+    local last, stop = false, false
+    for _, e in ipairs(batch) do
+      local over = (maxn > 0 and n > maxn) or (maxb > 0 and feed.bytes > maxb)
+      if not over and cutoff then
+        over = tonumber(string.match(e[1], '^(%d+)')) < cutoff
+      end
+      if not over or n <= 1 then stop = true break end
+      feed.bytes = feed.bytes - release(e[2], feed.tag)
+      n = n - 1
+      last = e[1]
+    end
+    if last then
+      local ms, seq = string.match(last, '^(%d+)-(%d+)$')
+      redis.call('XTRIM', feed[1], 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
+    end
+    if stop or not last then break end
+  end
+  if feed.bytes < 0 then feed.bytes = 0 end
+end
+local function to_feed(feed, key, message, now, displaced)
   if not feed then return message, false end
   local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
   if not prev then
-    prev, feed[6] = feed_head(feed[2])
+    prev, feed[6], feed.bytes = feed_head(feed[2])
     if prev == '0-0' then
       -- A new stream (the first, or the old one was lost): it joins the registries given.
       for j = feed[7], #KEYS do
@@ -246,15 +332,10 @@ local function to_feed(feed, key, message, now)
   local id = string.format('%d-%d', ms, tonumber(string.sub(prev, dash + 1)) + 1)
   local data = 'X' .. id .. ' ' .. prev .. ' ' .. message
   local u = string.format('%d', feed[6])
-  if feed[3] > 0 then
-    redis.call('XADD', feed[1], 'MAXLEN', '~', feed[3], id, 'k', key, 'm', data, 'u', u)
-  else
-    redis.call('XADD', feed[1], id, 'k', key, 'm', data, 'u', u)
-  end
-  if feed[4] > 0 then
-    redis.call('XTRIM', feed[1], 'MINID', string.format('%d-0', now - feed[4]))
-  end
-  redis.call('SET', feed[2], id .. ' ' .. u)
+  redis.call('XADD', feed[1], id, 'k', key, 'm', data, 'u', u)
+  feed.bytes = feed.bytes + #key + #data + (displaced or 0)
+  trim(feed, now)
+  redis.call('SET', feed[2], id .. ' ' .. u .. ' ' .. string.format('%d', feed.bytes))
   feed[5] = id
   return data, id
 end
@@ -278,11 +359,13 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   if cur and not shaped(cur) then return not_ours(key) end
   local ver = 0
   local created, crev, old = nil, nil, false  -- crev: the create revision's 16 digits
+  local oldrev = false  -- the old value's revision (16 digits), false before revisions
   if cur then
     ver = tonumber(string.sub(cur, 1, 20))
     created = string.sub(cur, 21, 35)
     if string.byte(cur, 1) == 43 then
       crev = string.sub(cur, 82, 97)
+      oldrev = string.sub(cur, 66, 81)
       old = string.sub(cur, 98)
     else  -- written before revisions (see `header`)
       crev = string.format('%016d', tonumber(created) * 1000)
@@ -313,10 +396,26 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   else
     redis.call('SET', key, record)
   end
-  local oldpart = '0'
-  if old then oldpart = '1' .. string.format('%010d', #old) .. old end
-  local data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
-    .. oldpart .. value, now)
+  local oldpart, displaced = '0', 0
+  if old then
+    if oldrev and displace(feed, key, oldrev, old) then
+      displaced = #old
+      oldpart = '2' .. string.format('%010d', #old) .. oldrev
+    else
+      oldpart = '1' .. string.format('%010d', #old) .. old
+    end
+  end
+  -- The new value by reference (`V`): it stays in the key until a later write displaces it.
+  -- Inline (`W`) when small, when the key expires (expiry runs no script), or with no feed.
+  local data, id
+  if feed and ttl == 0 and #value >= INLINE_MAX then
+    data, id = to_feed(feed, key, 'R' .. revstr .. 'V' .. verstr .. nowstr .. expstr
+      .. oldpart, now, displaced)
+    redis.call('HSET', refs_of(key, feed.tag), revstr, 'L')
+  else
+    data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
+      .. oldpart .. value, now, displaced)
+  end
   notify(channel, id, feed, data)
   return {1, ver, old, now, id, revision}
 end
@@ -398,8 +497,13 @@ local function drop(key, expected, channel, now, feed, rev, exprev, now_us)
   redis.call('DEL', key)
   local revision = revise(rev, now_us)
   local verstr = string.format('%020d', ver)
+  local oldpart, displaced = '1' .. string.format('%010d', #old) .. old, 0
+  if at == 98 and displace(feed, key, string.sub(cur, 66, 81), old) then
+    displaced = #old
+    oldpart = '2' .. string.format('%010d', #old) .. string.sub(cur, 66, 81)
+  end
   local data, id = to_feed(feed, key, 'R' .. string.format('%016d', revision) .. 'D' .. verstr
-    .. string.format('%015d', now) .. '1' .. string.format('%010d', #old) .. old, now)
+    .. string.format('%015d', now) .. oldpart, now, displaced)
   notify(channel, id, feed, data)
   return {1, ver, old, now, id, revision}
 end

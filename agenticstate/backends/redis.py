@@ -218,7 +218,8 @@ def _feed_from_query(query: dict[str, str]) -> FeedRetention | None:
     off = query.pop("feed", None)
     max_changes = query.pop("feed_max_changes", None)
     max_age = query.pop("feed_max_age", None)
-    if off is None and max_changes is None and max_age is None:
+    max_bytes = query.pop("feed_max_bytes", None)
+    if off is None and max_changes is None and max_age is None and max_bytes is None:
         return _NO_FEED_OPTION  # type: ignore[no-any-return]
     if off is not None:
         if off.lower() not in ("off", "on"):
@@ -231,10 +232,12 @@ def _feed_from_query(query: dict[str, str]) -> FeedRetention | None:
             bounds["max_changes"] = int(max_changes)
         if max_age is not None:
             bounds["max_age"] = timedelta(seconds=float(max_age))
+        if max_bytes is not None:
+            bounds["max_bytes"] = int(max_bytes)
     except ValueError:
         raise ConfigurationError(
-            f"feed_max_changes must be an int and feed_max_age a number of seconds, not "
-            f"{max_changes!r} and {max_age!r}"
+            f"feed_max_changes and feed_max_bytes must be ints and feed_max_age a number of "
+            f"seconds, not {max_changes!r}, {max_bytes!r} and {max_age!r}"
         ) from None
     return FeedRetention(**bounds)
 
@@ -334,12 +337,13 @@ class RedisBackend(Subscriber, Backend):
         self.feed = feed
         self._feed_names = _redis_feed.FeedNames(key_prefix, cluster=self.is_cluster)
         self._revision_names = _redis_revision.RevisionNames(key_prefix, cluster=self.is_cluster)
-        # The scripts' retention arguments: max changes, max age in ms (0 = no bound).
-        self._feed_retention = (
-            (0, 0)
+        # The scripts' retention arguments (`feed_at`): '<max changes> <max bytes> <cluster>'
+        # and the max age in ms (0 = no bound).
+        self._feed_retention: tuple[str, int] = (
+            ("0 0 0", 0)
             if feed is None
             else (
-                feed.max_changes or 0,
+                f"{feed.max_changes or 0} {feed.max_bytes or 0} {int(self.is_cluster)}",
                 0 if feed.max_age is None else scripts.ttl_ms(feed.max_age),
             )
         )
@@ -676,7 +680,7 @@ class RedisBackend(Subscriber, Backend):
     # the change feed
 
     @property
-    def _feed_argv(self) -> tuple[int, ...]:
+    def _feed_argv(self) -> tuple[str | int, ...]:
         """The write scripts' feed arguments: max changes and max age ms (none when off)."""
         return () if self.feed is None else self._feed_retention
 
