@@ -43,6 +43,7 @@ _SHOWN_PARAMETERS = frozenset(
         "feed",
         "feed_max_changes",
         "feed_max_age",
+        "feed_max_bytes",
         "change_retention",
         "synchronous",
         "socket_timeout",

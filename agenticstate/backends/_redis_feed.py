@@ -124,8 +124,8 @@ COUNTER_NAMESPACE = "__agenticstate_feedseq__:"
 REGISTRY_NAMESPACE = "__agenticstate_feeds__:"
 """What every registry of nested feeds starts with (then the outer prefix; a set of prefixes)."""
 REFS_NAMESPACE = "__agenticstate_feedref__:"
-"""What every key's hash of values held by reference starts with (then, on a cluster, its slot's
-tag in braces, then the Redis key)."""
+"""What every key's hash of values held by reference starts with, then the Redis key (on a
+cluster followed by its slot's tag in braces; before the key if the key holds a brace)."""
 INLINE_MAX = 256
 """A written value this size or larger (bytes, as stored) is held by reference in the feed: its
 entry names the key and revision instead of carrying it (unless the write sets a TTL)."""
@@ -134,6 +134,9 @@ entry names the key and revision instead of carrying it (unless the write sets a
 # feed (`READ`, `LOOKUP`) and those that write it (`_redis_scripts.REFS_FUNCTION`).
 RESOLVE_FUNCTION = """local REFS_NS = 'REFS_NAMESPACE'
 local function refs_of(key, tag)
+  -- In the key's slot: on a cluster its slot's tag after the key (before it, if the key holds
+  -- a brace, which would spoil the tag).
+  if tag == '' or not string.find(key, '{', 1, true) then return REFS_NS .. key .. tag end
   return REFS_NS .. tag .. key
 end
 local function message_at(m)

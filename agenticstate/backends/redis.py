@@ -142,6 +142,7 @@ from agenticstate.backends.base import (
     Entry,
     EntryStat,
     FeedRetention,
+    FeedSize,
     HistoryRules,
     TxnResult,
     check_expected,
@@ -187,6 +188,7 @@ KEY_NAMESPACES: tuple[str, ...] = (
     history_lists.HISTORY_NAMESPACE,  # kept versions of keys with history rules
     _redis_revision.REVISION_NAMESPACE,  # the revision counters every write takes from
     _redis_feed.REGISTRY_NAMESPACE,  # the feeds of nested prefixes, for an outer prefix's reader
+    _redis_feed.REFS_NAMESPACE,  # the feed's values held by reference, per key
 )
 """Every Redis key a store uses is `{namespace}{key_prefix}...` for one of these namespaces.
 
@@ -386,7 +388,7 @@ class RedisBackend(Subscriber, Backend):
         """Create a backend from `redis://`, `rediss://` or `unix://`.
 
         Query parameters: `key_prefix`, the feed's `feed=off`, `feed_max_changes=N`,
-        `feed_max_age=SECONDS`, and `subscribe_whole_prefix=1`.
+        `feed_max_age=SECONDS`, `feed_max_bytes=N`, and `subscribe_whole_prefix=1`.
         """
         from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -738,6 +740,29 @@ class RedisBackend(Subscriber, Backend):
         now = await self._clock_us()
         text = _redis_feed.id_text(_redis_feed.parse_id(last) if last else (0, 0))
         return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text, now)
+
+    async def feed_size(self) -> FeedSize | None:
+        """The changes this store's streams retain and the bytes they hold (`None`: no feed).
+
+        One XLEN and one GET per stream (on a cluster, per slot's stream, found by SCAN). The
+        bytes are those each stream's writes counted (`_redis_scripts.to_feed`): a stream last
+        written by an earlier version of this library counts from its next write on.
+        """
+        if self.feed is None:
+            return None
+        if self.is_cluster:
+            own = [s for s in await self._feed_streams() if s[1] == self.key_prefix]
+        else:
+            own = [(0, self.key_prefix)]
+        changes = held = 0
+        for stream in own:
+            name, counter = self._feed_names.stream(stream)
+            changes += int(await self._read("XLEN", name))
+            text = await self._read("GET", counter)
+            parts = text.split() if text else []
+            if len(parts) >= 3 and parts[2].isdigit():
+                held += int(parts[2])
+        return FeedSize(changes, held)
 
     async def _first_epoch(self) -> None:
         """Read the cluster feed's epoch before this backend's first write (`_read_epoch`)."""

@@ -97,6 +97,7 @@ from agenticstate.backends.base import (
     Entry,
     EntryStat,
     FeedRetention,
+    FeedSize,
     HistoryRules,
     Put,
     backoff,
@@ -284,8 +285,8 @@ class SQLiteBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
         """Create a backend from `sqlite:///absolute/file.db` or `sqlite://relative/file.db`.
 
-        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` and
-        `feed_max_age=SECONDS`; `change_retention=N` (the old spelling of
+        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N`,
+        `feed_max_age=SECONDS` and `feed_max_bytes=N`; `change_retention=N` (the old spelling of
         `feed_max_changes`); `mode`, as in SQLite's own URIs: `rwc` (the default: read, write,
         create), `rw` (`create=False`) or `ro` (`read_only=True`). `feed=off` is refused:
         SQLite's feed cannot be off.
@@ -1238,6 +1239,18 @@ class SQLiteBackend(Backend):
 
         seq: int = await self._call(False, run)
         return format_cursor(self._db_id, seq)
+
+    async def feed_size(self) -> FeedSize:
+        """The changes the database's feed retains and the bytes they hold (one scan of it)."""
+
+        def run(conn: sqlite3.Connection) -> FeedSize:
+            count, held = conn.execute(
+                f"SELECT count(*), coalesce(sum({schema.FEED_BYTES}), 0) FROM changes"  # noqa: S608  # constants
+            ).fetchone()
+            return FeedSize(int(count), int(held))
+
+        size: FeedSize = await self._call(False, run)
+        return size
 
     # ---------------------------------------------------------------- history
 
