@@ -381,7 +381,7 @@ class FeedRing:
 
 def _held(change: Change) -> int:
     """The bytes a retained change holds of its own (see `FeedRing.bytes`)."""
-    return len(change.key) + (len(change.old_value) if change.old_value is not None else 0)
+    return len(change.key) + (len(change.old) if change.old is not None else 0)
 
 
 def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) -> None:

@@ -125,7 +125,8 @@ REGISTRY_NAMESPACE = "__agenticstate_feeds__:"
 """What every registry of nested feeds starts with (then the outer prefix; a set of prefixes)."""
 REFS_NAMESPACE = "__agenticstate_feedref__:"
 """What every key's hash of values held by reference starts with, then the Redis key (on a
-cluster followed by its slot's tag in braces; before the key if the key holds a brace)."""
+cluster, a key without a hash tag is followed by its slot's tag in braces; one with a brace but
+no valid tag is preceded by it)."""
 INLINE_MAX = 256
 """A written value this size or larger (bytes, as stored) is held by reference in the feed: its
 entry names the key and revision instead of carrying it (unless the write sets a TTL)."""
@@ -134,9 +135,13 @@ entry names the key and revision instead of carrying it (unless the write sets a
 # feed (`READ`, `LOOKUP`) and those that write it (`_redis_scripts.REFS_FUNCTION`).
 RESOLVE_FUNCTION = """local REFS_NS = 'REFS_NAMESPACE'
 local function refs_of(key, tag)
-  -- In the key's slot: on a cluster its slot's tag after the key (before it, if the key holds
-  -- a brace, which would spoil the tag).
-  if tag == '' or not string.find(key, '{', 1, true) then return REFS_NS .. key .. tag end
+  -- In the key's slot. On a cluster: a key with a hash tag keeps it; one without a brace gets
+  -- its slot's tag after it; one with a brace but no tag, before it (the brace would spoil it).
+  if tag == '' then return REFS_NS .. key end
+  local open = string.find(key, '{', 1, true)
+  if not open then return REFS_NS .. key .. tag end
+  local close = string.find(key, '}', open + 1, true)
+  if close and close > open + 1 then return REFS_NS .. key end
   return REFS_NS .. tag .. key
 end
 local function message_at(m)
