@@ -185,21 +185,17 @@ ORDER_FUNCTION = """
 local clock = {}
 local function feed_head(counter)
   local held = redis.call('GET', counter) or '0-0'
-  local prev, before, held_bytes = held, 0, 0
+  local prev, before, held_bytes, count = held, '0', '0', false
   local space = string.find(held, ' ', 1, true)
   if space then
-    prev = string.sub(held, 1, space - 1)
-    local rest = string.sub(held, space + 1)
-    local second = string.find(rest, ' ', 1, true)
-    if second then
-      before, held_bytes = tonumber(string.sub(rest, 1, second - 1)), tonumber(string.sub(rest, second + 1))
-    else
-      before = tonumber(rest)
-    end
+    local a, b, c, d = string.match(held, '^(%S+) (%S+) ?(%S*) ?(%S*)$')
+    prev, before = a, b
+    if c ~= '' then held_bytes = c end
+    if d ~= '' then count = tonumber(d) end
   end
   local u = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  if before > u then u = before end
-  return prev, u, held_bytes
+  if tonumber(before) > u then u = tonumber(before) end
+  return prev, u, tonumber(held_bytes), count
 end
 """
 
@@ -237,9 +233,8 @@ local function displace(feed, key, revstr, old)
   return true
 end
 local function unref(refs, revstr)
-  local held = redis.call('HGET', refs, revstr)
-  if not held then return end
-  if held == 'L' or redis.call('HINCRBY', refs, revstr .. '#', -1) <= 0 then
+  -- A value held by 2 has a count; the `L` marker (held by 1) none: its count goes below 0.
+  if redis.call('HINCRBY', refs, revstr .. '#', -1) <= 0 then
     redis.call('HDEL', refs, revstr, revstr .. '#')
   end
 end
@@ -283,14 +278,23 @@ local function feed_at(k, a)
   local tag = ''
   if cl == '1' then tag = string.match(KEYS[k], '{[^{}]*}') or '' end
   return {KEYS[k], KEYS[k + 1], tonumber(maxn), tonumber(ARGV[a + 1]), false, false, k + 2,
-    maxbytes = tonumber(maxb), tag = tag, bytes = 0}
+    maxbytes = tonumber(maxb), tag = tag, bytes = 0, count = 0}
 end
 local function trim(feed, now)
   local maxn, maxage, maxb = feed[3], feed[4], feed.maxbytes
-  if maxn == 0 and maxage == 0 and maxb == 0 then return end
-  local n = redis.call('XLEN', feed[1])
+  local n = feed.count
+  -- Trimmed in batches: once the count or the bytes pass their bound by 1%, down to it.
+  local due = (maxn > 0 and n > maxn + math.floor(maxn / 100))
+    or (maxb > 0 and feed.bytes > maxb + math.floor(maxb / 100))
   local cutoff = false
-  if maxage > 0 then cutoff = now - maxage end
+  if maxage > 0 then
+    cutoff = now - maxage
+    if not due then
+      local first = redis.call('XRANGE', feed[1], '-', '+', 'COUNT', 1)[1]
+      due = first and tonumber(string.match(first[1], '^(%d+)')) < cutoff
+    end
+  end
+  if not due then return end
   while n > 1 do
     local want = 16
     if maxn > 0 and n > maxn then want = math.min(100, n - maxn) end
@@ -304,6 +308,7 @@ local function trim(feed, now)
       if not over or n <= 1 then stop = true break end
       feed.bytes = feed.bytes - release(e[2], feed.tag)
       n = n - 1
+      feed.count = n
       last = e[1]
     end
     if last then
@@ -318,7 +323,8 @@ local function to_feed(feed, key, message, now, displaced)
   if not feed then return message, false end
   local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
   if not prev then
-    prev, feed[6], feed.bytes = feed_head(feed[2])
+    prev, feed[6], feed.bytes, feed.count = feed_head(feed[2])
+    if not feed.count then feed.count = redis.call('XLEN', feed[1]) end
     if prev == '0-0' then
       -- A new stream (the first, or the old one was lost): it joins the registries given.
       for j = feed[7], #KEYS do
@@ -334,8 +340,9 @@ local function to_feed(feed, key, message, now, displaced)
   local u = string.format('%d', feed[6])
   redis.call('XADD', feed[1], id, 'k', key, 'm', data, 'u', u)
   feed.bytes = feed.bytes + #key + #data + (displaced or 0)
+  feed.count = feed.count + 1
   trim(feed, now)
-  redis.call('SET', feed[2], id .. ' ' .. u .. ' ' .. string.format('%d', feed.bytes))
+  redis.call('SET', feed[2], string.format('%s %s %d %d', id, u, feed.bytes, feed.count))
   feed[5] = id
   return data, id
 end

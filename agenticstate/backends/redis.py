@@ -324,6 +324,7 @@ class RedisBackend(Subscriber, Backend):
         if connection_pool_size < 1 or read_retries < 0:
             raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
         self._url = url  # with its password: only connections see it (`url` is redacted)
+        self._shown_url = redact_url(url)  # once: every command's error mapping names it
         self.db = db
         self.key_prefix = key_prefix
         self.connection_pool_size = connection_pool_size
@@ -378,7 +379,7 @@ class RedisBackend(Subscriber, Backend):
         The password is kept for the connections only, so that logging or printing the backend
         (or its `url`) never shows it.
         """
-        return redact_url(self._url)
+        return self._shown_url
 
     def __repr__(self) -> str:
         return f"RedisBackend(url={self.url!r}, key_prefix={self.key_prefix!r})"
