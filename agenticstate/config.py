@@ -269,9 +269,7 @@ class FeedRetention:
             raise ConfigurationError(
                 f"max_changes must be an int >= 1 or None, not {self.max_changes!r}"
             )
-        if self.max_bytes is not None and (
-            type(self.max_bytes) is not int or self.max_bytes < 1
-        ):
+        if self.max_bytes is not None and (type(self.max_bytes) is not int or self.max_bytes < 1):
             raise ConfigurationError(
                 f"max_bytes must be an int >= 1 (bytes) or None, not {self.max_bytes!r}"
             )

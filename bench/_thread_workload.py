@@ -56,4 +56,6 @@ async def run_thread(state: StateManager, turns: int, thread: str = "t1") -> Non
     graph = _graph(CheckpointSaver(state))
     config: Any = {"configurable": {"thread_id": thread}}
     for turn in range(turns):
-        await graph.ainvoke({"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}, config)
+        await graph.ainvoke(
+            {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}, config
+        )

@@ -64,9 +64,13 @@ async def run(url: str, turns: int = TURNS) -> str:
     rows = []
     on = await _redis(url, 1, FeedRetention(), turns)
     off = await _redis(url, 2, None, turns)
-    rows.append(["Redis (MEMORY USAGE)", f"{on / 1e6:.1f} MB", f"{off / 1e6:.1f} MB", f"{on / off:.3f}x"])
+    rows.append(
+        ["Redis (MEMORY USAGE)", f"{on / 1e6:.1f} MB", f"{off / 1e6:.1f} MB", f"{on / off:.3f}x"]
+    )
     on, off = await _sqlite(turns)
-    rows.append(["SQLite (file pages)", f"{on / 1e6:.1f} MB", f"{off / 1e6:.1f} MB", f"{on / off:.3f}x"])
+    rows.append(
+        ["SQLite (file pages)", f"{on / 1e6:.1f} MB", f"{off / 1e6:.1f} MB", f"{on / off:.3f}x"]
+    )
     notes = [
         f"One LangGraph thread of {turns} turns (two nodes per turn, a `messages` channel with "
         "`add_messages`), written once with the feed on and once with it off (SQLite: its "

@@ -224,7 +224,9 @@ end
 # the one displacing it); `release(fields, tag)`: a trimmed entry lets go of what it references,
 # returning the bytes it held; `resolve(k, m, tag)`: the message with every value inline, false
 # if one is gone (a key deleted or evicted behind the library's back).
-REFS_FUNCTION = RESOLVE_FUNCTION + """local INLINE_MAX = INLINE_LIMIT
+REFS_FUNCTION = (
+    RESOLVE_FUNCTION
+    + """local INLINE_MAX = INLINE_LIMIT
 local function displace(feed, key, revstr, old)
   if not feed or #old < INLINE_MAX then return false end
   local refs = refs_of(key, feed.tag)
@@ -255,6 +257,7 @@ local function release(fields, tag)
   return size
 end
 """.replace("INLINE_LIMIT", str(INLINE_MAX))
+)
 
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
 # counter are KEYS[k] and KEYS[k + 1] and whose retention is ARGV[a] and ARGV[a + 1], or false

@@ -62,8 +62,8 @@ async def core(state: StateManager) -> None:
     await state.save("doc:big", "x" * 2000)
     await state.save("doc:big", "y" * 2000)
     await state.delete("doc:big")
-    async with state.changes("doc:*", since=big) as replayed:
-        values = [(change.old_value, change.new_value) for change in await _take(replayed, 3)]
+    async with state.changes("doc:*", since=big) as doc_changes:
+        values = [(change.old_value, change.new_value) for change in await _take(doc_changes, 3)]
     assert values == [(None, "x" * 2000), ("x" * 2000, "y" * 2000), ("y" * 2000, None)]
     assert (await state.usage("*")).feed is not None
     assert await state.get_many(["agent:1", "agent:2", "missing"]) == {

@@ -139,9 +139,11 @@ class FeedMachine(RuleBasedStateMachine):
         self._wrote(key, value)
 
         async def gone() -> None:
+            # The clock has to pass the expiry: there is no event to wait on.
             with anyio.fail_after(WAIT):
-                while await state.exists(key):
-                    await anyio.sleep(0.01)  # the clock has to pass the expiry: no event to wait on
+                await anyio.sleep(0.03)
+                while await state.exists(key):  # noqa: ASYNC110  # a clock, not an event
+                    await anyio.sleep(0.01)
 
         self.call(gone)
         self.values.pop(key)
@@ -184,8 +186,12 @@ class FeedMachine(RuleBasedStateMachine):
             expected = self._expected(store, at)
             recent = len(self.log) - at < SAFE
 
-            async def read(state: StateManager = self.states[store], count: int = len(expected)):
-                got = []
+            async def read(
+                state: StateManager = self.states[store],
+                count: int = len(expected),
+                cursor: str = cursor,
+            ) -> list[Change]:
+                got: list[Change] = []
                 async with state.changes("*", since=cursor) as changes:
                     if count == 0:
                         return got
@@ -248,7 +254,7 @@ def _run(kind: str, url: str, tmp_path: Path) -> None:
             path = tmp_path / f"{uuid.uuid4().hex}.db"
             prefixes = ["", "n:"]
             # One file, one feed: it keeps the smaller count (the two stores trim it alike).
-            backends = [
+            backends: list[Any] = [
                 SQLiteBackend(path, key_prefix=p, feed=FeedRetention(max_changes=min(RETAIN)))
                 for p in prefixes
             ]
