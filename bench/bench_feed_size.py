@@ -75,7 +75,7 @@ async def run(url: str, turns: int = TURNS) -> str:
         f"One LangGraph thread of {turns} turns (two nodes per turn, a `messages` channel with "
         "`add_messages`), written once with the feed on and once with it off (SQLite: its "
         "`changes` rows deleted). Target: at most 1.15x.",
-        "A change holds a large value (256 bytes or more, no TTL) by reference: the key while it "
+        "A change holds a large value (1 KiB or more, no TTL) by reference: the key while it "
         "still holds that value, then the key's next change, which carries it as its old value.",
     ]
     return table(

@@ -127,7 +127,7 @@ REFS_NAMESPACE = "__agenticstate_feedref__:"
 """What every key's hash of values held by reference starts with, then the Redis key (on a
 cluster, a key without a hash tag is followed by its slot's tag in braces; one with a brace but
 no valid tag is preceded by it)."""
-INLINE_MAX = 256
+INLINE_MAX = 1024
 """A written value this size or larger (bytes, as stored) is held by reference in the feed: its
 entry names the key and revision instead of carrying it (unless the write sets a TTL)."""
 

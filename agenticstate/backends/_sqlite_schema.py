@@ -107,7 +107,7 @@ TABLES = frozenset({"kv", "changes", "idx", "meta", "history"})
 INDEXES = frozenset({"kv_expiry", "idx_order", "changes_key"})
 CHANGES_KEY = "CREATE INDEX IF NOT EXISTS changes_key ON changes (key, seq)"
 """The index a change's new value is found by (the key's next change), made on open if missing."""
-INLINE_MAX = 256
+INLINE_MAX = 1024
 """A written value this size or larger (bytes, as stored) is held by reference in its change row
 (`new` is NULL) unless the write sets a TTL: `NEW_VALUE` reads it back."""
 FEED_BYTES = "length(key) + coalesce(length(old), 0) + coalesce(length(new), 0)"
