@@ -247,7 +247,7 @@ class FeedRetention:
     Attributes:
         max_changes: Keep at most this many of the newest changes (per stream: on Redis
             Cluster, per slot's stream). Trimming runs in batches and may keep somewhat more
-            than this (on Redis up to 1% more, on SQLite up to an eighth), never fewer.
+            than this (on Redis up to 1% or 32 more, on SQLite up to an eighth), never fewer.
         max_age: Drop changes older than this (checked as writes happen, so an idle feed may
             hold older ones until the next write).
         max_bytes: Keep the feed's bytes (what its changes hold: keys, old values, the values

@@ -286,8 +286,10 @@ end
 local function trim(feed, now)
   local maxn, maxage, maxb = feed[3], feed[4], feed.maxbytes
   local n = feed.count
-  -- Trimmed in batches: once the count or the bytes pass their bound by 1%, down to it.
-  local due = (maxn > 0 and n > maxn + math.floor(maxn / 100))
+  -- Trimmed in batches: once the count passes its bound by 1% (by 32 at least: a live reader
+  -- that lags a few writes behind still finds what it was told of, as when `MAXLEN ~` kept
+  -- whole stream nodes) or the bytes by 1%, down to the bound.
+  local due = (maxn > 0 and n > maxn + math.max(32, math.floor(maxn / 100)))
     or (maxb > 0 and feed.bytes > maxb + math.floor(maxb / 100))
   local cutoff = false
   if maxage > 0 then

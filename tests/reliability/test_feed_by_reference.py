@@ -50,8 +50,11 @@ SETTINGS = settings(
     max_examples=8, stateful_step_count=30, deadline=None, derandomize=True, database=None
 )
 DB = 8  # the plain Redis database the machine owns (flushed before each example)
-RETAIN = (9, 6)  # max changes kept: the outer store's feed, the nested store's
-SAFE = min(RETAIN) - 1  # a cursor fewer changes old than this is always retained
+RETAIN = (9, 6)  # SQLite: max changes kept (the smaller: one file, one feed)
+# Redis: max bytes kept by the outer store's feed and the nested store's (a change holds at
+# most about 2 KB here: a displaced value and a small new one), so each trims every few writes.
+RETAIN_BYTES = (24_000, 16_000)
+SAFE = 5  # a cursor fewer changes old than this is always retained
 TAG = "{t}"  # one hash slot on a cluster: replays are ordered within a slot
 KEYS = [f"x{TAG}", f"y{TAG}", f"n:x{TAG}", f"n:y{TAG}"]  # relative to the outer store
 WAIT = 10.0
@@ -228,8 +231,8 @@ class FeedMachine(RuleBasedStateMachine):
     def _check_no_leak(self) -> None:
         """Small writes push every change out of both feeds: no hash of references stays."""
         for store, state in enumerate(self.states):
-            for n in range(max(RETAIN) + 2):
-                self.call(state.save, f"push{n}{TAG}", n)  # the same slot: the same stream
+            for n in range(RETAIN_BYTES[0] // 10):  # small changes: well over max_bytes
+                self.call(state.save, f"push{n % 10}{TAG}", n)  # the same slot, so stream
             del store
 
         async def refs() -> list[bytes]:
@@ -270,9 +273,9 @@ def _run(kind: str, url: str, tmp_path: Path) -> None:
                 url=url,
                 key_prefix=prefix,
                 db=None if cluster else DB,
-                feed=FeedRetention(max_changes=retain),
+                feed=FeedRetention(max_bytes=retain),
             )
-            for prefix, retain in zip(prefixes, RETAIN, strict=True)
+            for prefix, retain in zip(prefixes, RETAIN_BYTES, strict=True)
         ]
         return backends, prefixes, url
 
