@@ -19,8 +19,10 @@ so ids rise even if a clock steps back), `n` the stream's own count of changes o
 `E` knows that nothing is missing exactly when the first entry it reads names `E` as its
 predecessor. Each entry also carries `u`, its place in its server's commit order (the clock in
 microseconds when its script ran, never less than the stream's `u` before it): readers merge
-several streams by it. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims whole stream
-nodes, so it keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
+several streams by it. Retention: the counter also holds the stream's count and bytes, and a
+write that takes them past a bound (count by 1% or 32, bytes by 1%, or an entry older than
+`max_age`) trims the oldest entries down to it, releasing what they hold by reference (see
+`_redis_scripts`, "Values by reference").
 
 Prefixes nest: a store reads its own stream, those of the prefixes nested in it (on one server,
 the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write,
