@@ -36,8 +36,10 @@ registries of the outer prefixes come after the counter in `KEYS`: a script that
 joins them (`feed_at`). It XADDs the change with
 fields `k` (the Redis key), `m` (`X<id> <previous id> <W or D message>`) and `u` (the change's
 place in the server's commit order: `ORDER_FUNCTION`), trims the stream (`trim`: the counter
-holds `<last id> <u> <bytes> <count>`) and publishes `F<id> <stream>`. A reader knows from the previous id whether anything between two
-entries is missing (see `_redis_feed`). Values by reference: a written value of `INLINE_MAX` bytes or more without a TTL is not in its
+holds `<last id> <u> <bytes> <count>`) and publishes `F<id> <stream>`. A reader knows from the
+previous id whether anything between two entries is missing (see `_redis_feed`).
+
+Values by reference: a written value of `INLINE_MAX` bytes or more without a TTL is not in its
 entry (kind `V`): the entry names the key and revision, and the key's hash of references
 (`REFS_FUNCTION`) marks that revision; an overwrite or delete moves the value into the hash while
 a retained entry holds it, and the readers (`_redis_feed.READ`, `LOOKUP`) put values back inline.
