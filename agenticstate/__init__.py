@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from agenticstate._usage import NamespaceUsage, StateUsage
+from agenticstate._usage import FeedUsage, NamespaceUsage, StateUsage
 from agenticstate.backends import (
     EARLIEST,
     Backend,
@@ -168,6 +168,7 @@ __all__ = [
     "Encryption",
     "Entry",
     "FeedRetention",
+    "FeedUsage",
     "FileBackend",
     "ForeignRecordError",
     "IndexingEstimate",

@@ -3,6 +3,7 @@
 `StateManager.usage()` scans the keys (SCAN on Redis, never KEYS) and reads their sizes in
 batches through `Backend.value_sizes` (one MGET-shaped call per batch: the memory and file
 backends measure the stored bytes exactly, Redis pipelines STRLEN). It never decodes a value.
+The change feed's size comes from `Backend.feed_size`, once.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
     from agenticstate.backends.base import Backend
 
-__all__ = ["NamespaceUsage", "StateUsage", "measure_usage", "namespace_of"]
+__all__ = ["FeedUsage", "NamespaceUsage", "StateUsage", "measure_usage", "namespace_of"]
 
 DEFAULT_BATCH = 500
 
@@ -36,6 +37,19 @@ class NamespaceUsage(BaseModel):
     """Keys counted."""
     bytes: int = 0
     """Stored bytes of their values."""
+
+
+class FeedUsage(BaseModel):
+    """What the store's change feed holds (`StateUsage.feed`), whatever the pattern."""
+
+    model_config = ConfigDict(frozen=True)
+
+    changes: int = 0
+    """Changes retained."""
+    bytes: int = 0
+    """What they hold: keys, headers, values carried inline and the old values of overwritten
+    and deleted keys; a value still in the store is held by reference and not counted.
+    `FeedRetention.max_bytes` bounds it."""
 
 
 class StateUsage(BaseModel):
@@ -62,6 +76,9 @@ class StateUsage(BaseModel):
     and in the running totals passed to a progress callback."""
     elapsed: float = 0.0
     """Seconds the measurement took."""
+    feed: FeedUsage | None = None
+    """The change feed this store writes (per backend: see `Backend.feed_size`), or `None`
+    when it keeps none."""
 
 
 def namespace_of(key: str) -> str:
@@ -88,6 +105,8 @@ async def measure_usage(
     started = time.monotonic()
     totals: dict[str, list[int]] = {}
     complete = True
+    size = await backend.feed_size()
+    feed = None if size is None else FeedUsage(changes=size.changes, bytes=size.bytes)
 
     def snapshot(*, done: bool) -> StateUsage:
         return StateUsage(
@@ -100,6 +119,7 @@ async def measure_usage(
             },
             complete=done,
             elapsed=time.monotonic() - started,
+            feed=feed,
         )
 
     async def measure(batch: list[str]) -> None:

@@ -43,6 +43,7 @@ _SHOWN_PARAMETERS = frozenset(
         "feed",
         "feed_max_changes",
         "feed_max_age",
+        "feed_max_bytes",
         "change_retention",
         "synchronous",
         "socket_timeout",
@@ -235,20 +236,31 @@ def _url_secrets(url: str) -> list[str]:
     return secrets
 
 
+DEFAULT_FEED_BYTES = 64 * 1024 * 1024
+"""`FeedRetention.max_bytes` by default: 64 MiB per feed (per stream on Redis)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FeedRetention:
     """How much of the change feed a backend keeps (each bound applies; `None` lifts it).
 
     Attributes:
         max_changes: Keep at most this many of the newest changes (per stream: on Redis
-            Cluster, per slot's stream). Trimming may keep somewhat more than this (Redis trims
-            whole stream nodes), never fewer.
+            Cluster, per slot's stream). Trimming runs in batches and may keep somewhat more
+            than this (on Redis up to 1% or 32 more, on SQLite up to an eighth), never fewer.
         max_age: Drop changes older than this (checked as writes happen, so an idle feed may
             hold older ones until the next write).
+        max_bytes: Keep the feed's bytes (what its changes hold: keys, old values, the values
+            carried inline, headers; see "What a change costs" in the subscriptions docs) at
+            most this, dropping the oldest changes first (per stream on Redis, per database
+            file on SQLite). The newest change is always kept, whatever its size. 64 MiB by
+            default: with values held by reference, that bounds the feed by what a burst of
+            overwrites and deletes displaced, never by the size of the store.
     """
 
     max_changes: int | None = 10_000
     max_age: timedelta | None = None
+    max_bytes: int | None = DEFAULT_FEED_BYTES
 
     def __post_init__(self) -> None:
         if self.max_changes is not None and (
@@ -256,6 +268,10 @@ class FeedRetention:
         ):
             raise ConfigurationError(
                 f"max_changes must be an int >= 1 or None, not {self.max_changes!r}"
+            )
+        if self.max_bytes is not None and (type(self.max_bytes) is not int or self.max_bytes < 1):
+            raise ConfigurationError(
+                f"max_bytes must be an int >= 1 (bytes) or None, not {self.max_bytes!r}"
             )
         try:
             duration(self.max_age, "max_age")

@@ -30,7 +30,7 @@ from bench._util import (
 
 N = 3000
 BATCH = 100
-VALUE = {"status": "running", "task": "analyze_data", "progress": 0.45, "notes": "x" * 120}
+VALUE = {"status": "running", "task": "analyze_data", "progress": 0.45, "notes": "x" * 900}  # ~1 KB
 RAW = json.dumps(VALUE).encode()
 ROOT = Path(__file__).parent.parent
 

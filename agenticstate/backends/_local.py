@@ -283,7 +283,18 @@ class FeedRing:
     newest change dropped (0: none), so a cursor at or after it resumes with nothing missed.
     """
 
-    __slots__ = ("_changes", "_max_age", "_seqs", "head", "prefix", "store_id", "tag", "trimmed")
+    __slots__ = (
+        "_changes",
+        "_max_age",
+        "_max_bytes",
+        "_seqs",
+        "bytes",
+        "head",
+        "prefix",
+        "store_id",
+        "tag",
+        "trimmed",
+    )
 
     def __init__(
         self, retention: FeedRetention, tag: str, store_id: str, *, head: int = 0, trimmed: int = 0
@@ -294,8 +305,12 @@ class FeedRing:
         self._changes: deque[Change] = deque(maxlen=retention.max_changes)
         self._seqs: deque[int] = deque(maxlen=retention.max_changes)
         self._max_age = retention.max_age
+        self._max_bytes = retention.max_bytes
         self.head = head  # the newest sequence number committed (a change's or not)
         self.trimmed = trimmed
+        # What the retained changes hold: keys and old values (a new value is the stored
+        # value itself, shared with the store, until a later change holds it as its old one).
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -308,12 +323,21 @@ class FeedRing:
         """Append `change` (committed at `seq`), dropping what retention no longer keeps."""
         seqs = self._seqs
         if len(seqs) == seqs.maxlen:
-            self.trimmed = seqs[0]
+            self._drop_oldest()
         seqs.append(seq)
         self._changes.append(change)
+        self.bytes += _held(change)
         self.head = seq
         if self._max_age is not None:
             self.age(change.timestamp)
+        limit = self._max_bytes
+        if limit is not None:
+            while self.bytes > limit and len(seqs) > 1:
+                self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        self.bytes -= _held(self._changes.popleft())
+        self.trimmed = self._seqs.popleft()
 
     def age(self, now: datetime) -> None:
         """Drop the changes older than `max_age` at `now`."""
@@ -322,7 +346,7 @@ class FeedRing:
         oldest = now - self._max_age
         changes, seqs = self._changes, self._seqs
         while changes and changes[0].timestamp < oldest:
-            changes.popleft()
+            self.bytes -= _held(changes.popleft())
             self.trimmed = seqs.popleft()
 
     def items(self) -> list[tuple[int, Change]]:
@@ -372,6 +396,11 @@ class FeedRing:
         return [change for change in later if match(change.key)]
 
 
+def _held(change: Change) -> int:
+    """The bytes a retained change holds of its own (see `FeedRing.bytes`)."""
+    return len(change.key) + (len(change.old) if change.old is not None else 0)
+
+
 def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) -> None:
     """Set `options["feed"]` from a URL's feed parameters, unless it is set already.
 
@@ -381,7 +410,7 @@ def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) 
     Raises:
         ConfigurationError: A feed parameter's value is invalid.
     """
-    names = ("feed", "feed_max_changes", "feed_max_age")
+    names = ("feed", "feed_max_changes", "feed_max_age", "feed_max_bytes")
     found = {name: value for name, value in params if name in names}
     if not found or "feed" in options:
         return
@@ -394,14 +423,17 @@ def feed_from_query(params: Iterable[tuple[str, str]], options: dict[str, Any]) 
         return
     max_changes: int | None = FeedRetention().max_changes
     max_age = None
+    max_bytes: int | None = FeedRetention().max_bytes
     try:
         if "feed_max_changes" in found:
             max_changes = int(found["feed_max_changes"])
         if "feed_max_age" in found:
             max_age = timedelta(seconds=float(found["feed_max_age"]))
+        if "feed_max_bytes" in found:
+            max_bytes = int(found["feed_max_bytes"])
     except (ValueError, OverflowError):
         raise ConfigurationError(f"invalid feed parameters {found!r}") from None
-    options["feed"] = FeedRetention(max_changes=max_changes, max_age=max_age)
+    options["feed"] = FeedRetention(max_changes=max_changes, max_age=max_age, max_bytes=max_bytes)
 
 
 class TxnTarget(Protocol):

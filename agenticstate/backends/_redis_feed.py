@@ -19,8 +19,10 @@ so ids rise even if a clock steps back), `n` the stream's own count of changes o
 `E` knows that nothing is missing exactly when the first entry it reads names `E` as its
 predecessor. Each entry also carries `u`, its place in its server's commit order (the clock in
 microseconds when its script ran, never less than the stream's `u` before it): readers merge
-several streams by it. Retention is `XADD ... MAXLEN ~ max_changes` (Redis trims whole stream
-nodes, so it keeps somewhat more, never fewer) and `XTRIM MINID ~ now - max_age` with each write.
+several streams by it. Retention: the counter also holds the stream's count and bytes, and a
+write that takes them past a bound (count by 1% or 32, bytes by 1%, or an entry older than
+`max_age`) trims the oldest entries down to it, releasing what they hold by reference (see
+`_redis_scripts`, "Values by reference").
 
 Prefixes nest: a store reads its own stream, those of the prefixes nested in it (on one server,
 the registry `__agenticstate_feeds__:{key_prefix}` a nested store joins before its first write,
@@ -93,9 +95,12 @@ __all__ = [
     "EPOCH",
     "FEED_NAMESPACE",
     "FIRSTS",
+    "INLINE_MAX",
     "LOOKUP",
     "READ",
+    "REFS_NAMESPACE",
     "REGISTRY_NAMESPACE",
+    "RESOLVE_FUNCTION",
     "FeedNames",
     "Id",
     "Position",
@@ -120,13 +125,81 @@ COUNTER_NAMESPACE = "__agenticstate_feedseq__:"
 """What every feed counter's name starts with (it holds the stream's last id and its `u`)."""
 REGISTRY_NAMESPACE = "__agenticstate_feeds__:"
 """What every registry of nested feeds starts with (then the outer prefix; a set of prefixes)."""
+REFS_NAMESPACE = "__agenticstate_feedref__:"
+"""What every key's hash of values held by reference starts with, then the Redis key (on a
+cluster, a key without a hash tag is followed by its slot's tag in braces; one with a brace but
+no valid tag is preceded by it)."""
+INLINE_MAX = 1024
+"""A written value this size or larger (bytes, as stored) is held by reference in the feed: its
+entry names the key and revision instead of carrying it (unless the write sets a TTL)."""
+
+# Reading a change back with its values inline (`resolve`), shared by the scripts that read the
+# feed (`READ`, `LOOKUP`) and those that write it (`_redis_scripts.REFS_FUNCTION`).
+RESOLVE_FUNCTION = """local REFS_NS = 'REFS_NAMESPACE'
+local function refs_of(key, tag)
+  -- In the key's slot. On a cluster: a key with a hash tag keeps it; one without a brace gets
+  -- its slot's tag after it; one with a brace but no tag, before it (the brace would spoil it).
+  if tag == '' then return REFS_NS .. key end
+  local open = string.find(key, '{', 1, true)
+  if not open then return REFS_NS .. key .. tag end
+  local close = string.find(key, '}', open + 1, true)
+  if close and close > open + 1 then return REFS_NS .. key end
+  return REFS_NS .. tag .. key
+end
+local function message_at(m)
+  local first = string.find(m, ' ', 1, true)
+  local second = first and string.find(m, ' ', first + 1, true)
+  if not second or string.sub(m, second + 1, second + 1) ~= 'R' then return false end
+  local at = second + 1
+  local kind = string.sub(m, at + 17, at + 17)
+  if kind == 'D' then return at, kind, at + 53 end
+  return at, kind, at + 68
+end
+local function resolve(k, m, tag)
+  local at, kind, o = message_at(m)
+  if not at then return m end
+  local flag = string.sub(m, o, o)
+  if kind ~= 'V' and flag ~= '2' then return m end
+  local refs = refs_of(k, tag)
+  local head, old, rest = string.sub(m, 1, o - 1), '0', string.sub(m, o + 1)
+  if flag == '2' then
+    local held = redis.call('HGET', refs, string.sub(m, o + 11, o + 26))
+    if not held or string.sub(held, 1, 1) ~= 'V' then return false end
+    old = '1' .. string.sub(m, o + 1, o + 10) .. string.sub(held, 2)
+    rest = string.sub(m, o + 27)
+  elseif flag == '1' then
+    local size = tonumber(string.sub(m, o + 1, o + 10))
+    old = string.sub(m, o, o + 10 + size)
+    rest = string.sub(m, o + 11 + size)
+  end
+  if kind == 'V' then
+    local revstr = string.sub(m, at + 1, at + 16)
+    local new = false
+    local ok, cur = pcall(redis.call, 'GET', k)
+    if ok and cur and string.byte(cur, 1) == 43 and string.sub(cur, 66, 81) == revstr then
+      new = string.sub(cur, 98)
+    else
+      local held = redis.call('HGET', refs, revstr)
+      if held and string.sub(held, 1, 1) == 'V' then new = string.sub(held, 2) end
+    end
+    if not new then return false end
+    head = string.sub(head, 1, at + 16) .. 'W' .. string.sub(head, at + 18)
+    rest = new
+  end
+  return head .. old .. rest
+end
+""".replace("REFS_NAMESPACE", REFS_NAMESPACE)
 
 
 # KEYS: the stream, its counter; ARGV: where to start (an exclusive `(id`, an inclusive id, or
-# `-`), how many entries to look at, and a key prefix to keep ('' keeps all). Returns {the entries
+# `-`), how many entries to look at, a key prefix to keep ('' keeps all) and whether the stream
+# is a cluster's ('1'; then its tag names the keys' hashes of references). Returns {the entries
 # kept, the counter, how many were looked at, the predecessor named by the first one looked at,
-# the last id looked at}, read in one atomic step.
-READ = """
+# the last id looked at}, read in one atomic step. Each kept entry's message has its values
+# inline (`resolve`); one whose value is gone ends in `?` after its header (`LOST`).
+READ = (
+    RESOLVE_FUNCTION
+    + """
 local page = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
 local counter = redis.call('GET', KEYS[2])
 if #page == 0 then return {page, counter, 0, false, false} end
@@ -149,16 +222,41 @@ if keep ~= '' then
     end
   end
 end
+local tag = ''
+if ARGV[4] == '1' then tag = string.match(KEYS[1], '{[^{}]*}') or '' end
+for _, e in ipairs(kept) do
+  local f = e[2]
+  local k, mi = '', false
+  for j = 1, #f, 2 do
+    if f[j] == 'k' then k = f[j + 1] elseif f[j] == 'm' then mi = j + 1 end
+  end
+  if mi then
+    local m = f[mi]
+    local whole = resolve(k, m, tag)
+    if not whole then
+      local first = string.find(m, ' ', 1, true)
+      whole = string.sub(m, 1, string.find(m, ' ', first + 1, true)) .. '?'
+    end
+    f[mi] = whole
+  end
+end
 return {kept, counter, #page, prev, page[#page][1]}
 """
+)
 
 # What a subscriber reads for the notifications it received (`_redis_pubsub`). KEYS: streams (of
-# one slot); ARGV[1]: a channel to PUBLISH an empty marker on once read ('' for none), then pairs
-# (a stream's position in KEYS, an id). Returns, for each asked entry, its fields `k`, `m` and
-# `u` ('' for an entry of an earlier version, which has none), or false where there is none.
-LOOKUP = """
+# one slot); ARGV[1]: a channel to PUBLISH an empty marker on once read ('' for none), ARGV[2]:
+# whether the streams are a cluster's ('1'), then pairs (a stream's position in KEYS, an id).
+# Returns, for each asked entry, its fields `k`, `m` (its values inline: `resolve`; false when
+# one is gone) and `u` ('' for an entry of an earlier version, which has none), or false where
+# there is none.
+LOOKUP = (
+    RESOLVE_FUNCTION
+    + """
 local found = {}
-for i = 2, #ARGV, 2 do
+local tag = ''
+if ARGV[2] == '1' then tag = string.match(KEYS[1] or '', '{[^{}]*}') or '' end
+for i = 3, #ARGV, 2 do
   local e = redis.call('XRANGE', KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 1])[1]
   if e then
     local f = e[2]
@@ -167,7 +265,7 @@ for i = 2, #ARGV, 2 do
       if f[j] == 'k' then k = f[j + 1] elseif f[j] == 'm' then m = f[j + 1]
       elseif f[j] == 'u' then u = f[j + 1] end
     end
-    found[#found + 1] = {k, m, u}
+    found[#found + 1] = {k, resolve(k, m, tag), u}
   else
     found[#found + 1] = false
   end
@@ -175,6 +273,7 @@ end
 if ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], '') end
 return found
 """
+)
 
 # A cluster's feed epoch: a token naming this life of a prefix's feed, in one key (KEYS[1],
 # `FeedNames.epoch_key`), lost with the streams when the cluster loses its data. ARGV[1]: a fresh

@@ -1255,7 +1255,7 @@ class Subscriber:
     ) -> list[_Read]:
         """Read the entries `streams`' notifications name (one slot), in one script."""
         names = [self._feed_names.stream(stream)[0] for stream in streams]
-        args: list[str | bytes | int] = [channel]
+        args: list[str | bytes | int] = [channel, int(self.is_cluster)]
         asked: list[tuple[feeds.Stream, _Hint]] = []
         for position, (stream, hints) in enumerate(streams.items(), 1):
             for hint in hints:
@@ -1281,6 +1281,11 @@ class Subscriber:
         reads = []
         missing: list[tuple[feeds.Stream, _Hint]] = []
         for (stream, hint), entry in zip(asked, found, strict=True):
+            if entry and entry[1] is None:
+                # Its value is gone from the store (deleted or evicted outside the library):
+                # the reader cannot deliver it exactly, so it catches up as after a gap.
+                log.warning("pubsub_feed_value_lost", url=self.url)
+                raise _Gap
             if entry:
                 read = self._entry_read(stream, entry, hint)
                 if read is not None:
@@ -1317,7 +1322,7 @@ class Subscriber:
         """Whether this ACL user may read `stream` (remembered when not)."""
         try:
             name = self._feed_names.stream(stream)[0]
-            await self._run_script(LOOKUP_SHA, feeds.LOOKUP, [name], [b"", 1, "0-1"])
+            await self._run_script(LOOKUP_SHA, feeds.LOOKUP, [name], [b"", 0, 1, "0-1"])
         except BackendError as exc:
             if not wire.no_permission(exc):
                 raise
@@ -1557,7 +1562,7 @@ class Subscriber:
         while True:
             try:
                 page, last, scanned, first_prev, last_read = await self._run_script(
-                    READ_SHA, feeds.READ, names, [start, _PAGE, keep]
+                    READ_SHA, feeds.READ, names, [start, _PAGE, keep, int(self.is_cluster)]
                 )
             except BackendError as exc:
                 if not wire.no_permission(exc):
@@ -1572,6 +1577,9 @@ class Subscriber:
                 None if last is None else feeds.parse_id(last),
             )
             entries = [_feed_entry(fields) for _, fields in page]
+            for _, data, _, _ in entries:
+                if data[-2:] == b" ?" and _lost(data):
+                    raise CursorExpiredError(cursor, _LOST_MESSAGE.format(cursor=cursor))
             if entries:
                 yield entries
             if int(scanned) < _PAGE:
@@ -1875,6 +1883,19 @@ class Subscriber:
                 await reader
         await self._stop_deliverer()
         await self._drop_pubsub()
+
+
+_LOST_MESSAGE = (
+    "a change after cursor {cursor!r} held a value the store no longer has (its key was "
+    "deleted or evicted outside agenticstate, or overwritten by a store without a feed); "
+    "re-read the state and resume from a new cursor"
+)
+
+
+def _lost(data: bytes) -> bool:
+    """Whether a feed message read back by `READ` stands for a change whose value is gone."""
+    header = split_feed(data)
+    return header is not None and data[header[2] :] == b"?"
 
 
 def _feed_entry(fields: list[bytes]) -> tuple[bytes, bytes, feeds.Id, int]:

@@ -35,9 +35,15 @@ id before it), `n` one more than the stream's previous id, counted over the stre
 registries of the outer prefixes come after the counter in `KEYS`: a script that starts the stream
 joins them (`feed_at`). It XADDs the change with
 fields `k` (the Redis key), `m` (`X<id> <previous id> <W or D message>`) and `u` (the change's
-place in the server's commit order: `ORDER_FUNCTION`), trims the stream (`MAXLEN ~`, `MINID ~`)
-and publishes `F<id> <stream>`. A reader knows from the previous id whether anything between two
-entries is missing (see `_redis_feed`). History lists come after the feed's keys (and their spec
+place in the server's commit order: `ORDER_FUNCTION`), trims the stream (`trim`: the counter
+holds `<last id> <u> <bytes> <count>`) and publishes `F<id> <stream>`. A reader knows from the
+previous id whether anything between two entries is missing (see `_redis_feed`).
+
+Values by reference: a written value of `INLINE_MAX` bytes or more without a TTL is not in its
+entry (kind `V`): the entry names the key and revision, and the key's hash of references
+(`REFS_FUNCTION`) marks that revision; an overwrite or delete moves the value into the hash while
+a retained entry holds it, and the readers (`_redis_feed.READ`, `LOOKUP`) put values back inline.
+History lists come after the feed's keys (and their spec
 after its arguments): `take_history` takes them off first, so the feed's positions are the same
 with or without history.
 """
@@ -49,7 +55,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from agenticstate.backends._redis_feed import FEED_NAMESPACE
+from agenticstate.backends._redis_feed import FEED_NAMESPACE, INLINE_MAX, RESOLVE_FUNCTION
 from agenticstate.backends._redis_history import HISTORY_FUNCTION
 from agenticstate.backends._redis_keyindex import KEY_INDEX_FUNCTION
 from agenticstate.backends.base import Change, ChangeOp, new_change, new_entry
@@ -186,14 +192,17 @@ ORDER_FUNCTION = """
 local clock = {}
 local function feed_head(counter)
   local held = redis.call('GET', counter) or '0-0'
-  local prev, before = held, 0
+  local prev, before, held_bytes, count = held, '0', '0', false
   local space = string.find(held, ' ', 1, true)
   if space then
-    prev, before = string.sub(held, 1, space - 1), tonumber(string.sub(held, space + 1))
+    local a, b, c, d = string.match(held, '^(%S+) (%S+) ?(%S*) ?(%S*)$')
+    prev, before = a, b
+    if c ~= '' then held_bytes = c end
+    if d ~= '' then count = tonumber(d) end
   end
   local u = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  if before > u then u = before end
-  return prev, u
+  if tonumber(before) > u then u = tonumber(before) end
+  return prev, u, tonumber(held_bytes), count
 end
 """
 
@@ -212,6 +221,51 @@ local function notify(channel, id, feed, data)
 end
 """.replace("FEED_CUT", str(len(FEED_NAMESPACE) + 1))
 
+# Values held by reference (see "Values by reference" in the module docstring). A change's
+# message at `at` (its `R`): the revision (16 digits), the kind (`W` a write with its new value,
+# `V` a write whose new value is held by reference, `D` a delete), the version, the time, for a
+# write the expiry, then the old value: `0` none, `1<size 10><old>` inline, `2<size 10><revision
+# 16>` by reference. `refs_of(key, tag)`: the key's hash of references; `displace(feed, key,
+# revstr, old)`: before `key`'s value at `revstr` is overwritten or deleted, move it into that
+# hash if a retained change holds it by reference (the `L` marker), held by 2 (that change and
+# the one displacing it); `release(fields, tag)`: a trimmed entry lets go of what it references,
+# returning the bytes it held; `resolve(k, m, tag)`: the message with every value inline, false
+# if one is gone (a key deleted or evicted behind the library's back).
+REFS_FUNCTION = (
+    RESOLVE_FUNCTION
+    + """local INLINE_MAX = INLINE_LIMIT
+local function displace(feed, key, revstr, old)
+  if not feed or #old < INLINE_MAX then return false end
+  local refs = refs_of(key, feed.tag)
+  if redis.call('HGET', refs, revstr) ~= 'L' then return false end
+  redis.call('HSET', refs, revstr, 'V' .. old, revstr .. '#', 2)
+  return true
+end
+local function unref(refs, revstr)
+  -- A value held by 2 has a count; the `L` marker (held by 1) none: its count goes below 0.
+  if redis.call('HINCRBY', refs, revstr .. '#', -1) <= 0 then
+    redis.call('HDEL', refs, revstr, revstr .. '#')
+  end
+end
+local function release(fields, tag)
+  local k, m = '', ''
+  for j = 1, #fields, 2 do
+    if fields[j] == 'k' then k = fields[j + 1] elseif fields[j] == 'm' then m = fields[j + 1] end
+  end
+  local size = #k + #m
+  local at, kind, o = message_at(m)
+  if not at then return size end
+  local refs = refs_of(k, tag)
+  if kind == 'V' then unref(refs, string.sub(m, at + 1, at + 16)) end
+  if string.sub(m, o, o) == '2' then
+    size = size + tonumber(string.sub(m, o + 1, o + 10))
+    unref(refs, string.sub(m, o + 11, o + 26))
+  end
+  return size
+end
+""".replace("INLINE_LIMIT", str(INLINE_MAX))
+)
+
 # The feed (see the module docstring). `feed_at(k, a)`: the feed of a script whose stream and
 # counter are KEYS[k] and KEYS[k + 1] and whose retention is ARGV[a] and ARGV[a + 1], or false
 # when there is no KEYS[k] (the feed is off); the KEYS after them (once `take_history` took off
@@ -224,16 +278,65 @@ end
 FEED_FUNCTION = (
     ORDER_FUNCTION
     + NOTIFY_FUNCTION
+    + REFS_FUNCTION
     + """
 local function feed_at(k, a)
   if not KEYS[k] then return false end
-  return {KEYS[k], KEYS[k + 1], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), false, false, k + 2}
+  local spec = ARGV[a]  -- '<max changes> <max bytes> <cluster: 1 or 0>' (or a bare count)
+  local maxn, maxb, cl = string.match(spec, '^(%d+) (%d+) (%d)$')
+  if not maxn then maxn, maxb, cl = spec, '0', '0' end
+  local tag = ''
+  if cl == '1' then tag = string.match(KEYS[k], '{[^{}]*}') or '' end
+  return {KEYS[k], KEYS[k + 1], tonumber(maxn), tonumber(ARGV[a + 1]), false, false, k + 2,
+    maxbytes = tonumber(maxb), tag = tag, bytes = 0, count = 0}
 end
-local function to_feed(feed, key, message, now)
+local function trim(feed, now)
+  local maxn, maxage, maxb = feed[3], feed[4], feed.maxbytes
+  local n = feed.count
+  -- Trimmed in batches: once the count passes its bound by 1% (by 32 at least: a live reader
+  -- that lags a few writes behind still finds what it was told of, as when `MAXLEN ~` kept
+  -- whole stream nodes) or the bytes by 1%, down to the bound.
+  local due = (maxn > 0 and n > maxn + math.max(32, math.floor(maxn / 100)))
+    or (maxb > 0 and feed.bytes > maxb + math.floor(maxb / 100))
+  local cutoff = false
+  if maxage > 0 then
+    cutoff = now - maxage
+    if not due then
+      local first = redis.call('XRANGE', feed[1], '-', '+', 'COUNT', 1)[1]
+      due = first and tonumber(string.match(first[1], '^(%d+)')) < cutoff
+    end
+  end
+  if not due then return end
+  while n > 1 do
+    local want = 16
+    if maxn > 0 and n > maxn then want = math.min(100, n - maxn) end
+    local batch = redis.call('XRANGE', feed[1], '-', '+', 'COUNT', want)
+    local last, stop = false, false
+    for _, e in ipairs(batch) do
+      local over = (maxn > 0 and n > maxn) or (maxb > 0 and feed.bytes > maxb)
+      if not over and cutoff then
+        over = tonumber(string.match(e[1], '^(%d+)')) < cutoff
+      end
+      if not over or n <= 1 then stop = true break end
+      feed.bytes = feed.bytes - release(e[2], feed.tag)
+      n = n - 1
+      feed.count = n
+      last = e[1]
+    end
+    if last then
+      local ms, seq = string.match(last, '^(%d+)-(%d+)$')
+      redis.call('XTRIM', feed[1], 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
+    end
+    if stop or not last then break end
+  end
+  if feed.bytes < 0 then feed.bytes = 0 end
+end
+local function to_feed(feed, key, message, now, displaced)
   if not feed then return message, false end
   local prev = feed[5]  -- the id this script gave last (the counter is read once a script)
   if not prev then
-    prev, feed[6] = feed_head(feed[2])
+    prev, feed[6], feed.bytes, feed.count = feed_head(feed[2])
+    if not feed.count then feed.count = redis.call('XLEN', feed[1]) end
     if prev == '0-0' then
       -- A new stream (the first, or the old one was lost): it joins the registries given.
       for j = feed[7], #KEYS do
@@ -247,15 +350,11 @@ local function to_feed(feed, key, message, now)
   local id = string.format('%d-%d', ms, tonumber(string.sub(prev, dash + 1)) + 1)
   local data = 'X' .. id .. ' ' .. prev .. ' ' .. message
   local u = string.format('%d', feed[6])
-  if feed[3] > 0 then
-    redis.call('XADD', feed[1], 'MAXLEN', '~', feed[3], id, 'k', key, 'm', data, 'u', u)
-  else
-    redis.call('XADD', feed[1], id, 'k', key, 'm', data, 'u', u)
-  end
-  if feed[4] > 0 then
-    redis.call('XTRIM', feed[1], 'MINID', string.format('%d-0', now - feed[4]))
-  end
-  redis.call('SET', feed[2], id .. ' ' .. u)
+  redis.call('XADD', feed[1], id, 'k', key, 'm', data, 'u', u)
+  feed.bytes = feed.bytes + #key + #data + (displaced or 0)
+  feed.count = feed.count + 1
+  trim(feed, now)
+  redis.call('SET', feed[2], string.format('%s %s %d %d', id, u, feed.bytes, feed.count))
   feed[5] = id
   return data, id
 end
@@ -280,11 +379,13 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   if cur and not shaped(cur) then return not_ours(key) end
   local ver = 0
   local created, crev, old = nil, nil, false  -- crev: the create revision's 16 digits
+  local oldrev = false  -- the old value's revision (16 digits), false before revisions
   if cur then
     ver = tonumber(string.sub(cur, 1, 20))
     created = string.sub(cur, 21, 35)
     if string.byte(cur, 1) == 43 then
       crev = string.sub(cur, 82, 97)
+      oldrev = string.sub(cur, 66, 81)
       old = string.sub(cur, 98)
     else  -- written before revisions (see `header`)
       crev = string.format('%016d', tonumber(created) * 1000)
@@ -316,10 +417,26 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
     redis.call('SET', key, record)
   end
   index_put(key, expires, cur, now)
-  local oldpart = '0'
-  if old then oldpart = '1' .. string.format('%010d', #old) .. old end
-  local data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
-    .. oldpart .. value, now)
+  local oldpart, displaced = '0', 0
+  if old then
+    if oldrev and displace(feed, key, oldrev, old) then
+      displaced = #old
+      oldpart = '2' .. string.format('%010d', #old) .. oldrev
+    else
+      oldpart = '1' .. string.format('%010d', #old) .. old
+    end
+  end
+  -- The new value by reference (`V`): it stays in the key until a later write displaces it.
+  -- Inline (`W`) when small, when the key expires (expiry runs no script), or with no feed.
+  local data, id
+  if feed and ttl == 0 and #value >= INLINE_MAX then
+    data, id = to_feed(feed, key, 'R' .. revstr .. 'V' .. verstr .. nowstr .. expstr
+      .. oldpart, now, displaced)
+    redis.call('HSET', refs_of(key, feed.tag), revstr, 'L')
+  else
+    data, id = to_feed(feed, key, 'R' .. revstr .. 'W' .. verstr .. nowstr .. expstr
+      .. oldpart .. value, now, displaced)
+  end
   notify(channel, id, feed, data)
   return {1, ver, old, now, id, revision}
 end
@@ -402,8 +519,13 @@ local function drop(key, expected, channel, now, feed, rev, exprev, now_us)
   index_drop(key, cur, now)
   local revision = revise(rev, now_us)
   local verstr = string.format('%020d', ver)
+  local oldpart, displaced = '1' .. string.format('%010d', #old) .. old, 0
+  if at == 98 and displace(feed, key, string.sub(cur, 66, 81), old) then
+    displaced = #old
+    oldpart = '2' .. string.format('%010d', #old) .. string.sub(cur, 66, 81)
+  end
   local data, id = to_feed(feed, key, 'R' .. string.format('%016d', revision) .. 'D' .. verstr
-    .. string.format('%015d', now) .. '1' .. string.format('%010d', #old) .. old, now)
+    .. string.format('%015d', now) .. oldpart, now, displaced)
   notify(channel, id, feed, data)
   return {1, ver, old, now, id, revision}
 end

@@ -251,7 +251,7 @@ def pack(
 
 
 def add_written(
-    call: TxnCall, revision_counter: str, feed: tuple[str, ...], retention: tuple[int, int]
+    call: TxnCall, revision_counter: str, feed: tuple[str, ...], retention: tuple[str, int]
 ) -> None:
     """Append the revision counter, then the feed's stream and counter (if on), to `call`.
 

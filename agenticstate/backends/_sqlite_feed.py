@@ -69,6 +69,19 @@ log = get_logger("agenticstate.backends.sqlite")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _OPS = (ChangeOp.SET, ChangeOp.DELETE)
+NEW_VALUE = (
+    "CASE WHEN c.new IS NOT NULL OR c.op != 0 THEN c.new ELSE coalesce("
+    "(SELECT kv.value FROM kv WHERE kv.key = c.key AND kv.revision = c.seq), "
+    "(SELECT n.old FROM changes n WHERE n.key = c.key AND n.seq > c.seq ORDER BY n.seq LIMIT 1)"
+    ") END"
+)
+"""A change's new value (`c` is its `changes` row): inline, or held by reference, then the key's
+value while the key is still at the change's revision, else the old value of the key's next
+change (which always follows it in the table: trimming drops the oldest first)."""
+_LOST = (
+    "change {seq} held its new value by reference and the database no longer has it (the file "
+    "was changed outside agenticstate); re-read the state and resume from a new cursor"
+)
 _Item = tuple[int, Change]
 REPLAY_PAGE = 2000  # changes a replaying subscription reads per trip to the reader thread
 
@@ -497,25 +510,32 @@ class Feed:
     def _rows(
         self, conn: sqlite3.Connection, after: int, upto: int | None, limit: int = -1
     ) -> list[_Item]:
-        sql = "SELECT seq, key, op, old, new, version, ts FROM changes WHERE seq > ?"
+        sql = (
+            f"SELECT c.seq, c.key, c.op, c.old, {NEW_VALUE}, c.version, c.ts "  # noqa: S608  # constants
+            "FROM changes c WHERE c.seq > ?"
+        )
         params: list[object] = [after]
         if upto is not None:
-            sql += " AND seq <= ?"
+            sql += " AND c.seq <= ?"
             params.append(upto)
         if self._prefix:
-            sql += " AND key >= ?" + (" AND key < ?" if self._high is not None else "")
+            sql += " AND c.key >= ?" + (" AND c.key < ?" if self._high is not None else "")
             params += [self._low] + ([self._high] if self._high is not None else [])
         params.append(limit)
         cut, tag = len(self._prefix), f"{CURSOR_TAG}:{self.db_id}:"
-        return [
-            (
-                seq,
-                new_change(key[cut:], _OPS[op], old, new, version, from_us(ts), f"{tag}{seq}", seq),
+        items = []
+        for seq, key, op, old, new, version, ts in conn.execute(
+            sql + " ORDER BY c.seq LIMIT ?", params
+        ):
+            if new is None and op == 0:
+                # Held by reference, and neither the key nor a later change has it: the file
+                # was changed behind the library's back. Never delivered wrong: a gap.
+                raise CursorExpiredError(f"{tag}{seq}", _LOST.format(seq=seq))
+            change = new_change(
+                key[cut:], _OPS[op], old, new, version, from_us(ts), f"{tag}{seq}", seq
             )
-            for seq, key, op, old, new, version, ts in conn.execute(
-                sql + " ORDER BY seq LIMIT ?", params
-            )
-        ]
+            items.append((seq, change))
+        return items
 
     # ---------------------------------------------------------------- the notifier thread
 
@@ -566,7 +586,13 @@ class Feed:
             last = self._max_seq(conn) if upto is None else upto
             (oldest,) = conn.execute("SELECT min(seq) FROM changes").fetchone()
             gap = after < last and (oldest is None or oldest > after + 1)
-            rows = [] if gap else self._rows(conn, after, upto)
+            rows: list[_Item] = []
+            if not gap:
+                try:
+                    rows = self._rows(conn, after, upto)
+                except CursorExpiredError:
+                    gap = True  # a value no longer held: the subscriptions resume, and see it
+
         finally:
             conn.execute("COMMIT")
         return gap, max(last, after), rows

@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 __all__ = [
     "APPLICATION_ID",
     "BRACED",
+    "CHANGES_KEY",
     "CHUNK",
     "DELETE",
+    "FEED_BYTES",
     "GET",
     "HISTORY_PUT",
     "HISTORY_TRIM",
+    "INLINE_MAX",
     "KEY_INDEXES",
     "LENGTH_LIMIT",
     "LOG",
@@ -77,6 +80,7 @@ CREATE TABLE IF NOT EXISTS changes (
     seq INTEGER PRIMARY KEY, key TEXT NOT NULL, op INTEGER NOT NULL,
     old BLOB, new BLOB, version INTEGER NOT NULL, ts INTEGER NOT NULL
 );
+CREATE INDEX IF NOT EXISTS changes_key ON changes (key, seq);
 CREATE TABLE IF NOT EXISTS idx (
     name TEXT NOT NULL, member TEXT NOT NULL, score REAL NOT NULL, PRIMARY KEY (name, member)
 ) WITHOUT ROWID;
@@ -110,7 +114,14 @@ LEGACY_VERSIONS = (1, 2)
 KV_COLUMNS = ("key", "value", "version", "created_at", "updated_at", "expires_at")
 """The first columns of `kv` in every layout (later layouts may add columns after them)."""
 TABLES = frozenset({"kv", "changes", "idx", "meta", "history"})
-INDEXES = frozenset({"kv_expiry", "idx_order", "kv_braced"})
+INDEXES = frozenset({"kv_expiry", "idx_order", "kv_braced", "changes_key"})
+CHANGES_KEY = "CREATE INDEX IF NOT EXISTS changes_key ON changes (key, seq)"
+"""The index a change's new value is found by (the key's next change), made on open if missing."""
+INLINE_MAX = 1024
+"""A written value this size or larger (bytes, as stored) is held by reference in its change row
+(`new` is NULL) unless the write sets a TTL: `NEW_VALUE` reads it back."""
+FEED_BYTES = "length(key) + coalesce(length(old), 0) + coalesce(length(new), 0)"
+"""What a change row holds, in bytes, as `FeedRetention.max_bytes` counts it."""
 
 _ROW = "value, version, created_at, updated_at, expires_at, revision, create_revision"
 GET = f"SELECT {_ROW} FROM kv WHERE key = ?"  # noqa: S608  # constants

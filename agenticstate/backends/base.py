@@ -108,6 +108,7 @@ __all__ = [
     "EntryStat",
     "Exists",
     "FeedRetention",
+    "FeedSize",
     "Get",
     "HistoryRules",
     "IndexAdd",
@@ -216,6 +217,22 @@ class EntryStat:
         if self.expires_at is None:
             return None
         return max(self.expires_at - (now or utcnow()), timedelta(0))
+
+
+@dataclass(frozen=True, slots=True)
+class FeedSize:
+    """How much a backend's change feed holds now (`Backend.feed_size`).
+
+    Attributes:
+        changes: Changes retained.
+        bytes: What they hold, as `FeedRetention.max_bytes` counts it: keys, headers and the
+            values carried inline, plus the values the feed keeps after the store let them go
+            (old values of overwritten and deleted keys). A value still in the store is held
+            by reference and not counted.
+    """
+
+    changes: int
+    bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -870,6 +887,14 @@ class Backend(ABC):
         """The cursor of the newest committed change (the feed's head), or `None` if off.
 
         `changes(since=await backend.feed_cursor())` misses nothing committed after this call.
+        """
+        return None
+
+    async def feed_size(self) -> FeedSize | None:
+        """What the change feed this store writes holds now, or `None` (no feed, or unknown).
+
+        On Redis, this store's own streams (those of nested or outer prefixes are theirs); on
+        SQLite, the database file's one feed.
         """
         return None
 

@@ -148,6 +148,7 @@ from agenticstate.backends.base import (
     ChangeOp,
     Entry,
     FeedRetention,
+    FeedSize,
     HistoryRules,
     Put,
     check_expected,
@@ -189,7 +190,7 @@ _LOCK_CHECK_INTERVAL = 0.01  # seconds between lock file checks with durability=
 _AGENT_EXIT_TIMEOUT = 2.0  # seconds `aclose()` waits for the agent to exit before killing it
 _DEFAULT_FEED = FeedRetention()
 _OPS = {OP_SET: ChangeOp.SET, OP_DELETE: ChangeOp.DELETE}
-_URL_PARAMETERS = ("feed", "feed_max_changes", "feed_max_age")
+_URL_PARAMETERS = ("feed", "feed_max_changes", "feed_max_age", "feed_max_bytes")
 
 
 _SNAPSHOT_SUFFIXES = (".json", ".msgpack")
@@ -357,7 +358,8 @@ class FileBackend(Backend):
         (`NAME.log`) is beside it. So `file://./state/app_state.json` opens the store
         `StateConfig(backend="file", file_path="./state/app_state.json")` writes.
 
-        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`;
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`,
+        `feed_max_bytes=N`;
         any other, a fragment or a query item without `=` is refused (a `#` or `?` in the path
         is written `%23`, `%3F`).
         """
@@ -397,6 +399,12 @@ class FileBackend(Backend):
         await self._ready()
         ring = self._ring
         return None if ring is None else ring.cursor(ring.head)
+
+    async def feed_size(self) -> FeedSize | None:
+        """The changes the feed retains and the bytes they hold (`None` with the feed off)."""
+        await self._ready()
+        ring = self._ring
+        return None if ring is None else FeedSize(len(ring), ring.bytes)
 
     # opening and recovery
 

@@ -45,6 +45,7 @@ from agenticstate.backends.base import (
     ChangeOp,
     Entry,
     FeedRetention,
+    FeedSize,
     HistoryRules,
     check_expected,
     check_index_members,
@@ -115,10 +116,13 @@ class MemoryBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:
         """Create a backend from `memory://` (any path is ignored: each is a new store).
 
-        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`;
+        Query parameters set the feed: `feed=off`, `feed_max_changes=N`, `feed_max_age=SECONDS`,
+        `feed_max_bytes=N`;
         any other is refused.
         """
-        feed_from_query(url_query(url, ("feed", "feed_max_changes", "feed_max_age")), options)
+        feed_from_query(
+            url_query(url, ("feed", "feed_max_changes", "feed_max_age", "feed_max_bytes")), options
+        )
         return cls(**options)
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
@@ -137,6 +141,11 @@ class MemoryBackend(Backend):
         """The cursor of the newest change, or `None` with the feed off."""
         ring = self._ring
         return None if ring is None else ring.cursor(ring.head)
+
+    async def feed_size(self) -> FeedSize | None:
+        """The changes the feed retains and the bytes they hold (`None` with the feed off)."""
+        ring = self._ring
+        return None if ring is None else FeedSize(len(ring), ring.bytes)
 
     def _emit(
         self,

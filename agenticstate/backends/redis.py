@@ -151,6 +151,7 @@ from agenticstate.backends.base import (
     Entry,
     EntryStat,
     FeedRetention,
+    FeedSize,
     HistoryRules,
     TxnResult,
     check_expected,
@@ -197,6 +198,7 @@ KEY_NAMESPACES: tuple[str, ...] = (
     _redis_revision.REVISION_NAMESPACE,  # the revision counters every write takes from
     _redis_feed.REGISTRY_NAMESPACE,  # the feeds of nested prefixes, for an outer prefix's reader
     key_index.KEY_INDEX_NAMESPACE,  # the key indexes listings read (and their companions)
+    _redis_feed.REFS_NAMESPACE,  # the feed's values held by reference, per key
 )
 """Every Redis key a store uses is `{namespace}{key_prefix}...` for one of these namespaces.
 
@@ -235,7 +237,8 @@ def _feed_from_query(query: dict[str, str]) -> FeedRetention | None:
     off = query.pop("feed", None)
     max_changes = query.pop("feed_max_changes", None)
     max_age = query.pop("feed_max_age", None)
-    if off is None and max_changes is None and max_age is None:
+    max_bytes = query.pop("feed_max_bytes", None)
+    if off is None and max_changes is None and max_age is None and max_bytes is None:
         return _NO_FEED_OPTION  # type: ignore[no-any-return]
     if off is not None:
         if off.lower() not in ("off", "on"):
@@ -248,10 +251,12 @@ def _feed_from_query(query: dict[str, str]) -> FeedRetention | None:
             bounds["max_changes"] = int(max_changes)
         if max_age is not None:
             bounds["max_age"] = timedelta(seconds=float(max_age))
+        if max_bytes is not None:
+            bounds["max_bytes"] = int(max_bytes)
     except ValueError:
         raise ConfigurationError(
-            f"feed_max_changes must be an int and feed_max_age a number of seconds, not "
-            f"{max_changes!r} and {max_age!r}"
+            f"feed_max_changes and feed_max_bytes must be ints and feed_max_age a number of "
+            f"seconds, not {max_changes!r}, {max_bytes!r} and {max_age!r}"
         ) from None
     return FeedRetention(**bounds)
 
@@ -336,6 +341,7 @@ class RedisBackend(Subscriber, Backend):
         if connection_pool_size < 1 or read_retries < 0:
             raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
         self._url = url  # with its password: only connections see it (`url` is redacted)
+        self._shown_url = redact_url(url)  # once: every command's error mapping names it
         self.db = db
         self.key_prefix = key_prefix
         self.connection_pool_size = connection_pool_size
@@ -359,12 +365,13 @@ class RedisBackend(Subscriber, Backend):
         # Other prefixes' indexes this ACL user may (not) read, found out once each.
         self._index_allowed: dict[str, bool] = {key_prefix: True}
         self._cross_slot_scripts: bool | None = None  # the cluster runs flagged scripts
-        # The scripts' retention arguments: max changes, max age in ms (0 = no bound).
-        self._feed_retention = (
-            (0, 0)
+        # The scripts' retention arguments (`feed_at`): '<max changes> <max bytes> <cluster>'
+        # and the max age in ms (0 = no bound).
+        self._feed_retention: tuple[str, int] = (
+            ("0 0 0", 0)
             if feed is None
             else (
-                feed.max_changes or 0,
+                f"{feed.max_changes or 0} {feed.max_bytes or 0} {int(self.is_cluster)}",
                 0 if feed.max_age is None else scripts.ttl_ms(feed.max_age),
             )
         )
@@ -397,7 +404,7 @@ class RedisBackend(Subscriber, Backend):
         The password is kept for the connections only, so that logging or printing the backend
         (or its `url`) never shows it.
         """
-        return redact_url(self._url)
+        return self._shown_url
 
     def __repr__(self) -> str:
         return f"RedisBackend(url={self.url!r}, key_prefix={self.key_prefix!r})"
@@ -407,7 +414,7 @@ class RedisBackend(Subscriber, Backend):
         """Create a backend from `redis://`, `rediss://` or `unix://`.
 
         Query parameters: `key_prefix`, the feed's `feed=off`, `feed_max_changes=N`,
-        `feed_max_age=SECONDS`, and `subscribe_whole_prefix=1`.
+        `feed_max_age=SECONDS`, `feed_max_bytes=N`, and `subscribe_whole_prefix=1`.
         """
         from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -709,7 +716,7 @@ class RedisBackend(Subscriber, Backend):
     # the change feed
 
     @property
-    def _feed_argv(self) -> tuple[int, ...]:
+    def _feed_argv(self) -> tuple[str | int, ...]:
         """The write scripts' feed arguments: max changes and max age ms (none when off)."""
         return () if self.feed is None else self._feed_retention
 
@@ -771,6 +778,29 @@ class RedisBackend(Subscriber, Backend):
         now = await self._clock_us()
         text = _redis_feed.id_text(_redis_feed.parse_id(last) if last else (0, 0))
         return _redis_feed.point_cursor(self._feed_names, (0, self.key_prefix), text, now)
+
+    async def feed_size(self) -> FeedSize | None:
+        """The changes this store's streams retain and the bytes they hold (`None`: no feed).
+
+        One XLEN and one GET per stream (on a cluster, per slot's stream, found by SCAN). The
+        bytes are those each stream's writes counted (`_redis_scripts.to_feed`): a stream last
+        written by an earlier version of this library counts from its next write on.
+        """
+        if self.feed is None:
+            return None
+        if self.is_cluster:
+            own = [s for s in await self._feed_streams() if s[1] == self.key_prefix]
+        else:
+            own = [(0, self.key_prefix)]
+        changes = held = 0
+        for stream in own:
+            name, counter = self._feed_names.stream(stream)
+            changes += int(await self._read("XLEN", name))
+            text = await self._read("GET", counter)
+            parts = text.split() if text else []
+            if len(parts) >= 3 and parts[2].isdigit():
+                held += int(parts[2])
+        return FeedSize(changes, held)
 
     async def _first_epoch(self) -> None:
         """Read the cluster feed's epoch before this backend's first write (`_read_epoch`)."""

@@ -102,6 +102,7 @@ from agenticstate.backends.base import (
     Entry,
     EntryStat,
     FeedRetention,
+    FeedSize,
     HistoryRules,
     Put,
     backoff,
@@ -267,6 +268,8 @@ class SQLiteBackend(Backend):
         self._views = False  # a read-only store of layout 2: read through `revision_views`
         self._db_id = ""
         self._logged = 0  # changes written since the last trim
+        self._logged_bytes = 0  # their bytes (values as written), since the last trim by size
+        self._bytes_every = max(1, (feed.max_bytes or 0) // 8)  # keeps at most 1/8 more
         self._trim_every = max(1, (feed.max_changes or 0) // 8)  # keeps at most 1/8 more
         self._swept_at = 0.0
         self._aged_at = 0.0
@@ -287,8 +290,8 @@ class SQLiteBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
         """Create a backend from `sqlite:///absolute/file.db` or `sqlite://relative/file.db`.
 
-        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N` and
-        `feed_max_age=SECONDS`; `change_retention=N` (the old spelling of
+        Query parameters: `synchronous`; the feed's retention, `feed_max_changes=N`,
+        `feed_max_age=SECONDS` and `feed_max_bytes=N`; `change_retention=N` (the old spelling of
         `feed_max_changes`); `mode`, as in SQLite's own URIs: `rwc` (the default: read, write,
         create), `rw` (`create=False`) or `ro` (`read_only=True`). `feed=off` is refused:
         SQLite's feed cannot be off.
@@ -455,6 +458,18 @@ class SQLiteBackend(Backend):
         if layout.kind == "current":
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 self._use_wal(conn)
+            if not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'changes_key'"
+            ).fetchone():
+                # A store written before changes held values by reference: index it once.
+                conn.execute("PRAGMA busy_timeout=0")
+                self._begin(conn)
+                try:
+                    conn.execute(schema.CHANGES_KEY)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
             return layout.db_id
         self._use_wal(conn)
         conn.execute("PRAGMA busy_timeout=0")  # _begin waits, for lock_timeout at most
@@ -714,6 +729,9 @@ class SQLiteBackend(Backend):
                 "DELETE FROM changes WHERE seq <= (SELECT max(seq) FROM changes) - ?",
                 (retention.max_changes,),
             )
+        if self._logged_bytes >= self._bytes_every and retention.max_bytes is not None:
+            self._logged_bytes = 0
+            self._trim_by_bytes(conn, retention.max_bytes)
         moment = time.monotonic()
         if retention.max_age is not None and moment - self._aged_at >= self._age_every:
             self._aged_at = moment
@@ -728,6 +746,26 @@ class SQLiteBackend(Backend):
                 (now,),
             )
             conn.execute("DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))
+
+    @staticmethod
+    def _trim_by_bytes(conn: sqlite3.Connection, max_bytes: int) -> None:
+        """Drop the oldest changes until the rest hold at most `max_bytes` (writer thread).
+
+        Reads every change's size (the newest first, a running total): it runs once per
+        `max_bytes / 8` bytes written. The newest change stays, whatever its size. A change
+        holding its new value by reference needs the key's next change: that one is newer, so
+        it stays as long as the change does.
+        """
+        (cut,) = conn.execute(
+            f"SELECT max(seq) FROM (SELECT seq, sum({schema.FEED_BYTES}) "  # noqa: S608  # constants
+            "OVER (ORDER BY seq DESC) AS total FROM changes) WHERE total > ?",
+            (max_bytes,),
+        ).fetchone()
+        if cut is not None:
+            conn.execute(
+                "DELETE FROM changes WHERE seq <= ? AND seq < (SELECT max(seq) FROM changes)",
+                (cut,),
+            )
 
     @staticmethod
     def _trim_by_age(conn: sqlite3.Connection, cutoff: int) -> None:
@@ -1010,7 +1048,8 @@ class SQLiteBackend(Backend):
         full = self.key_prefix + key
         expires = now + ttl_us if ttl_us else None
         self._puts.append((full, value, version, created, now, expires, seq, create_revision))
-        self._logs.append((seq, full, schema.SET, old, value, version, now))
+        self._logs.append((seq, full, schema.SET, old, _logged(value, expires), version, now))
+        self._logged_bytes += len(full) + len(value) + (len(old) if old is not None else 0)
         self._rows[full] = (value, version, created, now, expires, seq, create_revision)
         if self.history_rules:
             self._stage_history(full, key, version, value, now, expires, current, seq)
@@ -1099,7 +1138,10 @@ class SQLiteBackend(Backend):
                 puts.append(
                     (prefix + key, value, version, created, now, expires, seq, create_revision)
                 )
-                logs.append((seq, prefix + key, schema.SET, old, value, version, now))
+                logs.append(
+                    (seq, prefix + key, schema.SET, old, _logged(value, expires), version, now)
+                )
+                self._logged_bytes += len(key) + len(value) + (len(old) if old is not None else 0)
                 current[key] = (value, version, created, now, expires, seq, create_revision)
                 changes.append(
                     new_change(key, ChangeOp.SET, old, value, version, stamp, f"{tag}{seq}", seq)
@@ -1147,6 +1189,7 @@ class SQLiteBackend(Backend):
         self._seq = seq = self._seq + 1
         conn.execute("DELETE FROM kv WHERE key = ?", (full,))
         conn.execute(schema.LOG, (seq, full, schema.DELETE, current[0], None, current[1], now))
+        self._logged_bytes += len(full) + len(current[0])
         conn.execute(schema.HISTORY_TRIM, (full, _ALL_VERSIONS))  # a delete ends its history
         self._logged += 1
         cursor = format_cursor(self._db_id, seq)
@@ -1270,6 +1313,18 @@ class SQLiteBackend(Backend):
         seq: int = await self._call(False, run)
         return format_cursor(self._db_id, seq)
 
+    async def feed_size(self) -> FeedSize:
+        """The changes the database's feed retains and the bytes they hold (one scan of it)."""
+
+        def run(conn: sqlite3.Connection) -> FeedSize:
+            count, held = conn.execute(
+                f"SELECT count(*), coalesce(sum({schema.FEED_BYTES}), 0) FROM changes"  # noqa: S608  # constants
+            ).fetchone()
+            return FeedSize(int(count), int(held))
+
+        size: FeedSize = await self._call(False, run)
+        return size
+
     # ---------------------------------------------------------------- history
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
@@ -1368,6 +1423,14 @@ class SQLiteBackend(Backend):
                 sql, (full, version, created, create_revision, *params)
             )
         ]
+
+
+def _logged(value: bytes, expires: int | None) -> bytes | None:
+    """What a change row holds of a written value: NULL (by reference) when large and lasting.
+
+    A value with a TTL is carried inline: it may expire with no change to carry it on.
+    """
+    return None if expires is None and len(value) >= schema.INLINE_MAX else value
 
 
 def _check(

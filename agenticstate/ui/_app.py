@@ -725,6 +725,13 @@ class Inspector:
             )
         return _reply({"knowledge": rows})
 
+    async def feed(self, request: Request) -> Response:
+        """What the change feed holds: retained changes and their bytes (`usage().feed`)."""
+        size = await self.state.backend.feed_size()
+        if size is None:
+            return _reply({"feed": None})
+        return _reply({"feed": {"changes": size.changes, "bytes": size.bytes}})
+
     async def info(self, request: Request) -> Response:
         """What the page needs to know about this inspector."""
         return _reply(
@@ -811,6 +818,7 @@ def create_app(
     routes = [Route(path, _static(name, kind)) for path, (name, kind) in _STATIC.items()]
     routes += [
         Route("/api/info", _handled(inspector.info)),
+        Route("/api/feed", _handled(inspector.feed)),
         Route("/api/keys", _handled(inspector.keys)),
         Route("/api/value", _handled(inspector.value)),
         Route("/api/value", _handled(inspector.write), methods=["PUT", "DELETE"]),

@@ -57,6 +57,15 @@ async def core(state: StateManager) -> None:
     assert state.unsubscribe("agent:*", on_change)
     assert seen[0] == "agent:1"
     await state.save_many({"agent:2": [1, 2], "note:x": "text"})
+    # Values the feed holds by reference (large, no TTL), overwritten and deleted, replayed.
+    big = await state.feed_cursor()
+    await state.save("doc:big", "x" * 2000)
+    await state.save("doc:big", "y" * 2000)
+    await state.delete("doc:big")
+    async with state.changes("doc:*", since=big) as doc_changes:
+        values = [(change.old_value, change.new_value) for change in await _take(doc_changes, 3)]
+    assert values == [(None, "x" * 2000), ("x" * 2000, "y" * 2000), ("y" * 2000, None)]
+    assert (await state.usage("*")).feed is not None
     assert await state.get_many(["agent:1", "agent:2", "missing"]) == {
         "agent:1": {"a": 1, "b": 2, "c": 3},
         "agent:2": [1, 2],

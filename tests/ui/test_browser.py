@@ -206,6 +206,28 @@ async def test_key_list_filters_and_a_value_shows(
     assert await page.evaluate("document.querySelector('#value-edit') === null")
 
 
+async def test_the_header_shows_what_the_change_feed_holds(
+    inspector: tuple[str, str], store: StateManager, page: Page
+) -> None:
+    """The page's header shows the feed's retained changes and bytes, as usage() reports them."""
+    await store.save("feed:small", {"n": 1})
+    await store.save("feed:large", {"text": "x" * 4000})
+    await store.save("feed:large", {"text": "y" * 4000})  # the old value: held by the feed
+    expected = (await store.usage()).feed
+    assert expected is not None
+    assert expected.changes >= 3
+    assert expected.bytes > 4000
+    await page.goto(inspector[0])
+    shown = await page.wait_for(
+        "document.querySelector('#feed').dataset.bytes && [document.querySelector('#feed')"
+        ".dataset.changes, document.querySelector('#feed').dataset.bytes,"
+        " document.querySelector('#feed').textContent]"
+    )
+    changes, held, text = shown
+    assert (int(changes), int(held)) == (expected.changes, expected.bytes)
+    assert text == f"feed: {expected.changes} changes, {expected.bytes / 1024:.1f} KB", text
+
+
 async def test_a_write_by_another_process_appears_in_the_live_stream_within_a_second(
     inspector: tuple[str, str], store: StateManager, page: Page, shots: Path
 ) -> None:

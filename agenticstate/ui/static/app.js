@@ -184,6 +184,22 @@ function markSelected(table, attribute) {
 
 // -- keys and values ------------------------------------------------------------------------
 
+// The change feed's size, in the header: refreshed with the key list.
+async function showFeed() {
+  const data = await api("/api/feed");
+  const shown = $("#feed");
+  if (data.feed === null) {
+    shown.textContent = "no change feed";
+    shown.dataset.bytes = "";
+    return;
+  }
+  shown.textContent =
+    "feed: " + data.feed.changes + " change" + (data.feed.changes === 1 ? "" : "s") +
+    ", " + bytes(data.feed.bytes);
+  shown.dataset.bytes = String(data.feed.bytes);
+  shown.dataset.changes = String(data.feed.changes);
+}
+
 async function listKeys() {
   const pattern = route.glob || "*";
   try {
@@ -214,6 +230,7 @@ async function listKeys() {
       (data.more ? " (first " + data.limit + "; narrow the glob)" : "");
     $("#key-table").dataset.pattern = data.pattern;
     listedPattern = data.pattern;
+    await showFeed();
     showError("");
   } catch (error) {
     showError(error.message);
