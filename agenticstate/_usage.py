@@ -1,6 +1,6 @@
 """State size: how many keys match a pattern and how many bytes their values take.
 
-`StateManager.usage()` scans the keys (SCAN on Redis, never KEYS) and reads their sizes in
+`StateManager.usage()` lists the keys (the key index on Redis, never KEYS) and reads their sizes in
 batches through `Backend.value_sizes` (one MGET-shaped call per batch: the memory and file
 backends measure the stored bytes exactly, Redis pipelines STRLEN). It never decodes a value.
 The change feed's size comes from `Backend.feed_size`, once.

@@ -452,9 +452,9 @@ class StateManager:
     ) -> StateUsage:
         """Count the keys matching `pattern` and the bytes their values take, per namespace.
 
-        Keys are scanned (SCAN on Redis, never KEYS) and measured `batch_size` at a time without
-        decoding a value: exact on memory and file, STRLEN on Redis. See `StateUsage` for what
-        the bytes include.
+        Keys are listed (from the key index on Redis, never KEYS) and measured `batch_size` at a
+        time without decoding a value: exact on memory and file, STRLEN on Redis. See
+        `StateUsage` for what the bytes include.
 
         Args:
             pattern: A Redis glob, as for `list_keys`.

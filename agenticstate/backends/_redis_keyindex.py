@@ -5,21 +5,22 @@ prefix included; every score 0) of the records written through it:
 `__agenticstate_keys__:{key_prefix}` on one server; on Redis Cluster one per prefix and slot,
 `__agenticstate_keys__:{key_prefix}{TAG}` (`slot_tag`; the tag first if the prefix holds a
 brace), as the revision counters and the feed's streams are named, so a write's script touches
-its own slot only. Beside each index, its
-expiry schedule `<index>#exp` (a sorted set of the names with a TTL, scored by their expiry in
-server ms). Per prefix, `__agenticstate_keys__:{key_prefix}#built` marks an index built over the
+its own slot only. The index also holds its expiry schedule: for each name with a TTL, a member
+`<NUL><expiry in server ms, 15 digits><name>` (the NUL sorts it before every name, so listings never
+meet it). Per prefix, `__agenticstate_keys__:{key_prefix}#built` marks an index built over the
 records a previous release left (`build`), and `__agenticstate_keys__:{key_prefix}#nested` is the
 set of prefixes nested in it that write records (a nested store joins it before its first write,
 as the feed's registry), so an outer store's listing reads their indexes too.
 
-Writes. Every write script is given the written key's index and schedule as its last two `KEYS`
-(after the history lists) and takes them off first (`take_key_index`, run before the script's
-body, so the rest of the script reads its usual layout). The `write` function adds the name
-(`index_put`: one ZADD; with a TTL one more, to the schedule), the `drop` function removes it
-(`index_drop`), in the same atomic step as the record: the index never misses a record
-written through this library. Redis expires keys by itself and leaves their names in the index:
-each write script then removes up to two names whose expiry passed (`trim_due`), and listings
-check every name they read and remove the dead ones they meet.
+Writes. Every write script is given the written key's index as its last `KEYS` entry (after the
+history lists) and takes it off first (`take_key_index`, run before the script's body, so the
+rest of the script reads its usual layout). The `write` function adds the name (`index_put`: one
+ZADD; with a TTL one more, its schedule member), the `drop` function removes it (`index_drop`),
+in the same atomic step as the record and before it: the index never misses a record written
+through this library, and an index another client wrote over (WRONGTYPE) stops the script before
+it writes anything (`ForeignRecordError` naming the index). Redis expires keys by itself and
+leaves their names in the index: each write script then removes up to two names whose expiry
+passed (`trim_due`), and listings check every name they read and remove the dead ones they meet.
 
 Listings (`LIST`). One script reads one or more indexes (one server: the store's, those of the
 prefixes it is nested in and those nested in it; a cluster slot: the same in that slot; a
@@ -129,16 +130,24 @@ local function take_key_index()
 end
 local key_index = take_key_index()
 local key_index_trimmed = false
+-- A command on the index; another type there (a client wrote over it) is refused by name.
+local function icall(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then
+    error({{err = 'WRONGTYPE ' .. key_index .. ' is not an agenticstate key index'}})
+  end
+  return reply
+end
 local function trim_due(now)
   if key_index_trimmed then return end
   key_index_trimmed = true
   -- Due: expired a millisecond before this script's clock (Redis has removed the key by now).
-  local due = redis.call('ZRANGE', key_index, '[\\0', string.format('(\\0%015d', now - 1),
+  local due = icall('ZRANGE', key_index, '[\\0', string.format('(\\0%015d', now - 1),
     'BYLEX', 'LIMIT', 0, 2)
   for _, member in ipairs(due) do
-    redis.call('ZREM', key_index, member)
+    icall('ZREM', key_index, member)
     local name = string.sub(member, 17)
-    if redis.call('EXISTS', name) == 0 then redis.call('ZREM', key_index, name) end
+    if redis.call('EXISTS', name) == 0 then icall('ZREM', key_index, name) end
   end
 end
 local function expiry_of(cur)
@@ -147,26 +156,26 @@ local function expiry_of(cur)
 end
 local function index_put(name, expires, cur, now)
   if not key_index then return end
-  redis.call('ZADD', key_index, 0, name)
+  trim_due(now)  -- first: the name written now does not exist yet
+  icall('ZADD', key_index, 0, name)
   local before = expiry_of(cur)
   if before ~= expires then
     if before > 0 then
-      redis.call('ZREM', key_index, string.format('\\0%015d', before) .. name)
+      icall('ZREM', key_index, string.format('\\0%015d', before) .. name)
     end
     if expires > 0 then
-      redis.call('ZADD', key_index, 0, string.format('\\0%015d', expires) .. name)
+      icall('ZADD', key_index, 0, string.format('\\0%015d', expires) .. name)
     end
   end
-  trim_due(now)
 end
 local function index_drop(name, cur, now)
   if not key_index then return end
-  redis.call('ZREM', key_index, name)
+  trim_due(now)
+  icall('ZREM', key_index, name)
   local before = expiry_of(cur)
   if before > 0 then
-    redis.call('ZREM', key_index, string.format('\\0%015d', before) .. name)
+    icall('ZREM', key_index, string.format('\\0%015d', before) .. name)
   end
-  trim_due(now)
 end
 """
 

@@ -400,10 +400,13 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
     if cur then ver, created, curev = header(cur) end
     if exprev ~= curev then return {0, curev} end
   end
-  local nowstr = string.format('%015d', now)
-  if not created then created = nowstr end
   local expires = 0
   if ttl > 0 then expires = now + ttl end
+  -- The index first: an index another client broke (WRONGTYPE) stops the script before it
+  -- writes anything (every write op of a script starts here or in `drop`, on the same index).
+  index_put(key, expires, cur, now)
+  local nowstr = string.format('%015d', now)
+  if not created then created = nowstr end
   ver = ver + 1
   local revision = revise(rev, now_us)
   local verstr = string.format('%020d', ver)
@@ -416,7 +419,6 @@ local function write(key, value, ttl, expected, channel, now, feed, rev, exprev)
   else
     redis.call('SET', key, record)
   end
-  index_put(key, expires, cur, now)
   local oldpart, displaced = '0', 0
   if old then
     if oldrev and displace(feed, key, oldrev, old) then
@@ -515,8 +517,8 @@ local function drop(key, expected, channel, now, feed, rev, exprev, now_us)
   end
   if not cur then return {2} end
   local old = string.sub(cur, at)
+  index_drop(key, cur, now)  -- first, as in `write`
   redis.call('DEL', key)
-  index_drop(key, cur, now)
   local revision = revise(rev, now_us)
   local verstr = string.format('%020d', ver)
   local oldpart, displaced = '1' .. string.format('%010d', #old) .. old, 0

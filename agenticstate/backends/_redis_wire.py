@@ -749,6 +749,15 @@ def translated(exc: Exception, url: str, write_key: str | None) -> Exception:
             "(HELLO), so it is older than Redis 6.0; agenticstate needs Redis 6.0 or newer "
             "(or Valkey)"
         )
+    if isinstance(exc, rexc.ResponseError) and "is not an agenticstate key index" in reply:
+        # Another client wrote over the store's key index: the script stopped before writing.
+        index = str(exc).split("WRONGTYPE ", 1)[-1].split(" is not an agenticstate", 1)[0]
+        return ForeignRecordError(
+            index,
+            f"the store's key index {index!r} holds a Redis value of another type (another "
+            "client wrote over it); nothing was written: delete that key, then call "
+            "RedisBackend.reindex() to build the index again",
+        )
     if isinstance(exc, rexc.ResponseError) and "wrongtype" in reply:
         # A key of another application (a list, a hash, ...) where the command needs a record.
         name = write_key if write_key is not None else "a key of the command"

@@ -469,3 +469,53 @@ def test_the_index_lists_what_a_scan_finds(server: RedisServer) -> None:
 def test_the_cluster_index_lists_what_a_scan_finds(redis_cluster_url: str) -> None:
     """Model-based, Redis Cluster (no expiry rule: its nodes announce no expired keys)."""
     _run_machine(redis_cluster_url, expiry=False, examples=10)
+
+
+_WRITES: dict[str, Any] = {
+    "set": lambda b: b.set("k1", b"v1"),
+    "set with a TTL": lambda b: b.set("k1", b"v1", ttl=timedelta(seconds=60)),
+    "overwrite": lambda b: b.set("k0", b"v2"),
+    "set_many": lambda b: b.set_many([("m1", b"1"), ("m2", b"2")]),
+    "update": lambda b: b.update("k0", lambda entry: entry.value + b"!"),
+    "delete": lambda b: b.delete("k0"),
+    "transact": lambda b: b.transact([], [Put("t1", b"1"), Delete("k0")]),
+}
+_BROKEN: dict[str, Any] = {
+    "a string": lambda r, name: r.set(name, "not a sorted set"),
+    "a list": lambda r, name: r.rpush(name, "x"),
+    "a hash": lambda r, name: r.hset(name, "f", "v"),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(_BROKEN))
+@pytest.mark.parametrize("write", sorted(_WRITES))
+async def test_a_broken_key_index_refuses_every_write_whole(
+    server: RedisServer, write: str, broken: str
+) -> None:
+    """An index another client wrote over stops each write before it writes, naming the index."""
+    prefix = unique_prefix()
+    admin = _admin(server.tcp_url)
+    backend = RedisBackend(url=server.tcp_url, key_prefix=prefix)
+    try:
+        await backend.set("k0", b"v0")
+        index = f"{KEY_INDEX_NAMESPACE}{prefix}"
+        admin.delete(index)
+        _BROKEN[broken](admin, index)
+        before = {
+            name: admin.get(name)
+            for name in admin.scan_iter(match=f"*{escape_glob(prefix)}*")
+            if admin.type(name) == b"string"
+        }
+        with pytest.raises(ForeignRecordError) as raised:
+            await _WRITES[write](backend)
+        assert raised.value.key == index
+        after = {
+            name: admin.get(name)
+            for name in admin.scan_iter(match=f"*{escape_glob(prefix)}*")
+            if admin.type(name) == b"string"
+        }
+        assert after == before
+        assert admin.xlen(f"__agenticstate_feed__:{prefix}") == 1  # the first write's, alone
+    finally:
+        await backend.aclose()
+        admin.close()
