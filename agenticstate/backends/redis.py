@@ -14,7 +14,9 @@ set read by lexicographic range; on a cluster one per prefix and slot) and a del
 so `scan`/`scan_batches` (every listing) read the index over the pattern's literal prefix and
 never SCAN the keyspace (`_redis_keyindex`). Names of expired keys are checked and dropped by
 listings and trimmed by writes; an index missing from an older store is built on the first
-listing (`reindex`).
+listing (`reindex`). On a cluster, a prefix's slot registry holds the slots whose index may hold
+a name (a writer adds a slot before its first write to it), so a listing without a hash tag
+probes those slots' indexes only.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
@@ -92,10 +94,10 @@ the map before the next command) and ASK (ASKING on the same connection, once), 
 map after a failed connection (a failover: reads retry; writes report their outcome as usual).
 Every atomic step touches one key (one slot), so it stays atomic; managers put a record's id in a
 `{...}` hash tag, so one team's records and its queue index, or one workflow's, live in one slot.
-`get_many` sends one MGET per slot, `save_many` one script call per slot, `scan` visits every
-primary, scripts load on every primary, and PUBLISH reaches every node over the cluster bus, so
-one pub/sub connection to any node sees every shard's changes (each shard's in its order; the
-shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a marker on every
+`get_many` sends one MGET per slot, `save_many` one script call per slot, `scan` without a hash
+tag visits every primary serving a registered slot, scripts load on every primary, and PUBLISH
+reaches every node over the cluster bus, so one pub/sub connection to any node sees every
+shard's changes (each shard's in its order; the shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a marker on every
 primary instead of a PING. The subscriber resyncs after a failover.
 
 Change feed. Unless built with `feed=None`, every write script also appends its change to a
@@ -1125,9 +1127,10 @@ class RedisBackend(Subscriber, Backend):
         The pages come from the key index (see "Key index"), never from the keyspace: the
         names in the range of the pattern's literal prefix, each checked to exist, in pages of
         `_LIST_PAGE` names: O(log n + the names in the range). On a cluster, a pattern whose
-        literal prefix holds a complete `{tag}` reads that slot's indexes; any other reads every
-        slot's, one script per primary (Redis 7.0 or later; an older cluster SCANs each primary
-        instead). The first listing of a store whose index was never built builds it first
+        literal prefix holds a complete `{tag}` reads that slot's indexes; any other reads those
+        of the slots in the slot registries (the slots the prefixes were written in), one script
+        per primary (Redis 7.0 or later; an older cluster SCANs each primary instead). The
+        first listing of a store whose index was never built builds it first
         (`reindex`).
         """
         match = validate_pattern(pattern)
