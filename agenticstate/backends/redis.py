@@ -98,7 +98,8 @@ Every atomic step touches one key (one slot), so it stays atomic; managers put a
 tag visits every primary serving a registered slot, scripts load on every primary, and PUBLISH
 reaches every node over the cluster bus, so one pub/sub connection to any node sees every
 shard's changes (each shard's in its order; the shards are not ordered with each other).
-Barriers (subscribe, close) PUBLISH a marker on every primary instead of a PING. The subscriber resyncs after a failover.
+Barriers (subscribe, close) PUBLISH a marker on every primary instead of a PING. The subscriber
+resyncs after a failover.
 
 Change feed. Unless built with `feed=None`, every write script also appends its change to a
 Redis stream (one per key prefix; on a cluster, one per prefix and slot, so no script crosses
