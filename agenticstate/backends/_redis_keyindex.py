@@ -10,7 +10,12 @@ its own slot only. The index also holds its expiry schedule: for each name with 
 meet it). Per prefix, `__agenticstate_keys__:{key_prefix}#built` marks an index built over the
 records a previous release left (`build`), and `__agenticstate_keys__:{key_prefix}#nested` is the
 set of prefixes nested in it that write records (a nested store joins it before its first write,
-as the feed's registry), so an outer store's listing reads their indexes too.
+as the feed's registry), so an outer store's listing reads their indexes too. On a cluster,
+`__agenticstate_keys__:{key_prefix}#slots` is the registry of the slots whose index may hold a
+name: the slot numbers, and `COMPLETE` once it covers every name the index held when it was
+made (`USED_SLOTS`, over every slot's index). A writer adds a slot before its first write to it
+(once per process and slot), so the registry is a superset of the slots in use: a writer killed
+between the two leaves a slot whose index is empty, never a name in an unregistered slot.
 
 Writes. Every write script is given the written key's index as its last `KEYS` entry (after the
 history lists) and takes it off first (`take_key_index`, run before the script's body, so the
@@ -24,7 +29,7 @@ passed (`trim_due`), and listings check every name they read and remove the dead
 
 Listings (`LIST`). One script reads one or more indexes (one server: the store's, those of the
 prefixes it is nested in and those nested in it; a cluster slot: the same in that slot; a
-cluster primary without a hash tag to go by: those of every slot it serves, with the
+cluster primary without a hash tag to go by: those of the registered slots it serves, with the
 `allow-cross-slot-keys` script flag) over the lexicographic range of the pattern's literal
 prefix, a page of names at a time, keeps the names that exist and removes the others.
 """
@@ -44,6 +49,9 @@ __all__ = [
     "LIST_ACROSS_SLOTS",
     "LIST_ACROSS_SLOTS_SHA",
     "LIST_SHA",
+    "SLOTS_COMPLETE",
+    "USED_SLOTS",
+    "USED_SLOTS_SHA",
     "KeyIndexNames",
     "lex_range",
     "pinned_slot_key",
@@ -54,12 +62,15 @@ KEY_INDEX_NAMESPACE = "__agenticstate_keys__:"
 
 BUILT_SUFFIX = "#built"
 NESTED_SUFFIX = "#nested"
+SLOTS_SUFFIX = "#slots"
+SLOTS_COMPLETE = "complete"
+"""The slot registry's member saying it covers every slot whose index held a name when made."""
 
 
 class KeyIndexNames:
     """The key indexes of one key prefix: one (or one per cluster slot), and their companions."""
 
-    __slots__ = ("_by_slot", "built", "cluster", "nested", "plain", "prefix")
+    __slots__ = ("_by_slot", "built", "cluster", "nested", "plain", "prefix", "slots")
 
     def __init__(self, key_prefix: str, *, cluster: bool) -> None:
         self.prefix = key_prefix
@@ -67,6 +78,7 @@ class KeyIndexNames:
         self.plain = KEY_INDEX_NAMESPACE + key_prefix
         self.built = self.plain + BUILT_SUFFIX
         self.nested = self.plain + NESTED_SUFFIX
+        self.slots = self.plain + SLOTS_SUFFIX
         self._by_slot: dict[int, str] = {}
 
     def index(self, slot: int) -> str:
@@ -214,6 +226,16 @@ LIST_ACROSS_SLOTS = (
     "for i = 6, #ARGV do indexes[i - 5] = ARGV[i] end\n" + _LIST_BODY
 )
 
+# The positions (1-based) of the indexes given in ARGV that exist (hold a name), on one cluster
+# node: how the slot registry of an index written before it existed is made.
+USED_SLOTS = """#!lua flags=allow-cross-slot-keys
+local used = {}
+for i = 1, #ARGV do
+  if redis.call('EXISTS', ARGV[i]) == 1 then used[#used + 1] = i end
+end
+return used
+"""
+
 # Build an index over records a previous release wrote (no index): KEYS: the index, other
 # indexes (ARGV[1] of them: those of prefixes that nest with this one), then names found by
 # SCAN. Each name that is a record and in none of the other indexes joins the index (and its
@@ -250,3 +272,4 @@ def _sha(source: str) -> str:
 LIST_SHA = _sha(LIST)
 LIST_ACROSS_SLOTS_SHA = _sha(LIST_ACROSS_SLOTS)
 BUILD_SHA = _sha(BUILD)
+USED_SLOTS_SHA = _sha(USED_SLOTS)

@@ -14,7 +14,9 @@ set read by lexicographic range; on a cluster one per prefix and slot) and a del
 so `scan`/`scan_batches` (every listing) read the index over the pattern's literal prefix and
 never SCAN the keyspace (`_redis_keyindex`). Names of expired keys are checked and dropped by
 listings and trimmed by writes; an index missing from an older store is built on the first
-listing (`reindex`).
+listing (`reindex`). On a cluster, a prefix's slot registry holds the slots whose index may hold
+a name (a writer adds a slot before its first write to it), so a listing without a hash tag
+probes those slots' indexes only.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
@@ -92,11 +94,12 @@ the map before the next command) and ASK (ASKING on the same connection, once), 
 map after a failed connection (a failover: reads retry; writes report their outcome as usual).
 Every atomic step touches one key (one slot), so it stays atomic; managers put a record's id in a
 `{...}` hash tag, so one team's records and its queue index, or one workflow's, live in one slot.
-`get_many` sends one MGET per slot, `save_many` one script call per slot, `scan` visits every
-primary, scripts load on every primary, and PUBLISH reaches every node over the cluster bus, so
-one pub/sub connection to any node sees every shard's changes (each shard's in its order; the
-shards are not ordered with each other). Barriers (subscribe, close) PUBLISH a marker on every
-primary instead of a PING. The subscriber resyncs after a failover.
+`get_many` sends one MGET per slot, `save_many` one script call per slot, `scan` without a hash
+tag visits every primary serving a registered slot, scripts load on every primary, and PUBLISH
+reaches every node over the cluster bus, so one pub/sub connection to any node sees every
+shard's changes (each shard's in its order; the shards are not ordered with each other).
+Barriers (subscribe, close) PUBLISH a marker on every primary instead of a PING. The subscriber
+resyncs after a failover.
 
 Change feed. Unless built with `feed=None`, every write script also appends its change to a
 Redis stream (one per key prefix; on a cluster, one per prefix and slot, so no script crosses
@@ -222,6 +225,8 @@ _PROBE_CHUNK = 2_000  # indexes one cluster node's listing script probes, at mos
 # Prefixes whose indexes a cluster listing without a hash tag probes in every slot, at most
 # (the store's own, those it is nested in, those nested in it); beyond, it SCANs.
 _MAX_PROBED_PREFIXES = 4
+_SLOT_COUNT = 16_384
+_SLOTS_COMPLETE = key_index.SLOTS_COMPLETE.encode()
 _RESERVED = "__agenticstate"  # our own keys (indexes) start with it: SCAN never lists them
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
@@ -362,6 +367,8 @@ class RedisBackend(Subscriber, Backend):
         # joined before the first write (`_register_index`).
         self._index_unregistered = bool(key_prefix)
         self._index_ready = False  # the index is known to be built (`_ensure_index`)
+        # On a cluster: the slots this process added to the slot registry (`_register_slots`).
+        self._slots_registered: set[int] = set()
         # Other prefixes' indexes this ACL user may (not) read, found out once each.
         self._index_allowed: dict[str, bool] = {key_prefix: True}
         self._cross_slot_scripts: bool | None = None  # the cluster runs flagged scripts
@@ -653,6 +660,8 @@ class RedisBackend(Subscriber, Backend):
             await self._first_epoch()
         if self._index_unregistered:
             await self._register_index()
+        if self.is_cluster and wire.key_slot(name) not in self._slots_registered:
+            await self._register_slots((name,))
         kept = self._keeps_history and self._history_list(key)
         if kept:  # the history list comes before the key index, its spec is the last argument
             reply = await self._script(
@@ -859,6 +868,8 @@ class RedisBackend(Subscriber, Backend):
             await self._first_epoch()
         if self._index_unregistered:
             await self._register_index()
+        if self.is_cluster:
+            await self._register_slots(names)
         replies: list[Any] = [None] * len(items)
         # One script call per chunk of keys sharing a slot (a script's keys may not cross
         # slots in a cluster), so Redis is never blocked for long either.
@@ -1006,6 +1017,8 @@ class RedisBackend(Subscriber, Backend):
             await self._first_epoch()
         if self._index_unregistered and call.writes:
             await self._register_index()
+        if self.is_cluster and call.writes and wire.key_slot(first) not in self._slots_registered:
+            await self._register_slots((first,))
         _redis_txn.add_written(
             call, self._revision_key(first), self._feed_keys(first), self._feed_retention
         )
@@ -1115,9 +1128,10 @@ class RedisBackend(Subscriber, Backend):
         The pages come from the key index (see "Key index"), never from the keyspace: the
         names in the range of the pattern's literal prefix, each checked to exist, in pages of
         `_LIST_PAGE` names: O(log n + the names in the range). On a cluster, a pattern whose
-        literal prefix holds a complete `{tag}` reads that slot's indexes; any other reads every
-        slot's, one script per primary (Redis 7.0 or later; an older cluster SCANs each primary
-        instead). The first listing of a store whose index was never built builds it first
+        literal prefix holds a complete `{tag}` reads that slot's indexes; any other reads those
+        of the slots in the slot registries (the slots the prefixes were written in), one script
+        per primary (Redis 7.0 or later; an older cluster SCANs each primary instead). The
+        first listing of a store whose index was never built builds it first
         (`reindex`).
         """
         match = validate_pattern(pattern)
@@ -1339,11 +1353,37 @@ class RedisBackend(Subscriber, Backend):
     async def _indexes_by_primary(
         self, sources: list[key_index.KeyIndexNames]
     ) -> list[tuple[Any, list[str]]]:
-        """Every slot's indexes of `sources`, grouped by the primary serving the slot."""
+        """The registered slots' indexes of `sources`, grouped by the primary serving the slot.
+
+        A source whose slot registry this user may not read or make has every slot probed.
+        """
+        used = [await self._registered_slots(names) for names in sources]
+        wanted: Iterable[int]
+        if any(slots is None for slots in used):
+            wanted = range(_SLOT_COUNT)
+        else:
+            wanted = sorted(frozenset[int]().union(*(slots for slots in used if slots)))
+        return [
+            (
+                node,
+                [
+                    names.index(slot)
+                    for slot in slots
+                    for names, kept in zip(sources, used, strict=True)
+                    if kept is None or slot in kept
+                ],
+            )
+            for node, slots in await self._slots_by_primary(wanted)
+        ]
+
+    async def _slots_by_primary(self, slots: Iterable[int]) -> list[tuple[Any, list[int]]]:
+        """`slots` grouped by the primary serving them (the slot map read first if stale)."""
         client = self._client or await self._redis()
         await self._primaries(client)  # the slot map, read if stale
-        by_node: dict[str, tuple[Any, list[str]]] = {}
-        for slot, node in enumerate(self._cluster.slots):
+        served = self._cluster.slots
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for slot in slots:
+            node = served[slot]
             if node is None:
                 self._cluster.stale = True
                 raise BackendUnavailableError(
@@ -1352,8 +1392,81 @@ class RedisBackend(Subscriber, Backend):
             group = by_node.get(node.name)
             if group is None:
                 group = by_node[node.name] = (node, [])
-            group[1].extend(names.index(slot) for names in sources)
+            group[1].append(slot)
         return list(by_node.values())
+
+    async def _register_slots(self, names: Iterable[str]) -> None:
+        """Add the slots of `names` to this store's slot registry, before writing them.
+
+        One SADD for the slots this process has not added yet (none, mostly): the registry is
+        a superset of the slots whose index holds a name, whatever process is killed when.
+        """
+        new = {wire.key_slot(name) for name in names}.difference(self._slots_registered)
+        if new:
+            await self._execute("SADD", self._key_index.slots, *sorted(new), write_key=None)
+            self._slots_registered.update(new)
+
+    async def _registered_slots(self, names: key_index.KeyIndexNames) -> frozenset[int] | None:
+        """The slots whose index of `names` may hold a name (`None`: unknown, probe every slot).
+
+        Read from the slot registry; one not complete yet (made before registries existed) is
+        made first (`_make_slot_registry`).
+        """
+        try:
+            members = await self._read("SMEMBERS", names.slots)
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            return None
+        slots: list[int] = []
+        complete = False
+        for member in members:
+            if member == _SLOTS_COMPLETE:
+                complete = True
+            elif member.isdigit() and int(member) < _SLOT_COUNT:
+                slots.append(int(member))
+        if complete:
+            return frozenset(slots)
+        made = await self._make_slot_registry(names)
+        return None if made is None else made.union(slots)
+
+    async def _make_slot_registry(self, names: key_index.KeyIndexNames) -> frozenset[int] | None:
+        """Register every slot whose index of `names` holds a name, and mark the registry complete.
+
+        For an index written before slot registries existed: one `USED_SLOTS` script per 2,000
+        slots of each primary (an EXISTS per slot, once). Returns the slots found (`None`: this
+        user may not add to the registry).
+        """
+        client = self._client or await self._redis()
+        found: list[int] = []
+        for node, slots in await self._slots_by_primary(range(_SLOT_COUNT)):
+            for begin in range(0, len(slots), _PROBE_CHUNK):
+                chunk = slots[begin : begin + _PROBE_CHUNK]
+                command: tuple[str | int, ...] = (
+                    "EVALSHA",
+                    key_index.USED_SLOTS_SHA,
+                    0,
+                    *(names.index(slot) for slot in chunk),
+                )
+                try:
+                    reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
+                except BackendError as exc:
+                    if not wire.unknown_script(exc):
+                        raise
+                    await self._load_script(key_index.USED_SLOTS)
+                    reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
+                found.extend(chunk[int(position) - 1] for position in reply)
+        try:
+            await self._execute(
+                "SADD", names.slots, *sorted(found), key_index.SLOTS_COMPLETE, write_key=None
+            )
+        except BackendError as exc:
+            if not wire.no_permission(exc):
+                raise
+            log.info("key_index_slots_denied", url=self.url)
+            return None
+        log.info("key_index_slots_registered", url=self.url, slots=len(found))
+        return frozenset(found)
 
     async def _lists_across_slots(self) -> bool:
         """Whether the cluster runs scripts flagged `allow-cross-slot-keys` (Redis >= 7.0)."""
@@ -1427,6 +1540,8 @@ class RedisBackend(Subscriber, Backend):
                     for begin in range(0, len(group), 1000):
                         chunk = [names[position] for position in group[begin : begin + 1000]]
                         slot = wire.key_slot(chunk[0]) if self.is_cluster else 0
+                        if self.is_cluster:
+                            await self._register_slots(chunk[:1])
                         index = self._key_index.index(slot)
                         held = [names.index(slot) for names in others]
                         added += int(
@@ -1439,6 +1554,9 @@ class RedisBackend(Subscriber, Backend):
                             )
                         )
                         records += len(chunk)
+        if self.is_cluster and await self._lists_across_slots():
+            # The slots of names an index held before slot registries existed, too.
+            await self._make_slot_registry(self._key_index)
         await self._execute("SET", self._key_index.built, str(records), write_key=None)
         self._index_ready = True
         log.info("key_index_built", url=self.url, keys=records, added=added)

@@ -2,7 +2,9 @@
 
 python -m tests.integration._keyindex_worker URL PREFIX SEED
     write, delete and transact random keys (some with short TTLs) forever; print "writing"
-    after the first few, so the parent knows it is under way.
+    after the first few, so the parent knows it is under way. Every tenth write is to a key
+    under a hash tag of its own (on a cluster, mostly a slot this store never wrote to: it is
+    registered first).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ async def main(url: str, prefix: str, seed: int) -> None:
                 tag = key.split(":")[1]
                 twin = next(k for k in KEYS if k.split(":")[1] == tag and k != key)
                 await backend.transact([], [Put(key, b"t"), Delete(twin)])
+            if done % 10 == 0:
+                await backend.set(f"n:{{{seed}-{done}}}", b"n")
             done += 1
             if done == 20:
                 sys.stdout.write("writing\n")

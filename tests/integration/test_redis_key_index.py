@@ -32,10 +32,17 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from agenticstate import ForeignRecordError, RedisBackend, StateConfig, StateManager
+from agenticstate import (
+    ConflictError,
+    ForeignRecordError,
+    RedisBackend,
+    StateConfig,
+    StateManager,
+)
 from agenticstate._keys import escape_glob
 from agenticstate.backends import Delete, Put
 from agenticstate.backends._redis_keyindex import KEY_INDEX_NAMESPACE
+from agenticstate.backends._redis_wire import key_slot
 from tests._commandstats import command_counts
 from tests._redis_server import RedisServer
 from tests.helpers import unique_prefix
@@ -191,6 +198,96 @@ async def test_unrelated_keys_cost_a_cluster_listing_nothing(redis_cluster_url: 
     assert more_calls == fewer_calls
 
 
+# -------------------------------------------------------------- the slot registry (cluster)
+
+
+def _registry(url: str, prefix: str) -> set[bytes]:
+    """The members of `prefix`'s slot registry on the cluster at `url`."""
+    seed = url.split("://", 1)[1].split(",")[0]
+    with sync_redis.RedisCluster.from_url(f"redis://{seed}") as cluster:
+        return set(cluster.smembers(KEY_INDEX_NAMESPACE + prefix + "#slots"))
+
+
+def _slot_members(prefix: str, keys: list[str]) -> set[bytes]:
+    return {str(key_slot(prefix + key)).encode() for key in keys}
+
+
+async def test_a_cross_slot_listing_probes_only_the_registered_slots(
+    redis_cluster_url: str,
+) -> None:
+    """A small store's listing across slots probes one index per slot of its registry (and of
+    the empty prefix's it is nested in), not the 16,384 slots; the registry is its slots."""
+    url = redis_cluster_url
+    prefix = unique_prefix()
+    keys = [f"w:{{{n}}}:state" for n in range(20)]
+    async with StateManager(
+        StateConfig(), backend=RedisBackend(url=url, key_prefix=prefix)
+    ) as state:
+        await state.save_many({key: {"n": 1} for key in keys[:19]})
+        await state.save(keys[19], {"n": 1})
+        await state.list_keys("w:{*}:state")  # the index built, scripts loaded, map read
+        async with command_counts(url) as counts:
+            listed = await state.list_keys("w:{*}:state")
+    own = _registry(url, prefix)
+    outer = _registry(url, "")
+    assert listed == sorted(keys)
+    assert own == _slot_members(prefix, keys) | {b"complete"}
+    assert b"complete" in outer
+    assert counts.calls["zrange"] == len(own) - 1 + len(outer) - 1
+    assert counts.calls["exists"] == len(keys)
+    assert counts.calls["smembers"] == 3  # the nested registry, then both slot registries
+
+
+async def test_a_slot_is_registered_before_its_write_and_an_unused_one_is_harmless(
+    redis_cluster_url: str,
+) -> None:
+    """A slot joins the registry before the write to it: a write that never lands (refused
+    here, as one whose process was killed in between) leaves it registered with an empty
+    index, and listings stay right."""
+    url = redis_cluster_url
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as backend:
+        await backend.set("w:{a}:state", b"v")
+        with pytest.raises(ConflictError):
+            await backend.set("w:{never}:state", b"v", expected_version=3)
+        await backend.transact([], [Put("w:{nor}:state", b"v")])
+        await backend.delete("w:{nor}:state")  # its slot stays registered, its index empty
+        assert sorted([key async for key in backend.scan("w:{*}:state")]) == ["w:{a}:state"]
+    assert _registry(url, prefix) == _slot_members(
+        prefix, ["w:{a}:state", "w:{never}:state", "w:{nor}:state"]
+    ) | {b"complete"}
+
+
+async def test_a_store_without_a_slot_registry_gets_one_from_its_indexes(
+    redis_cluster_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cluster store indexed before slot registries existed (none; then one write of this
+    release registers its own slot alone) lists every key: its first listing makes the
+    registry from the indexes, once."""
+    url = redis_cluster_url
+    prefix = unique_prefix()
+    keys = [f"w:{{{n}}}:state" for n in range(20)]
+    async with RedisBackend(url=url, key_prefix=prefix) as old:
+        await old.set_many([(key, b"v") for key in keys])
+        assert len([key async for key in old.scan("*")]) == len(keys)
+    seed = url.split("://", 1)[1].split(",")[0]
+    with sync_redis.RedisCluster.from_url(f"redis://{seed}") as cluster:
+        cluster.delete(KEY_INDEX_NAMESPACE + prefix + "#slots")  # as the previous release left it
+    caplog.set_level(logging.INFO, logger="agenticstate")
+    async with RedisBackend(url=url, key_prefix=prefix) as new:
+        await new.set("w:{new}:state", b"v")
+        assert _registry(url, prefix) == _slot_members(prefix, ["w:{new}:state"])
+        assert sorted([key async for key in new.scan("w:{*}:state")]) == sorted(
+            [*keys, "w:{new}:state"]
+        )
+        assert sorted([key async for key in new.scan("w:{*}:state")]) == sorted(
+            [*keys, "w:{new}:state"]
+        )
+    made = [r for r in caplog.records if "key_index_slots_registered" in r.getMessage()]
+    assert len(made) == 1
+    assert _registry(url, prefix) == _slot_members(prefix, [*keys, "w:{new}:state"]) | {b"complete"}
+
+
 # -------------------------------------------------------------- expiry
 
 
@@ -310,13 +407,7 @@ async def test_an_older_store_gets_its_index_built_once(
 # -------------------------------------------------------------- processes killed mid-write
 
 
-@pytest.mark.slow
-async def test_writers_killed_mid_write_leave_the_index_equal_to_the_records(
-    server: RedisServer,
-) -> None:
-    """Writer processes SIGKILLed at random points never leave the index apart from the
-    records: every listing equals a full SCAN afterwards."""
-    url = server.unix_url
+async def _kill_writers_then_compare(url: str) -> None:
     prefix = unique_prefix()
     for seed in range(3):
         process = subprocess.Popen(
@@ -334,18 +425,41 @@ async def test_writers_killed_mid_write_leave_the_index_equal_to_the_records(
             process.wait()
             if process.stdout is not None:
                 process.stdout.close()
-    with _admin(url) as admin:
-        living = {
-            name
-            for name in admin.scan_iter(match=escape_glob(prefix) + "*")
-            if admin.pttl(name) > 0
-        }
-    await _wait_expired(url, living)
+    if "+cluster" not in url:
+        with _admin(url) as admin:
+            living = {
+                name
+                for name in admin.scan_iter(match=escape_glob(prefix) + "*")
+                if admin.pttl(name) > 0
+            }
+        await _wait_expired(url, living)
+    else:  # no expiry events there: the keys still to expire go now, as an expiry would
+        for client in _primaries(url):
+            with client:
+                for name in list(client.scan_iter(match=escape_glob(prefix) + "*")):
+                    if client.pttl(name) > 0:
+                        client.delete(name)
     async with RedisBackend(url=url, key_prefix=prefix) as backend:
-        for pattern in ("*", "k:{3}:*", "k:{*}:1*", "k:?:*"):
+        for pattern in ("*", "k:{3}:*", "k:{*}:1*", "k:?:*", "n:{*}"):
             assert sorted([key async for key in backend.scan(pattern)]) == _truth(
                 url, prefix, pattern
             ), pattern
+
+
+@pytest.mark.slow
+async def test_writers_killed_mid_write_leave_the_index_equal_to_the_records(
+    server: RedisServer,
+) -> None:
+    """Writer processes SIGKILLed at random points never leave the index apart from the
+    records: every listing equals a full SCAN afterwards."""
+    await _kill_writers_then_compare(server.unix_url)
+
+
+@pytest.mark.slow
+async def test_cluster_writers_killed_mid_write_never_hide_a_key(redis_cluster_url: str) -> None:
+    """On a cluster, writers SIGKILLed while they register new slots and write to them never
+    leave a record in a slot the registry lacks: every listing across slots equals a SCAN."""
+    await _kill_writers_then_compare(redis_cluster_url)
 
 
 # -------------------------------------------------------------- model-based
