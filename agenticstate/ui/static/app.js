@@ -50,11 +50,22 @@ function showError(message) {
   box.hidden = !message;
 }
 
+// Records a tab left out because they do not read as what it shows (a foreign value, a field
+// from a newer release): each with its key, shown above the tab so one never hides the rest.
+let problems = [];
+
 async function api(path, options) {
   const response = await fetch(path, Object.assign({ credentials: "same-origin" }, options || {}));
   const body = await response.json().catch(() => ({ error: response.statusText }));
   if (!response.ok) throw new Error(body.error || response.statusText);
+  if (Array.isArray(body.problems)) problems = problems.concat(body.problems);
   return body;
+}
+
+function problemsText() {
+  if (!problems.length) return "";
+  const listed = problems.map((p) => (p.key ? p.key + ": " : "") + p.error);
+  return "Left out " + problems.length + " record(s) that do not read: " + listed.join("; ");
 }
 
 const time = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "");
@@ -878,9 +889,10 @@ async function refresh(scroll) {
   const loader = LOADERS[tab];
   if (!loader) return;
   try {
+    problems = [];
     await loader(scroll);
     document.body.dataset.loaded = tab;
-    showError("");
+    showError(problemsText());
   } catch (error) {
     showError(error.message);
   }
