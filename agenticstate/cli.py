@@ -770,6 +770,12 @@ async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress)
     except ImportError as exc:
         raise _CommandError(str(exc), EXIT_USAGE) from None
 
+    # Reach the store before listening, as every other command does with its first read: an
+    # unreachable server or a wrong password exits 3 with the reason, instead of serving a
+    # page that can read nothing. One read of one key (a round trip).
+    await state.open()
+    await state.exists("agenticstate-ui:reachable")
+
     def ready(address: str) -> None:
         mode = "edits allowed" if args.allow_writes else "read-only"
         if args.json:
