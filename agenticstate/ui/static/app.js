@@ -122,6 +122,16 @@ function pickRow(item, attrs, ...cells) {
 
 // -- addresses --------------------------------------------------------------------------------
 
+// A part of an address, decoded; one that does not decode (a bare `%` typed by hand:
+// `#/keys/100%`) is taken as written, so the page still loads.
+function decoded(text) {
+  try {
+    return decodeURIComponent(text);
+  } catch (error) {
+    return text;
+  }
+}
+
 function parseHash() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, query] = hash.split("?");
@@ -129,7 +139,7 @@ function parseHash() {
   const params = new URLSearchParams(query || "");
   return {
     tab: TABS.includes(tab) ? tab : "keys",
-    item: rest.length && rest.join("/") ? decodeURIComponent(rest.join("/")) : null,
+    item: rest.length && rest.join("/") ? decoded(rest.join("/")) : null,
     glob: params.get("glob"),
   };
 }
