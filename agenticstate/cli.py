@@ -116,9 +116,18 @@ def _dump(value: Any, *, pretty: bool = False) -> str:
     return json.dumps(value, default=_plain, ensure_ascii=False, indent=2 if pretty else None)
 
 
+_OUT_CHUNK = 16_384
+"""Characters written to stdout at a time. One large write to a pipe whose reader goes away
+part-way returns short without an error (CPython then drops the rest), so a cut-off `--json`
+listing would end with exit 0; the next chunk's write meets the closed pipe and raises
+`BrokenPipeError` instead (exit 141, as for every command)."""
+
+
 def _out(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    text += "\n"
+    for start in range(0, len(text), _OUT_CHUNK):
+        sys.stdout.write(text[start : start + _OUT_CHUNK])
+        sys.stdout.flush()
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
