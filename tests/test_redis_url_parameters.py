@@ -180,7 +180,7 @@ def test_every_parameter_a_scheme_takes_builds_a_connection(scheme: str, name: s
         assert isinstance(backend, RedisBackend)
         await backend.open()
         assert backend._client is not None
-        backend._client.connection_pool.make_connection()
+        backend._client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
         await backend.aclose()
 
     anyio.run(main, backend="asyncio")
