@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from agenticstate.backends.base import ChangeOp
 from agenticstate.encryption import ENCRYPTED_HEADER
 from agenticstate.events import StateChange
-from agenticstate.exceptions import DecryptionError
+from agenticstate.exceptions import DecodeError, DecryptionError
 from agenticstate.serialization import Serializer
 
 if TYPE_CHECKING:
@@ -117,9 +117,12 @@ class Codec:
                 "(StateConfig(encryption=...))",
                 path="",
             )
-        if model is None:
+        if model is not None:
+            return self.serializer.load_model(raw, model, key=key)  # names the key itself
+        try:
             return self.serializer.loads(raw)
-        return self.serializer.load_model(raw, model)
+        except DecodeError as exc:
+            raise DecodeError(f"{exc} (at key {key!r})", path="") from exc
 
     def copy(self, value: object) -> Any:
         """Return `value` as a stored copy of it would read back (what `update` starts from)."""

@@ -67,6 +67,8 @@ from agenticstate.exceptions import (
     AgenticStateError,
     BackendError,
     ConfigurationError,
+    DecodeError,
+    ForeignRecordError,
     InvalidArgumentError,
     NotFoundError,
     SerializationError,
@@ -74,7 +76,7 @@ from agenticstate.exceptions import (
 from agenticstate.manager import StateManager
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
     from agenticstate.backends import Backend
 
@@ -114,9 +116,18 @@ def _dump(value: Any, *, pretty: bool = False) -> str:
     return json.dumps(value, default=_plain, ensure_ascii=False, indent=2 if pretty else None)
 
 
+_OUT_CHUNK = 16_384
+"""Characters written to stdout at a time. One large write to a pipe whose reader goes away
+part-way returns short without an error (CPython then drops the rest), so a cut-off `--json`
+listing would end with exit 0; the next chunk's write meets the closed pipe and raises
+`BrokenPipeError` instead (exit 141, as for every command)."""
+
+
 def _out(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    text += "\n"
+    for start in range(0, len(text), _OUT_CHUNK):
+        sys.stdout.write(text[start : start + _OUT_CHUNK])
+        sys.stdout.flush()
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -301,16 +312,47 @@ async def _watch(state: StateManager, args: argparse.Namespace, progress: Progre
 
 
 async def _inspect(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
-    # The managers read many records in few calls: count the reads while they run.
-    async with progress.ticking(f"reading {args.target}", lambda: state.stats().reads, "record"):
-        rows = await _inspected(state, args.target)
+    from agenticstate.managers._base import skipping_bad_records
+
+    # The managers read many records in few calls: count the reads while they run. A record
+    # that does not read as its manager's (foreign, or from a newer release) is left out and
+    # named on stderr: the others are still shown.
+    with skipping_bad_records() as skipped:
+        async with progress.ticking(
+            f"reading {args.target}", lambda: state.stats().reads, "record"
+        ):
+            rows = await _inspected(state, args.target, skipped)
     _out(_dump(rows) if args.json else _records_table(rows, _INSPECTORS[args.target].columns))
+    for key, reason in skipped:
+        sys.stderr.write(f"agenticstate: left out {key or 'a record'}: {reason}\n")
     return EXIT_OK
 
 
-async def _inspected(state: StateManager, target: str) -> list[dict[str, Any]]:
-    """The records `inspect <target>` shows, as data: one manager's, read by its list methods."""
-    return await _INSPECTORS[target].read(state)
+async def _inspected(
+    state: StateManager, target: str, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """The records `inspect <target>` shows, as data: one manager's, read by its list methods.
+
+    `skipped` gains `(key, reason)` for each record that does not read.
+    """
+    return await _INSPECTORS[target].read(state, skipped)
+
+
+async def _each(
+    ids: Iterable[str],
+    row: Callable[[str], Awaitable[dict[str, Any]]],
+    skipped: list[tuple[str, str]],
+) -> list[dict[str, Any]]:
+    """`row(id)` for each id, leaving out one whose records do not read (noted in `skipped`)."""
+    rows = []
+    for id_ in ids:
+        try:
+            rows.append(await row(id_))
+        except NotFoundError:
+            continue  # deleted between the listing and the read
+        except (DecodeError, ForeignRecordError) as exc:
+            skipped.append((getattr(exc, "key", ""), str(exc)))
+    return rows
 
 
 def _cell(value: Any) -> str:
@@ -344,116 +386,136 @@ def _records_table(rows: list[dict[str, Any]], columns: Sequence[_Column]) -> st
     return _table(shown, [c.header for c in columns])
 
 
-async def _inspect_agents(state: StateManager) -> list[dict[str, Any]]:
+async def _inspect_agents(
+    state: StateManager, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     from agenticstate.managers import AgentStateStore  # only `inspect` needs the managers
 
     agents = AgentStateStore(state_manager=state)
-    rows = []
-    for agent_id in await agents.list_agents():
+
+    async def row(agent_id: str) -> dict[str, Any]:
         latest = await agents.get_latest_checkpoint(agent_id)
         snapshots = await agents.list_snapshots(agent_id)
         saved = await agents.list_checkpoints(agent_id)
-        rows.append(
-            {
-                "agent": agent_id,
-                "snapshots": len(snapshots),
-                "checkpoints": len(saved),
-                "latest_checkpoint": latest.checkpoint_id if latest else None,
-                "step": latest.step if latest else None,
-            }
-        )
-    return rows
+        return {
+            "agent": agent_id,
+            "snapshots": len(snapshots),
+            "checkpoints": len(saved),
+            "latest_checkpoint": latest.checkpoint_id if latest else None,
+            "step": latest.step if latest else None,
+        }
+
+    return await _each(await agents.list_agents(), row, skipped)
 
 
-async def _inspect_workflows(state: StateManager) -> list[dict[str, Any]]:
+async def _inspect_workflows(
+    state: StateManager, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     from agenticstate.managers import WorkflowStateManager
 
     workflows = WorkflowStateManager(state_manager=state)
-    rows = []
-    for workflow in await workflows.list_workflows():
-        checkpoints = await workflows.list_checkpoints(workflow.workflow_id)
-        rows.append(
-            {
-                "workflow": workflow.workflow_id,
-                "status": workflow.status.value,
-                "current_step": workflow.current_step,
-                "total_steps": workflow.total_steps,
-                "checkpoints": len(checkpoints),
-                "latest_checkpoint": checkpoints[0].checkpoint_id if checkpoints else None,
-            }
-        )
-    return rows
+    found = {workflow.workflow_id: workflow for workflow in await workflows.list_workflows()}
+
+    async def row(workflow_id: str) -> dict[str, Any]:
+        workflow = found[workflow_id]
+        checkpoints = await workflows.list_checkpoints(workflow_id)
+        return {
+            "workflow": workflow_id,
+            "status": workflow.status.value,
+            "current_step": workflow.current_step,
+            "total_steps": workflow.total_steps,
+            "checkpoints": len(checkpoints),
+            "latest_checkpoint": checkpoints[0].checkpoint_id if checkpoints else None,
+        }
+
+    return await _each(found, row, skipped)
 
 
-async def _inspect_teams(state: StateManager) -> list[dict[str, Any]]:
+async def _inspect_teams(
+    state: StateManager, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     from agenticstate.managers import OrchestrationStateManager
 
     orch = OrchestrationStateManager(state_manager=state)
-    rows = []
-    for team_id in await orch.list_teams():
+
+    async def row(team_id: str) -> dict[str, Any]:
         team = await orch.get_team(team_id)
         queue = team.task_queue
-        rows.append(
-            {
-                "team": team_id,
-                "agents": {a.agent_id: a.status.value for a in team.agents.values()},
-                "pending": len(queue.pending),
-                "in_progress": len(queue.in_progress),
-                "completed": len(queue.completed),
-                "dead_letter": len(queue.dead_letter),
-            }
-        )
-    return rows
+        return {
+            "team": team_id,
+            "agents": {a.agent_id: a.status.value for a in team.agents.values()},
+            "pending": len(queue.pending),
+            "in_progress": len(queue.in_progress),
+            "completed": len(queue.completed),
+            "dead_letter": len(queue.dead_letter),
+        }
+
+    return await _each(await orch.list_teams(), row, skipped)
 
 
-async def _inspect_knowledge(state: StateManager) -> list[dict[str, Any]]:
+async def _inspect_knowledge(
+    state: StateManager, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     from agenticstate.managers import KnowledgeStateManager
 
     kb = KnowledgeStateManager(state_manager=state)
-    rows = []
-    for kb_id in await kb.list_knowledge_bases():
+
+    async def row(kb_id: str) -> dict[str, Any]:
         overview = await kb.get_knowledge_base_state(kb_id)
-        rows.append(
-            {
-                "knowledge_base": kb_id,
-                "documents": overview.total_documents,
-                "embeddings": overview.total_embeddings,
-                "pending": overview.documents_pending,
-                "failed": overview.failed_documents,
-                "indexing": overview.indexing_status.value if overview.indexing_status else None,
-                "sources": len(overview.sources),
-            }
-        )
-    return rows
+        return {
+            "knowledge_base": kb_id,
+            "documents": overview.total_documents,
+            "embeddings": overview.total_embeddings,
+            "pending": overview.documents_pending,
+            "failed": overview.failed_documents,
+            "indexing": overview.indexing_status.value if overview.indexing_status else None,
+            "sources": len(overview.sources),
+        }
+
+    return await _each(await kb.list_knowledge_bases(), row, skipped)
 
 
-async def _inspect_tools(state: StateManager) -> list[dict[str, Any]]:
+async def _inspect_tools(
+    state: StateManager, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     from agenticstate.managers import ToolStateManager
 
     tools = ToolStateManager(state_manager=state)
     pending = await tools.get_pending_retries(due_only=False)
-    rows = []
-    for name in await tools.list_tools():
+
+    async def row(name: str) -> dict[str, Any]:
         stats = await tools.get_tool_stats(name)
-        rows.append(
-            {
-                "tool": name,
-                "runs": stats.total_executions,
-                "success_rate": stats.success_rate,
-                "cache_hit_rate": stats.cache_hit_rate,
-                "avg_ms": stats.avg_duration_ms,
-                "p95_ms": stats.p95_duration_ms,
-                "pending_retries": sum(1 for r in pending if r.tool_name == name),
-            }
-        )
-    return rows
+        return {
+            "tool": name,
+            "runs": stats.total_executions,
+            "success_rate": stats.success_rate,
+            "cache_hit_rate": stats.cache_hit_rate,
+            "avg_ms": stats.avg_duration_ms,
+            "p95_ms": stats.p95_duration_ms,
+            "pending_retries": sum(1 for r in pending if r.tool_name == name),
+        }
+
+    return await _each(await tools.list_tools(), row, skipped)
 
 
-async def _inspect_sessions(state: StateManager) -> list[dict[str, Any]]:
+async def _inspect_sessions(
+    state: StateManager, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     from agenticstate.managers import SessionManager
 
     sessions = SessionManager(state_manager=state)
-    found = await sessions.get_sessions(await sessions.list_session_ids())
+    ids = await sessions.list_session_ids()
+    try:
+        found = await sessions.get_sessions(ids)
+    except (DecodeError, ForeignRecordError):  # one does not read: read them one by one
+
+        async def one(session_id: str) -> dict[str, Any]:
+            session = await sessions.get_session(session_id)
+            if session is None:
+                raise NotFoundError(session_id)
+            return {"session": session}
+
+        found = [row["session"] for row in await _each(ids, one, skipped)]
     return [
         {
             "session": session.session_id,
@@ -466,7 +528,9 @@ async def _inspect_sessions(state: StateManager) -> list[dict[str, Any]]:
     ]
 
 
-async def _inspect_speech(state: StateManager) -> list[dict[str, Any]]:
+async def _inspect_speech(
+    state: StateManager, skipped: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     from agenticstate.managers import SpeechStateManager
 
     speech = SpeechStateManager(state_manager=state)
@@ -494,7 +558,7 @@ def _agents(statuses: dict[str, str]) -> str:
 class _Inspector:
     """What `inspect <target>` reads, and the table that shows it."""
 
-    read: Callable[[StateManager], Awaitable[list[dict[str, Any]]]]
+    read: Callable[[StateManager, list[tuple[str, str]]], Awaitable[list[dict[str, Any]]]]
     columns: tuple[_Column, ...]
 
 
@@ -714,6 +778,12 @@ async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress)
         from agenticstate import ui  # only this command needs it
     except ImportError as exc:
         raise _CommandError(str(exc), EXIT_USAGE) from None
+
+    # Reach the store before listening, as every other command does with its first read: an
+    # unreachable server or a wrong password exits 3 with the reason, instead of serving a
+    # page that can read nothing. One read of one key (a round trip).
+    await state.open()
+    await state.exists("agenticstate-ui:reachable")
 
     def ready(address: str) -> None:
         mode = "edits allowed" if args.allow_writes else "read-only"
@@ -1100,6 +1170,10 @@ def _guarded(run: Callable[..., Awaitable[int]], *args: Any) -> NoReturn:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(141) from None
+    except DecodeError as exc:
+        # A stored record that does not read (corrupt, foreign, from a newer release): the
+        # store is at fault, not the command line.
+        _fail(str(exc), EXIT_BACKEND)
     except (InvalidArgumentError, SerializationError) as exc:
         _fail(str(exc), EXIT_USAGE)
     except NotFoundError as exc:

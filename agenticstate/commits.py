@@ -306,7 +306,7 @@ def _dump(codec: Codec, key: str, model: BaseModel) -> bytes:
 def _load(codec: Codec, key: str, raw: bytes, model: type[_M]) -> _M:
     if codec.encryption is not None:
         raw = codec.encryption.decrypt(codec.namespace, key, raw)
-    return _RECORDS.load_model(raw, model)
+    return _RECORDS.load_model(raw, model, key=key)
 
 
 def _seal_blob(codec: Codec, key: str, value: bytes) -> bytes:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import parse_qsl, unquote, unquote_plus
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -26,7 +26,7 @@ from agenticstate.exceptions import AgenticStateError, ConfigurationError, Inval
 from agenticstate.serialization import DEFAULT_MAX_DEPTH, DEFAULT_MAX_SIZE
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Collection, Mapping
 
 __all__ = ["FeedRetention", "HistoryRules", "StateConfig", "redact_url"]
 
@@ -184,6 +184,139 @@ def check_user_info(url: str) -> None:
             "'/', '?', '#' and '@' in a user name or password (%2F, %3F, %23, %40), and an "
             "'@' in a path or query value as %40"
         )
+
+
+def check_url(url: str) -> None:
+    """Refuse a store URL with a fragment, a query item without `=`, or a repeated parameter.
+
+    `urllib.parse` drops a fragment and a query item without `=`: two URLs that differ only
+    there would open the same store.
+
+    Raises:
+        ConfigurationError: Naming the part, and how to write a `#` or `?` it meant.
+    """
+    scheme = url.partition("://")[0]
+    if "#" in url:
+        raise ConfigurationError(
+            f"a {scheme}:// URL cannot have a fragment ('#...'), which would be ignored: write a "
+            "'#' that belongs to a path or a password as %23"
+        )
+    _, question_mark, query = url.partition("?")
+    names: set[str] = set()
+    for item in query.split("&") if question_mark else ():
+        if "=" not in item:  # an empty one too: `path?`, `?a=1&&b=2`
+            raise ConfigurationError(
+                f"a {scheme}:// URL has a query item without '=', which would be ignored: give "
+                "parameters as name=value, and write a '?' that belongs to a path or a password "
+                "as %3F"
+            )
+        name, _, value = item.partition("=")
+        if not name or not value:
+            raise ConfigurationError(
+                f"a {scheme}:// URL has a query parameter with no "
+                f"{'name' if not name else 'value'}, which would be ignored: give parameters "
+                "as name=value, and write a '?' that belongs to a path or a password as %3F"
+            )
+        name = parse_qsl(item, keep_blank_values=True)[0][0]
+        if name in names:
+            raise ConfigurationError(
+                f"the {scheme}:// URL gives the parameter {_shown_name(name)} twice"
+            )
+        names.add(name)
+
+
+def _shown_name(name: str) -> str:
+    """A parameter's name for an error message: quoted, or hidden if it could be a secret."""
+    return repr(name) if _SHOWN_NAME.fullmatch(name) else "(a name that is not shown)"
+
+
+# The redis-py connection settings a Redis URL may give, by scheme (each is a parameter of
+# the scheme's redis-py connection class, held by a test). Left out: settings that take Python
+# objects, `decode_responses` and `encoding` (the backend reads bytes), `retry_on_timeout` and
+# `retry_on_error` (a resent write could apply twice: retries are the backend's), and
+# `max_connections` (the backend's `connection_pool_size`). A cluster URL takes none: its
+# connections are made from the node list alone.
+_REDIS_COMMON = (
+    "client_name",
+    "db",
+    "health_check_interval",
+    "password",
+    "protocol",
+    "socket_connect_timeout",
+    "socket_read_size",
+    "socket_timeout",
+    "username",
+)
+_REDIS_SSL = (
+    "ssl_ca_certs",
+    "ssl_ca_data",
+    "ssl_ca_path",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_check_hostname",
+    "ssl_ciphers",
+    "ssl_exclude_verify_flags",
+    "ssl_include_verify_flags",
+    "ssl_keyfile",
+    "ssl_min_version",
+    "ssl_password",
+)
+REDIS_URL_PARAMETERS: Mapping[str, frozenset[str]] = {
+    "redis": frozenset((*_REDIS_COMMON, "socket_keepalive")),
+    "rediss": frozenset((*_REDIS_COMMON, "socket_keepalive", *_REDIS_SSL)),
+    "unix": frozenset(_REDIS_COMMON),
+    "redis+cluster": frozenset(),
+    "rediss+cluster": frozenset(),
+}
+"""The redis-py settings a Redis URL's query may hold, by scheme (besides the backend's own)."""
+
+# The settings above with a typed value, as redis-py reads them (held by a test against
+# redis-py's own table): a value it cannot read fails here, not at the first command.
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_BOOLEAN = re.compile(r"(?i:1|0|true|false|yes|no|t|f|y|n)")  # what redis-py reads right
+REDIS_URL_VALUE_KINDS: Mapping[str, tuple[re.Pattern[str], str]] = {
+    "db": (_WHOLE, "a whole number"),
+    "health_check_interval": (_WHOLE, "a whole number of seconds"),
+    "protocol": (_WHOLE, "a whole number (2 or 3)"),
+    "socket_read_size": (_WHOLE, "a whole number of bytes"),
+    "ssl_min_version": (_WHOLE, "a whole number"),
+    "socket_connect_timeout": (_NUMBER, "a number of seconds"),
+    "socket_timeout": (_NUMBER, "a number of seconds"),
+    "socket_keepalive": (_BOOLEAN, "true or false (1 or 0)"),
+    "ssl_check_hostname": (_BOOLEAN, "true or false (1 or 0)"),
+}
+
+
+def check_redis_url(url: str, *, own: Collection[str] = ()) -> None:
+    """Refuse a Redis URL that redis-py would fail on at the first command, before connecting.
+
+    Refused: an ambiguous user info (`check_user_info`), a part that would be dropped
+    (`check_url`), a query parameter that is neither one of `own` (the backend's, which the
+    caller takes out) nor one of `REDIS_URL_PARAMETERS[scheme]`, or a value redis-py cannot
+    read (`db=x`). Names are shown, values never (a `password=` parameter is a secret).
+
+    Raises:
+        ConfigurationError: Naming the parameter and the ones the scheme knows.
+    """
+    check_user_info(url)
+    check_url(url)
+    scheme = url.partition("://")[0].lower()
+    known = REDIS_URL_PARAMETERS.get(scheme)
+    if known is None:
+        return  # not a Redis scheme: the backend's own URL check refuses it
+    for name, value in parse_qsl(url.partition("?")[2], keep_blank_values=True):
+        if name in own:
+            continue
+        if name not in known:
+            listed = ", ".join(sorted((*own, *known))) or "none"
+            hint = " (a cluster URL takes only the backend's own)" if "cluster" in scheme else ""
+            raise ConfigurationError(
+                f"unknown {scheme}:// URL parameter {_shown_name(name)}{hint}; known: {listed}"
+            )
+        kind = REDIS_URL_VALUE_KINDS.get(name)
+        if kind is not None and not kind[0].fullmatch(value):
+            raise ConfigurationError(f"the {scheme}:// URL parameter {name!r} must be {kind[1]}")
 
 
 def hide_url_secrets(text: str, url: str) -> str:
@@ -406,6 +539,20 @@ class StateConfig(BaseModel):
             return check_backend_name(value)
         except ConfigurationError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            if value.partition("://")[0].lower() not in REDIS_URL_PARAMETERS or "://" not in value:
+                raise ValueError(
+                    f"must be a {', '.join(f'{name}://' for name in REDIS_URL_PARAMETERS)} URL"
+                )
+            try:
+                check_redis_url(value)  # what redis-py would fail on at the first command
+            except ConfigurationError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("feed", mode="before")
     @classmethod

@@ -527,19 +527,31 @@ class Serializer:
             # msgpack, json, base64, uuid and datetime raise many types for corrupt input.
             raise DecodeError(f"stored value is corrupt: {type(exc).__name__}", path="") from exc
 
-    def load_model(self, raw: bytes, model: type[M]) -> M:
-        """Decode bytes and validate them as `model`.
+    def load_model(self, raw: bytes, model: type[M], *, key: str | None = None) -> M:
+        """Decode bytes and validate them as `model` (stored at `key`, named in the error).
 
         Raises:
-            DecodeError: The bytes are corrupt or do not validate as `model`.
+            DecodeError: The bytes are corrupt or do not validate as `model`; the message
+                names the key, the first field at fault (never a value) and what to do.
         """
-        value = self.loads(raw)
+        try:
+            value = self.loads(raw)
+        except DecodeError as exc:
+            if key is None:
+                raise
+            raise DecodeError(f"{exc} (at key {key!r})", path="") from exc
         try:
             return model.model_validate(value)
         except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+            field = ".".join(str(part) for part in first["loc"]) or "the record"
+            where = f" at {key!r}" if key is not None else ""
+            fix = f"agenticstate delete {key!r}" if key is not None else "delete it"
             raise DecodeError(
-                f"stored value does not validate as {model.__qualname__}: "
-                f"{exc.error_count()} error(s)",
+                f"stored value does not validate as {model.__qualname__}{where}: "
+                f"{exc.error_count()} error(s), first {field}: {first['msg']}; it was written "
+                f"by another program or a newer release: correct it, or "
+                f"delete it ({fix})",
                 path="",
             ) from exc
 

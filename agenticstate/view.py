@@ -305,7 +305,7 @@ class LocalView:
         if cached is None:
             return default
         if model is not None:
-            return self._serializer.load_model(cached.raw, model)
+            return self._serializer.load_model(cached.raw, model, key=key)
         return self._serializer.loads(cached.raw)
 
     def entry(self, key: str) -> ViewEntry | None:

@@ -16,6 +16,7 @@ the managers' `persistence=` and the CLI's `--url` read too; third-party backend
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -147,6 +148,7 @@ def open_backend(url: str, *, create: bool = True, **options: Any) -> Backend:
         raise ConfigurationError(
             f"malformed backend URL {redact_url(url)!r}: {hide_url_secrets(str(exc), url)}"
         ) from None
+    _check_local_path(url, scheme)
     factory = url_factory(scheme)
     if factory is None:
         known = ", ".join(f"{name}://" for name in url_schemes())
@@ -154,6 +156,30 @@ def open_backend(url: str, *, create: bool = True, **options: Any) -> Backend:
     if not create and takes_create(factory):
         options["create"] = False
     return factory(url, **options)
+
+
+def _check_local_path(url: str, scheme: str) -> None:
+    """Refuse the file and SQLite paths that would not open what they seem to name.
+
+    `~` is a shell's, expanded only at the start of a word: in `sqlite://~/x.db` it would make
+    a folder named `~` here, so it is refused with the path written out. `:memory:` is
+    SQLite's in-memory database, which would be gone when the command ends: `memory://` is
+    the store for that.
+    """
+    if scheme not in ("sqlite", "file"):
+        return
+    path = url.partition("://")[2].partition("?")[0]
+    if path == "~" or path.startswith("~/"):
+        home = os.path.expanduser("~")
+        raise ConfigurationError(
+            f"a {scheme}:// path is not expanded as a shell would expand '~': write it in full, "
+            f"{scheme}://{home}{path[1:]}"
+        )
+    if scheme == "sqlite" and path == ":memory:":
+        raise ConfigurationError(
+            "sqlite://:memory: would be an SQLite database gone with this process: for a "
+            "store in memory use memory://, for one that lasts sqlite://FILE"
+        )
 
 
 def open_config_backend(config: StateConfig) -> Backend:

@@ -714,6 +714,11 @@ def translated(exc: Exception, url: str, write_key: str | None) -> Exception:
 
     if isinstance(exc, rexc.AuthenticationError):
         return BackendUnavailableError(f"Redis refused the credentials for {url}")
+    if "db index is out of range" in str(exc).lower():  # SELECT, as the connection opens
+        return BackendError(
+            f"the server at {url} has no such database: name one it has in the URL "
+            "(/0 to /15 with Redis's default `databases 16`)"
+        )
     unserved = (
         rexc.ClusterDownError,
         rexc.TryAgainError,

@@ -165,7 +165,7 @@ from agenticstate.backends.base import (
     conflict,
     new_change,
 )
-from agenticstate.config import check_user_info, redact_url
+from agenticstate.config import check_redis_url, redact_url
 from agenticstate.exceptions import (
     BackendError,
     BackendTimeoutError,
@@ -232,6 +232,13 @@ CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
 """URL schemes that name a Redis Cluster (a comma-separated list of startup nodes)."""
 
 
+_URL_PARAMETERS = (
+    "key_prefix",
+    "feed",
+    "feed_max_changes",
+    "feed_max_age",
+    "subscribe_whole_prefix",
+)
 _NO_FEED_OPTION: Any = object()  # the URL says nothing about the feed
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True}
 _FLAGS.update({"0": False, "false": False, "no": False, "off": False})
@@ -341,7 +348,7 @@ class RedisBackend(Subscriber, Backend):
             raise ConfigurationError(f"feed must be a FeedRetention or None, not {feed!r}")
         if not isinstance(url, str) or "://" not in url:
             raise ConfigurationError("url must look like redis://host:port/db")
-        check_user_info(url)
+        check_redis_url(url)  # a parameter redis-py cannot take fails here, not at first use
         validate_key_prefix(key_prefix)
         if connection_pool_size < 1 or read_retries < 0:
             raise ConfigurationError("connection_pool_size must be >= 1, read_retries >= 0")
@@ -425,7 +432,7 @@ class RedisBackend(Subscriber, Backend):
         """
         from urllib.parse import parse_qsl, urlencode, urlsplit
 
-        check_user_info(url)  # before the URL is taken apart and put together again
+        check_redis_url(url, own=_URL_PARAMETERS)  # before it is taken apart and put together
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         prefix = query.pop("key_prefix", options.pop("key_prefix", ""))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 import os
 from collections.abc import Mapping
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from types import UnionType
@@ -32,6 +34,8 @@ from agenticstate._retry import backoff
 from agenticstate.config import StateConfig
 from agenticstate.exceptions import (
     ConfigurationError,
+    DecodeError,
+    ForeignRecordError,
     InvalidArgumentError,
     InvalidNumberError,
     NonStringKeyError,
@@ -42,6 +46,7 @@ from agenticstate.manager import StateManager
 from agenticstate.txn import Get
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from types import TracebackType
 
     from agenticstate.manager import StateEntry
@@ -55,6 +60,7 @@ __all__ = [
     "jitter",
     "read_entries",
     "revise",
+    "skipping_bad_records",
     "sort_time",
     "utcnow",
 ]
@@ -482,10 +488,45 @@ async def load(state: StateManager, key: str, model: type[M]) -> M | None:
     return value
 
 
+_SKIPPED: ContextVar[list[tuple[str, str]] | None] = ContextVar("_SKIPPED", default=None)
+
+
+@contextlib.contextmanager
+def skipping_bad_records() -> Iterator[list[tuple[str, str]]]:
+    """Within it, a listing skips a record that does not decode or validate, noting it.
+
+    A foreign value, or a field from a newer release: the listing leaves it out and appends
+    `(key, reason)` to the list this yields. For readers that show what they can (the
+    inspector, `agenticstate inspect`): one bad record hides only itself. Outside it, a listing
+    raises `DecodeError` as before. A listing that met one reads its keys again one by one (a
+    round trip each) to find the rest.
+    """
+    skipped: list[tuple[str, str]] = []
+    token = _SKIPPED.set(skipped)
+    try:
+        yield skipped
+    finally:
+        _SKIPPED.reset(token)
+
+
 async def load_many(state: StateManager, pattern: str, model: type[M]) -> list[M]:
     """The records whose keys match `pattern`, as `model`, in key order."""
     keys = await state.list_keys(pattern)
     if not keys:
         return []
-    found = await state.get_many(keys, model=model)
+    try:
+        found = await state.get_many(keys, model=model)
+    except (DecodeError, ForeignRecordError):
+        skipped = _SKIPPED.get()
+        if skipped is None:
+            raise
+        found = {}
+        for key in keys:
+            try:
+                value = await state.get(key, model=model)
+            except (DecodeError, ForeignRecordError) as exc:
+                skipped.append((key, str(exc)))
+                continue
+            if value is not None:
+                found[key] = value
     return [found[key] for key in keys if key in found]

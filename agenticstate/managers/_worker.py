@@ -8,6 +8,13 @@ guarantees; docs/managers/orchestration.md describes it.
 The shape follows arq's and SAQ's workers: the handler runs while a heartbeat task renews its
 lease; an exception fails the task through the retry and dead-letter path; a lost lease
 cancels the handler; a cancelled worker gives its task back before it goes.
+
+A cancellation can land at any await of the loop, and a store call it interrupts may still
+commit (SQLite's worker thread, a Redis command already sent). So the calls that change what
+this worker holds are shielded, each for at most the lease: a claim the store made is always
+either handed to the handler or given back (`release_task`), and a finished handler's outcome
+is always recorded (`complete_task`, `fail_task`), never left in progress with no holder. A
+heartbeat needs no shield: it changes no lease token, so the give-back after it works.
 """
 
 from __future__ import annotations
@@ -20,13 +27,15 @@ import anyio
 from agenticstate.exceptions import (
     AgenticStateError,
     BackendError,
+    BackendTimeoutError,
     ConflictError,
+    InvalidArgumentError,
     NotFoundError,
     SerializationError,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from datetime import timedelta
 
     from agenticstate.managers._task_queue import TaskClaim, TaskItem
@@ -57,6 +66,14 @@ class Worker:
         max_tasks: int | None,
         log: Any,
     ) -> None:
+        if heartbeat_interval >= lease:
+            # Each lease would run out before the heartbeat that renews it: every task longer
+            # than the lease would be taken back, and run twice.
+            raise InvalidArgumentError(
+                f"heartbeat_interval ({heartbeat_interval.total_seconds():g} s) must be shorter "
+                f"than the lease ({lease.total_seconds():g} s); a third of it or less leaves "
+                "room for a missed heartbeat"
+            )
         self.orch = orch
         self.team_id = team_id
         self.agent_id = agent_id
@@ -84,9 +101,18 @@ class Worker:
         self.log.info("worker_started", team_id=self.team_id, agent_id=self.agent_id)
         try:
             while not self._stopping() and (self.max_tasks is None or handled < self.max_tasks):
+                # A cancellation that came while the last outcome was recorded (shielded) ends
+                # the loop here, before anything more is claimed.
+                await anyio.lowlevel.checkpoint()
                 try:
-                    claim = await self.orch.claim_task(
-                        self.team_id, self.agent_id, capability=self.capability, lease=self.lease
+                    claim = await self._shielded(
+                        self.orch.claim_task(
+                            self.team_id,
+                            self.agent_id,
+                            capability=self.capability,
+                            lease=self.lease,
+                        ),
+                        "claim_task",
                     )
                 except BackendError as exc:
                     # The store is unreachable for now: wait and try again, as arq does.
@@ -107,6 +133,18 @@ class Worker:
                 "worker_stopped", team_id=self.team_id, agent_id=self.agent_id, handled=handled
             )
         return handled
+
+    async def _shielded(self, call: Awaitable[Any], name: str) -> Any:
+        """Await a queue call that a cancellation must not cut short, for at most the lease.
+
+        Cancelled from outside meanwhile, the call still finishes (and the cancellation comes
+        at the next unshielded await, where what it did is handed on or given back). A call
+        slower than the lease is cancelled (its lease has run out by then, so anything it left
+        in progress is taken back by the next claim) and raises `BackendTimeoutError`.
+        """
+        with anyio.move_on_after(self.lease.total_seconds(), shield=True):
+            return await call
+        raise BackendTimeoutError(f"{name} took longer than the worker's lease")
 
     async def _idle(self) -> None:
         """Wait a poll interval, or until `stop` is set."""
@@ -130,6 +168,9 @@ class Worker:
         outcome: list[Any] = []
         error: list[Exception] = []
         try:
+            # A cancellation that came while the claim was made (shielded) gives it back here,
+            # before the handler starts.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeats, claim, tg.cancel_scope, lost)
                 try:
@@ -153,15 +194,21 @@ class Worker:
                     task_id=claim.task_id,
                     error=type(error[0]).__name__,
                 )
-                await self.orch.fail_task(
-                    self.team_id,
-                    claim.task_id,
-                    f"{type(error[0]).__name__}: {error[0]}",
-                    lease_token=claim.lease_token,
+                await self._shielded(
+                    self.orch.fail_task(
+                        self.team_id,
+                        claim.task_id,
+                        f"{type(error[0]).__name__}: {error[0]}",
+                        lease_token=claim.lease_token,
+                    ),
+                    "fail_task",
                 )
             else:
-                await self.orch.complete_task(
-                    self.team_id, claim.task_id, outcome[0], lease_token=claim.lease_token
+                await self._shielded(
+                    self.orch.complete_task(
+                        self.team_id, claim.task_id, outcome[0], lease_token=claim.lease_token
+                    ),
+                    "complete_task",
                 )
         except SerializationError:
             # complete_task failed the task itself (its result cannot be stored).

@@ -688,7 +688,8 @@ class OrchestrationStateManager(StateManagerBase):
             capability: As `claim_task`'s.
             lease: Each claim's lease (default `default_lease`).
             heartbeat_interval: Seconds (or a timedelta) between heartbeats (default: the
-                smaller of `sync_interval` and a third of the lease).
+                smaller of `sync_interval` and a third of the lease). Shorter than the lease,
+                or `InvalidArgumentError`: a lease that runs out between beats is taken back.
             poll_interval: Seconds (or a timedelta) an idle worker waits before it claims again
                 (default `sync_interval`).
             stop: Set it to stop the worker once its current task is done.

@@ -42,16 +42,18 @@ from agenticstate.managers import (
     ToolStateManager,
     WorkflowStateManager,
 )
+from agenticstate.managers._base import skipping_bad_records
 from agenticstate.ui._render import plain, shown
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
     from starlette.requests import Request
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from agenticstate.events import StateChange
     from agenticstate.manager import StateManager, Watch
+    from agenticstate.managers import AudioSession, RetryState, WorkflowState
 
 log = get_logger(__name__)
 
@@ -254,6 +256,45 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return number
 
 
+_BAD_RECORD = (DecodeError, ForeignRecordError)
+"""A stored record that does not read as what a tab shows (foreign, or from a newer release)."""
+
+
+def _problem(key: str | None, error: str) -> dict[str, str | None]:
+    return {"key": key, "error": error}
+
+
+async def _each(
+    ids: Iterable[str],
+    row: Callable[[str], Awaitable[dict[str, Any] | None]],
+    problems: list[dict[str, str | None]],
+) -> list[dict[str, Any]]:
+    """`row(id)` for each id, leaving out one whose records do not read.
+
+    It is noted in `problems` (the error names its key), so one bad record never blanks a tab.
+    """
+    rows = []
+    for id_ in ids:
+        try:
+            made = await row(id_)
+        except NotFoundError:
+            continue  # deleted between the listing and the read
+        except _BAD_RECORD as exc:
+            problems.append(_problem(getattr(exc, "key", None), f"{type(exc).__name__}: {exc}"))
+            continue
+        if made is not None:
+            rows.append(made)
+    return rows
+
+
+def _with_problems(
+    data: dict[str, Any], problems: list[dict[str, str | None]], skipped: list[tuple[str, str]]
+) -> Response:
+    """`data` with the records left out (`problems`: key and reason), for the page to show."""
+    listed = [_problem(key, f"DecodeError: {reason}") for key, reason in skipped]
+    return _reply({**data, "problems": listed + problems})
+
+
 class Inspector:
     """The API behind the inspector's pages, over one open `StateManager`."""
 
@@ -454,50 +495,54 @@ class Inspector:
     async def teams(self, request: Request) -> Response:
         """Teams with their agents, queue counts, lease expiries and the sampled queue history."""
         now = datetime.now().astimezone()
-        rows = []
-        for team_id in await self.orchestration.list_teams():
-            try:
-                team = await self.orchestration.get_team(team_id)
-            except NotFoundError:
-                continue  # deleted between the listing and the read
-            queue = await self.orchestration.get_queue_status(team_id)
-            leases = [t.lease_expires_at for t in queue.in_progress if t.lease_expires_at]
-            history = self.settings.history.get(team_id, ())
-            rows.append(
-                {
-                    "team_id": team_id,
-                    "agents": [
-                        {
-                            "agent_id": a.agent_id,
-                            "status": a.status.value,
-                            "capabilities": a.capabilities,
-                            "current_task": a.current_task,
-                        }
-                        for a in team.agents.values()
-                    ],
-                    "pending": len(queue.pending),
-                    "in_progress": len(queue.in_progress),
-                    "completed": len(queue.completed),
-                    "dead_letter": len(queue.dead_letter),
-                    "expired_leases": sum(1 for at in leases if at <= now),
-                    "next_lease_expiry": min((at for at in leases if at > now), default=None),
-                    "dead_letters": [
-                        {"task_id": t.task_id, "error": t.error, "failures": t.failures}
-                        for t in queue.dead_letter[:20]
-                    ],
-                    "samples": [
-                        {
-                            "at": s.at,
-                            "pending": s.pending,
-                            "in_progress": s.in_progress,
-                            "dead_letter": s.dead_letter,
-                            "expired_leases": s.expired_leases,
-                        }
-                        for s in history
-                    ],
-                }
+        problems: list[dict[str, str | None]] = []
+        with skipping_bad_records() as skipped:
+            rows = await _each(
+                await self.orchestration.list_teams(),
+                lambda team_id: self._team_row(team_id, now),
+                problems,
             )
-        return _reply({"teams": rows, "sample_interval": self.settings.sample_interval})
+        return _with_problems(
+            {"teams": rows, "sample_interval": self.settings.sample_interval}, problems, skipped
+        )
+
+    async def _team_row(self, team_id: str, now: datetime) -> dict[str, Any]:
+        team = await self.orchestration.get_team(team_id)
+        queue = await self.orchestration.get_queue_status(team_id)
+        leases = [t.lease_expires_at for t in queue.in_progress if t.lease_expires_at]
+        history = self.settings.history.get(team_id, ())
+        return {
+            "team_id": team_id,
+            "agents": [
+                {
+                    "agent_id": a.agent_id,
+                    "status": a.status.value,
+                    "capabilities": a.capabilities,
+                    "current_task": a.current_task,
+                }
+                for a in team.agents.values()
+            ],
+            "pending": len(queue.pending),
+            "in_progress": len(queue.in_progress),
+            "completed": len(queue.completed),
+            "dead_letter": len(queue.dead_letter),
+            "expired_leases": sum(1 for at in leases if at <= now),
+            "next_lease_expiry": min((at for at in leases if at > now), default=None),
+            "dead_letters": [
+                {"task_id": t.task_id, "error": t.error, "failures": t.failures}
+                for t in queue.dead_letter[:20]
+            ],
+            "samples": [
+                {
+                    "at": s.at,
+                    "pending": s.pending,
+                    "in_progress": s.in_progress,
+                    "dead_letter": s.dead_letter,
+                    "expired_leases": s.expired_leases,
+                }
+                for s in history
+            ],
+        }
 
     async def sample_queues(self) -> None:
         """Record every team's queue counts once (the chart's points)."""
@@ -507,6 +552,8 @@ class Inspector:
                 queue = await self.orchestration.get_queue_status(team_id)
             except NotFoundError:
                 continue
+            except _BAD_RECORD:
+                continue  # the Teams tab names the record; the other teams are still sampled
             expired = sum(
                 1
                 for task in queue.in_progress
@@ -532,73 +579,94 @@ class Inspector:
 
     async def workflows_view(self, request: Request) -> Response:
         """Workflows with their steps (the timeline) and checkpoints."""
-        rows = []
-        for workflow in await self.workflows.list_workflows():
-            checkpoints = await self.workflows.list_checkpoints(workflow.workflow_id)
-            rows.append(
+        problems: list[dict[str, str | None]] = []
+        with skipping_bad_records() as skipped:
+            found = {w.workflow_id: w for w in await self.workflows.list_workflows()}
+            rows = await _each(found, lambda id_: self._workflow_row(found[id_]), problems)
+        return _with_problems({"workflows": rows}, problems, skipped)
+
+    async def _workflow_row(self, workflow: WorkflowState) -> dict[str, Any]:
+        checkpoints = await self.workflows.list_checkpoints(workflow.workflow_id)
+        return {
+            "workflow_id": workflow.workflow_id,
+            "name": workflow.name,
+            "status": workflow.status.value,
+            "current_step": workflow.current_step,
+            "total_steps": workflow.total_steps,
+            "error": workflow.error,
+            "created_at": workflow.created_at,
+            "started_at": workflow.started_at,
+            "finished_at": workflow.finished_at,
+            "steps": [
                 {
-                    "workflow_id": workflow.workflow_id,
-                    "name": workflow.name,
-                    "status": workflow.status.value,
-                    "current_step": workflow.current_step,
-                    "total_steps": workflow.total_steps,
-                    "error": workflow.error,
-                    "created_at": workflow.created_at,
-                    "started_at": workflow.started_at,
-                    "finished_at": workflow.finished_at,
-                    "steps": [
-                        {
-                            "step_number": s.step_number,
-                            "name": s.name,
-                            "status": s.status.value,
-                            "duration_ms": s.duration_ms,
-                            "started_at": s.started_at,
-                            "completed_at": s.completed_at,
-                            "error": s.error,
-                        }
-                        for _, s in sorted(workflow.steps.items())
-                    ],
-                    "checkpoints": [
-                        {
-                            "checkpoint_id": c.checkpoint_id,
-                            "step": c.step,
-                            "timestamp": c.timestamp,
-                            "automatic": c.automatic,
-                        }
-                        for c in checkpoints
-                    ],
+                    "step_number": s.step_number,
+                    "name": s.name,
+                    "status": s.status.value,
+                    "duration_ms": s.duration_ms,
+                    "started_at": s.started_at,
+                    "completed_at": s.completed_at,
+                    "error": s.error,
                 }
-            )
-        return _reply({"workflows": rows})
+                for _, s in sorted(workflow.steps.items())
+            ],
+            "checkpoints": [
+                {
+                    "checkpoint_id": c.checkpoint_id,
+                    "step": c.step,
+                    "timestamp": c.timestamp,
+                    "automatic": c.automatic,
+                }
+                for c in checkpoints
+            ],
+        }
 
     async def tools_view(self, request: Request) -> Response:
         """Per-tool statistics: runs, success and error rates, cache hit ratio, durations."""
-        pending = await self.tools.get_pending_retries(due_only=False)
-        rows = []
-        for name in await self.tools.list_tools():
-            stats = await self.tools.get_tool_stats(name)
-            rows.append(
-                {
-                    "tool": name,
-                    "runs": stats.total_executions,
-                    "success_rate": stats.success_rate,
-                    "error_rate": stats.error_rate,
-                    "cache_hit_rate": stats.cache_hit_rate,
-                    "avg_duration_ms": stats.avg_duration_ms,
-                    "p95_duration_ms": stats.p95_duration_ms,
-                    "last_execution_at": stats.last_execution_at,
-                    "pending_retries": sum(1 for r in pending if r.tool_name == name),
-                }
+        problems: list[dict[str, str | None]] = []
+        with skipping_bad_records() as skipped:
+            pending = await self.tools.get_pending_retries(due_only=False)
+            rows = await _each(
+                await self.tools.list_tools(),
+                lambda name: self._tool_row(name, pending),
+                problems,
             )
-        return _reply({"tools": rows})
+        return _with_problems({"tools": rows}, problems, skipped)
+
+    async def _tool_row(self, name: str, pending: list[RetryState]) -> dict[str, Any]:
+        stats = await self.tools.get_tool_stats(name)
+        return {
+            "tool": name,
+            "runs": stats.total_executions,
+            "success_rate": stats.success_rate,
+            "error_rate": stats.error_rate,
+            "cache_hit_rate": stats.cache_hit_rate,
+            "avg_duration_ms": stats.avg_duration_ms,
+            "p95_duration_ms": stats.p95_duration_ms,
+            "last_execution_at": stats.last_execution_at,
+            "pending_retries": sum(1 for r in pending if r.tool_name == name),
+        }
 
     async def sessions_view(self, request: Request) -> Response:
         """Every session (newest first), across users."""
         ids = await self.sessions.list_session_ids(limit=MAX_KEYS + 1)
         more = len(ids) > MAX_KEYS
-        found = await self.sessions.get_sessions(ids[:MAX_KEYS])
+        problems: list[dict[str, str | None]] = []
+        try:
+            found = await self.sessions.get_sessions(ids[:MAX_KEYS])
+        except _BAD_RECORD:  # one of them does not read: read them one by one
+            found = []
+            for session_id in ids[:MAX_KEYS]:
+                try:
+                    session = await self.sessions.get_session(session_id)
+                except _BAD_RECORD as exc:
+                    key = getattr(exc, "key", None)
+                    problems.append(_problem(key, f"{type(exc).__name__}: {exc}"))
+                    continue
+                if session is not None:
+                    found.append(session)
         sessions = sorted(found, key=lambda s: s.updated_at, reverse=True)
-        return _reply({"sessions": [s.model_dump(mode="json") for s in sessions], "more": more})
+        data = {"sessions": [s.model_dump(mode="json") for s in sessions], "more": more}
+        return _with_problems(data, problems, [])
 
     async def session_messages(self, request: Request) -> Response:
         """One session's last messages, oldest first."""
@@ -624,106 +692,109 @@ class Inspector:
 
     async def speech_view(self, request: Request) -> Response:
         """Speech sessions with their STT, TTS and conversation state."""
-        rows = []
-        for session in await self.speech.list_sessions(active_only=False):
-            stt = await self.speech.get_stt_state(session.session_id)
-            tts = await self.speech.get_tts_state(session.session_id)
-            conversation = await self.speech.get_conversation_state(session.session_id)
-            rows.append(
-                {
-                    "session_id": session.session_id,
-                    "type": session.session_type,
-                    "mode": session.streaming_mode.value,
-                    "status": session.status.value,
-                    "created_at": session.created_at,
-                    "stt": None if stt is None else stt.model_dump(mode="json"),
-                    "tts": None if tts is None else tts.model_dump(mode="json"),
-                    "turns": None if conversation is None else conversation.turn_count,
-                }
-            )
-        return _reply({"speech": rows})
+        problems: list[dict[str, str | None]] = []
+        with skipping_bad_records() as skipped:
+            found = {s.session_id: s for s in await self.speech.list_sessions(active_only=False)}
+            rows = await _each(found, lambda id_: self._speech_row(found[id_]), problems)
+        return _with_problems({"speech": rows}, problems, skipped)
+
+    async def _speech_row(self, session: AudioSession) -> dict[str, Any]:
+        stt = await self.speech.get_stt_state(session.session_id)
+        tts = await self.speech.get_tts_state(session.session_id)
+        conversation = await self.speech.get_conversation_state(session.session_id)
+        return {
+            "session_id": session.session_id,
+            "type": session.session_type,
+            "mode": session.streaming_mode.value,
+            "status": session.status.value,
+            "created_at": session.created_at,
+            "stt": None if stt is None else stt.model_dump(mode="json"),
+            "tts": None if tts is None else tts.model_dump(mode="json"),
+            "turns": None if conversation is None else conversation.turn_count,
+        }
 
     async def agents_view(self, request: Request) -> Response:
         """Agents with their snapshots, checkpoints (newest first) and recovery record."""
-        rows = []
-        for agent_id in await self.agents.list_agents():
-            snapshots = await self.agents.list_snapshots(agent_id)
-            checkpoints = await self.agents.list_checkpoints(agent_id)
-            recovery = await self.recovery.get_recovery_state(agent_id)
-            latest = snapshots[0] if snapshots else None
-            rows.append(
+        problems: list[dict[str, str | None]] = []
+        with skipping_bad_records() as skipped:
+            rows = await _each(await self.agents.list_agents(), self._agent_row, problems)
+        return _with_problems({"agents": rows}, problems, skipped)
+
+    async def _agent_row(self, agent_id: str) -> dict[str, Any]:
+        snapshots = await self.agents.list_snapshots(agent_id)
+        checkpoints = await self.agents.list_checkpoints(agent_id)
+        recovery = await self.recovery.get_recovery_state(agent_id)
+        latest = snapshots[0] if snapshots else None
+        return {
+            "agent_id": agent_id,
+            "snapshots": len(snapshots),
+            "latest_snapshot": None
+            if latest is None
+            else {
+                "snapshot_id": latest.snapshot_id,
+                "timestamp": latest.timestamp,
+                "step": latest.step,
+                "messages": len(latest.conversation_history),
+                "metadata": shown(latest.metadata, MAX_STREAM_VALUE_CHARS)[0],
+            },
+            "checkpoint_count": len(checkpoints),
+            "checkpoints": [
                 {
-                    "agent_id": agent_id,
-                    "snapshots": len(snapshots),
-                    "latest_snapshot": None
-                    if latest is None
-                    else {
-                        "snapshot_id": latest.snapshot_id,
-                        "timestamp": latest.timestamp,
-                        "step": latest.step,
-                        "messages": len(latest.conversation_history),
-                        "metadata": shown(latest.metadata, MAX_STREAM_VALUE_CHARS)[0],
-                    },
-                    "checkpoint_count": len(checkpoints),
-                    "checkpoints": [
-                        {
-                            "checkpoint_id": c.checkpoint_id,
-                            "step": c.step,
-                            "timestamp": c.timestamp,
-                            "recoverable": c.recoverable,
-                            "state": shown(c.state, MAX_STREAM_VALUE_CHARS)[0],
-                        }
-                        for c in checkpoints[:MAX_LISTED]
-                    ],
-                    "recovery": None if recovery is None else recovery.model_dump(mode="json"),
+                    "checkpoint_id": c.checkpoint_id,
+                    "step": c.step,
+                    "timestamp": c.timestamp,
+                    "recoverable": c.recoverable,
+                    "state": shown(c.state, MAX_STREAM_VALUE_CHARS)[0],
                 }
-            )
-        return _reply({"agents": rows})
+                for c in checkpoints[:MAX_LISTED]
+            ],
+            "recovery": None if recovery is None else recovery.model_dump(mode="json"),
+        }
 
     async def knowledge_view(self, request: Request) -> Response:
         """Knowledge bases: the overview, the indexing run's progress, and the sources."""
-        rows = []
-        for kb_id in await self.knowledge.list_knowledge_bases():
-            overview = await self.knowledge.get_knowledge_base_state(kb_id)
-            progress = await self.knowledge.get_indexing_progress(kb_id)
-            rows.append(
+        problems: list[dict[str, str | None]] = []
+        with skipping_bad_records() as skipped:
+            ids = await self.knowledge.list_knowledge_bases()
+            rows = await _each(ids, self._knowledge_row, problems)
+        return _with_problems({"knowledge": rows}, problems, skipped)
+
+    async def _knowledge_row(self, kb_id: str) -> dict[str, Any]:
+        overview = await self.knowledge.get_knowledge_base_state(kb_id)
+        progress = await self.knowledge.get_indexing_progress(kb_id)
+        return {
+            "knowledge_base_id": kb_id,
+            "documents": overview.total_documents,
+            "embeddings": overview.total_embeddings,
+            "pending": overview.documents_pending,
+            "failed": overview.failed_documents,
+            "storage_mb": overview.storage_size_mb,
+            "last_updated": overview.last_updated,
+            "sync_status": None if overview.sync_status is None else overview.sync_status.value,
+            "progress": None
+            if progress is None
+            else {
+                "status": progress.status.value,
+                "processed": progress.processed_documents,
+                "failed": progress.failed_documents,
+                "total": progress.total_documents,
+                "percent": progress.percent,
+                "started_at": progress.started_at,
+                "completed_at": progress.completed_at,
+                "error": progress.error,
+            },
+            "sources": [
                 {
-                    "knowledge_base_id": kb_id,
-                    "documents": overview.total_documents,
-                    "embeddings": overview.total_embeddings,
-                    "pending": overview.documents_pending,
-                    "failed": overview.failed_documents,
-                    "storage_mb": overview.storage_size_mb,
-                    "last_updated": overview.last_updated,
-                    "sync_status": None
-                    if overview.sync_status is None
-                    else overview.sync_status.value,
-                    "progress": None
-                    if progress is None
-                    else {
-                        "status": progress.status.value,
-                        "processed": progress.processed_documents,
-                        "failed": progress.failed_documents,
-                        "total": progress.total_documents,
-                        "percent": progress.percent,
-                        "started_at": progress.started_at,
-                        "completed_at": progress.completed_at,
-                        "error": progress.error,
-                    },
-                    "sources": [
-                        {
-                            "source_id": source.source_id,
-                            "sync_status": source.sync_status.value,
-                            "last_sync": source.last_sync,
-                            "documents_synced": source.documents_synced,
-                            "documents_pending": source.documents_pending,
-                            "error": source.error,
-                        }
-                        for source in overview.sources[:MAX_LISTED]
-                    ],
+                    "source_id": source.source_id,
+                    "sync_status": source.sync_status.value,
+                    "last_sync": source.last_sync,
+                    "documents_synced": source.documents_synced,
+                    "documents_pending": source.documents_pending,
+                    "error": source.error,
                 }
-            )
-        return _reply({"knowledge": rows})
+                for source in overview.sources[:MAX_LISTED]
+            ],
+        }
 
     async def feed(self, request: Request) -> Response:
         """What the change feed holds: retained changes and their bytes (`usage().feed`)."""

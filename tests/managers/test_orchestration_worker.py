@@ -402,6 +402,9 @@ async def test_an_unstorable_result_fails_the_task(
         {"heartbeat_interval": -1},
         {"poll_interval": "fast"},
         {"lease": 30},
+        {"lease": timedelta(seconds=0.5), "heartbeat_interval": 2.0},
+        {"lease": timedelta(seconds=2), "heartbeat_interval": 2.0},
+        {"lease": timedelta(seconds=2), "heartbeat_interval": timedelta(seconds=3)},
     ],
     ids=str,
 )

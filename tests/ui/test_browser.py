@@ -577,6 +577,37 @@ async def test_every_tab_and_selection_has_an_address(
     await page.wait_for("document.querySelector('#stream-table').dataset.watching === 'addr:*'")
 
 
+MALFORMED_ADDRESSES = [
+    "#/keys/100%",
+    "#/keys/%E0%A4%A",
+    "#/keys/%zz?glob=%",
+    "#/sessions/50%",
+    "#/workflows/%",
+    "#/agents/%%",
+    "#/nosuchtab/%",
+]
+
+
+async def test_an_address_that_does_not_decode_still_loads_the_page(
+    inspector: tuple[str, str], store: StateManager, page: Page
+) -> None:
+    """Every malformed address (a bare `%`, a cut escape, in an item or a glob, in every kind
+    of tab): the page loads its tab, with no script error, taking the part as written."""
+    await store.save("percent:key", 1)
+    for address in MALFORMED_ADDRESSES:
+        await page.goto(inspector[0] + address)
+        await _reload(page)  # a fresh page parses the address as it starts
+        tab = address.split("/")[1].split("?")[0]
+        if tab in ("keys", "nosuchtab"):  # an unknown tab opens the keys
+            row = "#key-table tr[data-key='percent:key']"
+            listed = "true" if "glob" in address else f'document.querySelector("{row}")'
+            active = "document.querySelector('#tabs a.active').dataset.tab === 'keys'"
+            await page.wait_for(f"{active} && {listed}")
+        else:
+            await page.wait_for(f"document.body.dataset.loaded === '{tab}'")
+    assert await page.evaluate(HASH) == "#/nosuchtab/%"
+
+
 async def test_the_value_view_lists_the_versions_the_writers_kept(
     inspector: tuple[str, str], store: StateManager, page: Page, tmp_path: Path
 ) -> None:

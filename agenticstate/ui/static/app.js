@@ -50,11 +50,22 @@ function showError(message) {
   box.hidden = !message;
 }
 
+// Records a tab left out because they do not read as what it shows (a foreign value, a field
+// from a newer release): each with its key, shown above the tab so one never hides the rest.
+let problems = [];
+
 async function api(path, options) {
   const response = await fetch(path, Object.assign({ credentials: "same-origin" }, options || {}));
   const body = await response.json().catch(() => ({ error: response.statusText }));
   if (!response.ok) throw new Error(body.error || response.statusText);
+  if (Array.isArray(body.problems)) problems = problems.concat(body.problems);
   return body;
+}
+
+function problemsText() {
+  if (!problems.length) return "";
+  const listed = problems.map((p) => (p.key ? p.key + ": " : "") + p.error);
+  return "Left out " + problems.length + " record(s) that do not read: " + listed.join("; ");
 }
 
 const time = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "");
@@ -111,6 +122,16 @@ function pickRow(item, attrs, ...cells) {
 
 // -- addresses --------------------------------------------------------------------------------
 
+// A part of an address, decoded; one that does not decode (a bare `%` typed by hand:
+// `#/keys/100%`) is taken as written, so the page still loads.
+function decoded(text) {
+  try {
+    return decodeURIComponent(text);
+  } catch (error) {
+    return text;
+  }
+}
+
 function parseHash() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, query] = hash.split("?");
@@ -118,7 +139,7 @@ function parseHash() {
   const params = new URLSearchParams(query || "");
   return {
     tab: TABS.includes(tab) ? tab : "keys",
-    item: rest.length && rest.join("/") ? decodeURIComponent(rest.join("/")) : null,
+    item: rest.length && rest.join("/") ? decoded(rest.join("/")) : null,
     glob: params.get("glob"),
   };
 }
@@ -895,9 +916,10 @@ async function refresh(scroll) {
   const loader = LOADERS[tab];
   if (!loader) return;
   try {
+    problems = [];
     await loader(scroll);
     document.body.dataset.loaded = tab;
-    showError("");
+    showError(problemsText());
   } catch (error) {
     showError(error.message);
   }
