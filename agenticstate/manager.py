@@ -442,6 +442,23 @@ class StateManager:
         keys.sort()
         return keys
 
+    async def list_tags(self, prefix: str) -> list[str]:
+        """Return the distinct hash tags of the present keys starting `<prefix>{`, sorted.
+
+        A key's tag is its text between that `{` and the next `}`: `list_tags("agents:")` over
+        `agents:{a1}:meta` and `agents:{a1}:checkpoints:7` is `["a1"]` (a key with no `}` after
+        the `{` has none). `prefix` is literal text, not a glob.
+
+        Cost: one seek per tag, O(tags x log n), however many keys each tag has, on the
+        built-in backends (on Redis, in the key index; on a cluster, the slots its registry
+        names). A third-party backend without `Backend.scan_tags` of its own reads every key
+        under the prefix.
+        """
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"prefix must be a str, not {type(prefix).__name__}")
+        backend = await self._opened_backend()
+        return await backend.scan_tags(prefix)
+
     async def usage(
         self,
         pattern: str = "*",

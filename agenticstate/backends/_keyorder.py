@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from agenticstate._glob import GlobMatcher
 
-__all__ = ["SortedKeys", "after_prefix", "is_braced", "skip_plan", "skip_scan"]
+__all__ = ["SortedKeys", "after_prefix", "is_braced", "skip_plan", "skip_scan", "tag_scan"]
 
 _LOAD = 512
 """A chunk's usual size: chunks split past twice this and merge with a neighbour below a quarter."""
@@ -236,3 +236,33 @@ def skip_scan(
         extra = [other for other in braced(group, end) if matcher.match(other)]
         found.extend(sorted(set(direct).union(extra)) if extra else direct)
         low, above = end, False
+
+
+def tag_scan(prefix: str, first: Callable[[str, str | None, bool], str | None]) -> list[str]:
+    """The distinct tags of the keys starting `<prefix>{`, sorted (`Backend.scan_tags`).
+
+    Reads the store through `first(low, high, above)`, as `skip_scan` does: one seek per tag
+    (to the first key of its group `<prefix>{<tag>}`, then past the whole group), and one to
+    step over each key in the range with no `}` after the `{`. A key whose tag part holds a
+    second `}` (`agents:{a}x}:y`) is in the group of its first one (`a`), so it needs no
+    second look.
+    """
+    start = prefix + "{"
+    high = after_prefix(start)
+    tags: list[str] = []
+    low, above = start, False
+    while True:
+        key = first(low, high, above)
+        if key is None:
+            break
+        cut = key.find("}", len(start))
+        if cut < 0:
+            low, above = key, True  # no tag: step over this key alone
+            continue
+        tags.append(key[len(start) : cut])
+        end = after_prefix(key[: cut + 1])
+        assert end is not None  # noqa: S101  # the group ends with `}`, below U+10FFFF
+        low, above = end, False
+    # Groups come in key order (`a!}` before `a}`); tags are listed in string order.
+    tags.sort()
+    return tags

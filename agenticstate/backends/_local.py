@@ -23,6 +23,7 @@ from agenticstate.backends._keyorder import (
     is_braced,
     skip_plan,
     skip_scan,
+    tag_scan,
 )
 from agenticstate.backends.base import (
     EARLIEST,
@@ -234,6 +235,15 @@ class LocalStore:
             lambda pattern: self._in_range(keys, compile_glob(pattern)),
             braced.range,
         )
+
+    def tags(self, prefix: str, now: datetime) -> list[str]:
+        """The distinct tags of the present keys starting `<prefix>{` (`tag_scan`), sorted.
+
+        Costs O(tags x log n): one seek per tag, never a read of a tag's other keys.
+        """
+        self.sweep(now)
+        keys = self.reorder()
+        return tag_scan(prefix, lambda low, high, above: keys.first(low, high, above=above))
 
     @staticmethod
     def _in_range(keys: SortedKeys, matcher: GlobMatcher) -> list[str]:

@@ -32,6 +32,8 @@ prefixes it is nested in and those nested in it; a cluster slot: the same in tha
 cluster primary without a hash tag to go by: those of the registered slots it serves, with the
 `allow-cross-slot-keys` script flag) over the lexicographic range of the pattern's literal
 prefix, a page of names at a time, keeps the names that exist and removes the others.
+`TAGS` reads the same indexes for the distinct hash tags under a prefix (`scan_tags`): one
+ZRANGE BYLEX LIMIT 0 1 per tag, jumping past the rest of each tag's names.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ __all__ = [
     "LIST_ACROSS_SLOTS_SHA",
     "LIST_SHA",
     "SLOTS_COMPLETE",
+    "TAGS",
+    "TAGS_ACROSS_SLOTS",
+    "TAGS_ACROSS_SLOTS_SHA",
+    "TAGS_SHA",
     "USED_SLOTS",
     "USED_SLOTS_SHA",
     "KeyIndexNames",
@@ -226,6 +232,45 @@ LIST_ACROSS_SLOTS = (
     "for i = 6, #ARGV do indexes[i - 5] = ARGV[i] end\n" + _LIST_BODY
 )
 
+# The distinct tags of the names in the range (`Backend.scan_tags`): ARGV as `LIST`'s, then the
+# byte length of the range's start (`<prefix>{`). One ZRANGE BYLEX LIMIT 0 1 per step: a name
+# with a `}` after the start gives its tag (when it exists; a dead one leaves the index and the
+# next name is read) and the next step starts past every name of that tag (`}` raised to `~`);
+# a name without one is stepped over alone. Returns {the tags, then as `LIST`}.
+_TAGS_BODY = """
+local low, high, budget = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local pos, from, start = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local found, looked = {}, 0
+while pos <= #indexes do
+  local index = indexes[pos]
+  while true do
+    if looked >= budget then return {found, pos, from} end
+    looked = looked + 1
+    local name = redis.call('ZRANGE', index, from, high, 'BYLEX', 'LIMIT', 0, 1)[1]
+    if not name then break end
+    local close = string.find(name, '}', start + 1, true)
+    if not close then
+      from = '(' .. name
+    elseif redis.call('EXISTS', name) == 0 then
+      redis.call('ZREM', index, name)
+      from = '(' .. name
+    else
+      found[#found + 1] = string.sub(name, start + 1, close - 1)
+      from = '[' .. string.sub(name, 1, close - 1) .. '~'
+    end
+  end
+  pos = pos + 1
+  from = low
+end
+return {found, false, false}
+"""
+TAGS = "local indexes = KEYS\n" + _TAGS_BODY
+TAGS_ACROSS_SLOTS = (
+    "#!lua flags=allow-cross-slot-keys\n"
+    "local indexes = {}\n"
+    "for i = 7, #ARGV do indexes[i - 6] = ARGV[i] end\n" + _TAGS_BODY
+)
+
 # The positions (1-based) of the indexes given in ARGV that exist (hold a name), on one cluster
 # node: how the slot registry of an index written before it existed is made.
 USED_SLOTS = """#!lua flags=allow-cross-slot-keys
@@ -270,6 +315,8 @@ def _sha(source: str) -> str:
 
 
 LIST_SHA = _sha(LIST)
+TAGS_SHA = _sha(TAGS)
+TAGS_ACROSS_SLOTS_SHA = _sha(TAGS_ACROSS_SLOTS)
 LIST_ACROSS_SLOTS_SHA = _sha(LIST_ACROSS_SLOTS)
 BUILD_SHA = _sha(BUILD)
 USED_SLOTS_SHA = _sha(USED_SLOTS)

@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 
-from agenticstate._keys import validate_key
+from agenticstate._keys import escape_glob, validate_key
 from agenticstate._retry import backoff  # re-exported: backends import it from here
 from agenticstate.config import FeedRetention, HistoryRules  # defined with StateConfig
 from agenticstate.exceptions import (
@@ -852,6 +852,24 @@ class Backend(ABC):
                 batch = []
         if batch:
             yield batch
+
+    async def scan_tags(self, prefix: str) -> list[str]:
+        """The distinct hash tags of the present keys starting `<prefix>{`, sorted.
+
+        A key's tag is its text between that `{` and the next `}` (`agents:{a1}:ckpt:7` under
+        `agents:` has the tag `a1`; `agents:{a}x}:y` has `a`); a key with no `}` there has none.
+        One tag per entity, however many keys it has: the managers list their ids so.
+
+        The default reads every key matching `<prefix>{*}*` (`scan_batches`) and keeps one tag
+        per group: O(keys under the prefix). The built-in backends seek from one tag to the
+        next instead: O(tags x log n).
+        """
+        validate_key(prefix + "{")
+        start = len(prefix) + 1
+        tags: set[str] = set()
+        async for batch in self.scan_batches(escape_glob(prefix) + "{*}*"):
+            tags.update(key[start : key.index("}", start)] for key in batch)
+        return sorted(tags)
 
     @abstractmethod
     def changes(

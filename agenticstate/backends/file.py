@@ -851,6 +851,16 @@ class FileBackend(Backend):
         if keys:
             yield keys
 
+    async def scan_tags(self, prefix: str) -> list[str]:
+        """The distinct hash tags of the keys starting `<prefix>{`; see `Backend.scan_tags`.
+
+        Costs O(tags x log n): one seek in the ordered keys per tag (`tag_scan`).
+        """
+        validate_key(prefix + "{")
+        await self._ready()
+        await anyio.lowlevel.checkpoint()
+        return self._local.tags(prefix, now())
+
     # writing
 
     def _current(self, key: str, moment: datetime) -> Entry | None:

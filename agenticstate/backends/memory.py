@@ -354,6 +354,15 @@ class MemoryBackend(Backend):
         if keys:
             yield keys
 
+    async def scan_tags(self, prefix: str) -> list[str]:
+        """The distinct hash tags of the keys starting `<prefix>{`; see `Backend.scan_tags`.
+
+        Costs O(tags x log n): one seek in the ordered keys per tag (`tag_scan`).
+        """
+        validate_key(prefix + "{")
+        await anyio.lowlevel.checkpoint()
+        return self._local.tags(prefix, utcnow())
+
     async def index_add(self, index: str, members: Mapping[str, float]) -> int:
         """Add members to a sorted index; see `Backend.index_add`."""
         validate_key(index)

@@ -1148,6 +1148,46 @@ class RedisBackend(Subscriber, Backend):
             async for page in pages:
                 yield page
 
+    async def scan_tags(self, prefix: str) -> list[str]:
+        """The distinct hash tags of the keys starting `<prefix>{`; see `Backend.scan_tags`.
+
+        Read from the key index as `scan_batches` reads it (the same indexes), by the `TAGS`
+        script: one ZRANGE BYLEX LIMIT 0 1 per tag and one EXISTS on the name it finds,
+        O(tags x log n), never the tag's other names. On a cluster, a prefix holding a
+        complete `{tag}` reads that slot's indexes; any other the registered slots' indexes,
+        one script per primary (at least one step per slot probed). A cluster older than Redis
+        7.0, or a store with many nested prefixes, lists the keys instead (`Backend.scan_tags`).
+        """
+        validate_key(prefix + "{")
+        await self._redis()
+        await self._ensure_index()
+        start = self.key_prefix + prefix + "{"
+        low, high = key_index.lex_range(start)
+        sources = await self._index_sources(start)
+        groups: list[tuple[Any, list[str]]]
+        if not self.is_cluster:
+            groups = [(None, [names.plain for names in sources])]
+        else:
+            pinned = key_index.pinned_slot_key(start, whole=False)
+            if pinned is not None:
+                slot = wire.key_slot(pinned)
+                groups = [(None, [names.index(slot) for names in sources])]
+            elif len(sources) <= _MAX_PROBED_PREFIXES and await self._lists_across_slots():
+                groups = await self._indexes_by_primary(sources)
+            else:
+                return await super().scan_tags(prefix)
+        width = len(start.encode("utf-8", "surrogatepass"))
+        found: set[bytes] = set()
+        for node, indexes in groups:
+            position: Any = 1
+            bound: bytes = low
+            while position:
+                tags, position, bound = await self._list_page(
+                    node, indexes, (low, high, _LIST_PAGE, position, bound, width), tags=True
+                )
+                found.update(tags)
+        return sorted(tag.decode("utf-8", "surrogateescape") for tag in found)
+
     async def _scan_keyspace(self, pattern: str) -> AsyncGenerator[list[str], None]:
         """Yield the keys matching `pattern` one SCAN page at a time, sorted, without the prefix.
 
@@ -1281,28 +1321,44 @@ class RedisBackend(Subscriber, Backend):
                     yield keys
 
     async def _list_page(
-        self, node: Any, indexes: list[str], args: tuple[bytes | int, ...]
+        self,
+        node: Any,
+        indexes: list[str],
+        args: tuple[bytes | int, ...],
+        *,
+        tags: bool = False,
     ) -> tuple[list[bytes], int | None, bytes]:
-        """One `LIST` script: on one server or a slot (`node` None), or on one cluster node.
+        """One `LIST` script (`TAGS` with `tags`): on one server or slot, or on a cluster node.
 
+        `node` None: on one server, or on the slot the indexes share.
         On a node, at most `_PROBE_CHUNK` indexes a script: the next chunk goes in the next
         call, so no script holds the server for long.
         """
         if node is None:
-            reply = await self._run_script(key_index.LIST_SHA, key_index.LIST, indexes, args)
+            sha, source = (
+                (key_index.TAGS_SHA, key_index.TAGS)
+                if tags
+                else (key_index.LIST_SHA, key_index.LIST)
+            )
+            reply = await self._run_script(sha, source, indexes, args)
         else:
-            low, high, budget, position, bound = args
+            low, high, budget, position, bound, *extra = args
             first = (int(position) - 1) // _PROBE_CHUNK * _PROBE_CHUNK
             chunk = indexes[first : first + _PROBE_CHUNK]
-            args = (low, high, budget, int(position) - first, bound)
-            command = ("EVALSHA", key_index.LIST_ACROSS_SLOTS_SHA, 0, *args, *chunk)
+            args = (low, high, budget, int(position) - first, bound, *extra)
+            sha, source = (
+                (key_index.TAGS_ACROSS_SLOTS_SHA, key_index.TAGS_ACROSS_SLOTS)
+                if tags
+                else (key_index.LIST_ACROSS_SLOTS_SHA, key_index.LIST_ACROSS_SLOTS)
+            )
+            command = ("EVALSHA", sha, 0, *args, *chunk)
             client = self._client or await self._redis()
             try:
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
             except BackendError as exc:
                 if not wire.unknown_script(exc):
                     raise
-                await self._load_script(key_index.LIST_ACROSS_SLOTS)
+                await self._load_script(source)
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
             if reply[1]:
                 reply = [reply[0], int(reply[1]) + first, reply[2]]

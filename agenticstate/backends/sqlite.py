@@ -72,7 +72,7 @@ from agenticstate._keys import validate_key, validate_key_prefix, validate_patte
 from agenticstate._log import get_logger
 from agenticstate._tasks import current_loop, event_factory, threadsafe_scheduler
 from agenticstate.backends import _sqlite_schema as schema
-from agenticstate.backends._keyorder import skip_plan, skip_scan
+from agenticstate.backends._keyorder import skip_plan, skip_scan, tag_scan
 from agenticstate.backends._local import feed_from_query, run_transaction
 from agenticstate.backends._paths import check_path_text
 from agenticstate.backends._sqlite_feed import (
@@ -910,6 +910,44 @@ class SQLiteBackend(Backend):
             yield page
             if after is None:
                 return
+
+    async def scan_tags(self, prefix: str) -> list[str]:
+        """The distinct hash tags of the keys starting `<prefix>{`; see `Backend.scan_tags`.
+
+        One read transaction of index seeks (`tag_scan`): one per tag, O(tags x log n), never a
+        read of a tag's other keys.
+        """
+        validate_key(prefix + "{")
+        tags: list[str] = await self._call(False, self._tag_scan(prefix))
+        return tags
+
+    def _tag_scan(self, prefix: str) -> Callable[[sqlite3.Connection], list[str]]:
+        full, cut = self.key_prefix, len(self.key_prefix)
+        live = " AND (expires_at IS NULL OR expires_at > ?)"
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            now = schema.now_us()
+
+            def first(low: str, high: str | None, above: bool) -> str | None:
+                sql = "SELECT key FROM kv WHERE key " + ("> ?" if above else ">= ?")  # noqa: S608
+                params: list[object] = [full + low]
+                if high is not None:
+                    sql += " AND key < ?"
+                    params.append(full + high)
+                elif self._high is not None:
+                    sql += " AND key < ?"
+                    params.append(self._high)
+                params.append(now)
+                row = conn.execute(sql + live + " ORDER BY key LIMIT 1", params).fetchone()
+                return None if row is None else str(row[0])[cut:]
+
+            conn.execute("BEGIN")
+            try:
+                return tag_scan(prefix, first)
+            finally:
+                conn.execute("COMMIT")
+
+        return run
 
     def _scan_page(
         self, matcher: GlobMatcher | None, low: str, high: str | None, after: str | None

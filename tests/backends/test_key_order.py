@@ -621,3 +621,67 @@ def test_random_keys_through_many_chunks_stay_ordered() -> None:
             ordered.add(key)
             model.add(key)
     assert list(ordered) == sorted(model)
+
+
+# ------------------------------------------------------------------ tags: one seek per id
+
+
+def _tag_keys(checkpoints: int) -> list[str]:
+    """20 agents, each with a state and `checkpoints` checkpoints (as `AgentStateStore`)."""
+    return [
+        f"agents:{{a{n:02d}}}:{part}"
+        for n in range(20)
+        for part in ["state", *(f"checkpoints:{c:05d}" for c in range(checkpoints))]
+    ]
+
+
+def test_local_tag_listing_compares_log_n_keys_per_tag() -> None:
+    """Listing 20 agents' ids compares about as many keys with 2,000 checkpoints each as with
+    one: one seek per agent, never a read of its checkpoints."""
+    costs = {}
+    for checkpoints in (1, 2000):
+        store = LocalStore()
+        for key in _tag_keys(checkpoints):
+            store.store(_entry(Counted(key), None))
+        Counted.compared = 0
+        assert store.tags("agents:", T0) == [f"a{n:02d}" for n in range(20)]
+        costs[checkpoints] = (Counted.compared, len(store.data))
+    few, _ = costs[1]
+    many, size = costs[2000]
+    assert many <= 2 * 21 * (math.log2(size) + 2), costs  # 21 seeks of O(log n)
+    assert many <= 2 * few + 100, costs
+
+
+async def _tag_steps(backend: SQLiteBackend, prefix: str) -> tuple[list[str], int]:
+    """`scan_tags(prefix)`; the tags and the SQLite VM steps the reader ran meanwhile."""
+    counted = [0]
+
+    def count() -> int:
+        counted[0] += 1
+        return 0
+
+    await backend._call(False, lambda conn: conn.set_progress_handler(count, 1))
+    try:
+        tags = await backend.scan_tags(prefix)
+    finally:
+        await backend._call(False, lambda conn: conn.set_progress_handler(None, 1))
+    return tags, counted[0]
+
+
+async def test_sqlite_tag_listing_cost_ignores_the_keys_of_each_tag(tmp_path: Path) -> None:
+    """Listing 20 agents' ids runs about as many SQLite VM steps with 2,000 checkpoints each
+    as with one (and with 100,000 unrelated keys): one index seek per agent."""
+    costs = {}
+    for name, checkpoints, unrelated in [("few", 1, 0), ("many", 2000, 0), ("other", 1, 100_000)]:
+        path = tmp_path / f"{name}.db"
+        backend = SQLiteBackend(path)
+        await backend.open()
+        await backend.aclose()
+        _fill(path, iter(_tag_keys(checkpoints)))
+        if unrelated:
+            _fill(path, "zz:%08d", unrelated)
+        async with SQLiteBackend(path) as backend:
+            tags, costs[name] = await _tag_steps(backend, "agents:")
+        assert tags == [f"a{n:02d}" for n in range(20)]
+    assert costs["many"] <= 1.5 * costs["few"] + 200, costs
+    assert costs["other"] <= 1.5 * costs["few"] + 200, costs

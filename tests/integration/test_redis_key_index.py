@@ -10,7 +10,9 @@
   listing, once, and logs it; two processes listing at once both get every key.
 - A model-based rule: under generated writes, deletes, transactions and TTL expiry through
   nested stores, and writers SIGKILLed mid-write, `list_keys(p)` equals what a full SCAN
-  finds, for generated patterns holding glob metacharacters, braces and U+10FFFF.
+  finds, for generated patterns holding glob metacharacters, braces and U+10FFFF, and
+  `scan_tags(p)` equals the tags of what the SCAN finds under `p{`.
+- Tags: listing the agents reads one name per agent, however many checkpoints each has.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from agenticstate import (
+    AgentStateStore,
     ConflictError,
     ForeignRecordError,
     RedisBackend,
@@ -196,6 +199,44 @@ async def test_unrelated_keys_cost_a_cluster_listing_nothing(redis_cluster_url: 
     assert fewer[1] == sorted(f"agents:{{b{n}}}:recovery" for n in range(40))
     assert "scan" not in more_calls
     assert more_calls == fewer_calls
+
+
+# -------------------------------------------------------------- tags: one step per id
+
+
+async def _agents_listing(url: str, checkpoints: int) -> tuple[list[str], dict[str, int]]:
+    """`list_agents` over 20 agents with `checkpoints` checkpoints each, and what it ran."""
+    async with AgentStateStore(
+        state_manager=StateManager(
+            StateConfig(), backend=RedisBackend(url=url, key_prefix=unique_prefix())
+        )
+    ) as agents:
+        await agents.state.save_many(
+            {
+                f"agents:{{a{n:02}}}:{part}": {"n": 1}
+                for n in range(20)
+                for part in ["state", *(f"checkpoints:{c}" for c in range(checkpoints))]
+            }
+        )
+        await agents.list_agents()  # the script loaded, the index marked built
+        async with command_counts(url) as counts:
+            listed = await agents.list_agents()
+        await agents.state.aclose()
+    return listed, counts.calls
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_listing_agents_costs_one_step_per_agent(
+    server: RedisServer, redis_cluster_url: str, cluster: bool
+) -> None:
+    """20 agents with 2,000 checkpoints each are listed with the very commands 20 agents with
+    one checkpoint take: one ZRANGE and one EXISTS per agent, never a read of a checkpoint."""
+    url = redis_cluster_url if cluster else server.unix_url
+    few, few_calls = await _agents_listing(url, 1)
+    many, many_calls = await _agents_listing(url, 2_000)
+    assert few == many == [f"a{n:02}" for n in range(20)]
+    assert many_calls == few_calls
+    assert many_calls["exists"] == 20
 
 
 # -------------------------------------------------------------- the slot registry (cluster)
@@ -542,6 +583,15 @@ class IndexMachine(RuleBasedStateMachine):
             return sorted([key async for key in self.backends[store].scan(pattern)])
 
         assert self.portal.call(listed) == _truth(self.url, self.prefixes[store], pattern)
+
+    @rule(store=st.integers(0, 1), prefix=st.text(st.sampled_from(ALPHABET), max_size=3))
+    def list_tags(self, store: int, prefix: str) -> None:
+        if self.expiring:
+            self.expire()
+        keys = _truth(self.url, self.prefixes[store], escape_glob(prefix) + "{*}*")
+        start = len(prefix) + 1
+        expected = sorted({key[start : key.index("}", start)] for key in keys})
+        assert self.portal.call(self.backends[store].scan_tags, prefix) == expected
 
     @invariant()
     def every_key_listed(self) -> None:
