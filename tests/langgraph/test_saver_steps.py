@@ -90,8 +90,8 @@ class _Recorder:
         self.calls.clear()
 
 
-def _checkpoint(step: int) -> tuple[Any, dict[str, str]]:
-    versions = {"messages": f"{step + 1}", "scratch": f"{step + 1}"}
+def _checkpoint(step: int) -> tuple[Any, dict[str, str | int | float]]:
+    versions: dict[str, str | int | float] = {"messages": f"{step + 1}", "scratch": f"{step + 1}"}
     checkpoint = generate_checkpoint(
         channel_values={"messages": [f"m{i}" for i in range(step + 1)], "scratch": step},
         channel_versions=versions,
@@ -161,7 +161,7 @@ async def test_aput_and_aput_writes_are_one_backend_step(state: StateManager) ->
     found = await saver.aget_tuple(third)
     assert found is not None
     assert found.checkpoint["channel_values"] == {"messages": ["m0", "m1", "m2"], "scratch": 2}
-    assert sorted(found.pending_writes) == [
+    assert sorted(found.pending_writes or []) == [
         ("a", "messages", "from a"),
         ("b", "messages", "from b"),
         ("c", "scratch", 9),
@@ -364,8 +364,8 @@ async def test_two_processes_racing_on_a_thread_one_killed_leave_it_consistent(
     first = LineProcess(WORKER, json.dumps(spec), thread, "a")
     second = LineProcess(WORKER, json.dumps(spec), thread, "b")
     try:
-        for process in (first, second):
-            assert process.wait_until(lambda _, p=process: _puts(p) >= 15), process.close()
+        assert first.wait_until(lambda _: _puts(first) >= 15), first.close()
+        assert second.wait_until(lambda _: _puts(second) >= 15), second.close()
         first.kill()  # mid-run: it is looping on aget_tuple / aput / aput_writes
         killed_puts = _puts(first)
         target = _puts(second) + 15
