@@ -1,4 +1,4 @@
-"""LangGraph checkpointing: `put`, `get_tuple` and `list` per checkpoint, against LangGraph's own
+"""LangGraph checkpointing: `put`, `get_tuple`, `list` and `list(limit=10)`, against LangGraph's own
 `InMemorySaver` and `AsyncSqliteSaver` (langgraph-checkpoint-sqlite), in one run.
 
 Run: `python -m bench.bench_langgraph` (starts its own redis-server on loopback TCP).
@@ -177,7 +177,7 @@ async def run(redis_url: str) -> str:
         "moves the thread head atomically (puts after the first carry the head guard, "
         "as in a graph run; LangGraph's savers ignore the extra config key).",
         "Both file savers are durable per put: the file backend fsyncs every write before "
-        "returning (a put is two: the checkpoint with its values, then the head); "
+        "returning (a put is one atomic step: the values, the checkpoint and the head move); "
         "AsyncSqliteSaver commits one transaction in WAL mode with synchronous=FULL.",
     ]
     return table(
