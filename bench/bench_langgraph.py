@@ -1,4 +1,4 @@
-"""LangGraph checkpointing: `put`, `get_tuple` and `list` per checkpoint, against LangGraph's own
+"""LangGraph checkpointing: `put`, `get_tuple`, `list` and `list(limit=10)`, against LangGraph's own
 `InMemorySaver` and `AsyncSqliteSaver` (langgraph-checkpoint-sqlite), in one run.
 
 Run: `python -m bench.bench_langgraph` (starts its own redis-server on loopback TCP).
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 ROUNDS = 5
 WARMUP_ROUNDS = 1
 CHECKPOINTS = 200  # per round and saver: puts, then as many get_tuple, then one full list
+LIMITED_LISTS = 50  # then this many `alist(limit=10)` of the thread
 
 
 def _chain(count: int) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
@@ -81,7 +82,13 @@ async def _time(saver: Any, thread: str, chain: list[Any]) -> dict[str, float]:
     listed = [t async for t in saver.alist({"configurable": {"thread_id": thread}})]
     assert len(listed) == len(chain)
     listing = len(listed) / (time.perf_counter() - start)
-    return {"put": put, "get_tuple": get, "list": listing}
+    # A history page, as a UI or `get_state_history(limit=10)` asks for it.
+    start = time.perf_counter()
+    for _ in range(LIMITED_LISTS):
+        page = [t async for t in saver.alist({"configurable": {"thread_id": thread}}, limit=10)]
+        assert len(page) == 10
+    limited = LIMITED_LISTS / (time.perf_counter() - start)
+    return {"put": put, "get_tuple": get, "list": listing, "list10": limited}
 
 
 def _makers(directory: Path, redis_url: str) -> dict[str, Callable[[], Any]]:
@@ -141,7 +148,7 @@ async def run(redis_url: str) -> str:
     rows = []
     for name, samples in rates.items():
         row = [name]
-        for op in ("put", "get_tuple", "list"):
+        for op in ("put", "get_tuple", "list", "list10"):
             median = statistics.median(m[op] for m in samples)
             cell = f"{median:,.0f}/s"
             base = baselines.get(name)
@@ -157,8 +164,9 @@ async def run(redis_url: str) -> str:
     notes = [
         f"{ROUNDS} rounds after {WARMUP_ROUNDS} warm-up; each round runs every saver on a chain "
         f"of {CHECKPOINTS} checkpoints (put), reads each back by id (get_tuple) and lists the "
-        "thread (list, per checkpoint listed). Ratios are taken within a round; shown: median "
-        "rate, median ratio and range.",
+        "thread (list, per checkpoint listed), then lists its newest 10 checkpoints "
+        f"{LIMITED_LISTS} times (list(limit=10), per call). Ratios are taken within a round; "
+        "shown: median rate, median ratio and range.",
         "Taken on a shared, loaded 2-core machine (other benchmarks and test runs at the same "
         "time): the ratios are the figures to read, and their ranges are wide. 'best-of' is the "
         "ratio of each saver's best round, the least disturbed by load.",
@@ -169,12 +177,12 @@ async def run(redis_url: str) -> str:
         "moves the thread head atomically (puts after the first carry the head guard, "
         "as in a graph run; LangGraph's savers ignore the extra config key).",
         "Both file savers are durable per put: the file backend fsyncs every write before "
-        "returning (a put is two: the checkpoint with its values, then the head); "
+        "returning (a put is one atomic step: the values, the checkpoint and the head move); "
         "AsyncSqliteSaver commits one transaction in WAL mode with synchronous=FULL.",
     ]
     return table(
         "LangGraph checkpointer: operations per second",
-        ["saver", "put", "get_tuple (by id)", "list (per checkpoint)"],
+        ["saver", "put", "get_tuple (by id)", "list (per checkpoint)", "list(limit=10) (per call)"],
         rows,
         notes,
     )

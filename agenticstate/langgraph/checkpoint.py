@@ -13,9 +13,11 @@ hash tag, so a thread's keys share one slot; `ns`, `id`, `ch` and `v` are percen
 
 from __future__ import annotations
 
+import heapq
 import random
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import anyio
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
@@ -29,7 +31,14 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from agenticstate.exceptions import ConfigurationError, InvalidArgumentError
+from agenticstate import txn
+from agenticstate._retry import backoff
+from agenticstate.exceptions import (
+    ConfigurationError,
+    ConflictError,
+    InvalidArgumentError,
+    UnsupportedOperationError,
+)
 from agenticstate.langgraph._common import (
     StaleCheckpointError,
     check_prefix,
@@ -47,6 +56,8 @@ if TYPE_CHECKING:
     from langgraph.checkpoint.serde.base import SerializerProtocol
 
     from agenticstate import sync
+    from agenticstate._codec import StateEntry
+    from agenticstate.backends import TxnCompare
     from agenticstate.manager import StateManager
 
 T = TypeVar("T")
@@ -68,6 +79,9 @@ _UPDATE_ONLY = "update"
 """`HEAD_GUARD_KEY` on an explicitly addressed snapshot config: guard `update_state` only."""
 
 _PAGE = 64
+
+_REMEMBERED = 1024
+"""How many thread heads (and, separately, pending-write lists) a saver remembers for its steps."""
 
 
 class CheckpointSaver(BaseCheckpointSaver[str]):
@@ -119,6 +133,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         self.state, self._runner = unwrap_state(state)
         self.prefix = check_prefix(prefix)
         self.portal = portal
+        self._steps = True  # the backend runs `transact` (until it says it does not)
+        # What this saver last saw of a thread head, `(thread, ns) -> (checkpoint id, revision)`,
+        # and of a pending-writes key, `key -> (revision, writes)`: a guarded `aput` (or an
+        # `aput_writes`) compares on that revision and needs no read first. A revision names
+        # one write of one life of a key, so a stale entry only costs a retry, never a wrong
+        # write. Only kept on a backend with revisions (a version can come back after a delete).
+        self._heads: dict[tuple[str, str], tuple[str, int]] = {}
+        self._writes: dict[str, tuple[int, list[list[Any]]]] = {}
 
     def _sync(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
         return run_sync(self.portal, fn, *args, runner=self._runner)
@@ -150,9 +172,16 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         return decode(tag[1:-1]), decode(ns), decode(checkpoint_id)
 
     async def _checkpoint_keys(
-        self, thread_id: str | None, ns: str | None
+        self,
+        thread_id: str | None,
+        ns: str | None,
+        keep: Callable[[str], bool] | None = None,
+        limit: int | None = None,
     ) -> list[tuple[str, str, str, str]]:
-        """Return `(checkpoint_id, thread_id, ns, key)` of matching checkpoints, newest first."""
+        """Return `(checkpoint_id, thread_id, ns, key)` of matching checkpoints, newest first.
+
+        `keep` tests a checkpoint id; `limit` keeps only the newest that many (a partial sort).
+        """
         if thread_id is None:
             pattern = f"{self.prefix}:{{*}}:cp:*"
         elif ns is None:
@@ -162,8 +191,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         found = []
         for key in await self.state.list_keys(pattern):
             thread, namespace, checkpoint_id = self._parse(key)
-            found.append((checkpoint_id, thread, namespace, key))
-        found.sort(key=lambda item: (item[0], item[1], item[2]), reverse=True)
+            if keep is None or keep(checkpoint_id):
+                found.append((checkpoint_id, thread, namespace, key))
+        if limit is not None and limit < len(found):
+            return heapq.nlargest(limit, found)  # keys are unique, so tuples never tie on them
+        found.sort(reverse=True)
         return found
 
     # ---------------------------------------------------------------- reads
@@ -255,10 +287,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     "configurable": {**configurable, HEAD_GUARD_KEY: _UPDATE_ONLY},
                 }
             return await self._tuple(thread_id, ns, checkpoint_id, record, config)
-        head = await self.state.get(self._head_key(thread_id, ns))
+        head = await self.state.get_entry(self._head_key(thread_id, ns))
         if head is None:
             return None
-        checkpoint_id = head["id"]
+        checkpoint_id = head.value["id"]
+        self._remember_head(thread_id, ns, checkpoint_id, head.revision)
         record = await self.state.get(self._cp_key(thread_id, ns, checkpoint_id))
         if record is None:
             return None
@@ -276,6 +309,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         """Yield checkpoints newest first: of one thread (and namespace, if given), or of all.
 
+        One scan of the matching checkpoint keys; with a `limit` and no `filter`, only the
+        newest `limit` of them are sorted and read. Records and values are read a page at a
+        time, never more than the page still to be returned.
+
         Args:
             config: `thread_id` (and optionally `checkpoint_ns`, `checkpoint_id`) to list; `None`
                 lists every thread.
@@ -292,16 +329,24 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             ns = configurable.get("checkpoint_ns")
             only = get_checkpoint_id(config)
         before_id = get_checkpoint_id(before) if before is not None else None
-        keys = [
-            item
-            for item in await self._checkpoint_keys(thread_id, ns)
-            if (only is None or item[0] == only) and (before_id is None or item[0] < before_id)
-        ]
         if limit is not None and limit <= 0:
             return
+
+        def keep(checkpoint_id: str) -> bool:
+            return (only is None or checkpoint_id == only) and (
+                before_id is None or checkpoint_id < before_id
+            )
+
+        # Without a filter only the newest `limit` can be listed: sort just those. A checkpoint
+        # deleted since the scan leaves a gap, filled by sorting the rest then (rarely).
+        partial = not filter and limit is not None
+        keys = await self._checkpoint_keys(thread_id, ns, keep, limit if partial else None)
         left = limit
-        for start in range(0, len(keys), _PAGE):
-            page = keys[start : start + _PAGE]
+        start = 0
+        while start < len(keys):
+            size = _PAGE if filter or left is None else min(_PAGE, left)
+            page = keys[start : start + size]
+            start += size
             records = await self.state.get_many([item[3] for item in page])
             chosen = []
             for checkpoint_id, thread, namespace, key in page:
@@ -332,6 +377,13 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     left -= 1
                     if left == 0:
                         return
+            if partial and start >= len(keys) and len(keys) == limit:
+                # The partial sort fell short (deletions): continue past the last key read.
+                last = keys[-1]
+                keys = [
+                    item for item in await self._checkpoint_keys(thread_id, ns, keep) if item < last
+                ]
+                start, partial = 0, False
 
     # ---------------------------------------------------------------- writes
 
@@ -356,12 +408,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         guard = configurable.get(HEAD_GUARD_KEY)
         # A snapshot's config, named by id: only update_state's write is checked (see aget_tuple).
         guarded = metadata.get("source") == guard if guard == _UPDATE_ONLY else bool(guard)
-        head_key = self._head_key(thread_id, ns)
-        if guarded:
-            # Refuse a stale write before writing anything (the common case of a lost race);
-            # the compare-and-set below closes the window between this read and the write.
-            head = await self.state.get(head_key)
-            self._check_head(thread_id, ns, parent, head["id"] if head else None)
         body: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = body.pop("channel_values", {})
         blobs: dict[str, object] = {}
@@ -384,6 +430,17 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             "run_id": full_metadata.get("run_id"),
             "versions": {ch: str(v) for ch, v in checkpoint["channel_versions"].items()},
         }
+        if self._steps and await self._put_step(
+            thread_id, ns, parent, guarded, checkpoint_id, blobs
+        ):
+            return self._config(thread_id, ns, checkpoint_id)
+        # A backend without `transact`: values and record, then the head (three calls).
+        head_key = self._head_key(thread_id, ns)
+        if guarded:
+            # Refuse a stale write before writing anything (the common case of a lost race);
+            # the compare-and-set below closes the window between this read and the write.
+            head = await self.state.get(head_key)
+            self._check_head(thread_id, ns, parent, head["id"] if head else None)
         await self.state.save_many(blobs, ttl=None)
         if not guarded:
             await self.state.save(head_key, {"id": checkpoint_id}, ttl=None)
@@ -403,6 +460,98 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             await self.state.delete(cp_key)
             raise
         return self._config(thread_id, ns, checkpoint_id)
+
+    # ---------------------------------------------------------------- atomic steps
+
+    async def _transact(
+        self, compare: list[TxnCompare], then: list[txn.Op], orelse: list[txn.Op]
+    ) -> txn.TransactResult | None:
+        """`state.transact(...)`, or `None` if the backend has none (then never asked again)."""
+        try:
+            return await self.state.transact(compare, then, orelse)
+        except UnsupportedOperationError:
+            self._steps = False
+            return None
+
+    def _compare(self, key: str, entry: StateEntry | None) -> TxnCompare:
+        """The compare that holds while `key` is still `entry` (missing: `None`)."""
+        if entry is None:
+            return txn.Version(key, 0)
+        if entry.revision:
+            return txn.Revision(key, entry.revision)
+        return txn.Version(key, entry.version)  # a backend (or a write) without revisions
+
+    def _remember_head(self, thread_id: str, ns: str, checkpoint_id: str, revision: int) -> None:
+        if not revision:
+            return  # a version is not enough: it comes back after a delete
+        heads = self._heads
+        slot = (thread_id, ns)
+        heads.pop(slot, None)
+        if len(heads) >= _REMEMBERED:
+            del heads[next(iter(heads))]  # the least recently written
+        heads[slot] = (checkpoint_id, revision)
+
+    async def _put_step(
+        self,
+        thread_id: str,
+        ns: str,
+        parent: str | None,
+        guarded: bool,
+        checkpoint_id: str,
+        blobs: dict[str, object],
+    ) -> bool:
+        """Write a checkpoint's values, its record and the head move as one `transact`.
+
+        Guarded, the step compares the head with the revision this saver last saw it at
+        (remembered from `aget_tuple` or the last `aput`, else read now); a lost compare
+        returns the head in the same step, and the step is retried on its new revision while
+        it still names `parent`. Returns `False` if the backend has no `transact`.
+
+        Raises:
+            StaleCheckpointError: The head no longer names `parent`; nothing was written.
+            ConflictError: The head was rewritten (still naming `parent`) on every attempt.
+        """
+        head_key = self._head_key(thread_id, ns)
+        then: list[txn.Op] = [txn.Put(key, value, ttl=None) for key, value in blobs.items()]
+        then.append(txn.Put(head_key, {"id": checkpoint_id}, ttl=None))
+        if not guarded:
+            done = await self._transact([], then, [])
+            if done is None:
+                return False
+            self._remember_head(thread_id, ns, checkpoint_id, done.revisions[-1])
+            return True
+        compare: TxnCompare | None = None
+        if parent is None:
+            compare = txn.Version(head_key, 0)  # built on no checkpoint: the head is missing
+        else:
+            known = self._heads.get((thread_id, ns))
+            if known is not None and known[0] == parent:
+                compare = txn.Revision(head_key, known[1])
+        attempts = self.state.config.update_max_attempts
+        for attempt in range(attempts):
+            if compare is None:
+                # Refuse a stale write before building the step (the common lost race).
+                entry = await self.state.get_entry(head_key)
+                self._check_head(thread_id, ns, parent, entry.value["id"] if entry else None)
+                compare = self._compare(head_key, entry)
+            done = await self._transact([compare], then, [txn.Get(head_key)])
+            if done is None:
+                return False
+            if done.succeeded:
+                self._remember_head(thread_id, ns, checkpoint_id, done.revisions[-1])
+                return True
+            self._heads.pop((thread_id, ns), None)
+            entry = done.results[0]
+            self._check_head(thread_id, ns, parent, entry.value["id"] if entry else None)
+            # The head still names `parent` but was written again meanwhile: retry on it.
+            compare = self._compare(head_key, entry)
+            if attempt:
+                await anyio.sleep(backoff(attempt))
+        raise ConflictError(
+            f"the head of thread {thread_id!r} (namespace {ns!r}) was rewritten during each "
+            f"of {attempts} attempts to write checkpoint {checkpoint_id!r}; nothing was written",
+            key=head_key,
+        )
 
     @staticmethod
     def _check_head(thread_id: str, ns: str, parent: str | None, actual: str | None) -> None:
@@ -448,9 +597,45 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 by_slot[slot] = write
             return list(by_slot.values())
 
-        await self.state.update(
-            self._writes_key(thread_id, ns, checkpoint_id), merge, default=[], ttl=None
-        )
+        key = self._writes_key(thread_id, ns, checkpoint_id)
+        if self._steps and await self._writes_step(key, merge):
+            return
+        await self.state.update(key, merge, default=[], ttl=None)
+
+    async def _writes_step(
+        self, key: str, merge: Callable[[list[list[Any]]], list[list[Any]]]
+    ) -> bool:
+        """Merge writes into `key` as one `transact`, compared on what this saver last saw.
+
+        The first try assumes the list this saver last wrote there (or none); a lost compare
+        returns the current list in the same step, and the merge is retried on it. Returns
+        `False` if the backend has no `transact`.
+
+        Raises:
+            ConflictError: Every attempt lost a race.
+        """
+        known = self._writes.pop(key, None)
+        compare: TxnCompare = txn.Version(key, 0) if known is None else txn.Revision(key, known[0])
+        current = [] if known is None else known[1]
+        attempts = self.state.config.update_max_attempts
+        for attempt in range(attempts):
+            merged = merge(current)
+            done = await self._transact([compare], [txn.Put(key, merged, ttl=None)], [txn.Get(key)])
+            if done is None:
+                return False
+            if done.succeeded:
+                if done.revisions[0]:
+                    writes = self._writes
+                    if len(writes) >= _REMEMBERED:
+                        del writes[next(iter(writes))]
+                    writes[key] = (done.revisions[0], merged)
+                return True
+            entry = done.results[0]
+            current = [] if entry is None else entry.value
+            compare = self._compare(key, entry)
+            if attempt:  # the first miss is expected (another task's writes came first)
+                await anyio.sleep(backoff(attempt))
+        raise ConflictError(f"writes to {key!r} lost {attempts} races in a row; try again", key=key)
 
     # ---------------------------------------------------------------- deletes, copies, pruning
 
