@@ -702,7 +702,7 @@ class RedisBackend(Subscriber, Backend):
                 write_key=key,
             )
         if self.is_cluster and reply[0] == 1:
-            await self._births((reply[4],))
+            await self._births((reply[4],), (name,))
         return self._set_change(key, value, reply, expected_version, name, expected_revision)
 
     def _set_change(
@@ -823,16 +823,24 @@ class RedisBackend(Subscriber, Backend):
         await self._read_epoch()
         self._epoch_unread = False
 
-    async def _births(self, ids: Iterable[Any]) -> None:
+    async def _births(self, ids: Iterable[Any], names: Iterable[str] = ()) -> None:
         """After writes on a cluster: read the epoch again if one of them started a stream.
 
         A feed id whose count is 1 starts its stream: the first in its slot, or the first after
         the cluster lost its data. The cursors made from here on carry the epoch as it is now.
+        A loss also took the key index's registries (the slots in use, the nested prefixes) and
+        its built mark: the slots of `names` (the keys just written) join the slot registry
+        again, this store joins its outer prefixes' registries again, and the next listing
+        checks the mark, whatever this process remembers of them.
         """
         if self.feed is not None and any(
             isinstance(at, bytes) and at.endswith(b"-1") and at[:-2].isdigit() for at in ids
         ):
             await self._read_epoch()
+            self._slots_registered.clear()
+            self._index_ready = False
+            await self._register_index()
+            await self._register_slots(names)
 
     async def _register_feed(self) -> None:
         """Add this store's prefix to the registries of the prefixes it is nested in.
@@ -909,7 +917,7 @@ class RedisBackend(Subscriber, Backend):
                 for position, reply in zip(chunk, done, strict=True):
                     replies[position] = reply
         if self.is_cluster:
-            await self._births(reply[4] for reply in replies)
+            await self._births([reply[4] for reply in replies], names)
         return [
             self._set_change(key, value, reply, None, name)
             for (key, value), reply, name in zip(items, replies, names, strict=True)
@@ -978,7 +986,7 @@ class RedisBackend(Subscriber, Backend):
         if reply[0] == 2:
             return None
         if self.is_cluster:
-            await self._births((reply[4],))
+            await self._births((reply[4],), (name,))
         return new_change(
             key,
             ChangeOp.DELETE,
@@ -1047,7 +1055,8 @@ class RedisBackend(Subscriber, Backend):
             # A write's feed id is among its result's fields (an old value may look like one:
             # then the epoch is read once more, no harm).
             await self._births(
-                field for result in reply[1] if isinstance(result, list) for field in result
+                [field for result in reply[1] if isinstance(result, list) for field in result],
+                call.keys,
             )
         return _redis_txn.result(
             checked, reply, scripts.entry, lambda at: self._write_cursor(name, at)
