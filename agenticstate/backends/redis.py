@@ -376,6 +376,8 @@ class RedisBackend(Subscriber, Backend):
         self._index_ready = False  # the index is known to be built (`_ensure_index`)
         # On a cluster: the slots this process added to the slot registry (`_register_slots`).
         self._slots_registered: set[int] = set()
+        # Outer prefixes whose registry of nested prefixes this ACL user may not add to.
+        self._nested_refused: set[str] = set()
         # Other prefixes' indexes this ACL user may (not) read, found out once each.
         self._index_allowed: dict[str, bool] = {key_prefix: True}
         self._cross_slot_scripts: bool | None = None  # the cluster runs flagged scripts
@@ -837,10 +839,13 @@ class RedisBackend(Subscriber, Backend):
             isinstance(at, bytes) and at.endswith(b"-1") and at[:-2].isdigit() for at in ids
         ):
             await self._read_epoch()
-            self._slots_registered.clear()
             self._index_ready = False
             await self._register_index()
-            await self._register_slots(names)
+            # Every slot's first write after a loss starts its stream anew, so each slot this
+            # process remembers is added again by its own next write.
+            written = list(names)
+            self._slots_registered.difference_update(wire.key_slot(name) for name in written)
+            await self._register_slots(written)
 
     async def _register_feed(self) -> None:
         """Add this store's prefix to the registries of the prefixes it is nested in.
@@ -1564,12 +1569,15 @@ class RedisBackend(Subscriber, Backend):
         skipped: its listings would not be allowed to read this store's index either).
         """
         for outer in _redis_feed.ancestors(self.key_prefix):
+            if outer in self._nested_refused:
+                continue  # asked once: the ACL log shows the refusal once
             registry = key_index.KeyIndexNames(outer, cluster=self.is_cluster).nested
             try:
                 await self._execute("SADD", registry, self.key_prefix, write_key=None)
             except BackendError as exc:
                 if not wire.no_permission(exc):
                     raise
+                self._nested_refused.add(outer)
         self._index_unregistered = False
 
     async def _ensure_index(self) -> None:

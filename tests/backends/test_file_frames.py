@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import anyio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agenticstate import CorruptStoreError, FileBackend
@@ -43,8 +43,9 @@ async def _contents(path: Path) -> dict[str, bytes]:
 
 
 embedded = st.lists(st.tuples(st.integers(1, 2**40), st.booleans()), min_size=1, max_size=3).map(
-    lambda specs: b"".join(_frame(lsn, f"evil{n}", c) for n, (lsn, c) in enumerate(specs))
+    lambda specs: [(lsn, _frame(lsn, f"evil{n}", c)) for n, (lsn, c) in enumerate(specs)]
 )
+LAST_LSN = 2  # `_write`'s two ordinary writes; the torn append would have been 3
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -54,15 +55,22 @@ embedded = st.lists(st.tuples(st.integers(1, 2**40), st.booleans()), min_size=1,
     after=st.binary(max_size=300),
     cut=st.floats(0.0, 1.0),
 )
+@example(  # a frame continuing the log, whole, then a torn one: refused, rightly
+    before=b"",
+    frames=[(lsn, _frame(lsn, f"evil{n}", False)) for n, lsn in enumerate((3, 1, 1))],
+    after=b"",
+    cut=0.359375,
+)
 def test_a_torn_append_of_a_value_holding_frames_is_cut(
-    before: bytes, frames: bytes, after: bytes, cut: float
+    before: bytes, frames: list[tuple[int, bytes]], after: bytes, cut: float
 ) -> None:
     """Torn anywhere after its header, the last append is cut; no embedded frame is applied."""
 
     async def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder)
-            kept = await _write(path, before + frames + after)
+            joined = b"".join(frame for _, frame in frames)
+            kept = await _write(path, before + joined + after)
             log = path / "state.json.log"
             data = log.read_bytes()
             start = kept + FRAME_HEADER.size + 1
@@ -71,10 +79,14 @@ def test_a_torn_append_of_a_value_holding_frames_is_cut(
             try:
                 contents = await _contents(path)
             except CorruptStoreError:
-                # Refused only when the tear fell exactly where embedded frames with growing
-                # sequence numbers above the log's end: the rest of a log, as far as bytes tell.
-                chain = before + frames
-                assert data[:end].endswith(chain), "an ordinary torn append was refused"
+                # Refused only when what was kept holds, whole, an embedded frame that continues
+                # the log's sequence (above its last number): as far as bytes tell, a damaged
+                # frame followed by the rest of a log, which the store will not cut unasked.
+                tail = data[start:end]
+                continuing = [frame for lsn, frame in frames if lsn > LAST_LSN]
+                assert any(frame in tail for frame in continuing), (
+                    "an ordinary torn append was refused"
+                )
                 return
             assert contents == {"a": b"1", "b": b"2"}
             await FileBackend(path).repair()
@@ -91,14 +103,14 @@ def test_a_torn_append_of_a_value_holding_frames_is_cut(
     where=st.sampled_from(["checksum", "payload-start", "payload-end"]),
 )
 def test_repair_of_a_damaged_frame_holding_frames_keeps_none_of_them(
-    before: bytes, frames: bytes, after: bytes, where: str
+    before: bytes, frames: list[tuple[int, bytes]], after: bytes, where: str
 ) -> None:
     """Bit rot in a frame whose value holds frames: repair drops that frame, applies none inside."""
 
     async def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder)
-            kept = await _write(path, before + frames + after)
+            kept = await _write(path, before + b"".join(frame for _, frame in frames) + after)
             async with FileBackend(path, close_snapshot_keys=0, auto_save=False) as store:
                 await store.set("c", b"3")  # a frame after the damaged one
             log = path / "state.json.log"
