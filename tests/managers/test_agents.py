@@ -308,7 +308,10 @@ async def test_guard_gives_up_after_max_attempts(store: AgentStateStore) -> None
 async def test_recovery_record_expires_with_max_age(state: StateManager) -> None:
     """With max_age, the recovery record gets it as its TTL, renewed by every attempt and
     reset; an abandoned agent leaves nothing behind."""
-    store = AgentStateStore(state_manager=state, max_age=timedelta(milliseconds=400))
+    # Two seconds: long enough that a loaded machine never lets the checkpoint expire between
+    # the calls below, short enough to wait for the expiry at the end.
+    max_age = timedelta(seconds=2)
+    store = AgentStateStore(state_manager=state, max_age=max_age)
     recovery = AgentRecoveryManager(agent_store=store)
     recovery.register(Agent("a1"))
     await store.save_checkpoint(AgentCheckpoint(agent_id="a1", state={"s": 1}))
@@ -318,14 +321,15 @@ async def test_recovery_record_expires_with_max_age(state: StateManager) -> None
     assert first is not None
     assert first.expires_at is not None
     assert first.ttl is not None
-    assert first.ttl <= timedelta(milliseconds=401)  # expiry is kept to the ms
-    await anyio.sleep(0.05)
+    assert first.ttl <= max_age + timedelta(milliseconds=1)  # expiry is kept to the ms
+    await anyio.sleep(0.05)  # let the clock move past the first expiry's millisecond
     await recovery.reset_attempts("a1")
     renewed = await state.get_entry(key)
     assert renewed is not None
     assert renewed.expires_at is not None
     assert renewed.expires_at > first.expires_at
-    await anyio.sleep(0.5)  # wall-clock expiry
+    # Wall-clock expiry: wait past the renewed expiry (a TTL is a time, not an event).
+    await anyio.sleep((renewed.expires_at - datetime.now(UTC)).total_seconds() + 0.1)
     assert await recovery.get_recovery_state("a1") is None
     assert await state.list_keys("agents:*") == []
 
