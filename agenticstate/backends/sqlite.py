@@ -921,26 +921,35 @@ class SQLiteBackend(Backend):
         tags: list[str] = await self._call(False, self._tag_scan(prefix))
         return tags
 
-    def _tag_scan(self, prefix: str) -> Callable[[sqlite3.Connection], list[str]]:
+    def _first_key(
+        self, conn: sqlite3.Connection, now: int
+    ) -> Callable[[str, str | None, bool], str | None]:
+        """The seek `tag_scan` and `skip_scan` take, on `conn` at time `now`.
+
+        `first(low, high, above)`: the first live key at or above `low` (after it, if `above`)
+        and below `high` (else below the prefix's end), relative to the prefix, or `None`.
+        """
         full, cut = self.key_prefix, len(self.key_prefix)
-        live = " AND (expires_at IS NULL OR expires_at > ?)"
 
+        def first(low: str, high: str | None, above: bool) -> str | None:
+            sql = "SELECT key FROM kv WHERE key " + ("> ?" if above else ">= ?")  # noqa: S608
+            params: list[object] = [full + low]
+            if high is not None:
+                sql += " AND key < ?"
+                params.append(full + high)
+            elif self._high is not None:
+                sql += " AND key < ?"
+                params.append(self._high)
+            params.append(now)
+            sql += " AND (expires_at IS NULL OR expires_at > ?) ORDER BY key LIMIT 1"
+            row = conn.execute(sql, params).fetchone()
+            return None if row is None else str(row[0])[cut:]
+
+        return first
+
+    def _tag_scan(self, prefix: str) -> Callable[[sqlite3.Connection], list[str]]:
         def run(conn: sqlite3.Connection) -> list[str]:
-            now = schema.now_us()
-
-            def first(low: str, high: str | None, above: bool) -> str | None:
-                sql = "SELECT key FROM kv WHERE key " + ("> ?" if above else ">= ?")  # noqa: S608
-                params: list[object] = [full + low]
-                if high is not None:
-                    sql += " AND key < ?"
-                    params.append(full + high)
-                elif self._high is not None:
-                    sql += " AND key < ?"
-                    params.append(self._high)
-                params.append(now)
-                row = conn.execute(sql + live + " ORDER BY key LIMIT 1", params).fetchone()
-                return None if row is None else str(row[0])[cut:]
-
+            first = self._first_key(conn, schema.now_us())
             conn.execute("BEGIN")
             try:
                 return tag_scan(prefix, first)
@@ -989,19 +998,7 @@ class SQLiteBackend(Backend):
 
         def run(conn: sqlite3.Connection) -> list[str]:
             now = schema.now_us()
-
-            def first(low: str, high: str | None, above: bool) -> str | None:
-                sql = "SELECT key FROM kv WHERE key " + ("> ?" if above else ">= ?")  # noqa: S608
-                params: list[object] = [full + low]
-                if high is not None:
-                    sql += " AND key < ?"
-                    params.append(full + high)
-                elif self._high is not None:
-                    sql += " AND key < ?"
-                    params.append(self._high)
-                params.append(now)
-                row = conn.execute(sql + live + " ORDER BY key LIMIT 1", params).fetchone()
-                return None if row is None else str(row[0])[cut:]
+            first = self._first_key(conn, now)
 
             def select(pattern: str) -> list[str]:
                 sub = compile_glob(pattern)
