@@ -1178,18 +1178,9 @@ class RedisBackend(Subscriber, Backend):
         start = self.key_prefix + prefix + "{"
         low, high = key_index.lex_range(start)
         sources = await self._index_sources(start)
-        groups: list[tuple[Any, list[str]]]
-        if not self.is_cluster:
-            groups = [(None, [names.plain for names in sources])]
-        else:
-            pinned = key_index.pinned_slot_key(start, whole=False)
-            if pinned is not None:
-                slot = wire.key_slot(pinned)
-                groups = [(None, [names.index(slot) for names in sources])]
-            elif len(sources) <= _MAX_PROBED_PREFIXES and await self._lists_across_slots():
-                groups = await self._indexes_by_primary(sources)
-            else:
-                return await super().scan_tags(prefix)
+        groups = await self._index_groups(sources, start, whole=False)
+        if groups is None:
+            return await super().scan_tags(prefix)
         width = len(start.encode("utf-8", "surrogatepass"))
         found: set[bytes] = set()
         for node, indexes in groups:
@@ -1286,6 +1277,27 @@ class RedisBackend(Subscriber, Backend):
 
     # the key index (`_redis_keyindex`): what listings read
 
+    async def _index_groups(
+        self, sources: list[key_index.KeyIndexNames], start: str, *, whole: bool
+    ) -> list[tuple[Any, list[str]]] | None:
+        """The indexes of `sources` a read of the range from `start` goes to, by node.
+
+        One server: each source's index. A cluster: each source's index in the slot `start`
+        pins (`whole`: `start` is the whole key), else those of the registered slots, grouped
+        by primary. `None` where no index read can answer: a cluster older than Redis 7.0 (no
+        script may read several slots), or many nested stores (probing every slot's index of
+        each would cost more than a SCAN); the caller reads the keys instead.
+        """
+        if not self.is_cluster:
+            return [(None, [names.plain for names in sources])]
+        pinned = key_index.pinned_slot_key(start, whole=whole)
+        if pinned is not None:
+            slot = wire.key_slot(pinned)
+            return [(None, [names.index(slot) for names in sources])]
+        if len(sources) <= _MAX_PROBED_PREFIXES and await self._lists_across_slots():
+            return await self._indexes_by_primary(sources)
+        return None
+
     async def _list_index(self, pattern: str) -> AsyncGenerator[list[str], None]:
         """Yield the keys matching `pattern` from the key indexes, a checked page at a time."""
         matcher = compile_glob(pattern)
@@ -1293,23 +1305,12 @@ class RedisBackend(Subscriber, Backend):
         start = prefix + matcher.literal_prefix
         low, high = key_index.lex_range(start)
         sources = await self._index_sources(start)
-        groups: list[tuple[Any, list[str]]]
-        if not self.is_cluster:
-            groups = [(None, [names.plain for names in sources])]
-        else:
-            pinned = key_index.pinned_slot_key(start, whole=matcher.is_literal)
-            if pinned is not None:
-                slot = wire.key_slot(pinned)
-                groups = [(None, [names.index(slot) for names in sources])]
-            elif len(sources) <= _MAX_PROBED_PREFIXES and await self._lists_across_slots():
-                groups = await self._indexes_by_primary(sources)
-            else:
-                # A cluster older than Redis 7.0 (no script may read several slots), or many
-                # nested stores (probing every slot's index of each would cost more than a SCAN).
-                async with contextlib.aclosing(self._scan_keyspace(pattern)) as pages:
-                    async for page in pages:
-                        yield page
-                return
+        groups = await self._index_groups(sources, start, whole=matcher.is_literal)
+        if groups is None:
+            async with contextlib.aclosing(self._scan_keyspace(pattern)) as pages:
+                async for page in pages:
+                    yield page
+            return
         # One name may be in two indexes (written through two stores whose prefixes nest).
         seen: set[bytes] | None = set() if len(sources) > 1 else None
         cut = len(prefix.encode())
