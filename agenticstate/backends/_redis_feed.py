@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
-from agenticstate.backends._redis_slots import SLOTS, slot_tag
+from agenticstate.backends._redis_slots import SLOTS, slot_tag, slot_tail
 from agenticstate.exceptions import CursorExpiredError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -370,11 +370,7 @@ class FeedNames:
         names = self._names.get(stream)
         if names is None:
             slot, prefix = stream
-            if not self.cluster:
-                tail = prefix
-            else:
-                tag = "{" + slot_tag(slot) + "}"
-                tail = tag + prefix if "{" in prefix else prefix + tag
+            tail = slot_tail(prefix, slot) if self.cluster else prefix
             names = (FEED_NAMESPACE + tail, COUNTER_NAMESPACE + tail)
             if len(self._names) < 65536:  # a cache, bounded
                 self._names[stream] = names

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 
-from agenticstate.backends._redis_slots import slot_tag
+from agenticstate.backends._redis_slots import slot_tail
 
 __all__ = [
     "BUILD",
@@ -93,10 +93,7 @@ class KeyIndexNames:
             return self.plain
         name = self._by_slot.get(slot)
         if name is None:
-            tag = "{" + slot_tag(slot) + "}"
-            prefix = self.prefix
-            tail = tag + prefix if "{" in prefix else prefix + tag
-            name = self._by_slot[slot] = KEY_INDEX_NAMESPACE + tail
+            name = self._by_slot[slot] = KEY_INDEX_NAMESPACE + slot_tail(self.prefix, slot)
         return name
 
 

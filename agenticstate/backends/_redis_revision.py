@@ -10,7 +10,7 @@ holds a brace), as the change feed's streams are named (`_redis_feed.FeedNames`)
 
 from __future__ import annotations
 
-from agenticstate.backends._redis_slots import slot_tag
+from agenticstate.backends._redis_slots import slot_tail
 
 __all__ = ["REVISION_NAMESPACE", "RevisionNames"]
 
@@ -35,8 +35,5 @@ class RevisionNames:
             return self.plain
         name = self._by_slot.get(slot)
         if name is None:
-            tag = "{" + slot_tag(slot) + "}"
-            prefix = self._prefix
-            tail = tag + prefix if "{" in prefix else prefix + tag
-            name = self._by_slot[slot] = REVISION_NAMESPACE + tail
+            name = self._by_slot[slot] = REVISION_NAMESPACE + slot_tail(self._prefix, slot)
         return name

@@ -10,7 +10,7 @@ import binascii
 import itertools
 import string
 
-__all__ = ["SLOTS", "slot_tag"]
+__all__ = ["SLOTS", "slot_tag", "slot_tail"]
 
 SLOTS = 16384
 """Hash slots in a Redis Cluster."""
@@ -46,3 +46,14 @@ def slot_tag(slot: int) -> str:
     if not _slot_tags:
         _slot_tags.extend(_build_slot_tags())
     return _slot_tags[slot]
+
+
+def slot_tail(prefix: str, slot: int) -> str:
+    """A key prefix with `slot`'s tag: the part after a namespace of our keys in that slot.
+
+    `prefix{TAG}`, or `{TAG}prefix` when the prefix holds a brace (the first `{...}` of a name is
+    its hash tag, so the tag must come first there). The feed's streams and counters, the
+    revision counters and the key indexes of one prefix and slot are named with it.
+    """
+    tag = "{" + slot_tag(slot) + "}"
+    return tag + prefix if "{" in prefix else prefix + tag
