@@ -221,13 +221,21 @@ return {found, false, false}
 """
 LIST = "local indexes = KEYS\n" + _LIST_BODY
 
-# The same over the indexes of several slots of one cluster node (Redis 7.0 or later): a
-# command's declared keys must share a slot, so the indexes come after the five ARGV above.
-LIST_ACROSS_SLOTS = (
-    "#!lua flags=allow-cross-slot-keys\n"
-    "local indexes = {}\n"
-    "for i = 6, #ARGV do indexes[i - 5] = ARGV[i] end\n" + _LIST_BODY
-)
+
+def _across_slots(body: str, fixed: int) -> str:
+    """`body` over the indexes of several slots of one cluster node (Redis 7.0 or later).
+
+    A command's declared keys must share a slot, so the indexes come in ARGV after the
+    `fixed` arguments `body` reads, and the script is flagged to read several slots.
+    """
+    return (
+        "#!lua flags=allow-cross-slot-keys\n"
+        "local indexes = {}\n"
+        f"for i = {fixed + 1}, #ARGV do indexes[i - {fixed}] = ARGV[i] end\n" + body
+    )
+
+
+LIST_ACROSS_SLOTS = _across_slots(_LIST_BODY, 5)
 
 # The distinct tags of the names in the range (`Backend.scan_tags`): ARGV as `LIST`'s, then the
 # byte length of the range's start (`<prefix>{`). One ZRANGE BYLEX LIMIT 0 1 per step: a name
@@ -262,11 +270,7 @@ end
 return {found, false, false}
 """
 TAGS = "local indexes = KEYS\n" + _TAGS_BODY
-TAGS_ACROSS_SLOTS = (
-    "#!lua flags=allow-cross-slot-keys\n"
-    "local indexes = {}\n"
-    "for i = 7, #ARGV do indexes[i - 6] = ARGV[i] end\n" + _TAGS_BODY
-)
+TAGS_ACROSS_SLOTS = _across_slots(_TAGS_BODY, 6)
 
 # The positions (1-based) of the indexes given in ARGV that exist (hold a name), on one cluster
 # node: how the slot registry of an index written before it existed is made.
