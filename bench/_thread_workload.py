@@ -3,23 +3,28 @@
 The graph's state is a `messages` channel reduced with `add_messages`; each turn adds a user
 message, then the two nodes (`agent`, `review`) each add one of their own. Every message's text
 is `MESSAGE_CHARS` long and depends only on its turn, so two runs store the same bytes. The
-feed-size test and `bench.bench_feed_size` run it with the change feed on and off.
+feed-size test and `bench.bench_feed_size` run it with the change feed on and off and measure
+what it holds (`redis_thread_bytes`, `sqlite_thread_bytes`).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
+from agenticstate import RedisBackend, SQLiteBackend, StateManager
 from agenticstate.langgraph import CheckpointSaver
 
 if TYPE_CHECKING:
-    from agenticstate import StateManager
+    from pathlib import Path
 
-__all__ = ["MESSAGE_CHARS", "run_thread"]
+    from agenticstate import FeedRetention
+
+__all__ = ["MESSAGE_CHARS", "redis_thread_bytes", "run_thread", "sqlite_thread_bytes"]
 
 MESSAGE_CHARS = 800
 
@@ -59,3 +64,41 @@ async def run_thread(state: StateManager, turns: int, thread: str = "t1") -> Non
         await graph.ainvoke(
             {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}, config
         )
+
+
+async def redis_thread_bytes(url: str, db: int, feed: FeedRetention | None, turns: int) -> int:
+    """The bytes a `turns`-turn thread takes in Redis database `db` (emptied before and after):
+    the MEMORY USAGE of every key, the feed's streams and reference hashes included."""
+    import redis.asyncio as aioredis
+
+    async with aioredis.Redis.from_url(url, db=db) as admin:
+        await admin.flushdb()
+        async with StateManager(backend=RedisBackend(url=url, db=db, feed=feed)) as state:
+            await run_thread(state, turns)
+        total = 0
+        async for name in admin.scan_iter(count=1000):
+            total += await admin.memory_usage(name, samples=0) or 0
+        await admin.flushdb()
+    return total
+
+
+async def sqlite_thread_bytes(path: Path, turns: int) -> tuple[int, int]:
+    """The bytes of a SQLite file holding a `turns`-turn thread, with its change rows and
+    without them (the feed cannot be off on SQLite: its rows are deleted to compare)."""
+    async with StateManager(backend=SQLiteBackend(path)) as state:
+        await run_thread(state, turns)
+    with_feed = _file_bytes(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM changes")
+    conn.close()
+    return with_feed, _file_bytes(path)
+
+
+def _file_bytes(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("VACUUM")
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+    conn.close()
+    return int(pages) * int(size)

@@ -11,59 +11,28 @@ rows deleted. Target: at most 1.15x.
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
 
 import anyio
-import redis.asyncio as aioredis
 
-from agenticstate import FeedRetention, RedisBackend, SQLiteBackend, StateManager
-from bench._thread_workload import run_thread
+from agenticstate import FeedRetention
+from bench._thread_workload import redis_thread_bytes, sqlite_thread_bytes
 from bench._util import publish, redis_server, table
 
 TURNS = 200
 
 
-async def _redis(url: str, db: int, feed: FeedRetention | None, turns: int) -> int:
-    async with aioredis.Redis.from_url(url, db=db) as admin:
-        await admin.flushdb()
-        async with StateManager(backend=RedisBackend(url=url, db=db, feed=feed)) as state:
-            await run_thread(state, turns)
-        total = 0
-        async for name in admin.scan_iter(count=1000):
-            total += await admin.memory_usage(name, samples=0) or 0
-        await admin.flushdb()
-    return total
-
-
-def _sqlite_bytes(path: Path) -> int:
-    with sqlite3.connect(path) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        conn.execute("VACUUM")
-        (pages,) = conn.execute("PRAGMA page_count").fetchone()
-        (size,) = conn.execute("PRAGMA page_size").fetchone()
-    conn.close()
-    return int(pages) * int(size)
-
-
 async def _sqlite(turns: int) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "thread.db"
-        async with StateManager(backend=SQLiteBackend(path)) as state:
-            await run_thread(state, turns)
-        on = _sqlite_bytes(path)
-        with sqlite3.connect(path) as conn:
-            conn.execute("DELETE FROM changes")
-        conn.close()
-        return on, _sqlite_bytes(path)
+        return await sqlite_thread_bytes(Path(directory) / "thread.db", turns)
 
 
 async def run(url: str, turns: int = TURNS) -> str:
     rows = []
-    on = await _redis(url, 1, FeedRetention(), turns)
-    off = await _redis(url, 2, None, turns)
+    on = await redis_thread_bytes(url, 1, FeedRetention(), turns)
+    off = await redis_thread_bytes(url, 2, None, turns)
     rows.append(
         ["Redis (MEMORY USAGE)", f"{on / 1e6:.1f} MB", f"{off / 1e6:.1f} MB", f"{on / off:.3f}x"]
     )
