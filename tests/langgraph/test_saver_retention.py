@@ -196,7 +196,10 @@ class _History:
                 assert read.checkpoint["channel_versions"] == expected.versions
                 assert read.metadata["step"] == expected.step
                 assert sorted(
-                    ((task, channel, repr(value)) for task, channel, value in read.pending_writes),
+                    (
+                        (task, channel, repr(value))
+                        for task, channel, value in read.pending_writes or []
+                    ),
                 ) == sorted(
                     (task, channel, repr(value)) for task, channel, value in expected.writes
                 )
