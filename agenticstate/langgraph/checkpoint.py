@@ -24,7 +24,7 @@ import random
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import anyio
 from langgraph.checkpoint.base import (
@@ -123,6 +123,15 @@ _SWEEP_BATCH = 64
 
 _now = time.time
 """The clock of checkpoint ages and thread idleness (seconds since the epoch)."""
+
+
+class _Seen(NamedTuple):
+    """What a saver remembers of the checkpoint it last wrote or read on a thread and namespace."""
+
+    checkpoint_id: str
+    versions: dict[str, str]
+    chains: dict[str, list[str]]
+    tips: dict[str, Tip]
 
 
 def _seconds(value: timedelta | float | None, name: str) -> float | None:
@@ -275,10 +284,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         self.retention = retention
         self.delta_chain = delta_chain
         self.compress_above = compress_above
-        # The array-valued channels of the checkpoint this saver last wrote or read per thread
-        # and namespace, `(thread, ns) -> (checkpoint id, {channel: Tip})`: the next `aput` on
-        # that checkpoint stores each grown list as a delta against it.
-        self._tips: dict[tuple[str, str], tuple[str, dict[str, Tip]]] = {}
+        # The checkpoint this saver last wrote or read per thread and namespace, `(thread, ns)
+        # -> _Seen`: the next `aput` on it stores each grown list as a delta against it, and
+        # knows the chains of the values it shares with it without reading its record.
+        self._tips: dict[tuple[str, str], _Seen] = {}
         # When this saver last marked a thread active in the TTL index, and last swept it.
         self._touched: dict[str, float] = {}
         self._swept = 0.0
@@ -450,7 +459,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         tips: dict[str, Tip] = {}
         built = self._build(thread_id, ns, checkpoint_id, record, config, found, tips)
         # The run that continues from this checkpoint writes its grown lists as deltas on these.
-        self._remember(self._tips, (thread_id, ns), (checkpoint_id, tips))
+        seen = _Seen(checkpoint_id, record["versions"], record.get("chains") or {}, tips)
+        self._remember(self._tips, (thread_id, ns), seen)
         return built
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -621,18 +631,21 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         known = self._tips.get((thread_id, ns))
         bases: dict[str, Tip] = {}
         shared: dict[str, tuple[str, ...]] = {}
-        if known is not None and parent is not None and known[0] == parent:
-            bases = known[1]
-            shared = {ch: tip.chain for ch, tip in bases.items() if versions.get(ch) == tip.version}
         unchanged = [ch for ch in versions if ch not in new_versions]
-        if any(ch not in shared for ch in unchanged):
-            shared.update(await self._shared_chains(thread_id, ns, parent, versions, unchanged))
+        unknown = unchanged
+        if known is not None and parent is not None and known.checkpoint_id == parent:
+            bases = known.tips
+            same = [ch for ch in unchanged if known.versions.get(ch) == versions[ch]]
+            shared = {ch: tuple(known.chains[ch]) for ch in same if ch in known.chains}
+            unknown = [ch for ch in unchanged if ch not in same]
+        if unknown:
+            shared.update(await self._shared_chains(thread_id, ns, parent, versions, unknown))
         dumped: dict[str, tuple[str, bytes]] = {}
 
         def encode(
             bases: dict[str, Tip], rewrite: Collection[str]
-        ) -> tuple[dict[str, object], list[str], dict[str, Tip]]:
-            """The keys to write (values, then the record) and the keys they build on."""
+        ) -> tuple[dict[str, object], list[str], _Seen]:
+            """The keys to write, the keys they build on, what to remember once written."""
             blobs: dict[str, object] = {}
             refs: list[str] = []
             tips: dict[str, Tip] = {}
@@ -670,13 +683,13 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 if tip is not None and tip.version == versions[channel]:
                     tips[channel] = tip
             blobs[cp_key] = {**record, "chains": chains} if chains else record
-            return blobs, refs, tips
+            return blobs, refs, _Seen(checkpoint_id, versions, chains, tips)
 
         if not self._steps:
             bases = {}
-        blobs, refs, tips = encode(bases, ())
+        blobs, refs, seen = encode(bases, ())
 
-        def rebuild(missing: set[str]) -> tuple[dict[str, object], list[str], dict[str, Tip]]:
+        def rebuild(missing: set[str]) -> tuple[dict[str, object], list[str], _Seen]:
             # A value this checkpoint builds on was deleted meanwhile (a prune): write whole
             # copies instead, of the grown lists and of the shared values that lost their chain.
             lost = [
@@ -692,12 +705,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
         if self._steps:
             done = await self._put_step(
-                thread_id, ns, parent, guarded, checkpoint_id, blobs, refs, tips, rebuild
+                thread_id, ns, parent, guarded, checkpoint_id, blobs, refs, seen, rebuild
             )
             if done:
                 await self._after_put(thread_id, ns)
                 return self._config(thread_id, ns, checkpoint_id)
-            blobs, refs, tips = encode({}, ())  # no `transact` after all: no deltas either
+            blobs, refs, seen = encode({}, ())  # no `transact` after all: no deltas either
         # A backend without `transact`: values and record, then the head (three calls).
         head_key = self._head_key(thread_id, ns)
         if guarded:
@@ -806,8 +819,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         checkpoint_id: str,
         blobs: dict[str, object],
         refs: list[str],
-        tips: dict[str, Tip],
-        rebuild: Callable[[set[str]], tuple[dict[str, object], list[str], dict[str, Tip]]],
+        seen: _Seen,
+        rebuild: Callable[[set[str]], tuple[dict[str, object], list[str], _Seen]],
     ) -> bool:
         """Write a checkpoint's values, its record and the head move as one `transact`.
 
@@ -850,7 +863,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 return False
             if done.succeeded:
                 self._remember_head(thread_id, ns, checkpoint_id, done.revisions[-1])
-                self._remember(self._tips, (thread_id, ns), (checkpoint_id, tips))
+                self._remember(self._tips, (thread_id, ns), seen)
                 return True
             entry = done.results[-1]
             if guarded:
@@ -861,7 +874,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             missing = {key for key, got in zip(refs, done.results, strict=False) if got is None}
             if missing:
                 self._tips.pop((thread_id, ns), None)
-                blobs, refs, tips = rebuild(missing)
+                blobs, refs, seen = rebuild(missing)
             elif attempt:
                 await anyio.sleep(backoff(attempt))
         raise ConflictError(

@@ -26,6 +26,7 @@ from bench.bench_langgraph_storage import (
     memory_bytes,
     run_graph,
 )
+from tests.langgraph.test_saver_steps import _Recorder
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -109,6 +110,21 @@ async def test_graph_history_reads_back_as_in_memory_saver_gives_it(state: State
     for a, b in zip(mine, reference, strict=True):
         assert a.checkpoint["channel_values"] == b.checkpoint["channel_values"]
         assert [w[1:] for w in a.pending_writes or []] == [w[1:] for w in b.pending_writes or []]
+
+
+async def test_a_graph_turn_reads_nothing_between_its_writes(state: StateManager) -> None:
+    """In a graph run with deltas, every `aput` and `aput_writes` after the run's first read is
+    one `transact`: the chains of the values a checkpoint shares with its parent come from
+    what the saver remembers, not from a read."""
+    saver = CheckpointSaver(state, prefix=f"n{uuid.uuid4().hex[:6]}")
+    await run_graph(saver, 3)
+    recorder = _Recorder(state.backend)
+    await run_graph(saver, 1, thread="t1")
+    names = recorder.names()
+    first = names.index("transact")
+    assert names[first:] == ["transact"] * len(names[first:]), names
+    stored = await state.get_many(await state.list_keys(f"{saver.prefix}:*:cp:*"))
+    assert any(record.get("chains") for record in stored.values())
 
 
 async def test_a_store_of_whole_values_without_chains_still_reads_and_grows_by_deltas(
