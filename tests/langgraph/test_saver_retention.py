@@ -23,6 +23,7 @@ from agenticstate.exceptions import ConfigurationError
 from agenticstate.langgraph import CheckpointRetention, CheckpointSaver
 from agenticstate.langgraph import checkpoint as checkpoint_module
 from tests.helpers import BACKEND_MAKERS
+from tests.langgraph.test_saver_steps import _Recorder
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -306,3 +307,49 @@ def test_a_bad_retention_is_refused(options: dict[str, Any]) -> None:
     ConfigurationError."""
     with pytest.raises(ConfigurationError):
         CheckpointRetention(**options)
+
+
+async def test_a_put_between_a_prunes_read_and_its_deletes_keeps_its_delta_base(
+    state: StateManager,
+) -> None:
+    """A fork written while `aprune` works out what to delete (a delta on a value the prune
+    was about to drop) makes the prune's step fail and start over: the fork reads back exact."""
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+    saver = CheckpointSaver(state, prefix=prefix, delta_chain=2)
+    history = _History(state, random.Random(11))
+    history.prefix, history.plain = prefix, saver
+    for _ in range(4):  # versions: whole, delta, whole, delta
+        await history.put(saver, "t", "", fork=False)
+    first = min(key for key in history.puts if history.puts[key].values.get("messages"))
+    forker = CheckpointSaver(state, prefix=prefix, delta_chain=2)
+    recorder = _Recorder(state.backend)
+    fired = []
+
+    async def fork_during_the_prune(name: str, args: tuple[Any, ...]) -> None:
+        deletes = name == "transact" and any(type(op).__name__ == "Delete" for op in args[1])
+        if deletes and not fired:
+            fired.append(True)
+            await _fork(first)  # a delta on the first version, which the prune would drop
+
+    async def _fork(key: tuple[str, str, str]) -> None:
+        loaded = await forker.aget_tuple(history._config(*key))
+        assert loaded is not None
+        values = dict(history.puts[key].values)
+        values["messages"] = [*values.get("messages", []), HumanMessage("fork")]
+        version = forker.get_next_version(history.puts[key].versions.get("messages"), None)
+        versions = {**history.puts[key].versions, "messages": version}
+        checkpoint = generate_checkpoint(channel_values=values, channel_versions=dict(versions))
+        stored = await forker.aput(
+            loaded.config, checkpoint, generate_metadata(step=9), {"messages": version}
+        )
+        history.puts[(key[0], key[1], stored["configurable"]["checkpoint_id"])] = _Put(
+            key[0], key[1], values, versions, 9
+        )
+        record = await state.get(forker._cp_key("t", "", stored["configurable"]["checkpoint_id"]))
+        assert record["chains"]["messages"] == [history.puts[key].versions["messages"]]
+
+    recorder.before = fork_during_the_prune
+    await CheckpointSaver(state, prefix=prefix).aprune(["t"])
+    recorder.before = None
+    assert fired
+    await history.check()
