@@ -323,7 +323,7 @@ async def test_a_put_between_a_prunes_read_and_its_deletes_keeps_its_delta_base(
     first = min(key for key in history.puts if history.puts[key].values.get("messages"))
     forker = CheckpointSaver(state, prefix=prefix, delta_chain=2)
     recorder = _Recorder(state.backend)
-    fired = []
+    fired: list[bool] = []
 
     async def fork_during_the_prune(name: str, args: tuple[Any, ...]) -> None:
         deletes = name == "transact" and any(type(op).__name__ == "Delete" for op in args[1])
