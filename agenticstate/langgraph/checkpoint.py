@@ -1115,18 +1115,40 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             self._swept = now
             await self.asweep_idle_threads()
 
-    async def _last_write(self, thread_id: str) -> float | None:
-        """When the thread's newest head checkpoint was written (`None`: unknown)."""
-        heads = await self.state.get_many(
-            await self.state.list_keys(f"{self._tag(thread_id)}:head:*")
+    async def _expire(self, thread_id: str, member: str, now: float, ttl: float) -> bool:
+        """Delete an idle thread whole, unless it was written since; return whether it went.
+
+        The thread's newest checkpoint's write time is checked first (another saver may have
+        written it since the index said otherwise; the index is then corrected). The deletes
+        are one `transact` that holds only while every head of the thread is the one read: a
+        checkpoint written meanwhile keeps the thread, whole.
+        """
+        index = self._ttl_index()
+        head_keys = await self.state.list_keys(f"{self._tag(thread_id)}:head:*")
+        heads = {key: await self.state.get_entry(key) for key in head_keys}
+        records = await self.state.get_many(
+            [
+                self._cp_key(thread_id, decode(key.rsplit(":", 1)[1]), entry.value["id"])
+                for key, entry in heads.items()
+                if entry is not None
+            ]
         )
-        keys = [
-            self._cp_key(thread_id, decode(key.rsplit(":", 1)[1]), head["id"])
-            for key, head in heads.items()
-        ]
-        times = [record.get("at") for record in (await self.state.get_many(keys)).values()]
-        known = [at for at in times if at is not None]
-        return max(known) if known else None
+        times = [at for at in (record.get("at") for record in records.values()) if at is not None]
+        if times and now - max(times) <= ttl:
+            await self.state.index_add(index, {member: max(times)})
+            return False
+        keys = await self.state.list_keys(f"{self._tag(thread_id)}:*")
+        compares = [self._compare(key, entry) for key, entry in heads.items()]
+        done = await self._transact(compares, [txn.Delete(key) for key in keys], [])
+        if done is None:  # a backend without `transact`
+            await self._delete_keys(keys)
+        elif not done.succeeded:
+            return False  # written meanwhile: the next sweep looks again
+        for slot in [slot for slot in self._tips if slot[0] == thread_id]:
+            del self._tips[slot]
+        self._touched.pop(thread_id, None)
+        await self.state.index_remove(index, [member])
+        return True
 
     async def asweep_idle_threads(self) -> int:
         """Delete the threads idle longer than the retention's `thread_ttl`; return how many.
@@ -1134,8 +1156,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         Runs by itself as threads are written (at most every `thread_ttl / 8` per saver);
         call it to sweep a store nobody writes. One read of the oldest entries of the TTL index
         (`prefix:threads`, a sorted index of threads by last write), then, for each thread past
-        its TTL, a check of its newest checkpoint's write time and the thread's delete: the
-        cost is what expires. Without a `thread_ttl`, does nothing.
+        its TTL, a check of its newest checkpoint's write time and the thread's delete, one
+        `transact` that a write to the thread meanwhile cancels: the cost is what expires.
+        Without a `thread_ttl`, does nothing.
         """
         policy = self.retention
         ttl = None if policy is None else policy.thread_ttl_seconds
@@ -1147,13 +1170,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for member, score in await self.state.index_range(index, limit=_SWEEP_BATCH):
             if now - score <= ttl:
                 break
-            thread_id = decode(member)
-            last = await self._last_write(thread_id)
-            if last is not None and now - last <= ttl:
-                await self.state.index_add(index, {member: last})  # written by another saver
-                continue
-            await self.adelete_thread(thread_id)
-            deleted += 1
+            deleted += await self._expire(decode(member), member, now, ttl)
         if deleted:
             _log.debug("checkpoint_threads_expired", threads=deleted)
         return deleted

@@ -353,3 +353,34 @@ async def test_a_put_between_a_prunes_read_and_its_deletes_keeps_its_delta_base(
     recorder.before = None
     assert fired
     await history.check()
+
+
+async def test_a_thread_written_during_its_ttl_sweep_stays_whole(
+    state: StateManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread past its TTL that another saver writes while the sweep deletes it is kept
+    whole: the sweep's step fails, and every checkpoint, the new one included, reads back."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr(checkpoint_module, "_now", lambda: clock[0])
+    history = _History(state, random.Random(13))
+    policy = CheckpointRetention(thread_ttl=timedelta(hours=1))
+    saver = CheckpointSaver(state, prefix=history.prefix, retention=policy)
+    writer = CheckpointSaver(state, prefix=history.prefix)
+    for _ in range(3):
+        await history.put(saver, "t", "", fork=False)
+    clock[0] += 7200
+    recorder = _Recorder(state.backend)
+    fired: list[bool] = []
+
+    async def write_during_the_sweep(name: str, args: tuple[Any, ...]) -> None:
+        deletes = name == "transact" and any(type(op).__name__ == "Delete" for op in args[1])
+        if deletes and not fired:
+            fired.append(True)
+            await history.put(writer, "t", "", fork=False)
+
+    recorder.before = write_during_the_sweep
+    assert await saver.asweep_idle_threads() == 0
+    recorder.before = None
+    assert fired
+    await history.check()
+    assert len([item async for item in writer.alist(history._config("t", ""))]) == 4
