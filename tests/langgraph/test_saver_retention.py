@@ -1,7 +1,8 @@
 """Retention and pruning never break a kept checkpoint: seeded random histories (puts on the
 head, forks from older checkpoints, pending writes, `aprune`, savers with a `CheckpointRetention`)
-on memory, SQLite and Redis, then every checkpoint left is read back, by a fresh saver, exactly as
-it was put; plus the policy's rules one by one (keep_last, max_age, thread_ttl)."""
+on memory, SQLite, Redis and Redis Cluster, then every checkpoint left is read back, by a fresh
+saver, exactly as it was put; plus the policy's rules one by one (keep_last, max_age,
+thread_ttl) and writes made while a prune or a sweep is between its read and its deletes."""
 
 from __future__ import annotations
 
@@ -34,9 +35,16 @@ if TYPE_CHECKING:
 SEEDS = range(6)
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
 async def state(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StateManager]:
-    """A StateManager over memory, SQLite and Redis (a fresh namespace each)."""
+    """A StateManager over memory, SQLite, Redis and Redis Cluster (a fresh namespace each)."""
     async with BACKEND_MAKERS[request.param](request, tmp_path) as backend:
         manager = StateManager(StateConfig(), backend=backend, close_backend=False)
         try:
