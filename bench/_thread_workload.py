@@ -24,9 +24,19 @@ if TYPE_CHECKING:
 
     from agenticstate import FeedRetention
 
-__all__ = ["MESSAGE_CHARS", "redis_thread_bytes", "run_thread", "sqlite_thread_bytes"]
+__all__ = [
+    "MESSAGE_CHARS",
+    "WHOLE_VALUES",
+    "redis_thread_bytes",
+    "run_thread",
+    "sqlite_thread_bytes",
+]
 
 MESSAGE_CHARS = 800
+
+WHOLE_VALUES: dict[str, Any] = {"delta_chain": 1, "compress_above": None}
+"""`CheckpointSaver` options that store every channel value whole and uncompressed: the thread
+then writes large values (its growing `messages` list), which the feed holds by reference."""
 
 
 class _Chat(TypedDict):
@@ -56,9 +66,12 @@ def _graph(saver: CheckpointSaver) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-async def run_thread(state: StateManager, turns: int, thread: str = "t1") -> None:
-    """Run `turns` turns of one thread on `state` (opened by the caller)."""
-    graph = _graph(CheckpointSaver(state))
+async def run_thread(
+    state: StateManager, turns: int, thread: str = "t1", **saver_options: Any
+) -> None:
+    """Run `turns` turns of one thread on `state` (opened by the caller); `saver_options` go to
+    `CheckpointSaver` (the feed-size figures store every value whole: `WHOLE_VALUES`)."""
+    graph = _graph(CheckpointSaver(state, **saver_options))
     config: Any = {"configurable": {"thread_id": thread}}
     for turn in range(turns):
         await graph.ainvoke(
@@ -66,7 +79,9 @@ async def run_thread(state: StateManager, turns: int, thread: str = "t1") -> Non
         )
 
 
-async def redis_thread_bytes(url: str, db: int, feed: FeedRetention | None, turns: int) -> int:
+async def redis_thread_bytes(
+    url: str, db: int, feed: FeedRetention | None, turns: int, **saver_options: Any
+) -> int:
     """The bytes a `turns`-turn thread takes in Redis database `db` (emptied before and after):
     the MEMORY USAGE of every key, the feed's streams and reference hashes included."""
     import redis.asyncio as aioredis
@@ -74,7 +89,7 @@ async def redis_thread_bytes(url: str, db: int, feed: FeedRetention | None, turn
     async with aioredis.Redis.from_url(url, db=db) as admin:
         await admin.flushdb()
         async with StateManager(backend=RedisBackend(url=url, db=db, feed=feed)) as state:
-            await run_thread(state, turns)
+            await run_thread(state, turns, **saver_options)
         total = 0
         async for name in admin.scan_iter(count=1000):
             total += await admin.memory_usage(name, samples=0) or 0
@@ -82,11 +97,11 @@ async def redis_thread_bytes(url: str, db: int, feed: FeedRetention | None, turn
     return total
 
 
-async def sqlite_thread_bytes(path: Path, turns: int) -> tuple[int, int]:
+async def sqlite_thread_bytes(path: Path, turns: int, **saver_options: Any) -> tuple[int, int]:
     """The bytes of a SQLite file holding a `turns`-turn thread, with its change rows and
     without them (the feed cannot be off on SQLite: its rows are deleted to compare)."""
     async with StateManager(backend=SQLiteBackend(path)) as state:
-        await run_thread(state, turns)
+        await run_thread(state, turns, **saver_options)
     with_feed = _file_bytes(path)
     with sqlite3.connect(path) as conn:
         conn.execute("DELETE FROM changes")

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 
 from agenticstate import FeedRetention
-from bench._thread_workload import redis_thread_bytes, sqlite_thread_bytes
+from bench._thread_workload import WHOLE_VALUES, redis_thread_bytes, sqlite_thread_bytes
 from bench._util import publish, redis_server, table
 
 TURNS = 200
@@ -26,13 +26,13 @@ TURNS = 200
 
 async def _sqlite(turns: int) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as directory:
-        return await sqlite_thread_bytes(Path(directory) / "thread.db", turns)
+        return await sqlite_thread_bytes(Path(directory) / "thread.db", turns, **WHOLE_VALUES)
 
 
 async def run(url: str, turns: int = TURNS) -> str:
     rows = []
-    on = await redis_thread_bytes(url, 1, FeedRetention(), turns)
-    off = await redis_thread_bytes(url, 2, None, turns)
+    on = await redis_thread_bytes(url, 1, FeedRetention(), turns, **WHOLE_VALUES)
+    off = await redis_thread_bytes(url, 2, None, turns, **WHOLE_VALUES)
     rows.append(
         ["Redis (MEMORY USAGE)", f"{on / 1e6:.1f} MB", f"{off / 1e6:.1f} MB", f"{on / off:.3f}x"]
     )

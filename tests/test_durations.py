@@ -194,6 +194,12 @@ def _store_put(ctx: Ctx, ttl: Any) -> Awaitable[object]:
     return Store(ctx.state).aput(("ns",), "k", {"v": 1}, ttl=ttl)
 
 
+def _retention(**duration: Any) -> object:
+    from agenticstate.langgraph import CheckpointRetention
+
+    return CheckpointRetention(keep_last=1, **duration)
+
+
 def _view_update(ctx: Ctx, ttl: Any) -> Awaitable[object]:
     async def run() -> object:
         async with ctx.state.view("v:*") as view:
@@ -289,6 +295,13 @@ TABLE: dict[str, Row] = {
         lambda c, v: _retries(c, "max_delay", v), zero=True
     ),
     "txn.Put.__init__.ttl": Row(lambda c, v: c.state.transact([], [txn.Put("k", 1, ttl=v)])),
+    # A saver's retention is configuration too (`keep_last` set, so `None` is a valid choice).
+    "CheckpointRetention.__init__.max_age": Row(
+        lambda c, v: _retention(max_age=v), error=ConfigurationError
+    ),
+    "CheckpointRetention.__init__.thread_ttl": Row(
+        lambda c, v: _retention(thread_ttl=v), error=ConfigurationError
+    ),
     "Store.aput.ttl": Row(_store_put),
     "Store.put.ttl": Row(_store_put),  # the sync method runs the same check (see its body)
 }

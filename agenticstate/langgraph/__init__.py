@@ -22,7 +22,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingDependencyError("langgraph", "langgraph") from exc
 
 from agenticstate.langgraph._common import StaleCheckpointError
-from agenticstate.langgraph.checkpoint import HEAD_GUARD_KEY, CheckpointSaver
+from agenticstate.langgraph.checkpoint import HEAD_GUARD_KEY, CheckpointRetention, CheckpointSaver
 from agenticstate.langgraph.store import Store
 
-__all__ = ["HEAD_GUARD_KEY", "CheckpointSaver", "StaleCheckpointError", "Store"]
+__all__ = [
+    "HEAD_GUARD_KEY",
+    "CheckpointRetention",
+    "CheckpointSaver",
+    "StaleCheckpointError",
+    "Store",
+]

@@ -7,15 +7,24 @@ hash tag, so a thread's keys share one slot; `ns`, `id`, `ch` and `v` are percen
 |---------------------------|----------------------------------------------------------------|
 | `p:{t}:head:ns`           | `{"id": latest checkpoint id}`: the thread head, moved atomically |
 | `p:{t}:cp:ns:id`          | the checkpoint without its channel values, its metadata, parent |
-| `p:{t}:b:ns:ch:v`         | one channel value at one version (LangGraph's serializer)      |
+| `p:{t}:b:ns:ch:v`         | one channel value at one version (LangGraph's serializer), whole, |
+|                           | compressed, or a delta on the channel's previous value (`_blobs`) |
 | `p:{t}:w:ns:id`           | the pending writes recorded against checkpoint `id`            |
+
+A checkpoint record lists, for each channel stored as a delta, the versions its value is read
+from (`chains`: the whole copy, then the deltas), so a read fetches them in the same call as the
+others. Pruning keeps every value a kept checkpoint's chains name (`_used_blobs`).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import anyio
 from langgraph.checkpoint.base import (
@@ -32,12 +41,22 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from agenticstate import txn
+from agenticstate._log import get_logger
 from agenticstate._retry import backoff
 from agenticstate.exceptions import (
     ConfigurationError,
     ConflictError,
+    DecodeError,
     InvalidArgumentError,
     UnsupportedOperationError,
+)
+from agenticstate.langgraph._blobs import (
+    Tip,
+    assemble,
+    decode_full,
+    encode_value,
+    is_delta,
+    tip_of,
 )
 from agenticstate.langgraph._common import (
     StaleCheckpointError,
@@ -49,7 +68,15 @@ from agenticstate.langgraph._common import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+    from collections.abc import (
+        AsyncIterator,
+        Callable,
+        Collection,
+        Coroutine,
+        Iterable,
+        Iterator,
+        Sequence,
+    )
 
     from anyio.from_thread import BlockingPortal
     from langchain_core.runnables import RunnableConfig
@@ -62,7 +89,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["HEAD_GUARD_KEY", "CheckpointSaver"]
+__all__ = ["HEAD_GUARD_KEY", "CheckpointRetention", "CheckpointSaver"]
+
+_log = get_logger(__name__)
 
 HEAD_GUARD_KEY = "__agenticstate_head__"
 """The `configurable` key that marks a config as "built on the thread head".
@@ -82,6 +111,89 @@ _PAGE = 64
 
 _REMEMBERED = 1024
 """How many thread heads (and, separately, pending-write lists) a saver remembers for its steps."""
+
+DELTA_CHAIN = 16
+"""The default `delta_chain`: a channel value is read from at most this many stored values."""
+
+COMPRESS_ABOVE = 1024
+"""The default `compress_above`: stored channel values of this many bytes or more are zlib'd."""
+
+_SWEEP_BATCH = 64
+"""How many idle threads one TTL sweep looks at (the next sweep takes the rest)."""
+
+_now = time.time
+"""The clock of checkpoint ages and thread idleness (seconds since the epoch)."""
+
+
+class _Seen(NamedTuple):
+    """What a saver remembers of the checkpoint it last wrote or read on a thread and namespace."""
+
+    checkpoint_id: str
+    versions: dict[str, str]
+    chains: dict[str, list[str]]
+    tips: dict[str, Tip]
+
+
+def _seconds(value: timedelta | float | None, name: str) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise ConfigurationError(f"{name} must be a positive duration, not {value!r}")
+    return float(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRetention:
+    """How long `CheckpointSaver` keeps checkpoints, applied as threads are written.
+
+    After each `aput`, the thread and namespace written keeps its latest checkpoint (always), and
+    of the others only those within every limit set: among the newest `keep_last`, and written
+    less than `max_age` ago. A thread nobody wrote for `thread_ttl` is deleted whole by a sweep
+    that runs as other threads are written. What a kept checkpoint needs (the values its delta
+    chains start from, its pending writes) always stays.
+
+    Attributes:
+        keep_last: Checkpoints kept per thread and namespace, the latest included (at least 1).
+        max_age: Checkpoints written longer ago than this are deleted (the latest one stays).
+        thread_ttl: A thread with no checkpoint written for this long is deleted.
+
+    Raises:
+        ConfigurationError: No limit set, `keep_last` below 1, or a duration not positive.
+    """
+
+    keep_last: int | None = None
+    max_age: timedelta | float | None = None
+    thread_ttl: timedelta | float | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep_last is not None and (
+            isinstance(self.keep_last, bool)
+            or not isinstance(self.keep_last, int)
+            or self.keep_last < 1
+        ):
+            raise ConfigurationError(
+                f"keep_last must be an int of at least 1, not {self.keep_last!r}"
+            )
+        _seconds(self.max_age, "max_age")
+        _seconds(self.thread_ttl, "thread_ttl")
+        if self.keep_last is None and self.max_age is None and self.thread_ttl is None:
+            raise ConfigurationError("set keep_last, max_age or thread_ttl (or pass no retention)")
+
+    @property
+    def max_age_seconds(self) -> float | None:
+        """`max_age` in seconds."""
+        return _seconds(self.max_age, "max_age")
+
+    @property
+    def thread_ttl_seconds(self) -> float | None:
+        """`thread_ttl` in seconds."""
+        return _seconds(self.thread_ttl, "thread_ttl")
 
 
 class CheckpointSaver(BaseCheckpointSaver[str]):
@@ -107,9 +219,18 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         portal: Where the synchronous methods (`put`, `get_tuple`, `list`, ...) run the async
             ones: a blocking portal to the loop that owns `state`. Without it they must be
             called from a worker thread of that loop.
+        retention: Which checkpoints to keep and when to delete idle threads
+            (`CheckpointRetention`); `None` keeps everything until `aprune` or a delete.
+        delta_chain: A channel value that extends the channel's previous value (a list that
+            grew by appends, such as `messages`) is stored as what it appends, and read from at
+            most this many stored values: every `delta_chain`-th version is a whole copy. `1`
+            stores every value whole.
+        compress_above: Stored channel values of at least this many bytes are compressed with
+            zlib (kept compressed only when smaller); `None` never compresses.
 
     Raises:
-        ConfigurationError: A bad prefix, or a serializer that falls back to pickle.
+        ConfigurationError: A bad prefix, a serializer that falls back to pickle, a
+            `delta_chain` below 1 or a negative `compress_above`.
     """
 
     def __init__(
@@ -119,7 +240,26 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         prefix: str = "langgraph",
         serde: SerializerProtocol | None = None,
         portal: BlockingPortal | None = None,
+        retention: CheckpointRetention | None = None,
+        delta_chain: int = DELTA_CHAIN,
+        compress_above: int | None = COMPRESS_ABOVE,
     ) -> None:
+        if isinstance(delta_chain, bool) or not isinstance(delta_chain, int) or delta_chain < 1:
+            raise ConfigurationError(
+                f"delta_chain must be an int of at least 1, not {delta_chain!r}"
+            )
+        if compress_above is not None and (
+            isinstance(compress_above, bool)
+            or not isinstance(compress_above, int)
+            or compress_above < 0
+        ):
+            raise ConfigurationError(
+                f"compress_above must be a byte count (0 or more) or None, not {compress_above!r}"
+            )
+        if retention is not None and not isinstance(retention, CheckpointRetention):
+            raise ConfigurationError(
+                f"retention must be a CheckpointRetention or None, not {type(retention).__name__}"
+            )
         if serde is None:
             serde = JsonPlusSerializer(pickle_fallback=False)
         inner: object = serde
@@ -141,12 +281,29 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         # write. Only kept on a backend with revisions (a version can come back after a delete).
         self._heads: dict[tuple[str, str], tuple[str, int]] = {}
         self._writes: dict[str, tuple[int, list[list[Any]]]] = {}
+        self.retention = retention
+        self.delta_chain = delta_chain
+        self.compress_above = compress_above
+        # The checkpoint this saver last wrote or read per thread and namespace, `(thread, ns)
+        # -> _Seen`: the next `aput` on it stores each grown list as a delta against it, and
+        # knows the chains of the values it shares with it without reading its record.
+        self._tips: dict[tuple[str, str], _Seen] = {}
+        # When this saver last marked a thread active in the TTL index, and last swept it.
+        self._touched: dict[str, float] = {}
+        self._swept = 0.0
 
     def _sync(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
         return run_sync(self.portal, fn, *args, runner=self._runner)
 
     def __repr__(self) -> str:
         return f"CheckpointSaver(state={self.state!r}, prefix={self.prefix!r})"
+
+    def _remember(self, cache: dict[Any, Any], slot: Any, value: Any) -> None:
+        """Keep `value` in a bounded cache, dropping the least recently written entry."""
+        cache.pop(slot, None)
+        if len(cache) >= _REMEMBERED:
+            del cache[next(iter(cache))]
+        cache[slot] = value
 
     # ---------------------------------------------------------------- keys
 
@@ -214,10 +371,40 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> list[str]:
         """The keys a checkpoint's tuple is built from: its channel values, then its writes."""
         versions: dict[str, str] = record["versions"]
+        chains: dict[str, list[str]] = record.get("chains") or {}
         return [
             *(self._blob_key(thread_id, ns, ch, v) for ch, v in versions.items()),
+            *(self._blob_key(thread_id, ns, ch, v) for ch, vs in chains.items() for v in vs),
             self._writes_key(thread_id, ns, checkpoint_id),
         ]
+
+    def _value(
+        self,
+        thread_id: str,
+        ns: str,
+        channel: str,
+        version: str,
+        chain: Sequence[str],
+        found: dict[str, Any],
+    ) -> tuple[str, bytes, tuple[str, ...]] | None:
+        """`(type, bytes, chain)` of a channel value from what `_needed` read (`None`: missing)."""
+        stored = found.get(self._blob_key(thread_id, ns, channel, version))
+        if stored is None:
+            return None
+        if not is_delta(stored):
+            return (*decode_full(stored), ())
+        if not chain:
+            raise DecodeError(
+                f"thread {thread_id!r} (namespace {ns!r}), channel {channel!r} at version "
+                f"{version!r}: a delta whose checkpoint does not list its chain"
+            )
+        parts = [found.get(self._blob_key(thread_id, ns, channel, v)) for v in chain]
+        kind, data = assemble(
+            [*chain, version],
+            [*parts, stored],
+            f"thread {thread_id!r} (namespace {ns!r}), channel {channel!r} at version {version!r}",
+        )
+        return kind, data, tuple(chain)
 
     def _build(
         self,
@@ -227,12 +414,20 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         record: dict[str, Any],
         config: RunnableConfig,
         found: dict[str, Any],
+        tips: dict[str, Tip] | None = None,
     ) -> CheckpointTuple:
+        """The tuple of one checkpoint from what `_needed` read; fills `tips` if given."""
         values: dict[str, Any] = {}
+        chains: dict[str, list[str]] = record.get("chains") or {}
         for channel, version in record["versions"].items():
-            blob = found.get(self._blob_key(thread_id, ns, channel, version))
+            chain = chains.get(channel, ())
+            blob = self._value(thread_id, ns, channel, version, chain, found)
             if blob is not None and blob[0] != "empty":
-                values[channel] = self.serde.loads_typed((blob[0], blob[1]))
+                values[channel] = self.serde.loads_typed(blob[:2])
+                if tips is not None:
+                    tip = tip_of(version, blob[2], blob[0], blob[1])
+                    if tip is not None:
+                        tips[channel] = tip
         writes = sorted(
             found.get(self._writes_key(thread_id, ns, checkpoint_id), []),
             key=lambda w: writes_sort_key(w[5], w[0], w[1]),
@@ -261,7 +456,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         config: RunnableConfig,
     ) -> CheckpointTuple:
         found = await self.state.get_many(self._needed(thread_id, ns, checkpoint_id, record))
-        return self._build(thread_id, ns, checkpoint_id, record, config, found)
+        tips: dict[str, Tip] = {}
+        built = self._build(thread_id, ns, checkpoint_id, record, config, found, tips)
+        # The run that continues from this checkpoint writes its grown lists as deltas on these.
+        seen = _Seen(checkpoint_id, record["versions"], record.get("chains") or {}, tips)
+        self._remember(self._tips, (thread_id, ns), seen)
+        return built
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Return the checkpoint `config` names, or the thread's latest one, or `None`.
@@ -410,30 +610,107 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         guarded = metadata.get("source") == guard if guard == _UPDATE_ONLY else bool(guard)
         body: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = body.pop("channel_values", {})
-        blobs: dict[str, object] = {}
-        for channel, version in new_versions.items():
-            kind, data = (
-                self.serde.dumps_typed(values[channel]) if channel in values else ("empty", b"")
-            )
-            blobs[self._blob_key(thread_id, ns, channel, version)] = [kind, data]
+        versions = {ch: str(v) for ch, v in checkpoint["channel_versions"].items()}
         kind, data = self.serde.dumps_typed(body)
         full_metadata = get_checkpoint_metadata(config, metadata)
         meta_kind, meta_data = self.serde.dumps_typed(full_metadata)
         checkpoint_id = checkpoint["id"]
         cp_key = self._cp_key(thread_id, ns, checkpoint_id)
-        blobs[cp_key] = {
+        record: dict[str, Any] = {
             "type": kind,
             "checkpoint": data,
             "metadata_type": meta_kind,
             "metadata": meta_data,
             "parent": parent,
             "run_id": full_metadata.get("run_id"),
-            "versions": {ch: str(v) for ch, v in checkpoint["channel_versions"].items()},
+            "versions": versions,
+            "at": _now(),
         }
-        if self._steps and await self._put_step(
-            thread_id, ns, parent, guarded, checkpoint_id, blobs
-        ):
-            return self._config(thread_id, ns, checkpoint_id)
+        # What the parent holds: each array channel's tip (a grown list is stored as a delta on
+        # it), and the chains of the values this checkpoint shares with it.
+        known = self._tips.get((thread_id, ns))
+        bases: dict[str, Tip] = {}
+        shared: dict[str, tuple[str, ...]] = {}
+        unchanged = [ch for ch in versions if ch not in new_versions]
+        unknown = unchanged
+        if known is not None and parent is not None and known.checkpoint_id == parent:
+            bases = known.tips
+            same = [ch for ch in unchanged if known.versions.get(ch) == versions[ch]]
+            shared = {ch: tuple(known.chains[ch]) for ch in same if ch in known.chains}
+            unknown = [ch for ch in unchanged if ch not in same]
+        if unknown:
+            shared.update(await self._shared_chains(thread_id, ns, parent, versions, unknown))
+        dumped: dict[str, tuple[str, bytes]] = {}
+
+        def encode(
+            bases: dict[str, Tip], rewrite: Collection[str]
+        ) -> tuple[dict[str, object], list[str], _Seen]:
+            """The keys to write, the keys they build on, what to remember once written."""
+            blobs: dict[str, object] = {}
+            refs: list[str] = []
+            tips: dict[str, Tip] = {}
+            chains: dict[str, list[str]] = {}
+            written = {ch: str(v) for ch, v in new_versions.items()}
+            written.update({ch: versions[ch] for ch in rewrite})
+            for channel, version in written.items():
+                if channel not in values:
+                    blobs[self._blob_key(thread_id, ns, channel, version)] = ["empty", b""]
+                    continue
+                if channel not in dumped:
+                    dumped[channel] = self.serde.dumps_typed(values[channel])
+                base = bases.get(channel)
+                stored, tip = encode_value(
+                    version,
+                    *dumped[channel],
+                    base,
+                    chain_limit=self.delta_chain,
+                    compress_above=self.compress_above,
+                )
+                blobs[self._blob_key(thread_id, ns, channel, version)] = stored
+                if tip is not None:
+                    tips[channel] = tip
+                    if tip.chain:
+                        chains[channel] = list(tip.chain)
+                        refs.append(self._blob_key(thread_id, ns, channel, tip.chain[-1]))
+            for channel in unchanged:
+                if channel in rewrite:
+                    continue
+                chain = shared.get(channel, ())
+                if chain:
+                    chains[channel] = list(chain)
+                    refs.append(self._blob_key(thread_id, ns, channel, versions[channel]))
+                tip = bases.get(channel)
+                if tip is not None and tip.version == versions[channel]:
+                    tips[channel] = tip
+            blobs[cp_key] = {**record, "chains": chains} if chains else record
+            return blobs, refs, _Seen(checkpoint_id, versions, chains, tips)
+
+        if not self._steps:
+            bases = {}
+        blobs, refs, seen = encode(bases, ())
+
+        def rebuild(missing: set[str]) -> tuple[dict[str, object], list[str], _Seen]:
+            # A value this checkpoint builds on was deleted meanwhile (a prune): write whole
+            # copies instead, of the grown lists and of the shared values that lost their chain.
+            lost = [
+                ch
+                for ch in unchanged
+                if shared.get(ch)
+                and (
+                    self._blob_key(thread_id, ns, ch, versions[ch]) in missing
+                    or any(self._blob_key(thread_id, ns, ch, v) in missing for v in shared[ch])
+                )
+            ]
+            return encode({}, lost)
+
+        if self._steps:
+            done = await self._put_step(
+                thread_id, ns, parent, guarded, checkpoint_id, blobs, refs, seen, rebuild
+            )
+            if done:
+                await self._after_put(thread_id, ns)
+                return self._config(thread_id, ns, checkpoint_id)
+            blobs, refs, seen = encode({}, ())  # no `transact` after all: no deltas either
         # A backend without `transact`: values and record, then the head (three calls).
         head_key = self._head_key(thread_id, ns)
         if guarded:
@@ -444,6 +721,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         await self.state.save_many(blobs, ttl=None)
         if not guarded:
             await self.state.save(head_key, {"id": checkpoint_id}, ttl=None)
+            await self._after_put(thread_id, ns)
             return self._config(thread_id, ns, checkpoint_id)
 
         def move(current: dict[str, str] | None) -> dict[str, str]:
@@ -459,7 +737,48 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             # reuse version numbers, so another checkpoint may share them).
             await self.state.delete(cp_key)
             raise
+        await self._after_put(thread_id, ns)
         return self._config(thread_id, ns, checkpoint_id)
+
+    async def _shared_chains(
+        self,
+        thread_id: str,
+        ns: str,
+        parent: str | None,
+        versions: dict[str, str],
+        channels: list[str],
+    ) -> dict[str, tuple[str, ...]]:
+        """The delta chains of the values a checkpoint shares with its parent (not remembered).
+
+        From the parent's record when it lists the same versions, else by reading the values
+        themselves (a delta names the version it extends).
+        """
+        chains: dict[str, tuple[str, ...]] = {}
+        todo = list(channels)
+        if parent is not None:
+            record = await self.state.get(self._cp_key(thread_id, ns, parent))
+            if record is not None:
+                listed: dict[str, list[str]] = record.get("chains") or {}
+                same = [ch for ch in todo if record["versions"].get(ch) == versions[ch]]
+                chains.update({ch: tuple(listed[ch]) for ch in same if ch in listed})
+                todo = [ch for ch in todo if ch not in same]
+        for channel in todo:
+            chain: list[str] = []
+            version = versions[channel]
+            while True:
+                stored = await self.state.get(self._blob_key(thread_id, ns, channel, version))
+                if stored is None or not is_delta(stored):
+                    break
+                version = stored[5]
+                chain.append(version)
+                if len(chain) > self.delta_chain + 64:
+                    raise DecodeError(
+                        f"thread {thread_id!r} (namespace {ns!r}), channel {channel!r}: a delta "
+                        "chain that does not end"
+                    )
+            if chain:
+                chains[channel] = tuple(reversed(chain))
+        return chains
 
     # ---------------------------------------------------------------- atomic steps
 
@@ -499,29 +818,28 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         guarded: bool,
         checkpoint_id: str,
         blobs: dict[str, object],
+        refs: list[str],
+        seen: _Seen,
+        rebuild: Callable[[set[str]], tuple[dict[str, object], list[str], _Seen]],
     ) -> bool:
         """Write a checkpoint's values, its record and the head move as one `transact`.
 
         Guarded, the step compares the head with the revision this saver last saw it at
         (remembered from `aget_tuple` or the last `aput`, else read now); a lost compare
         returns the head in the same step, and the step is retried on its new revision while
-        it still names `parent`. Returns `False` if the backend has no `transact`.
+        it still names `parent`. The step also checks that the stored values its deltas build
+        on (`refs`) are still there; if one was deleted meanwhile, `rebuild` makes whole copies
+        and the step is tried again. Returns `False` if the backend has no `transact`.
 
         Raises:
             StaleCheckpointError: The head no longer names `parent`; nothing was written.
             ConflictError: The head was rewritten (still naming `parent`) on every attempt.
         """
         head_key = self._head_key(thread_id, ns)
-        then: list[txn.Op] = [txn.Put(key, value, ttl=None) for key, value in blobs.items()]
-        then.append(txn.Put(head_key, {"id": checkpoint_id}, ttl=None))
-        if not guarded:
-            done = await self._transact([], then, [])
-            if done is None:
-                return False
-            self._remember_head(thread_id, ns, checkpoint_id, done.revisions[-1])
-            return True
         compare: TxnCompare | None = None
-        if parent is None:
+        if not guarded:
+            compare = None
+        elif parent is None:
             compare = txn.Version(head_key, 0)  # built on no checkpoint: the head is missing
         else:
             known = self._heads.get((thread_id, ns))
@@ -529,23 +847,35 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 compare = txn.Revision(head_key, known[1])
         attempts = self.state.config.update_max_attempts
         for attempt in range(attempts):
-            if compare is None:
+            if guarded and compare is None:
                 # Refuse a stale write before building the step (the common lost race).
                 entry = await self.state.get_entry(head_key)
                 self._check_head(thread_id, ns, parent, entry.value["id"] if entry else None)
                 compare = self._compare(head_key, entry)
-            done = await self._transact([compare], then, [txn.Get(head_key)])
+            then: list[txn.Op] = [txn.Put(key, value, ttl=None) for key, value in blobs.items()]
+            then.append(txn.Put(head_key, {"id": checkpoint_id}, ttl=None))
+            compares: list[TxnCompare] = [txn.Exists(key) for key in refs]
+            orelse: list[txn.Op] = [txn.Get(key) for key in refs]
+            if compare is not None:
+                compares.append(compare)
+            done = await self._transact(compares, then, [*orelse, txn.Get(head_key)])
             if done is None:
                 return False
             if done.succeeded:
                 self._remember_head(thread_id, ns, checkpoint_id, done.revisions[-1])
+                self._remember(self._tips, (thread_id, ns), seen)
                 return True
-            self._heads.pop((thread_id, ns), None)
-            entry = done.results[0]
-            self._check_head(thread_id, ns, parent, entry.value["id"] if entry else None)
-            # The head still names `parent` but was written again meanwhile: retry on it.
-            compare = self._compare(head_key, entry)
-            if attempt:
+            entry = done.results[-1]
+            if guarded:
+                self._heads.pop((thread_id, ns), None)
+                self._check_head(thread_id, ns, parent, entry.value["id"] if entry else None)
+                # The head still names `parent` (maybe written again meanwhile): retry on it.
+                compare = self._compare(head_key, entry)
+            missing = {key for key, got in zip(refs, done.results, strict=False) if got is None}
+            if missing:
+                self._tips.pop((thread_id, ns), None)
+                blobs, refs, seen = rebuild(missing)
+            elif attempt:
                 await anyio.sleep(backoff(attempt))
         raise ConflictError(
             f"the head of thread {thread_id!r} (namespace {ns!r}) was rewritten during each "
@@ -645,7 +975,205 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and channel value of a thread."""
-        await self._delete_keys(await self.state.list_keys(f"{self._tag(str(thread_id))}:*"))
+        thread_id = str(thread_id)
+        await self._delete_keys(await self.state.list_keys(f"{self._tag(thread_id)}:*"))
+        for slot in [slot for slot in self._tips if slot[0] == thread_id]:
+            del self._tips[slot]
+        if self.retention is not None and self.retention.thread_ttl is not None:
+            self._touched.pop(thread_id, None)
+            await self.state.index_remove(self._ttl_index(), [encode(thread_id)])
+
+    def _used_blobs(self, thread_id: str, ns: str, records: Iterable[dict[str, Any]]) -> set[str]:
+        """The stored values the given checkpoints are read from: their versions and chains."""
+        used: set[str] = set()
+        for record in records:
+            for channel, version in record["versions"].items():
+                used.add(self._blob_key(thread_id, ns, channel, version))
+            for channel, chain in (record.get("chains") or {}).items():
+                used.update(self._blob_key(thread_id, ns, channel, v) for v in chain)
+        return used
+
+    async def _prune_ns(
+        self,
+        thread_id: str,
+        ns: str,
+        choose: Callable[[list[tuple[str, str, str, str]], dict[str, Any], str | None], set[str]],
+    ) -> int:
+        """Delete the checkpoints `choose` names, their writes, and the values nothing kept reads.
+
+        `choose(items, records, head id)` gets the namespace's checkpoints (newest first) and
+        their records. The deletes are one `transact` that holds only while the thread head is
+        the one read first: a checkpoint written meanwhile (which may build on a value about to
+        go) makes the step fail, and it is worked out again. The head is never deleted. Returns
+        how many checkpoints were deleted.
+
+        Raises:
+            ConflictError: The thread was written during every attempt; nothing was deleted.
+        """
+        head_key = self._head_key(thread_id, ns)
+        attempts = self.state.config.update_max_attempts
+        for attempt in range(attempts):
+            head = await self.state.get_entry(head_key)
+            head_id = head.value["id"] if head is not None else None
+            items = await self._checkpoint_keys(thread_id, ns)
+            records = await self.state.get_many([item[3] for item in items])
+            doomed = choose(items, records, head_id) - {head_id}
+            if not doomed:
+                return 0
+            used = self._used_blobs(
+                thread_id,
+                ns,
+                (
+                    records[item[3]]
+                    for item in items
+                    if item[0] not in doomed and item[3] in records
+                ),
+            )
+            blobs = await self.state.list_keys(f"{self._tag(thread_id)}:b:{encode(ns)}:*")
+            deletes = [
+                *(item[3] for item in items if item[0] in doomed),
+                *(self._writes_key(thread_id, ns, item[0]) for item in items if item[0] in doomed),
+                *(key for key in blobs if key not in used),
+            ]
+            done = await self._transact(
+                [self._compare(head_key, head)], [txn.Delete(key) for key in deletes], []
+            )
+            if done is None:  # a backend without `transact`
+                await self._delete_keys(deletes)
+                return len(doomed)
+            if done.succeeded:
+                return len(doomed)
+            if attempt:
+                await anyio.sleep(backoff(attempt))
+        raise ConflictError(
+            f"thread {thread_id!r} (namespace {ns!r}) was written during each of {attempts} "
+            "attempts to prune it; nothing was deleted",
+            key=head_key,
+        )
+
+    # ---------------------------------------------------------------- retention
+
+    def _ttl_index(self) -> str:
+        return f"{self.prefix}:threads"
+
+    async def _after_put(self, thread_id: str, ns: str) -> None:
+        """Apply the retention policy to the thread and namespace just written."""
+        policy = self.retention
+        if policy is None:
+            return
+        try:
+            if policy.keep_last is not None or policy.max_age is not None:
+                await self._retain(thread_id, ns, policy)
+            ttl = policy.thread_ttl_seconds
+            if ttl is not None:
+                await self._touch(thread_id, ttl)
+        except ConflictError:
+            # Another writer kept the thread busy: the checkpoint is written, and the next
+            # `aput` applies the policy again.
+            _log.debug("checkpoint_retention_deferred")
+
+    async def _retain(self, thread_id: str, ns: str, policy: CheckpointRetention) -> None:
+        keep_last = policy.keep_last
+        max_age = policy.max_age_seconds
+        items = await self._checkpoint_keys(thread_id, ns)
+        if keep_last is None or len(items) <= keep_last:
+            if max_age is None or len(items) < 2:
+                return
+            oldest = await self.state.get(items[-1][3])
+            at = None if oldest is None else oldest.get("at")
+            if at is None or _now() - at <= max_age:
+                return
+
+        def choose(
+            items: list[tuple[str, str, str, str]], records: dict[str, Any], head_id: str | None
+        ) -> set[str]:
+            now = _now()
+            doomed = set()
+            for rank, (checkpoint_id, _, _, key) in enumerate(items):
+                if checkpoint_id == head_id:
+                    continue
+                if keep_last is not None and rank >= keep_last:
+                    doomed.add(checkpoint_id)
+                    continue
+                at = records.get(key, {}).get("at")
+                if max_age is not None and at is not None and now - at > max_age:
+                    doomed.add(checkpoint_id)
+            return doomed
+
+        pruned = await self._prune_ns(thread_id, ns, choose)
+        if pruned:
+            _log.debug("checkpoint_retention_pruned", checkpoints=pruned)
+
+    async def _touch(self, thread_id: str, ttl: float) -> None:
+        """Mark the thread active in the TTL index (at most every `ttl / 8`), and sweep."""
+        now = _now()
+        last = self._touched.get(thread_id)
+        if last is None or now - last >= ttl / 8:
+            await self.state.index_add(self._ttl_index(), {encode(thread_id): now})
+            self._remember(self._touched, thread_id, now)
+        if now - self._swept >= ttl / 8:
+            self._swept = now
+            await self.asweep_idle_threads()
+
+    async def _expire(self, thread_id: str, member: str, now: float, ttl: float) -> bool:
+        """Delete an idle thread whole, unless it was written since; return whether it went.
+
+        The thread's newest checkpoint's write time is checked first (another saver may have
+        written it since the index said otherwise; the index is then corrected). The deletes
+        are one `transact` that holds only while every head of the thread is the one read: a
+        checkpoint written meanwhile keeps the thread, whole.
+        """
+        index = self._ttl_index()
+        head_keys = await self.state.list_keys(f"{self._tag(thread_id)}:head:*")
+        heads = {key: await self.state.get_entry(key) for key in head_keys}
+        records = await self.state.get_many(
+            [
+                self._cp_key(thread_id, decode(key.rsplit(":", 1)[1]), entry.value["id"])
+                for key, entry in heads.items()
+                if entry is not None
+            ]
+        )
+        times = [at for at in (record.get("at") for record in records.values()) if at is not None]
+        if times and now - max(times) <= ttl:
+            await self.state.index_add(index, {member: max(times)})
+            return False
+        keys = await self.state.list_keys(f"{self._tag(thread_id)}:*")
+        compares = [self._compare(key, entry) for key, entry in heads.items()]
+        done = await self._transact(compares, [txn.Delete(key) for key in keys], [])
+        if done is None:  # a backend without `transact`
+            await self._delete_keys(keys)
+        elif not done.succeeded:
+            return False  # written meanwhile: the next sweep looks again
+        for slot in [slot for slot in self._tips if slot[0] == thread_id]:
+            del self._tips[slot]
+        self._touched.pop(thread_id, None)
+        await self.state.index_remove(index, [member])
+        return True
+
+    async def asweep_idle_threads(self) -> int:
+        """Delete the threads idle longer than the retention's `thread_ttl`; return how many.
+
+        Runs by itself as threads are written (at most every `thread_ttl / 8` per saver);
+        call it to sweep a store nobody writes. One read of the oldest entries of the TTL index
+        (`prefix:threads`, a sorted index of threads by last write), then, for each thread past
+        its TTL, a check of its newest checkpoint's write time and the thread's delete, one
+        `transact` that a write to the thread meanwhile cancels: the cost is what expires.
+        Without a `thread_ttl`, does nothing.
+        """
+        policy = self.retention
+        ttl = None if policy is None else policy.thread_ttl_seconds
+        if ttl is None:
+            return 0
+        index = self._ttl_index()
+        deleted = 0
+        now = _now()
+        for member, score in await self.state.index_range(index, limit=_SWEEP_BATCH):
+            if now - score <= ttl:
+                break
+            deleted += await self._expire(decode(member), member, now, ttl)
+        if deleted:
+            _log.debug("checkpoint_threads_expired", threads=deleted)
+        return deleted
 
     async def _delete_checkpoints(self, doomed: list[tuple[str, str, str, str]]) -> None:
         """Delete checkpoints with their writes, fix the heads, and drop orphaned values."""
@@ -666,11 +1194,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         else:
             await self.state.delete(head_key)
         records = await self.state.get_many([item[3] for item in left])
-        used = {
-            self._blob_key(thread_id, ns, ch, v)
-            for record in records.values()
-            for ch, v in record["versions"].items()
-        }
+        used = self._used_blobs(thread_id, ns, records.values())
         blobs = await self.state.list_keys(f"{self._tag(thread_id)}:b:{encode(ns)}:*")
         await self._delete_keys([key for key in blobs if key not in used])
 
@@ -705,8 +1229,13 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: `"keep_latest"` keeps each namespace's head, `"delete"` removes all.
 
+        `"keep_latest"` deletes, per namespace, every other checkpoint with its pending writes,
+        and the stored values nothing kept is read from, in one atomic step that holds only
+        while the head is unchanged (a write meanwhile makes it start over).
+
         Raises:
             InvalidArgumentError: An unknown strategy; nothing was changed.
+            ConflictError: A thread was written during every attempt to prune it.
         """
         if strategy not in {"keep_latest", "delete"}:
             raise InvalidArgumentError(
@@ -716,17 +1245,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             if strategy == "delete":
                 await self.adelete_thread(thread_id)
                 continue
-            heads = {}
+            # Each namespace with a head keeps it (and what it is read from); one without a
+            # head (none is ever left so) keeps everything.
             for key in await self.state.list_keys(f"{self._tag(str(thread_id))}:head:*"):
-                head = await self.state.get(key)
-                if head is not None:
-                    heads[decode(key.rsplit(":", 1)[1])] = head["id"]
-            doomed = [
-                item
-                for item in await self._checkpoint_keys(str(thread_id), None)
-                if heads.get(item[2], item[0]) != item[0]
-            ]
-            await self._delete_checkpoints(doomed)
+                await self._prune_ns(
+                    str(thread_id),
+                    decode(key.rsplit(":", 1)[1]),
+                    lambda items, _records, head_id: {item[0] for item in items} - {head_id},
+                )
 
     # ---------------------------------------------------------------- versions
 
@@ -794,6 +1320,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Blocking `acopy_thread` (through `portal`)."""
         self._sync(self.acopy_thread, source_thread_id, target_thread_id)
+
+    def sweep_idle_threads(self) -> int:
+        """Blocking `asweep_idle_threads` (through `portal`)."""
+        return self._sync(self.asweep_idle_threads)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Blocking `aprune` (through `portal`)."""

@@ -22,7 +22,13 @@ def test_langgraph_all_is_sorted_and_complete() -> None:
     """The integration's public names are listed, sorted, and importable."""
     module = importlib.import_module("agenticstate.langgraph")
     assert module.__all__ == sorted(module.__all__, key=_isort_key)
-    assert module.__all__ == ["HEAD_GUARD_KEY", "CheckpointSaver", "StaleCheckpointError", "Store"]
+    assert module.__all__ == [
+        "HEAD_GUARD_KEY",
+        "CheckpointRetention",
+        "CheckpointSaver",
+        "StaleCheckpointError",
+        "Store",
+    ]
     for name in module.__all__:
         assert getattr(module, name) is not None
 
