@@ -264,9 +264,10 @@ def pack(value: object) -> bytes:
 def _is_plain(value: object, depth: int, max_depth: int, for_json: bool) -> bool:
     """Whether `value` can be packed as it is: the common case, checked without building a path.
 
-    True only for exact dicts (str keys), lists, str, bool, None, 64-bit ints and finite floats,
-    nested at most `max_depth` deep. Anything else (a cycle included, which exceeds the depth)
-    returns False, and the full walk then converts it or raises an error naming the path.
+    True only for exact dicts (str keys), lists, str, bool, None, 64-bit ints, finite floats and
+    (in msgpack, which stores them as they are) bytes, nested at most `max_depth` deep. Anything
+    else (a cycle included, which exceeds the depth) returns False, and the full walk then
+    converts it or raises an error naming the path.
     """
     if depth >= max_depth:
         return False
@@ -285,7 +286,10 @@ def _is_plain(value: object, depth: int, max_depth: int, for_json: bool) -> bool
         kind = type(item)
         if kind is str or kind is bool or item is None:
             continue
-        if kind is float:
+        if kind is bytes:
+            if for_json:
+                return False
+        elif kind is float:
             if item - item != 0.0:  # type: ignore[operator]  # inf - inf and nan - nan are nan
                 return False
         elif kind is int:
