@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 
     from agenticstate import FeedRetention
 
-__all__ = ["MESSAGE_CHARS", "redis_thread_bytes", "run_thread", "sqlite_thread_bytes"]
+__all__ = [
+    "MESSAGE_CHARS",
+    "chat_graph",
+    "redis_thread_bytes",
+    "run_thread",
+    "sqlite_thread_bytes",
+    "user_message",
+]
 
 MESSAGE_CHARS = 800
 
@@ -38,7 +45,9 @@ def _text(kind: str, turn: int) -> str:
     return head + "".join(chr(97 + (turn * 7 + i) % 26) for i in range(MESSAGE_CHARS - len(head)))
 
 
-def _graph(saver: CheckpointSaver) -> Any:
+def chat_graph(saver: Any) -> Any:
+    """The two-node chat graph on any LangGraph checkpointer."""
+
     def agent(state: _Chat) -> dict[str, Any]:
         turn = len(state["messages"]) // 3
         return {"messages": [AIMessage(_text("agent", turn), id=f"a{turn}")]}
@@ -58,12 +67,15 @@ def _graph(saver: CheckpointSaver) -> Any:
 
 async def run_thread(state: StateManager, turns: int, thread: str = "t1") -> None:
     """Run `turns` turns of one thread on `state` (opened by the caller)."""
-    graph = _graph(CheckpointSaver(state))
+    graph = chat_graph(CheckpointSaver(state))
     config: Any = {"configurable": {"thread_id": thread}}
     for turn in range(turns):
-        await graph.ainvoke(
-            {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}, config
-        )
+        await graph.ainvoke(user_message(turn), config)
+
+
+def user_message(turn: int) -> dict[str, Any]:
+    """The graph input of turn `turn`: one user message."""
+    return {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}
 
 
 async def redis_thread_bytes(url: str, db: int, feed: FeedRetention | None, turns: int) -> int:
