@@ -49,7 +49,8 @@ def postgres_server(port: int = 54329) -> Iterator[str]:
         data = directory / "data"
         _run(["initdb", "-D", str(data), "-A", "trust", "-U", _USER, "--no-sync", "-E", "UTF8"])
         options = f"-p {port} -k {directory} -c listen_addresses=''"
-        _run(["pg_ctl", "-D", str(data), "-l", str(directory / "log"), "-w", "-o", options, "start"])
+        log = str(directory / "log")
+        _run(["pg_ctl", "-D", str(data), "-l", log, "-w", "-o", options, "start"])
         try:
             yield f"postgresql://{_USER}@/postgres?host={directory}&port={port}"
         finally:
