@@ -190,13 +190,18 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             pattern = f"{self._tag(thread_id)}:cp:{encode(ns)}:*"
         found = []
         keys = await self.state.list_keys(pattern)
-        if thread_id is not None and ns is not None:
-            # One thread and namespace: each key is the pattern's prefix and an id, parsed alone.
+        if thread_id is not None:
+            # One thread: each key is the pattern's prefix, then the namespace (unless the
+            # pattern names it) and the id; only those are parsed.
             cut = len(pattern) - 1
             for key in keys:
-                checkpoint_id = decode(key[cut:])
+                if ns is None:
+                    namespace, _, rest = key[cut:].partition(":")
+                    namespace, checkpoint_id = decode(namespace), decode(rest)
+                else:
+                    namespace, checkpoint_id = ns, decode(key[cut:])
                 if keep is None or keep(checkpoint_id):
-                    found.append((checkpoint_id, thread_id, ns, key))
+                    found.append((checkpoint_id, thread_id, namespace, key))
         else:
             for key in keys:
                 thread, namespace, checkpoint_id = self._parse(key)

@@ -40,3 +40,16 @@ async def test_one_namespace_lists_escaped_ids_newest_first(ns: str) -> None:
         page = [t async for t in saver.alist(scoped, limit=3)]
         assert [t.config["configurable"]["checkpoint_id"] for t in page] == listed[:3]
         assert {t.config["configurable"]["checkpoint_ns"] for t in page} == {ns}
+        # Every namespace of the thread: each tuple names its own namespace.
+        thread: Any = {"configurable": {"thread_id": "t"}}
+        every = [
+            (t.config["configurable"]["checkpoint_ns"], t.config["configurable"]["checkpoint_id"])
+            async for t in saver.alist(thread)
+        ]
+        expected = [(ns, checkpoint_id) for checkpoint_id in AWKWARD]
+        expected += [(other, "zzz") for other in ("", "other") if other != ns]
+        assert every == sorted(expected, key=lambda item: (item[1], item[0]), reverse=True)
+        newest = [
+            t.config["configurable"]["checkpoint_id"] async for t in saver.alist(thread, limit=2)
+        ]
+        assert newest == [checkpoint_id for _, checkpoint_id in every[:2]]
