@@ -278,3 +278,15 @@ def test_the_plain_path_encodes_as_the_full_walk_does(value: Any, fmt: Any) -> N
     with mock.patch.object(serialization, "_is_plain", return_value=False):
         walked = Serializer(fmt).dumps(value)
     assert fast == walked
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_failed_encode_leaves_nothing_for_the_next(fmt: Any) -> None:
+    """A value refused halfway through packing (a lone surrogate deep inside) leaves the
+    reused packer empty: the next value encodes to exactly its own bytes."""
+    serializer = Serializer(fmt)
+    expected = serializer.dumps({"ok": [1, "two"]})
+    with pytest.raises(SerializationError):
+        serializer.dumps({"a": "x" * 100, "b": ["\ud800"]})
+    assert serializer.dumps({"ok": [1, "two"]}) == expected
+    assert serializer.loads(expected) == {"ok": [1, "two"]}
