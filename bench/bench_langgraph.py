@@ -271,6 +271,7 @@ def _report(rates: dict[str, list[dict[str, float]]], rounds: int) -> str:
         for op, label in WORKLOADS.items():
             ratios = sorted(m[op] / b[op] for m, b in zip(rates[ours], rates[base], strict=True))
             ratio = statistics.median(ratios)
+            best = max(m[op] for m in rates[ours]) / max(b[op] for b in rates[base])
             met = ratio >= target
             if not met:
                 misses.append(f"{ours} {op} {ratio:.2f}x {base} (target {target:.1f}x)")
@@ -281,13 +282,16 @@ def _report(rates: dict[str, list[dict[str, float]]], rounds: int) -> str:
                     f"{statistics.median(m[op] for m in rates[ours]):,.0f}/s",
                     f"{statistics.median(b[op] for b in rates[base]):,.0f}/s {base}",
                     f"{ratio:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})",
+                    f"{best:.2f}x",
                     f"{target:.1f}x: " + ("met" if met else "**missed**"),
                 ]
             )
     notes = [
         f"{rounds} rounds; in each, both savers of a pair run every workload on fresh stores, "
         "in alternating order. Ratios are ours over the baseline's rate within a round (above "
-        "1 is faster); shown: the median rates, the median ratio and its range.",
+        "1 is faster); shown: the median rates, the median ratio and its range. 'best-of' is "
+        "the ratio of each saver's best round, the one least disturbed by other work on the "
+        "machine. A target is met when the median ratio reaches it.",
         "Durability, like for like: agenticstate SQLite and AsyncSqliteSaver both run in WAL "
         "mode with synchronous=FULL (a put is one transaction, on disk before it returns); "
         "Redis runs with appendonly yes, appendfsync always; PostgreSQL with fsync=on and "
@@ -303,7 +307,7 @@ def _report(rates: dict[str, list[dict[str, float]]], rounds: int) -> str:
     ]
     return table(
         "LangGraph checkpointer against the saver a user would pick instead",
-        ["agenticstate", "workload", "ours", "baseline", "ratio (range)", "target"],
+        ["agenticstate", "workload", "ours", "baseline", "ratio (range)", "best-of", "target"],
         rows,
         notes,
     )
