@@ -124,35 +124,40 @@ def _approval_graph(saver: Any) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-async def _graph_runs(saver: Any, tag: str) -> dict[str, float]:
-    """Rates of the graph workloads on `saver`: turns, concurrent turns, history, resume."""
+async def _graph_runs(saver: Any, tag: str, scale: int = 1) -> dict[str, float]:
+    """Rates of the graph workloads on `saver`: turns, concurrent turns, history, resume.
+
+    `scale` divides every count (a warm-up runs the same code on less work).
+    """
+    turns, threads, thread_turns = TURNS // scale, THREADS // scale, THREAD_TURNS // scale
+    resumes = RESUMES // scale
     rates: dict[str, float] = {}
     graph = chat_graph(saver)
     config: Any = {"configurable": {"thread_id": f"{tag}-chat"}}
     start = time.perf_counter()
-    for turn in range(TURNS):
+    for turn in range(turns):
         await graph.ainvoke(user_message(turn), config)
-    rates["turns"] = TURNS / (time.perf_counter() - start)
+    rates["turns"] = turns / (time.perf_counter() - start)
 
     start = time.perf_counter()
     snapshots = [snapshot async for snapshot in graph.aget_state_history(config)]
     rates["history"] = len(snapshots) / (time.perf_counter() - start)
-    assert len(snapshots) >= 3 * TURNS
+    assert len(snapshots) >= 3 * turns
 
     async def thread(number: int) -> None:
         config: Any = {"configurable": {"thread_id": f"{tag}-many-{number}"}}
-        for turn in range(THREAD_TURNS):
+        for turn in range(thread_turns):
             await graph.ainvoke(user_message(turn), config)
 
     start = time.perf_counter()
     async with anyio.create_task_group() as group:
-        for number in range(THREADS):
+        for number in range(threads):
             group.start_soon(thread, number)
-    rates["concurrent"] = THREADS * THREAD_TURNS / (time.perf_counter() - start)
+    rates["concurrent"] = threads * thread_turns / (time.perf_counter() - start)
 
     approval = _approval_graph(saver)
     paused = []
-    for number in range(RESUMES):
+    for number in range(resumes):
         config = {"configurable": {"thread_id": f"{tag}-ask-{number}"}}
         await approval.ainvoke({"steps": []}, config)
         paused.append(config)
@@ -160,7 +165,7 @@ async def _graph_runs(saver: Any, tag: str) -> dict[str, float]:
     for config in paused:
         done = await approval.ainvoke(Command(resume="yes"), config)
         assert done["steps"][-1] == "finish:yes"
-    rates["resume"] = RESUMES / (time.perf_counter() - start)
+    rates["resume"] = resumes / (time.perf_counter() - start)
     return rates
 
 
@@ -246,6 +251,13 @@ async def run(redis_url: str, postgres_url: str, rounds: int = ROUNDS) -> str:
     rates: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as temp:
         openers = _openers(Path(temp), redis_url, postgres_url)
+        # A warm-up of every saver on a tenth of the work, not recorded: the first saver to
+        # run would otherwise pay for the process's imports and LangGraph's first compiles.
+        for name, opener in openers.items():
+            async with opener(-1) as saver:
+                await _graph_runs(saver, "warm-up", scale=10)
+                await _calls(saver, "warm-up", chain[:20])
+            _progress(f"warm-up: {name} done")
         for round_ in range(rounds):
             for ours, base, _ in PAIRS:
                 order = (ours, base) if round_ % 2 == 0 else (base, ours)
@@ -287,11 +299,12 @@ def _report(rates: dict[str, list[dict[str, float]]], rounds: int) -> str:
                 ]
             )
     notes = [
-        f"{rounds} rounds; in each, both savers of a pair run every workload on fresh stores, "
-        "in alternating order. Ratios are ours over the baseline's rate within a round (above "
-        "1 is faster); shown: the median rates, the median ratio and its range. 'best-of' is "
-        "the ratio of each saver's best round, the one least disturbed by other work on the "
-        "machine. A target is met when the median ratio reaches it.",
+        f"{rounds} rounds after a warm-up; in each, both savers of a pair run every workload "
+        "on fresh stores, in alternating order. Ratios are ours over the baseline's rate "
+        "within a round (above 1 is faster); shown: the median rates, the median ratio and "
+        "its range. 'best-of' is the ratio of each saver's best round, the one least "
+        "disturbed by other work on the machine. A target is met when the median ratio "
+        "reaches it.",
         "Durability, like for like: agenticstate SQLite and AsyncSqliteSaver both run in WAL "
         "mode with synchronous=FULL (a put is one transaction, on disk before it returns); "
         "Redis runs with appendonly yes, appendfsync always; PostgreSQL with fsync=on and "
