@@ -246,7 +246,7 @@ def _openers(directory: Path, redis_url: str, postgres_url: str) -> dict[str, Ca
     }
 
 
-async def run(redis_url: str, postgres_url: str, rounds: int = ROUNDS) -> str:
+async def run(redis_url: str, postgres_url: str, rounds: int) -> str:
     chain = _chain(CHECKPOINTS)
     rates: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as temp:
@@ -341,10 +341,10 @@ async def _main(rounds: int) -> str:
             server.stop()
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS
-    publish("langgraph", anyio.run(_main, rounds))
+def main(rounds: int | None = None) -> None:
+    """Run the benchmark and publish it (`python -m bench` sets `ROUNDS` and calls this)."""
+    publish("langgraph", anyio.run(_main, ROUNDS if rounds is None else rounds))
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else None)
