@@ -680,9 +680,8 @@ class StateManager:
             counters["conflicts"] += 1
             raise
         ops = then if done.succeeded else orelse
-        results = txn.from_backend(ops, done.results, codec)
-        txn.tally(ops, results, counters)
-        return txn.TransactResult(done.succeeded, results, txn.revisions(ops, done.results))
+        results, revisions = txn.from_backend(ops, done.results, codec, counters)
+        return txn.TransactResult(done.succeeded, results, revisions)
 
     def _ttl_or_configured(self, ttl: object) -> timedelta | None:
         return self.config.ttl if ttl is txn.CONFIGURED else self._ttl(ttl)

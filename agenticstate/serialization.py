@@ -261,12 +261,32 @@ def pack(value: object) -> bytes:
     return packed
 
 
+def _pack_framed(value: object) -> bytes:
+    """The msgpack header byte, then `value` packed, built in one buffer (no copy to join them).
+
+    The header `_MSGPACK` (0x01) is also msgpack's own encoding of the int 1, so the packer
+    writes it. A value that fails to pack leaves the packer empty for the next call.
+    """
+    try:
+        packer = _THREAD.framer
+    except AttributeError:
+        packer = _THREAD.framer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    try:
+        packer.pack(_MSGPACK)
+        packer.pack(value)
+        framed: bytes = packer.bytes()
+    finally:
+        packer.reset()
+    return framed
+
+
 def _is_plain(value: object, depth: int, max_depth: int, for_json: bool) -> bool:
     """Whether `value` can be packed as it is: the common case, checked without building a path.
 
-    True only for exact dicts (str keys), lists, str, bool, None, 64-bit ints and finite floats,
-    nested at most `max_depth` deep. Anything else (a cycle included, which exceeds the depth)
-    returns False, and the full walk then converts it or raises an error naming the path.
+    True only for exact dicts (str keys), lists, str, bool, None, 64-bit ints, finite floats and
+    (in msgpack, which stores them as they are) bytes, nested at most `max_depth` deep. Anything
+    else (a cycle included, which exceeds the depth) returns False, and the full walk then
+    converts it or raises an error naming the path.
     """
     if depth >= max_depth:
         return False
@@ -285,7 +305,10 @@ def _is_plain(value: object, depth: int, max_depth: int, for_json: bool) -> bool
         kind = type(item)
         if kind is str or kind is bool or item is None:
             continue
-        if kind is float:
+        if kind is bytes:
+            if for_json:
+                return False
+        elif kind is float:
             if item - item != 0.0:  # type: ignore[operator]  # inf - inf and nan - nan are nan
                 return False
         elif kind is int:
@@ -472,13 +495,11 @@ class Serializer:
                 if plain is None:
                     plain = _Encoder(for_json=for_json, max_depth=self.max_depth).walk(value, 0)
             if for_json:
-                body = json.dumps(
+                framed = bytes((_JSON,)) + json.dumps(
                     plain, ensure_ascii=False, allow_nan=False, separators=(",", ":")
-                ).encode()
-                header = _JSON
+                ).encode("utf-8")
             else:
-                body = pack(plain)
-                header = _MSGPACK
+                framed = _pack_framed(plain)
         except UnicodeEncodeError:
             # A str with a lone surrogate has no UTF-8 form; looked for only when encoding failed.
             raise _unencodable_text(plain) from None
@@ -487,15 +508,16 @@ class Serializer:
             raise TooDeepError(
                 "value is nested too deeply for this interpreter to encode", path="$"
             ) from None
-        if len(body) > self.max_size:
+        size = len(framed) - 1  # the payload, after its header byte
+        if size > self.max_size:
             raise TooLargeError(
-                f"encoded value is {len(body)} bytes; the maximum is {self.max_size}", path="$"
+                f"encoded value is {size} bytes; the maximum is {self.max_size}", path="$"
             )
-        if self.compression and len(body) > self.compression_threshold:
-            packed = zlib.compress(body, 6)
-            if len(packed) < len(body):
-                return bytes((header | _COMPRESSED,)) + packed
-        return bytes((header,)) + body
+        if self.compression and size > self.compression_threshold:
+            packed = zlib.compress(memoryview(framed)[1:], 6)
+            if len(packed) < size:
+                return bytes((framed[0] | _COMPRESSED,)) + packed
+        return framed
 
     def loads(self, raw: bytes) -> Any:
         """Decode bytes written by `dumps` (in either format).

@@ -174,42 +174,45 @@ def to_backend(
     return mapped
 
 
-def from_backend(ops: Sequence[Op], results: Sequence[Any], codec: Codec) -> list[Any]:
-    """The results of `ops` as `StateManager.transact` returns them."""
+def from_backend(
+    ops: Sequence[Op], results: Sequence[Any], codec: Codec, counters: dict[str, int]
+) -> tuple[list[Any], list[int]]:
+    """The results of `ops` as `StateManager.transact` returns them, and each op's revision.
+
+    One pass: each `Get`'s entry decoded, each write's revision (0 for the other operations),
+    and the saves, reads and deletes (of a key that was there) counted in `counters`.
+    """
     out: list[Any] = []
+    revisions: list[int] = []
+    saves = reads = deletes = 0
     for op, result in zip(ops, results, strict=True):
-        if type(op) in _BACKEND_OWN:
+        kind = type(op)
+        if kind is Put:  # the common case first, by exact type
+            out.append(result.version)
+            revisions.append(result.revision)
+            saves += 1
+        elif kind in _BACKEND_OWN:
             out.append(result)
+            revisions.append(0)
         elif isinstance(op, Get):
             out.append(None if result is None else _entry(codec, result, op.model))
+            revisions.append(0)
+            reads += 1
         elif isinstance(op, Put):
             out.append(result.version)
+            revisions.append(result.revision)
+            saves += 1
         elif isinstance(op, Delete):
             out.append(result is not None)
+            revisions.append(0 if result is None else result.revision)
+            deletes += result is not None
         else:
             out.append(result)
-    return out
-
-
-def revisions(ops: Sequence[Op], results: Sequence[Any]) -> list[int]:
-    """The revision of each write among the backend's `results` of `ops` (0 for the others)."""
-    return [
-        result.revision if result is not None and isinstance(op, Put | Delete) else 0
-        for op, result in zip(ops, results, strict=True)
-    ]
-
-
-def tally(ops: Sequence[Op], results: Sequence[Any], counters: dict[str, int]) -> None:
-    """Count the saves, reads and deletes (of a key that was there) that `ops` made."""
-    for op, result in zip(ops, results, strict=True):
-        if type(op) in _BACKEND_OWN:
-            continue
-        if isinstance(op, Put):
-            counters["saves"] += 1
-        elif isinstance(op, Get):
-            counters["reads"] += 1
-        elif isinstance(op, Delete) and result:
-            counters["deletes"] += 1
+            revisions.append(0)
+    counters["saves"] += saves
+    counters["reads"] += reads
+    counters["deletes"] += deletes
+    return out, revisions
 
 
 _BACKEND_OWN = frozenset((IndexAdd, IndexRemove, IndexIncr, IndexRange))

@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 __all__ = [
     "MESSAGE_CHARS",
     "WHOLE_VALUES",
+    "chat_graph",
     "redis_thread_bytes",
     "run_thread",
     "sqlite_thread_bytes",
+    "user_message",
 ]
 
 MESSAGE_CHARS = 800
@@ -48,7 +50,9 @@ def _text(kind: str, turn: int) -> str:
     return head + "".join(chr(97 + (turn * 7 + i) % 26) for i in range(MESSAGE_CHARS - len(head)))
 
 
-def _graph(saver: CheckpointSaver) -> Any:
+def chat_graph(saver: Any) -> Any:
+    """The two-node chat graph on any LangGraph checkpointer."""
+
     def agent(state: _Chat) -> dict[str, Any]:
         turn = len(state["messages"]) // 3
         return {"messages": [AIMessage(_text("agent", turn), id=f"a{turn}")]}
@@ -71,12 +75,15 @@ async def run_thread(
 ) -> None:
     """Run `turns` turns of one thread on `state` (opened by the caller); `saver_options` go to
     `CheckpointSaver` (the feed-size figures store every value whole: `WHOLE_VALUES`)."""
-    graph = _graph(CheckpointSaver(state, **saver_options))
+    graph = chat_graph(CheckpointSaver(state, **saver_options))
     config: Any = {"configurable": {"thread_id": thread}}
     for turn in range(turns):
-        await graph.ainvoke(
-            {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}, config
-        )
+        await graph.ainvoke(user_message(turn), config)
+
+
+def user_message(turn: int) -> dict[str, Any]:
+    """The graph input of turn `turn`: one user message."""
+    return {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}
 
 
 async def redis_thread_bytes(

@@ -41,8 +41,8 @@ from bench import _thread_workload
 from bench._thread_workload import (
     MESSAGE_CHARS,
     _file_bytes,
-    _graph,
     _text,
+    chat_graph,
     redis_thread_bytes,
     sqlite_thread_bytes,
 )
@@ -65,7 +65,7 @@ _PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 async def run_graph(saver: Any, turns: int, thread: str = "t1") -> None:
     """Run `turns` turns of the chat thread on any LangGraph checkpointer."""
-    graph = _graph(saver)
+    graph = chat_graph(saver)
     config: Any = {"configurable": {"thread_id": thread}}
     for turn in range(turns):
         await graph.ainvoke(

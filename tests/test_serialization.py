@@ -7,6 +7,7 @@ import zlib
 from datetime import UTC, date, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
+from unittest import mock
 from uuid import uuid4
 
 import msgpack
@@ -253,3 +254,39 @@ def test_a_model_error_names_the_value_at_fault_not_a_typed_int_key() -> None:
         Serializer().dumps(_Run(steps={1: _Step(result=_Opaque())}))
     assert caught.value.path == "$.steps.1.result"
     assert " at $.steps.1.result" in str(caught.value)
+
+
+def test_bytes_take_the_plain_path_in_msgpack_only() -> None:
+    """A tree holding bytes (a LangGraph `[type, bytes]` pair) skips the full walk in msgpack,
+    where bytes are stored as they are, and takes it in JSON, where they are spelled in base64."""
+    from agenticstate.serialization import _is_plain
+
+    pair = {"type": "msgpack", "data": b"\x81\xa1a\x01", "nested": [[b"", "x"]]}
+    assert _is_plain(pair, 0, 64, for_json=False)
+    assert not _is_plain(pair, 0, 64, for_json=True)
+    for view in (bytearray(b"x"), memoryview(b"x")):  # not exactly bytes: the walk converts them
+        assert not _is_plain([view], 0, 64, for_json=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=json_values, fmt=st.sampled_from(FORMATS))
+def test_the_plain_path_encodes_as_the_full_walk_does(value: Any, fmt: Any) -> None:
+    """Any value encodes to the same bytes with the plain check as with the full walk alone."""
+    from agenticstate import serialization
+
+    fast = Serializer(fmt).dumps(value)
+    with mock.patch.object(serialization, "_is_plain", return_value=False):
+        walked = Serializer(fmt).dumps(value)
+    assert fast == walked
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_failed_encode_leaves_nothing_for_the_next(fmt: Any) -> None:
+    """A value refused halfway through packing (a lone surrogate deep inside) leaves the
+    reused packer empty: the next value encodes to exactly its own bytes."""
+    serializer = Serializer(fmt)
+    expected = serializer.dumps({"ok": [1, "two"]})
+    with pytest.raises(SerializationError):
+        serializer.dumps({"a": "x" * 100, "b": ["\ud800"]})
+    assert serializer.dumps({"ok": [1, "two"]}) == expected
+    assert serializer.loads(expected) == {"ok": [1, "two"]}

@@ -65,7 +65,7 @@ def encode(text: str) -> str:
 
 def decode(segment: str) -> str:
     """Invert `encode`."""
-    return unquote(segment)
+    return unquote(segment) if "%" in segment else segment  # most segments needed no escaping
 
 
 def check_prefix(prefix: str) -> str:

@@ -346,10 +346,24 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         else:
             pattern = f"{self._tag(thread_id)}:cp:{encode(ns)}:*"
         found = []
-        for key in await self.state.list_keys(pattern):
-            thread, namespace, checkpoint_id = self._parse(key)
-            if keep is None or keep(checkpoint_id):
-                found.append((checkpoint_id, thread, namespace, key))
+        keys = await self.state.list_keys(pattern)
+        if thread_id is not None:
+            # One thread: each key is the pattern's prefix, then the namespace (unless the
+            # pattern names it) and the id; only those are parsed.
+            cut = len(pattern) - 1
+            for key in keys:
+                if ns is None:
+                    namespace, _, rest = key[cut:].partition(":")
+                    namespace, checkpoint_id = decode(namespace), decode(rest)
+                else:
+                    namespace, checkpoint_id = ns, decode(key[cut:])
+                if keep is None or keep(checkpoint_id):
+                    found.append((checkpoint_id, thread_id, namespace, key))
+        else:
+            for key in keys:
+                thread, namespace, checkpoint_id = self._parse(key)
+                if keep is None or keep(checkpoint_id):
+                    found.append((checkpoint_id, thread, namespace, key))
         if limit is not None and limit < len(found):
             return heapq.nlargest(limit, found)  # keys are unique, so tuples never tie on them
         found.sort(reverse=True)
