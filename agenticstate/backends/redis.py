@@ -129,6 +129,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -190,7 +191,13 @@ if TYPE_CHECKING:
 
     from agenticstate.backends.base import TxnCompare, TxnOp
 
-__all__ = ["CHANNEL_NAMESPACE", "CHANNEL_NAMESPACES", "KEY_NAMESPACES", "RedisBackend"]
+__all__ = [
+    "CHANNEL_NAMESPACE",
+    "CHANNEL_NAMESPACES",
+    "KEY_NAMESPACES",
+    "KeyIndexReport",
+    "RedisBackend",
+]
 
 KEY_NAMESPACES: tuple[str, ...] = (
     "",  # the state keys themselves: `{key_prefix}{key}`
@@ -294,6 +301,19 @@ class _KeyLock:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.users = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyIndexReport:
+    """What `RedisBackend.reindex` did to a store's key index.
+
+    Attributes:
+        keys: The records it found under the prefix (a SCAN of the database).
+        added: How many of them the index did not hold yet (0: it was complete).
+    """
+
+    keys: int
+    added: int
 
 
 class RedisBackend(Subscriber, Backend):
@@ -1589,7 +1609,7 @@ class RedisBackend(Subscriber, Backend):
             await self.reindex()
         self._index_ready = True
 
-    async def reindex(self) -> int:
+    async def reindex(self) -> KeyIndexReport:
         """Build the key index over every record under the prefix, and mark it built.
 
         Listings read the index that every write keeps (see "Key index"). A store written by
@@ -1600,7 +1620,8 @@ class RedisBackend(Subscriber, Backend):
         too: every step is idempotent and listings check that each name exists.
 
         Returns:
-            How many names joined the index (0 when it was complete).
+            How many records it found under the prefix, and how many of them joined the index
+            (0 when it was complete).
         """
         await self._redis()
         log.info("key_index_build_started", url=self.url)
@@ -1641,7 +1662,7 @@ class RedisBackend(Subscriber, Backend):
         await self._execute("SET", self._key_index.built, str(records), write_key=None)
         self._index_ready = True
         log.info("key_index_built", url=self.url, keys=records, added=added)
-        return added
+        return KeyIndexReport(keys=records, added=added)
 
     # sorted indexes (Redis sorted sets)
 
