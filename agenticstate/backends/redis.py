@@ -143,6 +143,8 @@ from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_keyindex as key_index
 from agenticstate.backends import _redis_scripts as scripts
 from agenticstate.backends import _redis_wire as wire
+from agenticstate.backends._keyorder import skip_plan
+from agenticstate.backends._redis_keyindex import braced_set
 from agenticstate.backends._redis_pubsub import Subscriber
 from agenticstate.backends._redis_scripts import CHANNEL_NAMESPACE
 from agenticstate.backends._redis_scripts import INDEX_NAMESPACE as INDEX_NAMESPACE
@@ -152,11 +154,13 @@ from agenticstate.backends.base import (
     Backend,
     Change,
     ChangeOp,
+    Delete,
     Entry,
     EntryStat,
     FeedRetention,
     FeedSize,
     HistoryRules,
+    Put,
     TxnResult,
     check_expected,
     check_index_members,
@@ -229,6 +233,30 @@ _SCAN_COUNT = 5_000
 # millisecond (a ZRANGE and an EXISTS per name).
 _LIST_PAGE = 1_000
 _PROBE_CHUNK = 2_000  # indexes one cluster node's listing script probes, at most
+_LIST, _TAGS, _SKIP = 0, 1, 2
+_LIST_SCRIPTS = {  # by kind: the script, the same across slots, and how many names an index has
+    _LIST: (
+        key_index.LIST_SHA,
+        key_index.LIST,
+        key_index.LIST_ACROSS_SLOTS_SHA,
+        key_index.LIST_ACROSS_SLOTS,
+        1,
+    ),
+    _TAGS: (
+        key_index.TAGS_SHA,
+        key_index.TAGS,
+        key_index.TAGS_ACROSS_SLOTS_SHA,
+        key_index.TAGS_ACROSS_SLOTS,
+        1,
+    ),
+    _SKIP: (
+        key_index.SKIP_SHA,
+        key_index.SKIP,
+        key_index.SKIP_ACROSS_SLOTS_SHA,
+        key_index.SKIP_ACROSS_SLOTS,
+        2,
+    ),
+}
 # Prefixes whose indexes a cluster listing without a hash tag probes in every slot, at most
 # (the store's own, those it is nested in, those nested in it); beyond, it SCANs.
 _MAX_PROBED_PREFIXES = 4
@@ -390,6 +418,7 @@ class RedisBackend(Subscriber, Backend):
         self._feed_names = _redis_feed.FeedNames(key_prefix, cluster=self.is_cluster)
         self._revision_names = _redis_revision.RevisionNames(key_prefix, cluster=self.is_cluster)
         self._key_index = key_index.KeyIndexNames(key_prefix, cluster=self.is_cluster)
+        self._prefix_bytes = len(key_prefix.encode())
         # An outer prefix's listings read this store's index once it is in their registries:
         # joined before the first write (`_register_index`).
         self._index_unregistered = bool(key_prefix)
@@ -692,6 +721,7 @@ class RedisBackend(Subscriber, Backend):
         if self.is_cluster and wire.key_slot(name) not in self._slots_registered:
             await self._register_slots((name,))
         kept = self._keeps_history and self._history_list(key)
+        braced = self._braced(name)
         if kept:  # the history list comes before the key index, its spec is the last argument
             reply = await self._script(
                 scripts.SET_SHA,
@@ -701,7 +731,7 @@ class RedisBackend(Subscriber, Backend):
                     self._revision_key(name),
                     *self._feed_keys(name),
                     kept[0],
-                    *self._index_keys(name),
+                    *self._index_keys(name, bool(braced)),
                 ),
                 value,
                 scripts.ttl_ms(ttl),
@@ -709,18 +739,25 @@ class RedisBackend(Subscriber, Backend):
                 CHANNEL_NAMESPACE + name,
                 *self._feed_argv,
                 history_lists.spec([(1, kept[1])]),
+                *braced,
                 write_key=key,
             )
         else:
             reply = await self._script(
                 scripts.SET_SHA,
                 scripts.SET,
-                (name, self._revision_key(name), *self._feed_keys(name), *self._index_keys(name)),
+                (
+                    name,
+                    self._revision_key(name),
+                    *self._feed_keys(name),
+                    *self._index_keys(name, bool(braced)),
+                ),
                 value,
                 scripts.ttl_ms(ttl),
                 expected,
                 CHANNEL_NAMESPACE + name,
                 *self._feed_argv,
+                *braced,
                 write_key=key,
             )
         if self.is_cluster and reply[0] == 1:
@@ -764,9 +801,25 @@ class RedisBackend(Subscriber, Backend):
             return self._revision_names.plain
         return self._revision_names.for_slot(wire.key_slot(name))
 
-    def _index_keys(self, name: str) -> tuple[str]:
-        """The key index a write of Redis key `name` keeps (`_redis_keyindex`): the last key."""
-        return (self._key_index.index(wire.key_slot(name) if self.is_cluster else 0),)
+    def _index_keys(self, name: str, braced: bool = False) -> tuple[str, ...]:
+        """The key index a write of Redis key `name` keeps (`_redis_keyindex`): the last key.
+
+        With `braced` (a written key holds two `}`: `_braced`), its braced set after it.
+        """
+        index = self._key_index.index(wire.key_slot(name) if self.is_cluster else 0)
+        return (index, key_index.braced_set(index)) if braced else (index,)
+
+    def _braced(self, *names: str) -> tuple[int, ...]:
+        """The write script's last argument when one of `names` goes in the braced set.
+
+        (The prefix's length in bytes, which the script reads the keys after; none when no
+        written key holds two `}`, as for every key the managers write.)
+        """
+        cut = len(self.key_prefix)
+        for name in names:
+            if name.count("}", cut) >= 2:
+                return (self._prefix_bytes,)
+        return ()
 
     def _feed_keys(self, name: str) -> tuple[str, ...]:
         """The feed stream and counter a write of Redis key `name` appends to (none when off).
@@ -931,7 +984,9 @@ class RedisBackend(Subscriber, Backend):
                             depths.append((n, kept[1]))
                     if depths:
                         args.append(history_lists.spec(depths))
-                keys += self._index_keys(names[chunk[0]])
+                braced = self._braced(*(names[position] for position in chunk))
+                keys += self._index_keys(names[chunk[0]], bool(braced))
+                args += braced
                 done = await self._script(
                     scripts.SET_MANY_SHA,
                     scripts.SET_MANY,
@@ -994,14 +1049,17 @@ class RedisBackend(Subscriber, Backend):
             await self._register_index()
         kept = self._keeps_history and self._history_list(key)
         keys = (name, self._revision_key(name), *self._feed_keys(name))
+        braced = self._braced(name)
+        index = self._index_keys(name, bool(braced))
         reply = await self._script(
             scripts.DELETE_SHA,
             scripts.DELETE,
-            (*keys, kept[0], *self._index_keys(name)) if kept else (*keys, *self._index_keys(name)),
+            (*keys, kept[0], *index) if kept else (*keys, *index),
             expected,
             CHANNEL_NAMESPACE + name,
             *self._feed_argv,
             *([history_lists.spec([(1, kept[1])])] if kept else []),
+            *braced,
             write_key=key,
         )
         if reply[0] == 0:
@@ -1063,7 +1121,15 @@ class RedisBackend(Subscriber, Backend):
             call, self._revision_key(first), self._feed_keys(first), self._feed_retention
         )
         if call.writes:  # the key index comes last: the script takes it off first
-            call.keys.extend(self._index_keys(first))
+            braced = self._braced(
+                *(
+                    prefix + op.key
+                    for op in (*checked[1], *checked[2])
+                    if isinstance(op, Put | Delete)
+                )
+            )
+            call.keys.extend(self._index_keys(first, bool(braced)))
+            call.args.extend(braced)
         source, sha = _redis_txn.script(
             scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION, history_lists.HISTORY_FUNCTION
         )
@@ -1208,7 +1274,7 @@ class RedisBackend(Subscriber, Backend):
             bound: bytes = low
             while position:
                 tags, position, bound = await self._list_page(
-                    node, indexes, (low, high, _LIST_PAGE, position, bound, width), tags=True
+                    node, indexes, (low, high, _LIST_PAGE, position, bound, width), kind=_TAGS
                 )
                 found.update(tags)
         return sorted(tag.decode("utf-8", "surrogateescape") for tag in found)
@@ -1331,16 +1397,27 @@ class RedisBackend(Subscriber, Backend):
                 async for page in pages:
                     yield page
             return
-        # One name may be in two indexes (written through two stores whose prefixes nest).
-        seen: set[bytes] | None = set() if len(sources) > 1 else None
+        skip = self._skip_args(pattern, start, sources)
+        # One name may be in two indexes (written through two stores whose prefixes nest), and
+        # a skip-scan may meet a name of the braced set twice.
+        seen: set[bytes] | None = set() if len(sources) > 1 or skip else None
         cut = len(prefix.encode())
         for node, indexes in groups:
+            if skip:  # each index with its braced set
+                indexes = [name for index in indexes for name in (index, braced_set(index))]
             position: Any = 1
             bound: bytes = low
+            inside: bytes = b""  # the group a skip-scan's page stopped inside
             while position:
-                found, position, bound = await self._list_page(
-                    node, indexes, (low, high, _LIST_PAGE, position, bound)
-                )
+                if skip:
+                    args = (low, high, _LIST_PAGE, position, bound, *skip, inside)
+                    found, position, bound, inside = await self._list_page(
+                        node, indexes, args, kind=_SKIP
+                    )
+                else:
+                    found, position, bound = await self._list_page(
+                        node, indexes, (low, high, _LIST_PAGE, position, bound)
+                    )
                 if seen is not None:
                     fresh = []
                     for name in found:
@@ -1355,52 +1432,70 @@ class RedisBackend(Subscriber, Backend):
                     keys.sort()
                     yield keys
 
+    def _skip_args(
+        self, pattern: str, start: str, sources: list[key_index.KeyIndexNames]
+    ) -> tuple[int, bytes, bytes] | None:
+        """The `SKIP` script's arguments for `pattern`, or `None` where `LIST` reads it.
+
+        A skip-scan answers `<literal>*}<rest>` when `rest` starts with literal text (with
+        none, every name of a group is a candidate: `LIST` reads the range as cheaply). A
+        source whose prefix holds a `}` past `start` lists through `LIST` too: its braced set
+        counts the `}` after that prefix only, so it may miss a name the `*` matches across.
+        """
+        plan = skip_plan(pattern)
+        if plan is None:
+            return None
+        rest = compile_glob(plan[1]).literal_prefix
+        if not rest:
+            return None
+        for names in sources:
+            if len(names.prefix) > len(start) and "}" in names.prefix[len(start) :]:
+                return None
+        low, past = key_index.lex_range(rest)
+        return (len(start.encode("utf-8", "surrogatepass")), low[1:], past[1:])
+
     async def _list_page(
         self,
         node: Any,
         indexes: list[str],
         args: tuple[bytes | int, ...],
         *,
-        tags: bool = False,
-    ) -> tuple[list[bytes], int | None, bytes]:
-        """One `LIST` script (`TAGS` with `tags`): on one server or slot, or on a cluster node.
+        kind: int = 0,
+    ) -> list[Any]:
+        """One `LIST` script (`TAGS`, `SKIP` by `kind`): on one server or slot, or on a node.
 
         `node` None: on one server, or on the slot the indexes share.
         On a node, at most `_PROBE_CHUNK` indexes a script: the next chunk goes in the next
-        call, so no script holds the server for long.
+        call, so no script holds the server for long. Returns {names, the position to go on
+        from (None: done), its low bound, and what else the script returns}.
         """
+        sha, source, across_sha, across, width = _LIST_SCRIPTS[kind]
         if node is None:
-            sha, source = (
-                (key_index.TAGS_SHA, key_index.TAGS)
-                if tags
-                else (key_index.LIST_SHA, key_index.LIST)
-            )
-            reply = await self._run_script(sha, source, indexes, args)
+            reply = list(await self._run_script(sha, source, indexes, args))
         else:
             low, high, budget, position, bound, *extra = args
             first = (int(position) - 1) // _PROBE_CHUNK * _PROBE_CHUNK
-            chunk = indexes[first : first + _PROBE_CHUNK]
+            chunk = indexes[first * width : (first + _PROBE_CHUNK) * width]
             args = (low, high, budget, int(position) - first, bound, *extra)
-            sha, source = (
-                (key_index.TAGS_ACROSS_SLOTS_SHA, key_index.TAGS_ACROSS_SLOTS)
-                if tags
-                else (key_index.LIST_ACROSS_SLOTS_SHA, key_index.LIST_ACROSS_SLOTS)
-            )
-            command = ("EVALSHA", sha, 0, *args, *chunk)
+            command = ("EVALSHA", across_sha, 0, *args, *chunk)
             client = self._client or await self._redis()
             try:
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
             except BackendError as exc:
                 if not wire.unknown_script(exc):
                     raise
-                await self._load_script(source)
+                await self._load_script(across)
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
+            reply = list(reply)
             if reply[1]:
-                reply = [reply[0], int(reply[1]) + first, reply[2]]
-            elif first + _PROBE_CHUNK < len(indexes):  # on to the next chunk
-                reply = [reply[0], first + _PROBE_CHUNK + 1, low]
-        found, position, bound = reply
-        return list(found), (int(position) if position else None), bound
+                reply[1] = int(reply[1]) + first
+            elif (first + _PROBE_CHUNK) * width < len(indexes):  # on to the next chunk
+                reply[1:3] = [first + _PROBE_CHUNK + 1, low]
+                if kind == _SKIP:
+                    reply[3] = b""
+        reply[0] = list(reply[0])
+        reply[1] = int(reply[1]) if reply[1] else None
+        return reply
 
     async def _index_sources(self, start: str) -> list[key_index.KeyIndexNames]:
         """The indexes that may hold names starting with `start` (this user may read).
@@ -1650,8 +1745,9 @@ class RedisBackend(Subscriber, Backend):
                             await self._script(
                                 key_index.BUILD_SHA,
                                 key_index.BUILD,
-                                (index, *held, *chunk),
+                                (index, key_index.braced_set(index), *held, *chunk),
                                 len(held),
+                                self._prefix_bytes,
                                 write_key="",
                             )
                         )

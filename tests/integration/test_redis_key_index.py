@@ -30,7 +30,7 @@ import anyio.from_thread
 import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -152,6 +152,7 @@ async def test_a_million_unrelated_keys_cost_a_listing_nothing(server: RedisServ
         await state.save_many({f"agents:{{a1}}:cp:{n}": {"n": n} for n in range(25)})
         await state.save_many({f"agents:{{b{n}}}:recovery": {"n": n} for n in range(40)})
         await state.list_keys("other:*")  # builds the index once (an empty database)
+        await state.list_keys("agents:{*}:recovery")  # the skip-scan's script loaded
         before, empty = await _listings(url, state)
         with _admin(url) as admin:
             admin.execute_command("DEBUG", "POPULATE", 1_000_000, "unrelated")
@@ -239,6 +240,99 @@ async def test_listing_agents_costs_one_step_per_agent(
     assert many_calls["exists"] == 20
 
 
+# -------------------------------------------------------------- skip-scan: one step per entity
+
+
+async def _checkpoint_listing(url: str, others: int) -> tuple[list[str], dict[str, int]]:
+    """`agents:{*}:state` over 20 agents with `others` other names each, and what it ran.
+
+    Agent a00 also has a name only the `*` across a `}` matches (`agents:{a00}x}:state`), and
+    one with two `}` that does not match: the braced set is not empty.
+    """
+    async with StateManager(
+        StateConfig(), backend=RedisBackend(url=url, key_prefix=unique_prefix())
+    ) as state:
+        await state.save_many(
+            {
+                f"agents:{{a{n:02}}}:{part}": {"n": 1}
+                for n in range(20)
+                for part in ["state", *(f"cp:{c}" for c in range(others))]
+            }
+        )
+        await state.save_many({"agents:{a00}x}:state": 1, "agents:{a00}:}y}": 2})
+        await state.list_keys("agents:{*}:state")  # the scripts loaded, the index marked built
+        async with command_counts(url) as counts:
+            listed = await state.list_keys("agents:{*}:state")
+    return listed, counts.calls
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_listing_across_entities_costs_steps_per_entity_not_per_name(
+    server: RedisServer, redis_cluster_url: str, cluster: bool
+) -> None:
+    """`agents:{*}:state` over 20 agents with 2,000 other names each runs the very commands
+    it runs with one other name each: per agent two ZRANGE to find it and read its `:state`,
+    one for its braced names, and an EXISTS per name listed; never a read of the others."""
+    url = redis_cluster_url if cluster else server.unix_url
+    few, few_calls = await _checkpoint_listing(url, 1)
+    many, many_calls = await _checkpoint_listing(url, 2_000)
+    expected = sorted([*(f"agents:{{a{n:02}}}:state" for n in range(20)), "agents:{a00}x}:state"])
+    assert few == many == expected
+    assert many_calls == few_calls
+    if not cluster:
+        # Two indexes, the store's and the empty prefix's (which it is nested in): each has
+        # its braced set checked once and one ZRANGE past its last agent.
+        assert many_calls["zrange"] == 3 * 20 + 2
+        assert many_calls["exists"] == 2 + 20 + 2  # each of a00's braced names is checked
+
+
+BRACY = st.text(st.sampled_from(["a", "b", "}", "{", ":", "*"]), max_size=4)
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_skip_scans_list_what_a_scan_finds(
+    server: RedisServer, redis_cluster_url: str, cluster: bool
+) -> None:
+    """Generated entity keys whose tags and tails hold more braces (the names a `*` matches
+    across a `}`), some deleted, some rewritten through a nested store: every `<head>{*}<rest>`
+    listing equals a full SCAN."""
+    url = redis_cluster_url if cluster else server.unix_url
+
+    @settings(max_examples=25 if cluster else 60, deadline=None, database=None)
+    @given(
+        keys=st.lists(st.tuples(st.sampled_from(["", "n:", "}"]), BRACY, BRACY), max_size=12),
+        dropped=st.sets(st.integers(0, 11), max_size=4),
+        patterns=st.lists(st.tuples(st.sampled_from(["", "n:", "}"]), BRACY), min_size=1),
+    )
+    def check(
+        keys: list[tuple[str, str, str]], dropped: set[int], patterns: list[tuple[str, str]]
+    ) -> None:
+        async def run() -> None:
+            prefix = unique_prefix()
+            async with (
+                RedisBackend(url=url, key_prefix=prefix) as outer,
+                RedisBackend(url=url, key_prefix=prefix + "n:") as inner,
+            ):
+                names = [f"{head}{{{tag}}}{tail}" for head, tag, tail in keys]
+                for n, name in enumerate(names):
+                    if name.startswith("n:") and n % 2:  # through the nested store
+                        await inner.set(name[2:], b"i")
+                    else:
+                        await outer.set(name, b"o")
+                for n in dropped:
+                    if n < len(names):
+                        await outer.delete(names[n])
+                for head, rest in patterns:
+                    for star in ("", "*"):
+                        pattern = f"{escape_glob(head)}{{*}}{escape_glob(rest)}{star}"
+                        listed = sorted([key async for key in outer.scan(pattern)])
+                        assert listed == _truth(url, prefix, pattern), pattern
+
+        anyio.run(run)
+
+    check()
+
+
 # -------------------------------------------------------------- the slot registry (cluster)
 
 
@@ -257,7 +351,9 @@ async def test_a_cross_slot_listing_probes_only_the_registered_slots(
     redis_cluster_url: str,
 ) -> None:
     """A small store's listing across slots probes one index per slot of its registry (and of
-    the empty prefix's it is nested in), not the 16,384 slots; the registry is its slots."""
+    the empty prefix's it is nested in), not the 16,384 slots; the registry is its slots. Each
+    probe is a skip-scan: an EXISTS of the braced set and a ZRANGE past the last entity, and
+    per entity one ZRANGE to find it and one to read its `:state`."""
     url = redis_cluster_url
     prefix = unique_prefix()
     keys = [f"w:{{{n}}}:state" for n in range(20)]
@@ -274,8 +370,9 @@ async def test_a_cross_slot_listing_probes_only_the_registered_slots(
     assert listed == sorted(keys)
     assert own == _slot_members(prefix, keys) | {b"complete"}
     assert b"complete" in outer
-    assert counts.calls["zrange"] == len(own) - 1 + len(outer) - 1
-    assert counts.calls["exists"] == len(keys)
+    probed = len(own) - 1 + len(outer) - 1
+    assert counts.calls["zrange"] == probed + 2 * len(keys)
+    assert counts.calls["exists"] == probed + len(keys)
     assert counts.calls["smembers"] == 3  # the nested registry, then both slot registries
 
 
@@ -507,6 +604,7 @@ async def test_cluster_writers_killed_mid_write_never_hide_a_key(redis_cluster_u
 
 ALPHABET = ["a", "b", "{", "}", "*", "?", "[", "]", "\\", ":", "\U0010ffff"]
 KEY = st.text(st.sampled_from(ALPHABET), min_size=1, max_size=5)
+TAG = st.lists(st.sampled_from(["a", "n:", "b", "}"]), max_size=2).map("".join)  # before `{`
 PATTERN = st.one_of(
     KEY.map(lambda key: escape_glob(key) + "*"),  # a literal prefix
     KEY,  # anything: metacharacters as globs
@@ -554,6 +652,11 @@ class IndexMachine(RuleBasedStateMachine):
         items = [(self._key(store, key), b"m") for key in keys]
         self.portal.call(lambda: self.backends[store].set_many(items))
 
+    @rule(store=st.integers(0, 1), head=TAG, tag=KEY, tail=KEY, expiring=st.booleans())
+    def put_tagged(self, store: int, head: str, tag: str, tail: str, expiring: bool) -> None:
+        """An entity's key, `<head>{<tag>}<tail>` (the tag and tail may hold more braces)."""
+        self.put(store, f"{head}{{{tag}}}{tail}", expiring)
+
     @rule(store=st.integers(0, 1), key=KEY)
     def delete(self, store: int, key: str) -> None:
         self.portal.call(lambda: self.backends[store].delete(self._key(store, key)))
@@ -583,6 +686,11 @@ class IndexMachine(RuleBasedStateMachine):
             return sorted([key async for key in self.backends[store].scan(pattern)])
 
         assert self.portal.call(listed) == _truth(self.url, self.prefixes[store], pattern)
+
+    @rule(store=st.integers(0, 1), head=TAG, rest=KEY, star=st.booleans())
+    def list_across_entities(self, store: int, head: str, rest: str, star: bool) -> None:
+        """A skip-scan's pattern, `<head>{*}<rest>`: equal to the SCAN's answer too."""
+        self.list_keys(store, f"{escape_glob(head)}{{*}}{escape_glob(rest)}{'*' if star else ''}")
 
     @rule(store=st.integers(0, 1), prefix=st.text(st.sampled_from(ALPHABET), max_size=3))
     def list_tags(self, store: int, prefix: str) -> None:
