@@ -51,12 +51,16 @@ from agenticstate.backends._redis_slots import slot_tail
 __all__ = [
     "BUILD",
     "BUILD_SHA",
+    "KEEP_BUILD_LOCK",
+    "KEEP_BUILD_LOCK_SHA",
     "KEY_INDEX_FUNCTION",
     "KEY_INDEX_NAMESPACE",
     "LIST",
     "LIST_ACROSS_SLOTS",
     "LIST_ACROSS_SLOTS_SHA",
     "LIST_SHA",
+    "RELEASE_BUILD_LOCK",
+    "RELEASE_BUILD_LOCK_SHA",
     "SKIP",
     "SKIP_ACROSS_SLOTS",
     "SKIP_ACROSS_SLOTS_SHA",
@@ -79,6 +83,7 @@ KEY_INDEX_NAMESPACE = "__agenticstate_keys__:"
 """What every key index's (and its schedule's, marker's and registry's) name starts with."""
 
 BUILT_SUFFIX = "#built"
+BUILDING_SUFFIX = "#building"
 BRACED_SUFFIX = "#braced"
 NESTED_SUFFIX = "#nested"
 SLOTS_SUFFIX = "#slots"
@@ -89,13 +94,23 @@ SLOTS_COMPLETE = "complete"
 class KeyIndexNames:
     """The key indexes of one key prefix: one (or one per cluster slot), and their companions."""
 
-    __slots__ = ("_by_slot", "built", "cluster", "nested", "plain", "prefix", "slots")
+    __slots__ = (
+        "_by_slot",
+        "building",
+        "built",
+        "cluster",
+        "nested",
+        "plain",
+        "prefix",
+        "slots",
+    )
 
     def __init__(self, key_prefix: str, *, cluster: bool) -> None:
         self.prefix = key_prefix
         self.cluster = cluster
         self.plain = KEY_INDEX_NAMESPACE + key_prefix
         self.built = self.plain + BUILT_SUFFIX
+        self.building = self.plain + BUILDING_SUFFIX
         self.nested = self.plain + NESTED_SUFFIX
         self.slots = self.plain + SLOTS_SUFFIX
         self._by_slot: dict[int, str] = {}
@@ -427,6 +442,20 @@ SKIP = "local indexes = KEYS\n" + _SKIP_BODY
 SKIP_ACROSS_SLOTS = _across_slots(_SKIP_BODY, 9)
 
 
+# The build lock (`#building`: a token, with an expiry): KEYS[1] the lock, ARGV[1] the token
+# this builder set, ARGV[2] a new expiry in ms (`KEEP`) or none (`RELEASE`). Each acts only
+# while the lock still holds that token (not one another builder took after it expired), and
+# returns 1 if it did.
+KEEP_BUILD_LOCK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+RELEASE_BUILD_LOCK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
 def _sha(source: str) -> str:
     return hashlib.sha1(source.encode()).hexdigest()  # noqa: S324  # Redis names scripts so
 
@@ -436,6 +465,8 @@ TAGS_SHA = _sha(TAGS)
 TAGS_ACROSS_SLOTS_SHA = _sha(TAGS_ACROSS_SLOTS)
 LIST_ACROSS_SLOTS_SHA = _sha(LIST_ACROSS_SLOTS)
 BUILD_SHA = _sha(BUILD)
+KEEP_BUILD_LOCK_SHA = _sha(KEEP_BUILD_LOCK)
+RELEASE_BUILD_LOCK_SHA = _sha(RELEASE_BUILD_LOCK)
 SKIP_SHA = _sha(SKIP)
 SKIP_ACROSS_SLOTS_SHA = _sha(SKIP_ACROSS_SLOTS)
 USED_SLOTS_SHA = _sha(USED_SLOTS)

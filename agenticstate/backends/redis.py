@@ -130,6 +130,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import secrets
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -233,6 +234,10 @@ _SCAN_COUNT = 5_000
 # millisecond (a ZRANGE and an EXISTS per name).
 _LIST_PAGE = 1_000
 _PROBE_CHUNK = 2_000  # indexes one cluster node's listing script probes, at most
+_BUILD_LOCK_MS = 3_000
+"""How long a key index build's lock lives unless its builder keeps it (`_build_index`): how
+long the other processes wait for a builder that died."""
+_BUILD_LOCK_KEEP = 1.0  # seconds between a builder's renewals of its lock
 _LIST, _TAGS, _SKIP = 0, 1, 2
 _LIST_SCRIPTS = {  # by kind: the script, the same across slots, and how many names an index has
     _LIST: (
@@ -1701,25 +1706,79 @@ class RedisBackend(Subscriber, Backend):
         if self._index_ready:
             return
         if not await self._read("EXISTS", self._key_index.built):
-            await self.reindex()
+            await self._build_index(again=False)
         self._index_ready = True
+
+    async def _build_index(self, *, again: bool) -> KeyIndexReport | None:
+        """Build the key index under its build lock: one process builds, the others wait.
+
+        The lock (`#building`) holds a token of this call, set with `SET NX PX` for
+        `_BUILD_LOCK_MS` and kept alive while the build goes on; a process that finds it held
+        waits until it is gone (released, or expired: its builder died), then looks again.
+        Without `again` (a first listing), a build another process finished meanwhile is
+        taken as done (`None`). An ACL user that may not take the lock builds without it.
+        """
+        await self._redis()
+        lock = self._key_index.building
+        token = secrets.token_hex(16)
+        waited = False
+        while True:
+            if not again and await self._read("EXISTS", self._key_index.built):
+                return None
+            try:
+                taken = await self._execute(
+                    "SET", lock, token, "NX", "PX", _BUILD_LOCK_MS, write_key=None
+                )
+            except BackendError as exc:
+                if not wire.no_permission(exc):
+                    raise
+                return await self._build(None)
+            if taken:
+                break
+            if not waited:
+                log.info("key_index_build_waiting", url=self.url)
+                waited = True
+            delay = 0.01
+            while await self._read("EXISTS", lock):  # until its builder releases it or dies
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+        try:
+            return await self._build(token)
+        finally:
+            with contextlib.suppress(BackendError):  # else it expires by itself
+                await self._script(
+                    key_index.RELEASE_BUILD_LOCK_SHA,
+                    key_index.RELEASE_BUILD_LOCK,
+                    (lock,),
+                    token,
+                    write_key="",
+                )
 
     async def reindex(self) -> KeyIndexReport:
         """Build the key index over every record under the prefix, and mark it built.
 
         Listings read the index that every write keeps (see "Key index"). A store written by
-        an earlier release of this library has records but no index: its first listing calls
-        this once, and marks the index built so that no process does it again. It SCANs the
+        an earlier release of this library has records but no index: its first listing builds
+        it once, and marks the index built so that no process does it again. A build SCANs the
         prefix's keys once (the whole keyspace: O(keys in the database)) and adds every record
-        to the index (a foreign key is not added). Safe while other processes write or build
-        too: every step is idempotent and listings check that each name exists.
+        to the index (a foreign key is not added). One process builds at a time (a lock that
+        expires if its builder dies): one that finds another building waits for it, then
+        builds again. Safe while other processes write: every step is idempotent and listings
+        check that each name exists.
 
         Returns:
             How many records it found under the prefix, and how many of them joined the index
             (0 when it was complete).
         """
-        await self._redis()
+        report = await self._build_index(again=True)
+        assert report is not None  # noqa: S101  # `again`: it always builds
+        return report
+
+    async def _build(self, token: str | None) -> KeyIndexReport:
+        """The build itself (`reindex`), keeping the build lock `token` alive as it goes."""
         log.info("key_index_build_started", url=self.url)
+        loop = asyncio.get_running_loop()
+        kept_at = loop.time()
         added = 0
         records = 0
         prefix = self.key_prefix
@@ -1752,6 +1811,16 @@ class RedisBackend(Subscriber, Backend):
                             )
                         )
                         records += len(chunk)
+                        if token is not None and loop.time() - kept_at > _BUILD_LOCK_KEEP:
+                            kept_at = loop.time()
+                            await self._script(
+                                key_index.KEEP_BUILD_LOCK_SHA,
+                                key_index.KEEP_BUILD_LOCK,
+                                (self._key_index.building,),
+                                token,
+                                _BUILD_LOCK_MS,
+                                write_key="",
+                            )
         if self.is_cluster and await self._lists_across_slots():
             # The slots of names an index held before slot registries existed, too.
             await self._make_slot_registry(self._key_index)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import subprocess
@@ -48,7 +49,7 @@ from agenticstate.backends._redis_keyindex import KEY_INDEX_NAMESPACE
 from agenticstate.backends._redis_wire import key_slot
 from tests._commandstats import command_counts
 from tests._redis_server import RedisServer
-from tests.helpers import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.redis
 
 RESERVED = b"__agenticstate"
+BUILD_WORKER = "tests.integration._keyindex_build_worker"
 
 
 @pytest.fixture(scope="module")
@@ -540,6 +542,105 @@ async def test_an_older_store_gets_its_index_built_once(
     async with RedisBackend(url=url, key_prefix=prefix) as three:
         assert sorted([key async for key in three.scan("*")]) == expected
     assert not [r for r in caplog.records if "key_index_built" in r.getMessage()]
+
+
+async def _older_store(url: str, junk: int) -> str:
+    """A store of 40 records with no index (an earlier release's), and `junk` keys under its
+    prefix that are not records (`DEBUG POPULATE`), so that a build takes a while."""
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as writer:
+        await writer.set_many([(f"a:{{{n}}}:x", b"v") for n in range(40)])
+    with _admin(url) as admin:
+        admin.delete(*admin.scan_iter(match=escape_glob(KEY_INDEX_NAMESPACE + prefix) + "*"))
+        admin.execute_command("DEBUG", "POPULATE", junk, prefix + "junk")
+    return prefix
+
+
+def _drop_junk(url: str, prefix: str) -> None:
+    with _admin(url) as admin:
+        batch = []
+        for name in admin.scan_iter(match=escape_glob(prefix + "junk:") + "*", count=10_000):
+            batch.append(name)
+            if len(batch) == 10_000:
+                admin.unlink(*batch)
+                batch.clear()
+        if batch:
+            admin.unlink(*batch)
+
+
+def _builders(url: str, prefix: str, count: int) -> list[LineProcess]:
+    """`count` processes on the store, each connected and waiting for its go."""
+    workers = [LineProcess(BUILD_WORKER, url, prefix) for _ in range(count)]
+    for worker in workers:
+        assert worker.wait_until(lambda lines: "ready" in lines), worker.close()
+    return workers
+
+
+def _go(workers: list[LineProcess]) -> None:
+    for worker in workers:
+        assert worker.process.stdin is not None
+        worker.process.stdin.write("go\n")
+        worker.process.stdin.flush()
+
+
+def _results(workers: list[LineProcess]) -> list[dict[str, int]]:
+    found = []
+    for worker in workers:
+        assert worker.wait_until(lambda lines: bool(lines) and lines[-1].startswith("{"), 120), (
+            worker.close()
+        )
+        found.append(json.loads(worker.lines[-1]))
+        worker.stop()
+    return found
+
+
+@pytest.mark.slow
+async def test_processes_opening_an_unbuilt_store_at_once_build_its_index_once(
+    server: RedisServer,
+) -> None:
+    """Four processes that list a store with no index at the same moment: one builds it
+    (the build lock), the others wait for it; every one lists every record."""
+    url = server.unix_url
+    prefix = await _older_store(url, 100_000)
+    workers = _builders(url, prefix, 4)
+    try:
+        _go(workers)
+        results = _results(workers)
+    finally:
+        for worker in workers:
+            worker.close()
+        _drop_junk(url, prefix)
+    assert [result["keys"] for result in results] == [40] * 4
+    assert sum(result["built"] for result in results) == 1
+
+
+@pytest.mark.slow
+async def test_a_builder_killed_mid_build_is_taken_over_once_its_lock_expires(
+    server: RedisServer,
+) -> None:
+    """A process SIGKILLed while it builds leaves no built mark and a lock that expires; two
+    processes listing after it wait for that, one of them builds, both list every record."""
+    url = server.unix_url
+    prefix = await _older_store(url, 200_000)
+    try:
+        [first] = _builders(url, prefix, 1)
+        _go([first])
+        assert first.wait_until(lambda lines: "building" in lines), first.close()
+        first.kill()
+        with _admin(url) as admin:
+            assert not admin.exists(KEY_INDEX_NAMESPACE + prefix + "#built")  # killed mid-build
+            assert admin.exists(KEY_INDEX_NAMESPACE + prefix + "#building")  # its lock is left
+        workers = _builders(url, prefix, 2)
+        try:
+            _go(workers)
+            results = _results(workers)
+        finally:
+            for worker in workers:
+                worker.close()
+    finally:
+        _drop_junk(url, prefix)
+    assert [result["keys"] for result in results] == [40, 40]
+    assert sum(result["built"] for result in results) == 1
 
 
 # -------------------------------------------------------------- processes killed mid-write
