@@ -1239,7 +1239,9 @@ class RedisBackend(Subscriber, Backend):
 
         The pages come from the key index (see "Key index"), never from the keyspace: the
         names in the range of the pattern's literal prefix, each checked to exist, in pages of
-        `_LIST_PAGE` names: O(log n + the names in the range). On a cluster, a pattern whose
+        `_LIST_PAGE` names: O(log n + the names in the range); a pattern across entities,
+        `<literal>*}<rest>` with literal text after the `}`, is a skip-scan (`_skip_args`):
+        O(entities x log n + result). On a cluster, a pattern whose
         literal prefix holds a complete `{tag}` reads that slot's indexes; any other reads those
         of the slots in the slot registries (the slots the prefixes were written in), one script
         per primary (Redis 7.0 or later; an older cluster SCANs each primary instead). The
