@@ -291,6 +291,7 @@ async def test_listing_across_entities_costs_steps_per_entity_not_per_name(
 BRACY = st.text(st.sampled_from(["a", "b", "}", "{", ":", "*"]), max_size=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster", [False, True])
 def test_skip_scans_list_what_a_scan_finds(
     server: RedisServer, redis_cluster_url: str, cluster: bool
@@ -300,11 +301,13 @@ def test_skip_scans_list_what_a_scan_finds(
     listing equals a full SCAN."""
     url = redis_cluster_url if cluster else server.unix_url
 
-    @settings(max_examples=25 if cluster else 60, deadline=None, database=None)
+    @settings(max_examples=20 if cluster else 40, deadline=None, database=None)
     @given(
         keys=st.lists(st.tuples(st.sampled_from(["", "n:", "}"]), BRACY, BRACY), max_size=12),
         dropped=st.sets(st.integers(0, 11), max_size=4),
-        patterns=st.lists(st.tuples(st.sampled_from(["", "n:", "}"]), BRACY), min_size=1),
+        patterns=st.lists(
+            st.tuples(st.sampled_from(["", "n:", "}"]), BRACY), min_size=1, max_size=3
+        ),
     )
     def check(
         keys: list[tuple[str, str, str]], dropped: set[int], patterns: list[tuple[str, str]]
