@@ -31,7 +31,7 @@ import anyio.from_thread
 import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -309,6 +309,8 @@ def test_skip_scans_list_what_a_scan_finds(
             st.tuples(st.sampled_from(["", "n:", "}"]), BRACY), min_size=1, max_size=3
         ),
     )
+    @example(keys=[("", "a", "b}:"), ("n:", "a", ":")], dropped=set(), patterns=[("", ":")])
+    @example(keys=[("n:", "a", "}:"), ("n:", "a", "}:")], dropped={0}, patterns=[("n:", ":")])
     def check(
         keys: list[tuple[str, str, str]], dropped: set[int], patterns: list[tuple[str, str]]
     ) -> None:
