@@ -14,9 +14,12 @@ set read by lexicographic range; on a cluster one per prefix and slot) and a del
 so `scan`/`scan_batches` (every listing) read the index over the pattern's literal prefix and
 never SCAN the keyspace (`_redis_keyindex`). Names of expired keys are checked and dropped by
 listings and trimmed by writes; an index missing from an older store is built on the first
-listing (`reindex`). On a cluster, a prefix's slot registry holds the slots whose index may hold
-a name (a writer adds a slot before its first write to it), so a listing without a hash tag
-probes those slots' indexes only.
+listing (`reindex`), by one process at a time (a build lock that expires if its builder dies).
+A listing across entities (`agents:{*}:state`) is a skip-scan: per entity one jump and one range,
+with a braced set beside the index for the names its `*` may match across a second `}`. On a
+cluster, a prefix's slot registry holds the slots whose index may hold a name (a writer adds a
+slot before its first write to it), so a listing without a hash tag probes those slots' indexes
+only.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
