@@ -288,6 +288,21 @@ async def test_listing_across_entities_costs_steps_per_entity_not_per_name(
         assert many_calls["exists"] == 2 + 20 + 2  # each of a00's braced names is checked
 
 
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_a_skip_scan_goes_on_inside_an_entity_past_a_page(
+    server: RedisServer, redis_cluster_url: str, cluster: bool
+) -> None:
+    """Entities with more matching names than a script's page (1,000) are listed whole: the
+    next page goes on inside the entity, then reads its braced names and the next entity."""
+    url = redis_cluster_url if cluster else server.unix_url
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        keys = [f"agents:{{a{n}}}:cp:{c:04}" for n in range(3) for c in range(1_500)]
+        keys += ["agents:{a1}x}:cp:1", "agents:{a2}:other"]
+        await backend.set_many([(key, b"v") for key in keys])
+        listed = sorted([key async for key in backend.scan("agents:{*}:cp:*")])
+    assert listed == sorted(key for key in keys if key != "agents:{a2}:other")
+
+
 BRACY = st.text(st.sampled_from(["a", "b", "}", "{", ":", "*"]), max_size=4)
 
 
