@@ -16,6 +16,7 @@ agenticstate copy sqlite://./state/state.db redis://localhost:6379/0 'agent:*'
 agenticstate export redis://localhost:6379/0 backup.jsonl
 agenticstate import backup.jsonl sqlite://./restored.db
 agenticstate --url file://./state repair
+agenticstate --url redis://localhost:6379/0 --prefix app: reindex
 agenticstate ui --allow-writes
 ```
 
@@ -815,6 +816,42 @@ async def _ui(state: StateManager, args: argparse.Namespace, progress: Progress)
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- reindex
+
+_REINDEX_HELP = "build a Redis store's key index again (the index its listings read)"
+
+
+async def _reindex(state: StateManager, args: argparse.Namespace, progress: Progress) -> int:
+    """`reindex`: `RedisBackend.reindex`; a store without a separate key index says so."""
+    from agenticstate.backends.redis import RedisBackend  # only this command needs it
+
+    backend = state.backend
+    scheme = _url(args).partition("://")[0]
+    if not isinstance(backend, RedisBackend):
+        # SQLite, file and memory stores list from the records themselves, in key order:
+        # there is no separate index to get out of step, so nothing to do (not an error, so
+        # that a deploy step can run it on any store).
+        if args.json:
+            _out(_dump({"reindexed": False, "backend": scheme}))
+        else:
+            _out(
+                f"nothing to reindex: a {scheme}:// store lists its keys from the records "
+                "themselves (no separate key index)"
+            )
+        return EXIT_OK
+    async with progress.ticking("reindexing", _seconds(), "second"):
+        report = await backend.reindex()
+    if args.json:
+        _out(_dump({"reindexed": True, "keys": report.keys, "added": report.added}))
+    else:
+        where = f"prefix {args.prefix!r}" if args.prefix else "the empty prefix"
+        _out(
+            f"reindexed {where}: {report.keys:,} records found, {report.added:,} of them "
+            "added to the key index"
+        )
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agenticstate",
@@ -874,6 +911,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_transfer_commands(command)
     _ui_parser(command)
+    command("reindex", _REINDEX_HELP)
     return parser
 
 
@@ -886,6 +924,7 @@ _COMMANDS: dict[str, Callable[[StateManager, argparse.Namespace, Progress], Awai
     "watch": _watch,
     "inspect": _inspect,
     "ui": _ui,
+    "reindex": _reindex,
 }
 
 

@@ -36,6 +36,7 @@ ON_URL: dict[str, tuple[str, ...]] = {
     "diff": ("diff", "a", "b"),
     "ui": ("ui", "--port", "0"),
     "repair": ("repair",),
+    "reindex": ("reindex",),
 }
 ON_ARGUMENT: dict[str, tuple[str, ...]] = {  # MISSING stands for the store
     "export": ("export", "MISSING", "dump.jsonl"),

@@ -52,6 +52,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "export": ("sqlite://a.db", "dump.jsonl"),
     "import": ("dump.jsonl", "sqlite://b.db"),
     "ui": (),
+    "reindex": (),
 }
 GLOBAL_OPTIONS: dict[str, tuple[str, ...]] = {
     "--url": ("--url", "sqlite://other.db"),

@@ -14,9 +14,12 @@ set read by lexicographic range; on a cluster one per prefix and slot) and a del
 so `scan`/`scan_batches` (every listing) read the index over the pattern's literal prefix and
 never SCAN the keyspace (`_redis_keyindex`). Names of expired keys are checked and dropped by
 listings and trimmed by writes; an index missing from an older store is built on the first
-listing (`reindex`). On a cluster, a prefix's slot registry holds the slots whose index may hold
-a name (a writer adds a slot before its first write to it), so a listing without a hash tag
-probes those slots' indexes only.
+listing (`reindex`), by one process at a time (a build lock that expires if its builder dies).
+A listing across entities (`agents:{*}:state`) is a skip-scan: per entity one jump and one range,
+with a braced set beside the index for the names its `*` may match across a second `}`. On a
+cluster, a prefix's slot registry holds the slots whose index may hold a name (a writer adds a
+slot before its first write to it), so a listing without a hash tag probes those slots' indexes
+only.
 
 Writes. Every write is one Lua script run on the server (loaded once by SHA, re-loaded after
 NOSCRIPT): it checks `expected_version`, stores the value, bumps the version, applies the TTL,
@@ -129,6 +132,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import secrets
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -142,6 +147,8 @@ from agenticstate.backends import _redis_history as history_lists
 from agenticstate.backends import _redis_keyindex as key_index
 from agenticstate.backends import _redis_scripts as scripts
 from agenticstate.backends import _redis_wire as wire
+from agenticstate.backends._keyorder import skip_plan
+from agenticstate.backends._redis_keyindex import braced_set
 from agenticstate.backends._redis_pubsub import Subscriber
 from agenticstate.backends._redis_scripts import CHANNEL_NAMESPACE
 from agenticstate.backends._redis_scripts import INDEX_NAMESPACE as INDEX_NAMESPACE
@@ -151,11 +158,13 @@ from agenticstate.backends.base import (
     Backend,
     Change,
     ChangeOp,
+    Delete,
     Entry,
     EntryStat,
     FeedRetention,
     FeedSize,
     HistoryRules,
+    Put,
     TxnResult,
     check_expected,
     check_index_members,
@@ -190,7 +199,13 @@ if TYPE_CHECKING:
 
     from agenticstate.backends.base import TxnCompare, TxnOp
 
-__all__ = ["CHANNEL_NAMESPACE", "CHANNEL_NAMESPACES", "KEY_NAMESPACES", "RedisBackend"]
+__all__ = [
+    "CHANNEL_NAMESPACE",
+    "CHANNEL_NAMESPACES",
+    "KEY_NAMESPACES",
+    "KeyIndexReport",
+    "RedisBackend",
+]
 
 KEY_NAMESPACES: tuple[str, ...] = (
     "",  # the state keys themselves: `{key_prefix}{key}`
@@ -222,6 +237,34 @@ _SCAN_COUNT = 5_000
 # millisecond (a ZRANGE and an EXISTS per name).
 _LIST_PAGE = 1_000
 _PROBE_CHUNK = 2_000  # indexes one cluster node's listing script probes, at most
+_BUILD_LOCK_MS = 3_000
+"""How long a key index build's lock lives unless its builder keeps it (`_build_index`): how
+long the other processes wait for a builder that died."""
+_BUILD_LOCK_KEEP = 1.0  # seconds between a builder's renewals of its lock
+_LIST, _TAGS, _SKIP = 0, 1, 2
+_LIST_SCRIPTS = {  # by kind: the script, the same across slots, and how many names an index has
+    _LIST: (
+        key_index.LIST_SHA,
+        key_index.LIST,
+        key_index.LIST_ACROSS_SLOTS_SHA,
+        key_index.LIST_ACROSS_SLOTS,
+        1,
+    ),
+    _TAGS: (
+        key_index.TAGS_SHA,
+        key_index.TAGS,
+        key_index.TAGS_ACROSS_SLOTS_SHA,
+        key_index.TAGS_ACROSS_SLOTS,
+        1,
+    ),
+    _SKIP: (
+        key_index.SKIP_SHA,
+        key_index.SKIP,
+        key_index.SKIP_ACROSS_SLOTS_SHA,
+        key_index.SKIP_ACROSS_SLOTS,
+        2,
+    ),
+}
 # Prefixes whose indexes a cluster listing without a hash tag probes in every slot, at most
 # (the store's own, those it is nested in, those nested in it); beyond, it SCANs.
 _MAX_PROBED_PREFIXES = 4
@@ -294,6 +337,19 @@ class _KeyLock:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.users = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyIndexReport:
+    """What `RedisBackend.reindex` did to a store's key index.
+
+    Attributes:
+        keys: The records it found under the prefix (a SCAN of the database).
+        added: How many of them the index did not hold yet (0: it was complete).
+    """
+
+    keys: int
+    added: int
 
 
 class RedisBackend(Subscriber, Backend):
@@ -370,6 +426,7 @@ class RedisBackend(Subscriber, Backend):
         self._feed_names = _redis_feed.FeedNames(key_prefix, cluster=self.is_cluster)
         self._revision_names = _redis_revision.RevisionNames(key_prefix, cluster=self.is_cluster)
         self._key_index = key_index.KeyIndexNames(key_prefix, cluster=self.is_cluster)
+        self._prefix_bytes = len(key_prefix.encode())
         # An outer prefix's listings read this store's index once it is in their registries:
         # joined before the first write (`_register_index`).
         self._index_unregistered = bool(key_prefix)
@@ -672,6 +729,7 @@ class RedisBackend(Subscriber, Backend):
         if self.is_cluster and wire.key_slot(name) not in self._slots_registered:
             await self._register_slots((name,))
         kept = self._keeps_history and self._history_list(key)
+        braced = self._braced(name)
         if kept:  # the history list comes before the key index, its spec is the last argument
             reply = await self._script(
                 scripts.SET_SHA,
@@ -681,7 +739,7 @@ class RedisBackend(Subscriber, Backend):
                     self._revision_key(name),
                     *self._feed_keys(name),
                     kept[0],
-                    *self._index_keys(name),
+                    *self._index_keys(name, bool(braced)),
                 ),
                 value,
                 scripts.ttl_ms(ttl),
@@ -689,18 +747,25 @@ class RedisBackend(Subscriber, Backend):
                 CHANNEL_NAMESPACE + name,
                 *self._feed_argv,
                 history_lists.spec([(1, kept[1])]),
+                *braced,
                 write_key=key,
             )
         else:
             reply = await self._script(
                 scripts.SET_SHA,
                 scripts.SET,
-                (name, self._revision_key(name), *self._feed_keys(name), *self._index_keys(name)),
+                (
+                    name,
+                    self._revision_key(name),
+                    *self._feed_keys(name),
+                    *self._index_keys(name, bool(braced)),
+                ),
                 value,
                 scripts.ttl_ms(ttl),
                 expected,
                 CHANNEL_NAMESPACE + name,
                 *self._feed_argv,
+                *braced,
                 write_key=key,
             )
         if self.is_cluster and reply[0] == 1:
@@ -744,9 +809,25 @@ class RedisBackend(Subscriber, Backend):
             return self._revision_names.plain
         return self._revision_names.for_slot(wire.key_slot(name))
 
-    def _index_keys(self, name: str) -> tuple[str]:
-        """The key index a write of Redis key `name` keeps (`_redis_keyindex`): the last key."""
-        return (self._key_index.index(wire.key_slot(name) if self.is_cluster else 0),)
+    def _index_keys(self, name: str, braced: bool = False) -> tuple[str, ...]:
+        """The key index a write of Redis key `name` keeps (`_redis_keyindex`): the last key.
+
+        With `braced` (a written key holds two `}`: `_braced`), its braced set after it.
+        """
+        index = self._key_index.index(wire.key_slot(name) if self.is_cluster else 0)
+        return (index, key_index.braced_set(index)) if braced else (index,)
+
+    def _braced(self, *names: str) -> tuple[int, ...]:
+        """The write script's last argument when one of `names` goes in the braced set.
+
+        (The prefix's length in bytes, which the script reads the keys after; none when no
+        written key holds two `}`, as for every key the managers write.)
+        """
+        cut = len(self.key_prefix)
+        for name in names:
+            if name.count("}", cut) >= 2:
+                return (self._prefix_bytes,)
+        return ()
 
     def _feed_keys(self, name: str) -> tuple[str, ...]:
         """The feed stream and counter a write of Redis key `name` appends to (none when off).
@@ -911,7 +992,9 @@ class RedisBackend(Subscriber, Backend):
                             depths.append((n, kept[1]))
                     if depths:
                         args.append(history_lists.spec(depths))
-                keys += self._index_keys(names[chunk[0]])
+                braced = self._braced(*(names[position] for position in chunk))
+                keys += self._index_keys(names[chunk[0]], bool(braced))
+                args += braced
                 done = await self._script(
                     scripts.SET_MANY_SHA,
                     scripts.SET_MANY,
@@ -974,14 +1057,17 @@ class RedisBackend(Subscriber, Backend):
             await self._register_index()
         kept = self._keeps_history and self._history_list(key)
         keys = (name, self._revision_key(name), *self._feed_keys(name))
+        braced = self._braced(name)
+        index = self._index_keys(name, bool(braced))
         reply = await self._script(
             scripts.DELETE_SHA,
             scripts.DELETE,
-            (*keys, kept[0], *self._index_keys(name)) if kept else (*keys, *self._index_keys(name)),
+            (*keys, kept[0], *index) if kept else (*keys, *index),
             expected,
             CHANNEL_NAMESPACE + name,
             *self._feed_argv,
             *([history_lists.spec([(1, kept[1])])] if kept else []),
+            *braced,
             write_key=key,
         )
         if reply[0] == 0:
@@ -1043,7 +1129,15 @@ class RedisBackend(Subscriber, Backend):
             call, self._revision_key(first), self._feed_keys(first), self._feed_retention
         )
         if call.writes:  # the key index comes last: the script takes it off first
-            call.keys.extend(self._index_keys(first))
+            braced = self._braced(
+                *(
+                    prefix + op.key
+                    for op in (*checked[1], *checked[2])
+                    if isinstance(op, Put | Delete)
+                )
+            )
+            call.keys.extend(self._index_keys(first, bool(braced)))
+            call.args.extend(braced)
         source, sha = _redis_txn.script(
             scripts.WRITE_FUNCTION, scripts.DROP_FUNCTION, history_lists.HISTORY_FUNCTION
         )
@@ -1148,7 +1242,9 @@ class RedisBackend(Subscriber, Backend):
 
         The pages come from the key index (see "Key index"), never from the keyspace: the
         names in the range of the pattern's literal prefix, each checked to exist, in pages of
-        `_LIST_PAGE` names: O(log n + the names in the range). On a cluster, a pattern whose
+        `_LIST_PAGE` names: O(log n + the names in the range); a pattern across entities,
+        `<literal>*}<rest>` with literal text after the `}`, is a skip-scan (`_skip_args`):
+        O(entities x log n + result). On a cluster, a pattern whose
         literal prefix holds a complete `{tag}` reads that slot's indexes; any other reads those
         of the slots in the slot registries (the slots the prefixes were written in), one script
         per primary (Redis 7.0 or later; an older cluster SCANs each primary instead). The
@@ -1188,7 +1284,7 @@ class RedisBackend(Subscriber, Backend):
             bound: bytes = low
             while position:
                 tags, position, bound = await self._list_page(
-                    node, indexes, (low, high, _LIST_PAGE, position, bound, width), tags=True
+                    node, indexes, (low, high, _LIST_PAGE, position, bound, width), kind=_TAGS
                 )
                 found.update(tags)
         return sorted(tag.decode("utf-8", "surrogateescape") for tag in found)
@@ -1311,16 +1407,27 @@ class RedisBackend(Subscriber, Backend):
                 async for page in pages:
                     yield page
             return
-        # One name may be in two indexes (written through two stores whose prefixes nest).
-        seen: set[bytes] | None = set() if len(sources) > 1 else None
+        skip = self._skip_args(pattern, start, sources)
+        # One name may be in two indexes (written through two stores whose prefixes nest), and
+        # a skip-scan may meet a name of the braced set twice.
+        seen: set[bytes] | None = set() if len(sources) > 1 or skip else None
         cut = len(prefix.encode())
         for node, indexes in groups:
+            if skip:  # each index with its braced set
+                indexes = [name for index in indexes for name in (index, braced_set(index))]
             position: Any = 1
             bound: bytes = low
+            inside: bytes = b""  # the group a skip-scan's page stopped inside
             while position:
-                found, position, bound = await self._list_page(
-                    node, indexes, (low, high, _LIST_PAGE, position, bound)
-                )
+                if skip:
+                    args = (low, high, _LIST_PAGE, position, bound, *skip, inside)
+                    found, position, bound, inside = await self._list_page(
+                        node, indexes, args, kind=_SKIP
+                    )
+                else:
+                    found, position, bound = await self._list_page(
+                        node, indexes, (low, high, _LIST_PAGE, position, bound)
+                    )
                 if seen is not None:
                     fresh = []
                     for name in found:
@@ -1335,52 +1442,70 @@ class RedisBackend(Subscriber, Backend):
                     keys.sort()
                     yield keys
 
+    def _skip_args(
+        self, pattern: str, start: str, sources: list[key_index.KeyIndexNames]
+    ) -> tuple[int, bytes, bytes] | None:
+        """The `SKIP` script's arguments for `pattern`, or `None` where `LIST` reads it.
+
+        A skip-scan answers `<literal>*}<rest>` when `rest` starts with literal text (with
+        none, every name of a group is a candidate: `LIST` reads the range as cheaply). A
+        source whose prefix holds a `}` past `start` lists through `LIST` too: its braced set
+        counts the `}` after that prefix only, so it may miss a name the `*` matches across.
+        """
+        plan = skip_plan(pattern)
+        if plan is None:
+            return None
+        rest = compile_glob(plan[1]).literal_prefix
+        if not rest:
+            return None
+        for names in sources:
+            if len(names.prefix) > len(start) and "}" in names.prefix[len(start) :]:
+                return None
+        low, past = key_index.lex_range(rest)
+        return (len(start.encode("utf-8", "surrogatepass")), low[1:], past[1:])
+
     async def _list_page(
         self,
         node: Any,
         indexes: list[str],
         args: tuple[bytes | int, ...],
         *,
-        tags: bool = False,
-    ) -> tuple[list[bytes], int | None, bytes]:
-        """One `LIST` script (`TAGS` with `tags`): on one server or slot, or on a cluster node.
+        kind: int = 0,
+    ) -> list[Any]:
+        """One `LIST` script (`TAGS`, `SKIP` by `kind`): on one server or slot, or on a node.
 
         `node` None: on one server, or on the slot the indexes share.
         On a node, at most `_PROBE_CHUNK` indexes a script: the next chunk goes in the next
-        call, so no script holds the server for long.
+        call, so no script holds the server for long. Returns {names, the position to go on
+        from (None: done), its low bound, and what else the script returns}.
         """
+        sha, source, across_sha, across, width = _LIST_SCRIPTS[kind]
         if node is None:
-            sha, source = (
-                (key_index.TAGS_SHA, key_index.TAGS)
-                if tags
-                else (key_index.LIST_SHA, key_index.LIST)
-            )
-            reply = await self._run_script(sha, source, indexes, args)
+            reply = list(await self._run_script(sha, source, indexes, args))
         else:
             low, high, budget, position, bound, *extra = args
             first = (int(position) - 1) // _PROBE_CHUNK * _PROBE_CHUNK
-            chunk = indexes[first : first + _PROBE_CHUNK]
+            chunk = indexes[first * width : (first + _PROBE_CHUNK) * width]
             args = (low, high, budget, int(position) - first, bound, *extra)
-            sha, source = (
-                (key_index.TAGS_ACROSS_SLOTS_SHA, key_index.TAGS_ACROSS_SLOTS)
-                if tags
-                else (key_index.LIST_ACROSS_SLOTS_SHA, key_index.LIST_ACROSS_SLOTS)
-            )
-            command = ("EVALSHA", sha, 0, *args, *chunk)
+            command = ("EVALSHA", across_sha, 0, *args, *chunk)
             client = self._client or await self._redis()
             try:
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
             except BackendError as exc:
                 if not wire.unknown_script(exc):
                     raise
-                await self._load_script(source)
+                await self._load_script(across)
                 reply = await self._execute_on_cluster(client, command, None, target_nodes=node)
+            reply = list(reply)
             if reply[1]:
-                reply = [reply[0], int(reply[1]) + first, reply[2]]
-            elif first + _PROBE_CHUNK < len(indexes):  # on to the next chunk
-                reply = [reply[0], first + _PROBE_CHUNK + 1, low]
-        found, position, bound = reply
-        return list(found), (int(position) if position else None), bound
+                reply[1] = int(reply[1]) + first
+            elif (first + _PROBE_CHUNK) * width < len(indexes):  # on to the next chunk
+                reply[1:3] = [first + _PROBE_CHUNK + 1, low]
+                if kind == _SKIP:
+                    reply[3] = b""
+        reply[0] = list(reply[0])
+        reply[1] = int(reply[1]) if reply[1] else None
+        return reply
 
     async def _index_sources(self, start: str) -> list[key_index.KeyIndexNames]:
         """The indexes that may hold names starting with `start` (this user may read).
@@ -1586,24 +1711,79 @@ class RedisBackend(Subscriber, Backend):
         if self._index_ready:
             return
         if not await self._read("EXISTS", self._key_index.built):
-            await self.reindex()
+            await self._build_index(again=False)
         self._index_ready = True
 
-    async def reindex(self) -> int:
+    async def _build_index(self, *, again: bool) -> KeyIndexReport | None:
+        """Build the key index under its build lock: one process builds, the others wait.
+
+        The lock (`#building`) holds a token of this call, set with `SET NX PX` for
+        `_BUILD_LOCK_MS` and kept alive while the build goes on; a process that finds it held
+        waits until it is gone (released, or expired: its builder died), then looks again.
+        Without `again` (a first listing), a build another process finished meanwhile is
+        taken as done (`None`). An ACL user that may not take the lock builds without it.
+        """
+        await self._redis()
+        lock = self._key_index.building
+        token = secrets.token_hex(16)
+        waited = False
+        while True:
+            if not again and await self._read("EXISTS", self._key_index.built):
+                return None
+            try:
+                taken = await self._execute(
+                    "SET", lock, token, "NX", "PX", _BUILD_LOCK_MS, write_key=None
+                )
+            except BackendError as exc:
+                if not wire.no_permission(exc):
+                    raise
+                return await self._build(None)
+            if taken:
+                break
+            if not waited:
+                log.info("key_index_build_waiting", url=self.url)
+                waited = True
+            delay = 0.01
+            while await self._read("EXISTS", lock):  # until its builder releases it or dies
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+        try:
+            return await self._build(token)
+        finally:
+            with contextlib.suppress(BackendError):  # else it expires by itself
+                await self._script(
+                    key_index.RELEASE_BUILD_LOCK_SHA,
+                    key_index.RELEASE_BUILD_LOCK,
+                    (lock,),
+                    token,
+                    write_key="",
+                )
+
+    async def reindex(self) -> KeyIndexReport:
         """Build the key index over every record under the prefix, and mark it built.
 
         Listings read the index that every write keeps (see "Key index"). A store written by
-        an earlier release of this library has records but no index: its first listing calls
-        this once, and marks the index built so that no process does it again. It SCANs the
+        an earlier release of this library has records but no index: its first listing builds
+        it once, and marks the index built so that no process does it again. A build SCANs the
         prefix's keys once (the whole keyspace: O(keys in the database)) and adds every record
-        to the index (a foreign key is not added). Safe while other processes write or build
-        too: every step is idempotent and listings check that each name exists.
+        to the index (a foreign key is not added). One process builds at a time (a lock that
+        expires if its builder dies): one that finds another building waits for it, then
+        builds again. Safe while other processes write: every step is idempotent and listings
+        check that each name exists.
 
         Returns:
-            How many names joined the index (0 when it was complete).
+            How many records it found under the prefix, and how many of them joined the index
+            (0 when it was complete).
         """
-        await self._redis()
+        report = await self._build_index(again=True)
+        assert report is not None  # noqa: S101  # `again`: it always builds
+        return report
+
+    async def _build(self, token: str | None) -> KeyIndexReport:
+        """The build itself (`reindex`), keeping the build lock `token` alive as it goes."""
         log.info("key_index_build_started", url=self.url)
+        loop = asyncio.get_running_loop()
+        kept_at = loop.time()
         added = 0
         records = 0
         prefix = self.key_prefix
@@ -1629,19 +1809,30 @@ class RedisBackend(Subscriber, Backend):
                             await self._script(
                                 key_index.BUILD_SHA,
                                 key_index.BUILD,
-                                (index, *held, *chunk),
+                                (index, key_index.braced_set(index), *held, *chunk),
                                 len(held),
+                                self._prefix_bytes,
                                 write_key="",
                             )
                         )
                         records += len(chunk)
+                        if token is not None and loop.time() - kept_at > _BUILD_LOCK_KEEP:
+                            kept_at = loop.time()
+                            await self._script(
+                                key_index.KEEP_BUILD_LOCK_SHA,
+                                key_index.KEEP_BUILD_LOCK,
+                                (self._key_index.building,),
+                                token,
+                                _BUILD_LOCK_MS,
+                                write_key="",
+                            )
         if self.is_cluster and await self._lists_across_slots():
             # The slots of names an index held before slot registries existed, too.
             await self._make_slot_registry(self._key_index)
         await self._execute("SET", self._key_index.built, str(records), write_key=None)
         self._index_ready = True
         log.info("key_index_built", url=self.url, keys=records, added=added)
-        return added
+        return KeyIndexReport(keys=records, added=added)
 
     # sorted indexes (Redis sorted sets)
 

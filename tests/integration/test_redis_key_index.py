@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import subprocess
@@ -30,7 +31,7 @@ import anyio.from_thread
 import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
-from hypothesis import settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -48,7 +49,7 @@ from agenticstate.backends._redis_keyindex import KEY_INDEX_NAMESPACE
 from agenticstate.backends._redis_wire import key_slot
 from tests._commandstats import command_counts
 from tests._redis_server import RedisServer
-from tests.helpers import unique_prefix
+from tests.helpers import LineProcess, unique_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.redis
 
 RESERVED = b"__agenticstate"
+BUILD_WORKER = "tests.integration._keyindex_build_worker"
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +154,7 @@ async def test_a_million_unrelated_keys_cost_a_listing_nothing(server: RedisServ
         await state.save_many({f"agents:{{a1}}:cp:{n}": {"n": n} for n in range(25)})
         await state.save_many({f"agents:{{b{n}}}:recovery": {"n": n} for n in range(40)})
         await state.list_keys("other:*")  # builds the index once (an empty database)
+        await state.list_keys("agents:{*}:recovery")  # the skip-scan's script loaded
         before, empty = await _listings(url, state)
         with _admin(url) as admin:
             admin.execute_command("DEBUG", "POPULATE", 1_000_000, "unrelated")
@@ -239,6 +242,119 @@ async def test_listing_agents_costs_one_step_per_agent(
     assert many_calls["exists"] == 20
 
 
+# -------------------------------------------------------------- skip-scan: one step per entity
+
+
+async def _checkpoint_listing(url: str, others: int) -> tuple[list[str], dict[str, int]]:
+    """`agents:{*}:state` over 20 agents with `others` other names each, and what it ran.
+
+    Agent a00 also has a name only the `*` across a `}` matches (`agents:{a00}x}:state`), and
+    one with two `}` that does not match: the braced set is not empty.
+    """
+    async with StateManager(
+        StateConfig(), backend=RedisBackend(url=url, key_prefix=unique_prefix())
+    ) as state:
+        await state.save_many(
+            {
+                f"agents:{{a{n:02}}}:{part}": {"n": 1}
+                for n in range(20)
+                for part in ["state", *(f"cp:{c}" for c in range(others))]
+            }
+        )
+        await state.save_many({"agents:{a00}x}:state": 1, "agents:{a00}:}y}": 2})
+        await state.list_keys("agents:{*}:state")  # the scripts loaded, the index marked built
+        async with command_counts(url) as counts:
+            listed = await state.list_keys("agents:{*}:state")
+    return listed, counts.calls
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_listing_across_entities_costs_steps_per_entity_not_per_name(
+    server: RedisServer, redis_cluster_url: str, cluster: bool
+) -> None:
+    """`agents:{*}:state` over 20 agents with 2,000 other names each runs the very commands
+    it runs with one other name each: per agent two ZRANGE to find it and read its `:state`,
+    one for its braced names, and an EXISTS per name listed; never a read of the others."""
+    url = redis_cluster_url if cluster else server.unix_url
+    few, few_calls = await _checkpoint_listing(url, 1)
+    many, many_calls = await _checkpoint_listing(url, 2_000)
+    expected = sorted([*(f"agents:{{a{n:02}}}:state" for n in range(20)), "agents:{a00}x}:state"])
+    assert few == many == expected
+    assert many_calls == few_calls
+    if not cluster:
+        # Two indexes, the store's and the empty prefix's (which it is nested in): each has
+        # its braced set checked once and one ZRANGE past its last agent.
+        assert many_calls["zrange"] == 3 * 20 + 2
+        assert many_calls["exists"] == 2 + 20 + 2  # each of a00's braced names is checked
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_a_skip_scan_goes_on_inside_an_entity_past_a_page(
+    server: RedisServer, redis_cluster_url: str, cluster: bool
+) -> None:
+    """Entities with more matching names than a script's page (1,000) are listed whole: the
+    next page goes on inside the entity, then reads its braced names and the next entity."""
+    url = redis_cluster_url if cluster else server.unix_url
+    async with RedisBackend(url=url, key_prefix=unique_prefix()) as backend:
+        keys = [f"agents:{{a{n}}}:cp:{c:04}" for n in range(3) for c in range(1_500)]
+        keys += ["agents:{a1}x}:cp:1", "agents:{a2}:other"]
+        await backend.set_many([(key, b"v") for key in keys])
+        listed = sorted([key async for key in backend.scan("agents:{*}:cp:*")])
+    assert listed == sorted(key for key in keys if key != "agents:{a2}:other")
+
+
+BRACY = st.text(st.sampled_from(["a", "b", "}", "{", ":", "*"]), max_size=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", [False, True])
+def test_skip_scans_list_what_a_scan_finds(
+    server: RedisServer, redis_cluster_url: str, cluster: bool
+) -> None:
+    """Generated entity keys whose tags and tails hold more braces (the names a `*` matches
+    across a `}`), some deleted, some rewritten through a nested store: every `<head>{*}<rest>`
+    listing equals a full SCAN."""
+    url = redis_cluster_url if cluster else server.unix_url
+
+    @settings(max_examples=20 if cluster else 40, deadline=None, database=None)
+    @given(
+        keys=st.lists(st.tuples(st.sampled_from(["", "n:", "}"]), BRACY, BRACY), max_size=12),
+        dropped=st.sets(st.integers(0, 11), max_size=4),
+        patterns=st.lists(
+            st.tuples(st.sampled_from(["", "n:", "}"]), BRACY), min_size=1, max_size=3
+        ),
+    )
+    @example(keys=[("", "a", "b}:"), ("n:", "a", ":")], dropped=set(), patterns=[("", ":")])
+    @example(keys=[("n:", "a", "}:"), ("n:", "a", "}:")], dropped={0}, patterns=[("n:", ":")])
+    def check(
+        keys: list[tuple[str, str, str]], dropped: set[int], patterns: list[tuple[str, str]]
+    ) -> None:
+        async def run() -> None:
+            prefix = unique_prefix()
+            async with (
+                RedisBackend(url=url, key_prefix=prefix) as outer,
+                RedisBackend(url=url, key_prefix=prefix + "n:") as inner,
+            ):
+                names = [f"{head}{{{tag}}}{tail}" for head, tag, tail in keys]
+                for n, name in enumerate(names):
+                    if name.startswith("n:") and n % 2:  # through the nested store
+                        await inner.set(name[2:], b"i")
+                    else:
+                        await outer.set(name, b"o")
+                for n in dropped:
+                    if n < len(names):
+                        await outer.delete(names[n])
+                for head, rest in patterns:
+                    for star in ("", "*"):
+                        pattern = f"{escape_glob(head)}{{*}}{escape_glob(rest)}{star}"
+                        listed = sorted([key async for key in outer.scan(pattern)])
+                        assert listed == _truth(url, prefix, pattern), pattern
+
+        anyio.run(run)
+
+    check()
+
+
 # -------------------------------------------------------------- the slot registry (cluster)
 
 
@@ -257,7 +373,9 @@ async def test_a_cross_slot_listing_probes_only_the_registered_slots(
     redis_cluster_url: str,
 ) -> None:
     """A small store's listing across slots probes one index per slot of its registry (and of
-    the empty prefix's it is nested in), not the 16,384 slots; the registry is its slots."""
+    the empty prefix's it is nested in), not the 16,384 slots; the registry is its slots. Each
+    probe is a skip-scan: an EXISTS of the braced set and a ZRANGE past the last entity, and
+    per entity one ZRANGE to find it and one to read its `:state`."""
     url = redis_cluster_url
     prefix = unique_prefix()
     keys = [f"w:{{{n}}}:state" for n in range(20)]
@@ -274,8 +392,9 @@ async def test_a_cross_slot_listing_probes_only_the_registered_slots(
     assert listed == sorted(keys)
     assert own == _slot_members(prefix, keys) | {b"complete"}
     assert b"complete" in outer
-    assert counts.calls["zrange"] == len(own) - 1 + len(outer) - 1
-    assert counts.calls["exists"] == len(keys)
+    probed = len(own) - 1 + len(outer) - 1
+    assert counts.calls["zrange"] == probed + 2 * len(keys)
+    assert counts.calls["exists"] == probed + len(keys)
     assert counts.calls["smembers"] == 3  # the nested registry, then both slot registries
 
 
@@ -445,6 +564,105 @@ async def test_an_older_store_gets_its_index_built_once(
     assert not [r for r in caplog.records if "key_index_built" in r.getMessage()]
 
 
+async def _older_store(url: str, junk: int) -> str:
+    """A store of 40 records with no index (an earlier release's), and `junk` keys under its
+    prefix that are not records (`DEBUG POPULATE`), so that a build takes a while."""
+    prefix = unique_prefix()
+    async with RedisBackend(url=url, key_prefix=prefix) as writer:
+        await writer.set_many([(f"a:{{{n}}}:x", b"v") for n in range(40)])
+    with _admin(url) as admin:
+        admin.delete(*admin.scan_iter(match=escape_glob(KEY_INDEX_NAMESPACE + prefix) + "*"))
+        admin.execute_command("DEBUG", "POPULATE", junk, prefix + "junk")
+    return prefix
+
+
+def _drop_junk(url: str, prefix: str) -> None:
+    with _admin(url) as admin:
+        batch = []
+        for name in admin.scan_iter(match=escape_glob(prefix + "junk:") + "*", count=10_000):
+            batch.append(name)
+            if len(batch) == 10_000:
+                admin.unlink(*batch)
+                batch.clear()
+        if batch:
+            admin.unlink(*batch)
+
+
+def _builders(url: str, prefix: str, count: int) -> list[LineProcess]:
+    """`count` processes on the store, each connected and waiting for its go."""
+    workers = [LineProcess(BUILD_WORKER, url, prefix) for _ in range(count)]
+    for worker in workers:
+        assert worker.wait_until(lambda lines: "ready" in lines), worker.close()
+    return workers
+
+
+def _go(workers: list[LineProcess]) -> None:
+    for worker in workers:
+        assert worker.process.stdin is not None
+        worker.process.stdin.write("go\n")
+        worker.process.stdin.flush()
+
+
+def _results(workers: list[LineProcess]) -> list[dict[str, int]]:
+    found = []
+    for worker in workers:
+        assert worker.wait_until(lambda lines: bool(lines) and lines[-1].startswith("{"), 120), (
+            worker.close()
+        )
+        found.append(json.loads(worker.lines[-1]))
+        worker.stop()
+    return found
+
+
+@pytest.mark.slow
+async def test_processes_opening_an_unbuilt_store_at_once_build_its_index_once(
+    server: RedisServer,
+) -> None:
+    """Four processes that list a store with no index at the same moment: one builds it
+    (the build lock), the others wait for it; every one lists every record."""
+    url = server.unix_url
+    prefix = await _older_store(url, 100_000)
+    workers = _builders(url, prefix, 4)
+    try:
+        _go(workers)
+        results = _results(workers)
+    finally:
+        for worker in workers:
+            worker.close()
+        _drop_junk(url, prefix)
+    assert [result["keys"] for result in results] == [40] * 4
+    assert sum(result["built"] for result in results) == 1
+
+
+@pytest.mark.slow
+async def test_a_builder_killed_mid_build_is_taken_over_once_its_lock_expires(
+    server: RedisServer,
+) -> None:
+    """A process SIGKILLed while it builds leaves no built mark and a lock that expires; two
+    processes listing after it wait for that, one of them builds, both list every record."""
+    url = server.unix_url
+    prefix = await _older_store(url, 200_000)
+    try:
+        [first] = _builders(url, prefix, 1)
+        _go([first])
+        assert first.wait_until(lambda lines: "building" in lines), first.close()
+        first.kill()
+        with _admin(url) as admin:
+            assert not admin.exists(KEY_INDEX_NAMESPACE + prefix + "#built")  # killed mid-build
+            assert admin.exists(KEY_INDEX_NAMESPACE + prefix + "#building")  # its lock is left
+        workers = _builders(url, prefix, 2)
+        try:
+            _go(workers)
+            results = _results(workers)
+        finally:
+            for worker in workers:
+                worker.close()
+    finally:
+        _drop_junk(url, prefix)
+    assert [result["keys"] for result in results] == [40, 40]
+    assert sum(result["built"] for result in results) == 1
+
+
 # -------------------------------------------------------------- processes killed mid-write
 
 
@@ -507,6 +725,7 @@ async def test_cluster_writers_killed_mid_write_never_hide_a_key(redis_cluster_u
 
 ALPHABET = ["a", "b", "{", "}", "*", "?", "[", "]", "\\", ":", "\U0010ffff"]
 KEY = st.text(st.sampled_from(ALPHABET), min_size=1, max_size=5)
+TAG = st.lists(st.sampled_from(["a", "n:", "b", "}"]), max_size=2).map("".join)  # before `{`
 PATTERN = st.one_of(
     KEY.map(lambda key: escape_glob(key) + "*"),  # a literal prefix
     KEY,  # anything: metacharacters as globs
@@ -554,6 +773,11 @@ class IndexMachine(RuleBasedStateMachine):
         items = [(self._key(store, key), b"m") for key in keys]
         self.portal.call(lambda: self.backends[store].set_many(items))
 
+    @rule(store=st.integers(0, 1), head=TAG, tag=KEY, tail=KEY, expiring=st.booleans())
+    def put_tagged(self, store: int, head: str, tag: str, tail: str, expiring: bool) -> None:
+        """An entity's key, `<head>{<tag>}<tail>` (the tag and tail may hold more braces)."""
+        self.put(store, f"{head}{{{tag}}}{tail}", expiring)
+
     @rule(store=st.integers(0, 1), key=KEY)
     def delete(self, store: int, key: str) -> None:
         self.portal.call(lambda: self.backends[store].delete(self._key(store, key)))
@@ -583,6 +807,11 @@ class IndexMachine(RuleBasedStateMachine):
             return sorted([key async for key in self.backends[store].scan(pattern)])
 
         assert self.portal.call(listed) == _truth(self.url, self.prefixes[store], pattern)
+
+    @rule(store=st.integers(0, 1), head=TAG, rest=KEY, star=st.booleans())
+    def list_across_entities(self, store: int, head: str, rest: str, star: bool) -> None:
+        """A skip-scan's pattern, `<head>{*}<rest>`: equal to the SCAN's answer too."""
+        self.list_keys(store, f"{escape_glob(head)}{{*}}{escape_glob(rest)}{'*' if star else ''}")
 
     @rule(store=st.integers(0, 1), prefix=st.text(st.sampled_from(ALPHABET), max_size=3))
     def list_tags(self, store: int, prefix: str) -> None:
