@@ -89,6 +89,7 @@ async def test_a_server_without_resp3_is_named_unsupported(tmp_path: Path) -> No
         ("redis://no-such-host.invalid:6379/0", "host name not resolved"),
         ("unix:///nonexistent/redis.sock", "no such file or directory"),
     ],
+    ids=["refused", "unresolved", "no-socket"],  # not the port: the same in every process
 )
 async def test_unreachable_says_why(url: str, reason: str) -> None:
     """Refused, not resolved and a missing socket each say so (they all read ConnectionError)."""

@@ -227,12 +227,15 @@ async def test_overflow_reloads_the_view(backend: Backend, other: StateManager) 
 async def test_expired_keys_leave_the_view(state: StateManager, other: StateManager) -> None:
     """Keys that expire (no change is announced) read as missing: loaded, written elsewhere,
     or written by the view itself."""
-    await state.save("agent:loaded", 1, ttl=0.3)
+    # Long enough that each key is seen before it expires on a loaded machine (0.3 s was not:
+    # the key had expired before the view loaded); the test then waits this long.
+    ttl = 2.0
+    await state.save("agent:loaded", 1, ttl=ttl)
     await state.save("agent:kept", 1)
     async with state.view("agent:*") as view:
         assert "agent:loaded" in view
-        await other.save("agent:other", 2, ttl=0.3)
-        await view.update("agent:own", lambda n: n + 1, default=0, ttl=timedelta(seconds=0.3))
+        await other.save("agent:other", 2, ttl=ttl)
+        await view.update("agent:own", lambda n: n + 1, default=0, ttl=timedelta(seconds=ttl))
         await _until(view, lambda v: "agent:other" in v)
         await _poll(lambda: view.keys() == ["agent:kept"])
         assert view.get("agent:other") is None

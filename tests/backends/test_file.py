@@ -50,6 +50,64 @@ def spawn_writer(directory: Path, start: int, *more: str) -> subprocess.Popen[st
     )
 
 
+class ForkedWriters:
+    """Writers forked by one `_file_writer --fork` process (see its docstring): each round of a
+    crash test starts one, reads its acknowledgements, SIGKILLs it and reads the rest."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.backends._file_writer", "--fork"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+        self.pid = 0
+
+    def start(self, directory: Path, start: int, *more: str) -> None:
+        """Fork a writer of `k{n % 40}` from `start` on (with history DEPTH `more`)."""
+        self.stdin.write("\t".join([str(directory), str(start), *more]) + "\n")
+        self.stdin.flush()
+        line = self.stdout.readline()
+        assert line.startswith("pid "), line
+        self.pid = int(line.split()[1])
+
+    def readline(self) -> str:
+        return self.stdout.readline()
+
+    def kill(self) -> list[str]:
+        """SIGKILL the writer; the lines it printed before it died (all come before "reaped")."""
+        os.kill(self.pid, signal.SIGKILL)
+        self.stdin.write("reap\n")
+        self.stdin.flush()
+        lines: list[str] = []
+        for line in self.stdout:
+            if line == "reaped\n":
+                return lines
+            lines.append(line)
+        raise AssertionError("the fork server ended")
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(timeout=10)
+        self.stdout.close()
+
+
+@pytest.fixture
+def writers() -> Iterator[ForkedWriters]:
+    """A fork server of writer processes for the test."""
+    writers = ForkedWriters()
+    try:
+        yield writers
+    finally:
+        writers.close()
+
+
 async def read_all(directory: Path) -> dict[str, bytes]:
     async with FileBackend(base_path=directory, format="msgpack") as backend:
         keys = [key async for key in backend.scan("*")]
@@ -74,7 +132,9 @@ async def read_feed(directory: Path) -> tuple[list[Change], dict[str, list[Entry
         return changes, histories
 
 
-async def test_killed_writers_keep_an_exact_feed_and_history(tmp_path: Path) -> None:
+async def test_killed_writers_keep_an_exact_feed_and_history(
+    tmp_path: Path, writers: ForkedWriters
+) -> None:
     """Four concurrent writers with history SIGKILLed 25 times mid-stream: after each reopen the
     feed holds every acknowledged write once, in order per key (versions by one, each change's
     old value the previous one's new), and nothing else but the writes in flight (at most one
@@ -85,21 +145,16 @@ async def test_killed_writers_keep_an_exact_feed_and_history(tmp_path: Path) -> 
     start = 0
     previous: list[tuple[str, ChangeOp, bytes | None, bytes | None, int, str | None]] = []
     for _ in range(25):
-        writer = spawn_writer(tmp_path, start, "3")
-        assert writer.stdout is not None
-        assert writer.stdout.readline().strip() == "open"
+        writers.start(tmp_path, start, "3")
+        assert writers.readline().strip() == "open"
         this_round: set[int] = set()
         for _ in range(rng.randint(0, 80)):
-            line = writer.stdout.readline()
-            if not line:
-                break
+            line = writers.readline()
             this_round.add(int(line.split()[1]))
-        writer.send_signal(signal.SIGKILL)  # somewhere in the middle of the next write
-        for line in writer.stdout:  # acknowledged before the kill: they count too
+        # SIGKILL, somewhere in the middle of the next write; acknowledged before: they count too
+        for line in writers.kill():
             this_round.add(int(line.split()[1]))
         acked |= this_round
-        writer.wait(timeout=10)
-        writer.stdout.close()
         changes, histories = await read_feed(tmp_path)
         facts = [(c.key, c.op, c.old, c.new, c.version, c.cursor) for c in changes]
         assert facts[: len(previous)] == previous  # nothing lost or rewritten by a reopen
@@ -147,29 +202,25 @@ async def test_state_survives_close_and_reopen(tmp_path: Path) -> None:
         assert change.version == 3
 
 
-async def test_killed_writers_never_tear_or_lose_acknowledged_writes(tmp_path: Path) -> None:
+async def test_killed_writers_never_tear_or_lose_acknowledged_writes(
+    tmp_path: Path, writers: ForkedWriters
+) -> None:
     """A process of four concurrent writers SIGKILLed 100 times mid-stream: every key reads as its
     last acknowledged value or a later one, and nothing is ever unreadable."""
     rng = random.Random(20261122)
     acked: dict[str, int] = {}
     start = 0
     for _ in range(100):
-        writer = spawn_writer(tmp_path, start)
-        assert writer.stdout is not None
-        assert writer.stdout.readline().strip() == "open"
+        writers.start(tmp_path, start)
+        assert writers.readline().strip() == "open"
         for _ in range(rng.randint(0, 120)):
-            line = writer.stdout.readline()
-            if not line:
-                break
+            n = int(writers.readline().split()[1])
+            acked[f"k{n % 40}"] = n
+        # SIGKILL, somewhere in the middle of the next write. Acknowledgements already in the
+        # pipe came before the kill: they count too.
+        for line in writers.kill():
             n = int(line.split()[1])
             acked[f"k{n % 40}"] = n
-        writer.send_signal(signal.SIGKILL)  # somewhere in the middle of the next write
-        # Acknowledgements already in the pipe came before the kill: they count too.
-        for line in writer.stdout:
-            n = int(line.split()[1])
-            acked[f"k{n % 40}"] = n
-        writer.wait(timeout=10)
-        writer.stdout.close()
         stored = await read_all(tmp_path)
         for key, n in acked.items():
             assert key in stored, key

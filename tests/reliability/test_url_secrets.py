@@ -130,6 +130,16 @@ def _described(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)) + repr(exc) + repr(exc.args)
 
 
+def _without_retries(backend: Backend) -> Backend:
+    """`backend` with its read retries off. A retry shows nothing (it logs nothing, and the last
+    attempt's error is raised as the first one's would be), but its back-off sleeps 0.35 s per
+    failing URL: a cluster URL that cannot open (a plain node, a closed or bad port) is
+    retried, and those sleeps were most of this module's time (72 s of a suite run)."""
+    if isinstance(backend, RedisBackend):
+        backend.read_retries = 0
+    return backend
+
+
 async def _texts_for(url: str, inspect: bool) -> tuple[list[str], list[str]]:
     """Everything shown about `url` while it is configured, opened, used and closed, and the
     errors met (of three ways to open it)."""
@@ -144,7 +154,7 @@ async def _texts_for(url: str, inspect: bool) -> tuple[list[str], list[str]]:
     makers: list[Callable[[], Backend]] = [
         lambda: RedisBackend(url=url, connect_timeout=2.0, socket_timeout=5.0, read_retries=0),
         lambda: open_backend(url, connect_timeout=2.0, socket_timeout=5.0, read_retries=0),
-        lambda: StateManager(StateConfig(backend="redis", redis_url=url)).backend,
+        lambda: _without_retries(StateManager(StateConfig(backend="redis", redis_url=url)).backend),
     ]
     for make in makers:
         try:

@@ -295,8 +295,10 @@ async def test_teams_count_expired_leases_and_sample_the_queue(state: StateManag
     await orchestration.create_team(TeamState(team_id="ops"))
     for n in range(3):
         await orchestration.enqueue_task("ops", {"task_id": f"t{n}"})
-    short = await orchestration.claim_task("ops", "w1", lease=timedelta(milliseconds=1))
+    # The long lease first: a claim takes a task whose lease ran out, so claimed after the
+    # 1 ms one it took that task back when the machine was slow.
     held = await orchestration.claim_task("ops", "w2", lease=timedelta(minutes=5))
+    short = await orchestration.claim_task("ops", "w1", lease=timedelta(milliseconds=1))
     assert short is not None
     assert held is not None
     # Wait for the clock, not for another task: the short lease must have run out.
