@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from bench._util import median, publish, table
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 ROUNDS = 5
 OPERATIONS = 2000
