@@ -77,7 +77,7 @@ async def _psycopg(url: str, count: int) -> dict[str, float]:
 
 
 async def _asyncpg(url: str, count: int) -> dict[str, float]:
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]
 
     pool = await asyncpg.create_pool(_asyncpg_dsn(url), min_size=1, max_size=1)
     try:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import pytest
 
-from agenticstate import FileBackend, MemoryBackend, RedisBackend, SQLiteBackend
+from agenticstate import FileBackend, MemoryBackend, PostgresBackend, RedisBackend, SQLiteBackend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -95,6 +95,15 @@ async def _sqlite(
         yield backend
 
 
+@asynccontextmanager
+async def _postgres(
+    request: pytest.FixtureRequest, tmp_path: Path, **options: Any
+) -> AsyncIterator[Backend]:
+    url = request.getfixturevalue("postgres_url")
+    async with PostgresBackend(url, key_prefix=unique_prefix(), **options) as backend:
+        yield backend
+
+
 # Each backend module adds its maker here; the contract suite runs against every one.
 BACKEND_MAKERS: dict[str, BackendMaker] = {
     "memory": _memory,
@@ -102,14 +111,19 @@ BACKEND_MAKERS: dict[str, BackendMaker] = {
     "sqlite": _sqlite,
     "redis": _redis,
     "redis-cluster": _redis_cluster,
+    "postgres": _postgres,
 }
 REDIS_BACKENDS = {"redis", "redis-cluster"}
+SERVER_MARKS = {"redis": "redis", "redis-cluster": "redis", "postgres": "postgres"}
 
 
 def backend_params() -> list[Any]:
-    """Every name in `BACKEND_MAKERS` as a pytest parameter, the Redis ones marked `redis`."""
+    """Every name in `BACKEND_MAKERS` as a pytest parameter, those needing a server marked
+    (`redis`, `postgres`)."""
     return [
-        pytest.param(name, marks=pytest.mark.redis) if name in REDIS_BACKENDS else name
+        pytest.param(name, marks=getattr(pytest.mark, SERVER_MARKS[name]))
+        if name in SERVER_MARKS
+        else name
         for name in BACKEND_MAKERS
     ]
 
