@@ -16,6 +16,7 @@ holds that rule.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import psycopg
 import pytest
 
 from agenticstate import FileBackend, MemoryBackend, PostgresBackend, RedisBackend, SQLiteBackend
@@ -99,9 +101,18 @@ async def _sqlite(
 async def _postgres(
     request: pytest.FixtureRequest, tmp_path: Path, **options: Any
 ) -> AsyncIterator[Backend]:
+    """A store of its own: a Postgres schema named after `tmp_path` (a test's other stores, made
+    under paths of their own, get schemas of their own), dropped at the end."""
     url = request.getfixturevalue("postgres_url")
-    async with PostgresBackend(url, key_prefix=unique_prefix(), **options) as backend:
-        yield backend
+    schema = "t" + hashlib.sha1(str(tmp_path).encode(), usedforsecurity=False).hexdigest()[:20]
+    try:
+        async with PostgresBackend(
+            url, schema=schema, key_prefix=unique_prefix(), **options
+        ) as backend:
+            yield backend
+    finally:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
 
 
 # Each backend module adds its maker here; the contract suite runs against every one.
