@@ -4,11 +4,12 @@
 socket in that directory and on a free loopback TCP port, with trust authentication for the
 `postgres` role (nothing listens beyond loopback). It runs without fsync: a killed server
 loses no committed transaction that way (only a crash of the machine would), and the tests'
-many small commits and schema changes do not wait on the disk. PostgreSQL refuses to run as root, so when
-the tests run as root (CI) the cluster belongs to the `postgres` system user and both programs
-run as it (`setpriv`, which execs: the process started is the server itself, stopped by its
-pid). The binaries are the ones on PATH, else the newest in Debian's `/usr/lib/postgresql/*/bin`
-(`scripts/install-postgres.sh` installs them).
+many small commits and schema changes do not wait on the disk.
+
+PostgreSQL refuses to run as root, so when the tests run as root (CI) the cluster belongs to
+the `postgres` system user and both programs run as it (`setpriv`, which execs: the process
+started is the server itself, stopped by its pid). The binaries are the ones on PATH, else the
+newest in Debian's `/usr/lib/postgresql/*/bin` (`scripts/install-postgres.sh` installs them).
 """
 
 from __future__ import annotations

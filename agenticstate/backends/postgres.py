@@ -307,6 +307,9 @@ class PostgresBackend(Backend):
         self._channel = f"agenticstate_{self.schema}"[:63]
         self._pool: AsyncConnectionPool[Any] | None = None
         self._open_lock: anyio.Lock | None = None
+        # This process's writers queue here, not on the head row's lock: one connection waits
+        # for the row at a time instead of the pool's every one (a wake-up per hand-over).
+        self._write_lock: asyncio.Lock | None = None
         self._db_id = ""
         self._closed = False
         self._feed_state: _Feed | None = None
@@ -474,26 +477,47 @@ class PostgresBackend(Backend):
             rows: list[Any] = await cur.fetchall()
             return rows
 
-    async def _write(self, run: Callable[[_Step], Any], key: str | None = None) -> Any:
+    async def _write(
+        self, run: Callable[[_Step], Any], key: str | None = None, keys: Sequence[str] = ()
+    ) -> Any:
         """Run `run(step)` in one write transaction holding the head lock; commit; wake feeds.
 
-        A connection lost at commit raises `WriteOutcomeUnknownError` (for a call with a key);
-        before it, `BackendUnavailableError`: nothing was written.
+        In psycopg's pipeline mode: the transaction's start, the head lock and (in a statement
+        after it, so read at the lock) the rows of `keys` (without the prefix) are one round
+        trip; the writes, the new head, the notification and the commit are sent together and
+        answered in one more. A read the
+        step needs besides (another key's row, an index score) is a round trip of its own.
+
+        A connection lost before the commit is sent raises `BackendUnavailableError`: nothing
+        was written. Lost at the commit, the outcome is unknown: `WriteOutcomeUnknownError`.
         """
-        async with self._connection("write") as conn:
-            await conn.execute(b"BEGIN")
+        prefix = self.key_prefix
+        fulls = [prefix + name for name in dict.fromkeys(keys)]
+        if self._write_lock is None:
+            self._write_lock = asyncio.Lock()
+        async with self._write_lock, self._connection("write") as conn:
+            done = False
             try:
-                cur = await conn.execute(self._sql.lock_head)
-                row = await cur.fetchone()
-                step = _Step(self, conn, int(row[0]), _now_us())
-                result = await run(step)
-                await step.finish()
-            except BaseException:
-                with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
-                    await conn.execute(b"ROLLBACK")
-                raise
-            with self._errors("commit", key or "(transaction)"):
-                await conn.execute(b"COMMIT")
+                async with conn.pipeline() as pipe:
+                    await conn.execute(b"BEGIN")
+                    head = await conn.execute(self._sql.lock_head)
+                    # A statement of its own, after the lock: its snapshot sees every write
+                    # committed before (a join with the locked row would read older rows).
+                    cur = await conn.execute(self._sql.get_many, (fulls,)) if fulls else None
+                    row = await head.fetchone()
+                    step = _Step(self, conn, int(row[0]), _now_us())
+                    if cur is not None:
+                        step.preload(fulls, await cur.fetchall())
+                    result = await run(step)
+                    await step.finish()
+                    await conn.execute(b"COMMIT")
+                    with self._errors("commit", key or "(transaction)"):
+                        await pipe.sync()
+                done = True
+            finally:
+                if not done:
+                    with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
+                        await conn.execute(b"ROLLBACK")
         feed = self._feed_state
         if feed is not None and step.seq != step.start:
             feed.wake()
@@ -647,7 +671,7 @@ class PostgresBackend(Backend):
             _check(key, current, expected_version, expected_revision)
             return await step.put(key, value, ttl_us, current)
 
-        result: Change = await self._write(run, key)
+        result: Change = await self._write(run, key, (key,))
         return result
 
     async def set_many(
@@ -665,12 +689,11 @@ class PostgresBackend(Backend):
             return []
 
         async def run(step: _Step) -> list[Change]:
-            await step.prefetch([key for key, _ in checked])
             return [
                 await step.put(key, data, ttl_us, await step.current(key)) for key, data in checked
             ]
 
-        result: list[Change] = await self._write(run, checked[0][0])
+        result: list[Change] = await self._write(run, checked[0][0], [key for key, _ in checked])
         return result
 
     async def delete(
@@ -689,7 +712,7 @@ class PostgresBackend(Backend):
             _check(key, current, expected_version, expected_revision)
             return None if current is None else await step.drop(key, current)
 
-        result: Change | None = await self._write(run, key)
+        result: Change | None = await self._write(run, key, (key,))
         return result
 
     async def update(
@@ -714,7 +737,7 @@ class PostgresBackend(Backend):
             self._check_size(key, value)
             return await step.put(key, value, ttl_us, current)
 
-        result: Change = await self._write(run, key)
+        result: Change = await self._write(run, key, (key,))
         return result
 
     async def transact(
@@ -732,7 +755,9 @@ class PostgresBackend(Backend):
         async def run(step: _Step) -> TxnResult:
             return await _run_transaction(step, *checked)
 
-        result: TxnResult = await self._write(run)
+        named = [item.key for item in checked[0]]
+        named += [op.key for op in (*checked[1], *checked[2]) if isinstance(op, (Get, Put, Delete))]
+        result: TxnResult = await self._write(run, None, named)
         return result
 
     # ---------------------------------------------------------------- indexes
@@ -966,7 +991,9 @@ class _Statements:
         self.s = s
         self.lock_head = f"SELECT seq FROM {s}.head WHERE id = 1 FOR UPDATE".encode()
         self.head = f"SELECT seq FROM {s}.head WHERE id = 1".encode()
-        self.set_head = f"UPDATE {s}.head SET seq = %s WHERE id = 1".encode()
+        self.set_head = (
+            f"WITH moved AS (UPDATE {s}.head SET seq = %s WHERE id = 1) SELECT pg_notify(%s, '')"
+        ).encode()
         self.get = f"SELECT {_ROW} FROM {s}.kv WHERE key = %s".encode()
         self.get_many = f"SELECT key, {_ROW} FROM {s}.kv WHERE key = ANY(%s)".encode()
         self.stat_many = (
@@ -1040,7 +1067,7 @@ class _Statements:
             "score = excluded.score RETURNING (xmax = 0)"
         ).encode()
         self.index_remove = (
-            f"DELETE FROM {s}.idx WHERE name = %s AND member = ANY(%s::text[])"
+            f"DELETE FROM {s}.idx WHERE name = %s AND member = ANY(%s::text[]) RETURNING 1"
         ).encode()
         self.index_score = (
             f"SELECT score FROM {s}.idx WHERE name = %s AND member = %s FOR UPDATE"
@@ -1072,7 +1099,7 @@ async def _index_add(conn: Any, sql: _Statements, name: str, members: Mapping[st
 
 async def _index_remove(conn: Any, sql: _Statements, name: str, members: list[str]) -> int:
     cur = await conn.execute(sql.index_remove, (name, members))
-    return int(cur.rowcount)
+    return len(await cur.fetchall())
 
 
 class _Step:
@@ -1091,6 +1118,13 @@ class _Step:
         self._rows: dict[str, Row | None] = {}
         self.seq = self.start = seq
         self.now = now
+
+    def preload(self, fulls: list[str], rows: list[Any]) -> None:
+        """Take the rows read with the head lock: `fulls` (prefixed keys), `(key, *row)` each."""
+        known: dict[str, Row | None] = dict.fromkeys(fulls)
+        for full, *rest in rows:
+            known[str(full)] = _live(rest, self.now)
+        self._rows.update(known)
 
     async def prefetch(self, keys: list[str]) -> None:
         prefix = self._backend.key_prefix
@@ -1173,8 +1207,7 @@ class _Step:
         """Store the new head, notify the subscribers (at commit), trim and sweep."""
         backend, conn, sql = self._backend, self._conn, self._sql
         if self.seq != self.start:
-            await conn.execute(sql.set_head, (self.seq,))
-            await conn.execute(f"NOTIFY {backend._channel}".encode())
+            await conn.execute(sql.set_head, (self.seq, backend._channel))
         retention = backend.feed
         if backend._logged >= backend._trim_every and retention.max_changes is not None:
             backend._logged = 0
