@@ -377,7 +377,14 @@ class PostgresBackend(Backend):
         async with self._open_lock:
             if self._pool is not None:
                 return
-            _, psycopg_pool = _import_psycopg()
+            psycopg, psycopg_pool = _import_psycopg()
+            with self._errors("connect"):
+                # One connection first, for the schema: a server that is not there fails
+                # here at once (a pool would retry until its timeout).
+                conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+                async with conn:
+                    async with conn.transaction():
+                        self._db_id = await pg_schema.install(conn, self.schema)
             pool = psycopg_pool.AsyncConnectionPool(
                 self._url,
                 min_size=1,
@@ -389,15 +396,7 @@ class PostgresBackend(Backend):
             )
             try:
                 with self._errors("connect"):
-                    try:
-                        await pool.open(wait=True, timeout=self._pool_timeout)
-                    except psycopg_pool.PoolTimeout:
-                        raise BackendUnavailableError(
-                            f"could not connect to Postgres at {redact_url(self._url)} within "
-                            f"{self._pool_timeout:g} s"
-                        ) from None
-                    async with pool.connection() as conn, conn.transaction():
-                        self._db_id = await pg_schema.install(conn, self.schema)
+                    await pool.open(wait=False)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await pool.close()
