@@ -66,6 +66,15 @@ async def _waiting_on_locks(url: str, schema: str) -> int:
         return int(row[0])
 
 
+async def _until_waiting(url: str, schema: str, count: int) -> None:
+    """Return once `count` sessions wait for the schema's head row (30 s at most)."""
+    with anyio.fail_after(30):
+        for _ in range(100_000):
+            if await _waiting_on_locks(url, schema) >= count:
+                return
+            await anyio.sleep(0.01)
+
+
 class _HeldWriter:
     """A writer in a thread of its own (its own event loop and backend) whose `update` blocks
     inside its transaction until released: a transaction held open while others commit."""
@@ -106,9 +115,7 @@ async def test_a_transaction_held_open_keeps_the_feed_in_commit_order(
     async with backend.changes("*") as live:
         held.thread.start()
         try:
-            with anyio.fail_after(30):
-                while not held.inside.is_set():
-                    await anyio.sleep(0.01)
+            assert await anyio.to_thread.run_sync(held.inside.wait, 30)
             results: list[Change] = []
             async with anyio.create_task_group() as tg:
                 for number, other in enumerate(others):
@@ -118,9 +125,7 @@ async def test_a_transaction_held_open_keeps_the_feed_in_commit_order(
 
                     tg.start_soon(write)
                 # All three wait on the held transaction's lock: none has committed.
-                with anyio.fail_after(30):
-                    while await _waiting_on_locks(postgres_url, schema) < 3:
-                        await anyio.sleep(0.01)
+                await _until_waiting(postgres_url, schema, 3)
                 assert await backend.feed_cursor() == start
                 held.release.set()
             seen = await _take(live, 4)
@@ -209,7 +214,7 @@ async def test_a_newer_layout_is_refused(postgres_url: str, schema: str) -> None
         await made.set("k", b"v")
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
         await conn.execute(
-            f"UPDATE \"{schema}\".meta SET value = '99' WHERE name = 'schema_version'".encode()
+            f"UPDATE \"{schema}\".meta SET value = '99' WHERE name = 'schema_version'".encode()  # noqa: S608
         )
     with pytest.raises(BackendError, match="newer"):
         async with PostgresBackend(postgres_url, schema=schema):
@@ -244,7 +249,7 @@ async def test_url_parameters_reach_the_backend_and_libpq(postgres_url: str, sch
             row = await cur.fetchone()
             assert row is not None
             assert row[0] >= 1
-            cur = await conn.execute(f'SELECT key FROM "{schema}".kv'.encode())
+            cur = await conn.execute(f'SELECT key FROM "{schema}".kv'.encode())  # noqa: S608
             assert await cur.fetchall() == [("app:k",)]
     with pytest.raises(ConfigurationError, match="no_such"):
         open_backend(f"{postgres_url}&no_such=1")
