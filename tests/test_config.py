@@ -24,7 +24,7 @@ def test_seed_forms_are_accepted() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"backend": "postgres"},
+        {"backend": "mongodb"},
         {"ttl": 0},
         {"ttl": -5},
         {"ttl": "soon"},

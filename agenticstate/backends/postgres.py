@@ -785,6 +785,25 @@ class PostgresBackend(Backend):
         rows = await self._fetchall(self._sql.index_range, (name, limit))
         return [(str(member), float(score)) for member, score in rows]
 
+    async def index_names(self) -> list[str]:
+        """The names of the sorted indexes under this backend's prefix (for transfers).
+
+        A skip over the primary key `(name, member)`, one seek per index: O(indexes x log n).
+        """
+        prefix, cut = self.key_prefix, len(self.key_prefix)
+        names: list[str] = []
+        low, above = prefix, False
+        while True:
+            row = await self._fetchone(
+                self._sql.next_index(above, self._high is not None),
+                (low, self._high) if self._high is not None else (low,),
+            )
+            if row is None:
+                return names
+            name = str(row[0])
+            names.append(name[cut:])
+            low, above = name, True
+
     # ---------------------------------------------------------------- history
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
@@ -1070,6 +1089,12 @@ class _Statements:
         self.index_score = (
             f"SELECT score FROM {s}.idx WHERE name = %s AND member = %s FOR UPDATE"
         ).encode()
+
+    def next_index(self, above: bool, bounded: bool) -> bytes:
+        sql = f"SELECT name FROM {self.s}.idx WHERE name {'>' if above else '>='} %s"
+        if bounded:
+            sql += " AND name < %s"
+        return (sql + " ORDER BY name LIMIT 1").encode()
 
     def page(self, low: str, above: bool, high: str | None) -> tuple[bytes, tuple[Any, ...]]:
         sql = f"SELECT key FROM {self.s}.kv WHERE key {'>' if above else '>='} %s"

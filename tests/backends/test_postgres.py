@@ -307,3 +307,33 @@ async def test_a_subscriber_survives_its_listen_connection_being_terminated(
         assert [c.key for c in await _take(live, 1)] == ["e"]
     async with backend.changes("*", since=EARLIEST) as replay:
         assert [c.key for c in await _take(replay, 5)] == ["a", "b", "c", "d", "e"]
+
+
+async def test_copy_between_postgres_and_sqlite_keeps_keys_ttls_and_indexes(
+    postgres_url: str, schema: str, tmp_path: Any
+) -> None:
+    """`copy_state` from Postgres to SQLite and back: values, TTLs and every index (listed by
+    `index_names`) arrive."""
+    from datetime import timedelta
+
+    from agenticstate import SQLiteBackend
+    from agenticstate.transfer import copy_state
+
+    async with (
+        PostgresBackend(postgres_url, schema=schema, key_prefix="src:") as source,
+        SQLiteBackend(tmp_path / "copy.db") as middle,
+        PostgresBackend(postgres_url, schema=schema, key_prefix="back:") as back,
+    ):
+        await source.set("a", b"1")
+        await source.set("b", b"2", ttl=timedelta(hours=1))
+        await source.index_add("i1", {"x": 1.0, "y": float("inf")})
+        await source.index_add("i2", {"z": -2.0})
+        assert await source.index_names() == ["i1", "i2"]
+        await copy_state(source, middle)
+        await copy_state(middle, back)
+        entry = await back.get("b")
+        assert entry is not None
+        assert entry.expires_at is not None
+        assert (await back.get("a")) is not None
+        assert await back.index_range("i1") == [("x", 1.0), ("y", float("inf"))]
+        assert await back.index_names() == ["i1", "i2"]
