@@ -60,7 +60,7 @@ def test_redact_url() -> None:
     assert redact_url("redis://h:1") == "redis://h:1"
 
 
-@pytest.mark.parametrize("url", ["nope", "ftp://x", "", "postgres://db"])
+@pytest.mark.parametrize("url", ["nope", "ftp://x", "", "mongodb://db"])
 def test_open_backend_rejects_unknown_urls(url: str) -> None:
     """Unknown schemes and malformed URLs raise ConfigurationError."""
     with pytest.raises(ConfigurationError):
