@@ -337,3 +337,18 @@ async def test_copy_between_postgres_and_sqlite_keeps_keys_ttls_and_indexes(
         assert (await back.get("a")) is not None
         assert await back.index_range("i1") == [("x", 1.0), ("y", float("inf"))]
         assert await back.index_names() == ["i1", "i2"]
+
+
+def test_under_trio_every_entry_refuses_before_the_network() -> None:
+    """Under trio, opening a PostgresBackend raises ConfigurationError naming asyncio."""
+    pytest.importorskip("trio")
+
+    async def main() -> None:
+        backend = PostgresBackend(f"postgresql://u@127.0.0.1:{free_port()}/db")
+        with pytest.raises(ConfigurationError, match="asyncio"):
+            await backend.open()
+        with pytest.raises(ConfigurationError, match="asyncio"):
+            await backend.get("k")
+        await backend.aclose()
+
+    anyio.run(main, backend="trio")
