@@ -352,3 +352,44 @@ def test_under_trio_every_entry_refuses_before_the_network() -> None:
         await backend.aclose()
 
     anyio.run(main, backend="trio")
+
+
+async def test_an_exhausted_pool_is_a_timeout_error(postgres_url: str, schema: str) -> None:
+    """With its one connection held, a call waits `pool_timeout` and raises
+    BackendTimeoutError; once the connection is back, calls work."""
+    from datetime import timedelta
+
+    from agenticstate.exceptions import BackendTimeoutError
+
+    async with PostgresBackend(
+        postgres_url, schema=schema, pool_size=1, pool_timeout=timedelta(milliseconds=200)
+    ) as made:
+        await made.set("k", b"v")
+        async with made._connection("hold the only connection"):
+            with pytest.raises(BackendTimeoutError, match="pool_size=1"):
+                await made.get("k")
+        assert (await made.get("k")) is not None
+
+
+async def test_a_statement_timeout_is_a_timeout_error_and_writes_nothing(
+    postgres_url: str, schema: str
+) -> None:
+    """A write stuck behind another session's lock past `statement_timeout` (set through the
+    URL's libpq `options`) raises BackendTimeoutError and leaves the key as it was."""
+    from agenticstate.exceptions import BackendTimeoutError
+
+    async with PostgresBackend(postgres_url, schema=schema) as made:
+        await made.set("k", b"before")
+    url = f"{postgres_url}&options=-c%20statement_timeout%3D200"
+    async with (
+        PostgresBackend(url, schema=schema) as timed,
+        await psycopg.AsyncConnection.connect(postgres_url) as blocker,
+    ):
+        await blocker.execute(f'SELECT seq FROM "{schema}".head FOR UPDATE'.encode())  # noqa: S608
+        with pytest.raises(BackendTimeoutError, match="cancel"):
+            await timed.set("k", b"after")
+        await blocker.rollback()
+        entry = await timed.get("k")
+        assert entry is not None
+        assert entry.value == b"before"
+        await timed.set("k", b"after")
