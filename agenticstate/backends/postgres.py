@@ -47,7 +47,7 @@ import contextlib
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 import anyio
 
@@ -351,11 +351,10 @@ class PostgresBackend(Backend):
                     options.setdefault(name, timedelta(seconds=float(value)))
             except (ValueError, OverflowError):
                 raise ConfigurationError(f"invalid {name}={value!r} in a postgres URL") from None
-        parts = urlsplit(url)
-        cleaned = urlunsplit(
-            (parts.scheme, parts.netloc, parts.path, urlencode(libpq), parts.fragment)
-        )
-        return cls(cleaned, **options)
+        # The URL as written, with agenticstate's parameters taken out of its query (a URL
+        # with no host, `postgresql://`, must keep its `//`: urlunsplit would drop it).
+        base = url.partition("?")[0]
+        return cls(f"{base}?{urlencode(libpq)}" if libpq else base, **options)
 
     # ---------------------------------------------------------------- connections
 
@@ -395,7 +394,8 @@ class PostgresBackend(Backend):
             )
             try:
                 with self._errors("connect"):
-                    await pool.open(wait=False)
+                    # Its first connection made now, not by a task later on.
+                    await pool.open(wait=True, timeout=self._pool_timeout)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await pool.close()
