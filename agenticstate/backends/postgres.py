@@ -47,7 +47,7 @@ import contextlib
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import anyio
 
@@ -59,7 +59,7 @@ from agenticstate.backends._fanout import ChangeFanout, ChangeStream
 from agenticstate.backends._keyorder import after_prefix
 from agenticstate.backends._local import feed_from_query
 from agenticstate.backends._sqlite_feed import from_us, key_range, to_us
-from agenticstate.backends._urls import url_query
+from agenticstate.backends._urls import check_url
 from agenticstate.backends.base import (
     DEFAULT_MAX_BUFFER,
     DEFAULT_UPDATE_ATTEMPTS,
@@ -337,7 +337,14 @@ class PostgresBackend(Backend):
         `schema`, `key_prefix`, `pool_size`, `pool_timeout` (seconds), and the feed's retention
         `feed_max_changes=N`, `feed_max_age=SECONDS`, `feed_max_bytes=N`.
         """
-        params = url_query(url, _OURS | _LIBPQ)
+        check_url(url)
+        params = parse_qsl(url.partition("?")[2].partition("#")[0], keep_blank_values=True)
+        for name, _ in params:
+            if name not in _OURS and name not in _LIBPQ:
+                raise ConfigurationError(
+                    f"unknown postgresql:// URL parameter {name!r}: agenticstate's are "
+                    f"{', '.join(sorted(_OURS))}, and libpq's connection parameters pass through"
+                )
         ours = [(name, value) for name, value in params if name in _OURS]
         libpq = [(name, value) for name, value in params if name not in _OURS]
         feed_from_query(ours, options)
