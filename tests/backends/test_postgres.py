@@ -393,3 +393,29 @@ async def test_a_statement_timeout_is_a_timeout_error_and_writes_nothing(
         assert entry is not None
         assert entry.value == b"before"
         await timed.set("k", b"after")
+
+
+async def test_the_persistence_shorthand_opens_postgres_from_libpq_environment(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`WorkflowStateManager(persistence="postgres")` with no URL connects where libpq's
+    environment (PGHOST, PGPORT, PGUSER, PGDATABASE) points, in the default schema."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from agenticstate import WorkflowStateManager
+
+    query = parse_qs(urlsplit(postgres_url).query)
+    monkeypatch.setenv("PGHOST", query["host"][0])
+    monkeypatch.setenv("PGPORT", query["port"][0])
+    monkeypatch.setenv("PGUSER", "postgres")
+    monkeypatch.setenv("PGDATABASE", "postgres")
+    try:
+        async with WorkflowStateManager(persistence="postgres") as workflows:
+            backend = workflows.state.backend
+            assert isinstance(backend, PostgresBackend)
+            assert backend.schema == "agenticstate"
+            await workflows.state.save("probe", 1)
+            assert await workflows.state.get("probe") == 1
+    finally:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+            await conn.execute(b"DROP SCHEMA IF EXISTS agenticstate CASCADE")
