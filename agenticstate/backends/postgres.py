@@ -1031,6 +1031,13 @@ class _Statements:
             "excluded.expires_at, revision = excluded.revision, create_revision = "
             "excluded.create_revision"
         ).encode()
+        # The entry and its change in one statement (one message of the pipeline).
+        self.put_log = (
+            b"WITH put AS ("
+            + self.put
+            + b") "
+            + f"INSERT INTO {s}.changes VALUES (%s, %s, %s, %s, %s, %s, %s)".encode()
+        )
         self.delete = f"DELETE FROM {s}.kv WHERE key = %s".encode()
         self.log = f"INSERT INTO {s}.changes VALUES (%s, %s, %s, %s, %s, %s, %s)".encode()
         self.history_clear = f"DELETE FROM {s}.history WHERE key = %s".encode()
@@ -1189,9 +1196,13 @@ class _Step:
                 current[0],
             )
         await conn.execute(
-            sql.put, (full, value, version, created, now, expires, seq, create_revision)
+            sql.put_log,
+            # The entry's row, then its change's.
+            (
+                *(full, value, version, created, now, expires, seq, create_revision),
+                *(seq, full, _SET, old, value, version, now),
+            ),
         )
-        await conn.execute(sql.log, (seq, full, _SET, old, value, version, now))
         backend._logged += 1
         backend._logged_bytes += len(full) + len(value) + (len(old) if old is not None else 0)
         row: Row = (value, version, created, now, expires, seq, create_revision)
