@@ -7,9 +7,10 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 export AGENTICSTATE_REQUIRE_REDIS ?= 1
+export AGENTICSTATE_REQUIRE_POSTGRES ?= 1
 export AGENTICSTATE_REQUIRE_BROWSER ?= 1
 
-.PHONY: all help setup test lint typecheck pytest demo docs docs-check docs-serve bench clean redis-server chromium compat
+.PHONY: all help setup test lint typecheck pytest demo docs docs-check docs-serve bench clean redis-server postgres-server chromium compat
 
 all: test
 
@@ -21,7 +22,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install --quiet -e ".[redis,trio,encryption,langgraph,ui,otel]" --group dev --group docs
+	$(BIN)/python -m pip install --quiet -e ".[redis,postgres,trio,encryption,langgraph,ui,otel]" --group dev --group docs
 	touch $(STAMP)
 
 # What the demo uses: the package and the inspector it points to (`agenticstate ui`), nothing
@@ -37,6 +38,10 @@ setup: $(STAMP) ## create .venv with the package, every extra and the dev and do
 redis-server:
 	@(command -v redis-server && command -v redis-cli) >/dev/null 2>&1 || bash scripts/install-redis.sh
 
+# PostgreSQL's server programs (initdb, postgres): the tests start a private cluster with them.
+postgres-server:
+	@bash scripts/install-postgres.sh >/dev/null
+
 lint: setup ## ruff check and ruff format --check
 	$(BIN)/ruff check agenticstate tests bench docs/examples
 	$(BIN)/ruff format --check agenticstate tests bench docs/examples
@@ -48,7 +53,7 @@ typecheck: setup ## mypy --strict
 chromium:
 	@(command -v chromium || command -v chromium-browser) >/dev/null 2>&1 || bash scripts/install-chromium.sh
 
-pytest: setup redis-server chromium ## the test suite alone
+pytest: setup redis-server postgres-server chromium ## the test suite alone
 	bash scripts/run-pytest.sh $(BIN)/python
 
 test: lint typecheck docs-check pytest ## lint, typecheck, the docs build and the test suite

@@ -47,12 +47,14 @@ _BUILTIN_URLS = {
     "file": "agenticstate.backends._shared:SharedFileBackend.from_url",  # one store per path
     "sqlite": "agenticstate.backends.sqlite:SQLiteBackend.from_url",
     "redis": "agenticstate.backends.redis:RedisBackend.from_url",
+    "postgres": "agenticstate.backends.postgres:PostgresBackend.from_url",
 }
 _BUILTIN_ALIASES = {
     "rediss": "redis",
     "unix": "redis",
     "redis+cluster": "redis",
     "rediss+cluster": "redis",
+    "postgresql": "postgres",
 }
 
 

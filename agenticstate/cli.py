@@ -21,14 +21,14 @@ agenticstate ui --allow-writes
 ```
 
 The store comes from `--url` (or `AGENTICSTATE_URL`, else `sqlite://./state/state.db`):
-`sqlite://FILE`, `file://DIR` or `file://DIR/NAME.json`, `memory://` (read-only here: what a
-command wrote into it would be lost when it exits), `redis://...`, `rediss://...`, `unix://...`,
-`redis+cluster://...`, or any scheme a backend registered. `--json` prints machine-readable
-output (data: `inspect`'s numbers as numbers). Global options go before or after the command,
-alike; a command that does not take one (`--url` of `copy`, `export` and `import`, which name
-their stores; all but `--no-progress` of `demo`) refuses it, wherever it is. Long operations
-(`keys`, `inspect`, `demo`) show a live counter on stderr when it is a terminal, unless `--json`
-or `--no-progress` is given; stdout never carries it. A command
+`sqlite://FILE`, `file://DIR` or `file://DIR/NAME.json`, `memory://` (read-only here: what a command
+wrote into it would be lost when it exits), `redis://...`, `rediss://...`, `unix://...`,
+`redis+cluster://...`, `postgresql://...`, or any scheme a backend registered. `--json` prints
+machine-readable output (data: `inspect`'s numbers as numbers). Global options go before or after
+the command, alike; a command that does not take one (`--url` of `copy`, `export` and `import`,
+which name their stores; all but `--no-progress` of `demo`) refuses it, wherever it is. Long
+operations (`keys`, `inspect`, `demo`) show a live counter on stderr when it is a terminal, unless
+`--json` or `--no-progress` is given; stdout never carries it. A command
 creates only a store it writes into (`set`, `import`, `copy`'s destination, `demo`'s own): any
 other on a store that does not exist says so and exits 1, creating nothing.
 
@@ -690,7 +690,8 @@ def _ttl_seconds(text: str) -> float:
 _URL_HELP = (
     "the store: sqlite://FILE (the default), file://DIR or file://DIR/NAME.json, memory:// "
     "(empty, and gone when the command exits), redis://HOST:PORT/DB, rediss://... (TLS), "
-    "unix://SOCKET, redis+cluster://HOST:PORT,..., rediss+cluster://... "
+    "unix://SOCKET, redis+cluster://HOST:PORT,..., rediss+cluster://..., "
+    "postgresql://USER@HOST/DB "
     f"(default: $AGENTICSTATE_URL, else {DEFAULT_URL})"
 )
 _GLOBAL_HELP = {

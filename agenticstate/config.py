@@ -471,7 +471,8 @@ class StateConfig(BaseModel):
     backend: str = "memory"
     """Where state lives, by registered backend name: `"memory"` (this process), `"file"` (a
     crash-safe local store, one process), `"sqlite"` (an SQLite database several processes on one
-    host share), `"redis"`, or a name added with `register_backend`."""
+    host share), `"redis"`, `"postgres"` (a PostgreSQL database), or a name added with
+    `register_backend`."""
     auto_save: bool = True
     """File backend: rewrite the snapshot in the background every `save_interval` seconds (the log
     makes every acknowledged write durable either way)."""
@@ -484,6 +485,10 @@ class StateConfig(BaseModel):
     redis_url: str | None = Field(default=None, repr=False)
     """Redis backend: `redis://[user:password@]host:port/db`, `rediss://` for TLS, `unix://`, or
     `redis+cluster://host:port,host:port` for Redis Cluster."""
+    postgres_url: str | None = Field(default=None, repr=False)
+    """Postgres backend: `postgresql://[user[:password]@]host[:port]/dbname[?param=...]` (libpq's
+    URL; `schema=` names the Postgres schema). `None`: libpq's defaults and environment
+    (`PGHOST`, `PGUSER`, `PGPASSWORD`, ...)."""
     key_prefix: str = ""
     """A namespace put before every key in the backend; keys are given and listed without it."""
     ttl: timedelta | None = None
@@ -550,6 +555,18 @@ class StateConfig(BaseModel):
                 )
             try:
                 check_redis_url(value)  # what redis-py would fail on at the first command
+            except ConfigurationError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("postgres_url")
+    @classmethod
+    def _check_postgres_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            if value.partition("://")[0].lower() not in ("postgresql", "postgres"):
+                raise ValueError("must be a postgresql:// URL")
+            try:
+                check_url(value)
             except ConfigurationError as exc:
                 raise ValueError(str(exc)) from None
         return value

@@ -110,7 +110,8 @@ async def _index_names(backend: Backend, pattern: str) -> list[str]:
     """The names of the backend's sorted indexes that match `pattern`.
 
     The backend contract has no listing of indexes yet; this reads each built-in backend's own
-    (`SQLiteBackend.index_names`, the in-process store of memory and file, SCAN on Redis).
+    (`SQLiteBackend.index_names` and `PostgresBackend.index_names`, the in-process store of
+    memory and file, SCAN on Redis).
     """
     await backend.open()
     matcher = compile_glob(pattern)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agenticstate import StateConfig, StateManager
+from tests._postgres_server import PostgresServer, require_postgres
 from tests._redis_cluster import RedisClusterServers
 from tests._redis_server import RedisServer, require_redis
 from tests.helpers import BACKEND_MAKERS, backend_params
@@ -41,6 +42,26 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(f"no redis-server: {exc}")
     try:
         yield server.unix_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A private PostgreSQL cluster for the session (or AGENTICSTATE_TEST_POSTGRES_URL)."""
+    existing = os.environ.get("AGENTICSTATE_TEST_POSTGRES_URL")
+    if existing:
+        yield existing
+        return
+    server = PostgresServer()
+    try:
+        server.start()
+    except (FileNotFoundError, RuntimeError, OSError) as exc:
+        if require_postgres():
+            pytest.fail(f"AGENTICSTATE_REQUIRE_POSTGRES=1 but no PostgreSQL server: {exc}")
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server.url
     finally:
         server.stop()
 

@@ -16,6 +16,7 @@ holds that rule.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -27,9 +28,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import psycopg
 import pytest
 
-from agenticstate import FileBackend, MemoryBackend, RedisBackend, SQLiteBackend
+from agenticstate import FileBackend, MemoryBackend, PostgresBackend, RedisBackend, SQLiteBackend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -95,6 +97,24 @@ async def _sqlite(
         yield backend
 
 
+@asynccontextmanager
+async def _postgres(
+    request: pytest.FixtureRequest, tmp_path: Path, **options: Any
+) -> AsyncIterator[Backend]:
+    """A store of its own: a Postgres schema named after `tmp_path` (a test's other stores, made
+    under paths of their own, get schemas of their own), dropped at the end."""
+    url = request.getfixturevalue("postgres_url")
+    schema = "t" + hashlib.sha1(str(tmp_path).encode(), usedforsecurity=False).hexdigest()[:20]
+    try:
+        async with PostgresBackend(
+            url, schema=schema, key_prefix=unique_prefix(), **options
+        ) as backend:
+            yield backend
+    finally:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+
+
 # Each backend module adds its maker here; the contract suite runs against every one.
 BACKEND_MAKERS: dict[str, BackendMaker] = {
     "memory": _memory,
@@ -102,14 +122,19 @@ BACKEND_MAKERS: dict[str, BackendMaker] = {
     "sqlite": _sqlite,
     "redis": _redis,
     "redis-cluster": _redis_cluster,
+    "postgres": _postgres,
 }
 REDIS_BACKENDS = {"redis", "redis-cluster"}
+SERVER_MARKS = {"redis": "redis", "redis-cluster": "redis", "postgres": "postgres"}
 
 
 def backend_params() -> list[Any]:
-    """Every name in `BACKEND_MAKERS` as a pytest parameter, the Redis ones marked `redis`."""
+    """Every name in `BACKEND_MAKERS` as a pytest parameter, those needing a server marked
+    (`redis`, `postgres`)."""
     return [
-        pytest.param(name, marks=pytest.mark.redis) if name in REDIS_BACKENDS else name
+        pytest.param(name, marks=getattr(pytest.mark, SERVER_MARKS[name]))
+        if name in SERVER_MARKS
+        else name
         for name in BACKEND_MAKERS
     ]
 

@@ -24,7 +24,7 @@ def test_seed_forms_are_accepted() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"backend": "postgres"},
+        {"backend": "mongodb"},
         {"ttl": 0},
         {"ttl": -5},
         {"ttl": "soon"},
@@ -60,7 +60,7 @@ def test_redact_url() -> None:
     assert redact_url("redis://h:1") == "redis://h:1"
 
 
-@pytest.mark.parametrize("url", ["nope", "ftp://x", "", "postgres://db"])
+@pytest.mark.parametrize("url", ["nope", "ftp://x", "", "mongodb://db"])
 def test_open_backend_rejects_unknown_urls(url: str) -> None:
     """Unknown schemes and malformed URLs raise ConfigurationError."""
     with pytest.raises(ConfigurationError):

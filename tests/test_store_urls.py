@@ -42,6 +42,8 @@ BASES = {
     "unix": "unix:///tmp/redis.sock",
     "redis+cluster": "redis+cluster://localhost:7000,localhost:7001",
     "rediss+cluster": "rediss+cluster://localhost:7000,localhost:7001",
+    "postgres": "postgres://app@localhost/app",
+    "postgresql": "postgresql://app@localhost/app",
 }
 
 
@@ -80,6 +82,7 @@ REFUSED = [
     pytest.param("memory://?other=1", id="memory-unknown-parameter"),
     pytest.param("file://data/run?format=msgpack", id="file-unknown-parameter"),
     pytest.param("sqlite://data/run.db?journal=wal", id="sqlite-unknown-parameter"),
+    pytest.param("postgresql://h/app?journal=wal", id="postgres-unknown-parameter"),
 ]
 
 

@@ -7,6 +7,7 @@ open_backend("memory://")
 open_backend("file:///var/lib/app/state")          # FileBackend(base_path=...)
 open_backend("sqlite:///var/lib/app/state.db")     # SQLiteBackend(path=...)
 open_backend("redis://localhost:6379/0")           # RedisBackend(url=...)
+open_backend("postgresql://app@db.internal/app")   # PostgresBackend(url=...)
 ```
 
 Schemes map to factories in one registry (`agenticstate._registry`), which `StateConfig.backend`,
@@ -58,6 +59,7 @@ from agenticstate.backends.base import (
 )
 from agenticstate.backends.file import FileBackend, FileRepairReport
 from agenticstate.backends.memory import MemoryBackend
+from agenticstate.backends.postgres import PostgresBackend
 from agenticstate.backends.redis import RedisBackend
 from agenticstate.backends.sqlite import SQLiteBackend
 from agenticstate.config import hide_url_secrets, redact_url
@@ -89,6 +91,7 @@ __all__ = [
     "IndexRange",
     "IndexRemove",
     "MemoryBackend",
+    "PostgresBackend",
     "Put",
     "RedisBackend",
     "Revision",
@@ -123,6 +126,8 @@ def register_backend(
 
 def open_backend(url: str, *, create: bool = True, **options: Any) -> Backend:
     """Build a backend from a URL: `memory://`, `file://PATH`, `sqlite://FILE`, `redis://...`.
+
+    `postgresql://...` (or `postgres://`) opens a `PostgresBackend`.
 
     No connection is made and no file is touched until the backend is first used.
 
@@ -208,6 +213,13 @@ def _file_from_config(config: StateConfig) -> Backend:
 def _sqlite_from_config(config: StateConfig) -> Backend:
     path = config.sqlite_path if config.sqlite_path is not None else Path("state/state.db")
     return SQLiteBackend(path=path, key_prefix=config.key_prefix, feed=config.feed)
+
+
+def _postgres_from_config(config: StateConfig) -> Backend:
+    # No URL: libpq's defaults and environment (PGHOST, PGUSER, PGPASSWORD, ...), as psql.
+    return PostgresBackend.from_url(
+        config.postgres_url or "postgresql://", key_prefix=config.key_prefix, feed=config.feed
+    )
 
 
 def _redis_from_config(config: StateConfig) -> Backend:

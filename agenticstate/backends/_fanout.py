@@ -363,6 +363,14 @@ class ChangeFanout:
             subscriber.buffer.clear()
             subscriber.backlog = None
 
+    def overflow_all(self) -> None:
+        """Close every subscription as overflowed: each reads what it buffered, then fails.
+
+        For a backend whose feed lost changes it had not delivered yet.
+        """
+        for subscriber in list(self._index.subscribers):
+            self._overflow(subscriber)
+
     def close(self) -> None:
         """End every subscription (their iteration stops) and refuse new ones."""
         self._closed = True

@@ -61,8 +61,8 @@ async def test_url_config_and_persistence_all_build_it(tmp_path: Path) -> None:
 
 def test_unknown_names_list_every_registered_backend() -> None:
     """An unknown backend name or scheme names every known one, sqlite among them."""
-    with pytest.raises(ConfigurationError, match=r"unknown backend 'postgres'.*'sqlite'"):
-        StateConfig(backend="postgres")
+    with pytest.raises(ConfigurationError, match=r"unknown backend 'mongodb'.*'sqlite'"):
+        StateConfig(backend="mongodb")
     with pytest.raises(ConfigurationError, match=r"unknown backend scheme 'pg'.*sqlite://"):
         open_backend("pg://x")
     with pytest.raises(ConfigurationError, match="unknown sqlite URL parameter"):

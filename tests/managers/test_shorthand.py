@@ -70,5 +70,5 @@ async def test_every_manager_takes_either_form(manager: type, tmp_path: Path) ->
     with pytest.raises(ConfigurationError):
         manager(state_manager=shared, persistence="memory")
     with pytest.raises(ConfigurationError):
-        manager(persistence="postgres")
+        manager(persistence="mongodb")
     await shared.aclose()

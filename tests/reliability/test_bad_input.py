@@ -425,7 +425,7 @@ BAD: list[Any] = [
     pytest.param(Bad(lambda c: c.state.update("raw:k", lambda v: v), DecodeError, "corrupt", raw=("raw:k", b"\x01\xc1")), id="raw-update"),
     pytest.param(Bad(lambda c: c.workflows.get("raw"), DecodeError, "stored value does not validate as WorkflowState", raw=("workflows:{raw}:state", b"\x01" + msgpack.packb({"workflow_id": 5}))), id="raw-record-fails-its-model"),
     # ---- configuration, URLs, constructors (they touch no store: memory only)
-    pytest.param(Bad(sync(lambda c: StateConfig(backend=anything("postgres"))), ConfigurationError, "invalid StateConfig: backend", only="memory"), id="config-backend"),
+    pytest.param(Bad(sync(lambda c: StateConfig(backend=anything("mongodb"))), ConfigurationError, "invalid StateConfig: backend", only="memory"), id="config-backend"),
     pytest.param(Bad(sync(lambda c: StateConfig(ttl=-1)), ConfigurationError, "ttl must be positive", only="memory"), id="config-ttl-negative"),
     pytest.param(Bad(sync(lambda c: StateConfig(ttl=INF)), ConfigurationError, "ttl must be a finite number of seconds", only="memory"), id="config-ttl-inf"),
     pytest.param(Bad(sync(lambda c: StateConfig(ttl=10**30)), ConfigurationError, "is too long", only="memory"), id="config-ttl-huge"),
@@ -449,7 +449,7 @@ BAD: list[Any] = [
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path, file_name="../x")), ConfigurationError, "file_name must be a plain file name", only="memory"), id="file-name-traversal"),
     pytest.param(Bad(sync(lambda c: FileBackend(c.tmp_path, durability=anything("maybe"))), ConfigurationError, "durability must be 'fsync' or 'none'", only="memory"), id="file-durability"),
     pytest.param(Bad(sync(lambda c: Serializer(anything("xml"))), InvalidArgumentError, "format must be 'msgpack' or 'json', not 'xml'", only="memory"), id="serializer-format"),
-    pytest.param(Bad(sync(lambda c: WorkflowStateManager(persistence=anything("postgres"))), ConfigurationError, "persistence must be one of 'file', 'memory', 'redis', 'sqlite', not 'postgres'", only="memory"), id="manager-persistence"),
+    pytest.param(Bad(sync(lambda c: WorkflowStateManager(persistence=anything("mongodb"))), ConfigurationError, "persistence must be one of 'file', 'memory', 'postgres', 'redis', 'sqlite', not 'mongodb'", only="memory"), id="manager-persistence"),
     pytest.param(Bad(sync(lambda c: WorkflowStateManager(state_manager=c.state, persistence="memory")), ConfigurationError, "not both", only="memory"), id="manager-both-sources"),
     pytest.param(Bad(sync(lambda c: WorkflowStateManager(state_manager=c.state, checkpoint_interval=-1)), InvalidArgumentError, "checkpoint_interval must be an int >= 0", only="memory"), id="manager-bad-option"),
 ]  # fmt: skip

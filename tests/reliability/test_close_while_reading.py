@@ -34,7 +34,14 @@ ROUNDS = 12
 BACKLOG = 1_200  # more than one page of a replay on every backend
 WAIT = 20.0
 # Seconds: about as long as the replays of a round take on each backend (2 cores, loaded).
-DELAY = {"memory": 0.05, "file": 0.2, "sqlite": 0.5, "redis": 0.5, "redis-cluster": 0.8}
+DELAY = {
+    "memory": 0.05,
+    "file": 0.2,
+    "sqlite": 0.5,
+    "redis": 0.5,
+    "redis-cluster": 0.8,
+    "postgres": 0.5,
+}
 
 
 class Reader:

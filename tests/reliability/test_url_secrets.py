@@ -258,6 +258,12 @@ def test_the_cli_never_shows_a_password(server: RedisServer, password: str) -> N
         f"sqlite://?password={TOKEN}",
         f"sqlite://./x.db?key={TOKEN}",
         f"file://?token={TOKEN}#{TOKEN}",
+        f"postgresql://{USER}:{TOKEN}@nohost.invalid:5432/db",
+        f"postgresql://{USER}:{TOKEN}/x@nohost.invalid:5432/db",
+        f"postgresql://nohost.invalid/db?password={TOKEN}",
+        f"postgres://{USER}:{TOKEN}@127.0.0.1:1/db?connect_timeout=2",
+        f"postgresql://{USER}:{TOKEN}@[::1/0",
+        f"postgresql://h/db?sslpassword={TOKEN}&no_such_option={TOKEN}",
         f"nosuchscheme://{USER}:{TOKEN}@h",
         f"{USER}:{TOKEN}@h",
     ],
@@ -265,12 +271,17 @@ def test_the_cli_never_shows_a_password(server: RedisServer, password: str) -> N
 async def test_bad_hosts_and_other_schemes_never_echo_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
 ) -> None:
-    """A host that does not resolve, an unparsable host, sqlite and file URLs with secrets in
-    the query, an unknown scheme, no scheme: every error and repr keeps the secret out."""
+    """A host that does not resolve, an unparsable host, a closed port, sqlite, file and
+    postgres URLs with secrets in the query, an unknown scheme, no scheme: every error and repr
+    keeps the secret out."""
     monkeypatch.chdir(tmp_path)  # a relative sqlite path lands in the test's directory
     texts = [redact_url(url)]
     try:
         texts.append(repr(StateConfig(backend="redis", redis_url=url)))
+    except ConfigurationError as exc:
+        texts.append(_described(exc))
+    try:
+        texts.append(repr(StateConfig(backend="postgres", postgres_url=url)))
     except ConfigurationError as exc:
         texts.append(_described(exc))
     try:
