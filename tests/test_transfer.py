@@ -16,6 +16,7 @@ from agenticstate import (
     FileBackend,
     MemoryBackend,
     OrchestrationStateManager,
+    PostgresBackend,
     RedisBackend,
     SerializationError,
     SQLiteBackend,
@@ -117,6 +118,39 @@ async def test_memory_to_sqlite_to_cluster_to_file_keeps_every_value(
                 await _check_managers(state)
     assert original["v:bytes"] == VALUES["bytes"]
     assert original["v:datetime"] == VALUES["datetime"]
+
+
+@pytest.mark.postgres
+async def test_sqlite_to_postgres_to_dump_to_postgres_to_file_keeps_every_value(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Every value type and manager record is copied into Postgres, exported from it, imported
+    into another Postgres namespace and copied out to a file store, equal at each step."""
+    memory = MemoryBackend()
+    sqlite = SQLiteBackend(tmp_path / "state.db")
+    first = PostgresBackend(postgres_url, key_prefix=unique_prefix())
+    second = PostgresBackend(postgres_url, key_prefix=unique_prefix())
+    file = FileBackend(base_path=tmp_path / "files")
+    dump = tmp_path / "state.jsonl"
+    async with memory, sqlite, first, second, file:
+        async with StateManager(StateConfig(), backend=memory, close_backend=False) as state:
+            await _populate(state)
+            original = await _read(state)
+        await copy_state(memory, sqlite)
+        await copy_state(sqlite, first)
+        exported = await export_state(first, dump)
+        imported = await import_state(dump, second)
+        assert (exported.entries, exported.indexes) == (imported.entries, imported.indexes)
+        assert exported.indexes >= 1
+        await copy_state(second, file)
+        for backend in (first, second, file):
+            async with StateManager(StateConfig(), backend=backend, close_backend=False) as state:
+                assert await _read(state) == original, f"{backend!r} differs"
+                entry = await state.get_entry("v:ttl")
+                assert entry is not None
+                assert entry.ttl is not None
+                assert timedelta(minutes=50) < entry.ttl <= timedelta(hours=1)
+                await _check_managers(state)
 
 
 async def test_copy_is_idempotent_and_follows_the_pattern(tmp_path: Path) -> None:

@@ -762,6 +762,15 @@ class PostgresBackend(Backend):
         rows = await self._fetchall(self._sql.index_range, (name, limit))
         return [(str(member), float(score)) for member, score in rows]
 
+    async def index_names(self) -> list[str]:
+        """The names of the sorted indexes under this backend's prefix (for transfers).
+
+        One statement, reading the range of the primary key the prefix covers.
+        """
+        sql, params = self._sql.index_names(self._low, self._high)
+        cut = len(self.key_prefix)
+        return [str(name)[cut:] for (name,) in await self._fetchall(sql, params)]
+
     # ---------------------------------------------------------------- history
 
     def keep_history(self, rules: HistoryRules | Mapping[str, int]) -> None:
@@ -1053,6 +1062,14 @@ class _Statements:
             sql += " AND key < %s"
             params += (high,)
         sql += f" AND (expires_at IS NULL OR expires_at > %s) ORDER BY key LIMIT {_PAGE}"
+        return sql.encode(), params
+
+    def index_names(self, low: str, high: str | None) -> tuple[bytes, tuple[Any, ...]]:
+        sql = f"SELECT DISTINCT name FROM {self.s}.idx WHERE name >= %s"
+        params: tuple[Any, ...] = (low,)
+        if high is not None:
+            sql += " AND name < %s"
+            params += (high,)
         return sql.encode(), params
 
     def first(self, low: str, above: bool, high: str | None) -> tuple[bytes, tuple[Any, ...]]:
