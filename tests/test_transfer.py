@@ -153,6 +153,23 @@ async def test_sqlite_to_postgres_to_dump_to_postgres_to_file_keeps_every_value(
                 await _check_managers(state)
 
 
+async def test_every_backend_exports_its_values_and_indexes(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """copy_state and export_state read the values and sorted indexes of every backend the
+    contract suite runs on (a new backend without an index listing fails here)."""
+    await backend.set("k", b"v")
+    await backend.index_add("idx:a", {"m": 1.5, "n": 2.0})
+    await backend.index_add("other", {"x": 0.0})
+    async with MemoryBackend() as memory:
+        copied = await copy_state(backend, memory, "idx:*")
+        assert copied.indexes == 1
+        assert await memory.index_range("idx:a") == [("m", 1.5), ("n", 2.0)]
+        assert await memory.index_range("other") == []
+    exported = await export_state(backend, tmp_path / "dump.jsonl")
+    assert (exported.entries, exported.indexes) == (1, 2)
+
+
 async def test_copy_is_idempotent_and_follows_the_pattern(tmp_path: Path) -> None:
     """Copying twice leaves the same state; a pattern copies only its keys."""
     async with MemoryBackend() as source, SQLiteBackend(tmp_path / "s.db") as destination:
