@@ -223,9 +223,21 @@ def test_run_gives_typed_access_to_the_async_object() -> None:
 def test_redis_backend(redis_url: str) -> None:
     """The blocking API drives the Redis backend on its loop thread, from several threads."""
     prefix = f"sync{os.getpid()}:"
-    with sync.StateManager(
-        StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix)
-    ) as state:
+    _drive_from_threads(StateConfig(backend="redis", redis_url=redis_url, key_prefix=prefix))
+
+
+@pytest.mark.postgres
+def test_postgres_backend(postgres_url: str) -> None:
+    """The blocking API drives the Postgres backend (asyncio) on its loop thread, from several
+    threads."""
+    prefix = f"sync{os.getpid()}:"
+    _drive_from_threads(
+        StateConfig(backend="postgres", postgres_url=postgres_url, key_prefix=prefix)
+    )
+
+
+def _drive_from_threads(config: StateConfig) -> None:
+    with sync.StateManager(config) as state:
         state.save("k", {"v": 1})
         assert state.get("k") == {"v": 1}
         assert state.delete("k")

@@ -16,6 +16,7 @@ from agenticstate import (
     FileBackend,
     MemoryBackend,
     OrchestrationStateManager,
+    PostgresBackend,
     RedisBackend,
     SerializationError,
     SQLiteBackend,
@@ -117,6 +118,56 @@ async def test_memory_to_sqlite_to_cluster_to_file_keeps_every_value(
                 await _check_managers(state)
     assert original["v:bytes"] == VALUES["bytes"]
     assert original["v:datetime"] == VALUES["datetime"]
+
+
+@pytest.mark.postgres
+async def test_sqlite_to_postgres_to_dump_to_postgres_to_file_keeps_every_value(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Every value type and manager record is copied into Postgres, exported from it, imported
+    into another Postgres namespace and copied out to a file store, equal at each step."""
+    memory = MemoryBackend()
+    sqlite = SQLiteBackend(tmp_path / "state.db")
+    first = PostgresBackend(postgres_url, key_prefix=unique_prefix())
+    second = PostgresBackend(postgres_url, key_prefix=unique_prefix())
+    file = FileBackend(base_path=tmp_path / "files")
+    dump = tmp_path / "state.jsonl"
+    async with memory, sqlite, first, second, file:
+        async with StateManager(StateConfig(), backend=memory, close_backend=False) as state:
+            await _populate(state)
+            original = await _read(state)
+        await copy_state(memory, sqlite)
+        await copy_state(sqlite, first)
+        exported = await export_state(first, dump)
+        imported = await import_state(dump, second)
+        assert (exported.entries, exported.indexes) == (imported.entries, imported.indexes)
+        assert exported.indexes >= 1
+        await copy_state(second, file)
+        for backend in (first, second, file):
+            async with StateManager(StateConfig(), backend=backend, close_backend=False) as state:
+                assert await _read(state) == original, f"{backend!r} differs"
+                entry = await state.get_entry("v:ttl")
+                assert entry is not None
+                assert entry.ttl is not None
+                assert timedelta(minutes=50) < entry.ttl <= timedelta(hours=1)
+                await _check_managers(state)
+
+
+async def test_every_backend_exports_its_values_and_indexes(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """copy_state and export_state read the values and sorted indexes of every backend the
+    contract suite runs on (a new backend without an index listing fails here)."""
+    await backend.set("k", b"v")
+    await backend.index_add("idx:a", {"m": 1.5, "n": 2.0})
+    await backend.index_add("other", {"x": 0.0})
+    async with MemoryBackend() as memory:
+        copied = await copy_state(backend, memory, "idx:*")
+        assert copied.indexes == 1
+        assert await memory.index_range("idx:a") == [("m", 1.5), ("n", 2.0)]
+        assert await memory.index_range("other") == []
+    exported = await export_state(backend, tmp_path / "dump.jsonl")
+    assert (exported.entries, exported.indexes) == (1, 2)
 
 
 async def test_copy_is_idempotent_and_follows_the_pattern(tmp_path: Path) -> None:

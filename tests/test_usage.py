@@ -284,11 +284,20 @@ async def _fill(url: str, prefix: str, count: int) -> Serializer:
         return state.serializer
 
 
-@pytest.mark.parametrize("kind", ["file", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "file",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_cli_prints_usage_as_a_table_and_as_json(kind: str, tmp_path: Path, request: Any) -> None:
     """`agenticstate usage` prints namespaces, keys and bytes; --json gives the StateUsage."""
-    url = f"file://{tmp_path / 'store'}" if kind == "file" else request.getfixturevalue("redis_url")
-    prefix = unique_prefix() if kind == "redis" else ""
+    url = (
+        f"file://{tmp_path / 'store'}" if kind == "file" else request.getfixturevalue(f"{kind}_url")
+    )
+    prefix = unique_prefix() if kind != "file" else ""
     serializer = anyio.run(_fill, url, prefix, 120)
     wanted = sum(len(serializer.dumps({"n": n})) for n in range(120))
     shown = cli("--url", url, "--prefix", prefix, "--json", "usage", cwd=tmp_path)

@@ -14,6 +14,7 @@ from agenticstate import (
     IndexingProgress,
     KnowledgeStateManager,
     OrchestrationStateManager,
+    PostgresBackend,
     RedisBackend,
     SQLiteBackend,
     StateConfig,
@@ -137,7 +138,9 @@ def _ask(proc: LineProcess, command: str) -> str:
     return proc.lines[count]
 
 
-@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+@pytest.mark.parametrize(
+    "kind", ["redis", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 async def test_a_reaped_process_cannot_touch_a_task_enqueued_again(
     request: pytest.FixtureRequest, tmp_path: Path, kind: str
 ) -> None:
@@ -148,6 +151,9 @@ async def test_a_reaped_process_cannot_touch_a_task_enqueued_again(
     if kind == "redis":
         url = request.getfixturevalue("redis_url")
         backend: Backend = RedisBackend(url=url, key_prefix=prefix)
+    elif kind == "postgres":
+        url = request.getfixturevalue("postgres_url")
+        backend = PostgresBackend(url, key_prefix=prefix)
     else:
         url = f"sqlite:///{tmp_path / 'queue.db'}"
         backend = SQLiteBackend(tmp_path / "queue.db", key_prefix=prefix)
@@ -189,7 +195,9 @@ async def test_a_reaped_process_cannot_touch_a_task_enqueued_again(
             proc.stop()
 
 
-@pytest.mark.parametrize("kind", ["redis", "sqlite"])
+@pytest.mark.parametrize(
+    "kind", ["redis", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 async def test_a_killed_worker_s_task_is_done_by_another_worker_with_no_reaper(
     request: pytest.FixtureRequest, tmp_path: Path, kind: str
 ) -> None:
@@ -200,6 +208,9 @@ async def test_a_killed_worker_s_task_is_done_by_another_worker_with_no_reaper(
     if kind == "redis":
         url = request.getfixturevalue("redis_url")
         backend: Backend = RedisBackend(url=url, key_prefix=prefix)
+    elif kind == "postgres":
+        url = request.getfixturevalue("postgres_url")
+        backend = PostgresBackend(url, key_prefix=prefix)
     else:
         url = f"sqlite:///{tmp_path / 'queue.db'}"
         backend = SQLiteBackend(tmp_path / "queue.db", key_prefix=prefix)

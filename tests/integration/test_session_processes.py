@@ -30,12 +30,17 @@ def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'sessions.db'}"
 
 
+def _postgres(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"{request.getfixturevalue('postgres_url')}&key_prefix={unique_prefix()}"
+
+
 # Every backend several processes can share, as a URL `open_backend` accepts. A new shared
 # backend adds one line here.
 SHARED_BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], str]] = {
     "redis": _redis,
     "redis-cluster": _redis_cluster,
     "sqlite": _sqlite,
+    "postgres": _postgres,
 }
 
 

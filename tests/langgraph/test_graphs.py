@@ -48,6 +48,11 @@ def _sqlite_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, An
     return {"url": f"sqlite:///{tmp_path / 'graphs.db'}", "options": {}}
 
 
+def _postgres_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    url = request.getfixturevalue("postgres_url")
+    return {"url": url, "options": {"key_prefix": f"t{uuid.uuid4().hex[:12]}:"}}
+
+
 # Backends several processes can use, one after the other (file) or at once (the rest);
 # `CONCURRENT` are those two processes may hold open together.
 SHARED_SPECS: dict[str, Callable[[pytest.FixtureRequest, Path], dict[str, Any]]] = {
@@ -55,13 +60,21 @@ SHARED_SPECS: dict[str, Callable[[pytest.FixtureRequest, Path], dict[str, Any]]]
     "redis": _redis_spec,
     "redis-cluster": _cluster_spec,
     "sqlite": _sqlite_spec,
+    "postgres": _postgres_spec,
 }
-CONCURRENT = {"redis", "redis-cluster", "sqlite"}
+CONCURRENT = {"redis", "redis-cluster", "sqlite", "postgres"}
 REDIS = {"redis", "redis-cluster"}
 
 
 def _params(names: list[str]) -> list[Any]:
-    return [pytest.param(n, marks=pytest.mark.redis) if n in REDIS else n for n in names]
+    return [
+        pytest.param(n, marks=pytest.mark.redis)
+        if n in REDIS
+        else pytest.param(n, marks=pytest.mark.postgres)
+        if n == "postgres"
+        else n
+        for n in names
+    ]
 
 
 @pytest.fixture(params=_params(list(SHARED_SPECS)))

@@ -330,7 +330,8 @@ def _spec(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str
     prefix = f"g{uuid.uuid4().hex[:8]}"
     if kind == "sqlite":
         return {"url": f"sqlite:///{tmp_path / 'race.db'}", "options": {}, "prefix": prefix}
-    url = request.getfixturevalue("redis_url" if kind == "redis" else "redis_cluster_url")
+    server = {"redis": "redis_url", "postgres": "postgres_url"}.get(kind, "redis_cluster_url")
+    url = request.getfixturevalue(server)
     return {"url": url, "options": {"key_prefix": unique_prefix()}, "prefix": prefix}
 
 
@@ -351,6 +352,7 @@ def _puts(process: LineProcess) -> int:
         "sqlite",
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("redis-cluster", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
     ],
 )
 async def test_two_processes_racing_on_a_thread_one_killed_leave_it_consistent(

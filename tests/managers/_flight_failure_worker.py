@@ -20,6 +20,7 @@ import anyio
 import structlog
 
 from agenticstate import StateConfig, StateManager, ToolStateManager
+from agenticstate.backends import open_backend
 
 if TYPE_CHECKING:
     from collections.abc import MutableMapping
@@ -57,7 +58,7 @@ async def main(role: str, url: str, prefix: str) -> None:
         _report_waiting()
     else:
         structlog.configure(processors=[_drop], cache_logger_on_first_use=False)
-    state = StateManager(StateConfig(backend="redis", redis_url=url, key_prefix=prefix))
+    state = StateManager(StateConfig(), backend=open_backend(url, key_prefix=prefix))
     tools = ToolStateManager(state_manager=state, flight_timeout=60)
     await state.open()
     if role == "waiter":

@@ -14,12 +14,11 @@ import anyio
 import pytest
 
 from agenticstate import StateConfig, StateManager, ToolStateManager
+from agenticstate.backends import open_backend
 from tests.helpers import start_module, unique_prefix
 
 if TYPE_CHECKING:
     import subprocess
-
-pytestmark = pytest.mark.redis
 
 
 def _line(proc: subprocess.Popen[str], timeout: float = 20) -> str:
@@ -34,7 +33,14 @@ def _spawn(role: str, url: str, prefix: str) -> subprocess.Popen[str]:
     return start_module("tests.managers._flight_failure_worker", role, url, prefix)
 
 
-@pytest.mark.parametrize("server", ["redis_url", "redis_cluster_url"])
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param("redis_url", marks=pytest.mark.redis),
+        pytest.param("redis_cluster_url", marks=pytest.mark.redis),
+        pytest.param("postgres_url", marks=pytest.mark.postgres),
+    ],
+)
 @pytest.mark.parametrize("failure", ["holder-raises", "holder-cancelled"])
 def test_a_waiting_process_runs_the_tool_when_the_holder_fails(
     request: pytest.FixtureRequest, server: str, failure: str
@@ -65,8 +71,7 @@ def test_a_waiting_process_runs_the_tool_when_the_holder_fails(
                 proc.wait()
 
     async def stats() -> tuple[int, int, int, int]:
-        config = StateConfig(backend="redis", redis_url=url, key_prefix=prefix)
-        async with StateManager(config) as sm:
+        async with StateManager(StateConfig(), backend=open_backend(url, key_prefix=prefix)) as sm:
             found = await ToolStateManager(state_manager=sm).get_tool_stats("oracle")
         return (
             found.total_executions,
