@@ -77,7 +77,7 @@ async def _psycopg(url: str, count: int) -> dict[str, float]:
 
 
 async def _asyncpg(url: str, count: int) -> dict[str, float]:
-    import asyncpg  # type: ignore[import-untyped]
+    import asyncpg
 
     pool = await asyncpg.create_pool(_asyncpg_dsn(url), min_size=1, max_size=1)
     try:
