@@ -109,6 +109,9 @@ _UPDATE_ONLY = "update"
 
 _PAGE = 64
 
+_READ_ATTEMPTS = 5
+"""How many times a read starts over when a prune deletes what it is reading."""
+
 _REMEMBERED = 1024
 """How many thread heads (and, separately, pending-write lists) a saver remembers for its steps."""
 
@@ -454,14 +457,44 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         checkpoint_id: str,
         record: dict[str, Any],
         config: RunnableConfig,
-    ) -> CheckpointTuple:
-        found = await self.state.get_many(self._needed(thread_id, ns, checkpoint_id, record))
-        tips: dict[str, Tip] = {}
-        built = self._build(thread_id, ns, checkpoint_id, record, config, found, tips)
-        # The run that continues from this checkpoint writes its grown lists as deltas on these.
-        seen = _Seen(checkpoint_id, record["versions"], record.get("chains") or {}, tips)
-        self._remember(self._tips, (thread_id, ns), seen)
-        return built
+        *,
+        remember: bool = True,
+        found: dict[str, Any] | None = None,
+    ) -> CheckpointTuple | None:
+        """The tuple of a checkpoint whose record was read, or `None` if it is gone since.
+
+        The values are read in a second call, so a prune may delete the checkpoint in between:
+        a value missing makes the record be read again; gone, the checkpoint is absent; still
+        there (a prune never deletes what a kept checkpoint reads), the values are read again.
+        A checkpoint therefore reads exactly as it was put, or not at all.
+
+        Raises:
+            DecodeError: A value the record names stays missing while the record stays.
+        """
+        cp_key = self._cp_key(thread_id, ns, checkpoint_id)
+        for _ in range(_READ_ATTEMPTS):
+            needed = self._needed(thread_id, ns, checkpoint_id, record)
+            if found is None:
+                found = await self.state.get_many(needed)
+            missing = [key for key in needed[:-1] if key not in found]  # writes may be none
+            if not missing:
+                tips: dict[str, Tip] = {}
+                built = self._build(thread_id, ns, checkpoint_id, record, config, found, tips)
+                if remember:
+                    # The run that continues from this checkpoint writes its grown lists as
+                    # deltas on these.
+                    chains = record.get("chains") or {}
+                    seen = _Seen(checkpoint_id, record["versions"], chains, tips)
+                    self._remember(self._tips, (thread_id, ns), seen)
+                return built
+            again = await self.state.get(cp_key)
+            if again is None:
+                return None  # deleted (a prune) between the two reads
+            record, found = again, None
+        raise DecodeError(
+            f"thread {thread_id!r} (namespace {ns!r}), checkpoint {checkpoint_id!r}: a value its "
+            f"record names is missing ({missing[0]!r})"
+        )
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Return the checkpoint `config` names, or the thread's latest one, or `None`.
@@ -487,17 +520,28 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     "configurable": {**configurable, HEAD_GUARD_KEY: _UPDATE_ONLY},
                 }
             return await self._tuple(thread_id, ns, checkpoint_id, record, config)
-        head = await self.state.get_entry(self._head_key(thread_id, ns))
-        if head is None:
-            return None
-        checkpoint_id = head.value["id"]
-        self._remember_head(thread_id, ns, checkpoint_id, head.revision)
-        record = await self.state.get(self._cp_key(thread_id, ns, checkpoint_id))
-        if record is None:
-            return None
-        latest = self._config(thread_id, ns, checkpoint_id)
-        latest["configurable"][HEAD_GUARD_KEY] = True
-        return await self._tuple(thread_id, ns, checkpoint_id, record, latest)
+        for _ in range(_READ_ATTEMPTS):
+            head = await self.state.get_entry(self._head_key(thread_id, ns))
+            if head is None:
+                return None
+            checkpoint_id = head.value["id"]
+            record = await self.state.get(self._cp_key(thread_id, ns, checkpoint_id))
+            if record is None:
+                # Pruned since the head moved on (read the head again), or a head left naming
+                # a deleted checkpoint (a delete that died part-way): repaired.
+                await self._repair_head(thread_id, ns, head)
+                continue
+            self._remember_head(thread_id, ns, checkpoint_id, head.revision)
+            latest = self._config(thread_id, ns, checkpoint_id)
+            latest["configurable"][HEAD_GUARD_KEY] = True
+            got = await self._tuple(thread_id, ns, checkpoint_id, record, latest)
+            if got is not None:
+                return got
+        raise ConflictError(
+            f"the head of thread {thread_id!r} (namespace {ns!r}) moved on during each of "
+            f"{_READ_ATTEMPTS} reads",
+            key=self._head_key(thread_id, ns),
+        )
 
     async def alist(
         self,
@@ -565,14 +609,18 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 [key for c, t, n, r in chosen for key in self._needed(t, n, c, r)]
             )
             for checkpoint_id, thread, namespace, record in chosen:
-                yield self._build(
+                got = await self._tuple(
                     thread,
                     namespace,
                     checkpoint_id,
                     record,
                     self._config(thread, namespace, checkpoint_id),
-                    found,
+                    remember=False,
+                    found=found,
                 )
+                if got is None:
+                    continue  # deleted since its record was read
+                yield got
                 if left is not None:
                     left -= 1
                     if left == 0:
@@ -1197,6 +1245,31 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         used = self._used_blobs(thread_id, ns, records.values())
         blobs = await self.state.list_keys(f"{self._tag(thread_id)}:b:{encode(ns)}:*")
         await self._delete_keys([key for key in blobs if key not in used])
+
+    async def _repair_head(self, thread_id: str, ns: str, head: StateEntry) -> None:
+        """Point a head that names a deleted checkpoint at the newest one left (or drop it).
+
+        One `transact` that holds only while the head is still `head` and its checkpoint still
+        missing, so a head that merely moved on meanwhile is left alone.
+        """
+        head_key = self._head_key(thread_id, ns)
+        left = await self._checkpoint_keys(thread_id, ns, limit=1)
+        compares: list[TxnCompare] = [
+            self._compare(head_key, head),
+            txn.Version(self._cp_key(thread_id, ns, head.value["id"]), 0),
+        ]
+        then: list[txn.Op]
+        if left:
+            compares.append(txn.Exists(left[0][3]))
+            then = [txn.Put(head_key, {"id": left[0][0]}, ttl=None)]
+        else:
+            then = [txn.Delete(head_key)]
+        done = await self._transact(compares, then, [])
+        if done is None:  # a backend without `transact`
+            await self._repair(thread_id, ns)
+        elif done.succeeded:
+            self._heads.pop((thread_id, ns), None)
+            _log.debug("checkpoint_head_repaired")
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) that the given runs created."""

