@@ -719,14 +719,16 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     tips[channel] = tip
                     if tip.chain:
                         chains[channel] = list(tip.chain)
-                        refs.append(self._blob_key(thread_id, ns, channel, tip.chain[-1]))
+                        refs += [self._blob_key(thread_id, ns, channel, v) for v in tip.chain]
             for channel in unchanged:
                 if channel in rewrite:
                     continue
+                # Every stored value the record names must still be there when it is written.
+                refs.append(self._blob_key(thread_id, ns, channel, versions[channel]))
                 chain = shared.get(channel, ())
                 if chain:
                     chains[channel] = list(chain)
-                    refs.append(self._blob_key(thread_id, ns, channel, versions[channel]))
+                    refs += [self._blob_key(thread_id, ns, channel, v) for v in chain]
                 tip = bases.get(channel)
                 if tip is not None and tip.version == versions[channel]:
                     tips[channel] = tip
@@ -738,16 +740,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         blobs, refs, seen = encode(bases, ())
 
         def rebuild(missing: set[str]) -> tuple[dict[str, object], list[str], _Seen]:
-            # A value this checkpoint builds on was deleted meanwhile (a prune): write whole
-            # copies instead, of the grown lists and of the shared values that lost their chain.
+            # A value this checkpoint builds on or names was deleted meanwhile (a prune, its
+            # parent pruned): write whole copies instead, of the grown lists and of the
+            # unchanged values that are gone or lost their chain.
             lost = [
                 ch
                 for ch in unchanged
-                if shared.get(ch)
-                and (
-                    self._blob_key(thread_id, ns, ch, versions[ch]) in missing
-                    or any(self._blob_key(thread_id, ns, ch, v) in missing for v in shared[ch])
-                )
+                if self._blob_key(thread_id, ns, ch, versions[ch]) in missing
+                or any(self._blob_key(thread_id, ns, ch, v) in missing for v in shared.get(ch, ()))
             ]
             return encode({}, lost)
 

@@ -140,3 +140,24 @@ async def test_a_delete_for_runs_killed_part_way_leaves_the_thread_usable(tmp_pa
         assert (
             again.config["configurable"]["checkpoint_id"] == stored["configurable"]["checkpoint_id"]
         )
+
+
+async def test_a_fork_on_a_pruned_parent_keeps_its_unchanged_values(state: StateManager) -> None:
+    """A checkpoint forked from one a prune deleted (after the fork read it) reads back with
+    the values it shares with it: they are written again, whole."""
+    prefix = _prefix()
+    saver = CheckpointSaver(state, prefix=prefix)
+    x1 = saver.get_next_version(None, None)
+    first = await saver.aput(_thread(), _cp({"x": "old"}, {"x": x1}), {}, {"x": x1})
+    x2 = saver.get_next_version(x1, None)
+    await saver.aput(first, _cp({"x": "new"}, {"x": x2}), {}, {"x": x2})
+    loaded = await saver.aget_tuple(first)
+    assert loaded is not None
+    await CheckpointSaver(state, prefix=prefix).aprune(["t"])  # the fork's parent goes
+    y1 = saver.get_next_version(None, None)
+    fork = await saver.aput(
+        loaded.config, _cp({"x": "old", "y": "fork"}, {"x": x1, "y": y1}), {}, {"y": y1}
+    )
+    got = await CheckpointSaver(state, prefix=prefix).aget_tuple(fork)
+    assert got is not None
+    assert got.checkpoint["channel_values"] == {"x": "old", "y": "fork"}

@@ -121,6 +121,7 @@ class _History:
         self.puts: dict[tuple[str, str, str], _Put] = {}
         self.counter = [0]
         self.chained = 0  # checkpoints put with a channel stored as a delta
+        self.races = False  # inject prunes between a run's read and its write
 
     def _config(self, thread: str, ns: str, checkpoint_id: str | None = None) -> RunnableConfig:
         configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
@@ -135,6 +136,10 @@ class _History:
         if fork and candidates:
             config = self._config(thread, ns, self.rng.choice(candidates)[2])
         loaded = await saver.aget_tuple(config)
+        if self.races and self.rng.random() < 0.15:
+            # A prune (another worker's) between the run's read and its write: the put's
+            # parent and the values it shares may be gone; the put must still read back.
+            await CheckpointSaver(self.state, prefix=self.prefix).aprune([thread])
         if loaded is None:
             parent_config, values, versions, step = self._config(thread, ns), {}, {}, -1
         else:
@@ -223,6 +228,7 @@ async def test_random_puts_forks_writes_and_prunes_keep_every_kept_checkpoint_ex
     checkpoint, the heads among them, readable exactly as it was put, with its pending writes."""
     rng = random.Random(seed)
     history = _History(state, rng)
+    history.races = True
     threads = ["a", "b"]
     for _ in range(60):
         thread = rng.choice(threads)
