@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -108,6 +109,9 @@ _UPDATE_ONLY = "update"
 """`HEAD_GUARD_KEY` on an explicitly addressed snapshot config: guard `update_state` only."""
 
 _PAGE = 64
+
+_UNIQUE = re.compile(r"\d{32}\.[0-9.e+-]+")
+"""A version `get_next_version` made (unique across forks): the only kind a delta builds on."""
 
 _READ_ATTEMPTS = 5
 """How many times a read starts over when a prune deletes what it is reading."""
@@ -707,6 +711,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 if channel not in dumped:
                     dumped[channel] = self.serde.dumps_typed(values[channel])
                 base = bases.get(channel)
+                if base is not None and not _UNIQUE.fullmatch(base.version):
+                    # A caller's own version may be reused by another branch, which overwrites
+                    # its value: a delta on it could lose its base (stored whole instead).
+                    base = None
                 stored, tip = encode_value(
                     version,
                     *dumped[channel],

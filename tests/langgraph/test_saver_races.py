@@ -15,8 +15,10 @@ import pytest
 pytest.importorskip("langgraph")
 
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.memory import InMemorySaver
 
 from agenticstate import StateConfig, StateManager
+from agenticstate.exceptions import DecodeError
 from agenticstate.langgraph import CheckpointSaver
 from tests.langgraph import test_saver_retention
 from tests.langgraph.test_saver_steps import _Recorder
@@ -97,6 +99,7 @@ async def test_a_read_racing_a_prune_reads_the_checkpoint_whole_or_not_at_all(
 CHILD = r"""
 import os, signal, sys, anyio
 from agenticstate import StateConfig, StateManager
+from agenticstate.exceptions import DecodeError
 from agenticstate.langgraph import CheckpointSaver
 async def main():
     async with StateManager(StateConfig(backend="sqlite", sqlite_path=sys.argv[1])) as state:
@@ -161,3 +164,47 @@ async def test_a_fork_on_a_pruned_parent_keeps_its_unchanged_values(state: State
     got = await CheckpointSaver(state, prefix=prefix).aget_tuple(fork)
     assert got is not None
     assert got.checkpoint["channel_values"] == {"x": "old", "y": "fork"}
+
+
+async def test_a_delta_on_a_base_rewritten_with_other_bytes_of_its_size_is_a_decode_error(
+    state: StateManager,
+) -> None:
+    """A delta's base overwritten with other bytes of the same length (another client) makes
+    the read a `DecodeError` (the delta records its base's digest), never a wrong value."""
+    prefix = _prefix()
+    saver = CheckpointSaver(state, prefix=prefix, compress_above=None)
+    v1 = saver.get_next_version(None, None)
+    first = await saver.aput(_thread(), _cp({"m": ["aaaa"]}, {"m": v1}), {}, {"m": v1})
+    v2 = saver.get_next_version(v1, None)
+    second = await saver.aput(first, _cp({"m": ["aaaa", "bbbb"]}, {"m": v2}), {}, {"m": v2})
+    key = saver._blob_key("t", "", "m", v1)
+    stored = await state.get(key)
+    await state.save(key, [stored[0], stored[1].replace(b"aaaa", b"zzzz")], ttl=None)
+    with pytest.raises(DecodeError):
+        await CheckpointSaver(state, prefix=prefix).aget_tuple(second)
+
+
+@pytest.mark.parametrize("reader", ["fresh", "same"])
+async def test_versions_a_caller_reuses_across_branches_never_mix_values(
+    state: StateManager, reader: str
+) -> None:
+    """Two branches that write the same caller-chosen version of a list: every checkpoint reads
+    back as `InMemorySaver` reads it (a delta is only built on the saver's own unique versions)."""
+    saver = CheckpointSaver(state, prefix=_prefix())
+
+    async def history(s: Any) -> list[Any]:
+        root = await s.aput(_thread(), _cp({"m": ["q"]}, {"m": "1"}), {}, {"m": "1"})
+        a2 = await s.aput(root, _cp({"m": ["q", "aa"]}, {"m": "2"}), {}, {"m": "2"})
+        await s.aget_tuple(a2)  # the run continues from a2
+        a3 = await s.aput(a2, _cp({"m": ["q", "aa", "tail"]}, {"m": "3"}), {}, {"m": "3"})
+        await s.aget_tuple(root)  # another run forks from root
+        b2 = await s.aput(root, _cp({"m": ["q", "bb"]}, {"m": "2"}), {}, {"m": "2"})
+        read = (
+            CheckpointSaver(state, prefix=saver.prefix) if reader == "fresh" and s is saver else s
+        )
+        return [
+            (await read.aget_tuple(config)).checkpoint["channel_values"]["m"]
+            for config in (root, a2, a3, b2)
+        ]
+
+    assert await history(saver) == await history(InMemorySaver())
