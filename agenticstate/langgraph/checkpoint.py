@@ -1194,6 +1194,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             await self.state.index_add(index, {member: max(times)})
             return False
         keys = await self.state.list_keys(f"{self._tag(thread_id)}:*")
+        if any(":head:" in key and key not in heads for key in keys):
+            return False  # a namespace begun meanwhile: the thread is active
         compares = [self._compare(key, entry) for key, entry in heads.items()]
         done = await self._transact(compares, [txn.Delete(key) for key in keys], [])
         if done is None:  # a backend without `transact`
@@ -1203,7 +1205,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for slot in [slot for slot in self._tips if slot[0] == thread_id]:
             del self._tips[slot]
         self._touched.pop(thread_id, None)
-        await self.state.index_remove(index, [member])
+        if await self.state.list_keys(f"{self._tag(thread_id)}:*"):
+            # Written after the listing (a new namespace, whose keys were not deleted): the
+            # thread stays in the index, as written now.
+            await self.state.index_add(index, {member: now})
+        else:
+            await self.state.index_remove(index, [member])
         return True
 
     async def asweep_idle_threads(self) -> int:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -19,7 +20,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from agenticstate import StateConfig, StateManager
 from agenticstate.exceptions import DecodeError
-from agenticstate.langgraph import CheckpointSaver
+from agenticstate.langgraph import CheckpointRetention, CheckpointSaver
+from agenticstate.langgraph import checkpoint as checkpoint_module
 from tests.langgraph import test_saver_retention
 from tests.langgraph.test_saver_steps import _Recorder
 
@@ -100,7 +102,8 @@ CHILD = r"""
 import os, signal, sys, anyio
 from agenticstate import StateConfig, StateManager
 from agenticstate.exceptions import DecodeError
-from agenticstate.langgraph import CheckpointSaver
+from agenticstate.langgraph import CheckpointRetention, CheckpointSaver
+from agenticstate.langgraph import checkpoint as checkpoint_module
 async def main():
     async with StateManager(StateConfig(backend="sqlite", sqlite_path=sys.argv[1])) as state:
         saver = CheckpointSaver(state)
@@ -208,3 +211,35 @@ async def test_versions_a_caller_reuses_across_branches_never_mix_values(
         ]
 
     assert await history(saver) == await history(InMemorySaver())
+
+
+async def test_a_ttl_sweep_keeps_a_namespace_begun_during_it(
+    state: StateManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint written to a new namespace of an expiring thread while the sweep lists the
+    thread's keys is kept (the thread is active), and reads back."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr(checkpoint_module, "_now", lambda: clock[0])
+    prefix = _prefix()
+    policy = CheckpointRetention(thread_ttl=timedelta(hours=1))
+    sweeper = CheckpointSaver(state, prefix=prefix, retention=policy)
+    writer = CheckpointSaver(state, prefix=prefix)
+    await sweeper.aput(_thread(), _cp({"x": 1}, {"x": "1"}), {}, {"x": "1"})
+    clock[0] += 7200
+    real = state.list_keys
+    written: list[RunnableConfig] = []
+
+    async def list_keys(pattern: str, *args: Any, **kwargs: Any) -> list[str]:
+        if pattern.endswith("}:*") and not written:  # the sweep's listing of the whole thread
+            written.append(
+                await writer.aput(_thread("t", "child"), _cp({"y": 2}, {"y": "1"}), {}, {"y": "1"})
+            )
+        return await real(pattern, *args, **kwargs)
+
+    monkeypatch.setattr(state, "list_keys", list_keys)
+    await sweeper.asweep_idle_threads()
+    monkeypatch.setattr(state, "list_keys", real)
+    assert written
+    got = await CheckpointSaver(state, prefix=prefix).aget_tuple(written[0])
+    assert got is not None
+    assert got.checkpoint["channel_values"] == {"y": 2}
