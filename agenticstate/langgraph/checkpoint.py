@@ -652,9 +652,15 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             StaleCheckpointError: The config carries `HEAD_GUARD_KEY` (`True`, or `"update"`
                 and this is an `update_state`) and the checkpoint it builds on is no longer the
                 thread's head; nothing was written.
+            InvalidArgumentError: An empty `thread_id`; nothing was written.
+
+        The retention pass that follows a written checkpoint never fails the put: an error
+        there is logged (`checkpoint_retention_failed`, at INFO) and the next put tries again.
         """
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
+        if not thread_id:
+            raise InvalidArgumentError("thread_id must not be empty; nothing was written")
         ns = configurable.get("checkpoint_ns", "")
         parent = configurable.get("checkpoint_id")
         guard = configurable.get(HEAD_GUARD_KEY)
@@ -1127,6 +1133,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             # Another writer kept the thread busy: the checkpoint is written, and the next
             # `aput` applies the policy again.
             _log.debug("checkpoint_retention_deferred")
+        except Exception as exc:  # noqa: BLE001 (the put is committed: never fail it now)
+            # A store error, or a thread another client left unreadable: the checkpoint is
+            # written, and the next `aput` applies the policy again.
+            _log.info("checkpoint_retention_failed", error=type(exc).__name__)
 
     async def _retain(self, thread_id: str, ns: str, policy: CheckpointRetention) -> None:
         keep_last = policy.keep_last
@@ -1186,7 +1196,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             [
                 self._cp_key(thread_id, decode(key.rsplit(":", 1)[1]), entry.value["id"])
                 for key, entry in heads.items()
-                if entry is not None
+                if entry is not None and isinstance(entry.value, dict) and "id" in entry.value
             ]
         )
         times = [at for at in (record.get("at") for record in records.values()) if at is not None]
@@ -1233,7 +1243,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for member, score in await self.state.index_range(index, limit=_SWEEP_BATCH):
             if now - score <= ttl:
                 break
-            deleted += await self._expire(decode(member), member, now, ttl)
+            try:
+                deleted += await self._expire(decode(member), member, now, ttl)
+            except Exception as exc:  # noqa: BLE001 (one bad thread must not stop the sweep)
+                _log.info("checkpoint_thread_expiry_failed", error=type(exc).__name__)
         if deleted:
             _log.debug("checkpoint_threads_expired", threads=deleted)
         return deleted

@@ -19,7 +19,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agenticstate import StateConfig, StateManager
-from agenticstate.exceptions import DecodeError
+from agenticstate.exceptions import DecodeError, InvalidArgumentError
 from agenticstate.langgraph import CheckpointRetention, CheckpointSaver
 from agenticstate.langgraph import checkpoint as checkpoint_module
 from tests.langgraph import test_saver_retention
@@ -101,7 +101,7 @@ async def test_a_read_racing_a_prune_reads_the_checkpoint_whole_or_not_at_all(
 CHILD = r"""
 import os, signal, sys, anyio
 from agenticstate import StateConfig, StateManager
-from agenticstate.exceptions import DecodeError
+from agenticstate.exceptions import DecodeError, InvalidArgumentError
 from agenticstate.langgraph import CheckpointRetention, CheckpointSaver
 from agenticstate.langgraph import checkpoint as checkpoint_module
 async def main():
@@ -243,3 +243,51 @@ async def test_a_ttl_sweep_keeps_a_namespace_begun_during_it(
     got = await CheckpointSaver(state, prefix=prefix).aget_tuple(written[0])
     assert got is not None
     assert got.checkpoint["channel_values"] == {"y": 2}
+
+
+@pytest.mark.parametrize("damage", ["head", "record"])
+async def test_a_bad_thread_in_the_ttl_sweep_never_fails_a_committed_put(
+    state: StateManager,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    damage: str,
+) -> None:
+    """A thread another client left unreadable (a head without its id, a record with a bad
+    write time) does not make the puts to other threads raise after they were written; the
+    failure is logged at INFO under agenticstate, without values."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr(checkpoint_module, "_now", lambda: clock[0])
+    prefix = _prefix()
+    saver = CheckpointSaver(
+        state, prefix=prefix, retention=CheckpointRetention(thread_ttl=timedelta(hours=1))
+    )
+    bad = await saver.aput(_thread("bad"), _cp({"x": 1}, {"x": "1"}), {}, {"x": "1"})
+    if damage == "head":
+        await state.save(saver._head_key("bad", ""), {"oops": "secret"}, ttl=None)
+    else:
+        key = saver._cp_key("bad", "", bad["configurable"]["checkpoint_id"])
+        record = await state.get(key)
+        await state.save(key, {**record, "at": "secret"}, ttl=None)
+    clock[0] += 7200
+    caplog.set_level("INFO", logger="agenticstate")
+    for n in range(2):
+        checkpoint = _cp({"x": n}, {"x": str(n + 2)})
+        clock[0] += 1000
+        stored = await saver.aput(_thread("good"), checkpoint, {}, {"x": str(n + 2)})
+        assert stored["configurable"]["checkpoint_id"] == checkpoint["id"]
+    assert "secret" not in caplog.text
+    if damage == "record":
+        assert "checkpoint_thread_expiry_failed" in caplog.text
+
+
+async def test_an_empty_thread_id_is_refused_before_anything_is_written(
+    state: StateManager,
+) -> None:
+    """`aput` with `thread_id=""` raises InvalidArgumentError and stores nothing."""
+    prefix = _prefix()
+    saver = CheckpointSaver(
+        state, prefix=prefix, retention=CheckpointRetention(thread_ttl=timedelta(hours=1))
+    )
+    with pytest.raises(InvalidArgumentError):
+        await saver.aput(_thread(""), _cp({"x": 1}, {"x": "1"}), {}, {"x": "1"})
+    assert await state.list_keys(f"{prefix}:*") == []
