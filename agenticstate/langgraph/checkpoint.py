@@ -145,14 +145,15 @@ def _seconds(value: timedelta | float | None, name: str) -> float | None:
     if value is None:
         return None
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or seconds <= 0
-    ):
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ConfigurationError(f"{name} must be a positive duration, not {value!r}")
-    return float(seconds)
+    try:
+        as_float = float(seconds)
+    except OverflowError:  # an int no float holds
+        as_float = math.inf
+    if not math.isfinite(as_float) or as_float <= 0:
+        raise ConfigurationError(f"{name} must be a positive, finite duration, not {value!r}")
+    return as_float
 
 
 @dataclass(frozen=True, slots=True)
@@ -1145,8 +1146,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         if keep_last is None or len(items) <= keep_last:
             if max_age is None or len(items) < 2:
                 return
-            oldest = await self.state.get(items[-1][3])
-            at = None if oldest is None else oldest.get("at")
+            at = await self._oldest_time(items[1:])
             if at is None or _now() - at <= max_age:
                 return
 
@@ -1169,6 +1169,25 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         pruned = await self._prune_ns(thread_id, ns, choose)
         if pruned:
             _log.debug("checkpoint_retention_pruned", checkpoints=pruned)
+
+    async def _oldest_time(self, items: list[tuple[str, str, str, str]]) -> float | None:
+        """The write time of the oldest of `items` (newest first) that has one, or `None`.
+
+        Reads the oldest record; records written before write times existed are older than
+        any with one, so they are skipped a page at a time.
+        """
+        end = len(items)
+        size = 1
+        while end > 0:
+            page = items[max(0, end - size) : end]
+            records = await self.state.get_many([item[3] for item in page])
+            for item in reversed(page):
+                at = records.get(item[3], {}).get("at")
+                if at is not None:
+                    return float(at)
+            end -= len(page)
+            size = _PAGE
+        return None
 
     async def _touch(self, thread_id: str, ttl: float) -> None:
         """Mark the thread active in the TTL index (at most every `ttl / 8`), and sweep."""

@@ -19,7 +19,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agenticstate import StateConfig, StateManager
-from agenticstate.exceptions import DecodeError, InvalidArgumentError
+from agenticstate.exceptions import ConfigurationError, DecodeError, InvalidArgumentError
 from agenticstate.langgraph import CheckpointRetention, CheckpointSaver
 from agenticstate.langgraph import checkpoint as checkpoint_module
 from tests.langgraph import test_saver_retention
@@ -101,7 +101,7 @@ async def test_a_read_racing_a_prune_reads_the_checkpoint_whole_or_not_at_all(
 CHILD = r"""
 import os, signal, sys, anyio
 from agenticstate import StateConfig, StateManager
-from agenticstate.exceptions import DecodeError, InvalidArgumentError
+from agenticstate.exceptions import ConfigurationError, DecodeError, InvalidArgumentError
 from agenticstate.langgraph import CheckpointRetention, CheckpointSaver
 from agenticstate.langgraph import checkpoint as checkpoint_module
 async def main():
@@ -291,3 +291,33 @@ async def test_an_empty_thread_id_is_refused_before_anything_is_written(
     with pytest.raises(InvalidArgumentError):
         await saver.aput(_thread(""), _cp({"x": 1}, {"x": "1"}), {}, {"x": "1"})
     assert await state.list_keys(f"{prefix}:*") == []
+
+
+async def test_max_age_still_applies_past_records_without_write_times(
+    state: StateManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread whose oldest record predates write times (no `at`) still has its timed
+    checkpoints aged out by `max_age`; the untimed one and the latest stay."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr(checkpoint_module, "_now", lambda: clock[0])
+    prefix = _prefix()
+    plain = CheckpointSaver(state, prefix=prefix)
+    config = await plain.aput(_thread(), _cp({"x": 0}, {"x": "0"}), {}, {"x": "0"})
+    key = plain._cp_key("t", "", config["configurable"]["checkpoint_id"])
+    record = await state.get(key)
+    del record["at"]
+    await state.save(key, record, ttl=None)
+    saver = CheckpointSaver(state, prefix=prefix, retention=CheckpointRetention(max_age=60))
+    for n in (1, 2, 3):
+        config = await saver.aput(config, _cp({"x": n}, {"x": str(n)}), {}, {"x": str(n)})
+    clock[0] += 120
+    await saver.aput(config, _cp({"x": 4}, {"x": "4"}), {}, {"x": "4"})
+    left = [item.checkpoint["channel_values"]["x"] async for item in saver.alist(_thread())]
+    assert left == [4, 0]
+
+
+@pytest.mark.parametrize("option", ["max_age", "thread_ttl"])
+def test_a_retention_duration_too_large_for_a_float_is_a_configuration_error(option: str) -> None:
+    """An int duration no float holds (10**400 seconds) is a ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        CheckpointRetention(**{option: 10**400})

@@ -314,7 +314,15 @@ async def test_thread_ttl_deletes_idle_threads_and_keeps_active_ones(
 
 @pytest.mark.parametrize(
     "options",
-    [{"keep_last": 0}, {"keep_last": True}, {"max_age": -1}, {"thread_ttl": float("nan")}, {}],
+    [
+        {"keep_last": 0},
+        {"keep_last": True},
+        {"max_age": -1},
+        {"thread_ttl": float("nan")},
+        {"thread_ttl": 10**400},
+        {"max_age": "1d"},
+        {},
+    ],
 )
 def test_a_bad_retention_is_refused(options: dict[str, Any]) -> None:
     """A retention without limits, or with a count below 1 or a duration not positive, is a
