@@ -863,6 +863,15 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return txn.Revision(key, entry.revision)
         return txn.Version(key, entry.version)  # a backend (or a write) without revisions
 
+    @staticmethod
+    def _holds(compare: TxnCompare, entry: StateEntry | None) -> bool:
+        """Whether `compare` (on one key) holds for `entry`, that key's value read."""
+        if isinstance(compare, txn.Revision):
+            return entry is not None and entry.revision == compare.revision
+        if isinstance(compare, txn.Version):
+            return (entry.version if entry is not None else 0) == compare.version
+        return entry is not None
+
     def _remember_head(self, thread_id: str, ns: str, checkpoint_id: str, revision: int) -> None:
         if not revision:
             return  # a version is not enough: it comes back after a delete
@@ -991,18 +1000,24 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return list(by_slot.values())
 
         key = self._writes_key(thread_id, ns, checkpoint_id)
-        if self._steps and await self._writes_step(key, merge):
+        cp_key = self._cp_key(thread_id, ns, checkpoint_id)
+        if self._steps and await self._writes_step(key, cp_key, merge):
+            return
+        if await self.state.get(cp_key) is None:
+            _log.debug("checkpoint_writes_dropped")  # the checkpoint was deleted
             return
         await self.state.update(key, merge, default=[], ttl=None)
 
     async def _writes_step(
-        self, key: str, merge: Callable[[list[list[Any]]], list[list[Any]]]
+        self, key: str, cp_key: str, merge: Callable[[list[list[Any]]], list[list[Any]]]
     ) -> bool:
         """Merge writes into `key` as one `transact`, compared on what this saver last saw.
 
         The first try assumes the list this saver last wrote there (or none); a lost compare
-        returns the current list in the same step, and the merge is retried on it. Returns
-        `False` if the backend has no `transact`.
+        returns the current list in the same step, and the merge is retried on it. The step
+        also holds only while the checkpoint (`cp_key`) is stored: writes against one a prune
+        or a TTL sweep deleted are dropped, never left behind. Returns `False` if the backend
+        has no `transact`.
 
         Raises:
             ConflictError: Every attempt lost a race.
@@ -1013,7 +1028,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         attempts = self.state.config.update_max_attempts
         for attempt in range(attempts):
             merged = merge(current)
-            done = await self._transact([compare], [txn.Put(key, merged, ttl=None)], [txn.Get(key)])
+            done = await self._transact(
+                [compare, txn.Exists(cp_key)], [txn.Put(key, merged, ttl=None)], [txn.Get(key)]
+            )
             if done is None:
                 return False
             if done.succeeded:
@@ -1024,6 +1041,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     writes[key] = (done.revisions[0], merged)
                 return True
             entry = done.results[0]
+            if self._holds(compare, entry):
+                _log.debug("checkpoint_writes_dropped")  # the checkpoint was deleted
+                return True
             current = [] if entry is None else entry.value
             compare = self._compare(key, entry)
             if attempt:  # the first miss is expected (another task's writes came first)

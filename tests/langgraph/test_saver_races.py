@@ -321,3 +321,31 @@ def test_a_retention_duration_too_large_for_a_float_is_a_configuration_error(opt
     """An int duration no float holds (10**400 seconds) is a ConfigurationError."""
     with pytest.raises(ConfigurationError):
         CheckpointRetention(**{option: 10**400})
+
+
+@pytest.mark.parametrize("gone_by", ["ttl_sweep", "keep_last"])
+async def test_pending_writes_against_a_deleted_checkpoint_leave_no_key(
+    state: StateManager, monkeypatch: pytest.MonkeyPatch, gone_by: str
+) -> None:
+    """Writes a slow task records against a checkpoint a TTL sweep or `keep_last` already
+    deleted are dropped: nothing of them is left in the store."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr(checkpoint_module, "_now", lambda: clock[0])
+    prefix = _prefix()
+    policy = (
+        CheckpointRetention(thread_ttl=timedelta(hours=1))
+        if gone_by == "ttl_sweep"
+        else CheckpointRetention(keep_last=1)
+    )
+    saver = CheckpointSaver(state, prefix=prefix, retention=policy)
+    first = await saver.aput(_thread(), _cp({"x": 1}, {"x": "1"}), {}, {"x": "1"})
+    if gone_by == "ttl_sweep":
+        clock[0] += 7200
+        assert await saver.asweep_idle_threads() == 1
+    else:
+        await saver.aput(first, _cp({"x": 2}, {"x": "2"}), {}, {"x": "2"})
+        assert await saver.aget_tuple(first) is None
+    for writer in (saver, CheckpointSaver(state, prefix=prefix)):
+        await writer.aput_writes(first, [("x", 3)], "slow-task")
+    checkpoint_id = first["configurable"]["checkpoint_id"]
+    assert [key for key in await state.list_keys(f"{prefix}:*") if checkpoint_id in key] == []
