@@ -1189,6 +1189,44 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         pruned = await self._prune_ns(thread_id, ns, choose)
         if pruned:
             _log.debug("checkpoint_retention_pruned", checkpoints=pruned)
+            if ns == "":
+                await self._drop_namespaces(thread_id)
+
+    async def _drop_namespaces(self, thread_id: str) -> None:
+        """Delete the thread's other namespaces whose head is older than every root checkpoint.
+
+        A subgraph writes its checkpoints under a namespace of its own per invocation
+        (`sub:<task id>`), whose head is written during the root step that invokes it: a
+        namespace whose head predates the oldest root checkpoint kept belongs to a step the
+        retention dropped. Each goes whole, in one `transact` that holds while its head is the
+        one read (a write to it meanwhile keeps it).
+        """
+        left = await self._checkpoint_keys(thread_id, "")
+        if not left:
+            return
+        oldest = left[-1][0]
+        root = self._head_key(thread_id, "")
+        tag = self._tag(thread_id)
+        for head_key in await self.state.list_keys(f"{tag}:head:*"):
+            if head_key == root:
+                continue
+            head = await self.state.get_entry(head_key)
+            if head is None or not isinstance(head.value, dict):
+                continue
+            if str(head.value.get("id", "")) >= oldest:
+                continue
+            ns = encode(decode(head_key.rsplit(":", 1)[1]))
+            keys = [
+                key
+                for kind in ("cp", "w", "b")
+                for key in await self.state.list_keys(f"{tag}:{kind}:{ns}:*")
+            ]
+            deletes: list[txn.Op] = [txn.Delete(key) for key in [*keys, head_key]]
+            done = await self._transact([self._compare(head_key, head)], deletes, [])
+            if done is None:  # a backend without `transact`
+                await self._delete_keys([*keys, head_key])
+            self._tips.pop((thread_id, decode(ns)), None)
+            _log.debug("checkpoint_namespace_dropped")
 
     async def _oldest_time(self, items: list[tuple[str, str, str, str]]) -> float | None:
         """The write time of the oldest of `items` (newest first) that has one, or `None`.

@@ -9,14 +9,17 @@ import subprocess
 import sys
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import pytest
 
 pytest.importorskip("langgraph")
 
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 
 from agenticstate import StateConfig, StateManager
 from agenticstate.exceptions import ConfigurationError, DecodeError, InvalidArgumentError
@@ -31,6 +34,10 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from langchain_core.runnables import RunnableConfig
+
+
+class _Chat(TypedDict):
+    messages: Annotated[list[Any], add_messages]
 
 
 def _cp(values: dict[str, Any], versions: dict[str, str]) -> Any:
@@ -349,3 +356,30 @@ async def test_pending_writes_against_a_deleted_checkpoint_leave_no_key(
         await writer.aput_writes(first, [("x", 3)], "slow-task")
     checkpoint_id = first["configurable"]["checkpoint_id"]
     assert [key for key in await state.list_keys(f"{prefix}:*") if checkpoint_id in key] == []
+
+
+async def test_keep_last_bounds_a_thread_whose_graph_runs_a_subgraph_each_turn() -> None:
+    """With `keep_last`, a graph that invokes a subgraph every turn (a new namespace per turn)
+    holds a bounded number of namespaces and keys however many turns it runs."""
+    inner = StateGraph(_Chat)
+    inner.add_node("inner", lambda _: {"messages": [AIMessage("inner " + "x" * 50)]})
+    inner.add_edge(START, "inner")
+    inner.add_edge("inner", END)
+    outer = StateGraph(_Chat)
+    outer.add_node("sub", inner.compile())
+    outer.add_edge(START, "sub")
+    outer.add_edge("sub", END)
+    async with StateManager() as state:
+        saver = CheckpointSaver(state, delta_chain=4, retention=CheckpointRetention(keep_last=2))
+        graph = outer.compile(checkpointer=saver)
+        config: Any = {"configurable": {"thread_id": "T"}}
+        counts = {}
+        for turn in range(1, 25):
+            await graph.ainvoke({"messages": [HumanMessage("hi")]}, config)
+            if turn in (12, 24):
+                keys = await state.list_keys("langgraph:*")
+                assert sum(":head:" in key for key in keys) <= 3
+                counts[turn] = len(keys)
+        assert counts[24] <= counts[12]
+        state_now = await graph.aget_state(config)
+        assert len(state_now.values["messages"]) == 48
