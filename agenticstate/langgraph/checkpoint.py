@@ -1196,9 +1196,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Delete the thread's other namespaces whose head is older than every root checkpoint.
 
         A subgraph writes its checkpoints under a namespace of its own per invocation
-        (`sub:<task id>`), whose head is written during the root step that invokes it: a
+        (`sub:<task id>`), whose head is written during the root step that invokes it: such a
         namespace whose head predates the oldest root checkpoint kept belongs to a step the
-        retention dropped. Each goes whole, in one `transact` that holds while its head is the
+        retention dropped. A namespace without task ids (a `checkpointer=True` subgraph's
+        history, kept across invocations) is never dropped. Each goes whole, in one `transact` that holds while its head is the
         one read (a write to it meanwhile keeps it).
         """
         left = await self._checkpoint_keys(thread_id, "")
@@ -1213,9 +1214,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             head = await self.state.get_entry(head_key)
             if head is None or not isinstance(head.value, dict):
                 continue
-            if str(head.value.get("id", "")) >= oldest:
-                continue
-            ns = encode(decode(head_key.rsplit(":", 1)[1]))
+            ns = head_key.rsplit(":", 1)[1]
+            if ":" not in decode(ns) or str(head.value.get("id", "")) >= oldest:
+                continue  # a subgraph's own history (`checkpointer=True`), or still current
             keys = [
                 key
                 for kind in ("cp", "w", "b")
