@@ -863,15 +863,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return txn.Revision(key, entry.revision)
         return txn.Version(key, entry.version)  # a backend (or a write) without revisions
 
-    @staticmethod
-    def _holds(compare: TxnCompare, entry: StateEntry | None) -> bool:
-        """Whether `compare` (on one key) holds for `entry`, that key's value read."""
-        if isinstance(compare, txn.Revision):
-            return entry is not None and entry.revision == compare.revision
-        if isinstance(compare, txn.Version):
-            return (entry.version if entry is not None else 0) == compare.version
-        return entry is not None
-
     def _remember_head(self, thread_id: str, ns: str, checkpoint_id: str, revision: int) -> None:
         if not revision:
             return  # a version is not enough: it comes back after a delete
@@ -1000,24 +991,26 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return list(by_slot.values())
 
         key = self._writes_key(thread_id, ns, checkpoint_id)
-        cp_key = self._cp_key(thread_id, ns, checkpoint_id)
-        if self._steps and await self._writes_step(key, cp_key, merge):
-            return
-        if await self.state.get(cp_key) is None:
-            _log.debug("checkpoint_writes_dropped")  # the checkpoint was deleted
-            return
-        await self.state.update(key, merge, default=[], ttl=None)
+        if not (self._steps and await self._writes_step(key, merge)):
+            await self.state.update(key, merge, default=[], ttl=None)
+        policy = self.retention
+        ttl = None if policy is None else policy.thread_ttl_seconds
+        if ttl is not None:
+            # Writes keep the thread in the TTL index too (a swept thread's slow task leaves
+            # keys the next sweep then deletes).
+            try:
+                await self._touch(thread_id, ttl, sweep=False)
+            except Exception as exc:  # noqa: BLE001 (the writes are stored: never fail them now)
+                _log.info("checkpoint_retention_failed", error=type(exc).__name__)
 
     async def _writes_step(
-        self, key: str, cp_key: str, merge: Callable[[list[list[Any]]], list[list[Any]]]
+        self, key: str, merge: Callable[[list[list[Any]]], list[list[Any]]]
     ) -> bool:
         """Merge writes into `key` as one `transact`, compared on what this saver last saw.
 
         The first try assumes the list this saver last wrote there (or none); a lost compare
-        returns the current list in the same step, and the merge is retried on it. The step
-        also holds only while the checkpoint (`cp_key`) is stored: writes against one a prune
-        or a TTL sweep deleted are dropped, never left behind. Returns `False` if the backend
-        has no `transact`.
+        returns the current list in the same step, and the merge is retried on it. Returns
+        `False` if the backend has no `transact`.
 
         Raises:
             ConflictError: Every attempt lost a race.
@@ -1028,9 +1021,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         attempts = self.state.config.update_max_attempts
         for attempt in range(attempts):
             merged = merge(current)
-            done = await self._transact(
-                [compare, txn.Exists(cp_key)], [txn.Put(key, merged, ttl=None)], [txn.Get(key)]
-            )
+            done = await self._transact([compare], [txn.Put(key, merged, ttl=None)], [txn.Get(key)])
             if done is None:
                 return False
             if done.succeeded:
@@ -1041,9 +1032,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     writes[key] = (done.revisions[0], merged)
                 return True
             entry = done.results[0]
-            if self._holds(compare, entry):
-                _log.debug("checkpoint_writes_dropped")  # the checkpoint was deleted
-                return True
             current = [] if entry is None else entry.value
             compare = self._compare(key, entry)
             if attempt:  # the first miss is expected (another task's writes came first)
@@ -1113,10 +1101,21 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 ),
             )
             blobs = await self.state.list_keys(f"{self._tag(thread_id)}:b:{encode(ns)}:*")
+            # Writes a slow task recorded against a checkpoint already deleted (older than the
+            # head; a newer one may be a checkpoint still being written) go too.
+            known = {item[0] for item in items}
+            orphans = [
+                key
+                for key in await self.state.list_keys(f"{self._tag(thread_id)}:w:{encode(ns)}:*")
+                if (checkpoint := self._parse(key)[2]) not in known
+                and head_id is not None
+                and checkpoint < head_id
+            ]
             deletes = [
                 *(item[3] for item in items if item[0] in doomed),
                 *(self._writes_key(thread_id, ns, item[0]) for item in items if item[0] in doomed),
                 *(key for key in blobs if key not in used),
+                *orphans,
             ]
             done = await self._transact(
                 [self._compare(head_key, head)], [txn.Delete(key) for key in deletes], []
@@ -1199,8 +1198,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         (`sub:<task id>`), whose head is written during the root step that invokes it: such a
         namespace whose head predates the oldest root checkpoint kept belongs to a step the
         retention dropped. A namespace without task ids (a `checkpointer=True` subgraph's
-        history, kept across invocations) is never dropped. Each goes whole, in one `transact` that holds while its head is the
-        one read (a write to it meanwhile keeps it).
+        history, kept across invocations) is never dropped. Each goes whole, in one `transact`
+        that holds while its head is the one read (a write to it meanwhile keeps it).
         """
         left = await self._checkpoint_keys(thread_id, "")
         if not left:
@@ -1248,14 +1247,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             size = _PAGE
         return None
 
-    async def _touch(self, thread_id: str, ttl: float) -> None:
+    async def _touch(self, thread_id: str, ttl: float, *, sweep: bool = True) -> None:
         """Mark the thread active in the TTL index (at most every `ttl / 8`), and sweep."""
         now = _now()
         last = self._touched.get(thread_id)
         if last is None or now - last >= ttl / 8:
             await self.state.index_add(self._ttl_index(), {encode(thread_id): now})
             self._remember(self._touched, thread_id, now)
-        if now - self._swept >= ttl / 8:
+        if sweep and now - self._swept >= ttl / 8:
             self._swept = now
             await self.asweep_idle_threads()
 

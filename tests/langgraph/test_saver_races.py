@@ -333,7 +333,8 @@ async def test_pending_writes_against_a_deleted_checkpoint_leave_no_key(
     state: StateManager, monkeypatch: pytest.MonkeyPatch, gone_by: str
 ) -> None:
     """Writes a slow task records against a checkpoint a TTL sweep or `keep_last` already
-    deleted are dropped: nothing of them is left in the store."""
+    deleted do not stay: the next sweep (the writes keep the thread in the TTL index), or the
+    next prune of the namespace, deletes them."""
     clock = [1_000_000.0]
     monkeypatch.setattr(checkpoint_module, "_now", lambda: clock[0])
     prefix = _prefix()
@@ -350,8 +351,15 @@ async def test_pending_writes_against_a_deleted_checkpoint_leave_no_key(
     else:
         await saver.aput(first, _cp({"x": 2}, {"x": "2"}), {}, {"x": "2"})
         assert await saver.aget_tuple(first) is None
-    for writer in (saver, CheckpointSaver(state, prefix=prefix)):
+    for writer in (saver, CheckpointSaver(state, prefix=prefix, retention=policy)):
         await writer.aput_writes(first, [("x", 3)], "slow-task")
+    if gone_by == "ttl_sweep":
+        clock[0] += 7200
+        assert await saver.asweep_idle_threads() == 1
+    else:
+        head = await saver.aget_tuple(_thread())
+        assert head is not None
+        await saver.aput(head.config, _cp({"x": 4}, {"x": "4"}), {}, {"x": "4"})
     checkpoint_id = first["configurable"]["checkpoint_id"]
     assert [key for key in await state.list_keys(f"{prefix}:*") if checkpoint_id in key] == []
 
