@@ -111,7 +111,7 @@ _UPDATE_ONLY = "update"
 _PAGE = 64
 
 _UNIQUE = re.compile(r"\d{32}\.[0-9.e+-]+")
-"""A version `get_next_version` made (unique across forks): the only kind a delta builds on."""
+"""A version `get_next_version` made (unique across forks): deltas are only stored between two."""
 
 _READ_ATTEMPTS = 5
 """How many times a read starts over when a prune deletes what it is reading."""
@@ -718,9 +718,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 if channel not in dumped:
                     dumped[channel] = self.serde.dumps_typed(values[channel])
                 base = bases.get(channel)
-                if base is not None and not _UNIQUE.fullmatch(base.version):
+                if base is not None and not (
+                    _UNIQUE.fullmatch(base.version) and _UNIQUE.fullmatch(version)
+                ):
                     # A caller's own version may be reused by another branch, which overwrites
-                    # its value: a delta on it could lose its base (stored whole instead).
+                    # its value: a delta on it could lose its base, and a delta stored at it
+                    # would be read by records that do not list its chain (stored whole).
                     base = None
                 stored, tip = encode_value(
                     version,

@@ -11,7 +11,10 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
+import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("langgraph")
 
@@ -389,3 +392,65 @@ async def test_keep_last_bounds_a_thread_whose_graph_runs_a_subgraph_each_turn()
         assert counts[24] <= counts[12]
         state_now = await graph.aget_state(config)
         assert len(state_now.values["messages"]) == 48
+
+
+branching = st.lists(
+    st.tuples(
+        st.integers(0, 30),  # which earlier checkpoint to build on (or none)
+        st.sampled_from(["grow", "grow", "replace", "same"]),  # what happens to the list
+        st.sampled_from(["1", "2", "3", "4", "unique", "unique"]),  # the list's new version
+        st.booleans(),  # whether the scalar channel changes too
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=branching)
+def test_branches_with_reused_or_unique_versions_read_as_in_memory_saver(
+    steps: list[tuple[int, str, str, bool]],
+) -> None:
+    """Generated branching histories (lists grown, replaced or kept; versions the caller reuses
+    across branches, or unique ones) read back, checkpoint by checkpoint through a fresh saver,
+    exactly as LangGraph's `InMemorySaver` reads the same history."""
+
+    async def main() -> None:
+        model = InMemorySaver()
+        async with StateManager() as state:
+            saver = CheckpointSaver(state, delta_chain=3)
+            made: list[tuple[RunnableConfig, dict[str, Any], dict[str, str]]] = []
+            for n, (pick, change, version, scalar) in enumerate(steps):
+                config: RunnableConfig = _thread()
+                values: dict[str, Any] = {}
+                versions: dict[str, str] = {}
+                if made and pick % 5:
+                    config, values, versions = made[pick % len(made)]
+                    await saver.aget_tuple(config)  # a run continues from it (deltas on it)
+                new: dict[str, str] = {}
+                values = dict(values)
+                if change != "same" or "m" not in values:
+                    grown = [*values.get("m", []), f"item {n}"] if change == "grow" else [n]
+                    values["m"] = grown
+                    new["m"] = (
+                        saver.get_next_version(versions.get("m"), None)
+                        if version == "unique"
+                        else version
+                    )
+                if scalar or "x" not in values:
+                    values["x"] = n
+                    new["x"] = saver.get_next_version(versions.get("x"), None)
+                all_versions = {**versions, **new}
+                checkpoint = _cp(values, all_versions)
+                stored = await saver.aput(config, checkpoint, {}, dict(new))
+                await model.aput(config, checkpoint, {}, dict(new))
+                made.append((stored, values, all_versions))
+            reader = CheckpointSaver(state)
+            for config, _, _ in made:
+                got = await reader.aget_tuple(config)
+                want = await model.aget_tuple(config)
+                assert got is not None
+                assert want is not None
+                assert got.checkpoint["channel_values"] == want.checkpoint["channel_values"]
+
+    anyio.run(main)
