@@ -1332,14 +1332,55 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         return deleted
 
     async def _delete_checkpoints(self, doomed: list[tuple[str, str, str, str]]) -> None:
-        """Delete checkpoints with their writes, fix the heads, and drop orphaned values."""
-        touched: set[tuple[str, str]] = set()
-        for checkpoint_id, thread, ns, key in doomed:
-            await self.state.delete(key)
-            await self.state.delete(self._writes_key(thread, ns, checkpoint_id))
-            touched.add((thread, ns))
-        for thread, ns in touched:
-            await self._repair(thread, ns)
+        """Delete checkpoints with their writes, fix the heads, and drop orphaned values.
+
+        Per thread and namespace, one `transact` guarded on the head: the records, their
+        writes, the values nothing left reads, and the head moved to the newest checkpoint left
+        (or deleted). A process killed meanwhile leaves each namespace as it was or as it ends.
+
+        Raises:
+            ConflictError: A namespace was written during every attempt; it was left as it was.
+        """
+        by_ns: dict[tuple[str, str], set[str]] = {}
+        for checkpoint_id, thread, ns, _ in doomed:
+            by_ns.setdefault((thread, ns), set()).add(checkpoint_id)
+        attempts = self.state.config.update_max_attempts
+        for (thread, ns), ids in by_ns.items():
+            head_key = self._head_key(thread, ns)
+            self._heads.pop((thread, ns), None)
+            self._tips.pop((thread, ns), None)
+            for attempt in range(attempts):
+                head = await self.state.get_entry(head_key)
+                items = await self._checkpoint_keys(thread, ns)
+                left = [item for item in items if item[0] not in ids]
+                records = await self.state.get_many([item[3] for item in left])
+                used = self._used_blobs(thread, ns, records.values())
+                blobs = await self.state.list_keys(f"{self._tag(thread)}:b:{encode(ns)}:*")
+                deletes = [
+                    *(item[3] for item in items if item[0] in ids),
+                    *(self._writes_key(thread, ns, item[0]) for item in items if item[0] in ids),
+                    *(key for key in blobs if key not in used),
+                ]
+                then: list[txn.Op] = [txn.Delete(key) for key in deletes]
+                if left:
+                    then.append(txn.Put(head_key, {"id": left[0][0]}, ttl=None))
+                else:
+                    then.append(txn.Delete(head_key))
+                done = await self._transact([self._compare(head_key, head)], then, [])
+                if done is None:  # a backend without `transact`: key by key, then the head
+                    await self._delete_keys(deletes)
+                    await self._repair(thread, ns)
+                    break
+                if done.succeeded:
+                    break
+                if attempt:
+                    await anyio.sleep(backoff(attempt))
+            else:
+                raise ConflictError(
+                    f"thread {thread!r} (namespace {ns!r}) was written during each of "
+                    f"{attempts} attempts to delete its checkpoints; nothing was deleted",
+                    key=head_key,
+                )
 
     async def _repair(self, thread_id: str, ns: str) -> None:
         """Point the head at the newest remaining checkpoint and delete unreferenced values."""
@@ -1380,7 +1421,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             _log.debug("checkpoint_head_repaired")
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints (and their writes) that the given runs created."""
+        """Delete the checkpoints (and their writes) that the given runs created.
+
+        Per thread and namespace one atomic step, guarded on the head: the checkpoints, their
+        writes, the values nothing left reads, and the head moved to the newest one left.
+
+        Raises:
+            ConflictError: A namespace was written during every attempt; it was left as it was.
+        """
         wanted = set(run_ids)
         if not wanted:
             return

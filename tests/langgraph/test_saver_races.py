@@ -117,19 +117,22 @@ from agenticstate.langgraph import checkpoint as checkpoint_module
 async def main():
     async with StateManager(StateConfig(backend="sqlite", sqlite_path=sys.argv[1])) as state:
         saver = CheckpointSaver(state)
-        real = state.delete
+        real_delete, real_transact = state.delete, state.transact
         async def delete(key, *args, **kwargs):
-            await real(key, *args, **kwargs)
+            await real_delete(key, *args, **kwargs)
             if ":cp:" in key:
-                os.kill(os.getpid(), signal.SIGKILL)  # right after the first record's delete
-        state.delete = delete
+                os.kill(os.getpid(), signal.SIGKILL)  # right after a record's delete
+        async def transact(*args, **kwargs):
+            await real_transact(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)  # right after the first step
+        state.delete, state.transact = delete, transact
         await saver.adelete_for_runs(["run-2"])
 anyio.run(main)
 """
 
 
 async def test_a_delete_for_runs_killed_part_way_leaves_the_thread_usable(tmp_path: Path) -> None:
-    """A process killed inside `adelete_for_runs` (after deleting the head's checkpoint) leaves a
+    """A process killed inside `adelete_for_runs` (right after its first write) leaves a
     thread whose latest checkpoint is the newest left, and which a new run continues."""
     path = str(tmp_path / "s.db")
     config = StateConfig(backend="sqlite", sqlite_path=path)
@@ -454,3 +457,22 @@ def test_branches_with_reused_or_unique_versions_read_as_in_memory_saver(
                 assert got.checkpoint["channel_values"] == want.checkpoint["channel_values"]
 
     anyio.run(main)
+
+
+async def test_a_head_naming_a_deleted_checkpoint_is_repaired_by_the_next_read(
+    state: StateManager,
+) -> None:
+    """A head left naming a checkpoint that is gone (a delete killed part-way, key by key) is
+    pointed at the newest checkpoint left by the next `aget_tuple`, and the thread continues."""
+    prefix = _prefix()
+    saver = CheckpointSaver(state, prefix=prefix)
+    first = await saver.aput(_thread(), _cp({"x": 1}, {"x": "1"}), {}, {"x": "1"})
+    second = await saver.aput(first, _cp({"x": 2}, {"x": "2"}), {}, {"x": "2"})
+    await state.delete(saver._cp_key("t", "", second["configurable"]["checkpoint_id"]))
+    latest = await CheckpointSaver(state, prefix=prefix).aget_tuple(_thread())
+    assert latest is not None
+    assert latest.checkpoint["channel_values"] == {"x": 1}
+    stored = await saver.aput(latest.config, _cp({"x": 3}, {"x": "3"}), {}, {"x": "3"})
+    again = await CheckpointSaver(state, prefix=prefix).aget_tuple(_thread())
+    assert again is not None
+    assert again.config["configurable"]["checkpoint_id"] == stored["configurable"]["checkpoint_id"]
