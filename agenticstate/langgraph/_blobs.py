@@ -6,8 +6,8 @@ A stored value is a list:
 |-------------------|------------------------------------------------------------------|
 | whole             | `[type, bytes]` (every store written before deltas, too)         |
 | whole, compressed | `[type, zlib bytes, 1]`                                          |
-| delta             | `[type, tail, 2, tail count, base size, base version]`           |
-| delta, compressed | `[type, zlib tail, 3, tail count, base size, base version]`      |
+| delta             | `[type, tail, 2, tail count, base size, base version, base digest]` |
+| delta, compressed | `[type, zlib tail, 3, tail count, base size, base version, base digest]` |
 
 A delta extends the value at `base version` (same thread, namespace and channel): the value is
 a msgpack array (LangGraph's serializer, type `"msgpack"`), whose encoding is a header (the
@@ -15,8 +15,9 @@ element count) followed by the elements' encodings; the new value's elements aft
 start with exactly the base's, so the delta keeps only the bytes after them (`tail`, holding
 `tail count` elements). Reading puts the header back in front of the base's body and the tails:
 the bytes are the serializer's own, so the value read is the one that was written. `base size`
-(the base body's length) is checked on the way, so a base that changed is an error, never a
-wrong value.
+(the base body's length) and `base digest` (its BLAKE2b) are checked on the way, so a base that
+changed is an error, never a wrong value (a delta written before digests has none: its size
+alone is checked).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def encode_value(
             tail, z = _pack(bytes(body[base.size :]), compress_above)
             tip = Tip(version, count, len(body), hashed.digest(), (*base.chain, base.version))
             stored = [kind, tail, DELTA_Z if z else DELTA, count - base.elements, base.size]
-            return [*stored, base.version], tip
+            return [*stored, base.version, base.digest], tip
         digest = hashed.digest()
     else:
         digest = hashlib.blake2b(body, digest_size=16).digest()
@@ -156,12 +157,20 @@ def assemble(versions: list[str], parts: list[Any], where: str) -> tuple[str, by
         raise DecodeError(f"{where}: the base of a delta chain is not an array")
     count, start = shape
     pieces: list[bytes | memoryview] = [memoryview(data)[start:]]
+    hashed = hashlib.blake2b(pieces[0], digest_size=16)
     size = len(data) - start
     for index in range(1, len(parts)):
         part = parts[index]
-        if not is_delta(part) or part[4] != size or part[5] != versions[index - 1]:
+        if (
+            not is_delta(part)
+            or part[4] != size
+            or part[5] != versions[index - 1]
+            or (len(part) > 6 and part[6] != hashed.digest())
+        ):
             raise DecodeError(f"{where}: a delta does not extend the value before it")
         tail = _unpack(part[1]) if part[2] == DELTA_Z else part[1]
+        if index + 1 < len(parts):
+            hashed.update(tail)
         pieces.append(tail)
         size += len(tail)
         count += part[3]

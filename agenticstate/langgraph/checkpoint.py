@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -109,6 +110,12 @@ _UPDATE_ONLY = "update"
 
 _PAGE = 64
 
+_UNIQUE = re.compile(r"\d{32}\.[0-9.e+-]+")
+"""A version `get_next_version` made (unique across forks): deltas are only stored between two."""
+
+_READ_ATTEMPTS = 5
+"""How many times a read starts over when a prune deletes what it is reading."""
+
 _REMEMBERED = 1024
 """How many thread heads (and, separately, pending-write lists) a saver remembers for its steps."""
 
@@ -138,14 +145,15 @@ def _seconds(value: timedelta | float | None, name: str) -> float | None:
     if value is None:
         return None
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or seconds <= 0
-    ):
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ConfigurationError(f"{name} must be a positive duration, not {value!r}")
-    return float(seconds)
+    try:
+        as_float = float(seconds)
+    except OverflowError:  # an int no float holds
+        as_float = math.inf
+    if not math.isfinite(as_float) or as_float <= 0:
+        raise ConfigurationError(f"{name} must be a positive, finite duration, not {value!r}")
+    return as_float
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,14 +476,44 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         checkpoint_id: str,
         record: dict[str, Any],
         config: RunnableConfig,
-    ) -> CheckpointTuple:
-        found = await self.state.get_many(self._needed(thread_id, ns, checkpoint_id, record))
-        tips: dict[str, Tip] = {}
-        built = self._build(thread_id, ns, checkpoint_id, record, config, found, tips)
-        # The run that continues from this checkpoint writes its grown lists as deltas on these.
-        seen = _Seen(checkpoint_id, record["versions"], record.get("chains") or {}, tips)
-        self._remember(self._tips, (thread_id, ns), seen)
-        return built
+        *,
+        remember: bool = True,
+        found: dict[str, Any] | None = None,
+    ) -> CheckpointTuple | None:
+        """The tuple of a checkpoint whose record was read, or `None` if it is gone since.
+
+        The values are read in a second call, so a prune may delete the checkpoint in between:
+        a value missing makes the record be read again; gone, the checkpoint is absent; still
+        there (a prune never deletes what a kept checkpoint reads), the values are read again.
+        A checkpoint therefore reads exactly as it was put, or not at all.
+
+        Raises:
+            DecodeError: A value the record names stays missing while the record stays.
+        """
+        cp_key = self._cp_key(thread_id, ns, checkpoint_id)
+        for _ in range(_READ_ATTEMPTS):
+            needed = self._needed(thread_id, ns, checkpoint_id, record)
+            if found is None:
+                found = await self.state.get_many(needed)
+            missing = [key for key in needed[:-1] if key not in found]  # writes may be none
+            if not missing:
+                tips: dict[str, Tip] = {}
+                built = self._build(thread_id, ns, checkpoint_id, record, config, found, tips)
+                if remember:
+                    # The run that continues from this checkpoint writes its grown lists as
+                    # deltas on these.
+                    chains = record.get("chains") or {}
+                    seen = _Seen(checkpoint_id, record["versions"], chains, tips)
+                    self._remember(self._tips, (thread_id, ns), seen)
+                return built
+            again = await self.state.get(cp_key)
+            if again is None:
+                return None  # deleted (a prune) between the two reads
+            record, found = again, None
+        raise DecodeError(
+            f"thread {thread_id!r} (namespace {ns!r}), checkpoint {checkpoint_id!r}: a value its "
+            f"record names is missing ({missing[0]!r})"
+        )
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Return the checkpoint `config` names, or the thread's latest one, or `None`.
@@ -501,17 +539,28 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     "configurable": {**configurable, HEAD_GUARD_KEY: _UPDATE_ONLY},
                 }
             return await self._tuple(thread_id, ns, checkpoint_id, record, config)
-        head = await self.state.get_entry(self._head_key(thread_id, ns))
-        if head is None:
-            return None
-        checkpoint_id = head.value["id"]
-        self._remember_head(thread_id, ns, checkpoint_id, head.revision)
-        record = await self.state.get(self._cp_key(thread_id, ns, checkpoint_id))
-        if record is None:
-            return None
-        latest = self._config(thread_id, ns, checkpoint_id)
-        latest["configurable"][HEAD_GUARD_KEY] = True
-        return await self._tuple(thread_id, ns, checkpoint_id, record, latest)
+        for _ in range(_READ_ATTEMPTS):
+            head = await self.state.get_entry(self._head_key(thread_id, ns))
+            if head is None:
+                return None
+            checkpoint_id = head.value["id"]
+            record = await self.state.get(self._cp_key(thread_id, ns, checkpoint_id))
+            if record is None:
+                # Pruned since the head moved on (read the head again), or a head left naming
+                # a deleted checkpoint (a delete that died part-way): repaired.
+                await self._repair_head(thread_id, ns, head)
+                continue
+            self._remember_head(thread_id, ns, checkpoint_id, head.revision)
+            latest = self._config(thread_id, ns, checkpoint_id)
+            latest["configurable"][HEAD_GUARD_KEY] = True
+            got = await self._tuple(thread_id, ns, checkpoint_id, record, latest)
+            if got is not None:
+                return got
+        raise ConflictError(
+            f"the head of thread {thread_id!r} (namespace {ns!r}) moved on during each of "
+            f"{_READ_ATTEMPTS} reads",
+            key=self._head_key(thread_id, ns),
+        )
 
     async def alist(
         self,
@@ -579,14 +628,18 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 [key for c, t, n, r in chosen for key in self._needed(t, n, c, r)]
             )
             for checkpoint_id, thread, namespace, record in chosen:
-                yield self._build(
+                got = await self._tuple(
                     thread,
                     namespace,
                     checkpoint_id,
                     record,
                     self._config(thread, namespace, checkpoint_id),
-                    found,
+                    remember=False,
+                    found=found,
                 )
+                if got is None:
+                    continue  # deleted since its record was read
+                yield got
                 if left is not None:
                     left -= 1
                     if left == 0:
@@ -614,9 +667,15 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             StaleCheckpointError: The config carries `HEAD_GUARD_KEY` (`True`, or `"update"`
                 and this is an `update_state`) and the checkpoint it builds on is no longer the
                 thread's head; nothing was written.
+            InvalidArgumentError: An empty `thread_id`; nothing was written.
+
+        The retention pass that follows a written checkpoint never fails the put: an error
+        there is logged (`checkpoint_retention_failed`, at INFO) and the next put tries again.
         """
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
+        if not thread_id:
+            raise InvalidArgumentError("thread_id must not be empty; nothing was written")
         ns = configurable.get("checkpoint_ns", "")
         parent = configurable.get("checkpoint_id")
         guard = configurable.get(HEAD_GUARD_KEY)
@@ -673,6 +732,13 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 if channel not in dumped:
                     dumped[channel] = self.serde.dumps_typed(values[channel])
                 base = bases.get(channel)
+                if base is not None and not (
+                    _UNIQUE.fullmatch(base.version) and _UNIQUE.fullmatch(version)
+                ):
+                    # A caller's own version may be reused by another branch, which overwrites
+                    # its value: a delta on it could lose its base, and a delta stored at it
+                    # would be read by records that do not list its chain (stored whole).
+                    base = None
                 stored, tip = encode_value(
                     version,
                     *dumped[channel],
@@ -685,14 +751,16 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     tips[channel] = tip
                     if tip.chain:
                         chains[channel] = list(tip.chain)
-                        refs.append(self._blob_key(thread_id, ns, channel, tip.chain[-1]))
+                        refs += [self._blob_key(thread_id, ns, channel, v) for v in tip.chain]
             for channel in unchanged:
                 if channel in rewrite:
                     continue
+                # Every stored value the record names must still be there when it is written.
+                refs.append(self._blob_key(thread_id, ns, channel, versions[channel]))
                 chain = shared.get(channel, ())
                 if chain:
                     chains[channel] = list(chain)
-                    refs.append(self._blob_key(thread_id, ns, channel, versions[channel]))
+                    refs += [self._blob_key(thread_id, ns, channel, v) for v in chain]
                 tip = bases.get(channel)
                 if tip is not None and tip.version == versions[channel]:
                     tips[channel] = tip
@@ -704,16 +772,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         blobs, refs, seen = encode(bases, ())
 
         def rebuild(missing: set[str]) -> tuple[dict[str, object], list[str], _Seen]:
-            # A value this checkpoint builds on was deleted meanwhile (a prune): write whole
-            # copies instead, of the grown lists and of the shared values that lost their chain.
+            # A value this checkpoint builds on or names was deleted meanwhile (a prune, its
+            # parent pruned): write whole copies instead, of the grown lists and of the
+            # unchanged values that are gone or lost their chain.
             lost = [
                 ch
                 for ch in unchanged
-                if shared.get(ch)
-                and (
-                    self._blob_key(thread_id, ns, ch, versions[ch]) in missing
-                    or any(self._blob_key(thread_id, ns, ch, v) in missing for v in shared[ch])
-                )
+                if self._blob_key(thread_id, ns, ch, versions[ch]) in missing
+                or any(self._blob_key(thread_id, ns, ch, v) in missing for v in shared.get(ch, ()))
             ]
             return encode({}, lost)
 
@@ -942,9 +1008,17 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return list(by_slot.values())
 
         key = self._writes_key(thread_id, ns, checkpoint_id)
-        if self._steps and await self._writes_step(key, merge):
-            return
-        await self.state.update(key, merge, default=[], ttl=None)
+        if not (self._steps and await self._writes_step(key, merge)):
+            await self.state.update(key, merge, default=[], ttl=None)
+        policy = self.retention
+        ttl = None if policy is None else policy.thread_ttl_seconds
+        if ttl is not None:
+            # Writes keep the thread in the TTL index too (a swept thread's slow task leaves
+            # keys the next sweep then deletes).
+            try:
+                await self._touch(thread_id, ttl, sweep=False)
+            except Exception as exc:  # noqa: BLE001 (the writes are stored: never fail them now)
+                _log.info("checkpoint_retention_failed", error=type(exc).__name__)
 
     async def _writes_step(
         self, key: str, merge: Callable[[list[list[Any]]], list[list[Any]]]
@@ -1044,10 +1118,21 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 ),
             )
             blobs = await self.state.list_keys(f"{self._tag(thread_id)}:b:{encode(ns)}:*")
+            # Writes a slow task recorded against a checkpoint already deleted (older than the
+            # head; a newer one may be a checkpoint still being written) go too.
+            known = {item[0] for item in items}
+            orphans = [
+                key
+                for key in await self.state.list_keys(f"{self._tag(thread_id)}:w:{encode(ns)}:*")
+                if (checkpoint := self._parse(key)[2]) not in known
+                and head_id is not None
+                and checkpoint < head_id
+            ]
             deletes = [
                 *(item[3] for item in items if item[0] in doomed),
                 *(self._writes_key(thread_id, ns, item[0]) for item in items if item[0] in doomed),
                 *(key for key in blobs if key not in used),
+                *orphans,
             ]
             done = await self._transact(
                 [self._compare(head_key, head)], [txn.Delete(key) for key in deletes], []
@@ -1085,6 +1170,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             # Another writer kept the thread busy: the checkpoint is written, and the next
             # `aput` applies the policy again.
             _log.debug("checkpoint_retention_deferred")
+        except Exception as exc:  # noqa: BLE001 (the put is committed: never fail it now)
+            # A store error, or a thread another client left unreadable: the checkpoint is
+            # written, and the next `aput` applies the policy again.
+            _log.info("checkpoint_retention_failed", error=type(exc).__name__)
 
     async def _retain(self, thread_id: str, ns: str, policy: CheckpointRetention) -> None:
         keep_last = policy.keep_last
@@ -1093,8 +1182,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         if keep_last is None or len(items) <= keep_last:
             if max_age is None or len(items) < 2:
                 return
-            oldest = await self.state.get(items[-1][3])
-            at = None if oldest is None else oldest.get("at")
+            at = await self._oldest_time(items[1:])
             if at is None or _now() - at <= max_age:
                 return
 
@@ -1117,15 +1205,73 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         pruned = await self._prune_ns(thread_id, ns, choose)
         if pruned:
             _log.debug("checkpoint_retention_pruned", checkpoints=pruned)
+            if ns == "":
+                await self._drop_namespaces(thread_id)
 
-    async def _touch(self, thread_id: str, ttl: float) -> None:
+    async def _drop_namespaces(self, thread_id: str) -> None:
+        """Delete the thread's other namespaces whose head is older than every root checkpoint.
+
+        A subgraph writes its checkpoints under a namespace of its own per invocation
+        (`sub:<task id>`), whose head is written during the root step that invokes it: such a
+        namespace whose head predates the oldest root checkpoint kept belongs to a step the
+        retention dropped. A namespace without task ids (a `checkpointer=True` subgraph's
+        history, kept across invocations) is never dropped. Each goes whole, in one `transact`
+        that holds while its head is the one read (a write to it meanwhile keeps it).
+        """
+        left = await self._checkpoint_keys(thread_id, "")
+        if not left:
+            return
+        oldest = left[-1][0]
+        root = self._head_key(thread_id, "")
+        tag = self._tag(thread_id)
+        for head_key in await self.state.list_keys(f"{tag}:head:*"):
+            if head_key == root:
+                continue
+            head = await self.state.get_entry(head_key)
+            if head is None or not isinstance(head.value, dict):
+                continue
+            ns = head_key.rsplit(":", 1)[1]
+            if ":" not in decode(ns) or str(head.value.get("id", "")) >= oldest:
+                continue  # a subgraph's own history (`checkpointer=True`), or still current
+            keys = [
+                key
+                for kind in ("cp", "w", "b")
+                for key in await self.state.list_keys(f"{tag}:{kind}:{ns}:*")
+            ]
+            deletes: list[txn.Op] = [txn.Delete(key) for key in [*keys, head_key]]
+            done = await self._transact([self._compare(head_key, head)], deletes, [])
+            if done is None:  # a backend without `transact`
+                await self._delete_keys([*keys, head_key])
+            self._tips.pop((thread_id, decode(ns)), None)
+            _log.debug("checkpoint_namespace_dropped")
+
+    async def _oldest_time(self, items: list[tuple[str, str, str, str]]) -> float | None:
+        """The write time of the oldest of `items` (newest first) that has one, or `None`.
+
+        Reads the oldest record; records written before write times existed are older than
+        any with one, so they are skipped a page at a time.
+        """
+        end = len(items)
+        size = 1
+        while end > 0:
+            page = items[max(0, end - size) : end]
+            records = await self.state.get_many([item[3] for item in page])
+            for item in reversed(page):
+                at = records.get(item[3], {}).get("at")
+                if at is not None:
+                    return float(at)
+            end -= len(page)
+            size = _PAGE
+        return None
+
+    async def _touch(self, thread_id: str, ttl: float, *, sweep: bool = True) -> None:
         """Mark the thread active in the TTL index (at most every `ttl / 8`), and sweep."""
         now = _now()
         last = self._touched.get(thread_id)
         if last is None or now - last >= ttl / 8:
             await self.state.index_add(self._ttl_index(), {encode(thread_id): now})
             self._remember(self._touched, thread_id, now)
-        if now - self._swept >= ttl / 8:
+        if sweep and now - self._swept >= ttl / 8:
             self._swept = now
             await self.asweep_idle_threads()
 
@@ -1144,7 +1290,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             [
                 self._cp_key(thread_id, decode(key.rsplit(":", 1)[1]), entry.value["id"])
                 for key, entry in heads.items()
-                if entry is not None
+                if entry is not None and isinstance(entry.value, dict) and "id" in entry.value
             ]
         )
         times = [at for at in (record.get("at") for record in records.values()) if at is not None]
@@ -1152,6 +1298,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             await self.state.index_add(index, {member: max(times)})
             return False
         keys = await self.state.list_keys(f"{self._tag(thread_id)}:*")
+        if any(":head:" in key and key not in heads for key in keys):
+            return False  # a namespace begun meanwhile: the thread is active
         compares = [self._compare(key, entry) for key, entry in heads.items()]
         done = await self._transact(compares, [txn.Delete(key) for key in keys], [])
         if done is None:  # a backend without `transact`
@@ -1161,7 +1309,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for slot in [slot for slot in self._tips if slot[0] == thread_id]:
             del self._tips[slot]
         self._touched.pop(thread_id, None)
-        await self.state.index_remove(index, [member])
+        if await self.state.list_keys(f"{self._tag(thread_id)}:*"):
+            # Written after the listing (a new namespace, whose keys were not deleted): the
+            # thread stays in the index, as written now.
+            await self.state.index_add(index, {member: now})
+        else:
+            await self.state.index_remove(index, [member])
         return True
 
     async def asweep_idle_threads(self) -> int:
@@ -1184,20 +1337,64 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for member, score in await self.state.index_range(index, limit=_SWEEP_BATCH):
             if now - score <= ttl:
                 break
-            deleted += await self._expire(decode(member), member, now, ttl)
+            try:
+                deleted += await self._expire(decode(member), member, now, ttl)
+            except Exception as exc:  # noqa: BLE001 (one bad thread must not stop the sweep)
+                _log.info("checkpoint_thread_expiry_failed", error=type(exc).__name__)
         if deleted:
             _log.debug("checkpoint_threads_expired", threads=deleted)
         return deleted
 
     async def _delete_checkpoints(self, doomed: list[tuple[str, str, str, str]]) -> None:
-        """Delete checkpoints with their writes, fix the heads, and drop orphaned values."""
-        touched: set[tuple[str, str]] = set()
-        for checkpoint_id, thread, ns, key in doomed:
-            await self.state.delete(key)
-            await self.state.delete(self._writes_key(thread, ns, checkpoint_id))
-            touched.add((thread, ns))
-        for thread, ns in touched:
-            await self._repair(thread, ns)
+        """Delete checkpoints with their writes, fix the heads, and drop orphaned values.
+
+        Per thread and namespace, one `transact` guarded on the head: the records, their
+        writes, the values nothing left reads, and the head moved to the newest checkpoint left
+        (or deleted). A process killed meanwhile leaves each namespace as it was or as it ends.
+
+        Raises:
+            ConflictError: A namespace was written during every attempt; it was left as it was.
+        """
+        by_ns: dict[tuple[str, str], set[str]] = {}
+        for checkpoint_id, thread, ns, _ in doomed:
+            by_ns.setdefault((thread, ns), set()).add(checkpoint_id)
+        attempts = self.state.config.update_max_attempts
+        for (thread, ns), ids in by_ns.items():
+            head_key = self._head_key(thread, ns)
+            self._heads.pop((thread, ns), None)
+            self._tips.pop((thread, ns), None)
+            for attempt in range(attempts):
+                head = await self.state.get_entry(head_key)
+                items = await self._checkpoint_keys(thread, ns)
+                left = [item for item in items if item[0] not in ids]
+                records = await self.state.get_many([item[3] for item in left])
+                used = self._used_blobs(thread, ns, records.values())
+                blobs = await self.state.list_keys(f"{self._tag(thread)}:b:{encode(ns)}:*")
+                deletes = [
+                    *(item[3] for item in items if item[0] in ids),
+                    *(self._writes_key(thread, ns, item[0]) for item in items if item[0] in ids),
+                    *(key for key in blobs if key not in used),
+                ]
+                then: list[txn.Op] = [txn.Delete(key) for key in deletes]
+                if left:
+                    then.append(txn.Put(head_key, {"id": left[0][0]}, ttl=None))
+                else:
+                    then.append(txn.Delete(head_key))
+                done = await self._transact([self._compare(head_key, head)], then, [])
+                if done is None:  # a backend without `transact`: key by key, then the head
+                    await self._delete_keys(deletes)
+                    await self._repair(thread, ns)
+                    break
+                if done.succeeded:
+                    break
+                if attempt:
+                    await anyio.sleep(backoff(attempt))
+            else:
+                raise ConflictError(
+                    f"thread {thread!r} (namespace {ns!r}) was written during each of "
+                    f"{attempts} attempts to delete its checkpoints; nothing was deleted",
+                    key=head_key,
+                )
 
     async def _repair(self, thread_id: str, ns: str) -> None:
         """Point the head at the newest remaining checkpoint and delete unreferenced values."""
@@ -1212,8 +1409,40 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         blobs = await self.state.list_keys(f"{self._tag(thread_id)}:b:{encode(ns)}:*")
         await self._delete_keys([key for key in blobs if key not in used])
 
+    async def _repair_head(self, thread_id: str, ns: str, head: StateEntry) -> None:
+        """Point a head that names a deleted checkpoint at the newest one left (or drop it).
+
+        One `transact` that holds only while the head is still `head` and its checkpoint still
+        missing, so a head that merely moved on meanwhile is left alone.
+        """
+        head_key = self._head_key(thread_id, ns)
+        left = await self._checkpoint_keys(thread_id, ns, limit=1)
+        compares: list[TxnCompare] = [
+            self._compare(head_key, head),
+            txn.Version(self._cp_key(thread_id, ns, head.value["id"]), 0),
+        ]
+        then: list[txn.Op]
+        if left:
+            compares.append(txn.Exists(left[0][3]))
+            then = [txn.Put(head_key, {"id": left[0][0]}, ttl=None)]
+        else:
+            then = [txn.Delete(head_key)]
+        done = await self._transact(compares, then, [])
+        if done is None:  # a backend without `transact`
+            await self._repair(thread_id, ns)
+        elif done.succeeded:
+            self._heads.pop((thread_id, ns), None)
+            _log.debug("checkpoint_head_repaired")
+
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints (and their writes) that the given runs created."""
+        """Delete the checkpoints (and their writes) that the given runs created.
+
+        Per thread and namespace one atomic step, guarded on the head: the checkpoints, their
+        writes, the values nothing left reads, and the head moved to the newest one left.
+
+        Raises:
+            ConflictError: A namespace was written during every attempt; it was left as it was.
+        """
         wanted = set(run_ids)
         if not wanted:
             return

@@ -121,6 +121,7 @@ class _History:
         self.puts: dict[tuple[str, str, str], _Put] = {}
         self.counter = [0]
         self.chained = 0  # checkpoints put with a channel stored as a delta
+        self.races = False  # inject prunes between a run's read and its write
 
     def _config(self, thread: str, ns: str, checkpoint_id: str | None = None) -> RunnableConfig:
         configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
@@ -135,6 +136,10 @@ class _History:
         if fork and candidates:
             config = self._config(thread, ns, self.rng.choice(candidates)[2])
         loaded = await saver.aget_tuple(config)
+        if self.races and self.rng.random() < 0.15:
+            # A prune (another worker's) between the run's read and its write: the put's
+            # parent and the values it shares may be gone; the put must still read back.
+            await CheckpointSaver(self.state, prefix=self.prefix).aprune([thread])
         if loaded is None:
             parent_config, values, versions, step = self._config(thread, ns), {}, {}, -1
         else:
@@ -170,6 +175,38 @@ class _History:
         writes = [("messages", [_message(self.rng, 0)]), ("scalar", self.rng.randint(0, 9))]
         await self.plain.aput_writes(self._config(*key), writes, task)
         self.puts[key].writes += [(task, channel, value) for channel, value in writes]
+
+    async def racing_read(self, thread: str, ns: str) -> None:
+        """Read a random checkpoint (by id, or the thread's list) while a prune lands between
+        the read's records and its values: each comes back exact, or not at all."""
+        candidates = [key for key in self.puts if key[:2] == (thread, ns)]
+        if not candidates:
+            return
+        key = self.rng.choice(candidates)
+        state = self.state
+        real = state.get_many
+        armed = [True]
+
+        async def get_many(keys: Any, *args: Any, **kwargs: Any) -> Any:
+            if armed[0] and any(":b:" in k for k in keys):
+                armed[0] = False
+                await CheckpointSaver(state, prefix=self.prefix).aprune([thread])
+            return await real(keys, *args, **kwargs)
+
+        state.get_many = get_many  # type: ignore[method-assign]
+        try:
+            reader = CheckpointSaver(state, prefix=self.prefix)
+            if self.rng.random() < 0.5:
+                got = await reader.aget_tuple(self._config(*key))
+                read = [] if got is None else [got]
+            else:
+                read = [item async for item in reader.alist(self._config(thread, ns))]
+        finally:
+            state.get_many = real  # type: ignore[method-assign]
+        for item in read:
+            configurable = item.config["configurable"]
+            expected = self.puts[(thread, ns, configurable["checkpoint_id"])]
+            assert item.checkpoint["channel_values"] == expected.values
 
     async def check(self) -> None:
         """Every checkpoint left reads back (by a fresh saver) exactly as it was put."""
@@ -219,21 +256,26 @@ class _History:
 async def test_random_puts_forks_writes_and_prunes_keep_every_kept_checkpoint_exact(
     state: StateManager, seed: int
 ) -> None:
-    """Seeded random histories (puts, forks, writes, `aprune`, retention) leave every remaining
-    checkpoint, the heads among them, readable exactly as it was put, with its pending writes."""
+    """Seeded random histories (puts, forks, writes, `aprune`, retention, prunes landing between
+    a run's read and its write and between a read's records and its values) leave every
+    remaining checkpoint, the heads among them, readable exactly as it was put, with its
+    pending writes; a read raced by a prune is exact or absent."""
     rng = random.Random(seed)
     history = _History(state, rng)
+    history.races = True
     threads = ["a", "b"]
     for _ in range(60):
         thread = rng.choice(threads)
-        ns = rng.choice(["", "", "child:1"])
+        ns = rng.choice(["", "", "child"])  # a namespace of its own (no task id)
         roll = rng.random()
         if roll < 0.55:
             await history.put(history.plain, thread, ns, fork=rng.random() < 0.2)
         elif roll < 0.75:
             await history.put(history.kept, thread, ns, fork=rng.random() < 0.2)
-        elif roll < 0.9:
+        elif roll < 0.85:
             await history.put_writes(thread, ns)
+        elif roll < 0.93:
+            await history.racing_read(thread, ns)
         else:
             await history.plain.aprune([thread])
         if rng.random() < 0.15:
@@ -308,7 +350,15 @@ async def test_thread_ttl_deletes_idle_threads_and_keeps_active_ones(
 
 @pytest.mark.parametrize(
     "options",
-    [{"keep_last": 0}, {"keep_last": True}, {"max_age": -1}, {"thread_ttl": float("nan")}, {}],
+    [
+        {"keep_last": 0},
+        {"keep_last": True},
+        {"max_age": -1},
+        {"thread_ttl": float("nan")},
+        {"thread_ttl": 10**400},
+        {"max_age": "1d"},
+        {},
+    ],
 )
 def test_a_bad_retention_is_refused(options: dict[str, Any]) -> None:
     """A retention without limits, or with a count below 1 or a duration not positive, is a
