@@ -227,7 +227,8 @@ async def _langgraph_theirs(url: str) -> dict[str, float]:
         kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
     ) as pool:
         await pool.open(wait=True)
-        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]  # rows are dicts (row_factory)
+        rows_are_dicts: Any = pool  # its row_factory makes dict rows, as the saver reads them
+        saver = AsyncPostgresSaver(rows_are_dicts)
         await saver.setup()
         return await _langgraph_workloads(saver, uuid.uuid4().hex[:8])
 
