@@ -119,7 +119,13 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(f"bench.bench_{short}")
             if args.rounds is not None and hasattr(module, "ROUNDS"):
                 setattr(module, "ROUNDS", args.rounds)  # noqa: B010  # any bench module
-            module.main()
+            # A bench run alone reads its own arguments (`python bench/bench_x.py 3`); run from
+            # here it must not read the runner's (`python -m bench postgres`).
+            runner_argv, sys.argv = sys.argv, [f"bench_{short}"]
+            try:
+                module.main()
+            finally:
+                sys.argv = runner_argv
         result = _util.RESULTS / f"{short}.md"
         if not result.exists():
             continue  # never run here: the report leaves it out

@@ -366,8 +366,9 @@ async def run(url: str, rounds: int = ROUNDS) -> tuple[str, list[tuple[str, floa
     return text, kv_bars + [(f"LangGraph {name}", value) for name, value in lg_bars]
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS
+def main(rounds: int | None = None) -> None:
+    """Run the benchmark and publish it (`python -m bench` sets `ROUNDS` and calls this)."""
+    rounds = ROUNDS if rounds is None else rounds
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._postgres_server import PostgresServer
 
@@ -381,4 +382,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -98,3 +98,24 @@ def test_a_chart_keeps_its_title_and_labels_inside_the_figure() -> None:
             assert all(inside), text.get_text()
     finally:
         plt.close(figure)
+
+
+def test_a_bench_run_by_the_runner_never_reads_the_runners_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every bench main run by `python -m bench NAME` sees no arguments of the runner's (a main
+    reading `sys.argv[1]` as its count took `NAME` and failed with a ValueError)."""
+    import types
+
+    import bench.__main__ as runner
+
+    seen: list[list[str]] = []
+    probe = types.ModuleType("bench.bench_probe")
+    probe.main = lambda: seen.append(list(sys.argv))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "bench.bench_probe", probe)
+    monkeypatch.setattr(runner, "available", lambda: ["probe"])
+    monkeypatch.setattr(sys, "argv", ["bench", "probe", "--output", str(tmp_path)])
+    assert runner.main(["probe", "--output", str(tmp_path)]) == 0
+    assert len(seen) == 1
+    assert seen[0][1:] == []  # the bench's own arguments: none
+    assert sys.argv == ["bench", "probe", "--output", str(tmp_path)]  # the runner's, restored
