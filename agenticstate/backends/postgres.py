@@ -186,6 +186,9 @@ _FEED_PAGE = 2000  # feed rows per read
 _SWEEP_EVERY = 1.0  # seconds between sweeps of expired keys (by a writer)
 _IDLE_CATCH_UP = 5.0  # seconds: a subscriber reads the feed at least this often
 _ALL = 1 << 62
+# Writes whose values total more than this are not pipelined (psycopg's pipeline mode stalls
+# with parameters of a few MiB; a plain statement sends them at once).
+_PIPELINE_MAX_BYTES = 256 * 1024
 
 # A kv row as selected: value, version, created, updated, expires, revision, create revision.
 _ROW = "value, version, created_at, updated_at, expires_at, revision, create_revision"
@@ -483,7 +486,11 @@ class PostgresBackend(Backend):
             return rows
 
     async def _write(
-        self, run: Callable[[_Step], Any], key: str | None = None, keys: Sequence[str] = ()
+        self,
+        run: Callable[[_Step], Any],
+        key: str | None = None,
+        keys: Sequence[str] = (),
+        size: int = 0,
     ) -> Any:
         """Run `run(step)` in one write transaction holding the head lock; commit; wake feeds.
 
@@ -493,6 +500,10 @@ class PostgresBackend(Backend):
         answered in one more. A read the
         step needs besides (another key's row, an index score) is a round trip of its own.
 
+        A write whose values (`size`, in bytes) pass `_PIPELINE_MAX_BYTES` is sent a statement
+        at a time instead: psycopg's pipeline stalls on large parameters, so such a write pays
+        a round trip per statement (a few, against the transfer of megabytes).
+
         A connection lost before the commit is sent raises `BackendUnavailableError`: nothing
         was written. Lost at the commit, the outcome is unknown: `WriteOutcomeUnknownError`.
         """
@@ -500,24 +511,35 @@ class PostgresBackend(Backend):
         fulls = [prefix + name for name in dict.fromkeys(keys)]
         if self._write_lock is None:
             self._write_lock = asyncio.Lock()
-        async with self._write_lock, self._connection("write") as conn:
+        pipelined = size <= _PIPELINE_MAX_BYTES
+        async with self._write_lock:
+            try:
+                return await self._write_once(run, key, fulls, pipelined)
+            except _Unpipelined:
+                return await self._write_once(run, key, fulls, False)
+
+    async def _write_once(
+        self, run: Callable[[_Step], Any], key: str | None, fulls: list[str], pipelined: bool
+    ) -> Any:
+        async with self._connection("write") as conn:
             done = False
             try:
-                async with conn.pipeline() as pipe:
+                async with conn.pipeline() if pipelined else contextlib.nullcontext() as pipe:
                     await conn.execute(b"BEGIN")
                     head = await conn.execute(self._sql.lock_head)
                     # A statement of its own, after the lock: its snapshot sees every write
                     # committed before (a join with the locked row would read older rows).
                     cur = await conn.execute(self._sql.get_many, (fulls,)) if fulls else None
                     row = await head.fetchone()
-                    step = _Step(self, conn, int(row[0]), _now_us())
+                    step = _Step(self, conn, int(row[0]), _now_us(), pipelined)
                     if cur is not None:
                         step.preload(fulls, await cur.fetchall())
                     result = await run(step)
                     await step.finish()
-                    await conn.execute(b"COMMIT")
                     with self._errors("commit", key or "(transaction)"):
-                        await pipe.sync()
+                        await conn.execute(b"COMMIT")
+                        if pipe is not None:
+                            await pipe.sync()
                 done = True
             finally:
                 if not done:
@@ -676,7 +698,7 @@ class PostgresBackend(Backend):
             _check(key, current, expected_version, expected_revision)
             return await step.put(key, value, ttl_us, current)
 
-        result: Change = await self._write(run, key, (key,))
+        result: Change = await self._write(run, key, (key,), len(value))
         return result
 
     async def set_many(
@@ -698,7 +720,9 @@ class PostgresBackend(Backend):
                 await step.put(key, data, ttl_us, await step.current(key)) for key, data in checked
             ]
 
-        result: list[Change] = await self._write(run, checked[0][0], [key for key, _ in checked])
+        result: list[Change] = await self._write(
+            run, checked[0][0], [key for key, _ in checked], sum(len(data) for _, data in checked)
+        )
         return result
 
     async def delete(
@@ -762,7 +786,8 @@ class PostgresBackend(Backend):
 
         named = [item.key for item in checked[0]]
         named += [op.key for op in (*checked[1], *checked[2]) if isinstance(op, (Get, Put, Delete))]
-        result: TxnResult = await self._write(run, None, named)
+        size = sum(len(op.value) for op in (*checked[1], *checked[2]) if isinstance(op, Put))
+        result: TxnResult = await self._write(run, None, named, size)
         return result
 
     # ---------------------------------------------------------------- indexes
@@ -1139,6 +1164,10 @@ async def _index_remove(conn: Any, sql: _Statements, name: str, members: list[st
     return len(await cur.fetchall())
 
 
+class _Unpipelined(Exception):  # noqa: N818  # a signal, not an error
+    """A write in the pipeline met a large value: `_write` runs it again statement by statement."""
+
+
 class _Step:
     """One write transaction of a `PostgresBackend`: reads see its own writes.
 
@@ -1146,11 +1175,14 @@ class _Step:
     plus what it wrote); `finish` stores it back, notifies and does the upkeep.
     """
 
-    __slots__ = ("_backend", "_conn", "_rows", "_sql", "now", "seq", "start")
+    __slots__ = ("_backend", "_conn", "_rows", "_sql", "now", "pipelined", "seq", "start")
 
-    def __init__(self, backend: PostgresBackend, conn: Any, seq: int, now: int) -> None:
+    def __init__(
+        self, backend: PostgresBackend, conn: Any, seq: int, now: int, pipelined: bool
+    ) -> None:
         self._backend = backend
         self._conn = conn
+        self.pipelined = pipelined
         self._sql = backend._sql
         self._rows: dict[str, Row | None] = {}
         self.seq = self.start = seq
@@ -1181,8 +1213,14 @@ class _Step:
         self._rows[full] = row
         return row
 
+    def _check_pipeline(self, size: int) -> None:
+        """Leave the pipeline (`_Unpipelined`) before sending `size` bytes of values in it."""
+        if self.pipelined and size > _PIPELINE_MAX_BYTES:
+            raise _Unpipelined
+
     async def put(self, key: str, value: bytes, ttl_us: int | None, current: Row | None) -> Change:
         backend, conn, sql, now = self._backend, self._conn, self._sql, self.now
+        self._check_pipeline(len(value) + (len(current[0]) * 2 if current is not None else 0))
         full = backend.key_prefix + key
         self.seq = seq = self.seq + 1
         expires = now + ttl_us if ttl_us is not None else None
@@ -1225,6 +1263,7 @@ class _Step:
 
     async def drop(self, key: str, current: Row) -> Change:
         backend, conn, sql, now = self._backend, self._conn, self._sql, self.now
+        self._check_pipeline(len(current[0]))
         full = backend.key_prefix + key
         self.seq = seq = self.seq + 1
         await conn.execute(sql.delete, (full,))

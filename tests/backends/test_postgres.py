@@ -419,3 +419,44 @@ async def test_the_persistence_shorthand_opens_postgres_from_libpq_environment(
     finally:
         async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
             await conn.execute(b"DROP SCHEMA IF EXISTS agenticstate CASCADE")
+
+
+@pytest.mark.parametrize("how", ["set", "update", "transact", "delete"])
+async def test_large_values_are_written_and_never_stall_other_writers(
+    postgres_url: str, schema: str, how: str
+) -> None:
+    """An 8 MiB value is set, replaced and deleted by every kind of write while a second
+    writer of the store proceeds; no transaction is left open afterwards."""
+    from agenticstate.backends import Put
+
+    big = b"a" * (8 << 20)
+    async with (
+        PostgresBackend(postgres_url, schema=schema) as made,
+        PostgresBackend(postgres_url, schema=schema) as other,
+    ):
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                if how == "set":
+                    group.start_soon(made.set, "big", big)
+                elif how == "update":
+                    group.start_soon(made.update, "big", lambda _entry: big)
+                else:
+                    group.start_soon(made.transact, [], [Put("big", big)])
+                await other.set("small", b"1")
+            if how == "delete":
+                await made.delete("big")
+                assert await made.get("big") is None
+            else:
+                await made.set("big", big[:-1] + b"b")  # replaces a large value with one
+                entry = await made.get("big")
+                assert entry is not None
+                assert entry.value == big[:-1] + b"b"
+                await made.set("big", b"small again")  # the old value is large
+            await other.set("small", b"2")
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        assert row[0] == 0
