@@ -391,8 +391,10 @@ class PostgresBackend(Backend):
                 # One connection first, for the schema: a server that is not there fails
                 # here at once (a pool would retry until its timeout).
                 conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
-                async with conn, conn.transaction():
-                    self._db_id = await pg_schema.install(conn, self.schema)
+            async with conn:
+                with self._errors(f"create or check the store in schema {self.schema!r}"):
+                    async with conn.transaction():
+                        self._db_id = await pg_schema.install(conn, self.schema)
             pool = psycopg_pool.AsyncConnectionPool(
                 self._url,
                 min_size=1,

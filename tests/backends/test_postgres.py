@@ -208,6 +208,64 @@ async def test_a_foreign_schema_is_refused_and_left_as_it_is(
         assert [row[0] for row in await cur.fetchall()] == ["kv"]
 
 
+_FOREIGN = {
+    "unrelated table": ["CREATE TABLE {s}.users (id int PRIMARY KEY)"],
+    "sequence named kv": ["CREATE SEQUENCE {s}.kv"],
+    "index named idx_order": [
+        "CREATE TABLE {s}.other (a int)",
+        "CREATE INDEX idx_order ON {s}.other (a)",
+    ],
+    "type named history": ["CREATE TYPE {s}.history AS (a int)"],
+    "enum type": ["CREATE TYPE {s}.mood AS ENUM ('ok')"],
+    "view": ["CREATE VIEW {s}.head AS SELECT 1 AS seq"],
+    "function": ["CREATE FUNCTION {s}.f() RETURNS int LANGUAGE sql AS 'SELECT 1'"],
+}
+
+
+async def _objects_in(url: str, schema: str) -> list[tuple[str, str]]:
+    """Every relation, type and function in `schema`, by kind and name."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT 'class', c.relname::text FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = %(s)s UNION ALL "
+            "SELECT 'type', t.typname::text FROM pg_type t JOIN pg_namespace n "
+            "ON n.oid = t.typnamespace WHERE n.nspname = %(s)s UNION ALL "
+            "SELECT 'proc', p.proname::text FROM pg_proc p JOIN pg_namespace n "
+            "ON n.oid = p.pronamespace WHERE n.nspname = %(s)s ORDER BY 1, 2",
+            {"s": schema},
+        )
+        return [(str(kind), str(name)) for kind, name in await cur.fetchall()]
+
+
+@pytest.mark.parametrize("case", sorted(_FOREIGN))
+async def test_a_non_empty_schema_without_a_store_is_refused_and_left_as_it_is(
+    postgres_url: str, schema: str, case: str
+) -> None:
+    """A schema holding anything but no store (a table, sequence, index, type, view or function,
+    named like ours or not) is refused with ConfigurationError, and nothing in it changes."""
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
+        for statement in _FOREIGN[case]:
+            await conn.execute(statement.format(s=f'"{schema}"').encode())
+    before = await _objects_in(postgres_url, schema)
+    with pytest.raises(ConfigurationError, match="choose another schema") as caught:
+        async with PostgresBackend(postgres_url, schema=schema):
+            pass
+    assert "connect" not in str(caught.value)
+    assert await _objects_in(postgres_url, schema) == before
+
+
+async def test_an_empty_existing_schema_gets_a_store(postgres_url: str, schema: str) -> None:
+    """A schema that exists but holds nothing (as `public` of a new database) gets a store."""
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
+    async with PostgresBackend(postgres_url, schema=schema) as made:
+        await made.set("k", b"v")
+    async with PostgresBackend(postgres_url, schema=schema) as again:
+        entry = await again.get("k")
+        assert entry is not None
+
+
 async def test_a_newer_layout_is_refused(postgres_url: str, schema: str) -> None:
     """A store whose schema_version is newer than this library's is refused (BackendError)."""
     async with PostgresBackend(postgres_url, schema=schema) as made:
