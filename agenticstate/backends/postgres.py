@@ -1401,7 +1401,6 @@ class _Feed:
         self.lock = asyncio.Lock()
         self.last = -1  # -1: not started (the first subscription sets it to the head)
         self._wake = asyncio.Event()
-        self._listening = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._listen_conn: AsyncConnection[Any] | None = None
@@ -1410,29 +1409,55 @@ class _Feed:
         self._wake.set()
 
     async def _start(self) -> None:
+        """Open the `LISTEN` connection (here: its failure is the caller's), start the tasks.
+
+        Raises:
+            BackendUnavailableError: The connection cannot be made (nothing is left running).
+            BackendTimeoutError: It is not made within `pool_timeout`.
+        """
         if self._tasks:
             return
+        conn = await self._connect()
         self._tasks = [
-            asyncio.create_task(self._listen(), name="agenticstate-postgres-listen"),
+            asyncio.create_task(self._listen(conn), name="agenticstate-postgres-listen"),
             asyncio.create_task(self._pump(), name="agenticstate-postgres-feed"),
         ]
-        with anyio.fail_after(self._backend._pool_timeout):
-            await self._listening.wait()
 
-    async def _listen(self) -> None:
-        """Hold a `LISTEN` connection; each notification wakes the catch-up. Reconnects."""
+    async def _connect(self) -> AsyncConnection[Any]:
+        """A new connection listening on the store's channel (typed errors)."""
         psycopg, _ = _import_psycopg()
         backend = self._backend
+        try:
+            with anyio.fail_after(backend._pool_timeout):
+                with backend._errors("open the LISTEN connection for changes()"):
+                    conn = await psycopg.AsyncConnection.connect(backend._url, autocommit=True)
+                    try:
+                        await conn.execute(f"LISTEN {backend._channel}".encode())
+                    except BaseException:
+                        with anyio.CancelScope(shield=True):
+                            await conn.close()
+                        raise
+        except TimeoutError:
+            raise BackendTimeoutError(
+                f"no LISTEN connection to Postgres at {redact_url(backend._url)} within "
+                f"{backend._pool_timeout:g} s (pool_timeout) for changes()"
+            ) from None
+        conn_: AsyncConnection[Any] = conn
+        return conn_
+
+    async def _listen(self, first: AsyncConnection[Any]) -> None:
+        """Hold the `LISTEN` connection; each notification wakes the catch-up. Reconnects."""
+        backend = self._backend
         attempt = 0
+        conn: AsyncConnection[Any] | None = first
         while not self._closed:
             try:
-                conn = await psycopg.AsyncConnection.connect(backend._url, autocommit=True)
-                self._listen_conn = conn
-                async with conn:
-                    await conn.execute(f"LISTEN {backend._channel}".encode())
-                    attempt = 0
-                    self._listening.set()
+                if conn is None:
+                    conn = await self._connect()
                     self.wake()  # catch up with what committed while we were not listening
+                async with conn:
+                    self._listen_conn = conn
+                    attempt = 0
                     async for _ in conn.notifies():
                         self.wake()
             except asyncio.CancelledError:
@@ -1445,6 +1470,7 @@ class _Feed:
                 )
             finally:
                 self._listen_conn = None
+                conn = None
             await asyncio.sleep(backoff(attempt, base=0.05, cap=2.0))
             attempt += 1
 

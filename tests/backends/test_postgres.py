@@ -518,3 +518,39 @@ async def test_large_values_are_written_and_never_stall_other_writers(
         row = await cur.fetchone()
         assert row is not None
         assert row[0] == 0
+
+
+async def test_changes_without_a_listen_connection_is_a_typed_error_leaving_nothing_running(
+    postgres_url: str, schema: str
+) -> None:
+    """When the LISTEN connection cannot be made, `changes()` raises BackendUnavailableError
+    (with the server's reason), leaves no task retrying, and a later call tries again."""
+    from datetime import timedelta
+
+    role = f"r{schema}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1'.encode())
+        await conn.execute(f'GRANT CREATE ON DATABASE postgres TO "{role}"'.encode())
+    limited = postgres_url.replace("postgres@", f"{role}@", 1)
+    try:
+        async with PostgresBackend(
+            limited, schema=schema, pool_size=1, pool_timeout=timedelta(seconds=5)
+        ) as made:
+            await made.set("a", b"1")  # the pool holds the role's one connection
+            for _ in range(2):
+                with pytest.raises(BackendUnavailableError, match="too many connections"):
+                    async with made.changes("*"):
+                        pass
+                feed = made._feed_state
+                assert feed is not None
+                assert feed._tasks == []
+            async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as c:
+                await c.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT 2'.encode())
+            async with made.changes("*") as stream:
+                await made.set("b", b"2")
+                assert [change.key for change in await _take(stream, 1)] == ["b"]
+    finally:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+            await conn.execute(f'DROP OWNED BY "{role}"'.encode())
+            await conn.execute(f'DROP ROLE "{role}"'.encode())
