@@ -108,7 +108,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
@@ -476,16 +476,42 @@ class PostgresBackend(Backend):
             async with pool.connection(timeout=self._pool_timeout) as conn:
                 yield conn
 
+    async def _again(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call()`, and once more if it met a broken connection before writing anything.
+
+        A pooled connection the server dropped while it was idle (a restart, a failover,
+        `pg_terminate_backend`, a proxy's idle timeout) fails its next statement. Then every
+        idle connection of the pool is checked (broken ones are replaced) and the call runs
+        again. Only reads and writes that failed before their commit was sent come here; a
+        write whose commit was sent raises `WriteOutcomeUnknownError` and is never repeated.
+        """
+        try:
+            return await call()
+        except BackendUnavailableError:
+            pool = self._pool
+            if pool is None or self._closed:
+                raise
+            with contextlib.suppress(Exception):
+                await pool.check()
+            return await call()
+
     async def _fetchone(self, sql: bytes, params: Sequence[Any]) -> Any:
-        async with self._connection("read") as conn:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchone()
+        async def call() -> Any:
+            async with self._connection("read") as conn:
+                cur = await conn.execute(sql, params)
+                return await cur.fetchone()
+
+        return await self._again(call)
 
     async def _fetchall(self, sql: bytes, params: Sequence[Any]) -> list[Any]:
-        async with self._connection("read") as conn:
-            cur = await conn.execute(sql, params)
-            rows: list[Any] = await cur.fetchall()
-            return rows
+        async def call() -> list[Any]:
+            async with self._connection("read") as conn:
+                cur = await conn.execute(sql, params)
+                rows: list[Any] = await cur.fetchall()
+                return rows
+
+        rows: list[Any] = await self._again(call)
+        return rows
 
     async def _write(
         self,
@@ -515,10 +541,14 @@ class PostgresBackend(Backend):
             self._write_lock = asyncio.Lock()
         pipelined = size <= _PIPELINE_MAX_BYTES
         async with self._write_lock:
-            try:
-                return await self._write_once(run, key, fulls, pipelined)
-            except _Unpipelined:
-                return await self._write_once(run, key, fulls, False)
+
+            async def call() -> Any:
+                try:
+                    return await self._write_once(run, key, fulls, pipelined)
+                except _Unpipelined:
+                    return await self._write_once(run, key, fulls, False)
+
+            return await self._again(call)
 
     async def _write_once(
         self, run: Callable[[_Step], Any], key: str | None, fulls: list[str], pipelined: bool

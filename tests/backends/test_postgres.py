@@ -554,3 +554,41 @@ async def test_changes_without_a_listen_connection_is_a_typed_error_leaving_noth
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
             await conn.execute(f'DROP OWNED BY "{role}"'.encode())
             await conn.execute(f'DROP ROLE "{role}"'.encode())
+
+
+@pytest.mark.parametrize("first", ["read", "write"])
+async def test_calls_succeed_after_the_server_dropped_every_idle_pooled_connection(
+    postgres_url: str, schema: str, first: str
+) -> None:
+    """Reads and writes on a healthy server succeed after every idle connection of the pool
+    was terminated (a restart, a proxy's idle timeout): broken ones are replaced, not used."""
+    import contextlib
+
+    async with PostgresBackend(postgres_url, schema=schema, pool_size=4) as made:
+        await made.set("a", b"1")
+        async with contextlib.AsyncExitStack() as stack:
+            conns = [await stack.enter_async_context(made._connection("hold")) for _ in range(4)]
+            pids = [conn.info.backend_pid for conn in conns]
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,)
+            )
+            with anyio.fail_after(30):
+                while True:
+                    cur = await conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+                    )
+                    row = await cur.fetchone()
+                    assert row is not None
+                    if row[0] == 0:
+                        break
+                    await anyio.sleep(0.01)
+        if first == "write":
+            await made.set("c", b"3")
+            assert (await made.get("c")) is not None
+        for _ in range(6):
+            entry = await made.get("a")
+            assert entry is not None
+        assert "a" in [key async for key in made.scan("*")]
+        await made.set("b", b"2")
+        assert (await made.get_many(["a", "b"]))[1] is not None
