@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -201,7 +202,19 @@ def _import_psycopg() -> Any:
         import psycopg_pool
     except ImportError as exc:
         raise MissingDependencyError(exc.name or "psycopg", "postgres") from None
+    _quiet_psycopg()
     return psycopg, psycopg_pool
+
+
+def _quiet_psycopg() -> None:
+    """Keep psycopg's and its pool's warnings off stderr unless the application logs.
+
+    A `NullHandler` on the `psycopg` logger stops Python's last-resort handler (which printed
+    "discarding broken connection"); records still propagate to the application's handlers.
+    """
+    logger = logging.getLogger("psycopg")
+    if not any(isinstance(handler, logging.NullHandler) for handler in logger.handlers):
+        logger.addHandler(logging.NullHandler())
 
 
 def _live(row: Any, now: int) -> Row | None:

@@ -592,3 +592,42 @@ async def test_calls_succeed_after_the_server_dropped_every_idle_pooled_connecti
         assert "a" in [key async for key in made.scan("*")]
         await made.set("b", b"2")
         assert (await made.get_many(["a", "b"]))[1] is not None
+
+
+_DROPPED_CONNECTIONS_SCRIPT = """
+import asyncio, sys
+import psycopg
+from agenticstate import PostgresBackend
+
+async def main(url, schema):
+    async with PostgresBackend(url, schema=schema, pool_size=2) as made:
+        await made.set("a", b"1")
+        async with made._connection("hold") as one, made._connection("hold") as two:
+            pids = [one.info.backend_pid, two.info.backend_pid]
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            sql = "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid"
+            await conn.execute(sql, (pids,))
+        assert (await made.get("a")) is not None
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_psycopg_warnings_stay_off_stderr_when_logging_is_not_configured(
+    postgres_url: str, schema: str
+) -> None:
+    """A process that configures no logging prints nothing when the pool discards connections
+    the server dropped (psycopg's own warnings do not reach Python's last-resort handler)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DROPPED_CONNECTIONS_SCRIPT, postgres_url, schema],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == ""
