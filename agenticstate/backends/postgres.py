@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -180,6 +181,7 @@ _LIBPQ = {
 }
 MAX_VALUE_SIZE = 256 * 1024 * 1024
 """The largest value the backend stores by default (a feed row holds the old and new value)."""
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # what libpq's URL parser refuses
 _SET, _DELETE = 0, 1
 _OPS = (ChangeOp.SET, ChangeOp.DELETE)
 _PAGE = 1000  # keys per listing page
@@ -289,6 +291,11 @@ class PostgresBackend(Backend):
         ):
             shown = redact_url(url) if isinstance(url, str) else type(url).__name__
             raise ConfigurationError(f"a Postgres URL starts postgresql://, not {shown!r}")
+        if _BAD_PERCENT.search(url):
+            raise ConfigurationError(
+                f"the Postgres URL {redact_url(url)!r} has a '%' not followed by two hex digits "
+                "(libpq refuses it): write a '%' in a password or name as %25"
+            )
         if feed is None:
             raise ConfigurationError(
                 "PostgresBackend cannot turn its change feed off (feed=None): its "

@@ -631,3 +631,21 @@ def test_psycopg_warnings_stay_off_stderr_when_logging_is_not_configured(
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
     assert done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://user:pa%zzword@localhost/db",
+        "postgresql://user:secret%@localhost/db",
+        "postgresql://us%4user:x@localhost/db",
+        "postgres://localhost/d%b",
+    ],
+)
+def test_a_url_with_an_invalid_percent_encoding_is_a_configuration_error(url: str) -> None:
+    """A '%' not followed by two hex digits (libpq refuses it) is a ConfigurationError at
+    construction, and the message shows no password."""
+    with pytest.raises(ConfigurationError, match="%25") as caught:
+        PostgresBackend(url)
+    assert "secret" not in str(caught.value)
+    assert "pa%zz" not in str(caught.value)
