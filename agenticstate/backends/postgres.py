@@ -466,6 +466,10 @@ class PostgresBackend(Backend):
             raise BackendTimeoutError(
                 f"Postgres cancelled the statement to {doing}: {self._hide(exc)}"
             ) from None
+        except psycopg.errors.LockNotAvailable as exc:  # lock_timeout: nothing was written
+            raise BackendTimeoutError(
+                f"Postgres gave up waiting for a lock to {doing}: {self._hide(exc)}"
+            ) from None
         except psycopg.errors.ProgramLimitExceeded as exc:
             raise TooLargeError(f"Postgres refused to {doing}: {self._hide(exc)}") from None
         except (psycopg.OperationalError, psycopg_pool.PoolClosed, OSError) as exc:

@@ -453,6 +453,30 @@ async def test_a_statement_timeout_is_a_timeout_error_and_writes_nothing(
         await timed.set("k", b"after")
 
 
+async def test_a_lock_timeout_on_the_head_row_is_a_timeout_error_and_writes_nothing(
+    postgres_url: str, schema: str
+) -> None:
+    """With libpq's `options=-c lock_timeout=...`, a write behind a stuck writer holding the head
+    row raises BackendTimeoutError at once (not retried, not 'unavailable'), writing nothing."""
+    from agenticstate.exceptions import BackendTimeoutError
+
+    async with PostgresBackend(postgres_url, schema=schema) as made:
+        await made.set("k", b"before")
+    url = f"{postgres_url}&options=-c%20lock_timeout%3D200"
+    async with (
+        PostgresBackend(url, schema=schema) as timed,
+        await psycopg.AsyncConnection.connect(postgres_url) as blocker,
+    ):
+        await blocker.execute(f'SELECT seq FROM "{schema}".head FOR UPDATE'.encode())  # noqa: S608
+        with pytest.raises(BackendTimeoutError, match="lock"):
+            await timed.set("k", b"after")
+        await blocker.rollback()
+        entry = await timed.get("k")
+        assert entry is not None
+        assert entry.value == b"before"
+        await timed.set("k", b"after")
+
+
 async def test_the_persistence_shorthand_opens_postgres_from_libpq_environment(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
