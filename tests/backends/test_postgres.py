@@ -11,6 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 
@@ -673,3 +674,28 @@ def test_a_url_with_an_invalid_percent_encoding_is_a_configuration_error(url: st
         PostgresBackend(url)
     assert "secret" not in str(caught.value)
     assert "pa%zz" not in str(caught.value)
+
+
+async def test_a_cancelled_large_write_releases_the_head_row(
+    postgres_url: str, schema: str
+) -> None:
+    """A large `set` cancelled at any point of its transaction leaves no lock behind: another
+    writer of the store proceeds, and the key holds the old value or the new one."""
+    big = b"x" * (4 << 20)
+    async with (
+        PostgresBackend(postgres_url, schema=schema) as made,
+        PostgresBackend(postgres_url, schema=schema) as other,
+    ):
+        for turns in (0, 1, 2, 3, 5, 8, 13, 21, 34):
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(made.set, "big", big)
+                    for _ in range(turns):
+                        await anyio.lowlevel.checkpoint()
+                    scope.cancel()
+            with anyio.fail_after(30):
+                await other.set("small", str(turns).encode())
+                entry = await other.get("big")
+            assert entry is None or entry.value == big
+        with anyio.fail_after(30):
+            await made.set("big", b"after")
