@@ -1458,6 +1458,8 @@ class _Feed:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._listen_conn: AsyncConnection[Any] | None = None
+        # The first LISTEN connection, closed by `close` if its task never ran to take it.
+        self._first: AsyncConnection[Any] | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -1472,6 +1474,11 @@ class _Feed:
         if self._tasks:
             return
         conn = await self._connect()
+        if self._closed:  # closed while connecting: nothing starts
+            with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
+                await conn.close()
+            return
+        self._first = conn
         self._tasks = [
             asyncio.create_task(self._listen(conn), name="agenticstate-postgres-listen"),
             asyncio.create_task(self._pump(), name="agenticstate-postgres-feed"),
@@ -1636,3 +1643,7 @@ class _Feed:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        first, self._first = self._first, None
+        if first is not None and not first.closed:
+            with contextlib.suppress(Exception):
+                await first.close()
