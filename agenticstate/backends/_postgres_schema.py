@@ -15,9 +15,11 @@ epoch (`bigint`), as on SQLite.
 
 `install` runs under a transaction-scoped advisory lock keyed by the schema's name, so several
 processes opening one store at once create it once: the first makes the tables, the others wait
-and then find them. A schema holding any of these tables without our `meta` row, or a `meta` of
-another application, is refused with `ConfigurationError` and left as it is; a store of a newer
-layout than this library knows is refused with `BackendError`.
+and then find them. A store is created only in a schema that is missing or empty (no table,
+sequence, index, view, type or function: the name may be shared, e.g. `public`, as long as
+nothing is in it yet). A schema holding anything else but no store, any of these tables without
+our `meta` row, or a `meta` of another application, is refused with `ConfigurationError` and
+left as it is; a store of a newer layout than this library knows is refused with `BackendError`.
 """
 
 from __future__ import annotations
@@ -76,6 +78,22 @@ def _ddl(schema: str) -> list[str]:
     ]
 
 
+async def _objects(conn: AsyncConnection[Any], schema: str) -> list[str]:
+    """A few of the objects in `schema` (relations, types, routines), by name; none if empty."""
+    cur = await conn.execute(
+        "SELECT name FROM ("
+        " SELECT c.relname::text AS name FROM pg_class c JOIN pg_namespace n"
+        "  ON n.oid = c.relnamespace WHERE n.nspname = %(s)s"
+        " UNION ALL SELECT t.typname::text FROM pg_type t JOIN pg_namespace n"
+        "  ON n.oid = t.typnamespace WHERE n.nspname = %(s)s"
+        " UNION ALL SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n"
+        "  ON n.oid = p.pronamespace WHERE n.nspname = %(s)s"
+        ") o ORDER BY name LIMIT 5",
+        {"s": schema},
+    )
+    return sorted({str(row[0]) for row in await cur.fetchall()})
+
+
 # Migrations from each older layout to the next, in one transaction each: none yet (layout 1 is
 # the first). A later layout adds `MIGRATIONS[1] = [...]`, statements taking `{s}`.
 MIGRATIONS: dict[int, list[str]] = {}
@@ -87,8 +105,8 @@ async def install(conn: AsyncConnection[Any], schema: str) -> str:
     Runs in the caller's transaction (which must be open on `conn`).
 
     Raises:
-        ConfigurationError: The schema holds tables of ours without our `meta`, or is another
-            application's.
+        ConfigurationError: The schema holds no store and is not empty, holds tables of ours
+            without our `meta`, or is another application's.
         BackendError: The store's layout is newer than this library's.
     """
     await conn.execute(
@@ -103,6 +121,13 @@ async def install(conn: AsyncConnection[Any], schema: str) -> str:
     present = {str(row[0]) for row in await cur.fetchall()}
     s = f'"{schema}"'
     if not present:
+        foreign = await _objects(conn, schema)
+        if foreign:
+            raise ConfigurationError(
+                f"the Postgres schema {schema!r} is not empty and holds no agenticstate store "
+                f"({', '.join(foreign)}); a store is created only in an empty or missing "
+                "schema, and this one was left as it is: choose another schema"
+            )
         db_id = secrets.token_hex(8)
         for statement in _ddl(schema):
             await conn.execute(statement.encode())

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -108,7 +110,7 @@ from agenticstate.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
@@ -179,6 +181,7 @@ _LIBPQ = {
 }
 MAX_VALUE_SIZE = 256 * 1024 * 1024
 """The largest value the backend stores by default (a feed row holds the old and new value)."""
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # what libpq's URL parser refuses
 _SET, _DELETE = 0, 1
 _OPS = (ChangeOp.SET, ChangeOp.DELETE)
 _PAGE = 1000  # keys per listing page
@@ -186,6 +189,9 @@ _FEED_PAGE = 2000  # feed rows per read
 _SWEEP_EVERY = 1.0  # seconds between sweeps of expired keys (by a writer)
 _IDLE_CATCH_UP = 5.0  # seconds: a subscriber reads the feed at least this often
 _ALL = 1 << 62
+# Writes whose values total more than this are not pipelined (psycopg's pipeline mode stalls
+# with parameters of a few MiB; a plain statement sends them at once).
+_PIPELINE_MAX_BYTES = 256 * 1024
 
 # A kv row as selected: value, version, created, updated, expires, revision, create revision.
 _ROW = "value, version, created_at, updated_at, expires_at, revision, create_revision"
@@ -198,7 +204,19 @@ def _import_psycopg() -> Any:
         import psycopg_pool
     except ImportError as exc:
         raise MissingDependencyError(exc.name or "psycopg", "postgres") from None
+    _quiet_psycopg()
     return psycopg, psycopg_pool
+
+
+def _quiet_psycopg() -> None:
+    """Keep psycopg's and its pool's warnings off stderr unless the application logs.
+
+    A `NullHandler` on the `psycopg` logger stops Python's last-resort handler (which printed
+    "discarding broken connection"); records still propagate to the application's handlers.
+    """
+    logger = logging.getLogger("psycopg")
+    if not any(isinstance(handler, logging.NullHandler) for handler in logger.handlers):
+        logger.addHandler(logging.NullHandler())
 
 
 def _live(row: Any, now: int) -> Row | None:
@@ -273,6 +291,11 @@ class PostgresBackend(Backend):
         ):
             shown = redact_url(url) if isinstance(url, str) else type(url).__name__
             raise ConfigurationError(f"a Postgres URL starts postgresql://, not {shown!r}")
+        if _BAD_PERCENT.search(url):
+            raise ConfigurationError(
+                f"the Postgres URL {redact_url(url)!r} has a '%' not followed by two hex digits "
+                "(libpq refuses it): write a '%' in a password or name as %25"
+            )
         if feed is None:
             raise ConfigurationError(
                 "PostgresBackend cannot turn its change feed off (feed=None): its "
@@ -388,8 +411,10 @@ class PostgresBackend(Backend):
                 # One connection first, for the schema: a server that is not there fails
                 # here at once (a pool would retry until its timeout).
                 conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
-                async with conn, conn.transaction():
-                    self._db_id = await pg_schema.install(conn, self.schema)
+            async with conn:
+                with self._errors(f"create or check the store in schema {self.schema!r}"):
+                    async with conn.transaction():
+                        self._db_id = await pg_schema.install(conn, self.schema)
             pool = psycopg_pool.AsyncConnectionPool(
                 self._url,
                 min_size=1,
@@ -441,6 +466,10 @@ class PostgresBackend(Backend):
             raise BackendTimeoutError(
                 f"Postgres cancelled the statement to {doing}: {self._hide(exc)}"
             ) from None
+        except psycopg.errors.LockNotAvailable as exc:  # lock_timeout: nothing was written
+            raise BackendTimeoutError(
+                f"Postgres gave up waiting for a lock to {doing}: {self._hide(exc)}"
+            ) from None
         except psycopg.errors.ProgramLimitExceeded as exc:
             raise TooLargeError(f"Postgres refused to {doing}: {self._hide(exc)}") from None
         except (psycopg.OperationalError, psycopg_pool.PoolClosed, OSError) as exc:
@@ -471,19 +500,49 @@ class PostgresBackend(Backend):
             async with pool.connection(timeout=self._pool_timeout) as conn:
                 yield conn
 
+    async def _again(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call()`, and once more if it met a broken connection before writing anything.
+
+        A pooled connection the server dropped while it was idle (a restart, a failover,
+        `pg_terminate_backend`, a proxy's idle timeout) fails its next statement. Then every
+        idle connection of the pool is checked (broken ones are replaced) and the call runs
+        again. Only reads and writes that failed before their commit was sent come here; a
+        write whose commit was sent raises `WriteOutcomeUnknownError` and is never repeated.
+        """
+        try:
+            return await call()
+        except BackendUnavailableError:
+            pool = self._pool
+            if pool is None or self._closed:
+                raise
+            with contextlib.suppress(Exception):
+                await pool.check()
+            return await call()
+
     async def _fetchone(self, sql: bytes, params: Sequence[Any]) -> Any:
-        async with self._connection("read") as conn:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchone()
+        async def call() -> Any:
+            async with self._connection("read") as conn:
+                cur = await conn.execute(sql, params)
+                return await cur.fetchone()
+
+        return await self._again(call)
 
     async def _fetchall(self, sql: bytes, params: Sequence[Any]) -> list[Any]:
-        async with self._connection("read") as conn:
-            cur = await conn.execute(sql, params)
-            rows: list[Any] = await cur.fetchall()
-            return rows
+        async def call() -> list[Any]:
+            async with self._connection("read") as conn:
+                cur = await conn.execute(sql, params)
+                rows: list[Any] = await cur.fetchall()
+                return rows
+
+        rows: list[Any] = await self._again(call)
+        return rows
 
     async def _write(
-        self, run: Callable[[_Step], Any], key: str | None = None, keys: Sequence[str] = ()
+        self,
+        run: Callable[[_Step], Any],
+        key: str | None = None,
+        keys: Sequence[str] = (),
+        size: int = 0,
     ) -> Any:
         """Run `run(step)` in one write transaction holding the head lock; commit; wake feeds.
 
@@ -493,6 +552,10 @@ class PostgresBackend(Backend):
         answered in one more. A read the
         step needs besides (another key's row, an index score) is a round trip of its own.
 
+        A write whose values (`size`, in bytes) pass `_PIPELINE_MAX_BYTES` is sent a statement
+        at a time instead: psycopg's pipeline stalls on large parameters, so such a write pays
+        a round trip per statement (a few, against the transfer of megabytes).
+
         A connection lost before the commit is sent raises `BackendUnavailableError`: nothing
         was written. Lost at the commit, the outcome is unknown: `WriteOutcomeUnknownError`.
         """
@@ -500,24 +563,39 @@ class PostgresBackend(Backend):
         fulls = [prefix + name for name in dict.fromkeys(keys)]
         if self._write_lock is None:
             self._write_lock = asyncio.Lock()
-        async with self._write_lock, self._connection("write") as conn:
+        pipelined = size <= _PIPELINE_MAX_BYTES
+        async with self._write_lock:
+
+            async def call() -> Any:
+                try:
+                    return await self._write_once(run, key, fulls, pipelined)
+                except _Unpipelined:
+                    return await self._write_once(run, key, fulls, False)
+
+            return await self._again(call)
+
+    async def _write_once(
+        self, run: Callable[[_Step], Any], key: str | None, fulls: list[str], pipelined: bool
+    ) -> Any:
+        async with self._connection("write") as conn:
             done = False
             try:
-                async with conn.pipeline() as pipe:
+                async with conn.pipeline() if pipelined else contextlib.nullcontext() as pipe:
                     await conn.execute(b"BEGIN")
                     head = await conn.execute(self._sql.lock_head)
                     # A statement of its own, after the lock: its snapshot sees every write
                     # committed before (a join with the locked row would read older rows).
                     cur = await conn.execute(self._sql.get_many, (fulls,)) if fulls else None
                     row = await head.fetchone()
-                    step = _Step(self, conn, int(row[0]), _now_us())
+                    step = _Step(self, conn, int(row[0]), _now_us(), pipelined)
                     if cur is not None:
                         step.preload(fulls, await cur.fetchall())
                     result = await run(step)
                     await step.finish()
-                    await conn.execute(b"COMMIT")
                     with self._errors("commit", key or "(transaction)"):
-                        await pipe.sync()
+                        await conn.execute(b"COMMIT")
+                        if pipe is not None:
+                            await pipe.sync()
                 done = True
             finally:
                 if not done:
@@ -676,7 +754,7 @@ class PostgresBackend(Backend):
             _check(key, current, expected_version, expected_revision)
             return await step.put(key, value, ttl_us, current)
 
-        result: Change = await self._write(run, key, (key,))
+        result: Change = await self._write(run, key, (key,), len(value))
         return result
 
     async def set_many(
@@ -698,7 +776,9 @@ class PostgresBackend(Backend):
                 await step.put(key, data, ttl_us, await step.current(key)) for key, data in checked
             ]
 
-        result: list[Change] = await self._write(run, checked[0][0], [key for key, _ in checked])
+        result: list[Change] = await self._write(
+            run, checked[0][0], [key for key, _ in checked], sum(len(data) for _, data in checked)
+        )
         return result
 
     async def delete(
@@ -762,7 +842,8 @@ class PostgresBackend(Backend):
 
         named = [item.key for item in checked[0]]
         named += [op.key for op in (*checked[1], *checked[2]) if isinstance(op, (Get, Put, Delete))]
-        result: TxnResult = await self._write(run, None, named)
+        size = sum(len(op.value) for op in (*checked[1], *checked[2]) if isinstance(op, Put))
+        result: TxnResult = await self._write(run, None, named, size)
         return result
 
     # ---------------------------------------------------------------- indexes
@@ -1139,6 +1220,10 @@ async def _index_remove(conn: Any, sql: _Statements, name: str, members: list[st
     return len(await cur.fetchall())
 
 
+class _Unpipelined(Exception):  # noqa: N818  # a signal, not an error
+    """A write in the pipeline met a large value: `_write` runs it again statement by statement."""
+
+
 class _Step:
     """One write transaction of a `PostgresBackend`: reads see its own writes.
 
@@ -1146,11 +1231,14 @@ class _Step:
     plus what it wrote); `finish` stores it back, notifies and does the upkeep.
     """
 
-    __slots__ = ("_backend", "_conn", "_rows", "_sql", "now", "seq", "start")
+    __slots__ = ("_backend", "_conn", "_rows", "_sql", "now", "pipelined", "seq", "start")
 
-    def __init__(self, backend: PostgresBackend, conn: Any, seq: int, now: int) -> None:
+    def __init__(
+        self, backend: PostgresBackend, conn: Any, seq: int, now: int, pipelined: bool
+    ) -> None:
         self._backend = backend
         self._conn = conn
+        self.pipelined = pipelined
         self._sql = backend._sql
         self._rows: dict[str, Row | None] = {}
         self.seq = self.start = seq
@@ -1181,8 +1269,14 @@ class _Step:
         self._rows[full] = row
         return row
 
+    def _check_pipeline(self, size: int) -> None:
+        """Leave the pipeline (`_Unpipelined`) before sending `size` bytes of values in it."""
+        if self.pipelined and size > _PIPELINE_MAX_BYTES:
+            raise _Unpipelined
+
     async def put(self, key: str, value: bytes, ttl_us: int | None, current: Row | None) -> Change:
         backend, conn, sql, now = self._backend, self._conn, self._sql, self.now
+        self._check_pipeline(len(value) + (len(current[0]) * 2 if current is not None else 0))
         full = backend.key_prefix + key
         self.seq = seq = self.seq + 1
         expires = now + ttl_us if ttl_us is not None else None
@@ -1225,6 +1319,7 @@ class _Step:
 
     async def drop(self, key: str, current: Row) -> Change:
         backend, conn, sql, now = self._backend, self._conn, self._sql, self.now
+        self._check_pipeline(len(current[0]))
         full = backend.key_prefix + key
         self.seq = seq = self.seq + 1
         await conn.execute(sql.delete, (full,))
@@ -1360,38 +1455,70 @@ class _Feed:
         self.lock = asyncio.Lock()
         self.last = -1  # -1: not started (the first subscription sets it to the head)
         self._wake = asyncio.Event()
-        self._listening = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._listen_conn: AsyncConnection[Any] | None = None
+        # The first LISTEN connection, closed by `close` if its task never ran to take it.
+        self._first: AsyncConnection[Any] | None = None
 
     def wake(self) -> None:
         self._wake.set()
 
     async def _start(self) -> None:
+        """Open the `LISTEN` connection (here: its failure is the caller's), start the tasks.
+
+        Raises:
+            BackendUnavailableError: The connection cannot be made (nothing is left running).
+            BackendTimeoutError: It is not made within `pool_timeout`.
+        """
         if self._tasks:
             return
+        conn = await self._connect()
+        if self._closed:  # closed while connecting: nothing starts
+            with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
+                await conn.close()
+            return
+        self._first = conn
         self._tasks = [
-            asyncio.create_task(self._listen(), name="agenticstate-postgres-listen"),
+            asyncio.create_task(self._listen(conn), name="agenticstate-postgres-listen"),
             asyncio.create_task(self._pump(), name="agenticstate-postgres-feed"),
         ]
-        with anyio.fail_after(self._backend._pool_timeout):
-            await self._listening.wait()
 
-    async def _listen(self) -> None:
-        """Hold a `LISTEN` connection; each notification wakes the catch-up. Reconnects."""
+    async def _connect(self) -> AsyncConnection[Any]:
+        """A new connection listening on the store's channel (typed errors)."""
         psycopg, _ = _import_psycopg()
         backend = self._backend
+        try:
+            with anyio.fail_after(backend._pool_timeout):
+                with backend._errors("open the LISTEN connection for changes()"):
+                    conn = await psycopg.AsyncConnection.connect(backend._url, autocommit=True)
+                    try:
+                        await conn.execute(f"LISTEN {backend._channel}".encode())
+                    except BaseException:
+                        with anyio.CancelScope(shield=True):
+                            await conn.close()
+                        raise
+        except TimeoutError:
+            raise BackendTimeoutError(
+                f"no LISTEN connection to Postgres at {redact_url(backend._url)} within "
+                f"{backend._pool_timeout:g} s (pool_timeout) for changes()"
+            ) from None
+        conn_: AsyncConnection[Any] = conn
+        return conn_
+
+    async def _listen(self, first: AsyncConnection[Any]) -> None:
+        """Hold the `LISTEN` connection; each notification wakes the catch-up. Reconnects."""
+        backend = self._backend
         attempt = 0
+        conn: AsyncConnection[Any] | None = first
         while not self._closed:
             try:
-                conn = await psycopg.AsyncConnection.connect(backend._url, autocommit=True)
-                self._listen_conn = conn
-                async with conn:
-                    await conn.execute(f"LISTEN {backend._channel}".encode())
-                    attempt = 0
-                    self._listening.set()
+                if conn is None:
+                    conn = await self._connect()
                     self.wake()  # catch up with what committed while we were not listening
+                async with conn:
+                    self._listen_conn = conn
+                    attempt = 0
                     async for _ in conn.notifies():
                         self.wake()
             except asyncio.CancelledError:
@@ -1404,6 +1531,7 @@ class _Feed:
                 )
             finally:
                 self._listen_conn = None
+                conn = None
             await asyncio.sleep(backoff(attempt, base=0.05, cap=2.0))
             attempt += 1
 
@@ -1515,3 +1643,7 @@ class _Feed:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        first, self._first = self._first, None
+        if first is not None and not first.closed:
+            with contextlib.suppress(Exception):
+                await first.close()

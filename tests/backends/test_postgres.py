@@ -11,6 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 
@@ -208,6 +209,64 @@ async def test_a_foreign_schema_is_refused_and_left_as_it_is(
         assert [row[0] for row in await cur.fetchall()] == ["kv"]
 
 
+_FOREIGN = {
+    "unrelated table": ["CREATE TABLE {s}.users (id int PRIMARY KEY)"],
+    "sequence named kv": ["CREATE SEQUENCE {s}.kv"],
+    "index named idx_order": [
+        "CREATE TABLE {s}.other (a int)",
+        "CREATE INDEX idx_order ON {s}.other (a)",
+    ],
+    "type named history": ["CREATE TYPE {s}.history AS (a int)"],
+    "enum type": ["CREATE TYPE {s}.mood AS ENUM ('ok')"],
+    "view": ["CREATE VIEW {s}.head AS SELECT 1 AS seq"],
+    "function": ["CREATE FUNCTION {s}.f() RETURNS int LANGUAGE sql AS 'SELECT 1'"],
+}
+
+
+async def _objects_in(url: str, schema: str) -> list[tuple[str, str]]:
+    """Every relation, type and function in `schema`, by kind and name."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT 'class', c.relname::text FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = %(s)s UNION ALL "
+            "SELECT 'type', t.typname::text FROM pg_type t JOIN pg_namespace n "
+            "ON n.oid = t.typnamespace WHERE n.nspname = %(s)s UNION ALL "
+            "SELECT 'proc', p.proname::text FROM pg_proc p JOIN pg_namespace n "
+            "ON n.oid = p.pronamespace WHERE n.nspname = %(s)s ORDER BY 1, 2",
+            {"s": schema},
+        )
+        return [(str(kind), str(name)) for kind, name in await cur.fetchall()]
+
+
+@pytest.mark.parametrize("case", sorted(_FOREIGN))
+async def test_a_non_empty_schema_without_a_store_is_refused_and_left_as_it_is(
+    postgres_url: str, schema: str, case: str
+) -> None:
+    """A schema holding anything but no store (a table, sequence, index, type, view or function,
+    named like ours or not) is refused with ConfigurationError, and nothing in it changes."""
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
+        for statement in _FOREIGN[case]:
+            await conn.execute(statement.format(s=f'"{schema}"').encode())
+    before = await _objects_in(postgres_url, schema)
+    with pytest.raises(ConfigurationError, match="choose another schema") as caught:
+        async with PostgresBackend(postgres_url, schema=schema):
+            pass
+    assert "connect" not in str(caught.value)
+    assert await _objects_in(postgres_url, schema) == before
+
+
+async def test_an_empty_existing_schema_gets_a_store(postgres_url: str, schema: str) -> None:
+    """A schema that exists but holds nothing (as `public` of a new database) gets a store."""
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
+    async with PostgresBackend(postgres_url, schema=schema) as made:
+        await made.set("k", b"v")
+    async with PostgresBackend(postgres_url, schema=schema) as again:
+        entry = await again.get("k")
+        assert entry is not None
+
+
 async def test_a_newer_layout_is_refused(postgres_url: str, schema: str) -> None:
     """A store whose schema_version is newer than this library's is refused (BackendError)."""
     async with PostgresBackend(postgres_url, schema=schema) as made:
@@ -395,6 +454,30 @@ async def test_a_statement_timeout_is_a_timeout_error_and_writes_nothing(
         await timed.set("k", b"after")
 
 
+async def test_a_lock_timeout_on_the_head_row_is_a_timeout_error_and_writes_nothing(
+    postgres_url: str, schema: str
+) -> None:
+    """With libpq's `options=-c lock_timeout=...`, a write behind a stuck writer holding the head
+    row raises BackendTimeoutError at once (not retried, not 'unavailable'), writing nothing."""
+    from agenticstate.exceptions import BackendTimeoutError
+
+    async with PostgresBackend(postgres_url, schema=schema) as made:
+        await made.set("k", b"before")
+    url = f"{postgres_url}&options=-c%20lock_timeout%3D200"
+    async with (
+        PostgresBackend(url, schema=schema) as timed,
+        await psycopg.AsyncConnection.connect(postgres_url) as blocker,
+    ):
+        await blocker.execute(f'SELECT seq FROM "{schema}".head FOR UPDATE'.encode())  # noqa: S608
+        with pytest.raises(BackendTimeoutError, match="lock"):
+            await timed.set("k", b"after")
+        await blocker.rollback()
+        entry = await timed.get("k")
+        assert entry is not None
+        assert entry.value == b"before"
+        await timed.set("k", b"after")
+
+
 async def test_the_persistence_shorthand_opens_postgres_from_libpq_environment(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -419,3 +502,200 @@ async def test_the_persistence_shorthand_opens_postgres_from_libpq_environment(
     finally:
         async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
             await conn.execute(b"DROP SCHEMA IF EXISTS agenticstate CASCADE")
+
+
+@pytest.mark.parametrize("how", ["set", "update", "transact", "delete"])
+async def test_large_values_are_written_and_never_stall_other_writers(
+    postgres_url: str, schema: str, how: str
+) -> None:
+    """An 8 MiB value is set, replaced and deleted by every kind of write while a second
+    writer of the store proceeds; no transaction is left open afterwards."""
+    from agenticstate.backends import Put
+
+    big = b"a" * (8 << 20)
+    async with (
+        PostgresBackend(postgres_url, schema=schema) as made,
+        PostgresBackend(postgres_url, schema=schema) as other,
+    ):
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                if how == "set":
+                    group.start_soon(made.set, "big", big)
+                elif how == "update":
+                    group.start_soon(made.update, "big", lambda _entry: big)
+                else:
+                    group.start_soon(made.transact, [], [Put("big", big)])
+                await other.set("small", b"1")
+            if how == "delete":
+                await made.delete("big")
+                assert await made.get("big") is None
+            else:
+                await made.set("big", big[:-1] + b"b")  # replaces a large value with one
+                entry = await made.get("big")
+                assert entry is not None
+                assert entry.value == big[:-1] + b"b"
+                await made.set("big", b"small again")  # the old value is large
+            await other.set("small", b"2")
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        assert row[0] == 0
+
+
+async def test_changes_without_a_listen_connection_is_a_typed_error_leaving_nothing_running(
+    postgres_url: str, schema: str
+) -> None:
+    """When the LISTEN connection cannot be made, `changes()` raises BackendUnavailableError
+    (with the server's reason), leaves no task retrying, and a later call tries again."""
+    from datetime import timedelta
+
+    role = f"r{schema}"
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 1'.encode())
+        await conn.execute(f'GRANT CREATE ON DATABASE postgres TO "{role}"'.encode())
+    limited = postgres_url.replace("postgres@", f"{role}@", 1)
+    try:
+        async with PostgresBackend(
+            limited, schema=schema, pool_size=1, pool_timeout=timedelta(seconds=5)
+        ) as made:
+            await made.set("a", b"1")  # the pool holds the role's one connection
+            for _ in range(2):
+                with pytest.raises(BackendUnavailableError, match="too many connections"):
+                    async with made.changes("*"):
+                        pass
+                feed = made._feed_state
+                assert feed is not None
+                assert feed._tasks == []
+            async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as c:
+                await c.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT 2'.encode())
+            async with made.changes("*") as stream:
+                await made.set("b", b"2")
+                assert [change.key for change in await _take(stream, 1)] == ["b"]
+    finally:
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+            await conn.execute(f'DROP OWNED BY "{role}"'.encode())
+            await conn.execute(f'DROP ROLE "{role}"'.encode())
+
+
+@pytest.mark.parametrize("first", ["read", "write"])
+async def test_calls_succeed_after_the_server_dropped_every_idle_pooled_connection(
+    postgres_url: str, schema: str, first: str
+) -> None:
+    """Reads and writes on a healthy server succeed after every idle connection of the pool
+    was terminated (a restart, a proxy's idle timeout): broken ones are replaced, not used."""
+    import contextlib
+
+    async with PostgresBackend(postgres_url, schema=schema, pool_size=4) as made:
+        await made.set("a", b"1")
+        async with contextlib.AsyncExitStack() as stack:
+            conns = [await stack.enter_async_context(made._connection("hold")) for _ in range(4)]
+            pids = [conn.info.backend_pid for conn in conns]
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,)
+            )
+            with anyio.fail_after(30):
+                while True:
+                    cur = await conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+                    )
+                    row = await cur.fetchone()
+                    assert row is not None
+                    if row[0] == 0:
+                        break
+                    await anyio.sleep(0.01)
+        if first == "write":
+            await made.set("c", b"3")
+            assert (await made.get("c")) is not None
+        for _ in range(6):
+            entry = await made.get("a")
+            assert entry is not None
+        assert "a" in [key async for key in made.scan("*")]
+        await made.set("b", b"2")
+        assert (await made.get_many(["a", "b"]))[1] is not None
+
+
+_DROPPED_CONNECTIONS_SCRIPT = """
+import asyncio, sys
+import psycopg
+from agenticstate import PostgresBackend
+
+async def main(url, schema):
+    async with PostgresBackend(url, schema=schema, pool_size=2) as made:
+        await made.set("a", b"1")
+        async with made._connection("hold") as one, made._connection("hold") as two:
+            pids = [one.info.backend_pid, two.info.backend_pid]
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            sql = "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid"
+            await conn.execute(sql, (pids,))
+        assert (await made.get("a")) is not None
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_psycopg_warnings_stay_off_stderr_when_logging_is_not_configured(
+    postgres_url: str, schema: str
+) -> None:
+    """A process that configures no logging prints nothing when the pool discards connections
+    the server dropped (psycopg's own warnings do not reach Python's last-resort handler)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DROPPED_CONNECTIONS_SCRIPT, postgres_url, schema],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://user:pa%zzword@localhost/db",
+        "postgresql://user:secret%@localhost/db",
+        "postgresql://us%4user:x@localhost/db",
+        "postgres://localhost/d%b",
+    ],
+)
+def test_a_url_with_an_invalid_percent_encoding_is_a_configuration_error(url: str) -> None:
+    """A '%' not followed by two hex digits (libpq refuses it) is a ConfigurationError at
+    construction, and the message shows no password."""
+    with pytest.raises(ConfigurationError, match="%25") as caught:
+        PostgresBackend(url)
+    assert "secret" not in str(caught.value)
+    assert "pa%zz" not in str(caught.value)
+
+
+async def test_a_cancelled_large_write_releases_the_head_row(
+    postgres_url: str, schema: str
+) -> None:
+    """A large `set` cancelled at any point of its transaction leaves no lock behind: another
+    writer of the store proceeds, and the key holds the old value or the new one."""
+    big = b"x" * (4 << 20)
+    async with (
+        PostgresBackend(postgres_url, schema=schema) as made,
+        PostgresBackend(postgres_url, schema=schema) as other,
+    ):
+        for turns in (0, 1, 2, 3, 5, 8, 13, 21, 34):
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(made.set, "big", big)
+                    for _ in range(turns):
+                        await anyio.lowlevel.checkpoint()
+                    scope.cancel()
+            with anyio.fail_after(30):
+                await other.set("small", str(turns).encode())
+                entry = await other.get("big")
+            assert entry is None or entry.value == big
+        with anyio.fail_after(30):
+            await made.set("big", b"after")
