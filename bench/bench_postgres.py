@@ -372,7 +372,7 @@ def main(rounds: int | None = None) -> None:
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._postgres_server import PostgresServer
 
-    server = PostgresServer()
+    server = PostgresServer(fsync=True)
     server.start()
     try:
         text, bars = anyio.run(run, server.url, rounds)

@@ -159,7 +159,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent.parent))
     from tests._postgres_server import PostgresServer
 
-    server = PostgresServer()
+    server = PostgresServer(fsync=True)
     server.start()
     try:
         text = anyio.run(run, server.url, count)

@@ -75,6 +75,7 @@ class PostgresServer:
 
     port: int = field(default_factory=free_port)
     directory: Path | None = None
+    fsync: bool = False  # the benchmarks turn it on: durable commits, as a user runs it
     process: subprocess.Popen[bytes] | None = None
     reader: threading.Thread | None = None
     output: list[bytes] = field(default_factory=list)
@@ -145,7 +146,7 @@ class PostgresServer:
                 # transaction without fsync: the WAL is in the kernel's page cache. Only a crash
                 # of the machine would, and the cluster is thrown away with the run.
                 "-c",
-                "fsync=off",
+                f"fsync={'on' if self.fsync else 'off'}",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

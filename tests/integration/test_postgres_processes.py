@@ -264,12 +264,18 @@ async def test_transaction_processes_killed_at_random_leave_whole_transactions(s
                     keys_per_revision.append((change.revision, change.key, change.new))
                     if change.cursor == head:
                         break
-    # Nine consecutive revisions per transaction, all the same name and generation.
-    assert len(keys_per_revision) % 9 == 0
-    for at in range(0, len(keys_per_revision), 9):
-        batch = keys_per_revision[at : at + 9]
-        assert [r for r, _, _ in batch] == list(range(batch[0][0], batch[0][0] + 9))
-        assert len({(k.split(":")[0], new) for _, k, new in batch}) == 1, batch
+    # Nine consecutive revisions per transaction, all the same name and generation. The feed
+    # keeps its newest changes (a count bound), so only the oldest transaction kept may be cut.
+    runs: list[tuple[tuple[str, Any], list[int]]] = []
+    for revision, key, new in keys_per_revision:
+        run = (key.split(":")[0], new)
+        if runs and runs[-1][0] == run and runs[-1][1][-1] + 1 == revision:
+            runs[-1][1].append(revision)
+        else:
+            runs.append((run, [revision]))
+    assert runs
+    assert len(runs[0][1]) <= 9, runs[0]
+    assert [len(revisions) for _, revisions in runs[1:]] == [9] * (len(runs) - 1), runs
 
 
 # ------------------------------------------------------------------ the server restarted
