@@ -1,4 +1,4 @@
-"""agenticstate: async state for AI agents, on memory, file, SQLite, Redis (and Redis Cluster).
+"""agenticstate: async agent state on memory, file, SQLite, PostgreSQL, Redis and Redis Cluster.
 
 One `StateManager`, seven managers on top (`AgentStateStore`, `WorkflowStateManager`,
 `OrchestrationStateManager`, `KnowledgeStateManager`, `ToolStateManager`, `SpeechStateManager`,

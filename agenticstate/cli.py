@@ -691,7 +691,7 @@ _URL_HELP = (
     "the store: sqlite://FILE (the default), file://DIR or file://DIR/NAME.json, memory:// "
     "(empty, and gone when the command exits), redis://HOST:PORT/DB, rediss://... (TLS), "
     "unix://SOCKET, redis+cluster://HOST:PORT,..., rediss+cluster://..., "
-    "postgresql://USER@HOST/DB "
+    "postgresql://USER@HOST/DB or postgres://... "
     f"(default: $AGENTICSTATE_URL, else {DEFAULT_URL})"
 )
 _GLOBAL_HELP = {

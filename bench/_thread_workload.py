@@ -28,6 +28,7 @@ __all__ = [
     "MESSAGE_CHARS",
     "WHOLE_VALUES",
     "chat_graph",
+    "message_text",
     "redis_thread_bytes",
     "run_thread",
     "sqlite_thread_bytes",
@@ -45,7 +46,7 @@ class _Chat(TypedDict):
     messages: Annotated[list[Any], add_messages]
 
 
-def _text(kind: str, turn: int) -> str:
+def message_text(kind: str, turn: int) -> str:
     head = f"{kind} {turn}: "
     return head + "".join(chr(97 + (turn * 7 + i) % 26) for i in range(MESSAGE_CHARS - len(head)))
 
@@ -55,11 +56,11 @@ def chat_graph(saver: Any) -> Any:
 
     def agent(state: _Chat) -> dict[str, Any]:
         turn = len(state["messages"]) // 3
-        return {"messages": [AIMessage(_text("agent", turn), id=f"a{turn}")]}
+        return {"messages": [AIMessage(message_text("agent", turn), id=f"a{turn}")]}
 
     def review(state: _Chat) -> dict[str, Any]:
         turn = len(state["messages"]) // 3
-        return {"messages": [AIMessage(_text("review", turn), id=f"r{turn}")]}
+        return {"messages": [AIMessage(message_text("review", turn), id=f"r{turn}")]}
 
     builder = StateGraph(_Chat)
     builder.add_node("agent", agent)
@@ -83,7 +84,7 @@ async def run_thread(
 
 def user_message(turn: int) -> dict[str, Any]:
     """The graph input of turn `turn`: one user message."""
-    return {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}
+    return {"messages": [HumanMessage(message_text("user", turn), id=f"u{turn}")]}
 
 
 async def redis_thread_bytes(

@@ -41,8 +41,8 @@ from bench import _thread_workload
 from bench._thread_workload import (
     MESSAGE_CHARS,
     _file_bytes,
-    _text,
     chat_graph,
+    message_text,
     redis_thread_bytes,
     sqlite_thread_bytes,
 )
@@ -69,7 +69,7 @@ async def run_graph(saver: Any, turns: int, thread: str = "t1") -> None:
     config: Any = {"configurable": {"thread_id": thread}}
     for turn in range(turns):
         await graph.ainvoke(
-            {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}, config
+            {"messages": [HumanMessage(message_text("user", turn), id=f"u{turn}")]}, config
         )
 
 
@@ -89,7 +89,10 @@ async def memory_bytes(turns: int, **options: Any) -> int:
     backend = MemoryBackend(feed=None)
     async with StateManager(backend=backend) as state:
         await run_graph(CheckpointSaver(state, **options), turns)
-        return sum(len(key) + len(entry.value) for key, entry in backend._local.data.items())
+        keys = [key async for key in backend.scan("*")]
+        entries = await backend.get_many(keys)
+        pairs = zip(keys, entries, strict=True)
+        return sum(len(key) + len(entry.value) for key, entry in pairs if entry is not None)
 
 
 async def in_memory_saver_bytes(turns: int) -> int:
@@ -179,12 +182,12 @@ def _random_text(kind: str, turn: int) -> str:
 @contextlib.contextmanager
 def random_text() -> Iterator[None]:
     """Run the thread with messages of random letters (`_random_text`) instead."""
-    original = _thread_workload._text
-    _thread_workload._text = _random_text
+    original = _thread_workload.message_text
+    _thread_workload.message_text = _random_text
     try:
         yield
     finally:
-        _thread_workload._text = original
+        _thread_workload.message_text = original
 
 
 async def measure(

@@ -240,7 +240,7 @@ async def _storage(url: str) -> tuple[int, int, int]:
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
     from agenticstate import StateConfig, StateManager
-    from bench._thread_workload import _text, chat_graph, run_thread
+    from bench._thread_workload import chat_graph, message_text, run_thread
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
         for name in ("bytes_ours", "bytes_theirs"):
@@ -257,7 +257,7 @@ async def _storage(url: str) -> tuple[int, int, int]:
         config_: Any = {"configurable": {"thread_id": "t1"}}
         for turn in range(TURNS):
             await graph.ainvoke(
-                {"messages": [HumanMessage(_text("user", turn), id=f"u{turn}")]}, config_
+                {"messages": [HumanMessage(message_text("user", turn), id=f"u{turn}")]}, config_
             )
     with_feed = await _schema_bytes(ours_url, "lg")
     async with await psycopg.AsyncConnection.connect(ours_url, autocommit=True) as conn:

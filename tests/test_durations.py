@@ -246,6 +246,11 @@ TABLE: dict[str, Row] = {
     "RedisBackend.__init__.socket_timeout": Row(
         lambda c, v: __import__("agenticstate").RedisBackend(socket_timeout=v)
     ),
+    # Backend configuration, checked before any connection is made.
+    "PostgresBackend.__init__.pool_timeout": Row(
+        lambda c, v: __import__("agenticstate").PostgresBackend(pool_timeout=v),
+        error=ConfigurationError,
+    ),
     # The feed's retention is configuration, refused as StateConfig's other options are.
     "FeedRetention.__init__.max_age": Row(
         lambda c, v: __import__("agenticstate").FeedRetention(max_age=v), error=ConfigurationError
@@ -323,7 +328,14 @@ async def _revert(ctx: Ctx, owner: str, ttl: Any) -> object:
 # rest with InvalidArgumentError on every backend.
 ELSEWHERE = {
     f"{kind}.{method}.ttl"
-    for kind in ("Backend", "MemoryBackend", "FileBackend", "SQLiteBackend", "RedisBackend")
+    for kind in (
+        "Backend",
+        "MemoryBackend",
+        "FileBackend",
+        "SQLiteBackend",
+        "RedisBackend",
+        "PostgresBackend",
+    )
     for method in ("set", "set_many", "update")
 }
 ELSEWHERE.add("Put.__init__.ttl")

@@ -413,7 +413,9 @@ async def test_a_cross_slot_listing_probes_only_the_registered_slots(
     assert b"complete" in outer
     probed = len(own) - 1 + len(outer) - 1
     assert counts.calls["zrange"] == probed + 2 * len(keys)
-    assert counts.calls["exists"] == probed + len(keys)
+    # EXISTS may also come from another test's store still open in this worker (a build lock's
+    # waiter polls one); a few, not one per slot of the 16,384.
+    assert probed + len(keys) <= counts.calls["exists"] <= probed + len(keys) + 8
     assert counts.calls["smembers"] == 3  # the nested registry, then both slot registries
 
 
